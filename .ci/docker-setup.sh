@@ -1,0 +1,139 @@
+#!/usr/bin/env bash
+# Prepare a real Docker engine for the lab's Docker tier, on a fresh Debian machine, as root.
+#
+#   1. packages      docker.io (engine 20.10), docker-compose (1.29), debootstrap - if missing
+#   2. engine        reuse an engine that already answers, else start dockerd in the background
+#   3. base image    a local Python image made with debootstrap, because no registry can be
+#                    reached here, so the Dockerfile's digest-pinned python:3.13-slim cannot be pulled
+#   4. lab image     stateful-agent-lab:local, built FROM that base image
+#
+# Idempotent: each phase is skipped when its result is already there. Run it again at will.
+# Afterwards, in the same environment as the tests:
+#   export BASE_IMAGE=stateful-lab-base:local DOCKER_BUILDKIT=0 COMPOSE_DOCKER_CLI_BUILD=0
+# and when done: bash .ci/docker-teardown.sh (it stops dockerd only if this script started it).
+#
+# Settings (environment):
+#   BASE_IMAGE             tag of the local base image          (default stateful-lab-base:local)
+#   LAB_DOCKER_STATE_DIR   dockerd's log and our pid file       (default /tmp/stateful-lab-docker)
+#   LAB_DOCKERD_TIMEOUT    seconds to wait for the engine       (default 60)
+#   LAB_DEBIAN_SUITE       Debian release of the base image     (default bookworm: Python 3.11)
+#   LAB_REBUILD_BASE=1     rebuild the base image even if it exists
+set -euo pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+BASE_IMAGE=${BASE_IMAGE:-stateful-lab-base:local}
+STATE_DIR=${LAB_DOCKER_STATE_DIR:-/tmp/stateful-lab-docker}
+DOCKERD_TIMEOUT=${LAB_DOCKERD_TIMEOUT:-60}
+SUITE=${LAB_DEBIAN_SUITE:-bookworm}
+LAB_IMAGE=stateful-agent-lab:local
+PROJECT=stateful-lab
+# The preinstalled docker 28 client has no BuildKit (buildx) here, and engine 20.10 does not need it:
+# use the classic builder, from the docker CLI and from Compose alike.
+export DOCKER_BUILDKIT=0 COMPOSE_DOCKER_CLI_BUILD=0 BASE_IMAGE
+
+t_start=$EPOCHREALTIME
+phase_start=$t_start
+say() { printf '[docker-setup] %s\n' "$*"; }
+elapsed() { awk -v a="$1" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.1f", b - a }'; }
+phase() { phase_start=$EPOCHREALTIME; say "== $*"; }
+done_phase() { say "   ${1:-done} ($(elapsed "$phase_start") s)"; }
+die() { say "ERROR: $*" >&2; exit 1; }
+
+[[ $(id -u) -eq 0 ]] || die "run me as root (apt-get, dockerd, debootstrap and chroot need it)"
+mkdir -p "$STATE_DIR"
+
+engine_answers() { timeout 10 docker version --format '{{.Server.Version}}' >/dev/null 2>&1; }
+
+# ---------------------------------------------------------------- 1. packages
+phase "packages: docker.io, docker-compose, debootstrap"
+missing=()
+command -v dockerd >/dev/null || missing+=(docker.io)
+command -v docker-compose >/dev/null || missing+=(docker-compose)
+command -v debootstrap >/dev/null || missing+=(debootstrap)
+if ((${#missing[@]})); then
+  say "   installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq "${missing[@]}" >"$STATE_DIR/apt.log" 2>&1 \
+    || { tail -n 30 "$STATE_DIR/apt.log" >&2; die "apt-get install failed"; }
+  done_phase "installed"
+else
+  done_phase "already installed"
+fi
+command -v docker >/dev/null || die "no docker client on PATH"
+
+# ---------------------------------------------------------------- 2. engine
+phase "engine"
+if engine_answers; then
+  done_phase "an engine already answers ($(docker version --format '{{.Server.Version}}')); leaving it alone"
+else
+  [[ -S /var/run/docker.sock ]] && say "   stale /var/run/docker.sock, no engine behind it"
+  say "   starting dockerd (log: $STATE_DIR/dockerd.log)"
+  # setsid: its own session, so it outlives this script and no terminal hang-up reaches it.
+  setsid dockerd >"$STATE_DIR/dockerd.log" 2>&1 </dev/null &
+  dockerd_pid=$!
+  echo "$dockerd_pid" >"$STATE_DIR/dockerd.pid"
+  deadline=$(awk -v n="$EPOCHREALTIME" -v t="$DOCKERD_TIMEOUT" 'BEGIN { printf "%d", n + t }')
+  until engine_answers; do
+    if ! kill -0 "$dockerd_pid" 2>/dev/null; then
+      tail -n 30 "$STATE_DIR/dockerd.log" >&2
+      rm -f "$STATE_DIR/dockerd.pid"
+      die "dockerd exited"
+    fi
+    if (( ${EPOCHREALTIME%.*} >= deadline )); then
+      tail -n 30 "$STATE_DIR/dockerd.log" >&2
+      die "dockerd did not answer within ${DOCKERD_TIMEOUT} s (pid $dockerd_pid left running)"
+    fi
+    sleep 0.2 # poll interval, not a synchronisation guess: the loop ends on the engine's answer
+  done
+  done_phase "engine $(docker version --format '{{.Server.Version}}') answers, dockerd pid $dockerd_pid"
+fi
+
+# ---------------------------------------------------------------- 3. base image
+phase "base image $BASE_IMAGE"
+if [[ ${LAB_REBUILD_BASE:-0} != 1 ]] && docker image inspect "$BASE_IMAGE" >/dev/null 2>&1; then
+  done_phase "already present"
+else
+  rootfs=$(mktemp -d /var/tmp/stateful-lab-rootfs.XXXXXX)
+  trap 'rm -rf --one-file-system "$rootfs"' EXIT
+  say "   debootstrap $SUITE minbase + python3, python3-venv, ca-certificates into $rootfs"
+  debootstrap --variant=minbase --include=python3,python3-venv,ca-certificates \
+    "$SUITE" "$rootfs" >"$STATE_DIR/debootstrap.log" 2>&1 \
+    || { tail -n 30 "$STATE_DIR/debootstrap.log" >&2; die "debootstrap failed"; }
+  say "   debootstrap done ($(elapsed "$phase_start") s)"
+  # pip in the lab build must reach PyPI through this machine's network, which may re-sign TLS:
+  # trust the same extra CA certificates as the host (Debian's pip uses the system bundle).
+  if compgen -G '/usr/local/share/ca-certificates/*.crt' >/dev/null; then
+    cp /usr/local/share/ca-certificates/*.crt "$rootfs/usr/local/share/ca-certificates/"
+    chroot "$rootfs" update-ca-certificates >/dev/null
+    say "   added the host's extra CA certificates"
+  fi
+  chroot "$rootfs" python3 -m venv /opt/venv
+  rm -rf "$rootfs"/var/cache/apt/archives/*.deb "$rootfs"/var/lib/apt/lists/* "$rootfs"/tmp/* \
+         "$rootfs"/root/.cache
+  say "   importing ($(du -sm "$rootfs" | cut -f1) MB)"
+  # Like python:3.13-slim: `python` and `pip` on PATH, UTF-8, an interpreter as default command.
+  tar -C "$rootfs" --numeric-owner -c . | docker import \
+    --change 'ENV PATH=/opt/venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
+    --change 'ENV LANG=C.UTF-8' \
+    --change 'CMD ["python3"]' \
+    - "$BASE_IMAGE" >/dev/null
+  rm -rf --one-file-system "$rootfs"
+  trap - EXIT
+  done_phase "built: $(docker run --rm "$BASE_IMAGE" python --version 2>&1)"
+fi
+
+# ---------------------------------------------------------------- 4. lab image
+phase "lab image $LAB_IMAGE (FROM $BASE_IMAGE, classic builder)"
+if docker compose version >/dev/null 2>&1; then
+  compose=(docker compose)
+else
+  compose=(docker-compose)
+fi
+say "   ${compose[*]} -p $PROJECT build api (log: $STATE_DIR/build.log)"
+"${compose[@]}" -p "$PROJECT" build api >"$STATE_DIR/build.log" 2>&1 \
+  || { tail -n 40 "$STATE_DIR/build.log" >&2; die "image build failed"; }
+done_phase "built $(docker image inspect --format '{{.Id}}' "$LAB_IMAGE" | cut -c1-19), $(docker image inspect --format '{{.Size}}' "$LAB_IMAGE" | awk '{ printf "%d MB", $1 / 1e6 }')"
+
+say "ready in $(elapsed "$t_start") s. For the tests: export BASE_IMAGE=$BASE_IMAGE DOCKER_BUILDKIT=0 COMPOSE_DOCKER_CLI_BUILD=0"

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Undo .ci/docker-setup.sh: remove the lab's containers, network and volumes (down -v for project
+# stateful-lab), then stop dockerd - only if docker-setup.sh started it (its pid file says so).
+# Images are kept, so the next setup on this machine skips the base image and reuses the build cache.
+# Safe to run more than once, and when setup never ran.
+set -uo pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+STATE_DIR=${LAB_DOCKER_STATE_DIR:-/tmp/stateful-lab-docker}
+PID_FILE=$STATE_DIR/dockerd.pid
+STOP_TIMEOUT=${LAB_DOCKERD_TIMEOUT:-60}
+say() { printf '[docker-teardown] %s\n' "$*"; }
+
+if timeout 10 docker version --format '{{.Server.Version}}' >/dev/null 2>&1; then
+  if docker compose version >/dev/null 2>&1; then compose=(docker compose); else compose=(docker-compose); fi
+  say "${compose[*]} -p stateful-lab down -v"
+  # BASE_IMAGE only matters to `build`; set it so that interpolation never warns.
+  BASE_IMAGE=${BASE_IMAGE:-stateful-lab-base:local} "${compose[@]}" -p stateful-lab down -v --remove-orphans \
+    || say "down -v failed (exit $?)"
+else
+  say "no engine answers: nothing to bring down"
+fi
+
+if [[ ! -f $PID_FILE ]]; then
+  say "dockerd was not started by docker-setup.sh: leaving the engine alone"
+  exit 0
+fi
+pid=$(<"$PID_FILE")
+# Only signal the process if it is still the dockerd we started (pids get reused).
+if [[ $pid =~ ^[0-9]+$ ]] && [[ $(cat "/proc/$pid/comm" 2>/dev/null) == dockerd ]]; then
+  say "stopping dockerd (pid $pid)"
+  kill -TERM "$pid"
+  deadline=$((SECONDS + STOP_TIMEOUT))
+  while kill -0 "$pid" 2>/dev/null; do
+    if ((SECONDS >= deadline)); then
+      say "dockerd still running after ${STOP_TIMEOUT} s; sending SIGKILL"
+      kill -KILL "$pid" 2>/dev/null
+      break
+    fi
+    sleep 0.2 # poll interval; the loop ends when the process is gone
+  done
+  say "dockerd stopped"
+else
+  say "pid $pid is no longer dockerd: nothing to stop"
+fi
+rm -f "$PID_FILE"

@@ -1,0 +1,271 @@
+"""A two-node LangGraph workflow that opens a ticket, and can crash on purpose.
+
+    START -> prepare -> create_ticket -> END
+
+prepare derives the operation key from the run's input; create_ticket sends the
+ticket to the receiver (api.py). The checkpointer saves the state after each
+node, so a resumed run starts again at the first node that did not finish, from
+that node's first line. create_ticket is where this hurts: the receiver can
+commit a ticket and the process can die before the node returns. On resume the
+node runs again and sends the request again. Whether that makes a second ticket
+depends only on the key the request carries:
+
+    --mode naive      no key: every attempt is a new ticket
+    --mode safe       the key from the run's input: every attempt is the same ticket
+    --mode node-uuid  a fresh key minted inside the node: looks keyed, still duplicates
+
+Output is one JSON object per line, keys sorted. Exit codes: 0 done; 1 the
+receiver answered with an error (http_error); 2 bad arguments; 3 the receiver
+did not answer; 4 no such thread / thread exists; 137 the crash switch (SIGKILL).
+
+Configuration (environment, read in main()):
+    API_URL        http://127.0.0.1:8000 (compose sets http://api:8000)
+    CHECKPOINT_DB  data/workflow/checkpoints.sqlite
+"""
+
+import argparse
+import http.client
+import json
+import os
+import signal
+import sys
+import urllib.error
+import urllib.parse
+import urllib.request
+import uuid
+from pathlib import Path
+from typing import NotRequired, TypedDict
+
+REQUEST_TIMEOUT_S = 5.0  # seconds; the receiver answers in milliseconds, so 5 s means it is gone
+CRASH_POINTS = ("after-prepare", "before-request", "lost-ack", "after-ack", "after-checkpoint")
+DURABILITIES = ("sync", "async", "exit")
+MODES = ("naive", "safe", "node-uuid")
+EXIT_HTTP_ERROR, EXIT_USAGE, EXIT_NO_ANSWER, EXIT_THREAD = 1, 2, 3, 4
+
+
+class State(TypedDict):
+    operation_id: str
+    mode: str
+    title: str
+    key: NotRequired[str]
+    ticket_id: NotRequired[int]
+
+
+class UserError(Exception):
+    """A mistake the user can fix: one line on stderr and this exit code."""
+
+    def __init__(self, message, exit_code):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+def emit(event, **values):
+    print(json.dumps({"event": event, **values}, sort_keys=True), flush=True)
+
+
+def crash(point, crash_at):
+    """The crash switch: SIGKILL, so nothing (no finally, no atexit) runs after it."""
+    if point != crash_at:
+        return
+    if point == "after-ack":
+        emit("crash_before_node_return")
+    else:
+        emit("crash", at=point)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+class Receiver:
+    """The HTTP client for api.py. Plain urllib: commands that use only this load fast."""
+
+    def __init__(self, api_url):
+        self.api_url = api_url.rstrip("/")
+
+    def call(self, path, payload=None, key=None, headers=()):
+        request = urllib.request.Request(self.api_url + path, headers=dict(headers))
+        if payload is not None:
+            request.data = json.dumps(payload).encode()
+            request.add_header("Content-Type", "application/json")
+        if key is not None:
+            request.add_header("Idempotency-Key", key)
+        try:
+            with urllib.request.urlopen(request, timeout=REQUEST_TIMEOUT_S) as response:
+                return json.load(response)
+        except urllib.error.HTTPError:
+            raise  # the receiver answered: main() prints http_error
+        except urllib.error.URLError as error:  # could not connect: nothing was sent
+            raise UserError(
+                f"cannot reach the receiver at {self.api_url} ({error.reason}); "
+                "is it running? (docker compose -p stateful-lab up -d api)",
+                EXIT_NO_ANSWER,
+            ) from error
+        except (OSError, http.client.HTTPException) as error:  # sent, then no answer
+            raise UserError(
+                f"no answer from the receiver at {self.api_url} ({error}); "
+                "the request may or may not have taken effect",
+                EXIT_NO_ANSWER,
+            ) from error
+
+    def create(self, title, key=None, lose_ack_token=None):
+        headers = {"Lab-Lost-Ack": lose_ack_token} if lose_ack_token else {}
+        return self.call("/tickets", {"title": title}, key, headers)
+
+    def tickets(self, key=None):
+        query = "" if key is None else "?" + urllib.parse.urlencode({"key": key})
+        return self.call("/tickets" + query)["tickets"]
+
+
+def build_graph(checkpointer, receiver, crash_at=None):
+    """The compiled graph. crash_at names a boundary where the process SIGKILLs itself."""
+    from langgraph.graph import END, START, StateGraph  # slow import: only graph commands pay
+
+    def prepare(state: State):
+        emit("prepare", operation=state["operation_id"])
+        crash("after-prepare", crash_at)
+        # The key names the business operation, not the attempt: it comes from the
+        # run's input, so every retry of this run derives the same key.
+        return {"key": state["operation_id"]}
+
+    def create_ticket(state: State):
+        mode = state["mode"]
+        key = {"naive": None, "safe": state["key"], "node-uuid": str(uuid.uuid4())}[mode]
+        crash("before-request", crash_at)
+        lose_ack = state["operation_id"] if crash_at == "lost-ack" else None
+        try:
+            result = receiver.create(state["title"], key, lose_ack)
+        except UserError as error:
+            # The request may or may not have been committed: the outcome is unknown.
+            emit("effect_unknown", error=str(error.__cause__ or error))
+            if mode != "safe":
+                raise  # nothing to look the ticket up by: resume will simply send again
+            result = reconcile(receiver, state["title"], key)
+        emit("effect_ack", created=result["created"], ticket_id=result["ticket_id"])
+        # The receiver has committed the ticket and this node has not returned: its
+        # result is not checkpointed yet. Dying here is the crash window.
+        crash("after-ack", crash_at)
+        return {"ticket_id": result["ticket_id"]}
+
+    builder = StateGraph(State)
+    builder.add_node("prepare", prepare)
+    builder.add_node("create_ticket", create_ticket)
+    builder.add_edge(START, "prepare")
+    builder.add_edge("prepare", "create_ticket")
+    builder.add_edge("create_ticket", END)
+    return builder.compile(checkpointer=checkpointer)
+
+
+def reconcile(receiver, title, key):
+    """Settle an unknown outcome: adopt the ticket the key already made, or send again."""
+    found = receiver.tickets(key)
+    emit("reconcile", found=[t["ticket_id"] for t in found], key=key)
+    if found:
+        return {"ticket_id": found[0]["ticket_id"], "created": False}
+    return receiver.create(title, key)  # never arrived: the same key makes the retry safe
+
+
+def open_graph(args):
+    """Context manager: the checkpointer for CHECKPOINT_DB, and the thread's config."""
+    from langgraph.checkpoint.sqlite import SqliteSaver
+
+    Path(args.checkpoint_db).parent.mkdir(parents=True, exist_ok=True)
+    return SqliteSaver.from_conn_string(args.checkpoint_db)
+
+
+def run_graph(args, first_input):
+    config = {"configurable": {"thread_id": args.thread}}
+    with open_graph(args) as saver:
+        graph = build_graph(saver, Receiver(args.api_url), args.crash_at)
+        exists = bool(graph.get_state(config).values)
+        if first_input is not None and exists:
+            raise UserError(f"thread {args.thread!r} already exists; resume it or pick a new --thread", EXIT_THREAD)
+        if first_input is None and not exists:
+            raise UserError(f"no thread {args.thread!r} to resume; check --thread", EXIT_THREAD)
+        # sync: the checkpoint after prepare is on disk before create_ticket starts.
+        final = graph.invoke(first_input, config, durability=args.durability)
+        crash("after-checkpoint", args.crash_at)
+        emit("done", **final)
+
+
+def start(args):
+    run_graph(args, {"operation_id": args.operation, "mode": args.mode, "title": args.title})
+
+
+def resume(args):
+    run_graph(args, None)
+
+
+def state(args):
+    config = {"configurable": {"thread_id": args.thread}}
+    with open_graph(args) as saver:
+        snapshot = build_graph(saver, Receiver(args.api_url)).get_state(config)
+    if not snapshot.values:
+        raise UserError(f"no thread {args.thread!r}; check --thread", EXIT_THREAD)
+    emit("state", values=snapshot.values, next=list(snapshot.next))
+
+
+def tickets(args):
+    emit("tickets", tickets=Receiver(args.api_url).tickets(args.operation))
+
+
+def post(args):
+    result = Receiver(args.api_url).create(args.title, args.operation)
+    emit("post", created=result["created"], ticket_id=result["ticket_id"])
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, not a usage dump
+        self.exit(EXIT_USAGE, f"{self.prog}: {message} (see --help)\n")
+
+
+def parse_args(argv):
+    parser = Parser(prog="workflow.py", description=__doc__.split("\n")[0])
+    actions = parser.add_subparsers(dest="action", required=True, parser_class=Parser)
+    thread = dict(default="demo", help="checkpoint thread id (default: demo)")
+    operation = dict(default="case-001:open-ticket:v1", help="operation id, used as the key")
+    title = dict(default="Check supplier configuration", help="ticket title")
+    for name, run in [("start", start), ("resume", resume)]:
+        sub = actions.add_parser(name, help=f"{name} a run")
+        sub.set_defaults(run=run)
+        sub.add_argument("--thread", **thread)
+        if name == "start":
+            sub.add_argument("--operation", **operation)
+            sub.add_argument("--mode", choices=MODES, default="safe")
+            sub.add_argument("--title", **title)
+        sub.add_argument("--crash", dest="crash_at", action="store_const", const="after-ack",
+                         help="same as --crash-at after-ack")
+        sub.add_argument("--crash-at", choices=CRASH_POINTS, help="SIGKILL this process there")
+        sub.add_argument("--durability", choices=DURABILITIES, default="sync")
+    sub = actions.add_parser("state", help="show a thread's checkpoint")
+    sub.set_defaults(run=state)
+    sub.add_argument("--thread", **thread)
+    sub = actions.add_parser("tickets", help="list the receiver's tickets")
+    sub.set_defaults(run=tickets)
+    sub.add_argument("--operation", default=None, help="only the ticket with this key")
+    sub = actions.add_parser("post", help="send one keyed ticket request, without the graph")
+    sub.set_defaults(run=post)
+    sub.add_argument("--operation", **operation)
+    sub.add_argument("--title", **title)
+    return parser.parse_args(argv)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    args.api_url = os.environ.get("API_URL", "http://127.0.0.1:8000")
+    args.checkpoint_db = os.environ.get("CHECKPOINT_DB", "data/workflow/checkpoints.sqlite")
+    try:
+        args.run(args)
+    except urllib.error.HTTPError as error:
+        body = error.read()
+        try:
+            body = json.loads(body)
+        except ValueError:
+            body = body.decode("utf-8", "replace")
+        emit("http_error", status=error.code, body=body)
+        return EXIT_HTTP_ERROR
+    except UserError as error:
+        print(f"workflow.py: {error}", file=sys.stderr)
+        return error.exit_code
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
