@@ -23,7 +23,6 @@ import json
 import os
 import re
 import signal
-import socket
 import sqlite3
 import sys
 import threading
@@ -35,7 +34,7 @@ MAX_BODY_BYTES = 4096  # bytes: the largest valid body (200 titles chars, each a
 #                        6-byte \uXXXX escape) is ~1.2 KiB; anything bigger is not a ticket.
 MAX_TITLE_CHARS = 200  # characters: a ticket title, not a document.
 MAX_KEY_CHARS = 200  # characters: room for "case-id:step:intent:version" keys or a hash.
-KEY_PATTERN = re.compile(r"[\x21-\x7e]{1,%d}" % MAX_KEY_CHARS)  # visible ASCII, so
+KEY_PATTERN = re.compile(rf"[\x21-\x7e]{{1,{MAX_KEY_CHARS}}}")  # visible ASCII, so
 #                        keys print, log and compare the same everywhere.
 SOCKET_TIMEOUT_S = 5.0  # seconds a client may stall mid-request before we hang up;
 #                         each connection has its own thread, so a staller blocks only itself.
@@ -130,13 +129,13 @@ def parse_ticket(body):
     except UnicodeDecodeError:
         raise ClientError(400, "body is not valid UTF-8") from None
     except RecursionError:
-        raise ClientError(400, "body is nested too deeply; send {\"title\": \"...\"}") from None
+        raise ClientError(400, 'body is nested too deeply; send {"title": "..."}') from None
     except ValueError:
-        raise ClientError(400, "body is not valid JSON; send {\"title\": \"...\"}") from None
+        raise ClientError(400, 'body is not valid JSON; send {"title": "..."}') from None
     if not isinstance(payload, dict):
-        raise ClientError(400, "body must be a JSON object like {\"title\": \"...\"}")
+        raise ClientError(400, 'body must be a JSON object like {"title": "..."}')
     if set(payload) != {"title"}:
-        raise ClientError(400, "body must have exactly one field, \"title\"")
+        raise ClientError(400, 'body must have exactly one field, "title"')
     title = payload["title"]
     if not isinstance(title, str) or not 1 <= len(title) <= MAX_TITLE_CHARS:
         raise ClientError(400, f"title must be a string of 1-{MAX_TITLE_CHARS} characters")

@@ -176,7 +176,10 @@ def run_graph(args, first_input):
         graph = build_graph(saver, Receiver(args.api_url), args.crash_at)
         exists = bool(graph.get_state(config).values)
         if first_input is not None and exists:
-            raise UserError(f"thread {args.thread!r} already exists; resume it or pick a new --thread", EXIT_THREAD)
+            raise UserError(
+                f"thread {args.thread!r} already exists; resume it or pick a new --thread",
+                EXIT_THREAD,
+            )
         if first_input is None and not exists:
             raise UserError(f"no thread {args.thread!r} to resume; check --thread", EXIT_THREAD)
         # sync: the checkpoint after prepare is on disk before create_ticket starts.
@@ -230,8 +233,13 @@ def parse_args(argv):
             sub.add_argument("--operation", **operation)
             sub.add_argument("--mode", choices=MODES, default="safe")
             sub.add_argument("--title", **title)
-        sub.add_argument("--crash", dest="crash_at", action="store_const", const="after-ack",
-                         help="same as --crash-at after-ack")
+        sub.add_argument(
+            "--crash",
+            dest="crash_at",
+            action="store_const",
+            const="after-ack",
+            help="same as --crash-at after-ack",
+        )
         sub.add_argument("--crash-at", choices=CRASH_POINTS, help="SIGKILL this process there")
         sub.add_argument("--durability", choices=DURABILITIES, default="sync")
     sub = actions.add_parser("state", help="show a thread's checkpoint")

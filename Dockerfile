@@ -1,0 +1,40 @@
+# The lab image: Python, the hashed runtime requirements, api.py and workflow.py.
+# compose.yaml runs it twice: as the receiver (python api.py) and as the workflow CLI (python workflow.py).
+#
+# BASE_IMAGE is the article's python:3.13-slim, pinned by digest so every learner builds on the same
+# bytes. To refresh the pin, take the digest of the multi-arch index (the manifest list), not the
+# digest of one platform's image, or arm64 (Apple silicon) and amd64 users stop sharing one pin:
+#   docker buildx imagetools inspect python:3.13-slim      # the "Digest:" line at the top
+# CI has no registry, so it passes --build-arg BASE_IMAGE=<a local image> (see .ci/docker-setup.sh);
+# compose.yaml forwards BASE_IMAGE only when it is set in the environment.
+ARG BASE_IMAGE=python:3.13-slim@sha256:57b29a7c050c4e679e4bea572e14b3965cf4b5839de2da49d55e49ffc4024f39
+FROM ${BASE_IMAGE}
+
+ENV PYTHONUNBUFFERED=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_ROOT_USER_ACTION=ignore \
+    LANGGRAPH_STRICT_MSGPACK=true
+
+# A fixed, unprivileged uid/gid. /data is where compose mounts the named volumes: a new volume copies
+# this directory's owner, so the app can write its SQLite files (and their -wal/-shm) there, while
+# the root filesystem stays read-only (read_only: true in compose.yaml).
+RUN groupadd --system --gid 10001 lab \
+    && useradd --system --uid 10001 --gid lab --home-dir /app --no-create-home \
+        --shell /usr/sbin/nologin lab \
+    && install -d -o lab -g lab -m 0750 /data
+
+WORKDIR /app
+# Every package, transitive ones included, is pinned by version and sha256 (uv-generated lock).
+# pip compiles the packages' .pyc files here, at build time: at run time the root fs is read-only.
+COPY requirements.txt .
+RUN pip install --no-cache-dir --require-hashes -r requirements.txt
+
+# Owned by root and not writable by the app user. Nothing needs to write bytecode at run time.
+ENV PYTHONDONTWRITEBYTECODE=1
+COPY api.py workflow.py ./
+
+USER lab
+# The receiver's port, inside the lab's internal network only: compose publishes nothing.
+EXPOSE 8000
+CMD ["python", "workflow.py", "--help"]
