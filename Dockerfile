@@ -1,18 +1,19 @@
 # The lab image: Python, the hashed runtime requirements, api.py and workflow.py.
 # compose.yaml runs it twice: as the receiver (python api.py) and as the workflow CLI (python workflow.py).
 #
-# BASE_IMAGE is the article's python:3.13-slim, pinned by digest so every learner builds on the same
+# PYTHON_IMAGE is the article's python:3.13-slim, pinned by digest so every learner builds on the same
 # bytes. To refresh the pin, take the digest of the multi-arch index (the manifest list), not the
 # digest of one platform's image, or arm64 (Apple silicon) and amd64 users stop sharing one pin:
 #   docker buildx imagetools inspect python:3.13-slim      # the "Digest:" line at the top
-# CI has no registry, so it passes --build-arg BASE_IMAGE=<a local image> (see .ci/docker-setup.sh);
-# compose.yaml forwards BASE_IMAGE only when it is set in the environment.
-ARG BASE_IMAGE=python:3.13-slim@sha256:57b29a7c050c4e679e4bea572e14b3965cf4b5839de2da49d55e49ffc4024f39
-FROM ${BASE_IMAGE}
+ARG PYTHON_IMAGE=python:3.13-slim@sha256:57b29a7c050c4e679e4bea572e14b3965cf4b5839de2da49d55e49ffc4024f39
+# CI has no registry, so it builds FROM a local image: --build-arg BASE_IMAGE=<image> (see
+# .ci/docker-setup.sh). compose.yaml forwards BASE_IMAGE from the environment; when it is not set,
+# Compose 2 sends nothing but Compose 1.29 sends an empty value, hence the :- fallback to the pin.
+ARG BASE_IMAGE=${PYTHON_IMAGE}
+FROM ${BASE_IMAGE:-${PYTHON_IMAGE}}
 
 ENV PYTHONUNBUFFERED=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
-    PIP_NO_CACHE_DIR=1 \
     PIP_ROOT_USER_ACTION=ignore \
     LANGGRAPH_STRICT_MSGPACK=true
 
@@ -34,7 +35,8 @@ RUN pip install --no-cache-dir --require-hashes -r requirements.txt
 ENV PYTHONDONTWRITEBYTECODE=1
 COPY api.py workflow.py ./
 
-USER lab
+# Numeric, so the host and orchestrators can tell it is not root without reading /etc/passwd.
+USER 10001:10001
 # The receiver's port, inside the lab's internal network only: compose publishes nothing.
 EXPOSE 8000
 CMD ["python", "workflow.py", "--help"]

@@ -106,7 +106,7 @@ else
   # trust the same extra CA certificates as the host (Debian's pip uses the system bundle).
   if compgen -G '/usr/local/share/ca-certificates/*.crt' >/dev/null; then
     cp /usr/local/share/ca-certificates/*.crt "$rootfs/usr/local/share/ca-certificates/"
-    chroot "$rootfs" update-ca-certificates >/dev/null
+    chroot "$rootfs" update-ca-certificates >/dev/null 2>&1
     say "   added the host's extra CA certificates"
   fi
   chroot "$rootfs" python3 -m venv /opt/venv

@@ -1,0 +1,34 @@
+"""Shared fixtures: a real receiver process on a free loopback port, data in tmp_path."""
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from labs.local import Receiver, free_port, lab_env, run_workflow  # noqa: E402
+
+
+@pytest.fixture
+def lab(tmp_path):
+    """The environment for one lab: its data folders under tmp_path and a free port."""
+    return lab_env(tmp_path / "data", free_port())
+
+
+@pytest.fixture
+def receiver(lab, tmp_path):
+    """A running api.py (stopped with SIGTERM after the test). Its stderr goes to receiver.log."""
+    server = Receiver(lab, log_path=tmp_path / "receiver.log").start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def workflow(lab):
+    """Run `python workflow.py ARGS` against this test's receiver and checkpoint folder."""
+
+    def run(*args):
+        return run_workflow(args, lab)
+
+    return run
