@@ -235,7 +235,10 @@ def choose_backend(name, data_dir):
     if name == "auto":
         name = "docker" if docker_engine_answers() else "local"
         reason = "a Docker engine answers" if name == "docker" else "no Docker engine answers"
-        print(f"backend: {name} ({reason}; BACKEND=local|docker forces one)", file=sys.stderr)
+        reason += "; BACKEND=local|docker forces one"
+    else:
+        reason = "chosen"
+    print(f"backend: {name} ({reason})", file=sys.stderr)
     if name == "docker":
         return DockerBackend()
     port = int(os.environ.get("PORT", "8000"))

@@ -1,0 +1,46 @@
+# Thin wrappers: each target bootstraps .venv from the hashed lock files, then runs one script.
+# Variables: BACKEND=auto|local|docker  STEP=1  RUNS=30  JSON=1  PYTHON=python3 (3.11+)
+
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+BACKEND ?= auto
+RUNS ?= 30
+GUIDES ?= labs/01-the-duplicate.md labs/02-the-keyed-fix.md labs/03-a-retry-is-not-a-new-request.md
+UV := $(PY) -m uv pip compile --quiet --universal --python-version 3.11 --generate-hashes --no-header
+
+.PHONY: demo test lint bench drill chaos lock clean
+
+$(VENV)/.installed: requirements.txt requirements-dev.txt
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' \
+		|| { echo "make: Python 3.11 or newer is needed (set PYTHON=python3.13, say)"; exit 2; }
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check --require-hashes \
+		-r requirements.txt -r requirements-dev.txt
+	@touch $@
+
+demo: $(VENV)/.installed  ## labs 01-03 end to end (STEP=1 waits for Enter before each command)
+	$(PY) -m labs.runner --backend $(BACKEND) $(if $(STEP),--step) $(GUIDES)
+
+test: $(VENV)/.installed lint  ## the whole suite; the Docker tier runs when an engine answers
+	$(PY) -m pytest
+
+lint: $(VENV)/.installed
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+
+bench: $(VENV)/.installed  ## receiver and CLI speed, side by side with the article's lab
+	$(PY) -m labs.bench
+
+drill: $(VENV)/.installed  ## every crash boundary x mode (JSON=1 for JSON lines)
+	$(PY) -m labs.drill --backend $(if $(filter auto,$(BACKEND)),local,$(BACKEND)) $(if $(JSON),--json)
+
+chaos: $(VENV)/.installed  ## RUNS safe-mode runs killed at random moments
+	$(PY) -m labs.chaos --runs $(RUNS)
+
+lock: $(VENV)/.installed  ## regenerate both hashed lock files from the .in files
+	$(UV) -o requirements.txt requirements.in
+	$(UV) -o requirements-dev.txt requirements-dev.in
+
+clean:  ## the native lab's data and the venv (Docker: docker compose -p stateful-lab down -v)
+	rm -rf data $(VENV) .pytest_cache .ruff_cache .hypothesis
