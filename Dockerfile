@@ -1,5 +1,5 @@
 # The lab image: Python, the hashed runtime requirements, api.py and workflow.py.
-# compose.yaml runs it twice: as the receiver (python api.py) and as the workflow CLI (python workflow.py).
+# compose.yaml runs it as the receiver (python api.py) and as the workflow CLI (python workflow.py).
 #
 # PYTHON_IMAGE is the article's python:3.13-slim, pinned by digest so every learner builds on the same
 # bytes. To refresh the pin, take the digest of the multi-arch index (the manifest list), not the
@@ -31,7 +31,8 @@ WORKDIR /app
 COPY requirements.txt .
 RUN pip install --no-cache-dir --require-hashes -r requirements.txt
 
-# Owned by root and not writable by the app user. Nothing needs to write bytecode at run time.
+# Nothing may write bytecode at run time (read-only root fs). The code stays owned by root:
+# the app user cannot change it.
 ENV PYTHONDONTWRITEBYTECODE=1
 COPY api.py workflow.py ./
 

@@ -44,6 +44,13 @@ die() { say "ERROR: $*" >&2; exit 1; }
 mkdir -p "$STATE_DIR"
 
 engine_answers() { timeout 10 docker version --format '{{.Server.Version}}' >/dev/null 2>&1; }
+# live NAME PID: true if PID is a running NAME. A killed process can linger as a zombie until it is
+# reaped; kill -0 (and so dockerd's own pid-file checks) still sees it, so read its state instead.
+live() {
+  local stat
+  stat=$(cat "/proc/$2/stat" 2>/dev/null) || return 1
+  [[ $stat == *"($1) "[!Z]* ]]
+}
 
 # ---------------------------------------------------------------- 1. packages
 phase "packages: docker.io, docker-compose, debootstrap"
@@ -68,7 +75,16 @@ phase "engine"
 if engine_answers; then
   done_phase "an engine already answers ($(docker version --format '{{.Server.Version}}')); leaving it alone"
 else
-  [[ -S /var/run/docker.sock ]] && say "   stale /var/run/docker.sock, no engine behind it"
+  # A dockerd killed without cleanup (e.g. with the machine's previous session) leaves pid files:
+  # dockerd refuses to start while its own names a process that still exists, and waits in vain
+  # for the containerd that the other names. Remove those that name no running dockerd/containerd.
+  for stale in dockerd:/var/run/docker.pid containerd:/var/run/docker/containerd/containerd.pid; do
+    file=${stale#*:}
+    if [[ -f $file ]] && ! live "${stale%%:*}" "$(<"$file")"; then
+      say "   removing stale $file ($(<"$file"))"
+      rm -f "$file"
+    fi
+  done
   say "   starting dockerd (log: $STATE_DIR/dockerd.log)"
   # setsid: its own session, so it outlives this script and no terminal hang-up reaches it.
   setsid dockerd >"$STATE_DIR/dockerd.log" 2>&1 </dev/null &
@@ -76,7 +92,7 @@ else
   echo "$dockerd_pid" >"$STATE_DIR/dockerd.pid"
   deadline=$(awk -v n="$EPOCHREALTIME" -v t="$DOCKERD_TIMEOUT" 'BEGIN { printf "%d", n + t }')
   until engine_answers; do
-    if ! kill -0 "$dockerd_pid" 2>/dev/null; then
+    if ! live dockerd "$dockerd_pid"; then
       tail -n 30 "$STATE_DIR/dockerd.log" >&2
       rm -f "$STATE_DIR/dockerd.pid"
       die "dockerd exited"

@@ -5,12 +5,18 @@
 # Safe to run more than once, and when setup never ran.
 set -uo pipefail
 
-cd "$(dirname "${BASH_SOURCE[0]}")/.."
+cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 1
 
 STATE_DIR=${LAB_DOCKER_STATE_DIR:-/tmp/stateful-lab-docker}
 PID_FILE=$STATE_DIR/dockerd.pid
 STOP_TIMEOUT=${LAB_DOCKERD_TIMEOUT:-60}
 say() { printf '[docker-teardown] %s\n' "$*"; }
+# True if PID is a live dockerd; a zombie (exited, not yet reaped) does not count.
+live_dockerd() {
+  local stat
+  stat=$(cat "/proc/$1/stat" 2>/dev/null) || return 1
+  [[ $stat == *"(dockerd) "[!Z]* ]]
+}
 
 if timeout 10 docker version --format '{{.Server.Version}}' >/dev/null 2>&1; then
   if docker compose version >/dev/null 2>&1; then compose=(docker compose); else compose=(docker-compose); fi
@@ -28,11 +34,11 @@ if [[ ! -f $PID_FILE ]]; then
 fi
 pid=$(<"$PID_FILE")
 # Only signal the process if it is still the dockerd we started (pids get reused).
-if [[ $pid =~ ^[0-9]+$ ]] && [[ $(cat "/proc/$pid/comm" 2>/dev/null) == dockerd ]]; then
+if [[ $pid =~ ^[0-9]+$ ]] && live_dockerd "$pid"; then
   say "stopping dockerd (pid $pid)"
   kill -TERM "$pid"
   deadline=$((SECONDS + STOP_TIMEOUT))
-  while kill -0 "$pid" 2>/dev/null; do
+  while live_dockerd "$pid"; do
     if ((SECONDS >= deadline)); then
       say "dockerd still running after ${STOP_TIMEOUT} s; sending SIGKILL"
       kill -KILL "$pid" 2>/dev/null
