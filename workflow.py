@@ -14,6 +14,16 @@ depends only on the key the request carries:
     --mode safe       the key from the run's input: every attempt is the same ticket
     --mode node-uuid  a fresh key minted inside the node: looks keyed, still duplicates
 
+--crash-at picks the boundary where the run dies (labs 04-06):
+    after-prepare     SIGKILL inside prepare, before it returns
+    before-request    SIGKILL inside create_ticket, before the request leaves
+    lost-ack          the receiver commits and hangs up without answering (needs
+                      RECEIVER_LAB_FAULTS=lost-ack on the receiver): the outcome is unknown
+    after-ack         SIGKILL after the receiver's answer, before the node returns (--crash)
+    after-checkpoint  SIGKILL after the run's last checkpoint, before `done` is printed
+In safe mode an unknown outcome is reconciled: look the key up, adopt what it made or send
+again with the same key. The other modes have nothing to look up and just fail (exit 3).
+
 Output is one JSON object per line, keys sorted. Exit codes: 0 done; 1 the
 receiver answered with an error (http_error); 2 bad arguments; 3 the receiver
 did not answer; 4 no such thread / thread exists; 137 the crash switch (SIGKILL).
@@ -59,6 +69,10 @@ class UserError(Exception):
         self.exit_code = exit_code
 
 
+class NoAnswer(UserError):
+    """The request was sent and no answer came back: it may or may not have taken effect."""
+
+
 def emit(event, **values):
     print(json.dumps({"event": event, **values}, sort_keys=True), flush=True)
 
@@ -99,7 +113,7 @@ class Receiver:
                 EXIT_NO_ANSWER,
             ) from error
         except (OSError, http.client.HTTPException) as error:  # sent, then no answer
-            raise UserError(
+            raise NoAnswer(
                 f"no answer from the receiver at {self.api_url} ({error}); "
                 "the request may or may not have taken effect",
                 EXIT_NO_ANSWER,
@@ -132,12 +146,20 @@ def build_graph(checkpointer, receiver, crash_at=None):
         lose_ack = state["operation_id"] if crash_at == "lost-ack" else None
         try:
             result = receiver.create(state["title"], key, lose_ack)
-        except UserError as error:
-            # The request may or may not have been committed: the outcome is unknown.
+        except NoAnswer as error:
+            # Sent, no answer: committed or not, nobody here can tell. (A refused
+            # connection is not caught: nothing was sent, and the node just fails.)
             emit("effect_unknown", error=str(error.__cause__ or error))
             if mode != "safe":
-                raise  # nothing to look the ticket up by: resume will simply send again
+                raise  # nothing stable to look the ticket up by: resume sends again
             result = reconcile(receiver, state["title"], key)
+        else:
+            if lose_ack:  # one line on stderr: the learner asked for a fault that did not happen
+                print(
+                    "workflow.py: --crash-at lost-ack: the receiver answered anyway "
+                    "(RECEIVER_LAB_FAULTS=lost-ack is off, or this operation's fault was used)",
+                    file=sys.stderr,
+                )
         emit("effect_ack", created=result["created"], ticket_id=result["ticket_id"])
         # The receiver has committed the ticket and this node has not returned: its
         # result is not checkpointed yet. Dying here is the crash window.
@@ -157,9 +179,12 @@ def reconcile(receiver, title, key):
     """Settle an unknown outcome: adopt the ticket the key already made, or send again."""
     found = receiver.tickets(key)
     emit("reconcile", found=[t["ticket_id"] for t in found], key=key)
-    if found:
-        return {"ticket_id": found[0]["ticket_id"], "created": False}
-    return receiver.create(title, key)  # never arrived: the same key makes the retry safe
+    for ticket in found:
+        if ticket["payload"] == {"title": title}:  # this very request: adopt it
+            return {"ticket_id": ticket["ticket_id"], "created": False}
+    # Nothing, or the key made something else: send again with the same key and let the
+    # receiver decide (create it, or refuse a reused key with 409).
+    return receiver.create(title, key)
 
 
 def open_graph(args):
@@ -233,14 +258,15 @@ def parse_args(argv):
             sub.add_argument("--operation", **operation)
             sub.add_argument("--mode", choices=MODES, default="safe")
             sub.add_argument("--title", **title)
-        sub.add_argument(
+        crash = sub.add_mutually_exclusive_group()
+        crash.add_argument(
             "--crash",
             dest="crash_at",
             action="store_const",
             const="after-ack",
             help="same as --crash-at after-ack",
         )
-        sub.add_argument("--crash-at", choices=CRASH_POINTS, help="SIGKILL this process there")
+        crash.add_argument("--crash-at", choices=CRASH_POINTS, help="where the run dies")
         sub.add_argument("--durability", choices=DURABILITIES, default="sync")
     sub = actions.add_parser("state", help="show a thread's checkpoint")
     sub.set_defaults(run=state)

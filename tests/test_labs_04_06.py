@@ -1,0 +1,316 @@
+"""Labs 04-06: crash points, key modes, reconciliation, the drill and the chaos run.
+
+Real processes throughout: api.py on a loopback port, workflow.py as a subprocess that
+really dies of SIGKILL, SQLite files under tmp_path. Where a test needs a receiver that
+misbehaves in a way api.py cannot (no commit before hanging up, silence, a key that made
+another ticket), a scripted HTTP server on loopback plays the receiver; the workflow
+under test is always the real one.
+"""
+
+import json
+import subprocess
+import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from labs import chaos, drill
+from labs.local import ROOT, Receiver, free_port, run_workflow, shell_exit_code
+
+KILLED = 137
+OP = "case-t:open-ticket:v1"
+TITLE = "Check supplier configuration"  # workflow.py's default title
+
+
+def events(done):
+    return [json.loads(line) for line in done.stdout.splitlines()]
+
+
+def names(done):
+    return [e["event"] for e in events(done)]
+
+
+def tickets(workflow):
+    return events(workflow("tickets"))[0]["tickets"]
+
+
+@pytest.fixture
+def faulty_receiver(lab, tmp_path):
+    """api.py with the lost-ack fault switched on, as compose.yaml runs it."""
+    lab["RECEIVER_LAB_FAULTS"] = "lost-ack"
+    server = Receiver(lab, log_path=tmp_path / "receiver.log").start()
+    yield server
+    server.stop()
+
+
+# ------------------------------------------------------------------ crash points
+
+
+def test_after_prepare_leaves_only_the_input_and_prepare_runs_again(receiver, workflow):
+    crashed = workflow("start", "--operation", OP, "--mode", "naive", "--crash-at", "after-prepare")
+    assert shell_exit_code(crashed.returncode) == KILLED
+    assert names(crashed) == ["prepare", "crash"]
+    state = events(workflow("state"))[0]
+    assert state["next"] == ["prepare"] and "key" not in state["values"]
+    resumed = workflow("resume")
+    assert names(resumed) == ["prepare", "effect_ack", "done"]
+    assert len(tickets(workflow)) == 1
+
+
+def test_before_request_sends_nothing_until_the_resume(receiver, workflow):
+    crashed = workflow(
+        "start", "--operation", OP, "--mode", "naive", "--crash-at", "before-request"
+    )
+    assert shell_exit_code(crashed.returncode) == KILLED
+    assert tickets(workflow) == []  # the request never left
+    assert events(workflow("state"))[0]["next"] == ["create_ticket"]
+    assert names(workflow("resume")) == ["effect_ack", "done"]
+    assert len(tickets(workflow)) == 1
+
+
+def test_after_checkpoint_the_result_is_saved_and_nothing_reruns(receiver, workflow):
+    crashed = workflow("start", "--mode", "naive", "--crash-at", "after-checkpoint")
+    assert shell_exit_code(crashed.returncode) == KILLED
+    assert "done" not in names(crashed)
+    state = events(workflow("state"))[0]
+    assert state["next"] == [] and state["values"]["ticket_id"] == 1
+    assert names(workflow("resume")) == ["done"]
+    assert len(tickets(workflow)) == 1
+
+
+def test_exit_durability_saves_nothing_before_a_sigkill(receiver, workflow):
+    crashed = workflow("start", "--mode", "naive", "--crash", "--durability", "exit")
+    assert shell_exit_code(crashed.returncode) == KILLED
+    resumed = workflow("resume", "--durability", "exit")
+    assert resumed.returncode == 4 and resumed.stdout == ""
+    assert resumed.stderr.count("\n") == 1 and "no thread 'demo' to resume" in resumed.stderr
+    assert len(tickets(workflow)) == 1  # committed, and the workflow has no trace of it
+
+
+def test_crash_and_crash_at_together_is_a_usage_error(workflow):
+    done = workflow("start", "--crash", "--crash-at", "before-request")
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.count("\n") == 1 and "not allowed with" in done.stderr
+
+
+# ------------------------------------------------------------------ where the key comes from
+
+
+def test_node_uuid_sends_a_new_key_on_every_attempt(receiver, workflow):
+    crashed = workflow("start", "--operation", OP, "--mode", "node-uuid", "--crash")
+    assert shell_exit_code(crashed.returncode) == KILLED
+    assert names(workflow("resume")) == ["effect_ack", "done"]
+    keys = [t["key"] for t in tickets(workflow)]
+    assert len(keys) == 2 and len(set(keys)) == 2 and OP not in keys
+    assert events(workflow("state"))[0]["values"]["key"] == OP  # the stable key was in the state
+
+
+def test_safe_key_spans_threads_of_the_same_operation(receiver, workflow):
+    workflow("start", "--thread", "one", "--operation", OP, "--mode", "safe")
+    again = events(workflow("start", "--thread", "two", "--operation", OP, "--mode", "safe"))
+    assert again[1] == {"event": "effect_ack", "created": False, "ticket_id": 1}
+    assert len(tickets(workflow)) == 1
+
+
+# ------------------------------------------------------------------ the lost acknowledgement
+
+
+def test_lost_ack_naive_fails_with_unknown_outcome_and_the_resume_duplicates(
+    faulty_receiver, workflow
+):
+    lost = workflow("start", "--operation", OP, "--mode", "naive", "--crash-at", "lost-ack")
+    assert lost.returncode == 3
+    assert names(lost) == ["prepare", "effect_unknown"]
+    assert lost.stderr.count("\n") == 1 and "may or may not have taken effect" in lost.stderr
+    assert len(tickets(workflow)) == 1  # committed although nobody heard the answer
+    assert names(workflow("resume")) == ["effect_ack", "done"]
+    assert len(tickets(workflow)) == 2
+
+
+def test_lost_ack_safe_reconciles_by_key_and_adopts_the_ticket(faulty_receiver, workflow):
+    lost = workflow("start", "--operation", OP, "--mode", "safe", "--crash-at", "lost-ack")
+    assert lost.returncode == 0
+    assert events(lost)[1:4] == [
+        {"event": "effect_unknown", "error": "Remote end closed connection without response"},
+        {"event": "reconcile", "found": [1], "key": OP},
+        {"event": "effect_ack", "created": False, "ticket_id": 1},
+    ]
+    assert len(tickets(workflow)) == 1
+    log = faulty_receiver.log_path.read_text()
+    assert log.count("lost-ack fault: dropping the answer") == 1
+
+
+def test_lost_ack_without_the_fault_switch_says_so(receiver, workflow):
+    done = workflow("start", "--mode", "safe", "--crash-at", "lost-ack")
+    assert done.returncode == 0 and names(done) == ["prepare", "effect_ack", "done"]
+    assert "RECEIVER_LAB_FAULTS=lost-ack is off" in done.stderr
+
+
+def test_unreachable_receiver_is_no_unknown_outcome(lab, workflow):
+    lab["API_URL"] = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    done = workflow("start", "--mode", "safe")
+    assert done.returncode == 3 and names(done) == ["prepare"]  # nothing sent: no effect_unknown
+    assert done.stderr.count("\n") == 1 and "cannot reach the receiver" in done.stderr
+
+
+class ScriptedReceiver(BaseHTTPRequestHandler):
+    """Answers POSTs from server.script in order: "hang up", "silence", or (status, body)."""
+
+    def do_POST(self):
+        self.rfile.read(int(self.headers["Content-Length"]))
+        self.server.keys.append(self.headers.get("Idempotency-Key"))
+        step = self.server.script.pop(0)
+        if step == "silence":
+            self.server.release.wait(60)  # until the test is over: the client must time out
+        if step in ("silence", "hang up"):
+            self.close_connection = True
+            return
+        self.answer(*step)
+
+    def do_GET(self):
+        self.answer(200, {"tickets": self.server.found})
+
+    def answer(self, status, body):
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def scripted(lab):
+    server = ThreadingHTTPServer(("127.0.0.1", 0), ScriptedReceiver)
+    server.daemon_threads = True
+    server.script, server.found, server.keys = [], [], []
+    server.release = threading.Event()
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    lab["API_URL"] = f"http://127.0.0.1:{server.server_address[1]}"
+    yield server
+    server.release.set()
+    server.shutdown()
+    server.server_close()
+
+
+def test_reconcile_finds_nothing_and_sends_again_with_the_same_key(scripted, workflow):
+    scripted.script = ["hang up", (201, {"ticket_id": 7, "created": True})]
+    done = workflow("start", "--operation", OP, "--mode", "safe")
+    assert done.returncode == 0
+    assert names(done) == ["prepare", "effect_unknown", "reconcile", "effect_ack", "done"]
+    assert events(done)[-1]["ticket_id"] == 7
+    assert scripted.keys == [OP, OP]
+
+
+def test_reconcile_does_not_adopt_a_ticket_with_another_body(scripted, workflow):
+    scripted.found = [{"ticket_id": 5, "key": OP, "payload": {"title": "Something else"}}]
+    scripted.script = ["hang up", (409, {"error": "key reused"})]
+    done = workflow("start", "--operation", OP, "--mode", "safe")
+    assert done.returncode == 1
+    assert events(done)[-1] == {
+        "event": "http_error",
+        "status": 409,
+        "body": {"error": "key reused"},
+    }
+    assert scripted.keys == [OP, OP]  # it asked the receiver again instead of adopting 5
+
+
+def test_a_timeout_after_sending_is_an_unknown_outcome(scripted, workflow):
+    scripted.script = ["silence", (201, {"ticket_id": 1, "created": True})]
+    done = workflow("start", "--operation", OP, "--mode", "safe")  # waits REQUEST_TIMEOUT_S
+    assert done.returncode == 0
+    assert events(done)[1] == {"event": "effect_unknown", "error": "timed out"}
+    assert names(done)[2:] == ["reconcile", "effect_ack", "done"]
+
+
+# ------------------------------------------------------------------ the drill and the chaos run
+
+ISSUE_TABLE = {  # issue 5: tickets per mode (naive, safe, node-uuid)
+    "after-prepare": (1, 1, 1),
+    "before-request": (1, 1, 1),
+    "lost-ack": (2, 1, 2),
+    "after-ack": (2, 1, 2),
+    "after-checkpoint": (1, 1, 1),
+}
+
+
+def test_the_drill_matches_the_expected_matrix():
+    done = subprocess.run(
+        [sys.executable, "-m", "labs.drill", "--json"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    cells = [json.loads(line) for line in done.stdout.splitlines()]
+    expected = {
+        (boundary, mode, "sync"): counts[i]
+        for boundary, counts in ISSUE_TABLE.items()
+        for i, mode in enumerate(drill.MODES)
+    }
+    for durability in ("async", "exit"):  # the durability rows: the key decides, not durability
+        expected.update(
+            {("after-ack", m, durability): (2, 1, 2)[i] for i, m in enumerate(drill.MODES)}
+        )
+    got = {(c["boundary"], c["mode"], c["durability"]): c["tickets"] for c in cells}
+    assert got == expected
+    assert all(c["ok"] and c["finished"] and c["redid_nothing_after"] for c in cells)
+    assert {c["durability"] for c in cells if c["observed"]} == {"async"}
+    exit_rows = [c for c in cells if c["durability"] == "exit"]
+    assert all(c["recovery"] == "start again" for c in exit_rows)
+
+
+def test_a_drill_cell_fails_when_the_receiver_cannot_lose_an_answer(receiver, lab):
+    """The drill can fail: without the fault switch, lost-ack makes one ticket, not two."""
+
+    class PlainLab:
+        def workflow(self, args):
+            done = run_workflow(args, lab)
+            return done.stdout, shell_exit_code(done.returncode)
+
+    cell = drill.run_cell(PlainLab(), "lost-ack", "naive", "sync")
+    assert cell["tickets"] == 1 and not cell["ok"]
+
+
+def test_chaos_leaves_one_ticket_per_run():
+    done = subprocess.run(
+        [sys.executable, "-m", "labs.chaos", "--runs", "4", "--seed", "1"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    result = json.loads(done.stdout.splitlines()[-1])
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert result["runs"] == result["operations"] == result["tickets"] == 4
+    assert result["duplicates"] == 0 and result["killed"] == 4 and result["seed"] == 1
+
+
+def test_chaos_counts_a_real_duplicate():
+    """The chaos check can fail: a naive crash after the answer leaves two tickets."""
+    with drill.LocalLab() as lab:
+        start = ["start", "--thread", "x", "--operation", "x", "--title", "x", "--mode", "naive"]
+        assert shell_exit_code(run_workflow([*start, "--crash"], lab.env).returncode) == KILLED
+        assert run_workflow(["resume", "--thread", "x"], lab.env).returncode == 0
+        per_run = chaos.count_tickets(lab, ["x"])
+    run = {"name": "x", "killed": True, "landed": "effect_ack", "finished": True}
+    assert chaos.summary([run], per_run, seed=0)["duplicates"] == 1
+
+
+def test_drill_and_chaos_refuse_bad_arguments_in_one_line():
+    cases = [
+        ("labs.drill", ["--workers", "0"]),
+        ("labs.drill", ["--backend", "podman"]),
+        ("labs.chaos", ["--runs", "0"]),
+        ("labs.chaos", ["--runs", "many"]),
+    ]
+    for module, args in cases:
+        done = subprocess.run(
+            [sys.executable, "-m", module, *args], cwd=ROOT, capture_output=True, text=True
+        )
+        assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
