@@ -1,0 +1,94 @@
+"""Talk to a real receiver the way clients do: raw bytes on a socket, one connection each.
+
+Raw sockets, because the malformed requests these tests send (two Content-Lengths, a body
+shorter than announced, bytes that are not UTF-8 in a header) are what a well-behaved
+client library refuses to produce.
+"""
+
+import json
+import socket
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+REPLY_DEADLINE_S = 10.0  # seconds for a whole answer; the receiver answers in milliseconds
+TITLE = "Check supplier configuration"
+
+
+@dataclass
+class Reply:
+    status: int
+    headers: dict  # lower-case name -> value
+    body: bytes
+
+    def json(self):
+        return json.loads(self.body)
+
+
+def port_of(server):
+    return urlsplit(server.url).port
+
+
+def exchange(server, data, half_close=True, timeout=REPLY_DEADLINE_S):
+    """Send raw request bytes on a new connection and read the answer to its end.
+
+    half_close: tell the server nothing more is coming (a body shorter than its
+    Content-Length is then seen as short, not as a client that is still sending).
+    """
+    with socket.create_connection(("127.0.0.1", port_of(server)), timeout=timeout) as sock:
+        sock.sendall(data)
+        if half_close:
+            sock.shutdown(socket.SHUT_WR)
+        return read_reply(sock, expect_body=not data.startswith(b"HEAD "))
+
+
+def read_reply(sock, expect_body=True):
+    answer = b""
+    while chunk := sock.recv(65536):  # HTTP/1.0: the receiver closes after its answer
+        answer += chunk
+    if not answer:
+        raise ConnectionError("the receiver closed the connection without answering")
+    head, _, body = answer.partition(b"\r\n\r\n")
+    status_line, *lines = head.decode("latin-1").split("\r\n")
+    headers = {}
+    for line in lines:
+        name, _, value = line.partition(":")
+        headers[name.strip().lower()] = value.strip()
+    if expect_body and len(body) < int(headers.get("content-length", 0)):
+        raise ConnectionError(f"the answer was cut short: {answer!r}")
+    return Reply(int(status_line.split(" ")[1]), headers, body)
+
+
+def request(server, method, target, body=None, headers=(), **kwargs):
+    """A well-formed request; body may be bytes or a value to send as JSON."""
+    if body is not None and not isinstance(body, bytes):
+        body = json.dumps(body).encode()
+    lines = [f"{method} {target} HTTP/1.0".encode()]
+    for name, value in headers:
+        lines.append(
+            name.encode() + b": " + (value if isinstance(value, bytes) else value.encode())
+        )
+    if body is not None:
+        lines.append(b"Content-Length: %d" % len(body))
+    return exchange(server, b"\r\n".join(lines) + b"\r\n\r\n" + (body or b""), **kwargs)
+
+
+def post(server, title=TITLE, key=None, **kwargs):
+    headers = [] if key is None else [("Idempotency-Key", key)]
+    return request(server, "POST", "/tickets", {"title": title}, headers, **kwargs)
+
+
+def tickets(server, key=None):
+    """The receiver's tickets (all, or the one with this key), as a list of dicts."""
+    target = "/tickets" if key is None else f"/tickets?key={key}"
+    reply = request(server, "GET", target)
+    assert reply.status == 200, reply
+    return reply.json()["tickets"]
+
+
+def assert_error(reply, status, *words):
+    """A JSON answer with this status whose "error" says why, in (at least) these words."""
+    assert reply.status == status, reply
+    assert reply.headers.get("content-type") == "application/json", reply
+    error = reply.json()["error"]
+    missing = [word for word in words if word.lower() not in error.lower()]
+    assert not missing, f"error {error!r} does not mention {missing}"

@@ -1,0 +1,491 @@
+"""The receiver's HTTP boundary, as a client sees it, against a real api.py process.
+
+Every bad request must get a JSON answer whose "error" says why (4xx; 501 and 505 where
+HTTP itself names what is unsupported), must create no ticket, and must leave the
+receiver serving. Good requests get 201 (created), 200 (the same request again) or 409
+(the key was used for another body). openapi.yaml is checked against the same process.
+"""
+
+import json
+import re
+import sqlite3
+import uuid
+
+import pytest
+import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from receiver_helpers import TITLE, assert_error, exchange, post, request, tickets
+
+from labs.local import ROOT, Receiver, free_port, lab_env
+
+STALL_TIMEOUT_S = 1.0  # the receiver's per-connection timeout in this module: a stall test
+#                        waits it out, and 1 s is still ample for any loopback request here
+BUSY_TIMEOUT_S = 0.3  # its wait for a locked database before a 503 (default 2 s)
+VALID = json.dumps({"title": TITLE}).encode()
+AUTO = object()  # post_bytes: send the body's real length
+PROPERTY = settings(max_examples=100, deadline=None)  # 100 requests each: about a second
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """One receiver for the module: starting a process per case would dominate the runtime."""
+    tmp = tmp_path_factory.mktemp("http")
+    env = lab_env(
+        tmp / "data",
+        free_port(),
+        RECEIVER_SOCKET_TIMEOUT_S=str(STALL_TIMEOUT_S),
+        RECEIVER_BUSY_TIMEOUT_S=str(BUSY_TIMEOUT_S),
+    )
+    receiver = Receiver(env, log_path=tmp / "receiver.log").start()
+    yield receiver
+    receiver.stop()
+
+
+def fresh_key():
+    return f"test:{uuid.uuid4()}"
+
+
+def post_bytes(body=VALID, headers=(), length=AUTO, target=b"/tickets"):
+    """A raw POST; length: AUTO, None (no Content-Length) or a list of header values."""
+    lines = [b"POST " + target + b" HTTP/1.0", *headers]
+    lengths = [b"%d" % len(body)] if length is AUTO else length or []
+    lines += [b"Content-Length: " + value for value in lengths]
+    return b"\r\n".join(lines) + b"\r\n\r\n" + body
+
+
+def title_body(title):
+    return json.dumps({"title": title}).encode()
+
+
+BAD_REQUESTS = {  # id -> (raw request, status, words the error must use)
+    "no Content-Length": (post_bytes(length=None), 411, ["Content-Length"]),
+    "non-numeric Content-Length": (post_bytes(length=[b"ten"]), 400, ["Content-Length"]),
+    "negative Content-Length": (post_bytes(length=[b"-1"]), 400, ["non-negative"]),
+    "signed Content-Length": (post_bytes(length=[b"+41"]), 400, ["whole number"]),
+    "non-ASCII digit Content-Length": (post_bytes(length=[b"\xb2"]), 400, ["Content-Length"]),
+    "oversized Content-Length": (post_bytes(length=[b"4097"]), 413, ["4096 bytes"]),
+    "oversized body": (post_bytes(title_body("x" * 5000)), 413, ["4096 bytes"]),
+    "Content-Length twice": (post_bytes(length=[b"41", b"41"]), 400, ["once"]),
+    "chunked body": (
+        post_bytes(b"0\r\n\r\n", [b"Transfer-Encoding: chunked"], length=None),
+        411,
+        ["Content-Length", "chunked"],
+    ),
+    "body shorter than Content-Length": (
+        post_bytes(length=[b"%d" % (len(VALID) + 10)]),
+        400,
+        ["ended after 41 of 51 bytes"],
+    ),
+    "not JSON": (post_bytes(b"title=Check"), 400, ["not valid JSON"]),
+    "invalid UTF-8": (post_bytes(b'{"title": "\xff\xfe"}'), 400, ["UTF-8"]),
+    "JSON array": (post_bytes(b'["title"]'), 400, ["JSON object"]),
+    "JSON string": (post_bytes(b'"title"'), 400, ["JSON object"]),
+    "JSON null": (post_bytes(b"null"), 400, ["JSON object"]),
+    "extra field": (post_bytes(b'{"title": "a", "priority": 1}'), 400, ["exactly one", "title"]),
+    "missing field": (post_bytes(b"{}"), 400, ["exactly one", "title"]),
+    "misspelt field": (post_bytes(b'{"Title": "a"}'), 400, ['"title"']),
+    "field twice": (post_bytes(b'{"title": "a", "title": "b"}'), 400, ['"title" twice']),
+    "empty title": (post_bytes(title_body("")), 400, ["1-200 characters"]),
+    "title too long": (post_bytes(title_body("x" * 201)), 400, ["1-200 characters"]),
+    "title a number": (post_bytes(b'{"title": 7}'), 400, ["string"]),
+    "title null": (post_bytes(b'{"title": null}'), 400, ["string"]),
+    "title NaN": (post_bytes(b'{"title": NaN}'), 400, ["string"]),
+    "title an object": (post_bytes(b'{"title": {"text": "a"}}'), 400, ["string"]),
+    "title a lone surrogate": (post_bytes(b'{"title": "a\\ud800"}'), 400, ["surrogate"]),
+    "deeply nested JSON": (post_bytes(b"[" * 2000 + b"]" * 2000), 400, ["nested too deeply"]),
+    "deeply nested title": (
+        post_bytes(b'{"title": ' + b"[" * 1500 + b"]" * 1500 + b"}"),
+        400,
+        ["nested too deeply"],
+    ),
+    "empty key": (post_bytes(headers=[b"Idempotency-Key: "]), 400, ["Idempotency-Key", "1-200"]),
+    "key too long": (post_bytes(headers=[b"Idempotency-Key: " + b"k" * 201]), 400, ["1-200"]),
+    "key with a space": (post_bytes(headers=[b"Idempotency-Key: case 1"]), 400, ["no spaces"]),
+    "key in UTF-8": (post_bytes(headers=["Idempotency-Key: café".encode()]), 400, ["ASCII"]),
+    "key with a control character": (
+        post_bytes(headers=[b"Idempotency-Key: case\x01one"]),
+        400,
+        ["visible ASCII"],
+    ),
+    "key sent twice": (
+        post_bytes(headers=[b"Idempotency-Key: k1", b"Idempotency-Key: k1"]),
+        400,
+        ["once, not 2 times"],
+    ),
+    "unknown path": (post_bytes(target=b"/ticket"), 404, ["/ticket", "try /tickets"]),
+    "unknown GET path": (b"GET /admin HTTP/1.0\r\n\r\n", 404, ["/admin"]),
+    "empty ?key=": (b"GET /tickets?key= HTTP/1.0\r\n\r\n", 400, ["?key="]),
+    "?key= twice": (b"GET /tickets?key=a&key=b HTTP/1.0\r\n\r\n", 400, ["once"]),
+    "other query parameter": (b"GET /tickets?all=1 HTTP/1.0\r\n\r\n", 400, ["only query"]),
+    "?key= not UTF-8": (b"GET /tickets?key=%FF HTTP/1.0\r\n\r\n", 400, ["visible ASCII"]),
+    "?key= raw byte 0xff": (b"GET /tickets?key=\xff HTTP/1.0\r\n\r\n", 400, ["visible ASCII"]),
+    "?key= in UTF-8": (b"GET /tickets?key=caf%C3%A9 HTTP/1.0\r\n\r\n", 400, ["ASCII"]),
+    "malformed request line": (b"NONSENSE\r\n\r\n", 400, ["request"]),
+    "unknown HTTP version": (b"GET /tickets HTTP/9.9\r\n\r\n", 505, ["version"]),
+    "header line too long": (
+        b"GET /tickets HTTP/1.0\r\nX-Note: " + b"a" * 70_000 + b"\r\n\r\n",
+        431,
+        ["too long"],
+    ),
+    "too many headers": (
+        b"GET /tickets HTTP/1.0\r\n" + b"X-N: 1\r\n" * 101 + b"\r\n",
+        431,
+        ["headers"],
+    ),
+}
+
+
+@pytest.mark.parametrize("raw,status,words", BAD_REQUESTS.values(), ids=BAD_REQUESTS.keys())
+def test_a_bad_request_gets_a_json_error_that_says_why_and_creates_nothing(
+    server, raw, status, words
+):
+    before = len(tickets(server))
+    assert_error(exchange(server, raw), status, *words)
+    assert len(tickets(server)) == before
+    assert request(server, "GET", "/health").json() == {"ok": True}
+
+
+@pytest.mark.parametrize(
+    "method,path,allow",
+    [
+        ("DELETE", "/tickets", "GET, HEAD, POST"),
+        ("PUT", "/tickets", "GET, HEAD, POST"),
+        ("PATCH", "/tickets", "GET, HEAD, POST"),
+        ("POST", "/health", "GET, HEAD"),
+        ("OPTIONS", "/health", "GET, HEAD"),
+    ],
+)
+def test_a_known_path_refuses_other_methods_with_405_and_allow(server, method, path, allow):
+    before = len(tickets(server))
+    reply = request(server, method, path, body=VALID)
+    assert_error(reply, 405, path, allow)
+    assert reply.headers["allow"] == allow
+    assert len(tickets(server)) == before
+
+
+def test_an_unknown_method_gets_501_as_json(server):
+    # RFC 9110: a method the server does not know at all is 501, not 405.
+    assert_error(exchange(server, b"BREW /tickets HTTP/1.0\r\n\r\n"), 501, "BREW")
+
+
+def test_head_is_get_without_the_body(server):
+    post(server, key=fresh_key())
+    get, head = request(server, "GET", "/tickets"), request(server, "HEAD", "/tickets")
+    assert (head.status, head.body) == (200, b"")
+    assert head.headers["content-length"] == str(len(get.body))
+    assert request(server, "HEAD", "/nowhere").status == 404
+
+
+def test_a_stalled_upload_is_answered_408_and_creates_nothing(server):
+    key = fresh_key()
+    # Headers and half the body, then silence (the socket stays open for writing).
+    raw = post_bytes(headers=[f"Idempotency-Key: {key}".encode()])[: -len(VALID) // 2]
+    assert_error(exchange(server, raw, half_close=False), 408, f"within {STALL_TIMEOUT_S:g} s")
+    assert tickets(server, key) == []
+    assert request(server, "GET", "/health").status == 200
+
+
+def test_first_post_creates_and_the_same_request_returns_the_same_ticket(server):
+    key = fresh_key()
+    first = post(server, key=key)
+    assert first.status == 201
+    ticket_id = first.json()["ticket_id"]
+    assert first.json() == {"ticket_id": ticket_id, "created": True}
+    again = post(server, key=key)
+    assert (again.status, again.json()) == (200, {"ticket_id": ticket_id, "created": False})
+    assert tickets(server, key) == [
+        {"ticket_id": ticket_id, "key": key, "payload": {"title": TITLE}}
+    ]
+
+
+def test_replays_compare_canonical_json_not_bytes(server):
+    """Spacing, escapes and a trailing newline do not make a different request."""
+    key = fresh_key()
+    spellings = [
+        b'{"title":"Ab \xc3\xa9"}',
+        b'{ "title" : "Ab \xc3\xa9" }\n',
+        b'{"title": "\\u0041b \\u00e9"}',
+        b'\t{"title":\r\n"Ab \\u00E9"}',
+    ]
+    replies = [
+        request(server, "POST", "/tickets", body, [("Idempotency-Key", key)]) for body in spellings
+    ]
+    assert [r.status for r in replies] == [201, 200, 200, 200]
+    assert len({r.json()["ticket_id"] for r in replies}) == 1
+    assert tickets(server, key)[0]["payload"] == {"title": "Ab é"}
+
+
+def test_the_same_key_with_another_body_is_409_and_changes_nothing(server):
+    key = fresh_key()
+    ticket_id = post(server, key=key).json()["ticket_id"]
+    before = len(tickets(server))
+    reply = post(server, "Another title", key=key)
+    assert_error(reply, 409, key, f"ticket {ticket_id}", "new key")
+    assert len(tickets(server)) == before
+    assert tickets(server, key)[0]["payload"] == {"title": TITLE}
+    assert post(server, key=key).status == 200  # the original request still replays
+
+
+def test_without_a_key_every_post_is_a_new_ticket(server):
+    first, second = post(server), post(server)
+    assert (first.status, second.status) == (201, 201)
+    assert first.json()["ticket_id"] != second.json()["ticket_id"]
+
+
+def test_whitespace_around_the_key_header_is_not_part_of_the_key(server):
+    key = fresh_key()
+    ticket_id = post(server, key=key).json()["ticket_id"]
+    reply = request(server, "POST", "/tickets", VALID, [("Idempotency-Key", f" \t{key}  ")])
+    assert (reply.status, reply.json()["ticket_id"]) == (200, ticket_id)
+
+
+def test_get_tickets_lists_all_in_id_order_and_key_selects_one(server):
+    keys = [fresh_key() for _ in range(3)]
+    ids = [post(server, f"title {i}", key=key).json()["ticket_id"] for i, key in enumerate(keys)]
+    listed = tickets(server)
+    assert [t["ticket_id"] for t in listed] == sorted(t["ticket_id"] for t in listed)
+    by_key = {t["key"]: t["ticket_id"] for t in listed if t["key"] in keys}
+    assert by_key == dict(zip(keys, ids, strict=True))
+    assert tickets(server, keys[1]) == [
+        {"ticket_id": ids[1], "key": keys[1], "payload": {"title": "title 1"}}
+    ]
+    assert tickets(server, fresh_key()) == []
+
+
+def test_every_answer_is_json_with_a_true_content_length(server):
+    for reply in [
+        request(server, "GET", "/health"),
+        post(server, key=fresh_key()),
+        exchange(server, post_bytes(b"{")),
+        exchange(server, b"BREW / HTTP/1.0\r\n\r\n"),
+    ]:
+        assert reply.headers["content-type"] == "application/json"
+        assert int(reply.headers["content-length"]) == len(reply.body)
+        json.loads(reply.body)
+
+
+def test_the_lost_ack_header_does_nothing_unless_the_lab_fault_is_on(server):
+    reply = request(server, "POST", "/tickets", VALID, [("Lab-Lost-Ack", "t1")])
+    assert reply.status == 201
+
+
+def test_lost_ack_fault_commits_then_hangs_up_once_per_token(tmp_path):
+    env = lab_env(tmp_path / "data", free_port(), RECEIVER_LAB_FAULTS="lost-ack")
+    faulty = Receiver(env, log_path=tmp_path / "receiver.log").start()
+    try:
+        headers = [("Idempotency-Key", "case-9"), ("Lab-Lost-Ack", "token-1")]
+        with pytest.raises(ConnectionError):
+            request(faulty, "POST", "/tickets", VALID, headers)
+        [ticket] = tickets(faulty, "case-9")  # committed, though nobody heard about it
+        retry = request(faulty, "POST", "/tickets", VALID, headers)
+        assert (retry.status, retry.json()["ticket_id"]) == (200, ticket["ticket_id"])
+    finally:
+        faulty.stop()
+
+
+# ---- properties: whatever a client sends, an answer, and a ticket only for a valid request
+
+
+def ticket_title(value):
+    """The title if value is a valid ticket body, else None (the receiver's rules, restated)."""
+    if not isinstance(value, dict) or set(value) != {"title"}:
+        return None
+    title = value["title"]
+    if not isinstance(title, str) or not 1 <= len(title) <= 200:
+        return None
+    if any(0xD800 <= ord(c) <= 0xDFFF for c in title):
+        return None
+    return title
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3)
+    ),
+    max_leaves=8,
+)
+surrogate = st.integers(0xD800, 0xDFFF).map(chr)
+titles = st.text(max_size=210) | st.tuples(st.text(max_size=4), surrogate).map("".join)
+bodies = (
+    json_values
+    | st.fixed_dictionaries({"title": titles})
+    | st.fixed_dictionaries({"title": titles}, optional={"x": json_values})
+)
+
+
+@PROPERTY
+@given(value=bodies)
+def test_any_json_body_is_stored_exactly_when_valid_and_read_back_unchanged(server, value):
+    key = fresh_key()
+    reply = request(
+        server, "POST", "/tickets", json.dumps(value).encode(), [("Idempotency-Key", key)]
+    )
+    if ticket_title(value) is None:
+        assert_error(reply, 400)
+        assert tickets(server, key) == []
+    else:
+        assert reply.status == 201, reply
+        assert tickets(server, key)[0]["payload"] == value
+
+
+@PROPERTY
+@given(body=st.binary(max_size=600))
+def test_any_bytes_body_gets_an_answer_and_a_ticket_only_if_201(server, body):
+    key = fresh_key()
+    reply = exchange(server, post_bytes(body, [f"Idempotency-Key: {key}".encode()]))
+    assert reply.status in (201, 400), reply
+    if reply.status == 400:
+        assert_error(reply, 400)
+    assert len(tickets(server, key)) == (reply.status == 201)
+
+
+header_values = st.binary(max_size=210).map(lambda v: v.replace(b"\r", b"").replace(b"\n", b""))
+header_names = st.text(
+    st.sampled_from([chr(c) for c in range(0x21, 0x7F) if c != ord(":")]), min_size=1
+)
+
+
+@PROPERTY
+@given(value=header_values | st.text("!~abc", max_size=210).map(str.encode))
+def test_any_key_header_is_accepted_exactly_when_1_to_200_visible_ascii(server, value):
+    valid = re.fullmatch(rb"[\x21-\x7e]{1,200}", value.strip(b" \t"))
+    title = f"property {uuid.uuid4()}"  # a new body: a reused key can only be a 409, not a 200
+    reply = exchange(server, post_bytes(title_body(title), [b"Idempotency-Key: " + value]))
+    if valid:
+        assert reply.status in (201, 409), reply
+    else:
+        assert_error(reply, 400, "Idempotency-Key")
+        assert not [t for t in tickets(server) if t["payload"]["title"] == title]
+
+
+@PROPERTY
+@given(
+    name=header_names.map(str.encode),
+    value=header_values,
+)
+def test_any_extra_header_leaves_a_valid_post_valid(server, name, value):
+    if name.lower() in (b"content-length", b"idempotency-key", b"transfer-encoding"):
+        return  # these three carry meaning; other tests cover them
+    key = fresh_key()
+    reply = exchange(
+        server, post_bytes(headers=[f"Idempotency-Key: {key}".encode(), name + b": " + value])
+    )
+    assert reply.status == 201, reply
+    assert len(tickets(server, key)) == 1
+
+
+@PROPERTY
+@given(query=st.binary(max_size=60).map(lambda q: re.sub(rb"[\r\n]", b"", q)))
+def test_any_query_gets_200_with_tickets_or_a_json_400(server, query):
+    reply = exchange(server, b"GET /tickets?" + query + b" HTTP/1.0\r\n\r\n")
+    if reply.status == 200:
+        assert isinstance(reply.json()["tickets"], list)
+    else:
+        assert_error(reply, 400)
+
+
+# ---- openapi.yaml: every answer it documents is one the receiver gives, in that shape
+
+OPENAPI = yaml.safe_load((ROOT / "openapi.yaml").read_text())
+JSON_TYPES = {"object": dict, "array": list, "string": str, "boolean": bool, "null": type(None)}
+
+
+def resolve(node):
+    """Follow a {"$ref": "#/components/..."} to what it names."""
+    while "$ref" in node:
+        parts = node["$ref"].removeprefix("#/").split("/")
+        node = OPENAPI
+        for part in parts:
+            node = node[part]
+    return node
+
+
+def check(value, schema, where="body"):
+    """The part of JSON Schema that openapi.yaml uses; an AssertionError names the mismatch."""
+    schema = resolve(schema)
+    types = schema["type"] if isinstance(schema["type"], list) else [schema["type"]]
+    is_integer = isinstance(value, int) and not isinstance(value, bool)
+    assert any(
+        t == "integer" and is_integer or isinstance(value, JSON_TYPES.get(t, ())) for t in types
+    ), f"{where}: {value!r} is not {types}"
+    if isinstance(value, dict):
+        assert set(schema.get("required", ())) <= set(value), f"{where}: missing fields"
+        if schema.get("additionalProperties") is False:
+            assert set(value) <= set(schema["properties"]), f"{where}: undocumented fields"
+        for name, field in schema.get("properties", {}).items():
+            if name in value:
+                check(value[name], field, f"{where}.{name}")
+    elif isinstance(value, list):
+        for n, item in enumerate(value):
+            check(item, schema["items"], f"{where}[{n}]")
+    elif isinstance(value, str):
+        low, high = schema.get("minLength", 0), schema.get("maxLength", len(value))
+        assert low <= len(value) <= high, f"{where}: length {len(value)} outside {low}-{high}"
+        assert re.search(schema.get("pattern", ""), value), f"{where}: {value!r} does not match"
+
+
+def posted_twice(server):
+    key = fresh_key()
+    post(server, key=key)
+    return post(server, key=key)
+
+
+def reused_key(server):
+    key = fresh_key()
+    post(server, key=key)
+    return post(server, "Another title", key=key)
+
+
+def while_locked(server):
+    holder = sqlite3.connect(server.env["RECEIVER_DB"], isolation_level=None)
+    try:
+        holder.execute("BEGIN EXCLUSIVE")
+        return post(server, key=fresh_key())
+    finally:
+        holder.close()
+
+
+ANSWERS = {  # (path, method, status) documented in openapi.yaml -> a request that gets it
+    ("/health", "get", "200"): lambda s: request(s, "GET", "/health"),
+    ("/health", "head", "200"): lambda s: request(s, "HEAD", "/health"),
+    ("/tickets", "get", "200"): lambda s: request(s, "GET", "/tickets"),
+    ("/tickets", "get", "400"): lambda s: request(s, "GET", "/tickets?key=a%20b"),
+    ("/tickets", "head", "200"): lambda s: request(s, "HEAD", "/tickets"),
+    ("/tickets", "post", "201"): lambda s: post(s, key=fresh_key()),
+    ("/tickets", "post", "200"): posted_twice,
+    ("/tickets", "post", "400"): lambda s: exchange(s, post_bytes(b"{")),
+    ("/tickets", "post", "408"): lambda s: exchange(s, post_bytes()[:-5], half_close=False),
+    ("/tickets", "post", "409"): reused_key,
+    ("/tickets", "post", "411"): lambda s: exchange(s, post_bytes(length=None)),
+    ("/tickets", "post", "413"): lambda s: exchange(s, post_bytes(title_body("x" * 5000))),
+    ("/tickets", "post", "503"): while_locked,
+}
+DOCUMENTED = [
+    (path, method, status, answer)
+    for path, operations in OPENAPI["paths"].items()
+    for method, operation in operations.items()
+    for status, answer in operation["responses"].items()
+]
+
+
+def test_openapi_documents_exactly_the_answers_we_can_provoke():
+    assert {(p, m, s) for p, m, s, _ in DOCUMENTED} == set(ANSWERS)
+
+
+@pytest.mark.parametrize(
+    "path,method,status,documented",
+    DOCUMENTED,
+    ids=[f"{m.upper()} {p} {s}" for p, m, s, _ in DOCUMENTED],
+)
+def test_the_receiver_answers_as_openapi_documents(server, path, method, status, documented):
+    reply = ANSWERS[path, method, status](server)
+    assert reply.status == int(status), reply
+    documented = resolve(documented)
+    for header in documented.get("headers", {}):
+        assert header.lower() in reply.headers, f"{header} missing"
+    if "content" in documented:
+        check(reply.json(), documented["content"]["application/json"]["schema"])
+    else:
+        assert reply.body == b""  # HEAD
