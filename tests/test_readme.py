@@ -12,6 +12,8 @@ README = (ROOT / "README.md").read_text(encoding="utf-8")
 def test_the_readme_demo_block_prints_what_it_shows(tmp_path):
     (step,) = [s for s in parse_guide(README) if s.command.startswith("make demo")]
     env = lab_env(tmp_path, free_port())  # PORT: a free port, not the default 8000
+    for inherited in ("MAKELEVEL", "MAKEFLAGS", "MFLAGS"):  # run it as a learner would, not
+        env.pop(inherited, None)  # as a sub-make of `make test` (which prints "Entering ...")
     done = subprocess.run(
         step.command.split(), cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
     )
