@@ -188,7 +188,7 @@ def reconcile(receiver, title, key):
 
 
 def open_graph(args):
-    """Context manager: the checkpointer for CHECKPOINT_DB, and the thread's config."""
+    """The SqliteSaver for CHECKPOINT_DB, as a context manager that closes its connection."""
     from langgraph.checkpoint.sqlite import SqliteSaver
 
     Path(args.checkpoint_db).parent.mkdir(parents=True, exist_ok=True)

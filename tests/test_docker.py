@@ -20,14 +20,13 @@ import re
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
+from labs.local import ROOT, wait_until
 from labs.runner import compose_command, docker_engine_answers
 
-ROOT = Path(__file__).resolve().parent.parent
 PROJECT = os.environ.get("LAB_DOCKER_PROJECT", "stateful-lab")
 REQUIRED = os.environ.get("LAB_REQUIRE_DOCKER") == "1"
 BUILD_TIMEOUT_S = 900  # a first build downloads the base image and ~40 packages
@@ -90,14 +89,6 @@ def inspect(container_id):
     return json.loads(run(["docker", "inspect", container_id]).stdout)[0]
 
 
-def poll(predicate, deadline_s, what):
-    deadline = time.monotonic() + deadline_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            pytest.fail(f"{what} did not happen within {deadline_s} s", pytrace=False)
-        time.sleep(0.1)  # poll interval; the loop ends on the condition, not on the sleep
-
-
 def api_id(compose):
     """The api container's id, found the way that works on Compose 1 and 2 alike."""
     ids = lab(compose, "ps", "-q", "api").stdout.split()
@@ -110,7 +101,7 @@ def api_health(compose):
 
 
 def wait_healthy(compose):
-    poll(lambda: api_health(compose) == "healthy", HEALTHY_DEADLINE_S, "api healthy")
+    wait_until(lambda: api_health(compose) == "healthy", HEALTHY_DEADLINE_S, "api healthy")
 
 
 def json_lines(text):
@@ -288,7 +279,7 @@ def test_restart_api_keeps_the_receivers_data(project):
 
     lab(project, "restart", "api")
 
-    poll(
+    wait_until(
         lambda: inspect(api_id(project))["State"]["StartedAt"] != before,
         HEALTHY_DEADLINE_S,
         "api restarted",
