@@ -30,11 +30,10 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.request
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from labs.local import HEALTH_DEADLINE_S, ROOT, Receiver, free_port, lab_env, wait_until
+from labs.local import ROOT, Receiver, free_port, lab_env
 
 SEED = ROOT.parent / "shared" / "seeds" / "stateful-agents-docker-lab.txt"
 CLIENT_THREADS = 8  # concurrent clients: the issue's load shape (a room hammering one receiver)
@@ -51,7 +50,7 @@ TITLE = "Check supplier configuration"
 FIGURES = ("rps", "p50_ms", "p99_ms")  # per round; the report shows the median over rounds
 
 
-class ArticleLab:
+class ArticleLab(Receiver):
     """The article's api.py and workflow.py, patched to run from a temporary folder."""
 
     PATCHES = {  # file -> [(text in the article, replacement)]; each must match exactly once
@@ -66,7 +65,7 @@ class ArticleLab:
         "ThreadingHTTPServer.request_queue_size = {backlog}\nThreadingHTTPServer((",
     )
 
-    def __init__(self, folder, port, backlog=None):
+    def __init__(self, folder, port, backlog=None, log_path=None):
         """backlog: also raise its listen backlog (default 5), to show what that alone gives."""
         self.folder, self.port = Path(folder), port
         text = SEED.read_text(encoding="utf-8")
@@ -91,33 +90,8 @@ class ArticleLab:
                     raise ValueError(f"the seed's {name} no longer contains {old!r} once")
                 source = source.replace(old, new.format(**values))
             (self.folder / name).write_text(source, encoding="utf-8")
-        self.url = f"http://127.0.0.1:{port}"
-        self.env = lab_env(self.folder, port)
-        self.proc = None
-
-    def start(self, log_path):
-        with open(log_path, "ab") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, str(self.folder / "api.py")],
-                env=self.env,
-                stderr=log,
-                cwd=self.folder,
-            )
-        wait_until(self.healthy, HEALTH_DEADLINE_S, f"article receiver at {self.url}")
-        return self
-
-    def healthy(self):
-        if self.proc.poll() is not None:
-            raise RuntimeError(f"article receiver exited with {self.proc.returncode}")
-        try:
-            with urllib.request.urlopen(self.url + "/health", timeout=1) as response:
-                return json.load(response) == {"ok": True}
-        except OSError:
-            return False
-
-    def stop(self):
-        self.proc.terminate()  # it has no SIGTERM handler: Python's default ends it
-        self.proc.wait()
+        # Started, polled and stopped (SIGTERM: Python's default handler ends it) as ours is.
+        super().__init__(lab_env(self.folder, port), log_path, script=self.folder / "api.py")
 
 
 def post_bytes(key):
@@ -290,9 +264,11 @@ def main(argv=None):
             try:
                 for name, backlog in [("article", None), ("article_backlog", ARTICLE_BACKLOG)]:
                     (tmp / name).mkdir()
-                    servers[name] = ArticleLab(tmp / name, free_port(), backlog)
+                    servers[name] = ArticleLab(
+                        tmp / name, free_port(), backlog, log_path=tmp / f"{name}.log"
+                    )
                     started.append(servers[name])
-                    servers[name].start(tmp / f"{name}.log")
+                    servers[name].start()
                 cli["article"] = (servers["article"].folder / "workflow.py", servers["article"].env)
                 figures["cli"] = bench_cli(cli, size["cli_runs"])
             except (OSError, ValueError, RuntimeError) as error:
@@ -305,8 +281,7 @@ def main(argv=None):
             figures["log_line_s"] = log_line_seconds(tmp)
         finally:
             for server in started:
-                if server.proc and server.proc.poll() is None:
-                    server.stop()
+                server.stop()
     report(figures)
 
 

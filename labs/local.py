@@ -55,10 +55,10 @@ def wait_until(predicate, deadline_s, what):
 
 
 class Receiver:
-    """api.py as a background process on a loopback port."""
+    """api.py (or another receiver script) as a background process on a loopback port."""
 
-    def __init__(self, env, log_path=None):
-        self.env = env
+    def __init__(self, env, log_path=None, script=ROOT / "api.py"):
+        self.env, self.script = env, Path(script)
         self.url = env["API_URL"]
         self.log_path = Path(log_path) if log_path else None
         self.proc = None
@@ -69,7 +69,7 @@ class Receiver:
         log = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
         try:
             self.proc = subprocess.Popen(
-                [sys.executable, str(ROOT / "api.py")], env=self.env, stderr=log, cwd=ROOT
+                [sys.executable, str(self.script)], env=self.env, stderr=log, cwd=ROOT
             )
         finally:
             if self.log_path:
