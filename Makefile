@@ -20,7 +20,7 @@ $(VENV)/.installed: requirements.txt requirements-dev.txt
 	@touch $@
 
 demo: $(VENV)/.installed  ## labs 01-03 end to end (STEP=1 waits for Enter before each command)
-	$(PY) -m labs.runner --backend $(BACKEND) $(if $(STEP),--step) $(GUIDES)
+	$(PY) -m labs.tools.runner --backend $(BACKEND) $(if $(STEP),--step) $(GUIDES)
 
 test: $(VENV)/.installed lint  ## the whole suite; the Docker tier runs when an engine answers
 	$(PY) -m pytest
@@ -30,13 +30,13 @@ lint: $(VENV)/.installed
 	$(PY) -m ruff format --check .
 
 bench: $(VENV)/.installed  ## receiver and CLI speed, side by side with the article's lab
-	$(PY) -m labs.bench
+	$(PY) -m labs.tools.bench
 
 drill: $(VENV)/.installed  ## every crash boundary x mode (JSON=1 for JSON lines)
-	$(PY) -m labs.drill --backend $(if $(filter auto,$(BACKEND)),local,$(BACKEND)) $(if $(JSON),--json)
+	$(PY) -m labs.tools.drill --backend $(if $(filter auto,$(BACKEND)),local,$(BACKEND)) $(if $(JSON),--json)
 
 chaos: $(VENV)/.installed  ## RUNS safe-mode runs killed at random moments
-	$(PY) -m labs.chaos --runs $(RUNS)
+	$(PY) -m labs.tools.chaos --runs $(RUNS)
 
 lock: $(VENV)/.installed  ## regenerate both hashed lock files from the .in files
 	$(UV) -o requirements.txt requirements.in

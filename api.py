@@ -360,7 +360,7 @@ class Handler(BaseHTTPRequestHandler):
         self.respond(code, {"error": message or self.responses.get(code, ("error",))[0]})
 
 
-class Receiver(ThreadingHTTPServer):
+class TicketServer(ThreadingHTTPServer):
     request_queue_size = LISTEN_BACKLOG
     daemon_threads = True  # SIGTERM must not wait for a stalled client
 
@@ -386,7 +386,7 @@ def main():
         sys.exit(f"receiver: unknown RECEIVER_LAB_FAULTS {sorted(faults - LAB_FAULTS)}")
     store = TicketStore(db_path, busy_timeout_s)
     try:
-        server = Receiver((host, port), store, frozenset(faults), socket_timeout_s)
+        server = TicketServer((host, port), store, frozenset(faults), socket_timeout_s)
     except OSError as error:
         store.close()
         sys.exit(f"receiver: cannot listen on {host}:{port}: {error.strerror}")

@@ -88,7 +88,7 @@ def crash(point, crash_at):
     os.kill(os.getpid(), signal.SIGKILL)
 
 
-class Receiver:
+class TicketClient:
     """The HTTP client for api.py. Plain urllib: commands that use only this load fast."""
 
     def __init__(self, api_url):
@@ -198,7 +198,7 @@ def open_graph(args):
 def run_graph(args, first_input):
     config = {"configurable": {"thread_id": args.thread}}
     with open_graph(args) as saver:
-        graph = build_graph(saver, Receiver(args.api_url), args.crash_at)
+        graph = build_graph(saver, TicketClient(args.api_url), args.crash_at)
         exists = bool(graph.get_state(config).values)
         if first_input is not None and exists:
             raise UserError(
@@ -224,18 +224,18 @@ def resume(args):
 def state(args):
     config = {"configurable": {"thread_id": args.thread}}
     with open_graph(args) as saver:
-        snapshot = build_graph(saver, Receiver(args.api_url)).get_state(config)
+        snapshot = build_graph(saver, TicketClient(args.api_url)).get_state(config)
     if not snapshot.values:
         raise UserError(f"no thread {args.thread!r}; check --thread", EXIT_THREAD)
     emit("state", values=snapshot.values, next=list(snapshot.next))
 
 
 def tickets(args):
-    emit("tickets", tickets=Receiver(args.api_url).tickets(args.operation))
+    emit("tickets", tickets=TicketClient(args.api_url).tickets(args.operation))
 
 
 def post(args):
-    result = Receiver(args.api_url).create(args.title, args.operation)
+    result = TicketClient(args.api_url).create(args.title, args.operation)
     emit("post", created=result["created"], ticket_id=result["ticket_id"])
 
 

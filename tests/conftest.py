@@ -7,7 +7,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from labs.local import Receiver, free_port, lab_env, run_workflow  # noqa: E402
+from labs.tools.local import ReceiverProcess, free_port, lab_env, run_workflow  # noqa: E402
 
 
 @pytest.fixture
@@ -19,7 +19,7 @@ def lab(tmp_path):
 @pytest.fixture
 def receiver(lab, tmp_path):
     """A running api.py (stopped with SIGTERM after the test). Its stderr goes to receiver.log."""
-    server = Receiver(lab, log_path=tmp_path / "receiver.log").start()
+    server = ReceiverProcess(lab, log_path=tmp_path / "receiver.log").start()
     yield server
     server.stop()
 

@@ -24,8 +24,8 @@ from pathlib import Path
 
 import pytest
 
-from labs.local import ROOT, wait_until
-from labs.runner import compose_command, docker_engine_answers
+from labs.tools.local import ROOT, wait_until
+from labs.tools.runner import compose_command, docker_engine_answers
 
 PROJECT = os.environ.get("LAB_DOCKER_PROJECT", "stateful-lab")
 REQUIRED = os.environ.get("LAB_REQUIRE_DOCKER") == "1"

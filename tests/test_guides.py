@@ -9,8 +9,8 @@ import subprocess
 
 import pytest
 
-from labs.local import ROOT
-from labs.runner import (
+from labs.tools.local import ROOT
+from labs.tools.runner import (
     DockerBackend,
     LocalBackend,
     compose_command,
@@ -94,4 +94,4 @@ def test_a_guide_that_disagrees_with_the_code_fails(tmp_path):
 
 
 def test_guide_directory_has_only_guides_and_their_code():
-    assert all(p.suffix in {".md", ".py"} for p in (ROOT / "labs").iterdir() if p.is_file())
+    assert all(p.suffix == ".md" for p in (ROOT / "labs").iterdir() if p.is_file())

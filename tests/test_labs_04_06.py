@@ -16,7 +16,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from labs import chaos, drill
-from labs.local import ROOT, Receiver, free_port, run_workflow, shell_exit_code
+from labs.tools.local import ROOT, ReceiverProcess, free_port, run_workflow, shell_exit_code
 
 KILLED = 137
 OP = "case-t:open-ticket:v1"
@@ -39,7 +39,7 @@ def tickets(workflow):
 def faulty_receiver(lab, tmp_path):
     """api.py with the lost-ack fault switched on, as compose.yaml runs it."""
     lab["RECEIVER_LAB_FAULTS"] = "lost-ack"
-    server = Receiver(lab, log_path=tmp_path / "receiver.log").start()
+    server = ReceiverProcess(lab, log_path=tmp_path / "receiver.log").start()
     yield server
     server.stop()
 
@@ -240,7 +240,7 @@ ISSUE_TABLE = {  # issue 5: tickets per mode (naive, safe, node-uuid)
 
 def test_the_drill_matches_the_expected_matrix():
     done = subprocess.run(
-        [sys.executable, "-m", "labs.drill", "--json"],
+        [sys.executable, "-m", "labs.tools.drill", "--json"],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -279,7 +279,7 @@ def test_a_drill_cell_fails_when_the_receiver_cannot_lose_an_answer(receiver, la
 
 def test_chaos_leaves_one_ticket_per_run():
     done = subprocess.run(
-        [sys.executable, "-m", "labs.chaos", "--runs", "4", "--seed", "1"],
+        [sys.executable, "-m", "labs.tools.chaos", "--runs", "4", "--seed", "1"],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -304,10 +304,10 @@ def test_chaos_counts_a_real_duplicate():
 
 def test_drill_and_chaos_refuse_bad_arguments_in_one_line():
     cases = [
-        ("labs.drill", ["--workers", "0"]),
-        ("labs.drill", ["--backend", "podman"]),
-        ("labs.chaos", ["--runs", "0"]),
-        ("labs.chaos", ["--runs", "many"]),
+        ("labs.tools.drill", ["--workers", "0"]),
+        ("labs.tools.drill", ["--backend", "podman"]),
+        ("labs.tools.chaos", ["--runs", "0"]),
+        ("labs.tools.chaos", ["--runs", "many"]),
     ]
     for module, args in cases:
         done = subprocess.run(

@@ -3,8 +3,8 @@
 import re
 import subprocess
 
-from labs.local import ROOT, free_port, lab_env
-from labs.runner import BLOCK, lines_match, parse_guide
+from labs.tools.local import ROOT, free_port, lab_env
+from labs.tools.runner import BLOCK, lines_match, parse_guide
 
 README = (ROOT / "README.md").read_text(encoding="utf-8")
 

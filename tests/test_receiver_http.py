@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from receiver_helpers import TITLE, assert_error, exchange, post, request, tickets
 
-from labs.local import ROOT, Receiver, free_port, lab_env
+from labs.tools.local import ROOT, ReceiverProcess, free_port, lab_env
 
 STALL_TIMEOUT_S = 1.0  # the receiver's per-connection timeout in this module: a stall test
 #                        waits it out, and 1 s is still ample for any loopback request here
@@ -37,7 +37,7 @@ def server(tmp_path_factory):
         RECEIVER_SOCKET_TIMEOUT_S=str(STALL_TIMEOUT_S),
         RECEIVER_BUSY_TIMEOUT_S=str(BUSY_TIMEOUT_S),
     )
-    receiver = Receiver(env, log_path=tmp / "receiver.log").start()
+    receiver = ReceiverProcess(env, log_path=tmp / "receiver.log").start()
     yield receiver
     receiver.stop()
 
@@ -272,7 +272,7 @@ def test_the_lost_ack_header_does_nothing_unless_the_lab_fault_is_on(server):
 
 def test_lost_ack_fault_commits_then_hangs_up_once_per_token(tmp_path):
     env = lab_env(tmp_path / "data", free_port(), RECEIVER_LAB_FAULTS="lost-ack")
-    faulty = Receiver(env, log_path=tmp_path / "receiver.log").start()
+    faulty = ReceiverProcess(env, log_path=tmp_path / "receiver.log").start()
     try:
         headers = [("Idempotency-Key", "case-9"), ("Lab-Lost-Ack", "token-1")]
         with pytest.raises(ConnectionError):

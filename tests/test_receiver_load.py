@@ -22,7 +22,7 @@ from receiver_helpers import (
     tickets,
 )
 
-from labs.local import Receiver, wait_until
+from labs.tools.local import ReceiverProcess, wait_until
 
 CLIENTS = 64  # a workshop room posting at the same moment; more than a default backlog (5)
 BUSY_TIMEOUT_S = 0.3  # the receiver's wait for a locked database in the 503 test (default 2 s)
@@ -80,7 +80,9 @@ def test_a_room_posting_distinct_keys_at_once_gets_one_ticket_each(receiver):
 
 
 def test_a_locked_database_gets_503_json_and_the_same_request_succeeds_later(lab, tmp_path):
-    server = Receiver(dict(lab, RECEIVER_BUSY_TIMEOUT_S=str(BUSY_TIMEOUT_S)), tmp_path / "log")
+    server = ReceiverProcess(
+        dict(lab, RECEIVER_BUSY_TIMEOUT_S=str(BUSY_TIMEOUT_S)), tmp_path / "log"
+    )
     server.start()
     try:
         holder = sqlite3.connect(lab["RECEIVER_DB"], isolation_level=None)
@@ -101,7 +103,7 @@ def test_a_locked_database_gets_503_json_and_the_same_request_succeeds_later(lab
 
 
 def test_every_acknowledged_ticket_survives_a_sigkill_under_load(lab, tmp_path):
-    server = Receiver(lab, tmp_path / "receiver.log").start()
+    server = ReceiverProcess(lab, tmp_path / "receiver.log").start()
     acked, lock = {}, threading.Lock()  # key -> the ticket id its client was told
 
     def client(n):
@@ -126,7 +128,7 @@ def test_every_acknowledged_ticket_survives_a_sigkill_under_load(lab, tmp_path):
             thread.join(REPLY_DEADLINE_S * 2)
     assert server.proc.returncode == -signal.SIGKILL
 
-    restarted = Receiver(lab, tmp_path / "receiver.log").start()
+    restarted = ReceiverProcess(lab, tmp_path / "receiver.log").start()
     try:
         stored = {t["key"]: t["ticket_id"] for t in tickets(restarted)}
         lost = {key: ticket for key, ticket in acked.items() if stored.get(key) != ticket}
@@ -139,10 +141,10 @@ def test_every_acknowledged_ticket_survives_a_sigkill_under_load(lab, tmp_path):
 
 def test_a_ticket_survives_a_sigkill_right_after_its_answer(lab, tmp_path):
     # Under load the next request's commit can hide a late commit; alone, nothing hides it.
-    server = Receiver(lab, tmp_path / "receiver.log").start()
+    server = ReceiverProcess(lab, tmp_path / "receiver.log").start()
     ticket = post(server, key="case-8").json()["ticket_id"]
     server.kill()
-    again = Receiver(lab, tmp_path / "receiver.log").start()
+    again = ReceiverProcess(lab, tmp_path / "receiver.log").start()
     try:
         assert tickets(again, "case-8") == [
             {"ticket_id": ticket, "key": "case-8", "payload": {"title": TITLE}}
@@ -152,10 +154,10 @@ def test_a_ticket_survives_a_sigkill_right_after_its_answer(lab, tmp_path):
 
 
 def test_keys_survive_a_restart(lab, tmp_path):
-    server = Receiver(lab, tmp_path / "receiver.log").start()
+    server = ReceiverProcess(lab, tmp_path / "receiver.log").start()
     ticket = post(server, key="case-7").json()["ticket_id"]
     assert server.stop() == 0
-    again = Receiver(lab, tmp_path / "receiver.log").start()
+    again = ReceiverProcess(lab, tmp_path / "receiver.log").start()
     try:
         assert post(again, key="case-7").json() == {"ticket_id": ticket, "created": False}
         assert post(again, "Another title", key="case-7").status == 409

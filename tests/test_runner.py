@@ -2,7 +2,7 @@
 
 import pytest
 
-from labs.runner import lines_match, parse_guide, split_compose
+from labs.tools.runner import lines_match, parse_guide, split_compose
 
 GUIDE = """# A guide
 

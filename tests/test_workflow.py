@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from labs.local import ROOT, free_port, lab_env
+from labs.tools.local import ROOT, free_port, lab_env
 
 
 def events(stdout):
@@ -18,7 +18,7 @@ def test_build_graph_is_prepare_then_create_ticket(tmp_path):
 
     import workflow
 
-    graph = workflow.build_graph(InMemorySaver(), workflow.Receiver("http://127.0.0.1:1"))
+    graph = workflow.build_graph(InMemorySaver(), workflow.TicketClient("http://127.0.0.1:1"))
     edges = {(e.source, e.target) for e in graph.get_graph().edges}
     assert edges == {
         ("__start__", "prepare"),
@@ -104,14 +104,14 @@ def one_line_error(done, exit_code, text):
     ],
 )
 def test_argument_mistakes_exit_2_with_one_line(args, text, lab):
-    from labs.local import run_workflow
+    from labs.tools.local import run_workflow
 
     one_line_error(run_workflow(args, lab), 2, text)
 
 
 @pytest.mark.parametrize("args", [["tickets"], ["post"], ["start", "--thread", "x"]])
 def test_receiver_unreachable_exits_3_with_one_line(args, tmp_path):
-    from labs.local import run_workflow
+    from labs.tools.local import run_workflow
 
     env = lab_env(tmp_path / "data", free_port())  # nothing listens on this port
     done = run_workflow(args, env)

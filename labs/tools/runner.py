@@ -22,7 +22,7 @@ command as written; `docker-compose` stands in where the v2 plugin is missing):
 For up, restart and down only the exit code is compared: Compose's own progress
 messages differ between versions, and the guides show none.
 
-    python -m labs.runner [--backend auto|local|docker] [--step] GUIDE.md ...
+    python -m labs.tools.runner [--backend auto|local|docker] [--step] GUIDE.md ...
 """
 
 import argparse
@@ -36,7 +36,14 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from labs.local import ROOT, Receiver, free_port, lab_env, run_workflow, shell_exit_code
+from labs.tools.local import (
+    ROOT,
+    ReceiverProcess,
+    free_port,
+    lab_env,
+    run_workflow,
+    shell_exit_code,
+)
 
 PROJECT = "stateful-lab"
 COMMAND_TIMEOUT_S = 600  # seconds; a first `up --build` downloads and installs packages
@@ -135,7 +142,7 @@ class LocalBackend:
     def __init__(self, data_dir, port=None, log_path=None):
         self.data_dir = Path(data_dir)
         self.env = lab_env(self.data_dir, port or free_port(), RECEIVER_LAB_FAULTS="lost-ack")
-        self.receiver = Receiver(self.env, log_path)
+        self.receiver = ReceiverProcess(self.env, log_path)
 
     def run(self, command):
         verb, rest = split_compose(command)

@@ -1,6 +1,6 @@
 """Benchmark the receiver and the CLI, side by side with the article's originals (make bench).
 
-    .venv/bin/python -m labs.bench [--quick]
+    .venv/bin/python -m labs.tools.bench [--quick]
 
 Receiver: keyed POST /tickets with fresh keys (each creates a ticket: one fsync) and
 with replays (a key and body sent before: a lookup, no write), from 8 client threads
@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from labs.local import ROOT, Receiver, free_port, lab_env
+from labs.tools.local import ROOT, ReceiverProcess, free_port, lab_env
 
 SEED = ROOT.parent / "shared" / "seeds" / "stateful-agents-docker-lab.txt"
 CLIENT_THREADS = 8  # concurrent clients: the issue's load shape (a room hammering one receiver)
@@ -50,7 +50,7 @@ TITLE = "Check supplier configuration"
 FIGURES = ("rps", "p50_ms", "p99_ms")  # per round; the report shows the median over rounds
 
 
-class ArticleLab(Receiver):
+class ArticleLab(ReceiverProcess):
     """The article's api.py and workflow.py, patched to run from a temporary folder."""
 
     PATCHES = {  # file -> [(text in the article, replacement)]; each must match exactly once
@@ -240,22 +240,24 @@ def run_cli(script, args, env):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="labs.bench", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="labs.tools.bench", description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="a short smoke run (~10 s)")
     size = dict(rounds=ROUNDS, seconds=ROUND_S, cli_runs=CLI_RUNS)
     if parser.parse_args(argv).quick:
         size = QUICK
     figures = {"settings": dict(size, client_threads=CLIENT_THREADS), "baseline": "article"}
     print(
-        f"# labs.bench: rounds: {size['rounds']} x {size['seconds']:g} s of keyed POSTs per kind, "
+        f"# bench: rounds: {size['rounds']} x {size['seconds']:g} s of keyed POSTs per kind, "
         f"{CLIENT_THREADS} client threads, a new connection per request; medians of rounds"
     )
     with tempfile.TemporaryDirectory(prefix="stateful-lab-bench-") as tmp:
         tmp, started = Path(tmp), []
         try:
             servers = {
-                "ours": Receiver(lab_env(tmp / "ours", free_port()), tmp / "ours.log"),
-                "ours_log_devnull": Receiver(lab_env(tmp / "quiet", free_port()), log_path=None),
+                "ours": ReceiverProcess(lab_env(tmp / "ours", free_port()), tmp / "ours.log"),
+                "ours_log_devnull": ReceiverProcess(
+                    lab_env(tmp / "quiet", free_port()), log_path=None
+                ),
             }
             for server in servers.values():
                 started.append(server)

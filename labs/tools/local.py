@@ -14,7 +14,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 HEALTH_DEADLINE_S = 10.0  # seconds for a receiver to answer /health after it starts
 STOP_DEADLINE_S = 5.0  # seconds to exit after SIGTERM before we SIGKILL it
 
@@ -54,7 +54,7 @@ def wait_until(predicate, deadline_s, what):
         delay = min(delay * 2, 0.1)
 
 
-class Receiver:
+class ReceiverProcess:
     """api.py (or another receiver script) as a background process on a loopback port."""
 
     def __init__(self, env, log_path=None, script=ROOT / "api.py"):

@@ -1,6 +1,6 @@
 """Time the lab's Compose lifecycle on a real engine, as a learner meets it. Prints figures only.
 
-    python -m labs.measure_docker [--runs 3] [--cold] [--project stateful-lab]
+    python -m labs.tools.measure_docker [--runs 3] [--cold] [--project stateful-lab]
 
 - up -> first result: `down -v`, then `up -d --build api` and the first `run --rm workflow
   tickets`, timed together (and each). Warm: the image is already built, as on every run after
@@ -21,8 +21,8 @@ import subprocess
 import sys
 import time
 
-from labs.local import ROOT
-from labs.runner import compose_command, docker_engine_answers
+from labs.tools.local import ROOT
+from labs.tools.runner import compose_command, docker_engine_answers
 
 IMAGE = "stateful-agent-lab:local"
 TIMEOUT_S = 900

@@ -9,7 +9,7 @@ run's title. All of it runs as real processes against one fresh receiver.
 The ticket count depends only on where the key comes from. The durability setting decides
 how much of the run the recovery redoes, so after-ack is also run under "async" and "exit".
 
-    python -m labs.drill [--backend local|docker] [--json] [--workers N]
+    python -m labs.tools.drill [--backend local|docker] [--json] [--workers N]
 
 --backend docker runs every command through Compose, in a project of its own
 (stateful-lab-drill), so the learner's lab and its volumes are never touched.
@@ -27,8 +27,15 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from labs.local import ROOT, Receiver, free_port, lab_env, run_workflow, shell_exit_code
-from labs.runner import COMMAND_TIMEOUT_S, compose_command, docker_engine_answers
+from labs.tools.local import (
+    ROOT,
+    ReceiverProcess,
+    free_port,
+    lab_env,
+    run_workflow,
+    shell_exit_code,
+)
+from labs.tools.runner import COMMAND_TIMEOUT_S, compose_command, docker_engine_answers
 
 MODES = ("naive", "safe", "node-uuid")
 EXPECTED = {  # tickets per mode (naive, safe, node-uuid) after the crash and the recovery
@@ -58,7 +65,7 @@ class LabError(Exception):
 
 
 class Parser(argparse.ArgumentParser):
-    """Bad arguments: one line and exit 2, not a usage dump (also used by labs.chaos)."""
+    """Bad arguments: one line and exit 2, not a usage dump (also used by labs.tools.chaos)."""
 
     def error(self, message):
         self.exit(EXIT_USAGE, f"{self.prog}: {message} (see --help)\n")
@@ -72,7 +79,7 @@ class LocalLab:
     def __enter__(self):
         self.dir = tempfile.mkdtemp(prefix="stateful-lab-drill-")
         self.env = lab_env(Path(self.dir), free_port(), RECEIVER_LAB_FAULTS="lost-ack")
-        self.receiver = Receiver(self.env, Path(self.dir) / "receiver.log")
+        self.receiver = ReceiverProcess(self.env, Path(self.dir) / "receiver.log")
         try:
             self.receiver.start()
         except (RuntimeError, TimeoutError) as error:
@@ -242,7 +249,7 @@ def matrix(results):
 
 def main(argv=None):
     parser = Parser(
-        prog="python -m labs.drill", description="Crash the workflow at every boundary."
+        prog="python -m labs.tools.drill", description="Crash the workflow at every boundary."
     )
     parser.add_argument("--backend", choices=("local", "docker"), default="local")
     parser.add_argument("--json", action="store_true", help="one JSON line per cell")

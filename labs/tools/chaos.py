@@ -13,7 +13,7 @@ process prints its first event (`prepare`: the graph runs and its input is saved
 before that point would only test "start again", which the drill's "exit" row covers.
 `--mode naive` is the control: the same kills then leave duplicate tickets.
 
-    python -m labs.chaos --runs N [--seed S] [--mode safe|naive|node-uuid] [--workers N]
+    python -m labs.tools.chaos --runs N [--seed S] [--mode safe|naive|node-uuid] [--workers N]
 
 The seed fixes each run's kill offset; where an offset lands still depends on the machine's
 timing, so a replay covers the same offsets, not necessarily the same outcomes.
@@ -33,8 +33,8 @@ import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 
-from labs.drill import LabError, LocalLab, Parser, events
-from labs.local import ROOT, run_workflow
+from labs.tools.drill import LabError, LocalLab, Parser, events
+from labs.tools.local import ROOT, run_workflow
 
 KILL_WINDOW_S = 0.015  # seconds after the first event: a bit longer than the graph's
 #                        ~5-10 ms here, so some kills land after `done` (the clean path)
@@ -107,7 +107,7 @@ def summary(runs, per_run, seed):
 
 def main(argv=None):
     parser = Parser(
-        prog="python -m labs.chaos", description="Kill workflow runs at random moments."
+        prog="python -m labs.tools.chaos", description="Kill workflow runs at random moments."
     )
     parser.add_argument("--runs", type=int, default=30)
     parser.add_argument("--seed", type=int, default=None, help="replay these kill offsets")
