@@ -30,10 +30,11 @@ did not answer; 4 no such thread / thread exists; 137 the crash switch (SIGKILL)
 
 Configuration (environment, read in main()):
     API_URL        http://127.0.0.1:8000 (compose sets http://api:8000)
-    CHECKPOINT_DB  data/workflow/checkpoints.sqlite
+    CHECKPOINT_DB  data/workflow/checkpoints.sqlite, or a postgresql:// URL (lab 10)
 """
 
 import argparse
+import contextlib
 import http.client
 import json
 import os
@@ -187,12 +188,37 @@ def reconcile(receiver, title, key):
     return receiver.create(title, key)
 
 
+@contextlib.contextmanager
 def open_graph(args):
-    """The SqliteSaver for CHECKPOINT_DB, as a context manager that closes its connection."""
-    from langgraph.checkpoint.sqlite import SqliteSaver
+    """The checkpointer for CHECKPOINT_DB, as a context manager that closes its connection:
+    PostgresSaver for a postgresql:// URL (several workers share it: lab 10), else SqliteSaver."""
+    if not args.checkpoint_db.startswith(("postgresql://", "postgres://")):
+        from langgraph.checkpoint.sqlite import SqliteSaver
 
-    Path(args.checkpoint_db).parent.mkdir(parents=True, exist_ok=True)
-    return SqliteSaver.from_conn_string(args.checkpoint_db)
+        Path(args.checkpoint_db).parent.mkdir(parents=True, exist_ok=True)
+        with SqliteSaver.from_conn_string(args.checkpoint_db) as saver:
+            yield saver
+        return
+    import psycopg  # Postgres users only: commands on SQLite never load it
+    from langgraph.checkpoint.postgres import PostgresSaver
+    from psycopg.rows import dict_row
+
+    try:  # the settings PostgresSaver.from_conn_string uses
+        conn = psycopg.connect(
+            args.checkpoint_db, autocommit=True, prepare_threshold=0, row_factory=dict_row
+        )
+    except psycopg.Error as error:  # unreachable (OperationalError), or not a valid URL
+        reason = str(error).strip().splitlines()[0]
+        code = EXIT_NO_ANSWER if isinstance(error, psycopg.OperationalError) else EXIT_USAGE
+        raise UserError(f"cannot open CHECKPOINT_DB ({reason})", code) from error
+    with conn:
+        saver = PostgresSaver(conn)
+        # setup() creates or migrates the tables and is idempotent, but workers starting
+        # together would race on them: one at a time, under a session advisory lock.
+        conn.execute("SELECT pg_advisory_lock(hashtext('langgraph checkpoint setup'))")
+        saver.setup()
+        conn.execute("SELECT pg_advisory_unlock(hashtext('langgraph checkpoint setup'))")
+        yield saver
 
 
 def run_graph(args, first_input):

@@ -1,0 +1,129 @@
+"""A throwaway PostgreSQL cluster in a temporary folder, from the machine's own binaries.
+
+The tests, the guide runner's local backend and the scale tools use it so they never touch a
+learner's database: initdb makes a new cluster in the folder, pg_ctl starts it on a free loopback
+port with its Unix socket in the same folder, and stop() deletes it all. initdb and pg_ctl refuse
+to run as root, so as root they run as the `postgres` user (runuser), which Debian's postgresql
+package creates.
+
+    with TempPostgres(tmp_path / "pg") as pg:
+        pg.url    # postgresql://postgres@127.0.0.1:PORT/postgres
+
+    python -m labs.tools.pg       # starts one, prints its URL, stops it on Ctrl-C
+"""
+
+import glob
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+from pathlib import Path
+
+from labs.tools.local import free_port, wait_until
+
+START_DEADLINE_S = 30.0  # seconds for a new cluster to accept connections
+BINARY_GLOBS = ("/usr/lib/postgresql/*/bin", "/usr/local/opt/postgresql*/bin", "/opt/homebrew/bin")
+
+
+class PostgresUnavailable(RuntimeError):
+    """No PostgreSQL server binaries here: the reason says what to install."""
+
+
+def find_bin_dir():
+    """The folder holding initdb and pg_ctl: PATH first, then the usual install places."""
+    on_path = shutil.which("initdb")
+    if on_path and shutil.which("pg_ctl"):
+        return Path(on_path).parent
+    for pattern in BINARY_GLOBS:
+        for folder in sorted(glob.glob(pattern), reverse=True):  # the newest version first
+            if (Path(folder) / "initdb").exists() and (Path(folder) / "pg_ctl").exists():
+                return Path(folder)
+    raise PostgresUnavailable(
+        "no PostgreSQL server binaries (initdb, pg_ctl) found; "
+        "install them (Debian/Ubuntu: apt-get install postgresql; macOS: brew install postgresql)"
+    )
+
+
+class TempPostgres:
+    """A PostgreSQL cluster in folder (created, and deleted by stop()), on a free port."""
+
+    def __init__(self, folder=None):
+        self.bin_dir = find_bin_dir()
+        self.owned_folder = folder is None
+        self.folder = Path(folder or tempfile.mkdtemp(prefix="stateful-lab-pg-"))
+        self.port = free_port()
+        self.url = f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
+        self.running = False
+
+    def _as_owner(self, *argv):
+        argv = [str(self.bin_dir / argv[0]), *argv[1:]]
+        if os.geteuid() == 0:  # initdb and pg_ctl refuse root
+            argv = ["runuser", "-u", "postgres", "--", *argv]
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=START_DEADLINE_S)
+        if done.returncode != 0:
+            raise RuntimeError(f"{argv[0]} failed: {done.stderr.strip() or done.stdout.strip()}")
+
+    def start(self):
+        self.folder.mkdir(parents=True, exist_ok=True)
+        if os.geteuid() == 0:
+            shutil.chown(self.folder, "postgres", "postgres")
+        data = self.folder / "data"
+        self._as_owner("initdb", "-D", data, "-U", "postgres", "-A", "trust", "-E", "UTF8", "-N")
+        # A test cluster: no fsync (it is deleted afterwards), TCP on loopback only, and the
+        # socket in our folder rather than /var/run/postgresql (which may not exist).
+        options = (
+            f"-c listen_addresses=127.0.0.1 -c port={self.port} "
+            f"-c unix_socket_directories={self.folder} -c fsync=off "
+            "-c synchronous_commit=off -c full_page_writes=off -c max_connections=200"
+        )
+        log = self.folder / "postgres.log"
+        self._as_owner("pg_ctl", "-D", data, "-o", options, "-l", log, "-w", "start")
+        self.running = True
+        wait_until(self.ready, START_DEADLINE_S, f"PostgreSQL on port {self.port}")
+        return self
+
+    def ready(self):
+        import psycopg  # the lab's runtime requirements carry it
+
+        try:
+            with psycopg.connect(self.url, connect_timeout=2) as conn:
+                conn.execute("SELECT 1")
+            return True
+        except psycopg.OperationalError:
+            return False
+
+    def stop(self):
+        if self.running:
+            self._as_owner("pg_ctl", "-D", self.folder / "data", "-m", "immediate", "-w", "stop")
+            self.running = False
+        if self.owned_folder:
+            shutil.rmtree(self.folder, ignore_errors=True)
+        else:
+            shutil.rmtree(self.folder / "data", ignore_errors=True)
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.stop()
+
+
+def main():
+    try:
+        with TempPostgres() as pg:
+            print(pg.url, flush=True)
+            print("pg: a throwaway cluster; Ctrl-C stops and deletes it", file=sys.stderr)
+            try:
+                threading.Event().wait()  # until Ctrl-C
+            except KeyboardInterrupt:
+                return 130
+    except PostgresUnavailable as error:
+        print(f"pg: {error}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
