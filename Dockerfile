@@ -1,5 +1,6 @@
-# The lab image: Python, the hashed runtime requirements, api.py and workflow.py.
-# compose.yaml runs it as the receiver (python api.py) and as the workflow CLI (python workflow.py).
+# The lab image: Python, the hashed runtime requirements, api.py, workflow.py and worker.py.
+# compose.yaml runs it as the receiver (python api.py), the workflow CLI (python workflow.py) and the
+# workers of the scale profile (python worker.py).
 #
 # PYTHON_IMAGE is the article's python:3.13-slim, pinned by digest so every learner builds on the same
 # bytes. To refresh the pin, take the digest of the multi-arch index (the manifest list), not the
@@ -34,7 +35,7 @@ RUN pip install --no-cache-dir --require-hashes -r requirements.txt
 # Nothing may write bytecode at run time (read-only root fs). The code stays owned by root:
 # the app user cannot change it.
 ENV PYTHONDONTWRITEBYTECODE=1
-COPY api.py workflow.py ./
+COPY api.py workflow.py worker.py ./
 
 # Numeric, so the host and orchestrators can tell it is not root without reading /etc/passwd.
 USER 10001:10001

@@ -337,7 +337,7 @@ async def lab_report_held_runs(queries, thread):
     """What each finished held run got from the receiver (the worker's own output is in its log)."""
     for row in await lab_holds(queries, thread) if thread else []:
         if row["state"] == "finished":
-            emit("held_run", at=row["at"], thread=row["thread"], **json.loads(row["outcome"]))
+            emit("held_run", at=row["at"], thread=row["thread"], **row["outcome"])  # jsonb: a dict
 
 
 class HoldingClient:

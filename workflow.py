@@ -40,6 +40,7 @@ import json
 import os
 import signal
 import sys
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -213,11 +214,14 @@ def open_graph(args):
         raise UserError(f"cannot open CHECKPOINT_DB ({reason})", code) from error
     with conn:
         saver = PostgresSaver(conn)
-        # setup() creates or migrates the tables and is idempotent, but workers starting
-        # together would race on them: one at a time, under a session advisory lock.
-        conn.execute("SELECT pg_advisory_lock(hashtext('langgraph checkpoint setup'))")
+        # setup() creates or migrates the tables and is idempotent, but workers starting together
+        # would race on them: one at a time, under an advisory lock. Not a blocking wait for it:
+        # setup's CREATE INDEX CONCURRENTLY waits for every open transaction, a waiter included.
+        lock = "SELECT pg_try_advisory_lock(hashtext('langgraph setup')) AS locked"
+        while not conn.execute(lock).fetchone()["locked"]:
+            time.sleep(0.05)
         saver.setup()
-        conn.execute("SELECT pg_advisory_unlock(hashtext('langgraph checkpoint setup'))")
+        conn.execute("SELECT pg_advisory_unlock(hashtext('langgraph setup'))")
         yield saver
 
 

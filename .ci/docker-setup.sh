@@ -6,6 +6,9 @@
 #   3. base image    a local Python image made with debootstrap, because no registry can be
 #                    reached here, so the Dockerfile's digest-pinned python:3.13-slim cannot be pulled
 #   4. lab image     stateful-agent-lab:local, built FROM that base image
+#   5. postgres      stateful-lab-postgres:local for the `scale` profile (lab 10): that base image
+#                    plus Debian's postgresql package, standing in for the digest-pinned official
+#                    postgres image, which cannot be pulled here either
 #
 # Idempotent: each phase is skipped when its result is already there. Run it again at will.
 # Afterwards, in the same environment as the tests:
@@ -18,6 +21,7 @@
 #   LAB_DOCKERD_TIMEOUT    seconds to wait for the engine       (default 60)
 #   LAB_DEBIAN_SUITE       Debian release of the base image     (default bookworm: Python 3.11)
 #   LAB_REBUILD_BASE=1     rebuild the base image even if it exists
+#   LAB_POSTGRES_IMAGE     tag of the local postgres image      (default stateful-lab-postgres:local)
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -27,6 +31,7 @@ STATE_DIR=${LAB_DOCKER_STATE_DIR:-/tmp/stateful-lab-docker}
 DOCKERD_TIMEOUT=${LAB_DOCKERD_TIMEOUT:-60}
 SUITE=${LAB_DEBIAN_SUITE:-bookworm}
 LAB_IMAGE=stateful-agent-lab:local
+POSTGRES_IMAGE=${LAB_POSTGRES_IMAGE:-stateful-lab-postgres:local}
 PROJECT=stateful-lab
 # The preinstalled docker 28 client has no BuildKit (buildx) here, and engine 20.10 does not need it:
 # use the classic builder, from the docker CLI and from Compose alike.
@@ -152,4 +157,49 @@ say "   ${compose[*]} -p $PROJECT build api (log: $STATE_DIR/build.log)"
   || { tail -n 40 "$STATE_DIR/build.log" >&2; die "image build failed"; }
 done_phase "built $(docker image inspect --format '{{.Id}}' "$LAB_IMAGE" | cut -c1-19), $(docker image inspect --format '{{.Size}}' "$LAB_IMAGE" | awk '{ printf "%d MB", $1 / 1e6 }')"
 
-say "ready in $(elapsed "$t_start") s. For the tests: export BASE_IMAGE=$BASE_IMAGE DOCKER_BUILDKIT=0 COMPOSE_DOCKER_CLI_BUILD=0"
+# ---------------------------------------------------------------- 5. postgres image
+phase "postgres image $POSTGRES_IMAGE (FROM $BASE_IMAGE + Debian's postgresql)"
+if [[ ${LAB_REBUILD_BASE:-0} != 1 ]] && docker image inspect "$POSTGRES_IMAGE" >/dev/null 2>&1; then
+  done_phase "already present"
+else
+  # What compose.yaml relies on in the official image: a postgres user with uid 999 (the service
+  # runs as 999:999) owning /var/run/postgresql, PGDATA initialised on first start with
+  # POSTGRES_PASSWORD, `postgres` and `pg_isready` on PATH. The official entrypoint does much more; this one does just that.
+  build_dir=$(mktemp -d)
+  cat >"$build_dir/docker-entrypoint.sh" <<'ENTRYPOINT'
+#!/bin/sh
+set -eu
+if [ ! -s "$PGDATA/PG_VERSION" ]; then
+  pwfile=$(mktemp)
+  printf '%s\n' "${POSTGRES_PASSWORD:?set POSTGRES_PASSWORD}" >"$pwfile"
+  initdb -D "$PGDATA" -U postgres --pwfile="$pwfile" -E UTF8 --auth-local=trust \
+    --auth-host=scram-sha-256 >/dev/null
+  rm -f "$pwfile"
+  echo "listen_addresses = '*'" >>"$PGDATA/postgresql.conf"
+  echo "host all all all scram-sha-256" >>"$PGDATA/pg_hba.conf"
+fi
+exec "$@"
+ENTRYPOINT
+  cat >"$build_dir/Dockerfile" <<DOCKERFILE
+FROM $BASE_IMAGE
+RUN groupadd --system --gid 999 postgres \
+    && useradd --system --uid 999 --gid 999 --home-dir /var/lib/postgresql --shell /bin/sh postgres \
+    && apt-get update -qq \
+    && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends postgresql \
+    && rm -rf /var/lib/apt/lists/* /var/cache/apt/archives/*.deb \
+    && install -d -o postgres -g postgres -m 0700 /var/lib/postgresql/data \
+    && install -d -o postgres -g postgres -m 3777 /var/run/postgresql \
+    && ln -s /usr/lib/postgresql/*/bin/postgres /usr/lib/postgresql/*/bin/initdb /usr/local/bin/
+COPY docker-entrypoint.sh /usr/local/bin/
+ENV PGDATA=/var/lib/postgresql/data
+USER 999:999
+ENTRYPOINT ["sh", "/usr/local/bin/docker-entrypoint.sh"]
+CMD ["postgres"]
+DOCKERFILE
+  docker build -t "$POSTGRES_IMAGE" "$build_dir" >"$STATE_DIR/postgres-build.log" 2>&1 \
+    || { tail -n 30 "$STATE_DIR/postgres-build.log" >&2; rm -rf "$build_dir"; die "postgres image build failed"; }
+  rm -rf "$build_dir"
+  done_phase "built: $(docker run --rm --entrypoint postgres "$POSTGRES_IMAGE" --version)"
+fi
+
+say "ready in $(elapsed "$t_start") s. For the tests: export BASE_IMAGE=$BASE_IMAGE LAB_POSTGRES_IMAGE=$POSTGRES_IMAGE DOCKER_BUILDKIT=0 COMPOSE_DOCKER_CLI_BUILD=0"
