@@ -6,8 +6,11 @@ port with its Unix socket in the same folder, and stop() deletes it all. initdb 
 to run as root, so as root they run as the `postgres` user (runuser), which Debian's postgresql
 package creates.
 
-    with TempPostgres(tmp_path / "pg") as pg:
+    with TempPostgres() as pg:
         pg.url    # postgresql://postgres@127.0.0.1:PORT/postgres
+
+The folder is always a new one under the system's temp folder: the postgres user must be able to
+reach it, and a test's tmp_path (mode 0700, owned by root) would not let it.
 
     python -m labs.tools.pg       # starts one, prints its URL, stops it on Ctrl-C
 """
@@ -47,12 +50,11 @@ def find_bin_dir():
 
 
 class TempPostgres:
-    """A PostgreSQL cluster in folder (created, and deleted by stop()), on a free port."""
+    """A PostgreSQL cluster in a new temporary folder (deleted by stop()), on a free port."""
 
-    def __init__(self, folder=None):
+    def __init__(self):
         self.bin_dir = find_bin_dir()
-        self.owned_folder = folder is None
-        self.folder = Path(folder or tempfile.mkdtemp(prefix="stateful-lab-pg-"))
+        self.folder = Path(tempfile.mkdtemp(prefix="stateful-lab-pg-"))
         self.port = free_port()
         self.url = f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
         self.running = False
@@ -66,7 +68,6 @@ class TempPostgres:
             raise RuntimeError(f"{argv[0]} failed: {done.stderr.strip() or done.stdout.strip()}")
 
     def start(self):
-        self.folder.mkdir(parents=True, exist_ok=True)
         if os.geteuid() == 0:
             shutil.chown(self.folder, "postgres", "postgres")
         data = self.folder / "data"
@@ -98,10 +99,7 @@ class TempPostgres:
         if self.running:
             self._as_owner("pg_ctl", "-D", self.folder / "data", "-m", "immediate", "-w", "stop")
             self.running = False
-        if self.owned_folder:
-            shutil.rmtree(self.folder, ignore_errors=True)
-        else:
-            shutil.rmtree(self.folder / "data", ignore_errors=True)
+        shutil.rmtree(self.folder, ignore_errors=True)
 
     def __enter__(self):
         return self.start()

@@ -18,6 +18,12 @@ command as written; `docker-compose` stands in where the v2 plugin is missing):
     run --rm workflow ARGS                 python workflow.py ARGS
     restart api                            SIGTERM, wait for the exit, start again
     down -v                                stop the receiver, delete both data folders
+  the scale profile (lab 10; labs.tools.workers):
+    up -d postgres                         a throwaway Postgres cluster (labs.tools.pg)
+    up -d --scale worker=N worker          N `python worker.py run` processes in the background
+    run --rm worker ARGS                   python worker.py ARGS
+    kill -s SIGKILL worker                 SIGKILL every worker process
+    pause worker / unpause worker          SIGSTOP / SIGCONT (Compose uses the cgroup freezer)
 
 For up, restart and down only the exit code is compared: Compose's own progress
 messages differ between versions, and the guides show none.
@@ -31,6 +37,7 @@ import os
 import re
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -44,6 +51,7 @@ from labs.tools.local import (
     run_workflow,
     shell_exit_code,
 )
+from labs.tools.workers import LocalWorkers
 
 PROJECT = "stateful-lab"
 COMMAND_TIMEOUT_S = 600  # seconds; a first `up --build` downloads and installs packages
@@ -143,9 +151,12 @@ class LocalBackend:
         self.data_dir = Path(data_dir)
         self.env = lab_env(self.data_dir, port or free_port(), RECEIVER_LAB_FAULTS="lost-ack")
         self.receiver = ReceiverProcess(self.env, log_path)
+        self.workers = LocalWorkers(self.env, self.data_dir)
 
     def run(self, command):
         verb, rest = split_compose(command)
+        if scaled := self.run_scale_profile(verb, rest):
+            return scaled
         if verb == "up" and rest[-1:] == ["api"]:
             if self.receiver.proc is None or self.receiver.proc.poll() is not None:
                 self.receiver.start()
@@ -155,6 +166,7 @@ class LocalBackend:
             self.receiver.start()
             return "", 0
         if verb == "down":
+            self.workers.close()
             self.receiver.stop()
             for volume in ("receiver", "workflow"):
                 shutil.rmtree(self.data_dir / volume, ignore_errors=True)
@@ -164,7 +176,31 @@ class LocalBackend:
             return done.stdout, shell_exit_code(done.returncode)
         raise ValueError(f"the local backend has no mapping for {command!r}")
 
+    def run_scale_profile(self, verb, rest):
+        """The postgres and worker services (lab 10): (stdout, exit code), or None if not theirs."""
+        services = [w for w in rest if not w.startswith("-") and "=" not in w]
+        if verb == "up" and {"postgres", "worker"} & set(services):
+            proc = self.receiver.proc
+            if "api" in services and (proc is None or proc.poll() is not None):
+                self.receiver.start()
+            self.workers.start_postgres()
+            if "worker" in services:
+                scale = [w for w in rest if w.startswith("worker=")]
+                self.workers.scale(int(scale[-1].split("=")[1]) if scale else 1)
+            return "", 0
+        if verb == "run" and rest[:2] == ["--rm", "worker"]:
+            done = self.workers.run(rest[2:])
+            return done.stdout, shell_exit_code(done.returncode)
+        signals = {"pause": signal.SIGSTOP, "unpause": signal.SIGCONT}
+        if verb == "kill" and rest[:1] == ["-s"] and rest[2:] == ["worker"]:
+            signals["kill"] = signal.Signals[rest[1]]
+        if verb in signals and rest[-1:] == ["worker"]:
+            self.workers.signal(signals[verb])
+            return "", 0
+        return None
+
     def close(self):
+        self.workers.close()
         self.receiver.stop()
 
 
