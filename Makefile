@@ -1,15 +1,19 @@
 # Thin wrappers: each target bootstraps .venv from the hashed lock files, then runs one script.
 # Variables: BACKEND=auto|local|docker  STEP=1  RUNS=30  JSON=1  PYTHON=python3 (3.11+)
+#            WORKERS=3  OPERATIONS=60  MODE=safe|naive (scale-chaos)
 
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 BACKEND ?= auto
 RUNS ?= 30
+WORKERS ?= 3
+OPERATIONS ?= 60
+MODE ?= safe
 GUIDES ?= labs/01-the-duplicate.md labs/02-the-keyed-fix.md labs/03-a-retry-is-not-a-new-request.md
 UV := $(PY) -m uv pip compile --quiet --universal --python-version 3.11 --generate-hashes --no-header
 
-.PHONY: demo test lint bench drill chaos lock clean
+.PHONY: demo test lint bench drill chaos scale-chaos lock clean
 
 $(VENV)/.installed: requirements.txt requirements-dev.txt
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' \
@@ -37,6 +41,9 @@ drill: $(VENV)/.installed  ## every crash boundary x mode (JSON=1 for JSON lines
 
 chaos: $(VENV)/.installed  ## RUNS safe-mode runs killed at random moments
 	$(PY) -m labs.tools.chaos --runs $(RUNS)
+
+scale-chaos: $(VENV)/.installed  ## WORKERS workers on a throwaway Postgres, killed and frozen at random
+	$(PY) -m labs.tools.scale_chaos --workers $(WORKERS) --operations $(OPERATIONS) --mode $(MODE)
 
 lock: $(VENV)/.installed  ## regenerate both hashed lock files from the .in files
 	$(UV) -o requirements.txt requirements.in

@@ -37,6 +37,7 @@ Configuration (environment, read in main()):
     API_URL              http://127.0.0.1:8000 (compose sets http://api:8000)
     CHECKPOINT_DB        postgresql://... (required: checkpoints and queue; compose sets it)
     WORKER_HEARTBEAT_S   10: a job whose worker has not beaten for this long goes to another one
+    WORKER_LAB_ACK_DELAY_S  0: lab-only, seconds to wait after each receiver answer (scale chaos)
 """
 
 import asyncio
@@ -118,9 +119,24 @@ async def jobs(queries, thread=None):
     return [{"job": r["id"], "status": r["status"], "thread": r["dedupe_key"]} for r in rows]
 
 
-async def submit(args):
+async def enqueue(queries, operation):
+    """Queue one operation; the job's id. dedupe_key: one queued-or-running job per thread,
+    enforced by a unique index, so a second one raises UserError (exit 4)."""
     from pgqueuer.errors import DuplicateJobError
 
+    thread = operation["thread"]
+    try:
+        (job,) = await queries.enqueue(
+            ENTRYPOINT, json.dumps(operation).encode(), dedupe_key=thread
+        )
+    except DuplicateJobError as error:
+        raise UserError(
+            f"thread {thread!r} already has a job queued or running; wait for it", EXIT_THREAD
+        ) from error
+    return job
+
+
+async def submit(args):
     queries = await open_queue(args.checkpoint_db)
     operation = {
         "thread": args.thread,
@@ -129,16 +145,7 @@ async def submit(args):
         "title": args.title,
     }
     operation.update(lab_operation_fields(args))  # lab-only
-    try:
-        # dedupe_key: one queued-or-running job per thread, enforced by a unique index.
-        (job,) = await queries.enqueue(
-            ENTRYPOINT, json.dumps(operation).encode(), dedupe_key=args.thread
-        )
-    except DuplicateJobError as error:
-        raise UserError(
-            f"thread {args.thread!r} already has a job queued or running; wait for it", EXIT_THREAD
-        ) from error
-    emit("submitted", job=job, thread=args.thread)
+    emit("submitted", job=await enqueue(queries, operation), thread=args.thread)
 
 
 async def status(args):
@@ -169,7 +176,7 @@ def run_operation(saver, client, operation, job_id, args):
     config = {"configurable": {"thread_id": operation["thread"]}}
     resume = bool(workflow.build_graph(saver, client).get_state(config).values)
     emit("job", job=job_id, resume=resume, thread=operation["thread"])
-    client = lab_hold_client(client, operation, job_id, resume, args)  # lab-only
+    client = lab_client(client, operation, job_id, resume, args)  # lab-only
     graph = workflow.build_graph(saver, client)
     first_input = None if resume else {k: operation[k] for k in ("operation_id", "mode", "title")}
     final = graph.invoke(first_input, config, durability="sync")
@@ -269,6 +276,7 @@ def main(argv=None):
     args.api_url = os.environ.get("API_URL", "http://127.0.0.1:8000")
     args.checkpoint_db = os.environ.get("CHECKPOINT_DB", "")
     args.heartbeat_s = float(os.environ.get("WORKER_HEARTBEAT_S", "10"))
+    args.lab_ack_delay_s = float(os.environ.get("WORKER_LAB_ACK_DELAY_S", "0"))  # lab-only
     try:
         require_postgres(args.checkpoint_db)
         if asyncio.iscoroutinefunction(args.run):
@@ -385,8 +393,27 @@ class HoldingClient:
         self.conn.close()
 
 
-def lab_hold_client(client, operation, job_id, resume, args):
-    """Only the run that starts the thread holds; a resumed one runs straight through."""
+class SlowAckClient:
+    """WORKER_LAB_ACK_DELAY_S (scale chaos): sleep after every answer, inside the crash window, so
+    that a worker killed or frozen at a random moment is most likely caught in it."""
+
+    def __init__(self, client, delay_s):
+        self.client, self.delay_s = client, delay_s
+
+    def create(self, title, key=None, lose_ack_token=None):
+        result = self.client.create(title, key, lose_ack_token)
+        time.sleep(self.delay_s)
+        return result
+
+    def tickets(self, key=None):
+        return self.client.tickets(key)
+
+
+def lab_client(client, operation, job_id, resume, args):
+    """The lab's switches around the receiver client. Only the run that starts the thread holds;
+    a resumed one runs straight through."""
+    if args.lab_ack_delay_s:
+        client = SlowAckClient(client, args.lab_ack_delay_s)
     if resume or not operation.get("lab_hold"):
         return client
     return HoldingClient(client, operation, job_id, args)

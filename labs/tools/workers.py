@@ -101,11 +101,15 @@ class LocalWorkers:
             timeout=timeout,
         )
 
-    def close(self):
-        """`down -v`: stop every worker, then delete the cluster."""
+    def stop_all(self):
+        """SIGTERM every worker: each finishes the runs it has started, then exits."""
         for proc in self.live():
             self.stop(proc)
         self.procs = []
+
+    def close(self):
+        """`down -v`: stop every worker, then delete the cluster."""
+        self.stop_all()
         if self.postgres is not None:
             self.postgres.stop()
             self.postgres = None
