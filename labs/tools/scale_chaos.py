@@ -4,8 +4,9 @@
 
 Everything runs natively and throwaway: a Postgres cluster (labs.tools.pg), a receiver on a free
 port, and `python worker.py run` processes (labs.tools.workers). It submits OPERATIONS operations,
-one thread each; then, until the queue is empty, it SIGKILLs a random worker (and starts it again)
-or freezes one with SIGSTOP for longer than the heartbeat timeout (and wakes it with SIGCONT).
+one thread each. Once every worker holds a job in its crash window, it SIGKILLs them all; then,
+until the queue is empty, it SIGKILLs a random worker (and starts it again) or freezes one with
+SIGSTOP for longer than the heartbeat timeout (and wakes it with SIGCONT).
 Workers pause WORKER_LAB_ACK_DELAY_S after each receiver answer, inside the crash window, so the
 chaos usually catches them there.
 
@@ -60,6 +61,15 @@ async def pending(queries):
     return [j for j in await worker.jobs(queries) if j["status"] in ("queued", "picked")]
 
 
+async def busy_workers(queries):
+    """How many workers hold a picked job (pgqueuer records the picking queue manager)."""
+    table = queries.qbe.qualified.queue_table
+    (row,) = await queries.driver.fetch(
+        f"SELECT count(DISTINCT queue_manager_id) AS n FROM {table} WHERE status = 'picked'"  # noqa: S608
+    )
+    return row["n"]
+
+
 def finished_threads(url, operations):
     """How many threads have a ticket in their latest checkpoint."""
     args = Namespace(checkpoint_db=url)
@@ -78,12 +88,12 @@ def tickets(api_url):
         return json.load(response)["tickets"]
 
 
-def chaos_run(workers_n, operations, mode, seed, work_dir):
+def chaos_run(workers_n, operations, mode, seed, work_dir, ack_delay_s=ACK_DELAY_S):
     rng = random.Random(seed)
     env = lab_env(work_dir / "data", free_port())
     receiver = ReceiverProcess(env, log_path=work_dir / "receiver.log").start()
     workers = LocalWorkers(env, work_dir, heartbeat_s=HEARTBEAT_S)
-    workers.base_env = dict(env, WORKER_LAB_ACK_DELAY_S=ACK_DELAY_S)
+    workers.base_env = dict(env, WORKER_LAB_ACK_DELAY_S=str(ack_delay_s))
     killed = frozen = 0
     loop = asyncio.new_event_loop()
     try:
@@ -92,12 +102,28 @@ def chaos_run(workers_n, operations, mode, seed, work_dir):
         loop.run_until_complete(submit_all(queries, operations, mode))
         say(f"{operations} {mode} operations queued; starting {workers_n} workers")
         workers.scale(workers_n)
+
+        # The first strike waits until every worker holds a job and every held job has had its
+        # answer from the receiver (it sits in the crash window): a run that ended before any
+        # strike, or a strike on a worker still starting up, would prove nothing.
+        def all_in_the_window():
+            jobs = loop.run_until_complete(pending(queries))
+            picked = sum(j["status"] == "picked" for j in jobs)
+            busy = loop.run_until_complete(busy_workers(queries))
+            return not jobs or (busy >= workers_n and len(tickets(env["API_URL"])) >= picked)
+
+        wait_until(all_in_the_window, 60, "every worker to hold a job in the crash window")
+        for proc in workers.live():  # the first strike: every worker at once, then random ones
+            proc.kill()
+            proc.wait()
+            killed += 1
+        say(f"SIGKILL all {workers_n} workers")
+        workers.scale(workers_n)
         deadline = time.monotonic() + DEADLINE_S
         heartbeat = float(HEARTBEAT_S)
         while loop.run_until_complete(pending(queries)):
             if time.monotonic() > deadline:
                 raise TimeoutError(f"the queue did not drain within {DEADLINE_S:g} s")
-            time.sleep(rng.uniform(0.5, 2.0))  # a random moment, not a synchronisation
             victim = rng.randrange(workers_n)
             proc = workers.procs[victim]
             if proc.poll() is not None:
@@ -116,6 +142,7 @@ def chaos_run(workers_n, operations, mode, seed, work_dir):
                 say(f"SIGSTOP worker {victim + 1} for {hold:.1f} s")
                 time.sleep(hold)
                 proc.send_signal(signal.SIGCONT)
+            time.sleep(rng.uniform(0.5, 2.0))  # a random moment, not a synchronisation
         # A woken worker may still be in a run that another worker completed already: SIGTERM
         # lets every worker finish what it started before it exits.
         say("queue drained; stopping the workers")
@@ -143,6 +170,9 @@ def main(argv=None):
     parser.add_argument("--operations", type=int, default=60)
     parser.add_argument("--mode", choices=("safe", "naive"), default="safe")
     parser.add_argument("--seed", type=int, default=None, help="repeat a run's chaos")
+    parser.add_argument(
+        "--ack-delay", type=float, default=float(ACK_DELAY_S), help="seconds in the crash window"
+    )
     args = parser.parse_args(argv)
     if args.workers < 1 or args.operations < 1:
         parser.exit(2, "scale-chaos: --workers and --operations must be at least 1\n")
@@ -151,7 +181,9 @@ def main(argv=None):
     started = time.monotonic()
     try:
         with tempfile.TemporaryDirectory(prefix="stateful-lab-scale-") as work_dir:
-            result = chaos_run(args.workers, args.operations, args.mode, seed, Path(work_dir))
+            result = chaos_run(
+                args.workers, args.operations, args.mode, seed, Path(work_dir), args.ack_delay
+            )
     except KeyboardInterrupt:
         print("scale-chaos: interrupted", file=sys.stderr)
         return 130

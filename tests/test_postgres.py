@@ -1,0 +1,123 @@
+"""The lab past one machine: LangGraph's checkpoints in Postgres, workers on a job queue.
+
+Every test runs on a real throwaway PostgreSQL cluster (labs.tools.pg, one per test process)
+started from the machine's own binaries. Without them the tier is skipped with a loud reason;
+with LAB_REQUIRE_POSTGRES=1 (CI) it fails instead.
+"""
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from labs.tools import scale_chaos
+from labs.tools.local import ROOT, free_port, lab_env, run_workflow
+from labs.tools.pg import PostgresUnavailable, TempPostgres
+from labs.tools.runner import LocalBackend, run_guide
+
+LAB_10 = ROOT / "labs" / "10-two-workers-one-thread.md"
+
+
+@pytest.fixture(scope="session")
+def postgres():
+    try:
+        cluster = TempPostgres()
+    except PostgresUnavailable as error:
+        reason = f"POSTGRES TIER SKIPPED: {error}"
+        if os.environ.get("LAB_REQUIRE_POSTGRES") == "1":
+            pytest.fail(reason.replace("SKIPPED", "REQUIRED (LAB_REQUIRE_POSTGRES=1)"))
+        pytest.skip(reason)
+    cluster.start()
+    yield cluster
+    cluster.stop()
+
+
+@pytest.fixture
+def database(postgres, request):
+    """A new, empty database in the cluster for this test: its URL."""
+    import psycopg
+
+    name = "t_" + re.sub(r"\W", "_", request.node.name).lower()[:50]
+    with psycopg.connect(postgres.url, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}"')
+        conn.execute(f'CREATE DATABASE "{name}"')
+    return postgres.url.rsplit("/", 1)[0] + "/" + name
+
+
+def outcomes_problems(outcomes):
+    return [
+        f"$ {o.step.command}\n  {o.problems}\n  got: {o.stdout!r} exit {o.exit_code}"
+        for o in outcomes
+        if not o.ok
+    ]
+
+
+@pytest.mark.parametrize(
+    "guide", ["01-the-duplicate.md", "02-the-keyed-fix.md"], ids=lambda g: g[:2]
+)
+def test_guides_print_the_same_with_a_postgres_checkpointer(guide, database, tmp_path):
+    backend = LocalBackend(tmp_path / "data", log_path=tmp_path / "receiver.log")
+    backend.env["CHECKPOINT_DB"] = database
+    try:
+        outcomes = run_guide(ROOT / "labs" / guide, backend)
+    finally:
+        backend.close()
+    assert outcomes and not outcomes_problems(outcomes), "\n".join(outcomes_problems(outcomes))
+
+
+def test_a_postgres_url_that_does_not_answer_is_one_line_and_exit_3(tmp_path):
+    env = lab_env(tmp_path, free_port(), CHECKPOINT_DB=f"postgresql://x@127.0.0.1:{free_port()}/x")
+    done = run_workflow(["state", "--thread", "demo"], env)
+    assert done.returncode == 3, done.stderr
+    assert done.stdout == ""
+    assert done.stderr.startswith("workflow.py: cannot open CHECKPOINT_DB (")
+    assert len(done.stderr.splitlines()) == 1 and "Traceback" not in done.stderr
+
+
+def test_a_malformed_postgres_url_is_a_usage_error(tmp_path):
+    env = lab_env(tmp_path, free_port(), CHECKPOINT_DB="postgresql://[not-a-host")
+    done = run_workflow(["state", "--thread", "demo"], env)
+    assert done.returncode == 2, done.stderr
+    assert len(done.stderr.splitlines()) == 1 and "Traceback" not in done.stderr
+
+
+def test_workers_refuse_a_sqlite_checkpointer(tmp_path):
+    env = lab_env(tmp_path, free_port())  # CHECKPOINT_DB: a SQLite path
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "worker.py"), "status"],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2, done.stderr
+    assert "CHECKPOINT_DB must be a postgresql:// URL" in done.stderr
+    assert len(done.stderr.splitlines()) == 1
+
+
+def test_lab_10_guide_holds_natively(postgres, tmp_path):
+    backend = LocalBackend(tmp_path / "data", log_path=tmp_path / "receiver.log")
+    try:
+        outcomes = run_guide(LAB_10, backend)
+    finally:
+        backend.close()
+    assert outcomes and not outcomes_problems(outcomes), "\n".join(outcomes_problems(outcomes))
+
+
+@pytest.mark.parametrize("mode", ["safe", "naive"])
+def test_scale_chaos_finishes_every_operation_and_only_the_key_prevents_duplicates(
+    mode, postgres, tmp_path
+):
+    result = scale_chaos.chaos_run(
+        workers_n=2, operations=4, mode=mode, seed=7, work_dir=tmp_path, ack_delay_s=2.0
+    )
+    assert result["operations"] == 4
+    assert result["unfinished"] == 0, result
+    assert result["workers_killed"] + result["workers_frozen"] >= 1, result
+    if mode == "safe":
+        assert result["duplicates"] == 0 and result["tickets"] == 4, result
+    else:
+        assert result["duplicates"] >= 1, result
