@@ -12,6 +12,8 @@ CLI: wall time of `workflow.py tickets`, `post` and `state` (a fresh interpreter
 run, as a learner types them), ours and the article's, medians of CLI_RUNS.
 Log line: what one decision line costs when the receiver writes it to a file, and the
 same receiver once more with stderr to /dev/null, end to end.
+Workers: operations per second with 1, 2 and 4 workers on a throwaway Postgres
+(labs.tools.bench_workers); skipped with a note where PostgreSQL's binaries are missing.
 
 The article's api.py and workflow.py are cut out of ../shared/seeds at run time into a
 temporary folder (their hard-coded /data paths and port patched) and deleted afterwards;
@@ -33,7 +35,9 @@ import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from labs.tools.bench_workers import bench_workers
 from labs.tools.local import ROOT, ReceiverProcess, free_port, lab_env
+from labs.tools.pg import PostgresUnavailable
 
 SEED = ROOT.parent / "shared" / "seeds" / "stateful-agents-docker-lab.txt"
 CLIENT_THREADS = 8  # concurrent clients: the issue's load shape (a room hammering one receiver)
@@ -281,10 +285,19 @@ def main(argv=None):
             ports = {name: urlsplit(server.url).port for name, server in servers.items()}
             figures["receiver"] = bench_receivers(ports, size["rounds"], size["seconds"])
             figures["log_line_s"] = log_line_seconds(tmp)
+            figures["workers"] = worker_figures(size["rounds"], quick=size is QUICK)
         finally:
             for server in started:
                 server.stop()
     report(figures)
+
+
+def worker_figures(rounds, quick):
+    """Operations per second with 1, 2 and 4 workers, or why not."""
+    try:
+        return bench_workers(rounds=rounds, operations=8 if quick else 40)
+    except PostgresUnavailable as error:
+        return f"skipped: {error}"
 
 
 def report(figures):
@@ -344,6 +357,16 @@ def report(figures):
         "  end to end, the same receiver with stderr to /dev/null instead of a file: "
         f"fresh {quiet['fresh']['rps']:.0f}, replay {quiet['replay']['rps']:.0f} POST/s"
     )
+    workers = figures["workers"]
+    if isinstance(workers, str):
+        print(f"\nworkers on one Postgres queue: {workers}")
+    else:
+        print(
+            f"\nworkers on one Postgres queue ({workers['operations_per_round']} safe operations "
+            f"per round, median of {workers['rounds']}):"
+        )
+        for count, rate in workers["ops_per_s"].items():
+            print(f"  {count} worker(s){'':<27}{rate:>9.1f} operations/s")
     print(json.dumps(figures, sort_keys=True))
 
 

@@ -1,0 +1,91 @@
+"""Operations per second with 1, 2 and 4 workers on one queue (part of make bench).
+
+    .venv/bin/python -m labs.tools.bench_workers [--rounds 3] [--operations 40]
+
+For each worker count: a throwaway Postgres (labs.tools.pg), a receiver on a free port, and that
+many `python worker.py run` processes, started and ready before the clock starts. A round queues
+OPERATIONS safe operations (one thread each) and times until the queue is empty (every job done
+and logged). Figures are operations per second, the median of the rounds. Each worker runs up to
+worker.JOBS_PER_WORKER jobs at a time. Prints one JSON object.
+"""
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from labs.tools.local import ROOT, ReceiverProcess, free_port, lab_env, wait_until
+
+sys.path.insert(0, str(ROOT))
+import worker  # noqa: E402
+from labs.tools.workers import LocalWorkers  # noqa: E402
+
+COUNTS = (1, 2, 4)
+START_DEADLINE_S = 120.0  # seconds for the workers to start; a loaded machine is slow at imports
+ROUND_DEADLINE_S = 300.0
+
+
+async def one_round(queries, prefix, operations):
+    for n in range(operations):
+        name = f"{prefix}-{n:03d}"
+        await worker.enqueue(queries, {"thread": name, "operation_id": name, "mode": "safe",
+                                       "title": name})  # fmt: skip
+    started = time.monotonic()
+    while await worker.jobs(queries):
+        if time.monotonic() - started > ROUND_DEADLINE_S:
+            raise TimeoutError(f"a round of {operations} operations took over {ROUND_DEADLINE_S} s")
+        await asyncio.sleep(0.02)  # a poll interval: the round ends when the queue is empty
+    return operations / (time.monotonic() - started)
+
+
+def bench_count(count, rounds, operations, folder):
+    env = lab_env(folder / "data", free_port())
+    receiver = ReceiverProcess(env, log_path=folder / "receiver.log").start()
+    workers = LocalWorkers(env, folder)
+    loop = asyncio.new_event_loop()
+    try:
+        queries = loop.run_until_complete(worker.open_queue(workers.env["CHECKPOINT_DB"]))
+        workers.scale(count)
+        log = folder / "workers.log"
+        wait_until(
+            lambda: log.exists() and log.read_text().count('"event": "worker"') >= count,
+            START_DEADLINE_S,
+            f"{count} workers to start",
+        )
+        return [
+            loop.run_until_complete(one_round(queries, f"r{r}", operations)) for r in range(rounds)
+        ]
+    finally:
+        workers.close()
+        receiver.stop()
+        loop.close()
+
+
+def bench_workers(rounds=3, operations=40, counts=COUNTS):
+    """{"1": ops/s, "2": ..., "4": ...}: medians of the rounds, and every round."""
+    figures = {"operations_per_round": operations, "rounds": rounds, "ops_per_s": {}, "all": {}}
+    for count in counts:
+        with tempfile.TemporaryDirectory(prefix="stateful-lab-bench-workers-") as folder:
+            per_round = bench_count(count, rounds, operations, Path(folder))
+        figures["all"][str(count)] = per_round
+        figures["ops_per_s"][str(count)] = statistics.median(per_round)
+    return figures
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--operations", type=int, default=40)
+    args = parser.parse_args(argv)
+    figures = bench_workers(args.rounds, args.operations)
+    for count, rate in figures["ops_per_s"].items():
+        print(f"  {count} worker(s): {rate:7.1f} operations/s", file=sys.stderr)
+    print(json.dumps(figures, sort_keys=True))
+
+
+if __name__ == "__main__":
+    main()
