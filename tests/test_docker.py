@@ -27,7 +27,7 @@ import pytest
 from labs.tools.local import ROOT, wait_until
 from labs.tools.runner import compose_command, docker_engine_answers
 
-PROJECT = os.environ.get("LAB_DOCKER_PROJECT", "stateful-lab")
+PROJECT = os.environ.get("LAB_DOCKER_PROJECT", "stateful-lab-docker-test")
 REQUIRED = os.environ.get("LAB_REQUIRE_DOCKER") == "1"
 BUILD_TIMEOUT_S = 900  # a first build downloads the base image and ~40 packages
 COMMAND_TIMEOUT_S = 120

@@ -50,3 +50,42 @@ def test_relative_links_point_at_files_that_exist():
     for guide in (ROOT / "labs").glob("*.md"):
         for target in re.findall(r"\]\(([^)#:]+)\)", guide.read_text(encoding="utf-8")):
             assert (guide.parent / target).exists(), f"{guide.name}: {target}"
+
+
+def makefile_targets():
+    """The Makefile's public targets: those listed in .PHONY."""
+    text = (ROOT / "Makefile").read_text(encoding="utf-8")
+    (phony,) = re.findall(r"^\.PHONY:(.*)$", text, re.M)
+    return phony.split()
+
+
+def test_every_make_target_is_in_the_readme_and_every_documented_one_exists():
+    targets = makefile_targets()
+    missing = [t for t in targets if f"make {t}" not in README]
+    assert not missing, f"README does not mention: {missing}"
+    documented = set(re.findall(r"`make ([a-z][a-z-]*)", README))
+    assert documented <= set(targets), documented - set(targets)
+
+
+def test_every_labs_tool_is_in_the_readme_and_run_by_a_make_target_or_a_test():
+    tools = sorted(p.stem for p in (ROOT / "labs" / "tools").glob("*.py") if p.stem != "__init__")
+    makefile = (ROOT / "Makefile").read_text(encoding="utf-8")
+    tests = "".join(p.read_text(encoding="utf-8") for p in (ROOT / "tests").glob("*.py"))
+    for tool in tools:
+        assert f"{tool}.py" in README or f"labs.tools.{tool}" in README, f"README: {tool}"
+        assert f"labs.tools.{tool}" in makefile + tests, f"nothing runs labs/tools/{tool}.py"
+
+
+def test_the_readme_lists_exactly_workflow_pys_actions_and_exit_codes():
+    import argparse
+
+    import workflow
+
+    parser = workflow.build_parser()
+    (subparsers,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    for action in subparsers.choices:
+        assert f"`{action}`" in README, f"README does not mention the `{action}` action"
+    codes = {v for k, v in vars(workflow).items() if k.startswith("EXIT_")} | {0}
+    table = README.split("## Exit codes of workflow.py", 1)[1].split("\n## ", 1)[0]
+    documented = {int(c) for c in re.findall(r"^\| (\d+) \|", table, re.M)}
+    assert documented == codes

@@ -34,7 +34,7 @@ def server(tmp_path_factory):
     env = lab_env(
         tmp / "data",
         free_port(),
-        RECEIVER_SOCKET_TIMEOUT_S=str(STALL_TIMEOUT_S),
+        RECEIVER_REQUEST_TIMEOUT_S=str(STALL_TIMEOUT_S),
         RECEIVER_BUSY_TIMEOUT_S=str(BUSY_TIMEOUT_S),
     )
     receiver = ReceiverProcess(env, log_path=tmp / "receiver.log").start()
