@@ -136,11 +136,9 @@ def run_graph(args, first_input):
         )
         exists = bool(graph.get_state(config).values)
         if first_input is not None and exists:
-            raise UserError(
-                f"thread {args.thread!r} already exists; resume it, pick a new --thread, "
-                "or reset the lab (docker compose -p stateful-lab down -v; natively: rm -r data)",
-                EXIT_THREAD,
-            )
+            hint = "resume it or pick a new --thread"
+            hint += "; or reset the lab: docker compose down -v (natively: rm -r data)"  # lab-only
+            raise UserError(f"thread {args.thread!r} already exists; {hint}", EXIT_THREAD)
         if first_input is None and not exists:
             raise UserError(f"no thread {args.thread!r} to resume; check --thread", EXIT_THREAD)
         durability = "sync"  # each node's result is on disk before the next node starts
@@ -240,9 +238,9 @@ class TicketClient:
             raise  # the receiver answered: main() prints http_error
         except urllib.error.URLError as error:  # could not connect: nothing was sent
             raise Unreachable(
-                f"cannot reach the receiver at {self.api_url} ({error.reason}); start it with "
-                "`docker compose -p stateful-lab up -d --build api`, or natively `python api.py &`"
-                " (and set API_URL if it listens elsewhere)",
+                f"cannot reach the receiver at {self.api_url} ({error.reason}); start it "
+                "(docker compose up -d --build api, or natively: python api.py &), "
+                "or set API_URL to where it listens",
                 EXIT_NO_ANSWER,
             ) from error
         except (OSError, http.client.HTTPException) as error:  # sent, then no answer

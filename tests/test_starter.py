@@ -12,7 +12,10 @@ from labs.tools.runner import compose_command, docker_engine_answers
 
 LAB_ONLY_WORDS = (  # what a copier must not find in the starter's code
     "lab-only",
-    "crash",
+    "--crash",
+    "crash_at",
+    "crash(",
+    "CRASH_POINTS",
     "naive",
     "node-uuid",
     "uuid",
