@@ -339,11 +339,12 @@ def number(environ, name, default, kind):
     return value
 
 
-def main(argv=None):
+def main(argv=None, environ=None):
+    """The CLI; returns the exit code. environ: the settings (default: os.environ)."""
     args = parse_args(argv)
     args.crash_at = getattr(args, "crash_at", None)  # lab-only
     try:
-        read_config(args, os.environ)
+        read_config(args, os.environ if environ is None else environ)
         args.run(args)
     except urllib.error.HTTPError as error:
         body = error.read()
