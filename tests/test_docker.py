@@ -154,7 +154,7 @@ def test_compose_file_is_valid(compose, base_image):
 
 
 def test_compose_file_shape():
-    """What the issue asks of compose.yaml, read from the file itself."""
+    """What compose.yaml promises (hardening, volumes, network, limits), read from the file."""
     yaml = pytest.importorskip("yaml")
     spec = yaml.safe_load((ROOT / "compose.yaml").read_text())
     assert "name" not in spec, "Compose 1.29 rejects a top-level name:; guides pass -p"
