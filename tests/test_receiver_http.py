@@ -3,7 +3,9 @@
 Every bad request must get a JSON answer whose "error" says why (4xx; 501 and 505 where
 HTTP itself names what is unsupported), must create no ticket, and must leave the
 receiver serving. Good requests get 201 (created), 200 (the same request again) or 409
-(the key was used for another body). openapi.yaml is checked against the same process.
+(the key was used for another body). openapi.yaml is checked against the same process:
+every status the receiver can send must be in it, every answer it documents is provoked
+and validated with jsonschema, and schemathesis fuzzes the receiver from it.
 """
 
 import ast
