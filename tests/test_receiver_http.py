@@ -405,8 +405,8 @@ OPENAPI = yaml.safe_load((ROOT / "openapi.yaml").read_text())
 SPEC_URI = "urn:stateful-agent-lab:openapi.yaml"  # a name for the $ref resolver, not a location
 REGISTRY = Registry().with_resource(SPEC_URI, DRAFT202012.create_resource(OPENAPI))
 ANY = "x-answers-to-any-request"  # openapi.yaml: answers any request can get
-SCHEMATHESIS_EXAMPLES = 50  # per operation and phase: 200-400 requests
-SCHEMATHESIS_BUDGET_S = 12  # --max-time: schemathesis stops generating after this (s)
+SCHEMATHESIS_EXAMPLES = 30  # per operation: about 140 requests in all, 7-12 s here
+SCHEMATHESIS_DEADLINE_S = 120  # seconds: a hung run fails instead of stalling the suite
 
 
 def pointer(*parts):
@@ -616,15 +616,13 @@ def test_schemathesis_finds_nothing_the_spec_does_not_allow(server):
             server.url,
             "--max-examples",
             str(SCHEMATHESIS_EXAMPLES),
-            "--max-time",
-            str(SCHEMATHESIS_BUDGET_S),
             "--generation-database",
             "none",
             "--no-color",
         ],
         capture_output=True,
         text=True,
-        timeout=SCHEMATHESIS_BUDGET_S + 60,
+        timeout=SCHEMATHESIS_DEADLINE_S,
     )
     assert done.returncode == 0, done.stdout[-6000:] + done.stderr
     generated = re.search(r"(\d+) generated, (\d+) passed", done.stdout)
