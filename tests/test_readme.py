@@ -2,6 +2,7 @@
 
 import json
 import re
+import shlex
 import shutil
 import socket
 import subprocess
@@ -9,7 +10,7 @@ import subprocess
 import pytest
 
 from labs.tools.local import ROOT, free_port, lab_env
-from labs.tools.runner import BLOCK, lines_match, parse_guide
+from labs.tools.runner import BLOCK, lines_match, parse_guide, split_compose
 
 README = (ROOT / "README.md").read_text(encoding="utf-8")
 SHELL_BLOCK = re.compile(r"^```bash\n(.*?)^```", re.M | re.S)
@@ -107,3 +108,59 @@ def test_the_native_block_runs_lab_01_and_cleans_up(tmp_path, shell):
 
 _SET_BY_THE_BLOCK = ("API_URL", "RECEIVER_DB", "CHECKPOINT_DB", "HOST")
 _RECEIVER_DB = "data/receiver/receiver.sqlite"
+
+
+TABLE_ROW = re.compile(r"^\| `([^`]+)` \| `([^`]+)`", re.M)  # compose verb -> native command
+COMPOSE_PREFIX = re.compile(r"^[\w.-]+\s+\| ?")  # "api-1  | " before a guide's log lines
+STEP_MARK, EXIT_MARK = "::step::", "::exit::"
+
+
+def native_script(guide_text, block):
+    """The guide's commands translated with the README's table into one shell script."""
+    section = README.split("## Without Docker", 1)[1].split("\n## ", 1)[0]
+    table = dict(TABLE_ROW.findall(section))
+    setup = [line for line in block.splitlines() if line.startswith((". ", "export "))]
+    (until,) = [line for line in block.splitlines() if line.startswith("until ")]
+    script = list(setup)
+    for step in parse_guide(guide_text):
+        verb, rest = split_compose(step.command)
+        if verb == "run":
+            native = table["run --rm workflow ARGS"].replace("ARGS", shlex.join(rest[2:]))
+        else:
+            native = table[" ".join([verb, *rest])]
+        script += [f"echo {STEP_MARK}", native, f'echo "{EXIT_MARK} $?"']
+        if verb in ("up", "restart"):
+            script.append(until.split(" #")[0] + " >/dev/null")  # drop the comment
+    return "\n".join(script) + "\n"
+
+
+@pytest.mark.parametrize("name", ["02-the-keyed-fix.md", "06-the-lost-acknowledgement.md"])
+def test_the_native_table_runs_a_guide_as_the_guide_says(tmp_path, name):
+    """Lab 02 restarts the receiver and reads its log; lab 06 needs the lost-ack fault on."""
+    (block,) = SHELL_BLOCK.findall(README.split("## Without Docker", 1)[1])
+    text = (ROOT / "labs" / name).read_text(encoding="utf-8")
+    copy = native_copy(tmp_path)
+    port = free_port()
+    env = {k: v for k, v in lab_env(copy / "data", port).items() if k not in _SET_BY_THE_BLOCK}
+    env.update(PORT=str(port), RECEIVER_LAB_FAULTS="lost-ack" if name.startswith("06") else "")
+    done = subprocess.run(
+        ["bash", "-c", native_script(text, block)],
+        cwd=copy,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    chunks = done.stdout.split(STEP_MARK + "\n")[1:]
+    steps = parse_guide(text)
+    assert len(chunks) == len(steps), done.stdout
+    for step, chunk in zip(steps, chunks, strict=True):
+        *printed, last = chunk.rstrip("\n").split("\n")
+        assert last.startswith(EXIT_MARK), chunk
+        assert int(last.removeprefix(EXIT_MARK)) == step.exit_code, (step.command, chunk)
+        verb = split_compose(step.command)[0]
+        expected = [COMPOSE_PREFIX.sub("", line) for line in step.expected]
+        if verb in ("run", "logs"):
+            assert lines_match(expected, printed), (step.command, printed)
+    assert not (copy / "data").exists()
