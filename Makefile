@@ -13,7 +13,7 @@ MODE ?= safe
 GUIDES ?= labs/01-the-duplicate.md labs/02-the-keyed-fix.md labs/03-a-retry-is-not-a-new-request.md
 UV := $(PY) -m uv pip compile --quiet --universal --python-version 3.11 --generate-hashes --no-header
 
-.PHONY: demo test lint bench drill chaos scale-chaos lock clean
+.PHONY: demo test lint bench drill chaos scale-chaos starter lock clean
 
 $(VENV)/.installed: requirements.txt requirements-dev.txt
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' \
@@ -41,6 +41,10 @@ drill: $(VENV)/.installed  ## every crash boundary x mode (JSON=1 for JSON lines
 
 chaos: $(VENV)/.installed  ## RUNS safe-mode runs killed at random moments
 	$(PY) -m labs.tools.chaos --runs $(RUNS)
+
+starter: $(VENV)/.installed  ## a reference starter without the lab-only parts: make starter DEST=dir
+	@test -n "$(DEST)" || { echo "make starter: name a new folder, e.g. make starter DEST=../ticket-starter"; exit 2; }
+	@$(PY) -m labs.tools.starter $(DEST)
 
 scale-chaos: $(VENV)/.installed  ## WORKERS workers on a throwaway Postgres, killed and frozen at random
 	$(PY) -m labs.tools.scale_chaos --workers $(WORKERS) --operations $(OPERATIONS) --mode $(MODE)

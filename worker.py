@@ -34,7 +34,7 @@ thread already has a job queued or running; `run` exits 0 on SIGTERM once its ru
 done, 130 on Ctrl-C.
 
 Configuration (environment, read in main()):
-    API_URL              http://127.0.0.1:8000 (compose sets http://api:8000)
+    API_URL, API_TIMEOUT_S, API_ATTEMPTS   as for workflow.py (compose sets API_URL)
     CHECKPOINT_DB        postgresql://... (required: checkpoints and queue; compose sets it)
     WORKER_HEARTBEAT_S   10: a job whose worker has not beaten for this long goes to another one
     WORKER_LAB_ACK_DELAY_S  0: lab-only, seconds to wait after each receiver answer (scale chaos)
@@ -50,7 +50,7 @@ import time
 from datetime import timedelta
 
 import workflow
-from workflow import EXIT_NO_ANSWER, EXIT_THREAD, EXIT_USAGE, MODES, UserError, emit
+from workflow import EXIT_NO_ANSWER, EXIT_THREAD, EXIT_USAGE, UserError, emit
 
 ENTRYPOINT = "operation"  # the one kind of job: run one operation's thread
 JOBS_PER_WORKER = 2  # pgqueuer's minimum cap for a batch of 1 (max_concurrent_tasks >= 2 x batch)
@@ -138,13 +138,8 @@ async def enqueue(queries, operation):
 
 async def submit(args):
     queries = await open_queue(args.checkpoint_db)
-    operation = {
-        "thread": args.thread,
-        "operation_id": args.operation,
-        "mode": args.mode,
-        "title": args.title,
-    }
-    operation.update(lab_operation_fields(args))  # lab-only
+    operation = {"thread": args.thread, "operation_id": args.operation, "title": args.title}
+    operation.update(lab_operation_fields(args))  # lab-only: --mode, --lab-hold
     emit("submitted", job=await enqueue(queries, operation), thread=args.thread)
 
 
@@ -178,7 +173,12 @@ def run_operation(saver, client, operation, job_id, args):
     emit("job", job=job_id, resume=resume, thread=operation["thread"])
     client = lab_client(client, operation, job_id, resume, args)  # lab-only
     graph = workflow.build_graph(saver, client)
-    first_input = None if resume else {k: operation[k] for k in ("operation_id", "mode", "title")}
+    first_input = None
+    if not resume:
+        first_input = {"operation_id": operation["operation_id"], "title": operation["title"]}
+        first_input["mode"] = operation["mode"]  # lab-only
+    # sync: each node's result is saved before the next node starts, so a resume repeats at
+    # most the node that was running.
     final = graph.invoke(first_input, config, durability="sync")
     emit("done", **final)
     lab_hold_finished(client)  # lab-only
@@ -189,7 +189,7 @@ async def work(args):
 
     queries = await open_queue(args.checkpoint_db)  # installs the queue before the first dequeue
     pgq = PgQueuer.from_psycopg_connection(await connect(args.checkpoint_db))
-    client = workflow.TicketClient(args.api_url)
+    client = workflow.TicketClient(args.api_url, args.timeout_s, args.attempts)
     running = set()
     loop = asyncio.get_running_loop()
     stop_signal = []
@@ -252,7 +252,6 @@ def parse_args(argv):
     sub.set_defaults(run=submit)
     sub.add_argument("--thread", required=True, help="checkpoint thread id (one job at a time)")
     sub.add_argument("--operation", required=True, help="operation id, used as the key")
-    sub.add_argument("--mode", choices=MODES, default="safe")
     sub.add_argument("--title", default="Check supplier configuration", help="ticket title")
     lab_submit_arguments(sub)  # lab-only
     sub = actions.add_parser("run", help="run queued operations until SIGTERM or Ctrl-C")
@@ -273,11 +272,10 @@ def parse_args(argv):
 
 def main(argv=None):
     args = parse_args(argv)
-    args.api_url = os.environ.get("API_URL", "http://127.0.0.1:8000")
-    args.checkpoint_db = os.environ.get("CHECKPOINT_DB", "")
-    args.heartbeat_s = float(os.environ.get("WORKER_HEARTBEAT_S", "10"))
-    args.lab_ack_delay_s = float(os.environ.get("WORKER_LAB_ACK_DELAY_S", "0"))  # lab-only
     try:
+        workflow.read_config(args, os.environ)  # API_URL, CHECKPOINT_DB, API_TIMEOUT_S, ...
+        args.heartbeat_s = workflow.number(os.environ, "WORKER_HEARTBEAT_S", 10.0, float)
+        args.lab_ack_delay_s = float(os.environ.get("WORKER_LAB_ACK_DELAY_S", "0"))  # lab-only
         require_postgres(args.checkpoint_db)
         if asyncio.iscoroutinefunction(args.run):
             return asyncio.run(args.run(args)) or 0
@@ -305,6 +303,7 @@ LAB_HOLDS = """CREATE TABLE IF NOT EXISTS lab_holds (
 
 
 def lab_submit_arguments(sub):
+    sub.add_argument("--mode", choices=workflow.MODES, default="safe")
     sub.add_argument("--lab-hold", choices=HOLD_POINTS, help="lab 10: where the first run waits")
 
 
@@ -313,7 +312,7 @@ def lab_wait_arguments(sub):
 
 
 def lab_operation_fields(args):
-    return {"lab_hold": args.lab_hold} if args.lab_hold else {}
+    return {"mode": args.mode, **({"lab_hold": args.lab_hold} if args.lab_hold else {})}
 
 
 async def lab_holds(queries, thread):
@@ -373,10 +372,10 @@ class HoldingClient:
             time.sleep(POLL_S)
         emit("lab_woken", thread=self.thread)
 
-    def create(self, title, key=None, lose_ack_token=None):
+    def create(self, title, key=None):
         if self.at == "before-request":
             self.hold()
-        self.result = self.client.create(title, key, lose_ack_token)
+        self.result = self.client.create(title, key)
         if self.at == "after-ack":
             self.hold()
         return self.result
@@ -400,8 +399,8 @@ class SlowAckClient:
     def __init__(self, client, delay_s):
         self.client, self.delay_s = client, delay_s
 
-    def create(self, title, key=None, lose_ack_token=None):
-        result = self.client.create(title, key, lose_ack_token)
+    def create(self, title, key=None):
+        result = self.client.create(title, key)
         time.sleep(self.delay_s)
         return result
 

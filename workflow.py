@@ -1,171 +1,104 @@
-"""A two-node LangGraph workflow that opens a ticket, and can crash on purpose.
+"""A two-node LangGraph workflow that opens a ticket in another service, exactly once.
 
     START -> prepare -> create_ticket -> END
 
-prepare derives the operation key from the run's input; create_ticket sends the
-ticket to the receiver (api.py). The checkpointer saves the state after each
-node, so a resumed run starts again at the first node that did not finish, from
-that node's first line. create_ticket is where this hurts: the receiver can
-commit a ticket and the process can die before the node returns. On resume the
-node runs again and sends the request again. Whether that makes a second ticket
-depends only on the key the request carries:
+The crash window: create_ticket asks the receiver (api.py) for a ticket. The receiver
+commits the ticket and then answers; LangGraph saves the node's result only after the node
+has returned. A process that dies in between (a kill, an out-of-memory, a deploy) leaves a
+ticket that the checkpoint knows nothing about, and the resumed run starts create_ticket
+again from its first line, so the request goes out again. What stops that second request
+from becoming a second ticket is its key: prepare derives the key from the run's input, so
+every attempt sends the same Idempotency-Key and the receiver answers a repeat with the
+ticket it already made. When no answer comes back at all, the node cannot tell whether the
+ticket was made: it looks the key up and adopts what it finds, or sends again with the key.
 
-    --mode naive      no key: every attempt is a new ticket
-    --mode safe       the key from the run's input: every attempt is the same ticket
-    --mode node-uuid  a fresh key minted inside the node: looks keyed, still duplicates
+The checkpointer (SqliteSaver, durability "sync") writes the state after each node before
+the next one starts, so a resumed run repeats only the node whose result was not saved.
 
---crash-at picks the boundary where the run dies (labs 04-06):
-    after-prepare     SIGKILL inside prepare, before it returns
-    before-request    SIGKILL inside create_ticket, before the request leaves
-    lost-ack          the receiver commits and hangs up without answering (needs
-                      RECEIVER_LAB_FAULTS=lost-ack on the receiver): the outcome is unknown
-    after-ack         SIGKILL after the receiver's answer, before the node returns (--crash)
-    after-checkpoint  SIGKILL after the run's last checkpoint, before `done` is printed
-In safe mode an unknown outcome is reconciled: look the key up, adopt what it made or send
-again with the same key. The other modes have nothing to look up and just fail (exit 3).
-
-Output is one JSON object per line, keys sorted. Exit codes: 0 done; 1 the
-receiver answered with an error (http_error); 2 bad arguments; 3 the receiver
-did not answer; 4 no such thread / thread exists; 137 the crash switch (SIGKILL).
+Output is one JSON object per line, keys sorted. Exit codes: see EXIT_* below.
 
 Configuration (environment, read in main()):
-    API_URL        http://127.0.0.1:8000 (compose sets http://api:8000)
-    CHECKPOINT_DB  data/workflow/checkpoints.sqlite, or a postgresql:// URL (lab 10)
+    API_URL          http://127.0.0.1:8000 (compose sets http://api:8000)
+    CHECKPOINT_DB    data/workflow/checkpoints.sqlite, or a postgresql:// URL (lab 10)
+    API_TIMEOUT_S    5 (seconds to wait for one answer from the receiver)
+    API_ATTEMPTS     4 (tries of a request that was refused or answered 503)
 """
+# lab-only: begin
+# The lab's switches (each line marked lab-only; `make starter` drops them all):
+#     --mode naive      no key: every attempt is a new ticket
+#     --mode safe       the key from the run's input (the default, and the starter's only way)
+#     --mode node-uuid  a fresh key minted inside the node: looks keyed, still duplicates
+#     --crash-at POINT  SIGKILL at a named boundary (labs 04-06; see CRASH_POINTS)
+#     --durability      LangGraph's durability mode: sync (default), async, exit (lab 04)
+# lab-only: end
 
 import argparse
 import contextlib
 import http.client
 import json
 import os
-import signal
+import signal  # lab-only
+import sqlite3
 import sys
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
-import uuid
+import uuid  # lab-only
 from pathlib import Path
 from typing import NotRequired, TypedDict
 
-REQUEST_TIMEOUT_S = 5.0  # seconds; the receiver answers in milliseconds, so 5 s means it is gone
-CRASH_POINTS = ("after-prepare", "before-request", "lost-ack", "after-ack", "after-checkpoint")
-DURABILITIES = ("sync", "async", "exit")
-MODES = ("naive", "safe", "node-uuid")
-EXIT_HTTP_ERROR, EXIT_USAGE, EXIT_NO_ANSWER, EXIT_THREAD = 1, 2, 3, 4
+API_TIMEOUT_S = 5.0  # seconds; the receiver answers in milliseconds, so 5 s means it is gone
+API_ATTEMPTS = 4  # tries of a request refused or answered 503: 0.25, 0.5, 1 s apart, enough
+RETRY_DELAY_S = 0.25  # for a receiver that is starting, restarting or briefly busy
+EXIT_HTTP_ERROR = 1  # the receiver answered with an error (http_error shows it)
+EXIT_USAGE = 2  # a usage or configuration mistake: one line on stderr
+EXIT_NO_ANSWER = 3  # the receiver could not be reached, or hung up without an answer
+EXIT_THREAD = 4  # resume or state of an unknown thread, or start of one that exists
+EXIT_INTERRUPTED = 130  # Ctrl-C (128 + SIGINT)
 
 
 class State(TypedDict):
     operation_id: str
-    mode: str
     title: str
     key: NotRequired[str]
     ticket_id: NotRequired[int]
+    mode: NotRequired[str]  # lab-only
 
 
-class UserError(Exception):
-    """A mistake the user can fix: one line on stderr and this exit code."""
-
-    def __init__(self, message, exit_code):
-        super().__init__(message)
-        self.exit_code = exit_code
-
-
-class NoAnswer(UserError):
-    """The request was sent and no answer came back: it may or may not have taken effect."""
-
-
-def emit(event, **values):
-    print(json.dumps({"event": event, **values}, sort_keys=True), flush=True)
-
-
-def crash(point, crash_at):
-    """The crash switch: SIGKILL, so nothing (no finally, no atexit) runs after it."""
-    if point != crash_at:
-        return
-    if point == "after-ack":
-        emit("crash_before_node_return")
-    else:
-        emit("crash", at=point)
-    os.kill(os.getpid(), signal.SIGKILL)
-
-
-class TicketClient:
-    """The HTTP client for api.py. Plain urllib: commands that use only this load fast."""
-
-    def __init__(self, api_url):
-        self.api_url = api_url.rstrip("/")
-
-    def call(self, path, payload=None, key=None, headers=()):
-        request = urllib.request.Request(self.api_url + path, headers=dict(headers))
-        if payload is not None:
-            request.data = json.dumps(payload).encode()
-            request.add_header("Content-Type", "application/json")
-        if key is not None:
-            request.add_header("Idempotency-Key", key)
-        try:
-            with urllib.request.urlopen(request, timeout=REQUEST_TIMEOUT_S) as response:
-                return json.load(response)
-        except urllib.error.HTTPError:
-            raise  # the receiver answered: main() prints http_error
-        except urllib.error.URLError as error:  # could not connect: nothing was sent
-            raise UserError(
-                f"cannot reach the receiver at {self.api_url} ({error.reason}); "
-                "is it running? (docker compose -p stateful-lab up -d api)",
-                EXIT_NO_ANSWER,
-            ) from error
-        except (OSError, http.client.HTTPException) as error:  # sent, then no answer
-            raise NoAnswer(
-                f"no answer from the receiver at {self.api_url} ({error}); "
-                "the request may or may not have taken effect",
-                EXIT_NO_ANSWER,
-            ) from error
-
-    def create(self, title, key=None, lose_ack_token=None):
-        headers = {"Lab-Lost-Ack": lose_ack_token} if lose_ack_token else {}
-        return self.call("/tickets", {"title": title}, key, headers)
-
-    def tickets(self, key=None):
-        query = "" if key is None else "?" + urllib.parse.urlencode({"key": key})
-        return self.call("/tickets" + query)["tickets"]
-
-
-def build_graph(checkpointer, receiver, crash_at=None):
-    """The compiled graph. crash_at names a boundary where the process SIGKILLs itself."""
+def build_graph(
+    checkpointer,
+    client,
+    crash_at=None,  # lab-only
+):
+    """The compiled graph: prepare derives the key, create_ticket sends it with the request."""
     from langgraph.graph import END, START, StateGraph  # slow import: only graph commands pay
 
     def prepare(state: State):
         emit("prepare", operation=state["operation_id"])
-        crash("after-prepare", crash_at)
-        # The key names the business operation, not the attempt: it comes from the
-        # run's input, so every retry of this run derives the same key.
+        crash("after-prepare", crash_at)  # lab-only
+        # The key names the business operation, not the attempt: it comes from the run's
+        # input, so every retry and every resume of this run derives the same key.
         return {"key": state["operation_id"]}
 
     def create_ticket(state: State):
-        mode = state["mode"]
-        key = {"naive": None, "safe": state["key"], "node-uuid": str(uuid.uuid4())}[mode]
-        crash("before-request", crash_at)
-        lose_ack = state["operation_id"] if crash_at == "lost-ack" else None
+        key = state["key"]
+        key = lab_key(state, key)  # lab-only: --mode naive sends none, node-uuid a new one
+        crash("before-request", crash_at)  # lab-only
         try:
-            result = receiver.create(state["title"], key, lose_ack)
+            result = client.create(state["title"], key)
         except NoAnswer as error:
-            # Sent, no answer: committed or not, nobody here can tell. (A refused
-            # connection is not caught: nothing was sent, and the node just fails.)
+            # Sent, and no answer: committed or not, nobody here can tell. (A refused
+            # connection or a 503 is not NoAnswer: nothing was committed, and the client
+            # has already tried again, a bounded number of times.)
             emit("effect_unknown", error=str(error.__cause__ or error))
-            if mode != "safe":
-                raise  # nothing stable to look the ticket up by: resume sends again
-            result = reconcile(receiver, state["title"], key)
-        else:
-            if lose_ack:  # one line on stderr: the learner asked for a fault that did not happen
-                print(
-                    "workflow.py: --crash-at lost-ack: the receiver answered anyway "
-                    "(RECEIVER_LAB_FAULTS=lost-ack is off, or this operation's fault was used)",
-                    file=sys.stderr,
-                )
+            if key is None:  # lab-only: nothing stable to look the ticket up by
+                raise  # lab-only
+            result = reconcile(client, state["title"], key)
         emit("effect_ack", created=result["created"], ticket_id=result["ticket_id"])
-        # The receiver has committed the ticket and this node has not returned: its
-        # result is not checkpointed yet. Dying here is the crash window.
-        crash("after-ack", crash_at)
+        # The receiver has committed the ticket and this node has not returned, so its
+        # result is not saved yet: a process that dies here is the crash window.
+        crash("after-ack", crash_at)  # lab-only
         return {"ticket_id": result["ticket_id"]}
 
     builder = StateGraph(State)
@@ -177,37 +110,192 @@ def build_graph(checkpointer, receiver, crash_at=None):
     return builder.compile(checkpointer=checkpointer)
 
 
-def reconcile(receiver, title, key):
+def reconcile(client, title, key):
     """Settle an unknown outcome: adopt the ticket the key already made, or send again."""
-    found = receiver.tickets(key)
+    found = client.tickets(key)
     emit("reconcile", found=[t["ticket_id"] for t in found], key=key)
     for ticket in found:
         if ticket["payload"] == {"title": title}:  # this very request: adopt it
             return {"ticket_id": ticket["ticket_id"], "created": False}
     # Nothing, or the key made something else: send again with the same key and let the
     # receiver decide (create it, or refuse a reused key with 409).
-    return receiver.create(title, key)
+    return client.create(title, key)
+
+
+# --- the CLI: one function per action ------------------------------------------------------
+
+
+def run_graph(args, first_input):
+    config = {"configurable": {"thread_id": args.thread}}
+    client = TicketClient(args.api_url, args.timeout_s, args.attempts)
+    client = lab_client(client, args)  # lab-only: --crash-at lost-ack
+    with open_graph(args) as saver:
+        graph = build_graph(
+            saver,
+            client,
+            args.crash_at,  # lab-only
+        )
+        exists = bool(graph.get_state(config).values)
+        if first_input is not None and exists:
+            hint = "resume it or pick a new --thread"
+            hint += "; or reset the lab: docker compose down -v (natively: rm -r data)"  # lab-only
+            raise UserError(f"thread {args.thread!r} already exists; {hint}", EXIT_THREAD)
+        if first_input is None and not exists:
+            raise UserError(f"no thread {args.thread!r} to resume; check --thread", EXIT_THREAD)
+        durability = "sync"  # each node's result is on disk before the next node starts
+        durability = args.durability  # lab-only
+        final = graph.invoke(first_input, config, durability=durability)
+        crash("after-checkpoint", args.crash_at)  # lab-only
+        emit("done", **final)
+
+
+def start(args):
+    first_input = {"operation_id": args.operation, "title": args.title}
+    first_input["mode"] = args.mode  # lab-only
+    run_graph(args, first_input)
+
+
+def resume(args):
+    run_graph(args, None)
+
+
+def state(args):
+    config = {"configurable": {"thread_id": args.thread}}
+    with open_graph(args) as saver:
+        client = TicketClient(args.api_url, args.timeout_s, args.attempts)
+        snapshot = build_graph(saver, client).get_state(config)
+    if not snapshot.values:
+        raise UserError(f"no thread {args.thread!r}; check --thread", EXIT_THREAD)
+    emit("state", values=snapshot.values, next=list(snapshot.next))
+
+
+def tickets(args):
+    client = TicketClient(args.api_url, args.timeout_s, args.attempts)
+    emit("tickets", tickets=client.tickets(args.operation))
+
+
+def post(args):
+    result = TicketClient(args.api_url, args.timeout_s, args.attempts).create(
+        args.title, args.operation
+    )
+    emit("post", created=result["created"], ticket_id=result["ticket_id"])
+
+
+# --- helpers -------------------------------------------------------------------------------
+
+
+class UserError(Exception):
+    """A mistake the user can fix: one line on stderr and this exit code."""
+
+    def __init__(self, message, exit_code):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+class Unreachable(UserError):
+    """The connection was refused: nothing was sent, so the same request may be tried again."""
+
+
+class NoAnswer(UserError):
+    """The request was sent and no answer came back: it may or may not have taken effect."""
+
+
+def emit(event, **values):
+    print(json.dumps({"event": event, **values}, sort_keys=True), flush=True)
+
+
+class TicketClient:
+    """The HTTP client for api.py. Plain urllib: commands that use only this load fast."""
+
+    def __init__(self, api_url, timeout_s=API_TIMEOUT_S, attempts=API_ATTEMPTS):
+        self.api_url, self.timeout_s, self.attempts = api_url.rstrip("/"), timeout_s, attempts
+
+    def call(self, path, payload=None, key=None, headers=()):
+        """One request, tried again after a refused connection or a 503: neither committed."""
+        delay = RETRY_DELAY_S
+        for attempt in range(1, self.attempts + 1):
+            try:
+                return self.send(path, payload, key, headers)
+            except Unreachable:
+                if attempt == self.attempts:
+                    raise
+            except urllib.error.HTTPError as error:  # 503: busy, the transaction rolled back
+                if attempt == self.attempts or error.code != 503:
+                    raise
+            time.sleep(delay)
+            delay *= 2
+
+    def send(self, path, payload, key, headers):
+        request = urllib.request.Request(self.api_url + path, headers=dict(headers))
+        if payload is not None:
+            request.data = json.dumps(payload).encode()
+            request.add_header("Content-Type", "application/json")
+        if key is not None:
+            request.add_header("Idempotency-Key", key)
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
+                return json.load(response)
+        except urllib.error.HTTPError:
+            raise  # the receiver answered: main() prints http_error
+        except urllib.error.URLError as error:  # could not connect: nothing was sent
+            raise Unreachable(
+                f"cannot reach the receiver at {self.api_url} ({error.reason}); start it "
+                "(docker compose up -d --build api, or natively: python api.py &), "
+                "or set API_URL to where it listens",
+                EXIT_NO_ANSWER,
+            ) from error
+        except (OSError, http.client.HTTPException) as error:  # sent, then no answer
+            raise NoAnswer(
+                f"no answer from the receiver at {self.api_url} ({error}); "
+                "the request may or may not have taken effect",
+                EXIT_NO_ANSWER,
+            ) from error
+
+    def create(self, title, key=None):
+        return self.call("/tickets", {"title": title}, key, self.headers())
+
+    def headers(self):
+        return {}
+
+    def tickets(self, key=None):
+        query = "" if key is None else "?" + urllib.parse.urlencode({"key": key})
+        return self.call("/tickets" + query)["tickets"]
 
 
 @contextlib.contextmanager
 def open_graph(args):
     """The checkpointer for CHECKPOINT_DB, as a context manager that closes its connection:
     PostgresSaver for a postgresql:// URL (several workers share it: lab 10), else SqliteSaver."""
-    if not args.checkpoint_db.startswith(("postgresql://", "postgres://")):
-        from langgraph.checkpoint.sqlite import SqliteSaver
-
-        Path(args.checkpoint_db).parent.mkdir(parents=True, exist_ok=True)
-        with SqliteSaver.from_conn_string(args.checkpoint_db) as saver:
+    if args.checkpoint_db.startswith(("postgresql://", "postgres://")):
+        with open_postgres(args.checkpoint_db) as saver:
             yield saver
         return
+    try:
+        from langgraph.checkpoint.sqlite import SqliteSaver
+    except ImportError:
+        raise UserError(
+            f"{sys.executable} has no langgraph; use the lab's Python (.venv/bin/python "
+            "workflow.py, after `make .venv/.installed`) or Docker",
+            EXIT_USAGE,
+        ) from None
+    path = Path(args.checkpoint_db)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise UserError(f"CHECKPOINT_DB {str(path)!r}: {error.strerror}", EXIT_USAGE) from None
+    with SqliteSaver.from_conn_string(str(path)) as saver:
+        yield saver
+
+
+@contextlib.contextmanager
+def open_postgres(url):
+    """LangGraph's PostgresSaver on one connection, its tables created or migrated."""
     import psycopg  # Postgres users only: commands on SQLite never load it
     from langgraph.checkpoint.postgres import PostgresSaver
     from psycopg.rows import dict_row
 
     try:  # the settings PostgresSaver.from_conn_string uses
-        conn = psycopg.connect(
-            args.checkpoint_db, autocommit=True, prepare_threshold=0, row_factory=dict_row
-        )
+        conn = psycopg.connect(url, autocommit=True, prepare_threshold=0, row_factory=dict_row)
     except psycopg.Error as error:  # unreachable (OperationalError), or not a valid URL
         reason = str(error).strip().splitlines()[0]
         code = EXIT_NO_ANSWER if isinstance(error, psycopg.OperationalError) else EXIT_USAGE
@@ -225,56 +313,12 @@ def open_graph(args):
         yield saver
 
 
-def run_graph(args, first_input):
-    config = {"configurable": {"thread_id": args.thread}}
-    with open_graph(args) as saver:
-        graph = build_graph(saver, TicketClient(args.api_url), args.crash_at)
-        exists = bool(graph.get_state(config).values)
-        if first_input is not None and exists:
-            raise UserError(
-                f"thread {args.thread!r} already exists; resume it or pick a new --thread",
-                EXIT_THREAD,
-            )
-        if first_input is None and not exists:
-            raise UserError(f"no thread {args.thread!r} to resume; check --thread", EXIT_THREAD)
-        # sync: the checkpoint after prepare is on disk before create_ticket starts.
-        final = graph.invoke(first_input, config, durability=args.durability)
-        crash("after-checkpoint", args.crash_at)
-        emit("done", **final)
-
-
-def start(args):
-    run_graph(args, {"operation_id": args.operation, "mode": args.mode, "title": args.title})
-
-
-def resume(args):
-    run_graph(args, None)
-
-
-def state(args):
-    config = {"configurable": {"thread_id": args.thread}}
-    with open_graph(args) as saver:
-        snapshot = build_graph(saver, TicketClient(args.api_url)).get_state(config)
-    if not snapshot.values:
-        raise UserError(f"no thread {args.thread!r}; check --thread", EXIT_THREAD)
-    emit("state", values=snapshot.values, next=list(snapshot.next))
-
-
-def tickets(args):
-    emit("tickets", tickets=TicketClient(args.api_url).tickets(args.operation))
-
-
-def post(args):
-    result = TicketClient(args.api_url).create(args.title, args.operation)
-    emit("post", created=result["created"], ticket_id=result["ticket_id"])
-
-
 class Parser(argparse.ArgumentParser):
     def error(self, message):  # one line, not a usage dump
         self.exit(EXIT_USAGE, f"{self.prog}: {message} (see --help)\n")
 
 
-def parse_args(argv):
+def build_parser():
     parser = Parser(prog="workflow.py", description=__doc__.split("\n")[0])
     actions = parser.add_subparsers(dest="action", required=True, parser_class=Parser)
     thread = dict(default="demo", help="checkpoint thread id (default: demo)")
@@ -286,18 +330,9 @@ def parse_args(argv):
         sub.add_argument("--thread", **thread)
         if name == "start":
             sub.add_argument("--operation", **operation)
-            sub.add_argument("--mode", choices=MODES, default="safe")
             sub.add_argument("--title", **title)
-        crash = sub.add_mutually_exclusive_group()
-        crash.add_argument(
-            "--crash",
-            dest="crash_at",
-            action="store_const",
-            const="after-ack",
-            help="same as --crash-at after-ack",
-        )
-        crash.add_argument("--crash-at", choices=CRASH_POINTS, help="where the run dies")
-        sub.add_argument("--durability", choices=DURABILITIES, default="sync")
+            sub.add_argument("--mode", choices=MODES, default="safe")  # lab-only
+        add_lab_switches(sub)  # lab-only
     sub = actions.add_parser("state", help="show a thread's checkpoint")
     sub.set_defaults(run=state)
     sub.add_argument("--thread", **thread)
@@ -308,14 +343,42 @@ def parse_args(argv):
     sub.set_defaults(run=post)
     sub.add_argument("--operation", **operation)
     sub.add_argument("--title", **title)
-    return parser.parse_args(argv)
+    return parser
 
 
-def main(argv=None):
-    args = parse_args(argv)
-    args.api_url = os.environ.get("API_URL", "http://127.0.0.1:8000")
-    args.checkpoint_db = os.environ.get("CHECKPOINT_DB", "data/workflow/checkpoints.sqlite")
+def parse_args(argv):
+    return build_parser().parse_args(argv)
+
+
+def read_config(args, environ):
+    """The environment's settings onto args; a bad value is a UserError naming the variable."""
+    args.api_url = environ.get("API_URL", "http://127.0.0.1:8000")
+    if urllib.parse.urlsplit(args.api_url).scheme not in ("http", "https"):
+        raise UserError(
+            f"API_URL {args.api_url!r} needs a scheme, like http://127.0.0.1:8000", EXIT_USAGE
+        )
+    args.checkpoint_db = environ.get("CHECKPOINT_DB", "data/workflow/checkpoints.sqlite")
+    args.timeout_s = number(environ, "API_TIMEOUT_S", API_TIMEOUT_S, float)
+    args.attempts = number(environ, "API_ATTEMPTS", API_ATTEMPTS, int)
+
+
+def number(environ, name, default, kind):
+    text = environ.get(name)
     try:
+        value = default if text is None else kind(text)
+    except ValueError:
+        value = None
+    if value is None or not 0 < value < float("inf"):
+        raise UserError(f"{name}={text!r} must be a positive {kind.__name__}", EXIT_USAGE)
+    return value
+
+
+def main(argv=None, environ=None):
+    """The CLI; returns the exit code. environ: the settings (default: os.environ)."""
+    args = parse_args(argv)
+    args.crash_at = getattr(args, "crash_at", None)  # lab-only
+    try:
+        read_config(args, os.environ if environ is None else environ)
         args.run(args)
     except urllib.error.HTTPError as error:
         body = error.read()
@@ -328,8 +391,91 @@ def main(argv=None):
     except UserError as error:
         print(f"workflow.py: {error}", file=sys.stderr)
         return error.exit_code
+    except sqlite3.DatabaseError as error:  # not a database, read-only, a locked file, ...
+        print(f"workflow.py: CHECKPOINT_DB {args.checkpoint_db!r}: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        thread = getattr(args, "thread", None)
+        hint = f"; resume it with: resume --thread {thread}" if args.run in (start, resume) else ""
+        print(
+            f"workflow.py: interrupted; a request in flight may have taken effect{hint}",
+            file=sys.stderr,
+        )
+        return EXIT_INTERRUPTED
     return 0
 
+
+# lab-only: begin
+# --- lab only: the switches the lessons use ---------------------------------------------------
+# Everything from here to the end marker exists to make the crash window visible; `make starter`
+# drops it, with every line marked lab-only above.
+
+MODES = ("naive", "safe", "node-uuid")
+CRASH_POINTS = ("after-prepare", "before-request", "lost-ack", "after-ack", "after-checkpoint")
+DURABILITIES = ("sync", "async", "exit")
+EXIT_CRASHED = 137  # the crash switch: SIGKILL is signal 9, and a shell reports 128 + 9
+LOST_ACK_HEADER = "Lab-Lost-Ack"  # api.py's teaching fault: the first POST with a token loses
+#                                   its answer (needs RECEIVER_LAB_FAULTS=lost-ack on the receiver)
+
+
+def lab_key(state, key):
+    """--mode: safe keeps the run's key; naive sends none; node-uuid mints one per attempt."""
+    return {"naive": None, "safe": key, "node-uuid": str(uuid.uuid4())}[state["mode"]]
+
+
+def crash(point, crash_at):
+    """The crash switch: SIGKILL, so nothing (no finally, no atexit) runs after it."""
+    if point != crash_at:
+        return
+    if point == "after-ack":
+        emit("crash_before_node_return")
+    else:
+        emit("crash", at=point)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def lab_client(client, args):
+    if args.crash_at != "lost-ack":
+        return client
+    return LostAckClient(client.api_url, client.timeout_s, client.attempts, args.thread)
+
+
+class LostAckClient(TicketClient):
+    """--crash-at lost-ack: ask the receiver to commit and then drop its answer, once per thread."""
+
+    def __init__(self, api_url, timeout_s, attempts, token):
+        super().__init__(api_url, timeout_s, attempts)
+        self.token, self.first = token, True
+
+    def headers(self):
+        return {LOST_ACK_HEADER: self.token}
+
+    def create(self, title, key=None):
+        first, self.first = self.first, False
+        result = super().create(title, key)
+        if first:  # an answer came to the request that was to lose it: no fault happened
+            print(
+                "workflow.py: --crash-at lost-ack: the receiver answered anyway "
+                "(RECEIVER_LAB_FAULTS=lost-ack is off, or this thread's fault was used)",
+                file=sys.stderr,
+            )
+        return result
+
+
+def add_lab_switches(sub):
+    crash_group = sub.add_mutually_exclusive_group()
+    crash_group.add_argument(
+        "--crash",
+        dest="crash_at",
+        action="store_const",
+        const="after-ack",
+        help="same as --crash-at after-ack",
+    )
+    crash_group.add_argument("--crash-at", choices=CRASH_POINTS, help="where the run dies")
+    sub.add_argument("--durability", choices=DURABILITIES, default="sync")
+
+
+# lab-only: end
 
 if __name__ == "__main__":
     sys.exit(main())

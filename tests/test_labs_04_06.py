@@ -15,7 +15,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from labs import chaos, drill
+from labs.tools import chaos, drill
 from labs.tools.local import ROOT, ReceiverProcess, free_port, run_workflow, shell_exit_code
 
 KILLED = 137

@@ -1,12 +1,20 @@
 """The README is executed too: its demo block, its file table, its links."""
 
+import json
 import re
+import shlex
+import shutil
+import socket
 import subprocess
 
+import pytest
+
 from labs.tools.local import ROOT, free_port, lab_env
-from labs.tools.runner import BLOCK, lines_match, parse_guide
+from labs.tools.runner import BLOCK, lines_match, parse_guide, split_compose
 
 README = (ROOT / "README.md").read_text(encoding="utf-8")
+SHELL_BLOCK = re.compile(r"^```bash\n(.*?)^```", re.M | re.S)
+SHELLS = [shell for shell in ("bash", "zsh") if shutil.which(shell)]  # bash is always there
 
 
 def test_the_readme_demo_block_prints_what_it_shows(tmp_path):
@@ -26,6 +34,7 @@ def test_every_console_block_in_the_readme_is_run_by_a_test():
     commands = [s.command for s in parse_guide(README)]
     assert commands == ["make demo BACKEND=local"], "a new README command needs a test"
     assert len(BLOCK.findall(README)) == 1
+    assert len(SHELL_BLOCK.findall(README)) == 1  # the native block, run below
 
 
 def test_the_files_table_matches_the_repository():
@@ -50,3 +59,147 @@ def test_relative_links_point_at_files_that_exist():
     for guide in (ROOT / "labs").glob("*.md"):
         for target in re.findall(r"\]\(([^)#:]+)\)", guide.read_text(encoding="utf-8")):
             assert (guide.parent / target).exists(), f"{guide.name}: {target}"
+
+
+def native_copy(tmp_path):
+    """The tracked files in a temporary folder (mtimes kept), sharing this checkout's .venv."""
+    copy = tmp_path / "lab"
+    tracked = subprocess.run(
+        ["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.split("\0")
+    for name in filter(None, tracked):
+        (copy / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(ROOT / name, copy / name)
+    (copy / ".venv").symlink_to(ROOT / ".venv")
+    # The block's `make .venv/.installed` must find the venv up to date, not rebuild it here.
+    fresh = subprocess.run(["make", "-q", ".venv/.installed"], cwd=copy, capture_output=True)
+    assert fresh.returncode == 0, (
+        "run `make .venv/.installed` first: the venv is older than the locks"
+    )
+    return copy
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+def test_the_native_block_runs_lab_01_and_cleans_up(tmp_path, shell):
+    (block,) = SHELL_BLOCK.findall(README.split("## Without Docker", 1)[1])
+    copy = native_copy(tmp_path)
+    port = free_port()  # never the default 8000
+    env = {k: v for k, v in lab_env(copy / "data", port).items() if k not in _SET_BY_THE_BLOCK}
+    env["PORT"] = str(port)
+    for inherited in ("MAKELEVEL", "MAKEFLAGS", "MFLAGS", "VIRTUAL_ENV"):
+        env.pop(inherited, None)
+    done = subprocess.run(
+        [shell, "-c", block], cwd=copy, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    assert "[exit 137]" in lines, done.stdout
+    events = [json.loads(line) for line in lines if line.startswith("{")]
+    assert events[0] == {"event": "tickets", "tickets": []}
+    assert events[-2]["event"] == "done" and events[-2]["ticket_id"] == 2
+    assert [t["ticket_id"] for t in events[-1]["tickets"]] == [1, 2]  # the duplicate
+    log = [line for line in lines if line.startswith("receiver: ")]
+    assert log[0] == f"receiver: listening on 127.0.0.1:{port}, tickets in {_RECEIVER_DB}"
+    assert log[1:] == ["receiver: created key=None ticket=1", "receiver: created key=None ticket=2"]
+    assert not (copy / "data").exists()  # the reset deleted tickets and checkpoints
+    with pytest.raises(ConnectionRefusedError):  # and the receiver is gone: nothing listens
+        socket.create_connection(("127.0.0.1", port), timeout=5).close()
+
+
+_SET_BY_THE_BLOCK = ("API_URL", "RECEIVER_DB", "CHECKPOINT_DB", "HOST")
+_RECEIVER_DB = "data/receiver/receiver.sqlite"
+
+
+TABLE_ROW = re.compile(r"^\| `([^`]+)` \| `([^`]+)`", re.M)  # compose verb -> native command
+COMPOSE_PREFIX = re.compile(r"^[\w.-]+\s+\| ?")  # "api-1  | " before a guide's log lines
+STEP_MARK, EXIT_MARK = "::step::", "::exit::"
+
+
+def native_script(guide_text, block):
+    """The guide's commands translated with the README's table into one shell script."""
+    section = README.split("## Without Docker", 1)[1].split("\n## ", 1)[0]
+    table = dict(TABLE_ROW.findall(section))
+    setup = [line for line in block.splitlines() if line.startswith((". ", "export "))]
+    (until,) = [line for line in block.splitlines() if line.startswith("until ")]
+    script = list(setup)
+    for step in parse_guide(guide_text):
+        verb, rest = split_compose(step.command)
+        if verb == "run":
+            native = table["run --rm workflow ARGS"].replace("ARGS", shlex.join(rest[2:]))
+        else:
+            native = table[" ".join([verb, *rest])]
+        script += [f"echo {STEP_MARK}", native, f'echo "{EXIT_MARK} $?"']
+        if verb in ("up", "restart"):
+            script.append(until.split(" #")[0] + " >/dev/null")  # drop the comment
+    return "\n".join(script) + "\n"
+
+
+@pytest.mark.parametrize("name", ["02-the-keyed-fix.md", "06-the-lost-acknowledgement.md"])
+def test_the_native_table_runs_a_guide_as_the_guide_says(tmp_path, name):
+    """Lab 02 restarts the receiver and reads its log; lab 06 needs the lost-ack fault on."""
+    (block,) = SHELL_BLOCK.findall(README.split("## Without Docker", 1)[1])
+    text = (ROOT / "labs" / name).read_text(encoding="utf-8")
+    copy = native_copy(tmp_path)
+    port = free_port()
+    env = {k: v for k, v in lab_env(copy / "data", port).items() if k not in _SET_BY_THE_BLOCK}
+    env.update(PORT=str(port), RECEIVER_LAB_FAULTS="lost-ack" if name.startswith("06") else "")
+    done = subprocess.run(
+        ["bash", "-c", native_script(text, block)],
+        cwd=copy,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    chunks = done.stdout.split(STEP_MARK + "\n")[1:]
+    steps = parse_guide(text)
+    assert len(chunks) == len(steps), done.stdout
+    for step, chunk in zip(steps, chunks, strict=True):
+        *printed, last = chunk.rstrip("\n").split("\n")
+        assert last.startswith(EXIT_MARK), chunk
+        assert int(last.removeprefix(EXIT_MARK)) == step.exit_code, (step.command, chunk)
+        verb = split_compose(step.command)[0]
+        expected = [COMPOSE_PREFIX.sub("", line) for line in step.expected]
+        if verb in ("run", "logs"):
+            assert lines_match(expected, printed), (step.command, printed)
+    assert not (copy / "data").exists()
+
+
+def makefile_targets():
+    """The Makefile's public targets: those listed in .PHONY."""
+    text = (ROOT / "Makefile").read_text(encoding="utf-8")
+    (phony,) = re.findall(r"^\.PHONY:(.*)$", text, re.M)
+    return phony.split()
+
+
+def test_every_make_target_is_in_the_readme_and_every_documented_one_exists():
+    targets = makefile_targets()
+    missing = [t for t in targets if f"make {t}" not in README]
+    assert not missing, f"README does not mention: {missing}"
+    documented = set(re.findall(r"`make ([a-z][a-z-]*)", README))
+    assert documented <= set(targets), documented - set(targets)
+
+
+def test_every_labs_tool_is_in_the_readme_and_run_by_a_make_target_or_a_test():
+    tools = sorted(p.stem for p in (ROOT / "labs" / "tools").glob("*.py") if p.stem != "__init__")
+    makefile = (ROOT / "Makefile").read_text(encoding="utf-8")
+    tests = "".join(p.read_text(encoding="utf-8") for p in (ROOT / "tests").glob("*.py"))
+    for tool in tools:
+        assert f"{tool}.py" in README or f"labs.tools.{tool}" in README, f"README: {tool}"
+        assert f"labs.tools.{tool}" in makefile + tests, f"nothing runs labs/tools/{tool}.py"
+
+
+def test_the_readme_lists_exactly_workflow_pys_actions_and_exit_codes():
+    import argparse
+
+    import workflow
+
+    parser = workflow.build_parser()
+    (subparsers,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    for action in subparsers.choices:
+        assert f"`{action}`" in README, f"README does not mention the `{action}` action"
+    codes = {v for k, v in vars(workflow).items() if k.startswith("EXIT_")} | {0}
+    table = README.split("## Exit codes of workflow.py", 1)[1].split("\n## ", 1)[0]
+    documented = {int(c) for c in re.findall(r"^\| (\d+) \|", table, re.M)}
+    assert documented == codes

@@ -3,19 +3,31 @@
 Every bad request must get a JSON answer whose "error" says why (4xx; 501 and 505 where
 HTTP itself names what is unsupported), must create no ticket, and must leave the
 receiver serving. Good requests get 201 (created), 200 (the same request again) or 409
-(the key was used for another body). openapi.yaml is checked against the same process.
+(the key was used for another body). openapi.yaml is checked against the same process:
+every status the receiver can send must be in it, every answer it documents is provoked
+and validated with jsonschema, and schemathesis fuzzes the receiver from it.
 """
 
+import ast
+import http.server
+import inspect
 import json
 import re
 import sqlite3
+import subprocess
+import sys
+import textwrap
 import uuid
+from http import HTTPStatus
 
 import pytest
 import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from jsonschema import Draft202012Validator, ValidationError
 from receiver_helpers import TITLE, assert_error, exchange, post, request, tickets
+from referencing import Registry
+from referencing.jsonschema import DRAFT202012
 
 from labs.tools.local import ROOT, ReceiverProcess, free_port, lab_env
 
@@ -34,7 +46,7 @@ def server(tmp_path_factory):
     env = lab_env(
         tmp / "data",
         free_port(),
-        RECEIVER_SOCKET_TIMEOUT_S=str(STALL_TIMEOUT_S),
+        RECEIVER_REQUEST_TIMEOUT_S=str(STALL_TIMEOUT_S),
         RECEIVER_BUSY_TIMEOUT_S=str(BUSY_TIMEOUT_S),
     )
     receiver = ReceiverProcess(env, log_path=tmp / "receiver.log").start()
@@ -386,44 +398,44 @@ def test_any_query_gets_200_with_tickets_or_a_json_400(server, query):
         assert_error(reply, 400)
 
 
-# ---- openapi.yaml: every answer it documents is one the receiver gives, in that shape
+# ---- openapi.yaml: every status the receiver can send is documented, every documented answer
+# is provoked here and its body validated with jsonschema, and schemathesis fuzzes the receiver
 
 OPENAPI = yaml.safe_load((ROOT / "openapi.yaml").read_text())
-JSON_TYPES = {"object": dict, "array": list, "string": str, "boolean": bool, "null": type(None)}
+SPEC_URI = "urn:stateful-agent-lab:openapi.yaml"  # a name for the $ref resolver, not a location
+REGISTRY = Registry().with_resource(SPEC_URI, DRAFT202012.create_resource(OPENAPI))
+ANY = "x-answers-to-any-request"  # openapi.yaml: answers any request can get
+SCHEMATHESIS_EXAMPLES = 30  # per operation: about 140 requests in all, 7-12 s here
+SCHEMATHESIS_DEADLINE_S = 120  # seconds: a hung run fails instead of stalling the suite
 
 
-def resolve(node):
-    """Follow a {"$ref": "#/components/..."} to what it names."""
-    while "$ref" in node:
-        parts = node["$ref"].removeprefix("#/").split("/")
-        node = OPENAPI
-        for part in parts:
-            node = node[part]
+def pointer(*parts):
+    return pointer_join("#", *parts)
+
+
+def pointer_join(ref, *parts):
+    return "/".join([ref, *(str(p).replace("~", "~0").replace("/", "~1") for p in parts)])
+
+
+def node_at(ref):
+    node = OPENAPI
+    for part in ref.removeprefix("#/").split("/"):
+        node = node[part.replace("~1", "/").replace("~0", "~")]
     return node
 
 
-def check(value, schema, where="body"):
-    """The part of JSON Schema that openapi.yaml uses; an AssertionError names the mismatch."""
-    schema = resolve(schema)
-    types = schema["type"] if isinstance(schema["type"], list) else [schema["type"]]
-    is_integer = isinstance(value, int) and not isinstance(value, bool)
-    assert any(
-        t == "integer" and is_integer or isinstance(value, JSON_TYPES.get(t, ())) for t in types
-    ), f"{where}: {value!r} is not {types}"
-    if isinstance(value, dict):
-        assert set(schema.get("required", ())) <= set(value), f"{where}: missing fields"
-        if schema.get("additionalProperties") is False:
-            assert set(value) <= set(schema["properties"]), f"{where}: undocumented fields"
-        for name, field in schema.get("properties", {}).items():
-            if name in value:
-                check(value[name], field, f"{where}.{name}")
-    elif isinstance(value, list):
-        for n, item in enumerate(value):
-            check(item, schema["items"], f"{where}[{n}]")
-    elif isinstance(value, str):
-        low, high = schema.get("minLength", 0), schema.get("maxLength", len(value))
-        assert low <= len(value) <= high, f"{where}: length {len(value)} outside {low}-{high}"
-        assert re.search(schema.get("pattern", ""), value), f"{where}: {value!r} does not match"
+def documented_response(ref):
+    """The response object at ref and its own pointer, following a $ref."""
+    response = node_at(ref)
+    if "$ref" in response:  # siblings such as description only annotate the reference
+        ref = response["$ref"]
+        response = node_at(ref)
+    return response, ref
+
+
+def validate(value, schema_ref):
+    """jsonschema (JSON Schema 2020-12, the dialect of OpenAPI 3.1) with openapi.yaml's $refs."""
+    Draft202012Validator({"$ref": SPEC_URI + schema_ref}, registry=REGISTRY).validate(value)
 
 
 def posted_twice(server):
@@ -439,6 +451,7 @@ def reused_key(server):
 
 
 def while_locked(server):
+    """A POST while another process holds the database's write lock: 503 after the busy wait."""
     holder = sqlite3.connect(server.env["RECEIVER_DB"], isolation_level=None)
     try:
         holder.execute("BEGIN EXCLUSIVE")
@@ -447,12 +460,41 @@ def while_locked(server):
         holder.close()
 
 
+def without_the_table(method):
+    """A read while another process has renamed the tickets table: a SQLite error, so 503."""
+
+    def provoke(server):
+        other = sqlite3.connect(server.env["RECEIVER_DB"], isolation_level=None)
+        try:
+            other.execute("ALTER TABLE tickets RENAME TO tickets_away")
+            return request(server, method, "/tickets")
+        finally:
+            other.execute("ALTER TABLE tickets_away RENAME TO tickets")
+            other.close()
+
+    return provoke
+
+
+def with_a_row_it_did_not_write(server):
+    """A row whose payload is not JSON, written by another process: listing it is a 500."""
+    other = sqlite3.connect(server.env["RECEIVER_DB"], isolation_level=None)
+    try:
+        other.execute("INSERT INTO tickets (operation_key, payload) VALUES (NULL, 'not JSON')")
+        return request(server, "GET", "/tickets")
+    finally:
+        other.execute("DELETE FROM tickets WHERE payload = 'not JSON'")
+        other.close()
+
+
 ANSWERS = {  # (path, method, status) documented in openapi.yaml -> a request that gets it
     ("/health", "get", "200"): lambda s: request(s, "GET", "/health"),
     ("/health", "head", "200"): lambda s: request(s, "HEAD", "/health"),
     ("/tickets", "get", "200"): lambda s: request(s, "GET", "/tickets"),
     ("/tickets", "get", "400"): lambda s: request(s, "GET", "/tickets?key=a%20b"),
+    ("/tickets", "get", "503"): without_the_table("GET"),
     ("/tickets", "head", "200"): lambda s: request(s, "HEAD", "/tickets"),
+    ("/tickets", "head", "400"): lambda s: request(s, "HEAD", "/tickets?key=a%20b"),
+    ("/tickets", "head", "503"): without_the_table("HEAD"),
     ("/tickets", "post", "201"): lambda s: post(s, key=fresh_key()),
     ("/tickets", "post", "200"): posted_twice,
     ("/tickets", "post", "400"): lambda s: exchange(s, post_bytes(b"{")),
@@ -461,31 +503,127 @@ ANSWERS = {  # (path, method, status) documented in openapi.yaml -> a request th
     ("/tickets", "post", "411"): lambda s: exchange(s, post_bytes(length=None)),
     ("/tickets", "post", "413"): lambda s: exchange(s, post_bytes(title_body("x" * 5000))),
     ("/tickets", "post", "503"): while_locked,
+    (ANY, "", "400"): lambda s: exchange(s, b"NONSENSE\r\n\r\n"),
+    (ANY, "", "404"): lambda s: request(s, "GET", "/admin"),
+    (ANY, "", "405"): lambda s: request(s, "DELETE", "/tickets"),
+    (ANY, "", "414"): lambda s: exchange(s, b"GET /" + b"a" * 65536 + b" HTTP/1.0\r\n\r\n"),
+    (ANY, "", "431"): lambda s: exchange(s, b"GET / HTTP/1.0\r\n" + b"X-N: 1\r\n" * 101 + b"\r\n"),
+    (ANY, "", "500"): with_a_row_it_did_not_write,
+    (ANY, "", "501"): lambda s: exchange(s, b"QUERY /tickets HTTP/1.0\r\n\r\n"),
+    (ANY, "", "505"): lambda s: exchange(s, b"GET /health HTTP/2.0\r\n\r\n"),
 }
 DOCUMENTED = [
-    (path, method, status, answer)
+    (path, method, status, pointer("paths", path, method, "responses", status))
     for path, operations in OPENAPI["paths"].items()
     for method, operation in operations.items()
-    for status, answer in operation["responses"].items()
-]
+    for status in operation["responses"]
+] + [(ANY, "", status, pointer(ANY, status)) for status in OPENAPI[ANY]]
+
+
+def statuses_api_py_sends():
+    """Every status literal api.py answers with: ClientError(N, ...) and `return/assign N, body`."""
+    found = set()
+    for node in ast.walk(ast.parse((ROOT / "api.py").read_text())):
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "ClientError":
+            found.add(node.args[0].value)
+        elif isinstance(node, ast.Return | ast.Assign) and getattr(node.value, "elts", None):
+            first = node.value.elts[0]
+            options = [first.body, first.orelse] if isinstance(first, ast.IfExp) else [first]
+            found |= {o.value for o in options if isinstance(getattr(o, "value", None), int)}
+    return found
+
+
+def statuses_http_server_sends():
+    """The statuses BaseHTTPRequestHandler sends by itself (send_error(HTTPStatus.X, ...))."""
+    tree = ast.parse(textwrap.dedent(inspect.getsource(http.server.BaseHTTPRequestHandler)))
+    return {
+        HTTPStatus[node.args[0].attr].value
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "send_error"
+        if isinstance(node.args[0], ast.Attribute)
+    }
+
+
+def test_every_status_the_receiver_can_send_is_in_openapi():
+    sent = statuses_api_py_sends() | statuses_http_server_sends()
+    assert {400, 404, 405, 408, 409, 411, 413, 500, 503} <= sent  # the walk finds api.py's own
+    assert {400, 414, 431, 501, 505} <= statuses_http_server_sends()
+    assert {int(status) for _, _, status, _ in DOCUMENTED} == sent
 
 
 def test_openapi_documents_exactly_the_answers_we_can_provoke():
     assert {(p, m, s) for p, m, s, _ in DOCUMENTED} == set(ANSWERS)
 
 
+def test_openapi_schemas_are_valid_json_schema():
+    for schema in OPENAPI["components"]["schemas"].values():
+        Draft202012Validator.check_schema(schema)
+
+
+def test_the_validator_refuses_what_the_spec_forbids():
+    """The checks below can fail: a wrong value or an undocumented field is caught."""
+    schema_ref = pointer("components", "schemas", "PostResult")
+    validate({"ticket_id": 1, "created": True}, schema_ref)
+    for wrong in [
+        {"ticket_id": 0, "created": True},
+        {"ticket_id": 1},
+        {"ticket_id": 1, "created": 1},
+    ]:
+        with pytest.raises(ValidationError):
+            validate(wrong, schema_ref)
+    with pytest.raises(ValidationError):
+        validate({"ok": False}, pointer("components", "schemas", "Health"))
+
+
 @pytest.mark.parametrize(
-    "path,method,status,documented",
+    "path,method,status,ref",
     DOCUMENTED,
-    ids=[f"{m.upper()} {p} {s}" for p, m, s, _ in DOCUMENTED],
+    ids=[
+        f"{m.upper() or 'any request'} {p if m else ''} {s}".replace("  ", " ")
+        for p, m, s, _ in DOCUMENTED
+    ],
 )
-def test_the_receiver_answers_as_openapi_documents(server, path, method, status, documented):
+def test_the_receiver_answers_as_openapi_documents(server, path, method, status, ref):
     reply = ANSWERS[path, method, status](server)
     assert reply.status == int(status), reply
-    documented = resolve(documented)
-    for header in documented.get("headers", {}):
-        assert header.lower() in reply.headers, f"{header} missing"
-    if "content" in documented:
-        check(reply.json(), documented["content"]["application/json"]["schema"])
+    response, ref = documented_response(ref)
+    for name in response.get("headers", {}):
+        assert name.lower() in reply.headers, f"{name} missing"
+        validate(reply.headers[name.lower()], pointer_join(ref, "headers", name, "schema"))
+    if "content" in response:
+        assert reply.headers["content-type"] == "application/json", reply
+        validate(reply.json(), pointer_join(ref, "content", "application/json", "schema"))
     else:
-        assert reply.body == b""  # HEAD
+        assert method == "head" and reply.body == b"", reply
+
+
+def test_schemathesis_finds_nothing_the_spec_does_not_allow(server):
+    """schemathesis generates requests from openapi.yaml and checks every answer against it.
+
+    tests/schemathesis.toml turns on every check and says why two deliberate answers (501 for
+    an unknown method, 413 for an over-long invalid body) are expected.
+    """
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "schemathesis.cli",
+            "--config-file",
+            str(ROOT / "tests" / "schemathesis.toml"),
+            "run",
+            str(ROOT / "openapi.yaml"),
+            "--url",
+            server.url,
+            "--max-examples",
+            str(SCHEMATHESIS_EXAMPLES),
+            "--generation-database",
+            "none",
+            "--no-color",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=SCHEMATHESIS_DEADLINE_S,
+    )
+    assert done.returncode == 0, done.stdout[-6000:] + done.stderr
+    generated = re.search(r"(\d+) generated, (\d+) passed", done.stdout)
+    assert generated and generated[1] == generated[2] and int(generated[1]) > 100, done.stdout

@@ -10,23 +10,15 @@ Output lines that are JSON are compared as values, so key order and spacing do n
 matter; a string "<anything>" in angle brackets matches any value (for what really
 varies, like a freshly minted UUID). A line `...` matches any number of lines.
 
-Backends turn the learner's command into programs (the docker backend runs every
-command as written; `docker-compose` stands in where the v2 plugin is missing):
-
-    learner types (after docker compose -p stateful-lab)   local backend
-    up -d --build api                      start python api.py, wait for /health
-    run --rm workflow ARGS                 python workflow.py ARGS
-    restart api                            SIGTERM, wait for the exit, start again
-    down -v                                stop the receiver, delete both data folders
-  the scale profile (lab 10; labs.tools.workers):
-    up -d postgres                         a throwaway Postgres cluster (labs.tools.pg)
-    up -d --scale worker=N worker          N `python worker.py run` processes in the background
-    run --rm worker ARGS                   python worker.py ARGS
-    kill -s SIGKILL worker                 SIGKILL every worker process
-    pause worker / unpause worker          SIGSTOP / SIGCONT (Compose uses the cgroup freezer)
-
-For up, restart and down only the exit code is compared: Compose's own progress
-messages differ between versions, and the guides show none.
+Backends turn the learner's command into programs: the docker backend runs every command
+as written (`docker-compose` stands in where the v2 plugin is missing), the local backend
+maps it to native processes as the README's "Without Docker" section shows. For up,
+restart, down and logs only the exit code is compared: Compose's own messages and log
+prefixes differ between versions.
+The scale profile (lab 10) maps through labs.tools.workers: `up -d postgres` starts a
+throwaway cluster (labs.tools.pg), `up -d --scale worker=N worker` N `python worker.py run`
+processes, `run --rm worker ARGS` is `python worker.py ARGS`, `kill -s SIGKILL worker` kills
+every worker, `pause` / `unpause` send SIGSTOP / SIGCONT (Compose uses the cgroup freezer).
 
     python -m labs.tools.runner [--backend auto|local|docker] [--step] GUIDE.md ...
 """
@@ -57,7 +49,7 @@ PROJECT = "stateful-lab"
 COMMAND_TIMEOUT_S = 600  # seconds; a first `up --build` downloads and installs packages
 BLOCK = re.compile(r"^```console\n(.*?)^```", re.M | re.S)
 EXIT_LINE = re.compile(r"^\[exit (\d+)\]$")
-LIFECYCLE = ("up", "restart", "down")
+LIFECYCLE = ("up", "restart", "down", "logs")  # output shown, not compared
 
 
 @dataclass
@@ -170,7 +162,12 @@ class LocalBackend:
             self.receiver.stop()
             for volume in ("receiver", "workflow"):
                 shutil.rmtree(self.data_dir / volume, ignore_errors=True)
+            if self.receiver.log_path:  # like the removed container's log
+                self.receiver.log_path.unlink(missing_ok=True)
             return "", 0
+        if verb == "logs" and rest == ["api"]:  # the receiver's stderr, as `cat` would show it
+            log = self.receiver.log_path
+            return (log.read_text() if log and log.exists() else ""), 0
         if verb == "run" and rest[:2] == ["--rm", "workflow"]:
             done = run_workflow(rest[2:], self.env)
             return done.stdout, shell_exit_code(done.returncode)

@@ -1,0 +1,38 @@
+"""The receiver log lines a guide shows under `logs api` are the ones the receiver writes.
+
+The runner shows `logs` output without comparing it, because Compose prefixes each line
+with the container's name (`api-1  |` in v2, `api_1  |` in v1). Here the prefix is taken
+off the guide's lines and the rest is compared with the native receiver's log, in order.
+"""
+
+import re
+
+import pytest
+
+from labs.tools.local import ROOT
+from labs.tools.runner import LocalBackend, lines_match, run_guide
+
+COMPOSE_PREFIX = re.compile(r"^[\w.-]+\s+\| ?")  # "api-1  | " (v2) or "api_1  | " (v1)
+GUIDES = [
+    guide
+    for guide in sorted((ROOT / "labs").glob("[0-9][0-9]-*.md"))
+    if "$ docker compose -p stateful-lab logs api" in guide.read_text(encoding="utf-8")
+]
+
+
+def test_the_guides_that_teach_from_the_log_show_it():
+    assert {g.name[:2] for g in GUIDES} >= {"01", "02", "06"}
+
+
+@pytest.mark.parametrize("guide", GUIDES, ids=lambda g: g.stem)
+def test_log_lines_in_a_guide_are_what_the_receiver_logs(guide, tmp_path):
+    backend = LocalBackend(tmp_path / "data", log_path=tmp_path / "data" / "receiver.log")
+    try:
+        outcomes = [o for o in run_guide(guide, backend) if o.step.command.endswith(" logs api")]
+    finally:
+        backend.close()
+    assert outcomes
+    for outcome in outcomes:
+        expected = [COMPOSE_PREFIX.sub("", line) for line in outcome.step.expected]
+        assert all(line == "..." or line.startswith("receiver: ") for line in expected), expected
+        assert lines_match(expected, outcome.stdout.splitlines()), outcome.stdout

@@ -1,0 +1,204 @@
+"""What a slow, greedy or careless client can hold, and how the receiver starts and stops.
+
+Real api.py processes on loopback; every loop is bounded in count and time.
+"""
+
+import json
+import select
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from receiver_helpers import assert_error, port_of, post, read_reply, tickets
+
+from labs.tools.local import ROOT, ReceiverProcess, wait_until
+
+REQUEST_TIMEOUT_S = 1.0  # the receiver's deadline for a whole request in these tests
+MAX_CONNECTIONS = 4  # the receiver's connection cap in these tests
+SIGTERM_DEADLINE_S = 1.0  # the promise: SIGTERM ends the receiver within a second
+LINUX_ONLY = pytest.mark.skipif(
+    not Path("/proc/self/status").exists(), reason="reads thread counts from /proc (Linux)"
+)
+
+
+@pytest.fixture
+def limited(lab, tmp_path):
+    env = dict(
+        lab,
+        RECEIVER_REQUEST_TIMEOUT_S=str(REQUEST_TIMEOUT_S),
+        RECEIVER_MAX_CONNECTIONS=str(MAX_CONNECTIONS),
+    )
+    server = ReceiverProcess(env, tmp_path / "receiver.log").start()
+    yield server
+    server.stop()
+
+
+def connect(server):
+    return socket.create_connection(("127.0.0.1", port_of(server)), timeout=10)
+
+
+def test_a_client_trickling_its_headers_is_cut_off_at_the_request_deadline(limited):
+    began, sent, closed = time.monotonic(), 0, False
+    with connect(limited) as sock:
+        try:
+            for byte in b"POST /tickets HTTP/1.0\r\nContent-Length: 2\r\nX-Slow: " + b"y" * 200:
+                sock.sendall(bytes([byte]))  # a byte every 50 ms: 12 s for the whole request
+                sent += 1
+                time.sleep(0.05)  # the client's pace, not a wait for the server
+                if select.select([sock], [], [], 0)[0] and sock.recv(1024) == b"":
+                    closed = True  # the server hung up
+                    break
+        except (BrokenPipeError, ConnectionResetError):
+            closed = True
+    took = time.monotonic() - began
+    assert closed and sent < 200, f"the server read {sent} trickled bytes and kept listening"
+    assert took < REQUEST_TIMEOUT_S * 5, f"cut off only after {took:.1f} s"
+    assert post(limited).status == 201  # and it serves others
+
+
+def test_past_the_connection_cap_a_client_gets_a_quick_503_not_a_thread(limited):
+    held = [connect(limited) for _ in range(MAX_CONNECTIONS)]
+    try:
+        for sock in held:  # each is being served: a thread waits for its request
+            sock.sendall(b"GET /tickets HTTP/1.0\r\n")
+        wait_until(lambda: full(limited), 5, "the receiver to refuse one more connection")
+        with connect(limited) as extra:
+            reply = read_reply(extra)
+        assert_error(reply, 503, "too many connections", "retry")
+        assert reply.headers["retry-after"] == "1"
+    finally:
+        for sock in held:
+            sock.close()
+    wait_until(lambda: not full(limited), 5, "the slots to be free again")
+    assert tickets(limited) == []
+
+
+def full(server):
+    try:
+        with connect(server) as sock:
+            sock.sendall(b"GET /health HTTP/1.0\r\n\r\n")
+            return read_reply(sock).status == 503
+    except OSError:
+        return False
+
+
+def test_an_oversized_body_gets_its_413_read_in_full_not_a_reset(limited):
+    body = b"x" * 300_000  # far past the limit, and more than a socket buffer holds
+    head = b"POST /tickets HTTP/1.0\r\nContent-Length: %d\r\n\r\n" % len(body)
+    with connect(limited) as sock:
+        sender = threading.Thread(target=lambda: sock.sendall(head + body), daemon=True)
+        sender.start()
+        reply = read_reply(sock)
+        sender.join(10)
+    assert_error(reply, 413, "4096 bytes")
+    assert tickets(limited) == []
+
+
+@LINUX_ONLY
+def test_sigterm_ends_the_receiver_within_a_second_while_the_database_is_locked(lab, tmp_path):
+    server = ReceiverProcess(lab, tmp_path / "receiver.log").start()
+    holder = sqlite3.connect(lab["RECEIVER_DB"], isolation_level=None)
+    try:
+        holder.execute("BEGIN EXCLUSIVE")  # another process holds the write lock
+        baseline = threads(server.proc.pid)
+        waiting = threading.Thread(target=lambda: exchange_quietly(server), daemon=True)
+        waiting.start()  # a POST whose transaction now waits for the lock
+        wait_until(lambda: threads(server.proc.pid) > baseline, 5, "the POST's thread")
+        began = time.monotonic()
+        server.proc.send_signal(signal.SIGTERM)
+        assert server.proc.wait(SIGTERM_DEADLINE_S * 3) == 0
+        took = time.monotonic() - began
+    finally:
+        holder.close()
+        server.stop()
+    assert took < SIGTERM_DEADLINE_S, f"SIGTERM took {took:.2f} s"
+
+
+def threads(pid):
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(status.split("Threads:")[1].split()[0])
+
+
+def exchange_quietly(server):
+    try:
+        post(server, key="locked")
+    except OSError:
+        pass  # the receiver stopped before answering: that is the point
+
+
+def run_api(env, *args):
+    return subprocess.run(
+        [sys.executable, str(ROOT / "api.py"), *args],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+
+
+def test_help_prints_usage_and_the_settings_and_starts_nothing(lab, tmp_path):
+    done = run_api(dict(lab, RECEIVER_DB=str(tmp_path / "never" / "r.sqlite")), "--help")
+    assert done.returncode == 0
+    assert "usage: api.py" in done.stdout and "RECEIVER_MAX_CONNECTIONS" in done.stdout
+    assert not (tmp_path / "never").exists()
+
+
+@pytest.mark.parametrize(
+    "setting, words",
+    [
+        ({"PORT": "eighty"}, ["PORT='eighty'", "whole number"]),
+        ({"PORT": "70000"}, ["PORT='70000'", "below 65536"]),
+        ({"RECEIVER_BUSY_TIMEOUT_S": "-1"}, ["RECEIVER_BUSY_TIMEOUT_S", "above 0"]),
+        ({"RECEIVER_REQUEST_TIMEOUT_S": "soon"}, ["RECEIVER_REQUEST_TIMEOUT_S", "a number"]),
+        ({"RECEIVER_MAX_CONNECTIONS": "0"}, ["RECEIVER_MAX_CONNECTIONS", "above 0"]),
+    ],
+)
+def test_a_bad_setting_is_one_line_and_exit_2(lab, setting, words):
+    done = run_api(dict(lab, **setting))
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
+    assert all(word in done.stderr for word in words), done.stderr
+
+
+def test_a_receiver_db_that_is_not_sqlite_is_one_line_and_exit_2(lab, tmp_path):
+    not_a_db = tmp_path / "notes.txt"
+    not_a_db.write_text("my notes, not a database\n" * 100)
+    done = run_api(dict(lab, RECEIVER_DB=str(not_a_db)))
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert "RECEIVER_DB" in done.stderr and "cannot be used" in done.stderr
+    assert not_a_db.read_text() == "my notes, not a database\n" * 100
+
+
+def test_a_taken_port_is_one_line_naming_it_and_exit_3(lab):
+    with socket.socket() as other:  # anything at all on the port, not only another receiver
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        port = other.getsockname()[1]
+        done = run_api(dict(lab, PORT=str(port)))
+    assert done.returncode == 3 and done.stderr.count("\n") == 1, done.stderr
+    assert f"127.0.0.1:{port}" in done.stderr and "set PORT" in done.stderr
+
+
+def test_port_0_takes_a_free_port_and_says_which(lab, tmp_path):
+    env = dict(lab, PORT="0")
+    log = tmp_path / "receiver.log"
+    with open(log, "wb") as stderr:
+        proc = subprocess.Popen([sys.executable, str(ROOT / "api.py")], env=env, stderr=stderr)
+    try:
+        wait_until(lambda: "listening on" in log.read_text(), 10, "the listening line")
+        line = log.read_text().splitlines()[0]
+        port = int(line.split("listening on 127.0.0.1:")[1].split(",")[0])
+        assert port != 0
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+            sock.sendall(b"GET /health HTTP/1.0\r\n\r\n")
+            assert json.loads(read_reply(sock).body) == {"ok": True}
+    finally:
+        proc.terminate()
+        proc.wait(10)
