@@ -13,7 +13,7 @@ MODE ?= safe
 GUIDES ?= labs/01-the-duplicate.md labs/02-the-keyed-fix.md labs/03-a-retry-is-not-a-new-request.md
 UV := $(PY) -m uv pip compile --quiet --universal --python-version 3.11 --generate-hashes --no-header
 
-.PHONY: demo test lint bench drill chaos scale-chaos starter lock clean
+.PHONY: demo test lint bench bench-workers drill chaos scale-chaos starter lock clean
 
 $(VENV)/.installed: requirements.txt requirements-dev.txt
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' \
@@ -45,6 +45,9 @@ chaos: $(VENV)/.installed  ## RUNS safe-mode runs killed at random moments
 starter: $(VENV)/.installed  ## a reference starter without the lab-only parts: make starter DEST=dir
 	@test -n "$(DEST)" || { echo "make starter: name a new folder, e.g. make starter DEST=../ticket-starter"; exit 2; }
 	@$(PY) -m labs.tools.starter $(DEST)
+
+bench-workers: $(VENV)/.installed  ## operations per second with 1, 2 and 4 workers (part of bench)
+	$(PY) -m labs.tools.bench_workers
 
 scale-chaos: $(VENV)/.installed  ## WORKERS workers on a throwaway Postgres, killed and frozen at random
 	$(PY) -m labs.tools.scale_chaos --workers $(WORKERS) --operations $(OPERATIONS) --mode $(MODE)
