@@ -19,7 +19,7 @@ def test_the_readme_demo_block_prints_what_it_shows(tmp_path):
     )
     assert done.returncode == step.exit_code, done.stdout + done.stderr
     assert lines_match(step.expected, done.stdout.splitlines()), done.stdout
-    assert "backend: local" in done.stderr
+    assert done.stdout.startswith("backend: local")
 
 
 def test_every_console_block_in_the_readme_is_run_by_a_test():

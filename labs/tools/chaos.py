@@ -40,7 +40,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from labs.tools.backends import LabError, LocalBackend
 from labs.tools.drill import Parser, events
-from labs.tools.local import ROOT, run_workflow
+from labs.tools.local import ROOT
 from workflow import MODES
 
 KILL_WINDOW_S = 0.015  # seconds after the first event: a bit longer than the graph's
@@ -83,7 +83,7 @@ def chaos_run(lab, mode, index, offset_s):
     killed, landed = kill_at_random(lab.env, start, offset_s)
     finished, reran = False, []
     for _ in range(MAX_RECOVERIES):
-        resumed = run_workflow(["resume", "--thread", name], lab.env)
+        resumed = lab.workflow(["resume", "--thread", name])
         reran += events(resumed.stdout)
         finished = "done" in reran
         if finished:
@@ -100,11 +100,8 @@ def chaos_run(lab, mode, index, offset_s):
 
 
 def count_tickets(lab, names):
-    """Tickets per run title, from the receiver itself (`tickets` lists them all)."""
-    done = run_workflow(["tickets"], lab.env)
-    if done.returncode != 0:
-        raise LabError(f"`tickets` failed with exit {done.returncode}: {done.stderr.strip()}")
-    titles = Counter(t["payload"].get("title") for t in json.loads(done.stdout)["tickets"])
+    """Tickets per run title, from the receiver itself."""
+    titles = Counter(t["payload"].get("title") for t in lab.tickets())
     return {name: titles[name] for name in names}
 
 

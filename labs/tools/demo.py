@@ -32,7 +32,7 @@ from pathlib import Path
 import workflow
 from labs.tools.backends import LabError, choose_backend, parse_command
 from labs.tools.local import ROOT
-from labs.tools.runner import Outcome, check, parse_block
+from labs.tools.runner import LIFECYCLE, Outcome, check, parse_block
 
 GUIDES = [
     ROOT / "labs" / name
@@ -290,11 +290,18 @@ class Demo:
             result.stderr,
         )
         self.outcomes.append(outcome)
-        for line in result.stdout.splitlines():
+        lifecycle = verb in LIFECYCLE  # Compose's own output (build steps, progress): not the story
+        for line in [] if lifecycle else result.stdout.splitlines():
             print(s.figures(line))
-        if result.stderr.strip() and (verb == "run" or result.exit_code):
-            for line in result.stderr.strip().splitlines():
-                print(s.dim(f"  stderr: {line}"))
+        said = result.stderr.strip().splitlines()
+        if lifecycle:  # only when it failed, and only its last words
+            said = (
+                (result.stdout + result.stderr).strip().splitlines()[-5:]
+                if outcome.problems
+                else []
+            )
+        for line in said:
+            print(s.dim(f"  stderr: {line}"))
         if result.exit_code:
             print(s.bold(f"[exit {result.exit_code}]"))
         for problem in outcome.problems:
