@@ -10,6 +10,7 @@ and the checkpoint file are exactly as they were. (A copy, so the real data/ is 
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -95,3 +96,50 @@ def test_chaos_leaves_the_learners_lab_alone(learner):
     done = run_tool(learner, "labs.tools.chaos", "--runs", "2", "--seed", "1")
     assert done.returncode == 0, done.stdout + done.stderr
     assert json.loads(done.stdout)["tickets"] == 2
+
+
+def test_make_reset_stops_the_native_receiver_and_deletes_data_but_not_the_venv(tmp_path):
+    """`make reset` in a copy of the repository; no docker on PATH, so only the native half."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    for name in ("api.py", "workflow.py"):
+        shutil.copy(ROOT / name, repo)
+    shutil.copytree(ROOT / "labs", repo / "labs", ignore=shutil.ignore_patterns("__pycache__"))
+    (repo / ".venv").mkdir()
+    env = lab_env(repo / "data", free_port())
+    receiver = ReceiverProcess(env, tmp_path / "receiver.log", script=repo / "api.py").start()
+    (repo / "data" / "receiver.pid").write_text(f"{receiver.proc.pid}\n")  # as the native up does
+    bin_dir = tmp_path / "bin"  # ps, and no docker
+    bin_dir.mkdir()
+    (bin_dir / "ps").symlink_to(shutil.which("ps"))
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "labs.tools.backends", "reset"],
+            cwd=repo,
+            env={**os.environ, "PATH": str(bin_dir)},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 0, done.stderr
+        assert receiver.proc.wait(10) == 0  # it got SIGTERM and exited cleanly
+    finally:
+        receiver.stop()
+    assert done.stdout.splitlines() == [
+        f"native: receiver (pid {receiver.proc.pid}) stopped",
+        "native: data/ deleted",
+    ]
+    assert not (repo / "data").exists() and (repo / ".venv").is_dir()
+
+
+def test_make_recipes_for_tools_are_silent_so_stdout_stays_machine_readable():
+    """make echoes a recipe line unless it starts with @: on stdout, before the tool's JSON."""
+    recipes, target = {}, None
+    text = (ROOT / "Makefile").read_text().replace("\\\n", " ")  # join continued lines
+    for line in text.splitlines():
+        if rule := re.match(r"([^\s:#=]+):(?!=)", line):
+            target = rule.group(1)
+        elif line.startswith("\t") and target:
+            recipes.setdefault(target, []).append(line.strip())
+    for target in ("$(VENV)/.installed", "demo", "reset", "drill", "chaos"):
+        assert recipes[target] and all(r.startswith("@") for r in recipes[target]), target

@@ -12,10 +12,10 @@ carries the commands it ran with their exit codes and events.
 The ticket count depends only on where the key comes from. The durability setting decides
 how much of the run the recovery redoes, so after-ack is also run under "async" and "exit".
 
-    python -m labs.tools.drill [--backend local|docker] [--json] [--workers N]
+    python -m labs.tools.drill [--backend local|docker] [--json] [--workers N] [--project P]
 
 --backend docker runs every command through Compose, in a project of its own
-(stateful-lab-drill), so the learner's lab and its volumes are never touched.
+(stateful-lab-drill, or --project), so the learner's lab and its volumes are never touched.
 The matrix (MATRIX) is the one statement of what each cell should show.
 Exit codes: 0 every cell as expected; 1 a cell differs; 2 bad arguments; 3 the lab could not run;
 130 Ctrl-C.
@@ -236,9 +236,9 @@ def matrix(results):
     return "\n".join(lines)
 
 
-def open_lab(backend):
+def open_lab(backend, project=DOCKER_PROJECT):
     """A fresh lab of the drill's own with the lost-ack fault on (named explicitly)."""
-    lab = LocalBackend() if backend == "local" else DockerBackend(DOCKER_PROJECT)
+    lab = LocalBackend() if backend == "local" else DockerBackend(project)
     try:
         lab.down()  # docker: what an interrupted drill left behind
         up = lab.up([LOST_ACK])
@@ -256,6 +256,7 @@ def main(argv=None):
     )
     parser.add_argument("--backend", choices=("local", "docker"), default="local")
     parser.add_argument("--json", action="store_true", help="one JSON line per cell")
+    parser.add_argument("--project", default=DOCKER_PROJECT, help="docker: the Compose project")
     parser.add_argument(
         "--workers",
         type=int,
@@ -272,7 +273,7 @@ def main(argv=None):
         flush=True,
     )
     try:
-        with open_lab(args.backend) as lab:
+        with open_lab(args.backend, args.project) as lab:
             results = run_drill(lab, args.workers)
     except (LabError, subprocess.TimeoutExpired) as error:
         print(f"drill: {error}", file=sys.stderr)
