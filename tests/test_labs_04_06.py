@@ -240,6 +240,20 @@ def test_the_matrix_covers_every_crash_point_in_every_mode():
     assert len({c.name for c in drill.cells()}) == len(drill.cells())  # one thread per cell
 
 
+def test_lab_04_prints_the_drills_matrix():
+    """The guide's table is a copy for readers; the drill's MATRIX is the source."""
+    text = (ROOT / "labs" / "04-crash-at-every-boundary.md").read_text(encoding="utf-8")
+    section = text.split("\n## The drill\n", 1)[1].split("\n## ", 1)[0]
+    rows = [line.split("|")[1:-1] for line in section.splitlines() if line.startswith("| ")]
+    table = [[cell.strip() for cell in row] for row in rows[2:]]  # without the header
+    want = [
+        [row.boundary + ("" if row.durability == "sync" else f' ("{row.durability}")')]
+        + [str(n) for n in row.tickets]
+        for row in drill.MATRIX
+    ]
+    assert [[r[0].replace(" (lab 06)", ""), *r[1:]] for r in table] == want
+
+
 def test_a_drill_cell_fails_and_says_why_when_the_receiver_cannot_lose_an_answer():
     """The drill can fail: without the fault switch, lost-ack makes one ticket, not two."""
     lost_ack = next(row for row in drill.MATRIX if row.boundary == "lost-ack")
