@@ -182,3 +182,29 @@ def test_ctrl_c_stops_the_demo_and_leaves_nothing_behind(step):
         timeout=120,
     )
     assert again.returncode == 0, again.stdout + again.stderr
+
+
+@pytest.mark.docker
+def test_the_docker_demo_runs_in_its_own_project_and_leaves_nothing(capsys):
+    from labs.tools.backends import docker_engine_answers
+    from labs.tools.local import run
+
+    if not docker_engine_answers():
+        if os.environ.get("LAB_REQUIRE_DOCKER") == "1":
+            pytest.fail("DOCKER TIER REQUIRED (LAB_REQUIRE_DOCKER=1): no Docker engine answers")
+        pytest.skip("DOCKER TIER SKIPPED: no Docker engine with Compose answers")
+    project = os.environ.get("LAB_DOCKER_PROJECT", "stateful-lab-test") + "-demo"
+    code = demo.main(["--backend", "docker", "--project", project, str(LAB01)])
+    out, err = capsys.readouterr()
+    assert code == 0, out + err
+    assert f"run in the Compose project {project}, not stateful-lab" in out
+    assert "$ docker compose -p stateful-lab run --rm workflow tickets" in out  # as written
+    assert "case-naive:open-ticket:v1: 2 tickets for one operation (duplicate)" in out
+    assert re.search(r"  building the image\.\.\. \d+\.\d s\n", out)
+    assert "Step 1/" not in out  # no build output in the story
+    label = f"label=com.docker.compose.project={project}"
+    for kind in ("container", "volume", "network"):
+        listing = ["docker", kind, "ls", "-q", "--filter", label]
+        if kind == "container":
+            listing.insert(3, "-a")
+        assert run(listing).stdout.split() == [], f"{kind}s left behind"

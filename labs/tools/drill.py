@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 from labs.tools.backends import LOST_ACK, DockerBackend, LabError, LocalBackend
 from labs.tools.local import shell_exit_code
-from workflow import EXIT_NO_ANSWER, EXIT_THREAD, EXIT_USAGE, MODES
+from workflow import EXIT_NO_ANSWER, EXIT_THREAD, EXIT_USAGE, MODES, REQUEST_TIMEOUT_S
 
 EXIT_OK, EXIT_DIFFERS, EXIT_NO_LAB = 0, 1, 3  # and EXIT_USAGE (2) for bad arguments
 KILLED = shell_exit_code(-signal.SIGKILL)  # 137: the crash switch, as a shell reports it
@@ -162,6 +162,12 @@ def run_cell(lab, cell):
         why.append("a resume after `done` ran a node again or failed")
     if want_recovery is not None and recovery != want_recovery:
         why.append(f"recovery was {recovery!r}, expected {want_recovery!r}")
+    lost = any("effect_unknown" in entry["events"] for entry in log)
+    if why and lost and cell.row.boundary != "lost-ack":  # no fault asked for: a slow receiver
+        why.append(
+            "an answer was lost without the lost-ack fault: the receiver took longer than "
+            f"workflow.py's {REQUEST_TIMEOUT_S:g} s request timeout (a loaded machine?)"
+        )
     result = {
         "boundary": cell.row.boundary,
         "mode": cell.mode,
