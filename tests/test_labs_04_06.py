@@ -191,7 +191,8 @@ def scripted(lab):
     server.release = threading.Event()
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
-    lab["API_URL"] = f"http://127.0.0.1:{server.server_address[1]}"
+    server.url = f"http://127.0.0.1:{server.server_address[1]}"
+    lab["API_URL"] = server.url
     yield server
     server.release.set()
     server.shutdown()
@@ -313,3 +314,19 @@ def test_drill_and_chaos_refuse_bad_arguments_in_one_line():
             [sys.executable, "-m", module, *args], cwd=ROOT, capture_output=True, text=True
         )
         assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+
+
+def test_a_drill_cell_that_lost_an_answer_without_the_fault_blames_the_slow_receiver(
+    scripted, tmp_path
+):
+    """A receiver slower than workflow.py's request timeout: the cell says so, not 'a bug'."""
+    after_ack = next(r for r in drill.MATRIX if (r.boundary, r.durability) == ("after-ack", "sync"))
+    cell = drill.Cell(after_ack, "naive")
+    scripted.script = ["silence", (201, {"ticket_id": 1, "created": True})]
+    scripted.found = [{"ticket_id": 1, "key": None, "payload": {"title": cell.name}}]
+    with LocalBackend(tmp_path / "lab") as lab:
+        lab.env["API_URL"] = scripted.url  # the workflow talks to the slow receiver
+        result = drill.run_cell(lab, cell)
+    assert not result["ok"]
+    assert "the crash exited 3, expected 137" in result["why"]
+    assert any("took longer than workflow.py's 5 s request timeout" in w for w in result["why"])
