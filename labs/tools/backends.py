@@ -293,7 +293,7 @@ class DockerBackend(Backend):
         self.down()
 
 
-def choose_backend(name, project):
+def choose_backend(name, project, port=None):
     """auto: Docker when an engine answers, else local. Returns (backend, why)."""
     if name == "auto":
         name = "docker" if docker_engine_answers() else "local"
@@ -301,7 +301,7 @@ def choose_backend(name, project):
         why += "; BACKEND=local|docker forces one"
     else:
         why = "chosen"
-    return (DockerBackend(project) if name == "docker" else LocalBackend()), why
+    return (DockerBackend(project) if name == "docker" else LocalBackend(port=port)), why
 
 
 def stop_native_receiver(pid_file):

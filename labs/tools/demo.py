@@ -32,7 +32,7 @@ from pathlib import Path
 import workflow
 from labs.tools.backends import LabError, choose_backend, parse_command
 from labs.tools.local import ROOT
-from labs.tools.runner import LIFECYCLE, Outcome, check, parse_block
+from labs.tools.runner import LIFECYCLE, parse_block, run_step
 
 GUIDES = [
     ROOT / "labs" / name
@@ -279,16 +279,9 @@ class Demo:
         if building:
             print(s.dim("  building the image..."), end="", flush=True)
         began = time.monotonic()
-        result = self.backend.run(step.command)
+        result = outcome = run_step(step, self.backend)
         if building:
             print(s.dim(f" {time.monotonic() - began:.1f} s"))
-        outcome = Outcome(
-            step,
-            result.stdout,
-            result.exit_code,
-            check(step, result.stdout, result.exit_code),
-            result.stderr,
-        )
         self.outcomes.append(outcome)
         lifecycle = verb in LIFECYCLE  # Compose's own output (build steps, progress): not the story
         for line in [] if lifecycle else result.stdout.splitlines():
@@ -372,10 +365,7 @@ def main(argv=None):
     style = style_for(sys.stdout)
     backend = code = None
     try:
-        backend, why = choose_backend(args.backend, args.project)
-        if args.port and backend.name == "local":
-            backend.close()
-            backend = type(backend)(port=args.port)
+        backend, why = choose_backend(args.backend, args.project, args.port)
         introduce(backend, why)
         if backend.name == "docker":
             backend.down()  # what an interrupted demo may have left
