@@ -6,8 +6,8 @@ needs only a Compose binary.
 
 The engine tests drive the lab with the learner's own commands (`docker compose -p PROJECT
 ...`, or `docker-compose` where the v2 plugin is missing) and end with `down -v`, in a project
-of their own (stateful-lab-test; LAB_DOCKER_PROJECT=other-name picks another), never a
-learner's stateful-lab.
+of their own (stateful-lab-test-docker[-gwN] per pytest-xdist worker; LAB_DOCKER_PROJECT=name
+replaces stateful-lab-test), never a learner's stateful-lab.
 
 Where the Dockerfile's pinned python:3.13-slim cannot be pulled (CI has no registry), set
 BASE_IMAGE to a local image and DOCKER_BUILDKIT=0 where BuildKit is missing: see
@@ -27,7 +27,11 @@ from labs.tools.backends import compose_command, docker_engine_answers
 from labs.tools.local import ROOT, wait_until
 from labs.tools.local import run as run_command
 
-PROJECT = os.environ.get("LAB_DOCKER_PROJECT", "stateful-lab-test")
+# One project per pytest-xdist worker: each worker sets the lab up (and down -v) on its own.
+PROJECT = "-".join(
+    [os.environ.get("LAB_DOCKER_PROJECT", "stateful-lab-test"), "docker"]
+    + [os.environ["PYTEST_XDIST_WORKER"]] * ("PYTEST_XDIST_WORKER" in os.environ)
+)
 REQUIRED = os.environ.get("LAB_REQUIRE_DOCKER") == "1"
 BUILD_TIMEOUT_S = 900  # a first build downloads the base image and ~40 packages
 COMMAND_TIMEOUT_S = 120
