@@ -65,7 +65,10 @@ def test_compose_yaml_turns_no_fault_on_and_the_override_does():
 
 @pytest.mark.parametrize("guide", GUIDES, ids=lambda g: g.stem)
 def test_guide_local(guide, tmp_path):
-    backend = LocalBackend(tmp_path / "data", log_path=tmp_path / "receiver.log")
+    """Natively: workflow commands with a signal switch run as processes, the rest in-process
+    (the same workflow.main, without LangGraph's import per command); the README's native
+    section and `make demo` run every command as a process."""
+    backend = LocalBackend(tmp_path / "data", log_path=tmp_path / "receiver.log", in_process=True)
     try:
         assert_guide_holds(guide, backend)
     finally:

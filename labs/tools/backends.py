@@ -42,6 +42,7 @@ from labs.tools.local import (
     lab_env,
     run,
     run_workflow,
+    run_workflow_here,
     shell_exit_code,
     wait_until,
 )
@@ -145,7 +146,8 @@ class LocalBackend(Backend):
 
     name = "local"
 
-    def __init__(self, data_dir=None, port=None, log_path=None):
+    def __init__(self, data_dir=None, port=None, log_path=None, in_process=False):
+        self.in_process = in_process  # workflow commands without a signal switch: see local.py
         self.owned = data_dir is None  # a folder we made is deleted by close()
         self.data_dir = Path(data_dir or tempfile.mkdtemp(prefix="stateful-lab-"))
         self.env = lab_env(self.data_dir, port or free_port())
@@ -192,7 +194,10 @@ class LocalBackend(Backend):
             return Result("")
 
     def workflow(self, args, timeout=WORKFLOW_TIMEOUT_S):
-        done = run_workflow(args, self.env, timeout)
+        if self.in_process:
+            done = run_workflow_here(args, self.env)
+        else:
+            done = run_workflow(args, self.env, timeout)
         return Result(done.stdout, done.stderr, shell_exit_code(done.returncode))
 
     def tickets(self):
