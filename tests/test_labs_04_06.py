@@ -221,9 +221,10 @@ def test_reconcile_does_not_adopt_a_ticket_with_another_body(scripted, workflow)
     assert scripted.keys == [OP, OP]  # it asked the receiver again instead of adopting 5
 
 
-def test_a_timeout_after_sending_is_an_unknown_outcome(scripted, workflow):
+def test_a_timeout_after_sending_is_an_unknown_outcome(scripted, lab, workflow):
     scripted.script = ["silence", (201, {"ticket_id": 1, "created": True})]
-    done = workflow("start", "--operation", OP, "--mode", "safe")  # waits REQUEST_TIMEOUT_S
+    lab["API_TIMEOUT_S"] = "0.5"  # seconds the workflow waits for the silent answer
+    done = workflow("start", "--operation", OP, "--mode", "safe")
     assert done.returncode == 0
     assert events(done)[1] == {"event": "effect_unknown", "error": "timed out"}
     assert names(done)[2:] == ["reconcile", "effect_ack", "done"]
