@@ -8,6 +8,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 BACKEND ?= auto
 RUNS ?= 30
+TEST_WORKERS ?= 4  # pytest-xdist processes: most of a test waits on a receiver, a workflow or Docker
 GUIDES ?= labs/01-the-duplicate.md labs/02-the-keyed-fix.md labs/03-a-retry-is-not-a-new-request.md
 UV := $(PY) -m uv pip compile --quiet --universal --python-version 3.11 --generate-hashes --no-header
 
@@ -29,7 +30,7 @@ reset: $(VENV)/.installed  ## your own lab: `down -v` of project stateful-lab, t
 	@$(PY) -m labs.tools.backends reset
 
 test: $(VENV)/.installed lint  ## the whole suite; the Docker tier runs when an engine answers
-	$(PY) -m pytest
+	$(PY) -m pytest -n $(TEST_WORKERS)
 
 lint: $(VENV)/.installed
 	$(PY) -m ruff check .
