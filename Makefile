@@ -1,5 +1,7 @@
 # Thin wrappers: each target bootstraps .venv from the hashed lock files, then runs one script.
 # Variables: BACKEND=auto|local|docker  STEP=1  RUNS=30  JSON=1  PYTHON=python3 (3.11+)
+# Recipes are silent (@) and the bootstrap talks on stderr, so `make drill JSON=1 | jq .` and
+# `make chaos | jq` see the tools' JSON on stdout and nothing else.
 #            WORKERS=3  OPERATIONS=60  MODE=safe|naive (scale-chaos)
 
 PYTHON ?= python3
@@ -10,24 +12,29 @@ RUNS ?= 30
 WORKERS ?= 3
 OPERATIONS ?= 60
 MODE ?= safe
+TEST_WORKERS ?= 4  # pytest-xdist processes: most of a test waits on a receiver, a workflow or Docker
 GUIDES ?= labs/01-the-duplicate.md labs/02-the-keyed-fix.md labs/03-a-retry-is-not-a-new-request.md
 UV := $(PY) -m uv pip compile --quiet --universal --python-version 3.11 --generate-hashes --no-header
 
-.PHONY: demo test lint bench bench-workers drill chaos scale-chaos starter lock clean
+.PHONY: demo reset test lint bench bench-workers drill chaos scale-chaos starter lock clean
 
 $(VENV)/.installed: requirements.txt requirements-dev.txt
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' \
-		|| { echo "make: Python 3.11 or newer is needed (set PYTHON=python3.13, say)"; exit 2; }
-	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --disable-pip-version-check --require-hashes \
-		-r requirements.txt -r requirements-dev.txt
+		|| { echo "make: Python 3.11 or newer is needed (set PYTHON=python3.13, say)" >&2; exit 2; }
+	@echo "make: installing the hashed requirements into $(VENV) (about a minute, once)" >&2
+	@$(PYTHON) -m venv $(VENV) >&2
+	@$(PY) -m pip install --quiet --disable-pip-version-check --require-hashes \
+		-r requirements.txt -r requirements-dev.txt >&2
 	@touch $@
 
-demo: $(VENV)/.installed  ## labs 01-03 end to end (STEP=1 waits for Enter before each command)
-	$(PY) -m labs.tools.runner --backend $(BACKEND) $(if $(STEP),--step) $(GUIDES)
+demo: $(VENV)/.installed  ## labs 01-03 told to a room (STEP=1 waits for Enter before each command)
+	@$(PY) -m labs.tools.demo --backend $(BACKEND) $(if $(STEP),--step) $(GUIDES)
+
+reset: $(VENV)/.installed  ## your own lab: `down -v` of project stateful-lab, the native data/ (.venv stays)
+	@$(PY) -m labs.tools.backends reset
 
 test: $(VENV)/.installed lint  ## the whole suite; the Docker tier runs when an engine answers
-	$(PY) -m pytest
+	$(PY) -m pytest -n $(TEST_WORKERS)
 
 lint: $(VENV)/.installed
 	$(PY) -m ruff check .
@@ -37,24 +44,24 @@ bench: $(VENV)/.installed  ## receiver and CLI speed, side by side with the arti
 	$(PY) -m labs.tools.bench
 
 drill: $(VENV)/.installed  ## every crash boundary x mode (JSON=1 for JSON lines)
-	$(PY) -m labs.tools.drill --backend $(if $(filter auto,$(BACKEND)),local,$(BACKEND)) $(if $(JSON),--json)
+	@$(PY) -m labs.tools.drill --backend $(if $(filter auto,$(BACKEND)),local,$(BACKEND)) $(if $(JSON),--json)
 
-chaos: $(VENV)/.installed  ## RUNS safe-mode runs killed at random moments
-	$(PY) -m labs.tools.chaos --runs $(RUNS)
+chaos: $(VENV)/.installed  ## RUNS safe-mode runs killed at random moments; JSON on stdout
+	@$(PY) -m labs.tools.chaos --runs $(RUNS)
 
 starter: $(VENV)/.installed  ## a reference starter without the lab-only parts: make starter DEST=dir
 	@test -n "$(DEST)" || { echo "make starter: name a new folder, e.g. make starter DEST=../ticket-starter"; exit 2; }
 	@$(PY) -m labs.tools.starter $(DEST)
 
 bench-workers: $(VENV)/.installed  ## operations per second with 1, 2 and 4 workers (part of bench)
-	$(PY) -m labs.tools.bench_workers
+	@$(PY) -m labs.tools.bench_workers
 
 scale-chaos: $(VENV)/.installed  ## WORKERS workers on a throwaway Postgres, killed and frozen at random
-	$(PY) -m labs.tools.scale_chaos --workers $(WORKERS) --operations $(OPERATIONS) --mode $(MODE)
+	@$(PY) -m labs.tools.scale_chaos --workers $(WORKERS) --operations $(OPERATIONS) --mode $(MODE)
 
 lock: $(VENV)/.installed  ## regenerate both hashed lock files from the .in files
 	$(UV) -o requirements.txt requirements.in
 	$(UV) -o requirements-dev.txt requirements-dev.in
 
-clean:  ## the native lab's data and the venv (Docker: docker compose -p stateful-lab down -v)
+clean:  ## the native lab's data and the venv (Docker: make reset)
 	rm -rf data $(VENV) .pytest_cache .ruff_cache .hypothesis

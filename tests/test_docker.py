@@ -4,10 +4,10 @@ Without an engine these tests skip, loudly; with LAB_REQUIRE_DOCKER=1 (CI) they 
 The lint and `config` tests need no engine: hadolint comes with the dev requirements, `config`
 needs only a Compose binary.
 
-The engine tests drive the lab with the learner's own commands (`docker compose -p stateful-lab
-...`, or `docker-compose` where the v2 plugin is missing) and end with `down -v`: running them
-removes the tickets and checkpoints of a lab you started yourself under that project name.
-LAB_DOCKER_PROJECT=other-name runs them under another project.
+The engine tests drive the lab with the learner's own commands (`docker compose -p PROJECT
+...`, or `docker-compose` where the v2 plugin is missing) and end with `down -v`, in a project
+of their own (stateful-lab-test-docker[-gwN] per pytest-xdist worker; LAB_DOCKER_PROJECT=name
+replaces stateful-lab-test), never a learner's stateful-lab.
 
 Where the Dockerfile's pinned python:3.13-slim cannot be pulled (CI has no registry), set
 BASE_IMAGE to a local image and DOCKER_BUILDKIT=0 where BuildKit is missing: see
@@ -18,16 +18,20 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from labs.tools.backends import compose_command, docker_engine_answers
 from labs.tools.local import ROOT, wait_until
-from labs.tools.runner import compose_command, docker_engine_answers
+from labs.tools.local import run as run_command
 
-PROJECT = os.environ.get("LAB_DOCKER_PROJECT", "stateful-lab-docker-test")
+# One project per pytest-xdist worker: each worker sets the lab up (and down -v) on its own.
+PROJECT = "-".join(
+    [os.environ.get("LAB_DOCKER_PROJECT", "stateful-lab-test"), "docker"]
+    + [os.environ["PYTEST_XDIST_WORKER"]] * ("PYTEST_XDIST_WORKER" in os.environ)
+)
 REQUIRED = os.environ.get("LAB_REQUIRE_DOCKER") == "1"
 BUILD_TIMEOUT_S = 900  # a first build downloads the base image and ~40 packages
 COMMAND_TIMEOUT_S = 120
@@ -52,7 +56,7 @@ def compose():
     command = compose_command()
     if command is None:
         unavailable("neither `docker compose` nor `docker-compose` is installed")
-    return command
+    return list(command)
 
 
 @pytest.fixture(scope="module")
@@ -63,14 +67,7 @@ def engine(compose):
 
 
 def run(argv, timeout=COMMAND_TIMEOUT_S, check=True):
-    done = subprocess.run(
-        argv,
-        cwd=ROOT,
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    done = run_command(argv, timeout=timeout)
     if check and done.returncode != 0:
         pytest.fail(
             f"{' '.join(argv)} exited {done.returncode}\n"
@@ -140,15 +137,7 @@ def test_compose_file_is_valid(compose, base_image):
     env = {k: v for k, v in os.environ.items() if k != "BASE_IMAGE"}
     if base_image:
         env["BASE_IMAGE"] = base_image
-    done = subprocess.run(
-        [*compose, "-p", PROJECT, "config", "-q"],
-        cwd=ROOT,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=COMMAND_TIMEOUT_S,
-    )
+    done = run_command([*compose, "-p", PROJECT, "config", "-q"], env, COMMAND_TIMEOUT_S)
     assert done.returncode == 0, done.stderr
     assert "warn" not in done.stderr.lower(), done.stderr
 

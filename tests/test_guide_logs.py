@@ -9,8 +9,9 @@ import re
 
 import pytest
 
+from labs.tools.backends import LocalBackend
 from labs.tools.local import ROOT
-from labs.tools.runner import LocalBackend, lines_match, run_guide
+from labs.tools.runner import lines_match, run_guide
 
 COMPOSE_PREFIX = re.compile(r"^[\w.-]+\s+\| ?")  # "api-1  | " (v2) or "api_1  | " (v1)
 GUIDES = [

@@ -13,9 +13,10 @@ import sys
 import pytest
 
 from labs.tools import scale_chaos
+from labs.tools.backends import LocalBackend
 from labs.tools.local import ROOT, free_port, lab_env, run_workflow
 from labs.tools.pg import PostgresUnavailable, TempPostgres
-from labs.tools.runner import LocalBackend, run_guide
+from labs.tools.runner import run_guide
 
 LAB_10 = ROOT / "labs" / "10-two-workers-one-thread.md"
 

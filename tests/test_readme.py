@@ -9,8 +9,9 @@ import subprocess
 
 import pytest
 
+from labs.tools.backends import parse_command
 from labs.tools.local import ROOT, free_port, lab_env
-from labs.tools.runner import BLOCK, lines_match, parse_guide, split_compose
+from labs.tools.runner import BLOCK, lines_match, parse_guide
 
 README = (ROOT / "README.md").read_text(encoding="utf-8")
 SHELL_BLOCK = re.compile(r"^```bash\n(.*?)^```", re.M | re.S)
@@ -27,7 +28,7 @@ def test_the_readme_demo_block_prints_what_it_shows(tmp_path):
     )
     assert done.returncode == step.exit_code, done.stdout + done.stderr
     assert lines_match(step.expected, done.stdout.splitlines()), done.stdout
-    assert "backend: local" in done.stderr
+    assert done.stdout.startswith("backend: local")
 
 
 def test_every_console_block_in_the_readme_is_run_by_a_test():
@@ -123,7 +124,8 @@ def native_script(guide_text, block):
     (until,) = [line for line in block.splitlines() if line.startswith("until ")]
     script = list(setup)
     for step in parse_guide(guide_text):
-        verb, rest = split_compose(step.command)
+        command = parse_command(step.command)
+        verb, rest = command.verb, command.args
         if verb == "run":
             native = table["run --rm workflow ARGS"].replace("ARGS", shlex.join(rest[2:]))
         else:
@@ -159,7 +161,7 @@ def test_the_native_table_runs_a_guide_as_the_guide_says(tmp_path, name):
         *printed, last = chunk.rstrip("\n").split("\n")
         assert last.startswith(EXIT_MARK), chunk
         assert int(last.removeprefix(EXIT_MARK)) == step.exit_code, (step.command, chunk)
-        verb = split_compose(step.command)[0]
+        verb = parse_command(step.command).verb
         expected = [COMPOSE_PREFIX.sub("", line) for line in step.expected]
         if verb in ("run", "logs"):
             assert lines_match(expected, printed), (step.command, printed)

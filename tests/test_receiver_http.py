@@ -13,6 +13,7 @@ import http.server
 import inspect
 import json
 import re
+import socket
 import sqlite3
 import subprocess
 import sys
@@ -486,6 +487,23 @@ def with_a_row_it_did_not_write(server):
         other.close()
 
 
+def past_the_connection_cap(server):
+    """A receiver of its own that serves one connection at once, and a second connection."""
+    env = dict(server.env, PORT=str(free_port()), RECEIVER_MAX_CONNECTIONS="1")
+    env["API_URL"] = f"http://127.0.0.1:{env['PORT']}"
+    capped = ReceiverProcess(env).start()
+    try:
+        with socket.create_connection(("127.0.0.1", int(env["PORT"])), timeout=10) as held:
+            held.sendall(b"GET /tickets HTTP/1.0\r\n")  # being served: its request is not done
+            for _ in range(100):  # until the held connection has its slot (the first try, here)
+                reply = request(capped, "GET", "/health")
+                if reply.status == 503:
+                    return reply
+            raise AssertionError("a second connection was served past RECEIVER_MAX_CONNECTIONS=1")
+    finally:
+        capped.stop()
+
+
 ANSWERS = {  # (path, method, status) documented in openapi.yaml -> a request that gets it
     ("/health", "get", "200"): lambda s: request(s, "GET", "/health"),
     ("/health", "head", "200"): lambda s: request(s, "HEAD", "/health"),
@@ -510,6 +528,7 @@ ANSWERS = {  # (path, method, status) documented in openapi.yaml -> a request th
     (ANY, "", "431"): lambda s: exchange(s, b"GET / HTTP/1.0\r\n" + b"X-N: 1\r\n" * 101 + b"\r\n"),
     (ANY, "", "500"): with_a_row_it_did_not_write,
     (ANY, "", "501"): lambda s: exchange(s, b"QUERY /tickets HTTP/1.0\r\n\r\n"),
+    (ANY, "", "503"): past_the_connection_cap,
     (ANY, "", "505"): lambda s: exchange(s, b"GET /health HTTP/2.0\r\n\r\n"),
 }
 DOCUMENTED = [
@@ -529,8 +548,8 @@ def statuses_api_py_sends():
         elif isinstance(node, ast.Return | ast.Assign) and getattr(node.value, "elts", None):
             first = node.value.elts[0]
             options = [first.body, first.orelse] if isinstance(first, ast.IfExp) else [first]
-            found |= {o.value for o in options if isinstance(getattr(o, "value", None), int)}
-    return found
+            found |= {getattr(o, "value", None) for o in options}
+    return {v for v in found if type(v) is int and 100 <= v < 600}  # statuses, not flags
 
 
 def statuses_http_server_sends():

@@ -102,14 +102,16 @@ def test_an_oversized_body_gets_its_413_read_in_full_not_a_reset(limited):
 
 @LINUX_ONLY
 def test_sigterm_ends_the_receiver_within_a_second_while_the_database_is_locked(lab, tmp_path):
-    server = ReceiverProcess(lab, tmp_path / "receiver.log").start()
+    env = dict(lab, RECEIVER_BUSY_TIMEOUT_S="30")  # the POST waits for the lock all along
+    server = ReceiverProcess(env, tmp_path / "receiver.log").start()
     holder = sqlite3.connect(lab["RECEIVER_DB"], isolation_level=None)
     try:
         holder.execute("BEGIN EXCLUSIVE")  # another process holds the write lock
-        baseline = threads(server.proc.pid)
+        pid = server.proc.pid
+        wait_until(lambda: threads(pid) == 1, 10, "the receiver idle (its main thread only)")
         waiting = threading.Thread(target=lambda: exchange_quietly(server), daemon=True)
         waiting.start()  # a POST whose transaction now waits for the lock
-        wait_until(lambda: threads(server.proc.pid) > baseline, 5, "the POST's thread")
+        wait_until(lambda: threads(pid) == 2, 10, "the POST's thread")
         began = time.monotonic()
         server.proc.send_signal(signal.SIGTERM)
         assert server.proc.wait(SIGTERM_DEADLINE_S * 3) == 0

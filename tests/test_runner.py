@@ -2,7 +2,14 @@
 
 import pytest
 
-from labs.tools.runner import lines_match, parse_guide, split_compose
+from labs.tools.backends import (
+    LOST_ACK,
+    LocalBackend,
+    compose_stderr,
+    override_environment,
+    parse_command,
+)
+from labs.tools.runner import lines_match, parse_guide
 
 GUIDE = """# A guide
 
@@ -55,6 +62,42 @@ def test_angle_bracket_strings_and_ellipsis_are_wildcards():
 
 
 def test_guide_commands_must_name_the_project():
-    assert split_compose("docker compose -p stateful-lab restart api") == ("restart", ["api"])
+    cmd = parse_command("docker compose -p stateful-lab restart api")
+    assert (cmd.files, cmd.verb, cmd.args) == ([], "restart", ["api"])
     with pytest.raises(ValueError):
-        split_compose("docker compose restart api")
+        parse_command("docker compose restart api")
+
+
+def test_compose_files_come_before_the_verb_and_start_with_compose_yaml():
+    cmd = parse_command(
+        "docker compose -p stateful-lab -f compose.yaml -f labs/lost-ack.compose.yaml up -d api"
+    )
+    assert cmd.overrides == [LOST_ACK] and cmd.verb == "up" and cmd.args == ["-d", "api"]
+    with pytest.raises(ValueError, match="the first -f must be compose.yaml"):
+        parse_command("docker compose -p stateful-lab -f labs/lost-ack.compose.yaml up -d api")
+
+
+def test_the_local_backend_takes_a_fault_from_the_override_file_itself():
+    assert override_environment([LOST_ACK]) == {"RECEIVER_LAB_FAULTS": "lost-ack"}
+    assert override_environment([]) == {}
+
+
+def test_native_lines_are_the_commands_a_learner_pastes(tmp_path):
+    backend = LocalBackend(tmp_path)
+    up = f"docker compose -p stateful-lab -f compose.yaml -f {LOST_ACK} up -d --build api"
+    assert backend.native(up) == (
+        "mkdir -p data; RECEIVER_LAB_FAULTS=lost-ack python api.py & echo $! > data/receiver.pid"
+    )
+    post = 'docker compose -p stateful-lab run --rm workflow post --title "Two words"'
+    assert backend.native(post) == "python workflow.py post --title 'Two words'"
+    down = "docker compose -p stateful-lab down -v"
+    assert backend.native(down) == "kill $(cat data/receiver.pid); rm -rf data"
+
+
+def test_compose_progress_and_the_repeated_exit_code_are_not_the_programs_stderr():
+    stderr = (
+        "Creating p_workflow_run ... \r\nCreating p_workflow_run ... done\r\n"
+        "workflow.py: no thread 'x' to resume; check --thread\n4\n"
+    )
+    assert compose_stderr(stderr, 4) == "workflow.py: no thread 'x' to resume; check --thread\n"
+    assert compose_stderr(" Container p-api-1  Running\n", 0) == ""

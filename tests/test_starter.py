@@ -7,8 +7,8 @@ import sys
 import pytest
 
 from labs.tools import starter
+from labs.tools.backends import compose_command, docker_engine_answers
 from labs.tools.local import ROOT
-from labs.tools.runner import compose_command, docker_engine_answers
 
 LAB_ONLY_WORDS = (  # what a copier must not find in the starter's code
     "lab-only",

@@ -16,10 +16,15 @@ before that point would only test "start again", which the drill's "exit" row co
     python -m labs.tools.chaos --runs N [--seed S] [--mode safe|naive|node-uuid] [--workers N]
 
 The seed fixes each run's kill offset; where an offset lands still depends on the machine's
-timing, so a replay covers the same offsets, not necessarily the same outcomes.
-The last line is one JSON object: {"runs", "operations", "tickets", "duplicates", ...}.
-Exit codes: 0 one ticket per run; 1 duplicates or a run that did not finish;
-2 bad arguments; 3 the lab could not run.
+timing, so a replay covers the same offsets, not necessarily the same outcomes. A kill lands
+in the crash window when the receiver had answered (`effect_ack`) and the node's checkpoint
+was not written: the resume then ran create_ticket again. Those are the kills that make a
+duplicate without a stable key; the run counts them.
+
+stdout is one JSON object (`make chaos | jq`): {"runs", "operations", "tickets",
+"duplicates", "in_crash_window", ...}; everything else, the verdict sentence last, goes to
+stderr. Exit codes: 0 one ticket per run; 1 duplicates or a run that did not finish;
+2 bad arguments; 3 the lab could not run; 130 Ctrl-C.
 """
 
 import json
@@ -33,8 +38,10 @@ import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 
-from labs.tools.drill import LabError, LocalLab, Parser, events
-from labs.tools.local import ROOT, run_workflow
+from labs.tools.backends import LabError, LocalBackend
+from labs.tools.drill import Parser, events
+from labs.tools.local import ROOT
+from workflow import MODES
 
 KILL_WINDOW_S = 0.015  # seconds after the first event: a bit longer than the graph's
 #                        ~5-10 ms here, so some kills land after `done` (the clean path)
@@ -52,6 +59,7 @@ def kill_at_random(env, start_args, offset_s):
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,
+        start_new_session=True,
     )
     watchdog = threading.Timer(START_TIMEOUT_S, proc.kill)  # a hung start must not hang us
     watchdog.start()
@@ -73,21 +81,27 @@ def chaos_run(lab, mode, index, offset_s):
     name = f"chaos-{index}"  # thread, operation key and title; the receiver is fresh
     start = ["start", "--thread", name, "--operation", name, "--title", name, "--mode", mode]
     killed, landed = kill_at_random(lab.env, start, offset_s)
-    finished = False
+    finished, reran = False, []
     for _ in range(MAX_RECOVERIES):
-        resumed = run_workflow(["resume", "--thread", name], lab.env)
-        finished = "done" in events(resumed.stdout)
+        resumed = lab.workflow(["resume", "--thread", name])
+        reran += events(resumed.stdout)
+        finished = "done" in reran
         if finished:
             break
-    return {"name": name, "killed": killed, "landed": landed, "finished": finished}
+    # Answered, and create_ticket had to run again: its result was not checkpointed.
+    in_window = killed and landed == "effect_ack" and "effect_ack" in reran
+    return {
+        "name": name,
+        "killed": killed,
+        "landed": landed,
+        "finished": finished,
+        "in_crash_window": in_window,
+    }
 
 
 def count_tickets(lab, names):
-    """Tickets per run title, from the receiver itself (`tickets` lists them all)."""
-    done = run_workflow(["tickets"], lab.env)
-    if done.returncode != 0:
-        raise LabError(f"`tickets` failed with exit {done.returncode}: {done.stderr.strip()}")
-    titles = Counter(t["payload"].get("title") for t in json.loads(done.stdout)["tickets"])
+    """Tickets per run title, from the receiver itself."""
+    titles = Counter(t["payload"].get("title") for t in lab.tickets())
     return {name: titles[name] for name in names}
 
 
@@ -101,6 +115,7 @@ def summary(runs, per_run, seed):
         "missing": sum(1 for n in counts if n == 0),
         "unfinished": sum(1 for r in runs if not r["finished"]),
         "killed": sum(1 for r in runs if r["killed"]),
+        "in_crash_window": sum(1 for r in runs if r.get("in_crash_window")),
         "seed": seed,
     }
 
@@ -111,7 +126,7 @@ def main(argv=None):
     )
     parser.add_argument("--runs", type=int, default=30)
     parser.add_argument("--seed", type=int, default=None, help="replay these kill offsets")
-    parser.add_argument("--mode", choices=("safe", "naive", "node-uuid"), default="safe")
+    parser.add_argument("--mode", choices=MODES, default="safe")
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 2)
     args = parser.parse_args(argv)
     if args.runs < 1 or args.workers < 1:
@@ -122,11 +137,14 @@ def main(argv=None):
     print(
         f"chaos: seed {seed} (replay: --seed {seed}), {args.runs} {args.mode} runs, "
         f"{args.workers} at a time, each killed 0-{KILL_WINDOW_S * 1000:g} ms into its graph",
+        file=sys.stderr,
         flush=True,
     )
     began = time.monotonic()
     try:
-        with LocalLab() as lab, ThreadPoolExecutor(args.workers) as pool:
+        # No lab fault: a kill from outside needs none (the drill turns lost-ack on for its row).
+        with LocalBackend() as lab, ThreadPoolExecutor(args.workers) as pool:
+            lab.up()
             runs = list(
                 pool.map(lambda i: chaos_run(lab, args.mode, i, offsets[i]), range(args.runs))
             )
@@ -135,17 +153,36 @@ def main(argv=None):
         print(f"chaos: {error}", file=sys.stderr)
         return EXIT_NO_LAB
     except KeyboardInterrupt:
+        print("chaos: stopped; nothing left behind", file=sys.stderr)
         return 130
     landed = Counter(r["landed"] for r in runs)
-    print(f"chaos: last event before the kill: {dict(sorted(landed.items()))}")
+    print(f"chaos: last event before the kill: {dict(sorted(landed.items()))}", file=sys.stderr)
     for run in runs:
         if per_run[run["name"]] != 1 or not run["finished"]:
-            print(f"chaos: {run['name']}: {per_run[run['name']]} tickets, {run}")
-    print(f"chaos: {time.monotonic() - began:.1f} s")
+            print(f"chaos: {run['name']}: {per_run[run['name']]} tickets, {run}", file=sys.stderr)
     result = summary(runs, per_run, seed)
-    print(json.dumps(result, sort_keys=True))
+    print(sentence(result, args.mode, time.monotonic() - began), file=sys.stderr, flush=True)
+    print(json.dumps(result, sort_keys=True), flush=True)
     bad = result["duplicates"] or result["missing"] or result["unfinished"]
     return EXIT_FOUND if bad else EXIT_OK
+
+
+def sentence(result, mode, seconds):
+    """The verdict in one plain sentence."""
+    window = (
+        f"{result['in_crash_window']} of {result['killed']} kills landed in the crash window "
+        "(answered, not checkpointed)"
+    )
+    if result["duplicates"] or result["missing"] or result["unfinished"]:
+        found = (
+            f"{result['duplicates']} duplicate tickets, {result['missing']} operations with "
+            f"none, {result['unfinished']} runs unfinished"
+        )
+        return f"chaos: {mode} mode FAILED: {found}; {window} ({seconds:.1f} s)."
+    return (
+        f"chaos: {mode} mode held: every one of {result['runs']} runs has exactly one "
+        f"ticket; {window} ({seconds:.1f} s)."
+    )
 
 
 if __name__ == "__main__":

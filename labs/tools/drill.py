@@ -4,53 +4,40 @@ Each cell is one run with its own thread, operation key and title. The drill sta
 with --crash-at BOUNDARY, recovers it the way an operator would (resume until it prints
 `done`; start it again from its input when the crash left nothing to resume), resumes it
 once more (a finished run must redo nothing), and counts the receiver's tickets with the
-run's title. All of it runs as real processes against one fresh receiver.
+run's title. All of it runs as real processes against one fresh receiver of the drill's
+own, with the lost-ack fault turned on (labs/lost-ack.compose.yaml). Each cell is printed on
+stderr as it finishes; a cell that differs says which check failed, and its JSON line
+carries the commands it ran with their exit codes and events.
 
 The ticket count depends only on where the key comes from. The durability setting decides
 how much of the run the recovery redoes, so after-ack is also run under "async" and "exit".
 
-    python -m labs.tools.drill [--backend local|docker] [--json] [--workers N]
+    python -m labs.tools.drill [--backend local|docker] [--json] [--workers N] [--project P]
 
 --backend docker runs every command through Compose, in a project of its own
-(stateful-lab-drill), so the learner's lab and its volumes are never touched.
-Exit codes: 0 every cell as expected; 1 a cell differs; 2 bad arguments; 3 the lab could not run.
+(stateful-lab-drill, or --project), so the learner's lab and its volumes are never touched.
+The matrix (MATRIX) is the one statement of what each cell should show.
+Exit codes: 0 every cell as expected; 1 a cell differs; 2 bad arguments; 3 the lab could not run;
+130 Ctrl-C.
 """
 
 import argparse
 import json
 import os
-import shutil
+import signal
 import subprocess
 import sys
-import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass
 
-from labs.tools.local import (
-    ROOT,
-    ReceiverProcess,
-    free_port,
-    lab_env,
-    run_workflow,
-    shell_exit_code,
-)
-from labs.tools.runner import COMMAND_TIMEOUT_S, compose_command, docker_engine_answers
+from labs.tools.backends import LOST_ACK, DockerBackend, LabError, LocalBackend
+from labs.tools.local import shell_exit_code
+from workflow import API_TIMEOUT_S, EXIT_NO_ANSWER, EXIT_THREAD, EXIT_USAGE, MODES
 
-MODES = ("naive", "safe", "node-uuid")
-EXPECTED = {  # tickets per mode (naive, safe, node-uuid) after the crash and the recovery
-    "after-prepare": (1, 1, 1),  # nothing was sent before the crash
-    "before-request": (1, 1, 1),
-    "lost-ack": (2, 1, 2),  # committed, answer lost: only a stable key can find it again
-    "after-ack": (2, 1, 2),  # committed, node not returned: the rerun sends again
-    "after-checkpoint": (1, 1, 1),  # the result was saved: nothing is redone
-}
-OTHER_DURABILITIES = ("async", "exit")  # extra rows for after-ack
-OBSERVED = {"async"}  # what "async" has saved when the kill lands varies: recovery not checked
-EXIT_OK, EXIT_DIFFERS, EXIT_USAGE, EXIT_NO_LAB = 0, 1, 2, 3
-EXIT_KILLED, EXIT_NO_ANSWER, EXIT_NO_THREAD = 137, 3, 4  # workflow.py's exit codes
+EXIT_OK, EXIT_DIFFERS, EXIT_NO_LAB = 0, 1, 3  # and EXIT_USAGE (2) for bad arguments
+KILLED = shell_exit_code(-signal.SIGKILL)  # 137: the crash switch, as a shell reports it
 MAX_RECOVERIES = 3  # resumes before a cell gives up; one is enough in every cell here
-WORKFLOW_TIMEOUT_S = 120  # seconds for one workflow command (docker: container start included)
 DOCKER_PROJECT = "stateful-lab-drill"
 NODE_OF_EVENT = {  # workflow.py events -> the node that prints them
     "prepare": "prepare",
@@ -60,10 +47,6 @@ NODE_OF_EVENT = {  # workflow.py events -> the node that prints them
 }
 
 
-class LabError(Exception):
-    """The lab itself could not run (no engine, a receiver that does not start)."""
-
-
 class Parser(argparse.ArgumentParser):
     """Bad arguments: one line and exit 2, not a usage dump (also used by labs.tools.chaos)."""
 
@@ -71,150 +54,162 @@ class Parser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"{self.prog}: {message} (see --help)\n")
 
 
-class LocalLab:
-    """A fresh receiver in a temporary folder, with the lost-ack fault on (as compose.yaml)."""
-
-    name = "local"
-
-    def __enter__(self):
-        self.dir = tempfile.mkdtemp(prefix="stateful-lab-drill-")
-        self.env = lab_env(Path(self.dir), free_port(), RECEIVER_LAB_FAULTS="lost-ack")
-        self.receiver = ReceiverProcess(self.env, Path(self.dir) / "receiver.log")
-        try:
-            self.receiver.start()
-        except (RuntimeError, TimeoutError) as error:
-            self.__exit__()
-            raise LabError(f"the receiver did not start: {error}") from error
-        return self
-
-    def workflow(self, args):
-        done = run_workflow(args, self.env, timeout=WORKFLOW_TIMEOUT_S)
-        return done.stdout, shell_exit_code(done.returncode)
-
-    def __exit__(self, *exc):
-        self.receiver.stop()
-        shutil.rmtree(self.dir, ignore_errors=True)
+def each(value):
+    """The same expectation for every mode."""
+    return (value,) * len(MODES)
 
 
-class DockerLab:
-    """The same commands through Compose: `run --rm workflow ARGS` for each."""
+@dataclass(frozen=True)
+class Row:
+    """One row of the matrix: where the run dies, under which durability, and for each mode
+    (in MODES order: naive, safe, node-uuid) what a learner sees."""
 
-    name = "docker"
+    boundary: str  # workflow.py --crash-at BOUNDARY
+    durability: str
+    tickets: tuple  # tickets for the one operation after the crash and the recovery
+    crash_exit: tuple = each(KILLED)  # the exit code of the run that crashed
+    recovery: tuple | None = None  # how it was recovered and what reran; None: observed only
 
-    def __enter__(self):
-        compose = compose_command()
-        if compose is None or not docker_engine_answers():
-            raise LabError("no Docker engine with Compose answers; try --backend local")
-        self.compose = [*compose, "-p", DOCKER_PROJECT]
-        self.call("down", "-v")  # a fresh receiver: leftovers of an interrupted drill go
-        done = self.call("up", "-d", "--build", "api", timeout=COMMAND_TIMEOUT_S)
-        if done.returncode != 0:
-            raise LabError(f"`up -d --build api` failed: {done.stderr.strip()[-300:]}")
-        return self
+    @property
+    def crash_args(self):
+        return ["--crash-at", self.boundary]
 
-    def call(self, *args, timeout=WORKFLOW_TIMEOUT_S):
-        return subprocess.run(
-            [*self.compose, *args],
-            cwd=ROOT,
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-        )
 
-    def workflow(self, args):
-        done = self.call("run", "--rm", "workflow", *args)
-        return done.stdout, shell_exit_code(done.returncode)
+RESUME_BOTH = each("resume: prepare, create_ticket")
+RESUME_CREATE = each("resume: create_ticket")
+MATRIX = (  # the one statement of what the drill expects; tests and docs read it from here
+    Row("after-prepare", "sync", (1, 1, 1), recovery=RESUME_BOTH),  # nothing was sent
+    Row("before-request", "sync", (1, 1, 1), recovery=RESUME_CREATE),
+    Row(  # committed, answer lost: only a stable key can find it again
+        "lost-ack",
+        "sync",
+        (2, 1, 2),
+        crash_exit=(EXIT_NO_ANSWER, 0, EXIT_NO_ANSWER),  # safe settles it in the run itself
+        recovery=("resume: create_ticket", "none", "resume: create_ticket"),
+    ),
+    Row("after-ack", "sync", (2, 1, 2), recovery=RESUME_CREATE),  # the rerun sends again
+    Row("after-checkpoint", "sync", (1, 1, 1), recovery=each("resume: nothing")),  # saved
+    # The durability decides how much the recovery redoes, never the ticket count:
+    Row("after-ack", "async", (2, 1, 2)),  # what "async" had saved when the kill landed varies
+    Row("after-ack", "exit", (2, 1, 2), recovery=each("start again: prepare, create_ticket")),
+)
 
-    def __exit__(self, *exc):
-        self.call("down", "-v")
+
+@dataclass(frozen=True)
+class Cell:
+    row: Row
+    mode: str
+
+    @property
+    def name(self):  # the run's thread, operation key and title
+        return f"drill:{self.row.boundary}:{self.mode}:{self.row.durability}"
+
+    def expected(self, field):
+        return getattr(self.row, field)[MODES.index(self.mode)]
 
 
 def cells():
-    """(boundary, mode, durability) in matrix order: every boundary under sync, then durability."""
-    rows = [(boundary, "sync") for boundary in EXPECTED]
-    rows += [("after-ack", durability) for durability in OTHER_DURABILITIES]
-    return [(boundary, mode, durability) for boundary, durability in rows for mode in MODES]
-
-
-def expected_crash_exit(boundary, mode):
-    if boundary != "lost-ack":
-        return EXIT_KILLED
-    return 0 if mode == "safe" else EXIT_NO_ANSWER  # safe settles it in the run itself
-
-
-def expected_recovery(boundary, mode, durability):
-    """(how the run was recovered, the nodes the recovery ran), or None where it varies."""
-    if durability in OBSERVED:
-        return None
-    if durability == "exit":  # nothing is saved before the graph exits, and SIGKILL is no exit
-        return "start again", ["prepare", "create_ticket"]
-    if boundary == "lost-ack" and mode == "safe":
-        return "none", []
-    reran = {"after-prepare": ["prepare", "create_ticket"], "after-checkpoint": []}
-    return "resume", reran.get(boundary, ["create_ticket"])
+    """Every (row, mode), in matrix order."""
+    return [Cell(row, mode) for row in MATRIX for mode in MODES]
 
 
 def events(stdout):
     return [json.loads(line)["event"] for line in stdout.splitlines() if line.startswith("{")]
 
 
-def run_cell(lab, boundary, mode, durability):
-    name = f"drill:{boundary}:{mode}:{durability}"  # thread, operation key and title
+def describe_recovery(how, reran):
+    return "none" if how == "none" else f"{how}: {', '.join(reran) or 'nothing'}"
+
+
+def run_cell(lab, cell):
+    """Crash the run, recover it as an operator would, resume once more, count its tickets."""
+    log = []
+
+    def workflow(args):
+        result = lab.workflow(args)
+        log.append(
+            {"args": " ".join(args), "exit": result.exit_code, "events": events(result.stdout)}
+        )
+        return result
+
+    name, durability = cell.name, cell.row.durability
     common = ["--thread", name, "--durability", durability]
-    start = ["start", *common, "--operation", name, "--title", name, "--mode", mode]
-    stdout, crash_exit = lab.workflow([*start, "--crash-at", boundary])
-    recovery, reran = "none", []
+    start = ["start", *common, "--operation", name, "--title", name, "--mode", cell.mode]
+    crashed = workflow([*start, *cell.row.crash_args])
+    result, how, reran = crashed, "none", []
     for _ in range(MAX_RECOVERIES):
-        if "done" in events(stdout):
+        if "done" in events(result.stdout):
             break
-        stdout, code = lab.workflow(["resume", *common])
-        recovery = "resume"
-        if code == EXIT_NO_THREAD:  # the crash left no checkpoint: all we have is the input
-            stdout, code = lab.workflow(start)
-            recovery = "start again"
-        reran += [NODE_OF_EVENT[e] for e in events(stdout) if e in NODE_OF_EVENT]
-    finished = "done" in events(stdout)
-    stdout, code = lab.workflow(["resume", *common])
-    redid_nothing = code == 0 and events(stdout) == ["done"]
-    stdout, code = lab.workflow(["tickets"])
-    if code != 0:
-        raise LabError(f"`tickets` failed with exit {code}")
-    tickets = [t for t in json.loads(stdout)["tickets"] if t["payload"] == {"title": name}]
-    want_recovery = expected_recovery(boundary, mode, durability)
-    cell = {
-        "boundary": boundary,
-        "mode": mode,
+        result, how = workflow(["resume", *common]), "resume"
+        if result.exit_code == EXIT_THREAD:  # the crash left no checkpoint: start from the input
+            result, how = workflow(start), "start again"
+        reran += [NODE_OF_EVENT[e] for e in events(result.stdout) if e in NODE_OF_EVENT]
+    finished = "done" in events(result.stdout)
+    again = workflow(["resume", *common])
+    redid_nothing = again.exit_code == 0 and events(again.stdout) == ["done"]
+    tickets = [t for t in lab.tickets() if t["payload"] == {"title": name}]
+    recovery = describe_recovery(how, list(dict.fromkeys(reran)))  # in order, each node once
+    want = {f: cell.expected(f) for f in ("tickets", "crash_exit")}
+    want_recovery = cell.expected("recovery") if cell.row.recovery else None
+    why = []
+    if len(tickets) != want["tickets"]:
+        why.append(f"{len(tickets)} tickets, expected {want['tickets']}")
+    if crashed.exit_code != want["crash_exit"]:
+        why.append(f"the crash exited {crashed.exit_code}, expected {want['crash_exit']}")
+    if not finished:
+        why.append(f"not done after {MAX_RECOVERIES} recoveries")
+    if not redid_nothing:
+        why.append("a resume after `done` ran a node again or failed")
+    if want_recovery is not None and recovery != want_recovery:
+        why.append(f"recovery was {recovery!r}, expected {want_recovery!r}")
+    lost = any("effect_unknown" in entry["events"] for entry in log)
+    if why and lost and cell.row.boundary != "lost-ack":  # no fault asked for: a slow receiver
+        why.append(
+            "an answer was lost without the lost-ack fault: the receiver took longer than "
+            f"workflow.py's {API_TIMEOUT_S:g} s request timeout (a loaded machine?)"
+        )
+    result = {
+        "boundary": cell.row.boundary,
+        "mode": cell.mode,
         "durability": durability,
         "tickets": len(tickets),
-        "expected": EXPECTED[boundary][MODES.index(mode)],
+        "expected": want["tickets"],
         "observed": want_recovery is None,
-        "crash_exit": crash_exit,
+        "crash_exit": crashed.exit_code,
         "recovery": recovery,
-        "reran": list(dict.fromkeys(reran)),  # in order, each node once
         "finished": finished,
         "redid_nothing_after": redid_nothing,
+        "ok": not why,
+        "why": why,
     }
-    cell["ok"] = (
-        cell["tickets"] == cell["expected"]
-        and crash_exit == expected_crash_exit(boundary, mode)
-        and finished
-        and redid_nothing
-        and want_recovery in (None, (recovery, cell["reran"]))
+    if why:
+        result["log"] = log  # the commands the cell ran, with their exits and events
+    return result
+
+
+def progress(done, total, cell):
+    verdict = "as expected" if cell["ok"] else "DIFFERS: " + "; ".join(cell["why"])
+    print(
+        f"drill: [{done}/{total}] {cell['boundary']} {cell['durability']} {cell['mode']}: "
+        f"{cell['tickets']} ticket{'' if cell['tickets'] == 1 else 's'}, {verdict}",
+        file=sys.stderr,
+        flush=True,
     )
-    return cell
 
 
-def run_drill(lab, workers):
-    with ThreadPoolExecutor(workers) as pool:
-        futures = [pool.submit(run_cell, lab, *cell) for cell in cells()]
-        return [future.result() for future in futures]
-
-
-def describe_recovery(cell):
-    if cell["recovery"] == "none":
-        return "none needed (settled in the run)"
-    return f"{cell['recovery']}: {', '.join(cell['reran']) or 'nothing to redo'}"
+def run_drill(lab, workers, on_cell=progress):
+    """Every cell, workers at a time, against one fresh receiver; results in matrix order."""
+    todo = cells()
+    results = [None] * len(todo)
+    pool = ThreadPoolExecutor(workers)
+    try:
+        futures = {pool.submit(run_cell, lab, cell): i for i, cell in enumerate(todo)}
+        for done, future in enumerate(as_completed(futures), 1):
+            results[futures[future]] = future.result()
+            on_cell(done, len(todo), results[futures[future]])
+    finally:  # on Ctrl-C: drop the cells not started, wait for the few running
+        pool.shutdown(cancel_futures=True)
+    return results
 
 
 def matrix(results):
@@ -228,7 +223,7 @@ def matrix(results):
         ]
         recoveries = {}
         for c in row:
-            recoveries.setdefault(describe_recovery(c), []).append(c["mode"])
+            recoveries.setdefault(c["recovery"], []).append(c["mode"])
         if len(recoveries) == 1:
             recovery = next(iter(recoveries))
         else:
@@ -247,12 +242,27 @@ def matrix(results):
     return "\n".join(lines)
 
 
+def open_lab(backend, project=DOCKER_PROJECT):
+    """A fresh lab of the drill's own with the lost-ack fault on (named explicitly)."""
+    lab = LocalBackend() if backend == "local" else DockerBackend(project)
+    try:
+        lab.down()  # docker: what an interrupted drill left behind
+        up = lab.up([LOST_ACK])
+        if up.exit_code:
+            raise LabError(f"`up -d --build api` failed: {up.stderr.strip()[-300:]}")
+    except BaseException:
+        lab.close()
+        raise
+    return lab
+
+
 def main(argv=None):
     parser = Parser(
         prog="python -m labs.tools.drill", description="Crash the workflow at every boundary."
     )
     parser.add_argument("--backend", choices=("local", "docker"), default="local")
     parser.add_argument("--json", action="store_true", help="one JSON line per cell")
+    parser.add_argument("--project", default=DOCKER_PROJECT, help="docker: the Compose project")
     parser.add_argument(
         "--workers",
         type=int,
@@ -262,19 +272,20 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.workers < 1:
         parser.error("--workers must be at least 1")
-    lab = LocalLab() if args.backend == "local" else DockerLab()
     began = time.monotonic()
     print(
-        f"drill: {len(cells())} cells, {lab.name} backend, {args.workers} at a time",
+        f"drill: {len(cells())} cells, {args.backend} backend, {args.workers} at a time",
         file=sys.stderr,
+        flush=True,
     )
     try:
-        with lab:
+        with open_lab(args.backend, args.project) as lab:
             results = run_drill(lab, args.workers)
     except (LabError, subprocess.TimeoutExpired) as error:
         print(f"drill: {error}", file=sys.stderr)
         return EXIT_NO_LAB
     except KeyboardInterrupt:
+        print("drill: stopped; nothing left behind", file=sys.stderr)
         return 130
     wrong = [c for c in results if not c["ok"]]
     if args.json:

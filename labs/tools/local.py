@@ -1,9 +1,13 @@
 """Run the lab's two programs natively: the receiver in the background, the workflow per command.
 
-The guide runner's local backend, the drill, the chaos run and the tests all start
-processes through this module, so they run the lab exactly the same way.
+The local backend (labs.tools.backends), the drill, the chaos run and the tests all start
+processes through this module, so they run the lab exactly the same way. Child processes
+start in a session of their own: a Ctrl-C in the terminal reaches only the tool, which then
+stops what it started, in order.
 """
 
+import contextlib
+import io
 import json
 import os
 import signal
@@ -15,6 +19,7 @@ import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+COMMAND_TIMEOUT_S = 600  # seconds for one command; a first `up --build` installs packages
 HEALTH_DEADLINE_S = 10.0  # seconds for a receiver to answer /health after it starts
 STOP_DEADLINE_S = 5.0  # seconds to exit after SIGTERM before we SIGKILL it
 
@@ -23,6 +28,46 @@ def free_port():
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+class LabError(Exception):
+    """The lab itself could not run (no engine, a receiver that does not start): one line."""
+
+
+class PortTaken(LabError):
+    """Another program listens on the port a receiver was to use."""
+
+
+def check_port_free(host, port):
+    """Raise PortTaken when something listens on host:port (we never talk to it).
+
+    SO_REUSEADDR, as the receiver's own socket has: a port whose old connections are only
+    in TIME_WAIT (a receiver we just stopped) is free; one with a listener is not.
+    """
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as error:
+            raise PortTaken(
+                f"port {port} is already taken by another program ({error.strerror}); "
+                "stop that program, or choose another port"
+            ) from None
+
+
+def run(argv, env=None, timeout=COMMAND_TIMEOUT_S):
+    """Run a command in ROOT to its end: no stdin, text stdout and stderr captured, its own
+    session (a Ctrl-C meant for us does not reach it; on any exception it is killed)."""
+    return subprocess.run(
+        argv,
+        env=env,
+        cwd=ROOT,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        start_new_session=True,
+    )
 
 
 def lab_env(data_dir, port, **extra):
@@ -64,18 +109,30 @@ class ReceiverProcess:
         self.proc = None
 
     def start(self):
+        """Start it and wait for /health; PortTaken when another program holds the port."""
+        check_port_free(self.env["HOST"], int(self.env["PORT"]))
         if self.log_path:
             self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
         try:
             self.proc = subprocess.Popen(
-                [sys.executable, str(self.script)], env=self.env, stderr=log, cwd=ROOT
+                [sys.executable, str(self.script)],
+                env=self.env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=log,
+                cwd=ROOT,
+                start_new_session=True,
             )
         finally:
             if self.log_path:
                 log.close()
         wait_until(self.healthy, HEALTH_DEADLINE_S, f"receiver at {self.url} answering /health")
         return self
+
+    @property
+    def running(self):
+        return self.proc is not None and self.proc.poll() is None
 
     def healthy(self):
         if self.proc.poll() is not None:
@@ -103,14 +160,30 @@ class ReceiverProcess:
 
 def run_workflow(args, env, timeout=60):
     """python workflow.py ARGS; returns the CompletedProcess (text). -9 is the SIGKILL exit."""
-    return subprocess.run(
-        [sys.executable, str(ROOT / "workflow.py"), *args],
-        env=env,
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    return run([sys.executable, str(ROOT / "workflow.py"), *args], env, timeout)
+
+
+SIGNALS_ITSELF = ("--crash", "--crash-at", "--term-at")  # workflow.py flags that kill or stop it
+
+
+def run_workflow_here(args, env):
+    """workflow.main(ARGS) in this process, for a command that sends itself no signal.
+
+    The same code as `python workflow.py ARGS` without a new interpreter and LangGraph's import
+    (~0.8 s a command here): the tests' guide runs use it. Not thread-safe (stdout and stderr
+    are redirected for the call); a command with a signal switch runs as a process instead.
+    """
+    if any(arg.split("=")[0] in SIGNALS_ITSELF for arg in args):
+        return run_workflow(args, env)
+    import workflow
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = workflow.main(list(args), env)
+        except SystemExit as exit:  # argparse: --help, or a usage mistake
+            code = exit.code if isinstance(exit.code, int) else 1
+    return subprocess.CompletedProcess(args, code, out.getvalue(), err.getvalue())
 
 
 def shell_exit_code(returncode):

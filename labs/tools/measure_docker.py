@@ -1,6 +1,6 @@
 """Time the lab's Compose lifecycle on a real engine, as a learner meets it. Prints figures only.
 
-    python -m labs.tools.measure_docker [--runs 3] [--cold] [--project stateful-lab]
+    python -m labs.tools.measure_docker [--runs 3] [--cold] [--project stateful-lab-measure]
 
 - up -> first result: `down -v`, then `up -d --build api` and the first `run --rm workflow
   tickets`, timed together (and each). Warm: the image is already built, as on every run after
@@ -10,9 +10,10 @@
 - restart api: `restart api` alone, and restart -> the next `run --rm workflow tickets` result.
 - down -v: `down -v` of a lab with both volumes in use.
 
-Each figure is the median of --runs runs (min and max beside it). Uses project stateful-lab by
-default: it removes that project's data, like the guides' cleanup does. Set BASE_IMAGE and
-DOCKER_BUILDKIT=0 as for the tests where the pinned base image cannot be pulled.
+Each figure is the median of --runs runs (min and max beside it). Uses project
+stateful-lab-measure by default (never a learner's stateful-lab): it removes that project's
+data. Set BASE_IMAGE and DOCKER_BUILDKIT=0 as for the tests where the pinned base image cannot
+be pulled.
 """
 
 import argparse
@@ -21,8 +22,8 @@ import subprocess
 import sys
 import time
 
+from labs.tools.backends import compose_command, docker_engine_answers
 from labs.tools.local import ROOT
-from labs.tools.runner import compose_command, docker_engine_answers
 
 IMAGE = "stateful-agent-lab:local"
 TIMEOUT_S = 900
@@ -53,7 +54,7 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=3, help="runs per figure (default 3)")
     parser.add_argument("--cold", action="store_true", help="also time a build from scratch")
-    parser.add_argument("--project", default="stateful-lab", help="Compose project name")
+    parser.add_argument("--project", default="stateful-lab-measure", help="Compose project name")
     args = parser.parse_args(argv)
 
     compose = compose_command()

@@ -1,0 +1,397 @@
+"""Two ways to run the lab, one interface: Compose on a Docker engine, or native processes.
+
+The guide runner (and `make demo`), the drill and the chaos run all drive the lab through a
+Backend. A guide command names the learner's Compose project, then optional Compose files:
+
+    docker compose -p stateful-lab [-f compose.yaml -f labs/lost-ack.compose.yaml] VERB ...
+
+    VERB ...                 docker backend                  local backend
+    up -d --build api        as written                      start python api.py, wait for /health
+                                                             (-f X.compose.yaml: with the api
+                                                             environment X sets)
+    run --rm workflow ARGS   as written                      python workflow.py ARGS
+    restart api              as written                      SIGTERM, wait for the exit, start again
+    down -v                  as written                      stop the receiver, delete both data
+                                                             folders
+
+Neither ever touches a learner's lab (the Compose project stateful-lab, data/, port 8000): the
+docker backend runs in a Compose project of its own (the guide's `-p stateful-lab` is rewritten),
+the local backend in a temporary folder, on a free loopback port.
+
+    python -m labs.tools.backends reset     # make reset: the learner's own lab, both ways
+"""
+
+import functools
+import json
+import os
+import re
+import shlex
+import shutil
+import signal
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from labs.tools.local import (
+    COMMAND_TIMEOUT_S,
+    ROOT,
+    LabError,
+    ReceiverProcess,
+    free_port,
+    lab_env,
+    run,
+    run_workflow,
+    run_workflow_here,
+    shell_exit_code,
+    wait_until,
+)
+from labs.tools.workers import LocalWorkers
+
+LEARNER_PROJECT = "stateful-lab"  # the project the guides name: the learner's, never ours
+GUIDE_PREFIX = ["docker", "compose", "-p", LEARNER_PROJECT]
+BASE_FILE = "compose.yaml"
+LOST_ACK = "labs/lost-ack.compose.yaml"  # the override that turns the lost-ack fault on
+PID_FILE = "data/receiver.pid"  # where the native commands we show keep the receiver's pid
+WORKFLOW_TIMEOUT_S = 120  # seconds for one workflow command (docker: container start included)
+COMPOSE_NOISE = re.compile(
+    r"^(Creating|Starting|Restarting|Stopping|Removing|Recreating|Pulling|Building|Network"
+    r"|Volume|Container)\s"
+)
+TICKETS_SCRIPT = (  # run inside the api container: ask the receiver itself, on its loopback
+    "import sys, urllib.request; "
+    "sys.stdout.write(urllib.request.urlopen('http://127.0.0.1:8000/tickets', timeout=5)"
+    ".read().decode())"
+)
+
+
+@dataclass
+class Result:
+    stdout: str
+    stderr: str = ""
+    exit_code: int = 0  # as a shell reports it: a death by signal N is 128 + N
+
+
+@dataclass
+class GuideCommand:
+    files: list  # -f FILE, in order ([] when the guide names none)
+    verb: str
+    args: list
+
+    @property
+    def overrides(self):
+        return self.files[1:]
+
+
+def parse_command(command):
+    """'docker compose -p stateful-lab [-f F ...] VERB ARGS' -> GuideCommand, or ValueError."""
+    words = shlex.split(command)
+    if words[: len(GUIDE_PREFIX)] != GUIDE_PREFIX:
+        raise ValueError(f"guide commands start with `{' '.join(GUIDE_PREFIX)}`: {command!r}")
+    rest, files = words[len(GUIDE_PREFIX) :], []
+    while rest[:1] == ["-f"] and len(rest) > 1:
+        files.append(rest[1])
+        rest = rest[2:]
+    if files and files[0] != BASE_FILE:
+        raise ValueError(
+            f"the first -f must be {BASE_FILE} (Compose then reads no other): {command!r}"
+        )
+    if not rest:
+        raise ValueError(f"no Compose command in {command!r}")
+    return GuideCommand(files, rest[0], rest[1:])
+
+
+def override_environment(files):
+    """The environment the override files give the api service: the local backend's mapping."""
+    import yaml  # a dev requirement; only override files need it
+
+    env = {}
+    for name in files:
+        spec = yaml.safe_load((ROOT / name).read_text(encoding="utf-8"))
+        env.update(spec["services"]["api"]["environment"])
+    return {name: str(value) for name, value in env.items()}
+
+
+class Backend:
+    """What every backend does; run() maps a guide command onto the other methods."""
+
+    name = "?"
+
+    def run(self, command):
+        cmd = parse_command(command)
+        if cmd.verb == "up" and cmd.args[-1:] == ["api"]:
+            return self.up(cmd.overrides)
+        if cmd.verb == "restart" and cmd.args == ["api"]:
+            return self.restart()
+        if cmd.verb == "down":
+            return self.down()
+        if cmd.verb == "run" and cmd.args[:2] == ["--rm", "workflow"]:
+            return self.workflow(cmd.args[2:])
+        if cmd.verb == "logs" and cmd.args == ["api"]:
+            return self.logs()
+        if (scaled := self.scale_profile(cmd)) is not None:
+            return scaled
+        raise ValueError(f"the {self.name} backend has no mapping for {command!r}")
+
+    def scale_profile(self, cmd):
+        """Lab 10's postgres and worker services: a Result, or None for other commands."""
+        return None
+
+    def native(self, command):
+        """The command as it runs natively, for a learner to paste; None where it runs as is."""
+        return None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class LocalBackend(Backend):
+    """The lab as native processes: data in data_dir (a temporary folder unless given)."""
+
+    name = "local"
+
+    def __init__(self, data_dir=None, port=None, log_path=None, in_process=False):
+        self.in_process = in_process  # workflow commands without a signal switch: see local.py
+        self.owned = data_dir is None  # a folder we made is deleted by close()
+        self.data_dir = Path(data_dir or tempfile.mkdtemp(prefix="stateful-lab-"))
+        self.env = lab_env(self.data_dir, port or free_port())
+        self.env.pop("RECEIVER_LAB_FAULTS", None)  # a fault is on only where a lab asks for it
+        self.log_path = Path(log_path) if log_path else self.data_dir / "receiver.log"
+        self.faults = {}
+        self.receiver = ReceiverProcess(self.env, self.log_path)
+        self.workers = LocalWorkers(self.env, self.data_dir)  # the scale profile (lab 10)
+
+    @property
+    def port(self):
+        return int(self.env["PORT"])
+
+    def up(self, overrides=()):
+        if not self.receiver.running:
+            self.faults = override_environment(overrides)
+            self.receiver = ReceiverProcess({**self.env, **self.faults}, self.log_path)
+            self.start_receiver()
+        return Result("")
+
+    def start_receiver(self):
+        try:
+            self.receiver.start()
+        except (RuntimeError, TimeoutError) as error:
+            self.receiver.stop()
+            raise LabError(f"the receiver did not start: {error} (log: {self.log_path})") from None
+
+    def restart(self):
+        self.receiver.stop()
+        self.start_receiver()
+        return Result("")
+
+    def down(self):
+        self.workers.close()
+        self.receiver.stop()
+        for volume in ("receiver", "workflow"):
+            shutil.rmtree(self.data_dir / volume, ignore_errors=True)
+        self.log_path.unlink(missing_ok=True)  # as Compose removes the container and its log
+        return Result("")
+
+    def logs(self):
+        """The receiver's stderr so far, as `cat` shows it (Compose adds a prefix per line)."""
+        try:
+            return Result(self.log_path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            return Result("")
+
+    def workflow(self, args, timeout=WORKFLOW_TIMEOUT_S):
+        if self.in_process:
+            done = run_workflow_here(args, self.env)
+        else:
+            done = run_workflow(args, self.env, timeout)
+        return Result(done.stdout, done.stderr, shell_exit_code(done.returncode))
+
+    def tickets(self):
+        """Every ticket the receiver holds, asked over HTTP."""
+        from workflow import TicketClient, UserError
+
+        try:
+            return TicketClient(self.env["API_URL"]).tickets()
+        except UserError as error:
+            raise LabError(str(error)) from None
+
+    def native(self, command):
+        cmd = parse_command(command)
+        faults = override_environment(cmd.overrides) if cmd.verb == "up" else self.faults
+        serve = "".join(f"{k}={shlex.quote(v)} " for k, v in faults.items())
+        serve += f"python api.py & echo $! > {PID_FILE}"
+        stop = f"kill $(cat {PID_FILE})"
+        if cmd.verb == "up":
+            return f"mkdir -p data; {serve}"
+        if cmd.verb == "restart":
+            return f"{stop}; sleep 1; {serve}"
+        if cmd.verb == "down":
+            return f"{stop}; rm -rf data"
+        if cmd.verb == "logs":
+            return "cat data/receiver.log"
+        return "python workflow.py " + shlex.join(cmd.args[2:])
+
+    def scale_profile(self, cmd):
+        """up -d postgres: a throwaway cluster (labs.tools.pg); up -d --scale worker=N worker: N
+        `python worker.py run` processes; run --rm worker ARGS: python worker.py ARGS; kill -s SIG,
+        pause and unpause worker: SIG, SIGSTOP and SIGCONT to every worker (Compose's pause uses
+        the cgroup freezer)."""
+        services = [w for w in cmd.args if not w.startswith("-") and "=" not in w]
+        if cmd.verb == "up" and {"postgres", "worker"} & set(services):
+            if "api" in services and not self.receiver.running:
+                self.start_receiver()
+            self.workers.start_postgres()
+            if "worker" in services:
+                scale = [w for w in cmd.args if w.startswith("worker=")]
+                self.workers.scale(int(scale[-1].split("=")[1]) if scale else 1)
+            return Result("")
+        if cmd.verb == "run" and cmd.args[:2] == ["--rm", "worker"]:
+            done = self.workers.run(cmd.args[2:])
+            return Result(done.stdout, done.stderr, shell_exit_code(done.returncode))
+        signals = {"pause": signal.SIGSTOP, "unpause": signal.SIGCONT}
+        if cmd.verb == "kill" and cmd.args[:1] == ["-s"] and cmd.args[2:] == ["worker"]:
+            signals["kill"] = signal.Signals[cmd.args[1]]
+        if cmd.verb in signals and cmd.args[-1:] == ["worker"]:
+            self.workers.signal(signals[cmd.verb])
+            return Result("")
+        return None
+
+    def close(self):
+        self.workers.close()
+        self.receiver.stop()
+        if self.owned:
+            shutil.rmtree(self.data_dir, ignore_errors=True)
+
+
+@functools.cache
+def compose_command():
+    """`docker compose` (v2), or `docker-compose` (v1) where the plugin is missing."""
+    if shutil.which("docker") and run(["docker", "compose", "version"], timeout=30).returncode == 0:
+        return ("docker", "compose")
+    if shutil.which("docker-compose"):
+        return ("docker-compose",)
+    return None
+
+
+def docker_engine_answers():
+    if not shutil.which("docker") or compose_command() is None:
+        return False
+    return run(["docker", "info"], timeout=30).returncode == 0
+
+
+def compose_stderr(stderr, returncode):
+    """stderr without Compose's own progress lines, and without the exit code that
+    docker-compose 1.29 `run` repeats as its last line: what the program itself said."""
+    lines = [line for line in stderr.splitlines() if not COMPOSE_NOISE.match(line.strip())]
+    if returncode and lines and lines[-1].strip() == str(returncode):
+        lines.pop()
+    return "".join(line + "\n" for line in lines)
+
+
+class DockerBackend(Backend):
+    """The guide's commands as written, through Compose, in the project `project`."""
+
+    name = "docker"
+
+    def __init__(self, project):
+        if project == LEARNER_PROJECT:
+            raise ValueError(f"{LEARNER_PROJECT} is the learner's project; tools use their own")
+        self.project = project
+        self.compose = compose_command()
+        if self.compose is None or not docker_engine_answers():
+            raise LabError("no Docker engine with Compose answers; BACKEND=local runs it natively")
+
+    def compose_run(self, args, timeout=WORKFLOW_TIMEOUT_S):
+        done = run([*self.compose, "-p", self.project, *args], timeout=timeout)
+        return Result(
+            done.stdout,
+            compose_stderr(done.stderr, done.returncode),
+            shell_exit_code(done.returncode),
+        )
+
+    def run(self, command):
+        cmd = parse_command(command)  # what the local backend accepts, and nothing else
+        if cmd.verb not in ("up", "restart", "down", "run", "logs", "kill", "pause", "unpause"):
+            raise ValueError(f"the docker backend has no mapping for {command!r}")
+        files = [word for name in cmd.files for word in ("-f", name)]
+        timeout = COMMAND_TIMEOUT_S if cmd.verb == "up" else WORKFLOW_TIMEOUT_S
+        return self.compose_run([*files, cmd.verb, *cmd.args], timeout)
+
+    def up(self, overrides=()):
+        files = [word for name in (BASE_FILE, *overrides) for word in ("-f", name)]
+        return self.compose_run(
+            [*(files if overrides else []), "up", "-d", "--build", "api"], COMMAND_TIMEOUT_S
+        )
+
+    def restart(self):
+        return self.compose_run(["restart", "api"])
+
+    def down(self):
+        return self.compose_run(["down", "-v", "--remove-orphans"])
+
+    def workflow(self, args, timeout=WORKFLOW_TIMEOUT_S):
+        return self.compose_run(["run", "--rm", "workflow", *args], timeout)
+
+    def tickets(self):
+        done = self.compose_run(["exec", "-T", "api", "python", "-c", TICKETS_SCRIPT])
+        if done.exit_code:
+            raise LabError(f"cannot list the receiver's tickets: {done.stderr.strip()[-300:]}")
+        return json.loads(done.stdout)["tickets"]
+
+    def close(self):
+        self.down()
+
+
+def choose_backend(name, project, port=None):
+    """auto: Docker when an engine answers, else local. Returns (backend, why)."""
+    if name == "auto":
+        name = "docker" if docker_engine_answers() else "local"
+        why = "a Docker engine answers" if name == "docker" else "no Docker engine answers"
+        why += "; BACKEND=local|docker forces one"
+    else:
+        why = "chosen"
+    return (DockerBackend(project) if name == "docker" else LocalBackend(port=port)), why
+
+
+def stop_native_receiver(pid_file):
+    """Stop the receiver a pasted native `up` started, if that pid still is one. -> said."""
+    try:
+        pid = int(pid_file.read_text().strip())
+    except (OSError, ValueError):
+        return None
+    command = run(["ps", "-o", "command=", "-p", str(pid)], timeout=10).stdout
+    if "api.py" not in command:
+        return f"native: {pid_file.relative_to(ROOT)} names pid {pid}, no receiver: left alone"
+    os.kill(pid, signal.SIGTERM)
+
+    def gone():
+        return "api.py" not in run(["ps", "-o", "command=", "-p", str(pid)], timeout=10).stdout
+
+    wait_until(gone, 10, f"the native receiver (pid {pid}) stopping")
+    return f"native: receiver (pid {pid}) stopped"
+
+
+def reset():
+    """make reset: the learner's lab, both ways. .venv stays."""
+    if docker_engine_answers():
+        done = run([*compose_command(), "-p", LEARNER_PROJECT, "down", "-v"], timeout=120)
+        if done.returncode:
+            print(f"reset: docker: {done.stderr.strip()[-300:]}", file=sys.stderr)
+            return 1
+        print(f"docker: project {LEARNER_PROJECT} removed (containers, network, volumes)")
+    said = stop_native_receiver(ROOT / PID_FILE)
+    if said:
+        print(said)
+    if (ROOT / "data").exists():
+        shutil.rmtree(ROOT / "data")
+        print("native: data/ deleted")
+    return 0
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] != ["reset"]:
+        sys.exit("usage: python -m labs.tools.backends reset")
+    sys.exit(reset())

@@ -1,0 +1,393 @@
+"""make demo: the guides told to a room, each one checked against what really happens.
+
+For each guide: its title and what it shows; then each console block's commands with what
+they printed (stderr indented below), and the guide's own paragraph after the block; before
+the guide's reset, its "What to notice" bullets and a verdict computed from the receiver:
+the tickets each operation the guide touched really has. The guide is the only copy of the
+prose. The closing lines say what the labs showed and, separately, whether every command
+printed what its guide says.
+
+The demo runs in a lab of its own (a temporary folder and a free port; through Docker, the
+Compose project stateful-lab-demo), so a learner's lab is never touched, and Ctrl-C at any
+point removes what the demo made.
+
+    python -m labs.tools.demo [--backend auto|local|docker] [--step] [GUIDE.md ...]
+
+Exit codes: 0 every command as its guide says; 1 some differ; 3 the lab could not run;
+130 stopped with Ctrl-C.
+"""
+
+import argparse
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import workflow
+from labs.tools.backends import LabError, choose_backend, parse_command
+from labs.tools.local import ROOT
+from labs.tools.runner import LIFECYCLE, parse_block, run_step
+
+GUIDES = [
+    ROOT / "labs" / name
+    for name in ("01-the-duplicate.md", "02-the-keyed-fix.md", "03-a-retry-is-not-a-new-request.md")
+]
+DOCKER_PROJECT = "stateful-lab-demo"
+EXIT_OK, EXIT_DIFFERS, EXIT_NO_LAB, EXIT_STOPPED = 0, 1, 3, 130
+WIDTH = 92
+EFFECTS = ("start", "resume", "post")  # the workflow actions that can make a ticket
+FIGURES = re.compile(r'"(?:ticket_id|created)": (?:\d+|true|false)')
+
+
+class Style:
+    """Bold and colour for a terminal; plain text for pipes, files and NO_COLOR."""
+
+    def __init__(self, enabled):
+        self.enabled = enabled
+
+    def wrap(self, code, text):
+        return f"\033[{code}m{text}\033[0m" if self.enabled else text
+
+    def bold(self, text):
+        return self.wrap("1", text)
+
+    def dim(self, text):
+        return self.wrap("2", text)
+
+    def good(self, text):
+        return self.wrap("1;32", text)
+
+    def bad(self, text):
+        return self.wrap("1;31", text)
+
+    def figures(self, line):
+        """A line of output with its ticket_id and created values in bold."""
+        return FIGURES.sub(lambda m: self.bold(m.group(0)), line) if self.enabled else line
+
+
+def style_for(stream, environ=os.environ):
+    return Style(stream.isatty() and not environ.get("NO_COLOR") and environ.get("TERM") != "dumb")
+
+
+# ------------------------------------------------------------------ the guide as a story
+
+
+@dataclass
+class Chapter:
+    """One console block, with the heading above it and the guide's paragraph after it."""
+
+    heading: str
+    steps: list
+    after: str = ""
+    notice: list = field(default_factory=list)  # the "What to notice" bullets, said before it
+
+
+@dataclass
+class Story:
+    title: str
+    shows: str
+    chapters: list
+
+
+def markdown_items(text):
+    """The guide's top-level pieces, in order: (kind, text), kind heading|console|code|text."""
+    items, lines, i = [], text.splitlines(), 0
+    while i < len(lines):
+        line = lines[i]
+        if line.startswith("```"):
+            end = i + 1
+            while end < len(lines) and not lines[end].startswith("```"):
+                end += 1
+            kind = "console" if line.strip() == "```console" else "code"
+            items.append((kind, "\n".join(lines[i + 1 : end]) + "\n"))
+            i = end + 1
+        elif line.startswith("#"):
+            items.append(("heading", line.lstrip("#").strip()))
+            i += 1
+        elif line.strip():
+            end = i
+            while (
+                end < len(lines) and lines[end].strip() and not lines[end].startswith(("```", "#"))
+            ):
+                end += 1
+            items.append(("text", "\n".join(lines[i:end])))
+            i = end
+        else:
+            i += 1
+    return items
+
+
+def bullets(text):
+    """'- a\\n  b\\n- c' -> ['a b', 'c']"""
+    found = []
+    for line in text.splitlines():
+        if line.startswith("- "):
+            found.append(line[2:].strip())
+        elif found:
+            found[-1] += " " + line.strip()
+    return found
+
+
+def parse_story(text):
+    items = markdown_items(text)
+    title = next(t for kind, t in items if kind == "heading")
+    shows = next((t for kind, t in items if t.startswith("**What it shows.**")), "")
+    chapters, heading, notice = [], "", []
+    for index, (kind, content) in enumerate(items):
+        if kind == "heading":
+            heading = content
+        elif kind == "text" and heading == "What to notice":
+            notice += bullets(content)
+        elif kind == "console":
+            after = items[index + 1] if index + 1 < len(items) else ("", "")
+            said = after[1] if after[0] == "text" and not after[1].startswith("Next:") else ""
+            chapters.append(Chapter(heading, parse_block(content), said))
+            chapters[-1].notice, notice = notice, []
+    if notice and chapters:
+        chapters[-1].notice += notice
+    return Story(title, shows.removeprefix("**What it shows.**").strip(), chapters)
+
+
+def plain(text, style):
+    """Markdown emphasis, code spans and links as terminal text."""
+    text = re.sub(r"\[([^\]]+)\]\([^)]+\)", r"\1", text)
+    text = re.sub(r"\*\*(.+?)\*\*", lambda m: style.bold(m.group(1)), text)
+    return re.sub(r"`([^`]+)`", lambda m: style.bold(m.group(1)), text)
+
+
+def say(text, style, indent="  ", first=None):
+    """A paragraph of the guide, wrapped (escape codes are added after wrapping)."""
+    words = " ".join(text.split())
+    wrapped = textwrap.fill(words, WIDTH, initial_indent=first or indent, subsequent_indent=indent)
+    print(plain(wrapped, style))
+
+
+# ------------------------------------------------------------------ the verdict, from the receiver
+
+
+@dataclass
+class Operation:
+    mode: str
+    tickets: list = field(default_factory=list)
+    notes: list = field(default_factory=list)
+
+    def verdict(self, name):
+        count = len(self.tickets)
+        line = f"{name}: {count} ticket{'' if count == 1 else 's'}"
+        if count > 1:
+            line += " for one operation (duplicate)"
+        return ", ".join([line, *self.notes])
+
+
+class Ledger:
+    """Tickets per operation, counted on the receiver: after each command that can make a
+    ticket, every ticket the receiver holds that was not there before is that command's."""
+
+    def __init__(self):
+        self.operations, self.threads, self.seen = {}, {}, set()
+
+    def operation(self, command):
+        """(action, operation name) for a workflow command that can make a ticket, else None."""
+        cmd = parse_command(command)
+        if cmd.verb != "run" or cmd.args[2:3] == [] or cmd.args[2] not in EFFECTS:
+            return None
+        try:
+            args = workflow.parse_args(cmd.args[2:])  # workflow.py's own defaults
+        except SystemExit:
+            return None
+        if args.action == "start":
+            self.threads[args.thread] = args.operation
+            self.operations.setdefault(args.operation, Operation(args.mode))
+        elif args.action == "post":
+            self.operations.setdefault(args.operation, Operation("post"))
+        name = args.operation if args.action != "resume" else self.threads.get(args.thread)
+        return (args.action, name) if name else None
+
+    def record(self, action, name, stdout, tickets):
+        op = self.operations.setdefault(name, Operation("?"))
+        new = [t["ticket_id"] for t in tickets if t["ticket_id"] not in self.seen]
+        self.seen.update(new)
+        op.tickets += new
+        events = [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
+        notes = []
+        found = [e["found"] for e in events if e["event"] == "reconcile"]
+        if found and found[0]:
+            ids = ", ".join(map(str, found[0]))
+            notes.append(f"{action} lost the answer and adopted ticket {ids}, found by its key")
+        elif found:
+            notes.append(f"{action} lost the answer, found nothing by its key and sent again")
+        elif any(e.get("created") is False for e in events):
+            notes.append(f"{action} got created: false")
+        for event in events:
+            if event["event"] == "http_error":
+                notes.append(f"{action} refused ({event['status']})")
+        if action == "resume" and [e["event"] for e in events] == ["done"]:
+            notes.append("resume redid nothing")
+        op.notes += [n for n in notes if n not in op.notes]
+
+
+# ------------------------------------------------------------------ telling it
+
+
+class Demo:
+    def __init__(self, backend, style, step_mode=False):
+        self.backend, self.style, self.step_mode = backend, style, step_mode
+        self.outcomes, self.operations = [], []
+
+    def tell(self, path):
+        s = self.style
+        story = parse_story(Path(path).read_text(encoding="utf-8"))
+        print("\n" + s.bold(f"=== {story.title} ==="))
+        if story.shows:
+            say(story.shows, s)
+        ledger = Ledger()
+        heading = None
+        for chapter in story.chapters:
+            if chapter.notice:
+                print("\n" + s.bold("What to notice"))
+                for bullet in chapter.notice:
+                    say(bullet, s, "    ", "  - ")
+                self.verdict(ledger)
+            if chapter.heading != heading and chapter.heading != story.title:
+                heading = chapter.heading
+                print("\n" + s.bold(f"-- {heading}"))
+            for step in chapter.steps:
+                self.run(step, ledger)
+            if chapter.after:
+                print()
+                say(chapter.after, s)
+        if not any(c.notice for c in story.chapters):
+            self.verdict(ledger)
+
+    def run(self, step, ledger):
+        s = self.style
+        print(f"\n$ {step.command}")
+        native = self.backend.native(step.command)
+        if native:
+            print(s.dim(f"  natively: {native}"))
+        if self.step_mode:
+            input(s.dim("  (Enter to run) "))
+        effect = ledger.operation(step.command)
+        verb = parse_command(step.command).verb
+        building = verb == "up" and self.backend.name == "docker"
+        if building:
+            print(s.dim("  building the image..."), end="", flush=True)
+        began = time.monotonic()
+        result = outcome = run_step(step, self.backend)
+        if building:
+            print(s.dim(f" {time.monotonic() - began:.1f} s"))
+        self.outcomes.append(outcome)
+        lifecycle = verb in LIFECYCLE  # Compose's own output (build steps, progress): not the story
+        for line in [] if lifecycle else result.stdout.splitlines():
+            print(s.figures(line))
+        said = result.stderr.strip().splitlines()
+        if lifecycle:  # only when it failed, and only its last words
+            said = (
+                (result.stdout + result.stderr).strip().splitlines()[-5:]
+                if outcome.problems
+                else []
+            )
+        for line in said:
+            print(s.dim(f"  stderr: {line}"))
+        if result.exit_code:
+            print(s.bold(f"[exit {result.exit_code}]"))
+        for problem in outcome.problems:
+            print(s.bad(f"  !! {problem}; the guide says:"))
+            for line in step.expected + ([f"[exit {step.exit_code}]"] if step.exit_code else []):
+                print(f"     {line}")
+        if effect:
+            ledger.record(*effect, result.stdout, self.backend.tickets())
+
+    def verdict(self, ledger):
+        s = self.style
+        print("\n" + s.bold("Verdict, counted on the receiver"))
+        for name, op in ledger.operations.items():
+            line = op.verdict(name)
+            print("  " + (s.bad(line) if len(op.tickets) > 1 else s.good(line)))
+            self.operations.append(op)
+        if not ledger.operations:
+            print("  no operation made a ticket")
+
+    def closing(self, guides):
+        s = self.style
+        modes = {}
+        for op in self.operations:
+            total, duplicated = modes.get(op.mode, (0, 0))
+            modes[op.mode] = (total + 1, duplicated + (len(op.tickets) > 1))
+        shown = "; ".join(
+            f"{mode}: {dup} of {total} operation{'' if total == 1 else 's'} duplicated"
+            for mode, (total, dup) in modes.items()
+        )
+        print("\n" + s.bold(f"What the labs showed: {shown or 'no operation made a ticket'}"))
+        wrong = [o for o in self.outcomes if not o.ok]
+        where = f"{len(guides)} guide{'' if len(guides) == 1 else 's'}, {self.backend.name} backend"
+        if wrong:
+            matched = s.bad(
+                f"{len(wrong)} of {len(self.outcomes)} commands differ from the guides (!! above)"
+            )
+        else:
+            matched = s.good(f"all {len(self.outcomes)} commands printed what the guides say")
+        print(f"Output against the guides ({where}): {matched}")
+        return EXIT_DIFFERS if wrong else EXIT_OK
+
+
+def introduce(backend, why):
+    if backend.name == "docker":
+        where = (
+            f"The guides' commands run in the Compose project {backend.project}, not "
+            "stateful-lab: your own lab is left alone."
+        )
+    else:
+        where = (
+            f"The receiver runs on 127.0.0.1:{backend.port} with its data in {backend.data_dir}; "
+            "the `natively:` lines are the same commands with the defaults (data/, port 8000), "
+            "to paste."
+        )
+    print(f"backend: {backend.name} ({why}). {where}")
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(
+        prog="python -m labs.tools.demo", description="Tell the lab guides to a room."
+    )
+    parser.add_argument("guides", nargs="*", type=Path, default=GUIDES)
+    parser.add_argument("--backend", choices=("auto", "local", "docker"), default="auto")
+    parser.add_argument("--step", action="store_true", help="wait for Enter before each command")
+    parser.add_argument("--port", type=int, help="local backend: this port (default: a free one)")
+    parser.add_argument("--project", default=DOCKER_PROJECT, help="docker backend: the project")
+    args = parser.parse_args(argv)
+    style = style_for(sys.stdout)
+    backend = code = None
+    try:
+        backend, why = choose_backend(args.backend, args.project, args.port)
+        introduce(backend, why)
+        if backend.name == "docker":
+            backend.down()  # what an interrupted demo may have left
+        demo = Demo(backend, style, args.step)
+        for guide in args.guides:
+            demo.tell(guide)
+        code = demo.closing(args.guides)
+    except (KeyboardInterrupt, EOFError):
+        code = None
+    except (LabError, ValueError, subprocess.TimeoutExpired) as error:
+        print(f"demo: {error}", file=sys.stderr)
+        code = EXIT_NO_LAB
+    finally:
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # clean up uninterrupted
+        if backend is not None:
+            backend.close()
+        signal.signal(signal.SIGINT, previous)
+    if code is None:
+        print("demo stopped; nothing left behind", file=sys.stderr)
+        return EXIT_STOPPED
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

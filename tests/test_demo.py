@@ -1,0 +1,213 @@
+"""make demo: the story it tells, the verdict it computes, and how it stops.
+
+In-process where no signal is needed (labs.tools.demo.main with captured output); the
+Ctrl-C tests run the demo as a process and send SIGINT to its process group, as a terminal
+does.
+"""
+
+import io
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from labs.tools import demo
+from labs.tools.local import ROOT, wait_until
+from labs.tools.runner import parse_guide
+
+LAB01 = ROOT / "labs" / "01-the-duplicate.md"
+LAB02 = ROOT / "labs" / "02-the-keyed-fix.md"
+LAB06 = ROOT / "labs" / "06-the-lost-acknowledgement.md"
+INTRO = re.compile(r"runs on 127\.0\.0\.1:(\d+) with its data in (\S+);")
+STOP_DEADLINE_S = 60
+
+
+def run_demo(capsys, *args):
+    code = demo.main(["--backend", "local", *map(str, args)])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_the_story_comes_from_the_guide_itself():
+    story = demo.parse_story(LAB01.read_text(encoding="utf-8"))
+    assert story.title == "Lab 01: the duplicate"
+    assert story.shows.startswith("A checkpointed workflow recovers its own state after a crash")
+    first, crash = story.chapters[0], story.chapters[1]
+    assert first.heading == "Start the receiver" and first.after == "The receiver starts empty."
+    assert crash.steps[0].exit_code == 137 and crash.after.startswith("Exit code 137 is 128 + 9")
+    reset = story.chapters[-1]
+    assert reset.heading == "Reset" and reset.steps[0].command.endswith("down -v")
+    assert len(reset.notice) == 3 and reset.notice[0].startswith("`prepare` did not run again")
+
+
+def test_demo_tells_labs_01_and_02_with_a_verdict_per_operation(capsys):
+    code, out, err = run_demo(capsys, LAB01, LAB02)
+    assert code == 0, out + err
+    assert "=== Lab 01: the duplicate ===" in out
+    assert "The receiver starts empty." in out  # the guide's paragraph after its block
+    assert "  natively: python workflow.py tickets" in out
+    assert "case-naive:open-ticket:v1: 2 tickets for one operation (duplicate)" in out
+    assert "case-safe:open-ticket:v1: 1 ticket, resume got created: false" in out
+    assert out.index("What to notice") < out.index("Verdict") < out.index("-- Reset")
+    last = out.strip().splitlines()[-2:]
+    assert last[0] == (
+        "What the labs showed: naive: 1 of 1 operation duplicated; "
+        "safe: 0 of 1 operation duplicated"
+    )
+    commands = sum(len(parse_guide(g.read_text(encoding="utf-8"))) for g in (LAB01, LAB02))
+    assert last[1] == (
+        "Output against the guides (2 guides, local backend): "
+        f"all {commands} commands printed what the guides say"
+    )
+    assert "\033[" not in out  # not a terminal: plain text
+
+
+def test_the_verdict_follows_the_receiver_not_the_guide(capsys, tmp_path):
+    """Lab 01 run in safe mode: its text still promises a duplicate, the receiver has one."""
+    text = LAB01.read_text(encoding="utf-8").replace("--mode naive", "--mode safe")
+    guide = tmp_path / "01-safe.md"
+    guide.write_text(text, encoding="utf-8")
+    code, out, err = run_demo(capsys, guide)
+    assert code == demo.EXIT_DIFFERS
+    assert "case-naive:open-ticket:v1: 1 ticket, resume got created: false" in out
+    assert "What the labs showed: safe: 0 of 1 operation duplicated" in out
+    commands = len(parse_guide(text))
+    assert re.search(rf"\d+ of {commands} commands differ from the guides", out)
+
+
+def test_stderr_comes_with_its_exit_code_and_lab_06_turns_its_fault_on(capsys):
+    code, out, err = run_demo(capsys, LAB06)
+    assert code == 0, out + err
+    assert "natively: mkdir -p data; RECEIVER_LAB_FAULTS=lost-ack python api.py &" in out
+    lines = out.splitlines()
+    reason = lines.index(
+        "  stderr: workflow.py: no answer from the receiver at "
+        f"{demo_url(out)} (Remote end closed connection without response); the request may or "
+        "may not have taken effect"
+    )
+    assert lines[reason + 1] == "[exit 3]"
+    assert "case-lost-naive:open-ticket:v1: 2 tickets for one operation (duplicate)" in out
+    assert (
+        "case-lost-safe:open-ticket:v1: 1 ticket, "
+        "start lost the answer and adopted ticket 3, found by its key"
+    ) in out
+
+
+def demo_url(out):
+    return f"http://127.0.0.1:{INTRO.search(out).group(1)}"
+
+
+def test_colour_only_on_a_terminal_and_never_with_no_color():
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    assert demo.style_for(Terminal(), {}).enabled
+    assert not demo.style_for(Terminal(), {"NO_COLOR": "1"}).enabled
+    assert not demo.style_for(io.StringIO(), {}).enabled
+    on = demo.Style(True)
+    line = '{"created": true, "event": "effect_ack", "ticket_id": 2}'
+    assert on.figures(line) == (
+        '{\033[1m"created": true\033[0m, "event": "effect_ack", \033[1m"ticket_id": 2\033[0m}'
+    )
+    assert demo.Style(False).figures(line) == line
+
+
+def test_a_taken_port_is_one_line_naming_it(capsys):
+    with socket.socket() as foreign:
+        foreign.bind(("127.0.0.1", 0))
+        foreign.listen()
+        port = foreign.getsockname()[1]
+        code, out, err = run_demo(capsys, "--port", port, LAB01)
+    assert code == demo.EXIT_NO_LAB
+    assert err.count("\n") == 1 and f"port {port} is already taken" in err, err
+
+
+def start_demo(*args):
+    return subprocess.Popen(
+        [sys.executable, "-m", "labs.tools.demo", "--backend", "local", *args],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,  # its own process group, as a terminal gives it
+    )
+
+
+def read_until(proc, marker, count=1, seen=b""):
+    """The demo's stdout (bytes, read as it comes) until marker has appeared count times."""
+    while seen.count(marker.encode()) < count:
+        chunk = os.read(proc.stdout.fileno(), 4096)
+        if not chunk:
+            raise AssertionError(f"the demo ended before {marker!r}: {seen.decode()}")
+        seen += chunk
+    return seen
+
+
+def nothing_listens(port):
+    with socket.socket() as sock:
+        return sock.connect_ex(("127.0.0.1", port)) != 0
+
+
+@pytest.mark.parametrize("step", [True, False], ids=["waiting-for-enter", "mid-run"])
+def test_ctrl_c_stops_the_demo_and_leaves_nothing_behind(step):
+    proc = start_demo(*(["--step"] if step else []), str(LAB01))
+    try:
+        if step:  # Enter runs `up`; Ctrl-C at the next prompt, with the receiver up
+            seen = read_until(proc, "(Enter to run)")
+            proc.stdin.write(b"\n")
+            proc.stdin.flush()
+            seen = read_until(proc, "(Enter to run)", 2, seen)
+        else:
+            seen = read_until(proc, '"crash_before_node_return"')
+        port, data_dir = INTRO.search(seen.decode()).groups()
+        assert not nothing_listens(int(port))  # the demo's receiver is up
+        os.killpg(proc.pid, signal.SIGINT)
+        out, err = proc.communicate(timeout=STOP_DEADLINE_S)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err
+    assert err.decode() == "demo stopped; nothing left behind\n"
+    wait_until(lambda: nothing_listens(int(port)), 5, f"port {port} free")
+    assert not Path(data_dir).exists()
+    again = subprocess.run(
+        [sys.executable, "-m", "labs.tools.demo", "--backend", "local", str(LAB01)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert again.returncode == 0, again.stdout + again.stderr
+
+
+@pytest.mark.docker
+def test_the_docker_demo_runs_in_its_own_project_and_leaves_nothing(capsys):
+    from labs.tools.backends import docker_engine_answers
+    from labs.tools.local import run
+
+    if not docker_engine_answers():
+        if os.environ.get("LAB_REQUIRE_DOCKER") == "1":
+            pytest.fail("DOCKER TIER REQUIRED (LAB_REQUIRE_DOCKER=1): no Docker engine answers")
+        pytest.skip("DOCKER TIER SKIPPED: no Docker engine with Compose answers")
+    project = os.environ.get("LAB_DOCKER_PROJECT", "stateful-lab-test") + "-demo"
+    code = demo.main(["--backend", "docker", "--project", project, str(LAB01)])
+    out, err = capsys.readouterr()
+    assert code == 0, out + err
+    assert f"run in the Compose project {project}, not stateful-lab" in out
+    assert "$ docker compose -p stateful-lab run --rm workflow tickets" in out  # as written
+    assert "case-naive:open-ticket:v1: 2 tickets for one operation (duplicate)" in out
+    assert re.search(r"  building the image\.\.\. \d+\.\d s\n", out)
+    assert "Step 1/" not in out  # no build output in the story
+    label = f"label=com.docker.compose.project={project}"
+    for kind in ("container", "volume", "network"):
+        listing = ["docker", kind, "ls", "-q", "--filter", label]
+        if kind == "container":
+            listing.insert(3, "-a")
+        assert run(listing).stdout.split() == [], f"{kind}s left behind"
