@@ -1,13 +1,15 @@
-# One image for every program: Python, the hashed runtime requirements, api.py, workflow.py and
-# worker.py. compose.yaml runs it as the receiver (python api.py), the workflow CLI (python
-# workflow.py) and the workers of the scale profile (python worker.py).
+# One image for every program: Python, the hashed runtime requirements, api.py and workflow.py.
+# compose.yaml runs it as the receiver (python api.py) and the workflow CLI (python workflow.py).
+# lab-only: begin
+# In the lab it also holds worker.py, for the scale profile's workers (python worker.py).
+# lab-only: end
 #
 # PYTHON_IMAGE is python:3.13-slim, pinned by digest so every build starts from the same
 # bytes. To refresh the pin, take the digest of the multi-arch index (the manifest list), not the
 # digest of one platform's image, or arm64 (Apple silicon) and amd64 users stop sharing one pin:
 #   docker buildx imagetools inspect python:3.13-slim      # the "Digest:" line at the top
 ARG PYTHON_IMAGE=python:3.13-slim@sha256:57b29a7c050c4e679e4bea572e14b3965cf4b5839de2da49d55e49ffc4024f39
-# Where no registry answers (as in this lab's CI), build FROM a local image instead:
+# Where no registry answers (as in CI here), build FROM a local image instead:
 # --build-arg BASE_IMAGE=<image>. compose.yaml forwards BASE_IMAGE from the environment; when it is not set,
 # Compose 2 sends nothing but Compose 1.29 sends an empty value, hence the :- fallback to the pin.
 ARG BASE_IMAGE=${PYTHON_IMAGE}

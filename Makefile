@@ -16,7 +16,7 @@ TEST_WORKERS ?= 4  # pytest-xdist processes: most of a test waits on a receiver,
 GUIDES ?= labs/01-the-duplicate.md labs/02-the-keyed-fix.md labs/03-a-retry-is-not-a-new-request.md
 UV := $(PY) -m uv pip compile --quiet --universal --python-version 3.11 --generate-hashes --no-header
 
-.PHONY: demo reset test lint bench bench-workers drill chaos scale-chaos starter lock clean
+.PHONY: demo reset test lint bench bench-workers bench-docker drill chaos scale-chaos starter lock clean
 
 $(VENV)/.installed: requirements.txt requirements-dev.txt
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' \
@@ -55,6 +55,9 @@ starter: $(VENV)/.installed  ## a reference starter without the lab-only parts: 
 
 bench-workers: $(VENV)/.installed  ## operations per second with 1, 2 and 4 workers (part of bench)
 	@$(PY) -m labs.tools.bench_workers
+
+bench-docker: $(VENV)/.installed  ## the Compose lifecycle timed on a real engine (up, restart, down)
+	@$(PY) -m labs.tools.measure_docker
 
 scale-chaos: $(VENV)/.installed  ## WORKERS workers on a throwaway Postgres, killed and frozen at random
 	@$(PY) -m labs.tools.scale_chaos --workers $(WORKERS) --operations $(OPERATIONS) --mode $(MODE)
