@@ -122,13 +122,13 @@ def test_make_reset_stops_the_native_receiver_and_deletes_data_but_not_the_venv(
             timeout=60,
         )
         assert done.returncode == 0, done.stderr
+        assert done.stdout.splitlines() == [
+            f"native: receiver (pid {receiver.proc.pid}) stopped",
+            "native: data/ deleted",
+        ]
         assert receiver.proc.wait(10) == 0  # it got SIGTERM and exited cleanly
     finally:
         receiver.stop()
-    assert done.stdout.splitlines() == [
-        f"native: receiver (pid {receiver.proc.pid}) stopped",
-        "native: data/ deleted",
-    ]
     assert not (repo / "data").exists() and (repo / ".venv").is_dir()
 
 

@@ -362,13 +362,15 @@ def stop_native_receiver(pid_file):
         pid = int(pid_file.read_text().strip())
     except (OSError, ValueError):
         return None
-    command = run(["ps", "-o", "command=", "-p", str(pid)], timeout=10).stdout
+    command = run(["ps", "-ww", "-o", "command=", "-p", str(pid)], timeout=10).stdout
     if "api.py" not in command:
         return f"native: {pid_file.relative_to(ROOT)} names pid {pid}, no receiver: left alone"
     os.kill(pid, signal.SIGTERM)
 
     def gone():
-        return "api.py" not in run(["ps", "-o", "command=", "-p", str(pid)], timeout=10).stdout
+        return (
+            "api.py" not in run(["ps", "-ww", "-o", "command=", "-p", str(pid)], timeout=10).stdout
+        )
 
     wait_until(gone, 10, f"the native receiver (pid {pid}) stopping")
     return f"native: receiver (pid {pid}) stopped"
