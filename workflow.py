@@ -15,6 +15,12 @@ ticket was made: it looks the key up and adopts what it finds, or sends again wi
 The checkpointer (SqliteSaver, durability "sync") writes the state after each node before
 the next one starts, so a resumed run repeats only the node whose result was not saved.
 
+SIGTERM (a deploy, `docker compose stop`) does not kill a run: it asks LangGraph to drain.
+The node in flight finishes, its result is saved, and the run stops at the next step
+boundary with the event `drained` and exit 75 (EX_TEMPFAIL): `resume` carries on from there.
+A SIGKILL (a stop whose grace period ran out, an out-of-memory kill) cannot be handled: then
+the key is what keeps the resumed run from making a second ticket.
+
 Output is one JSON object per line, keys sorted. Exit codes: see EXIT_* below.
 
 Configuration (environment, read in main()):
@@ -30,6 +36,11 @@ Configuration (environment, read in main()):
 #     --mode node-uuid  a fresh key minted inside the node: looks keyed, still duplicates
 #     --crash-at POINT  SIGKILL at a named boundary (labs 04-06; see CRASH_POINTS)
 #     --durability      LangGraph's durability mode: sync (default), async, exit (lab 04)
+#     --crash-at step-boundary  SIGKILL after create_ticket returned, before its result is
+#                       saved (lab 08)
+#     --term-at POINT   SIGTERM at a named boundary, as a deploy sends it (lab 09)
+#     --approval [in-node|own-node], approve [--reject]  wait for a human after the ticket,
+#                       inside the effect node or in a node of its own (lab 07)
 # lab-only: end
 
 import argparse
@@ -37,7 +48,7 @@ import contextlib
 import http.client
 import json
 import os
-import signal  # lab-only
+import signal
 import sqlite3
 import sys
 import time
@@ -55,6 +66,7 @@ EXIT_HTTP_ERROR = 1  # the receiver answered with an error (http_error shows it)
 EXIT_USAGE = 2  # a usage or configuration mistake: one line on stderr
 EXIT_NO_ANSWER = 3  # the receiver could not be reached, or hung up without an answer
 EXIT_THREAD = 4  # resume or state of an unknown thread, or start of one that exists
+EXIT_DRAINED = 75  # stopped cleanly on SIGTERM, checkpoint saved: resume it (EX_TEMPFAIL)
 EXIT_INTERRUPTED = 130  # Ctrl-C (128 + SIGINT)
 
 
@@ -64,12 +76,16 @@ class State(TypedDict):
     key: NotRequired[str]
     ticket_id: NotRequired[int]
     mode: NotRequired[str]  # lab-only
+    approval: NotRequired[str]  # lab-only
+    approved: NotRequired[bool]  # lab-only
 
 
 def build_graph(
     checkpointer,
     client,
     crash_at=None,  # lab-only
+    term_at=None,  # lab-only
+    approval=None,  # lab-only
 ):
     """The compiled graph: prepare derives the key, create_ticket sends it with the request."""
     from langgraph.graph import END, START, StateGraph  # slow import: only graph commands pay
@@ -77,6 +93,7 @@ def build_graph(
     def prepare(state: State):
         emit("prepare", operation=state["operation_id"])
         crash("after-prepare", crash_at)  # lab-only
+        deploy("after-prepare", term_at)  # lab-only
         # The key names the business operation, not the attempt: it comes from the run's
         # input, so every retry and every resume of this run derives the same key.
         return {"key": state["operation_id"]}
@@ -99,6 +116,11 @@ def build_graph(
         # The receiver has committed the ticket and this node has not returned, so its
         # result is not saved yet: a process that dies here is the crash window.
         crash("after-ack", crash_at)  # lab-only
+        deploy("after-ack", term_at)  # lab-only
+        # lab-only: begin
+        if approval == "in-node":  # lab 07's trap: the node waits for a human after its effect
+            return {"ticket_id": result["ticket_id"], "approved": ask_approval(result)}
+        # lab-only: end
         return {"ticket_id": result["ticket_id"]}
 
     builder = StateGraph(State)
@@ -106,6 +128,13 @@ def build_graph(
     builder.add_node("create_ticket", create_ticket)
     builder.add_edge(START, "prepare")
     builder.add_edge("prepare", "create_ticket")
+    # lab-only: begin
+    if approval == "own-node":  # the better shape: the effect's node has returned before the wait
+        builder.add_node("approval", approval_node)
+        builder.add_edge("create_ticket", "approval")
+        builder.add_edge("approval", END)
+        return builder.compile(checkpointer=checkpointer)
+    # lab-only: end
     builder.add_edge("create_ticket", END)
     return builder.compile(checkpointer=checkpointer)
 
@@ -126,44 +155,80 @@ def reconcile(client, title, key):
 
 
 def run_graph(args, first_input):
+    """Start a run (first_input) or resume one (None). Returns the exit code.
+
+    SIGTERM asks LangGraph to drain (RunControl.request_drain): the node in flight finishes,
+    its result is saved, and the run stops at the next step boundary with GraphDrained.
+    """
+    from langgraph.errors import GraphDrained
+    from langgraph.runtime import RunControl
+
     config = {"configurable": {"thread_id": args.thread}}
     client = TicketClient(args.api_url, args.timeout_s, args.attempts)
     client = lab_client(client, args)  # lab-only: --crash-at lost-ack
     with open_graph(args) as saver:
+        approval = (first_input or {}).get("approval") or thread_approval(saver, config)  # lab-only
         graph = build_graph(
             saver,
             client,
             args.crash_at,  # lab-only
+            args.term_at,  # lab-only
+            approval,  # lab-only
         )
-        exists = bool(graph.get_state(config).values)
+        snapshot = graph.get_state(config)
+        exists = bool(snapshot.values)
         if first_input is not None and exists:
             hint = "resume it or pick a new --thread"
             hint += "; or reset the lab: docker compose down -v (natively: rm -r data)"  # lab-only
             raise UserError(f"thread {args.thread!r} already exists; {hint}", EXIT_THREAD)
         if first_input is None and not exists:
             raise UserError(f"no thread {args.thread!r} to resume; check --thread", EXIT_THREAD)
+        check_approval(args, snapshot)  # lab-only
+        graph_input = first_input
+        graph_input = approval_answer(args, graph_input)  # lab-only: approve resumes with it
         durability = "sync"  # each node's result is on disk before the next node starts
         durability = args.durability  # lab-only
-        final = graph.invoke(first_input, config, durability=durability)
+        control = RunControl()
+        previous = signal.signal(signal.SIGTERM, lambda *_: control.request_drain("SIGTERM"))
+        try:
+            final = graph.invoke(graph_input, config, durability=durability, control=control)
+        except GraphDrained as drained:  # a clean stop, not a failure: say so, and where
+            emit("drained", reason=drained.reason, next=list(graph.get_state(config).next))
+            return EXIT_DRAINED
+        finally:
+            signal.signal(signal.SIGTERM, previous)
         crash("after-checkpoint", args.crash_at)  # lab-only
+        # lab-only: begin
+        if "__interrupt__" in final:  # the run waits for a human: `approve` answers it
+            emit("awaiting_approval", **final["__interrupt__"][0].value)
+            return 0
+        # lab-only: end
         emit("done", **final)
+        return 0
 
 
 def start(args):
     first_input = {"operation_id": args.operation, "title": args.title}
     first_input["mode"] = args.mode  # lab-only
-    run_graph(args, first_input)
+    if args.approval:  # lab-only
+        first_input["approval"] = args.approval  # lab-only
+    return run_graph(args, first_input)
 
 
 def resume(args):
-    run_graph(args, None)
+    return run_graph(args, None)
 
 
 def state(args):
     config = {"configurable": {"thread_id": args.thread}}
     with open_graph(args) as saver:
         client = TicketClient(args.api_url, args.timeout_s, args.attempts)
-        snapshot = build_graph(saver, client).get_state(config)
+        graph = build_graph(
+            saver,
+            client,
+            approval=thread_approval(saver, config),  # lab-only: the graph it was started with
+        )
+        snapshot = graph.get_state(config)
     if not snapshot.values:
         raise UserError(f"no thread {args.thread!r}; check --thread", EXIT_THREAD)
     emit("state", values=snapshot.values, next=list(snapshot.next))
@@ -283,7 +348,10 @@ def open_graph(args):
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as error:
         raise UserError(f"CHECKPOINT_DB {str(path)!r}: {error.strerror}", EXIT_USAGE) from None
-    with SqliteSaver.from_conn_string(str(path)) as saver:
+    saver_class = SqliteSaver
+    if getattr(args, "crash_at", None) == "step-boundary":  # lab-only
+        saver_class = step_boundary_saver(SqliteSaver)  # lab-only
+    with saver_class.from_conn_string(str(path)) as saver:
         yield saver
 
 
@@ -332,7 +400,8 @@ def build_parser():
             sub.add_argument("--operation", **operation)
             sub.add_argument("--title", **title)
             sub.add_argument("--mode", choices=MODES, default="safe")  # lab-only
-        add_lab_switches(sub)  # lab-only
+        add_lab_switches(sub, name)  # lab-only
+    add_approve_action(actions, thread)  # lab-only
     sub = actions.add_parser("state", help="show a thread's checkpoint")
     sub.set_defaults(run=state)
     sub.add_argument("--thread", **thread)
@@ -377,9 +446,10 @@ def main(argv=None, environ=None):
     """The CLI; returns the exit code. environ: the settings (default: os.environ)."""
     args = parse_args(argv)
     args.crash_at = getattr(args, "crash_at", None)  # lab-only
+    args.term_at = getattr(args, "term_at", None)  # lab-only
     try:
         read_config(args, os.environ if environ is None else environ)
-        args.run(args)
+        exit_code = args.run(args)
     except urllib.error.HTTPError as error:
         body = error.read()
         try:
@@ -402,7 +472,7 @@ def main(argv=None, environ=None):
             file=sys.stderr,
         )
         return EXIT_INTERRUPTED
-    return 0
+    return exit_code or 0
 
 
 # lab-only: begin
@@ -411,7 +481,16 @@ def main(argv=None, environ=None):
 # drops it, with every line marked lab-only above.
 
 MODES = ("naive", "safe", "node-uuid")
-CRASH_POINTS = ("after-prepare", "before-request", "lost-ack", "after-ack", "after-checkpoint")
+CRASH_POINTS = (
+    "after-prepare",
+    "before-request",
+    "lost-ack",
+    "after-ack",
+    "step-boundary",
+    "after-checkpoint",
+)
+TERM_POINTS = ("after-prepare", "after-ack")  # where --term-at sends SIGTERM (lab 09)
+APPROVAL_SHAPES = ("in-node", "own-node")  # where --approval waits for a human (lab 07)
 DURABILITIES = ("sync", "async", "exit")
 EXIT_CRASHED = 137  # the crash switch: SIGKILL is signal 9, and a shell reports 128 + 9
 LOST_ACK_HEADER = "Lab-Lost-Ack"  # api.py's teaching fault: the first POST with a token loses
@@ -462,7 +541,7 @@ class LostAckClient(TicketClient):
         return result
 
 
-def add_lab_switches(sub):
+def add_lab_switches(sub, action):
     crash_group = sub.add_mutually_exclusive_group()
     crash_group.add_argument(
         "--crash",
@@ -472,7 +551,103 @@ def add_lab_switches(sub):
         help="same as --crash-at after-ack",
     )
     crash_group.add_argument("--crash-at", choices=CRASH_POINTS, help="where the run dies")
+    sub.add_argument("--term-at", choices=TERM_POINTS, help="where the run gets SIGTERM")
     sub.add_argument("--durability", choices=DURABILITIES, default="sync")
+    if action == "start":
+        sub.add_argument(
+            "--approval",
+            nargs="?",
+            const="in-node",
+            choices=APPROVAL_SHAPES,
+            help="wait for a human after the ticket: in-node (the default) or own-node",
+        )
+
+
+def add_approve_action(actions, thread):
+    sub = actions.add_parser("approve", help="answer a run that waits for approval (lab 07)")
+    sub.set_defaults(run=resume, crash_at=None, term_at=None, durability="sync")
+    sub.add_argument("--thread", **thread)
+    sub.add_argument("--reject", dest="approve", action="store_false", help="answer no")
+
+
+def deploy(point, term_at):
+    """The deploy switch: SIGTERM, what `docker compose stop` sends first. The run drains."""
+    if point != term_at:
+        return
+    emit("sigterm", at=point)
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+def step_boundary_saver(saver_class):
+    """A saver that SIGKILLs the process as create_ticket's result is about to be saved (lab 08).
+
+    LangGraph saves a finished node with two background writes that have no order between
+    them in 1.2.24: the node's writes (put_writes) and the next checkpoint (put). Whichever
+    comes first with the ticket_id, the process dies before writing it: the node has
+    returned and its result is on no disk. The worst case of langgraph#8039, every time.
+    """
+    import threading
+
+    dying = threading.Lock()
+
+    def die():
+        dying.acquire()  # the other write, if it gets here too, waits here for the kill
+        emit("crash", at="step-boundary")
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    class StepBoundaryCrash(saver_class):
+        def put_writes(self, config, writes, task_id, task_path=""):
+            if any(channel == "ticket_id" for channel, _ in writes):
+                die()
+            return super().put_writes(config, writes, task_id, task_path)
+
+        def put(self, config, checkpoint, metadata, new_versions):
+            if "ticket_id" in checkpoint["channel_values"]:
+                die()
+            return super().put(config, checkpoint, metadata, new_versions)
+
+    return StepBoundaryCrash
+
+
+def ask_approval(result):
+    """Wait for a human: the run stops here, and `approve` resumes it with the answer."""
+    from langgraph.types import interrupt
+
+    approved = interrupt({"ticket_id": result["ticket_id"]})
+    emit("approval", approved=approved)
+    return approved
+
+
+def approval_node(state: State):
+    """The approval in a node of its own: on resume it runs again, and repeats only the wait."""
+    return {"approved": ask_approval(state)}
+
+
+def thread_approval(saver, config):
+    """The approval shape the thread was started with: its graph must be built the same way."""
+    saved = saver.get_tuple(config)
+    return saved.checkpoint["channel_values"].get("approval") if saved else None
+
+
+def check_approval(args, snapshot):
+    """`approve` needs a run that waits for approval; `resume` must not answer one by accident."""
+    waiting, approving = bool(snapshot.interrupts), getattr(args, "approve", None) is not None
+    if approving and not waiting:
+        raise UserError(f"thread {args.thread!r} is not waiting for approval", EXIT_THREAD)
+    if waiting and not approving:
+        raise UserError(
+            f"thread {args.thread!r} waits for approval; answer with approve (or --reject)",
+            EXIT_THREAD,
+        )
+
+
+def approval_answer(args, graph_input):
+    """`approve` resumes the waiting node with the human's answer: Command(resume=...)."""
+    if getattr(args, "approve", None) is None:
+        return graph_input
+    from langgraph.types import Command
+
+    return Command(resume=args.approve)
 
 
 # lab-only: end

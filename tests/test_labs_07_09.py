@@ -1,0 +1,269 @@
+"""Labs 07-09: the approval that runs twice, the step boundary, and a deploy mid-run.
+
+Real processes throughout: api.py on a loopback port, workflow.py as a subprocess that
+waits for a human, dies of SIGKILL at the step boundary, or drains on SIGTERM (sent by
+itself, or from outside while its request is on the wire), SQLite files under tmp_path.
+"""
+
+import json
+import signal
+import subprocess
+import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from labs.tools.local import ROOT, shell_exit_code, wait_until
+
+KILLED, DRAINED, NO_THREAD = 137, 75, 4
+
+
+def events(done):
+    return [json.loads(line) for line in done.stdout.splitlines()]
+
+
+def names(done):
+    return [e["event"] for e in events(done)]
+
+
+def tickets(workflow):
+    return events(workflow("tickets"))[0]["tickets"]
+
+
+def state(workflow, thread="demo"):
+    return events(workflow("state", "--thread", thread))[0]
+
+
+# ------------------------------------------------------------------ lab 07: approval
+
+
+def test_approval_inside_the_effect_node_sends_the_request_again(receiver, workflow):
+    started = workflow("start", "--mode", "naive", "--approval")
+    assert started.returncode == 0, started.stderr
+    assert names(started) == ["prepare", "effect_ack", "awaiting_approval"]
+    assert events(started)[-1]["ticket_id"] == 1
+    waiting = state(workflow)
+    assert waiting["next"] == ["create_ticket"] and "ticket_id" not in waiting["values"]
+    approved = workflow("approve")
+    assert approved.returncode == 0, approved.stderr
+    assert names(approved) == ["effect_ack", "approval", "done"]
+    assert events(approved)[0]["created"] is True
+    assert events(approved)[-1]["ticket_id"] == 2 and events(approved)[-1]["approved"] is True
+    assert [t["ticket_id"] for t in tickets(workflow)] == [1, 2]
+
+
+def test_approval_inside_the_effect_node_with_the_key_is_one_ticket(receiver, workflow):
+    assert workflow("start", "--mode", "safe", "--approval").returncode == 0
+    approved = workflow("approve")
+    assert names(approved) == ["effect_ack", "approval", "done"]
+    assert events(approved)[0] == {"created": False, "event": "effect_ack", "ticket_id": 1}
+    assert len(tickets(workflow)) == 1
+
+
+def test_approval_in_a_node_of_its_own_repeats_nothing(receiver, workflow):
+    started = workflow("start", "--mode", "naive", "--approval", "own-node")
+    assert names(started) == ["prepare", "effect_ack", "awaiting_approval"]
+    waiting = state(workflow)
+    assert waiting["next"] == ["approval"] and waiting["values"]["ticket_id"] == 1
+    rejected = workflow("approve", "--reject")
+    assert rejected.returncode == 0, rejected.stderr
+    assert names(rejected) == ["approval", "done"]
+    assert events(rejected)[-1]["approved"] is False
+    assert len(tickets(workflow)) == 1
+    assert names(workflow("resume")) == ["done"]  # finished: nothing waits, nothing reruns
+
+
+def test_a_waiting_run_is_answered_only_by_approve(receiver, workflow):
+    assert workflow("start", "--mode", "naive", "--approval").returncode == 0
+    resumed = workflow("resume")
+    assert resumed.returncode == NO_THREAD and resumed.stdout == ""
+    assert resumed.stderr == (
+        "workflow.py: thread 'demo' waits for approval; answer with approve (or --reject)\n"
+    )
+    assert len(tickets(workflow)) == 1  # the refused resume sent nothing
+    assert workflow("approve").returncode == 0
+    again = workflow("approve")
+    assert again.returncode == NO_THREAD
+    assert again.stderr == "workflow.py: thread 'demo' is not waiting for approval\n"
+    unknown = workflow("approve", "--thread", "nope")
+    assert unknown.returncode == NO_THREAD and unknown.stderr.count("\n") == 1
+
+
+def test_without_approval_the_graph_has_two_nodes_and_no_approval_state(receiver, workflow):
+    done = workflow("start", "--mode", "naive")
+    assert names(done) == ["prepare", "effect_ack", "done"]
+    assert "approval" not in events(done)[-1] and "approved" not in events(done)[-1]
+    refused = workflow("approve")
+    assert refused.returncode == NO_THREAD
+
+
+# ------------------------------------------------------------------ lab 08: the step boundary
+
+
+def test_a_kill_after_the_node_returned_reruns_it(receiver, workflow):
+    crashed = workflow("start", "--mode", "naive", "--crash-at", "step-boundary")
+    assert shell_exit_code(crashed.returncode) == KILLED
+    assert names(crashed) == ["prepare", "effect_ack", "crash"]
+    assert events(crashed)[-1]["at"] == "step-boundary"
+    saved = state(workflow)
+    assert saved["next"] == ["create_ticket"] and "ticket_id" not in saved["values"]
+    assert names(workflow("resume")) == ["effect_ack", "done"]
+    assert len(tickets(workflow)) == 2
+
+
+def test_a_kill_after_the_node_returned_is_one_ticket_with_the_key(receiver, workflow):
+    crashed = workflow("start", "--mode", "safe", "--crash-at", "step-boundary")
+    assert shell_exit_code(crashed.returncode) == KILLED
+    resumed = workflow("resume")
+    assert events(resumed)[0] == {"created": False, "event": "effect_ack", "ticket_id": 1}
+    assert len(tickets(workflow)) == 1
+
+
+WRITES_FIRST = """
+import os, signal, sys, threading
+sys.path.insert(0, sys.argv[1])
+from langgraph.checkpoint.sqlite import SqliteSaver
+import workflow
+
+written = threading.Event()
+
+class WritesThenKill(SqliteSaver):
+    # create_ticket's own writes reach the disk; the checkpoint after it never does.
+    def put_writes(self, config, writes, task_id, task_path=""):
+        super().put_writes(config, writes, task_id, task_path)
+        if any(channel == "ticket_id" for channel, _ in writes):
+            written.set()
+
+    def put(self, config, checkpoint, metadata, new_versions):
+        if "ticket_id" in checkpoint["channel_values"]:
+            written.wait(30)
+            os.kill(os.getpid(), signal.SIGKILL)
+        return super().put(config, checkpoint, metadata, new_versions)
+
+with WritesThenKill.from_conn_string(os.environ["CHECKPOINT_DB"]) as saver:
+    graph = workflow.build_graph(saver, workflow.TicketClient(os.environ["API_URL"]))
+    first = {"operation_id": "op", "mode": "naive", "title": "t"}
+    graph.invoke(first, {"configurable": {"thread_id": "demo"}}, durability="sync")
+"""
+
+
+def test_a_result_whose_writes_reached_the_disk_is_not_redone(receiver, lab, workflow):
+    """The other side of the race in lab 08: the node's writes landed, the checkpoint did not."""
+    Path(lab["CHECKPOINT_DB"]).parent.mkdir(parents=True, exist_ok=True)
+    killed = subprocess.run(
+        [sys.executable, "-c", WRITES_FIRST, str(ROOT)],
+        env=lab,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert shell_exit_code(killed.returncode) == KILLED, killed.stderr
+    saved = state(workflow)
+    assert saved["next"] == [] and saved["values"]["ticket_id"] == 1  # read from the writes
+    assert names(workflow("resume")) == ["done"]
+    assert len(tickets(workflow)) == 1
+
+
+# ------------------------------------------------------------------ lab 09: a deploy mid-run
+
+
+def test_sigterm_inside_prepare_drains_at_the_boundary(receiver, workflow):
+    drained = workflow("start", "--mode", "naive", "--term-at", "after-prepare")
+    assert drained.returncode == DRAINED
+    assert drained.stderr == ""  # not a failure: no traceback, no error line
+    assert names(drained) == ["prepare", "sigterm", "drained"]
+    assert events(drained)[-1] == {
+        "event": "drained",
+        "next": ["create_ticket"],
+        "reason": "SIGTERM",
+    }
+    saved = state(workflow)
+    assert saved["next"] == ["create_ticket"] and saved["values"]["key"]  # prepare was saved
+    assert tickets(workflow) == []
+    assert names(workflow("resume")) == ["effect_ack", "done"]
+    assert len(tickets(workflow)) == 1
+
+
+def test_sigterm_in_the_last_node_lets_the_run_finish(receiver, workflow):
+    done = workflow("start", "--mode", "naive", "--term-at", "after-ack")
+    assert done.returncode == 0, done.stderr
+    assert names(done) == ["prepare", "effect_ack", "sigterm", "done"]
+    assert names(workflow("resume")) == ["done"]
+    assert len(tickets(workflow)) == 1
+
+
+def test_sigkill_at_the_same_place_still_duplicates(receiver, workflow):
+    crashed = workflow("start", "--mode", "naive", "--crash-at", "after-ack")
+    assert shell_exit_code(crashed.returncode) == KILLED
+    assert names(workflow("resume")) == ["effect_ack", "done"]
+    assert len(tickets(workflow)) == 2
+
+
+class HeldReceiver:
+    """A receiver that holds each POST until released, so a test can signal the workflow then."""
+
+    def __init__(self):
+        self.arrived, self.release, self.posts = threading.Event(), threading.Event(), 0
+        owner = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):
+                self.rfile.read(int(self.headers["Content-Length"]))
+                owner.posts += 1
+                owner.arrived.set()
+                owner.release.wait(30)
+                body = json.dumps({"ticket_id": owner.posts, "created": True}).encode()
+                self.send_response(201)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.release.set()
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def held(lab):
+    receiver = HeldReceiver()
+    lab["API_URL"] = receiver.url
+    yield receiver
+    receiver.close()
+
+
+def test_sigterm_from_outside_during_the_request_lets_the_node_finish(held, lab):
+    """A deploy's SIGTERM while the request is on the wire: the answer is still taken."""
+    proc = subprocess.Popen(
+        [sys.executable, str(ROOT / "workflow.py"), "start", "--mode", "naive"],
+        env=lab,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        wait_until(held.arrived.is_set, 60, "the workflow's POST")
+        proc.send_signal(signal.SIGTERM)  # pending in the process before its answer comes
+        held.release.set()
+        stdout, stderr = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, stderr
+    assert [json.loads(line)["event"] for line in stdout.splitlines()] == [
+        "prepare",
+        "effect_ack",
+        "done",
+    ]
+    assert held.posts == 1
