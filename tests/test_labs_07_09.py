@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from labs.tools import drill
+from labs.tools.backends import LocalBackend
 from labs.tools.local import ROOT, shell_exit_code, wait_until
 
 KILLED, DRAINED, NO_THREAD = 137, 75, 4
@@ -267,3 +269,24 @@ def test_sigterm_from_outside_during_the_request_lets_the_node_finish(held, lab)
         "done",
     ]
     assert held.posts == 1
+
+
+# ------------------------------------------------------------------ the drill's new rows
+
+
+@pytest.mark.parametrize(
+    "boundary,counts,crash_exit",
+    [
+        ("step-boundary", (2, 1, 2), KILLED),
+        ("term-at:after-prepare", (1, 1, 1), DRAINED),
+        ("term-at:after-ack", (1, 1, 1), 0),
+    ],
+)
+def test_the_drill_rows_for_labs_08_and_09(boundary, counts, crash_exit):
+    [row] = [r for r in drill.MATRIX if r.boundary == boundary]
+    assert row.durability == "sync" and row.tickets == counts
+    with LocalBackend() as lab:
+        lab.up()
+        cells = [drill.run_cell(lab, drill.Cell(row, mode)) for mode in drill.MODES]
+    assert [c["tickets"] for c in cells] == list(counts)
+    assert all(c["ok"] and c["crash_exit"] == crash_exit for c in cells), cells

@@ -1,7 +1,8 @@
 """The crash drill: kill the workflow at every boundary, in every mode, and count the tickets.
 
 Each cell is one run with its own thread, operation key and title. The drill starts it
-with --crash-at BOUNDARY, recovers it the way an operator would (resume until it prints
+with --crash-at BOUNDARY (rows named term-at:POINT: --term-at POINT, a SIGTERM the run
+drains on, as in a deploy), recovers it the way an operator would (resume until it prints
 `done`; start it again from its input when the crash left nothing to resume), resumes it
 once more (a finished run must redo nothing), and counts the receiver's tickets with the
 run's title. All of it runs as real processes against one fresh receiver of the drill's
@@ -33,7 +34,7 @@ from dataclasses import dataclass
 
 from labs.tools.backends import LOST_ACK, DockerBackend, LabError, LocalBackend
 from labs.tools.local import shell_exit_code
-from workflow import API_TIMEOUT_S, EXIT_NO_ANSWER, EXIT_THREAD, EXIT_USAGE, MODES
+from workflow import API_TIMEOUT_S, EXIT_DRAINED, EXIT_NO_ANSWER, EXIT_THREAD, EXIT_USAGE, MODES
 
 EXIT_OK, EXIT_DIFFERS, EXIT_NO_LAB = 0, 1, 3  # and EXIT_USAGE (2) for bad arguments
 KILLED = shell_exit_code(-signal.SIGKILL)  # 137: the crash switch, as a shell reports it
@@ -64,7 +65,7 @@ class Row:
     """One row of the matrix: where the run dies, under which durability, and for each mode
     (in MODES order: naive, safe, node-uuid) what a learner sees."""
 
-    boundary: str  # workflow.py --crash-at BOUNDARY
+    boundary: str  # workflow.py --crash-at BOUNDARY, or term-at:POINT for --term-at POINT
     durability: str
     tickets: tuple  # tickets for the one operation after the crash and the recovery
     crash_exit: tuple = each(KILLED)  # the exit code of the run that crashed
@@ -72,6 +73,8 @@ class Row:
 
     @property
     def crash_args(self):
+        if self.boundary.startswith("term-at:"):  # SIGTERM, as a deploy sends it (lab 09)
+            return ["--term-at", self.boundary.removeprefix("term-at:")]
         return ["--crash-at", self.boundary]
 
 
@@ -88,7 +91,20 @@ MATRIX = (  # the one statement of what the drill expects; tests and docs read i
         recovery=("resume: create_ticket", "none", "resume: create_ticket"),
     ),
     Row("after-ack", "sync", (2, 1, 2), recovery=RESUME_CREATE),  # the rerun sends again
+    # lab 08: the node returned, its result was not saved yet: the rerun sends again
+    Row("step-boundary", "sync", (2, 1, 2), recovery=RESUME_CREATE),
     Row("after-checkpoint", "sync", (1, 1, 1), recovery=each("resume: nothing")),  # saved
+    # lab 09: SIGTERM drains the run at the step boundary; nothing is redone in any mode
+    Row(
+        "term-at:after-prepare",
+        "sync",
+        (1, 1, 1),
+        crash_exit=each(EXIT_DRAINED),  # stopped after prepare, its result saved
+        recovery=RESUME_CREATE,
+    ),
+    Row(  # create_ticket was the last node: the run finishes
+        "term-at:after-ack", "sync", (1, 1, 1), crash_exit=each(0), recovery=each("none")
+    ),
     # The durability decides how much the recovery redoes, never the ticket count:
     Row("after-ack", "async", (2, 1, 2)),  # what "async" had saved when the kill landed varies
     Row("after-ack", "exit", (2, 1, 2), recovery=each("start again: prepare, create_ticket")),
@@ -214,7 +230,7 @@ def run_drill(lab, workers, on_cell=progress):
 
 def matrix(results):
     """The results as a text table: tickets per mode, and what the recovery redid."""
-    lines = [f"{'boundary':<18}{'durability':<12}{'naive':<7}{'safe':<6}{'node-uuid':<11}recovery"]
+    lines = [f"{'boundary':<22}{'durability':<12}{'naive':<7}{'safe':<6}{'node-uuid':<11}recovery"]
     for i in range(0, len(results), len(MODES)):
         row = results[i : i + len(MODES)]
         counts = [
@@ -230,7 +246,7 @@ def matrix(results):
             recovery = "; ".join(f"{'/'.join(m)}: {r}" for r, m in recoveries.items())
         durability = row[0]["durability"] + ("*" if row[0]["observed"] else "")
         lines.append(
-            f"{row[0]['boundary']:<18}{durability:<12}{counts[0]:<7}{counts[1]:<6}"
+            f"{row[0]['boundary']:<22}{durability:<12}{counts[0]:<7}{counts[1]:<6}"
             f"{counts[2]:<11}{recovery}"
         )
     lines.append("tickets for one operation after the crash and the recovery")
