@@ -51,6 +51,7 @@ import os
 import signal
 import sqlite3
 import sys
+import threading
 import time
 import urllib.error
 import urllib.parse
@@ -189,14 +190,19 @@ def run_graph(args, first_input):
         durability = "sync"  # each node's result is on disk before the next node starts
         durability = args.durability  # lab-only
         control = RunControl()
-        previous = signal.signal(signal.SIGTERM, lambda *_: control.request_drain("SIGTERM"))
+        # Only the main thread receives signals (and may set a handler): an in-process caller
+        # on another thread runs without one.
+        main_thread = threading.current_thread() is threading.main_thread()
+        if main_thread:
+            previous = signal.signal(signal.SIGTERM, lambda *_: control.request_drain("SIGTERM"))
         try:
             final = graph.invoke(graph_input, config, durability=durability, control=control)
         except GraphDrained as drained:  # a clean stop, not a failure: say so, and where
             emit("drained", reason=drained.reason, next=list(graph.get_state(config).next))
             return EXIT_DRAINED
         finally:
-            signal.signal(signal.SIGTERM, previous)
+            if main_thread:
+                signal.signal(signal.SIGTERM, previous)
         crash("after-checkpoint", args.crash_at)  # lab-only
         # lab-only: begin
         if "__interrupt__" in final:  # the run waits for a human: `approve` answers it
@@ -586,7 +592,6 @@ def step_boundary_saver(saver_class):
     comes first with the ticket_id, the process dies before writing it: the node has
     returned and its result is on no disk. The worst case of langgraph#8039, every time.
     """
-    import threading
 
     dying = threading.Lock()
 
