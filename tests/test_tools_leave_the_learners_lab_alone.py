@@ -78,17 +78,17 @@ def test_the_demo_leaves_the_learners_lab_alone(learner):
 
 
 def test_the_drill_leaves_the_learners_lab_alone_and_keeps_stdout_for_json(learner):
-    done = run_tool(learner, "labs.tools.drill", "--json")
+    """One boundary's rows as `make drill` runs them (tests/test_drill.py runs every cell)."""
+    done = run_tool(learner, "labs.tools.drill", "--json", "--boundary", "after-ack")
     assert done.returncode == 0, done.stdout + done.stderr
     cells = [json.loads(line) for line in done.stdout.splitlines()]  # every line is JSON
-    expected = [
-        (c.row.boundary, c.mode, c.row.durability, c.expected("tickets")) for c in drill.cells()
-    ]
+    chosen = drill.cells(["after-ack"])
+    expected = [(c.row.boundary, c.mode, c.row.durability, c.expected("tickets")) for c in chosen]
     got = [(c["boundary"], c["mode"], c["durability"], c["tickets"]) for c in cells]
     assert got == expected
     assert all(c["ok"] and c["why"] == [] for c in cells)
     progress = [line for line in done.stderr.splitlines() if line.startswith("drill: [")]
-    total = len(drill.cells())
+    total = len(chosen)
     assert len(progress) == total and progress[-1].startswith(f"drill: [{total}/{total}] ")
 
 
