@@ -148,7 +148,8 @@ def test_compose_file_shape():
     spec = yaml.safe_load((ROOT / "compose.yaml").read_text())
     assert "name" not in spec, "Compose 1.29 rejects a top-level name:; guides pass -p"
     services = spec["services"]
-    assert set(services) == {"api", "workflow"}
+    assert set(services) == {"api", "workflow", "postgres", "worker"}
+    assert services["postgres"]["profiles"] == services["worker"]["profiles"] == ["scale"]
     owners = {"api": "receiver-data", "workflow": "checkpoint-data"}
     for service, volume in owners.items():
         config = services[service]
@@ -160,7 +161,7 @@ def test_compose_file_shape():
         assert "no-new-privileges:true" in config["security_opt"], service
         assert "/tmp" in config["tmpfs"], service
         assert config["networks"] == ["lab"], service
-    assert set(spec["volumes"]) == set(owners.values())
+    assert set(spec["volumes"]) == {*owners.values(), "postgres-data"}  # postgres-data: scale
     assert spec["networks"]["lab"]["internal"] is True
     # The workflow does not wait for a health check: its client retries a refused connection.
     assert services["workflow"]["depends_on"] == ["api"]
