@@ -30,7 +30,7 @@ from labs.tools.local import run as run_command
 # One project per pytest-xdist worker: each worker sets the lab up (and down -v) on its own.
 PROJECT = "-".join(
     [os.environ.get("LAB_DOCKER_PROJECT", "stateful-lab-test"), "docker"]
-    + [os.environ["PYTEST_XDIST_WORKER"]] * ("PYTEST_XDIST_WORKER" in os.environ)
+    + ([os.environ["PYTEST_XDIST_WORKER"]] if "PYTEST_XDIST_WORKER" in os.environ else [])
 )
 REQUIRED = os.environ.get("LAB_REQUIRE_DOCKER") == "1"
 BUILD_TIMEOUT_S = 900  # a first build downloads the base image and ~40 packages
