@@ -40,7 +40,7 @@ import sqlite3
 import sys
 import threading
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
@@ -329,11 +329,13 @@ class TicketServer(ThreadingHTTPServer):
 
     def process_request(self, request, client_address):
         if not self.slots.acquire(blocking=False):  # full: answer at once, start no thread
-            try:
-                request.setblocking(False)  # a small answer fits the socket's send buffer
-                request.send(FULL_ANSWER)
-            except OSError:
-                pass
+            # Read what the client has sent first: closing on unread bytes would reset the
+            # connection and could destroy the answer before the client reads it.
+            request.settimeout(REFUSE_READ_S)
+            with suppress(OSError):  # nothing sent yet (a timeout), or the client left
+                request.recv(MAX_BODY_BYTES)
+            with suppress(OSError):
+                request.sendall(FULL_ANSWER)  # small: it fits the socket's send buffer
             self.shutdown_request(request)
             return
         super().process_request(request, client_address)
@@ -388,6 +390,7 @@ DIGITS = re.compile(r"[0-9]+")  # a Content-Length; str.isdigit() would also acc
 REQUEST_TIMEOUT_S = 5.0  # seconds for a whole request, headers and body; loopback needs ms.
 MAX_CONNECTIONS = 256  # connections served at once, a thread each (~8 MiB virtual, little
 #                        resident); one more gets FULL_ANSWER at once instead of a thread.
+REFUSE_READ_S = 0.05  # seconds the accepting thread waits for a refused client's request
 LINGER_S = 1.0  # seconds to drain an unread oversized body after its 413 before closing
 MAX_LINGER_BYTES = 1 << 20  # bytes drained at most; a client sending more is cut off
 FULL_BODY = b'{"error": "too many connections; retry with the same key in a moment"}'
