@@ -211,3 +211,9 @@ def test_the_docker_demo_runs_in_its_own_project_and_leaves_nothing(capsys):
         if kind == "container":
             listing.insert(3, "-a")
         assert run(listing).stdout.split() == [], f"{kind}s left behind"
+
+
+def test_a_guide_that_does_not_exist_is_one_line_and_exit_2(capsys):
+    assert demo.main(["--backend", "local", "labs/99-no-such-guide.md"]) == demo.EXIT_USAGE
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no such guide labs/99-no-such-guide.md" in err

@@ -39,7 +39,7 @@ GUIDES = [
     for name in ("01-the-duplicate.md", "02-the-keyed-fix.md", "03-a-retry-is-not-a-new-request.md")
 ]
 DOCKER_PROJECT = "stateful-lab-demo"
-EXIT_OK, EXIT_DIFFERS, EXIT_NO_LAB, EXIT_STOPPED = 0, 1, 3, 130
+EXIT_OK, EXIT_DIFFERS, EXIT_USAGE, EXIT_NO_LAB, EXIT_STOPPED = 0, 1, 2, 3, 130
 WIDTH = 92
 EFFECTS = ("start", "resume", "post")  # the workflow actions that can make a ticket
 FIGURES = re.compile(r'"(?:ticket_id|created)": (?:\d+|true|false)')
@@ -362,6 +362,13 @@ def main(argv=None):
     parser.add_argument("--port", type=int, help="local backend: this port (default: a free one)")
     parser.add_argument("--project", default=DOCKER_PROJECT, help="docker backend: the project")
     args = parser.parse_args(argv)
+    missing = [str(g) for g in args.guides if not g.is_file()]
+    if missing:  # before anything starts: one line, and nothing to clean up
+        print(
+            f"demo: no such guide {', '.join(missing)}; the guides are labs/NN-*.md",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
     style = style_for(sys.stdout)
     backend = code = None
     try:
