@@ -14,6 +14,7 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+from workflow_helpers import events, names, tickets
 
 from labs.tools import chaos, drill
 from labs.tools.backends import LOST_ACK, LocalBackend, override_environment
@@ -22,18 +23,6 @@ from labs.tools.local import ROOT, ReceiverProcess, free_port, run_workflow, she
 KILLED = 137
 OP = "case-t:open-ticket:v1"
 TITLE = "Check supplier configuration"  # workflow.py's default title
-
-
-def events(done):
-    return [json.loads(line) for line in done.stdout.splitlines()]
-
-
-def names(done):
-    return [e["event"] for e in events(done)]
-
-
-def tickets(workflow):
-    return events(workflow("tickets"))[0]["tickets"]
 
 
 @pytest.fixture

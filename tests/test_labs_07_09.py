@@ -14,24 +14,13 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+from workflow_helpers import events, names, tickets
 
 from labs.tools import drill
 from labs.tools.backends import LocalBackend
 from labs.tools.local import ROOT, shell_exit_code, wait_until
 
 KILLED, DRAINED, NO_THREAD = 137, 75, 4
-
-
-def events(done):
-    return [json.loads(line) for line in done.stdout.splitlines()]
-
-
-def names(done):
-    return [e["event"] for e in events(done)]
-
-
-def tickets(workflow):
-    return events(workflow("tickets"))[0]["tickets"]
 
 
 def state(workflow, thread="demo"):

@@ -9,6 +9,7 @@ import pytest
 from labs.tools import starter
 from labs.tools.backends import compose_command, docker_engine_answers
 from labs.tools.local import ROOT
+from labs.tools.local import run as run_command
 
 LAB_ONLY_WORDS = (  # what a copier must not find in the starter's code
     "lab-only",
@@ -113,15 +114,7 @@ def test_the_starters_two_docker_commands_work(built):
     env = dict(os.environ, LAB_IMAGE="stateful-agent-lab:starter-test")
 
     def run(*args, timeout=120):
-        return subprocess.run(
-            [*compose, *args],
-            cwd=built,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-        )
+        return run_command([*compose, *args], env, timeout, cwd=built)
 
     try:
         up = run("up", "-d", "--build", "api", timeout=900)

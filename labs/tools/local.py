@@ -55,13 +55,13 @@ def check_port_free(host, port):
             ) from None
 
 
-def run(argv, env=None, timeout=COMMAND_TIMEOUT_S):
-    """Run a command in ROOT to its end: no stdin, text stdout and stderr captured, its own
+def run(argv, env=None, timeout=COMMAND_TIMEOUT_S, cwd=ROOT):
+    """Run a command in cwd (ROOT) to its end: no stdin, text stdout and stderr captured, its own
     session (a Ctrl-C meant for us does not reach it; on any exception it is killed)."""
     return subprocess.run(
         argv,
         env=env,
-        cwd=ROOT,
+        cwd=cwd,
         stdin=subprocess.DEVNULL,
         capture_output=True,
         text=True,
