@@ -1,6 +1,5 @@
 #!/usr/bin/env bash
-# Undo .ci/docker-setup.sh: remove the lab's containers, network and volumes (down -v for project
-# stateful-lab), then stop dockerd - only if docker-setup.sh started it (its pid file says so).
+# Undo .ci/docker-setup.sh: stop dockerd - only if docker-setup.sh started it (its pid file says so).
 # Images are kept, so the next setup on this machine skips the base image and reuses the build cache.
 # Safe to run more than once, and when setup never ran.
 set -uo pipefail
@@ -18,15 +17,8 @@ live_dockerd() {
   [[ $stat == *"(dockerd) "[!Z]* ]]
 }
 
-if timeout 10 docker version --format '{{.Server.Version}}' >/dev/null 2>&1; then
-  if docker compose version >/dev/null 2>&1; then compose=(docker compose); else compose=(docker-compose); fi
-  say "${compose[*]} -p stateful-lab down -v"
-  # BASE_IMAGE only matters to `build`; set it so that interpolation never warns.
-  BASE_IMAGE=${BASE_IMAGE:-stateful-lab-base:local} "${compose[@]}" -p stateful-lab down -v --remove-orphans \
-    || say "down -v failed (exit $?)"
-else
-  say "no engine answers: nothing to bring down"
-fi
+# No `down -v` here: the tests run in Compose projects of their own and remove them; the project
+# stateful-lab is a learner's, and a script must not delete a lab somebody started by hand.
 
 if [[ ! -f $PID_FILE ]]; then
   say "dockerd was not started by docker-setup.sh: leaving the engine alone"
