@@ -1,8 +1,9 @@
 """The drill, one test per cell: crash, recover as an operator would, count the tickets.
 
-Each cell runs its real workflow processes against a receiver of this test worker's own with
-the lost-ack fault on, as `make drill` does; a cell that differs says why, with the commands
-it ran and the events they printed.
+Each cell runs against a receiver of this test worker's own with the lost-ack fault on, as
+`make drill` does. The run that crashes is a real process that really gets its SIGKILL or
+SIGTERM; the resumes run workflow.main in this process (make drill runs them as processes too).
+A cell that differs says why, with the commands it ran and the events they printed.
 """
 
 import json
@@ -14,7 +15,7 @@ from labs.tools import drill
 
 @pytest.fixture(scope="module")
 def drill_lab():
-    lab = drill.open_lab("local")
+    lab = drill.open_lab("local", in_process=True)
     yield lab
     lab.close()
 

@@ -11,13 +11,13 @@ import pytest
 
 from labs.tools.backends import LocalBackend
 from labs.tools.local import ROOT
-from labs.tools.runner import lines_match, run_guide
+from labs.tools.runner import lines_match, parse_guide, run_guide
 
 COMPOSE_PREFIX = re.compile(r"^[\w.-]+\s+\| ?")  # "api-1  | " (v2) or "api_1  | " (v1)
 GUIDES = [
     guide
     for guide in sorted((ROOT / "labs").glob("[0-9][0-9]-*.md"))
-    if "$ docker compose -p stateful-lab logs api" in guide.read_text(encoding="utf-8")
+    if any(step.command.endswith(" logs api") for step in parse_guide(guide.read_text("utf-8")))
 ]
 
 

@@ -5,17 +5,17 @@ started from the machine's own binaries. Without them the tier is skipped with a
 with LAB_REQUIRE_POSTGRES=1 (CI) it fails instead.
 """
 
-import os
 import re
 import subprocess
 import sys
 
 import pytest
+from conftest import require_postgres
 
 from labs.tools import scale_chaos
 from labs.tools.backends import LocalBackend
 from labs.tools.local import ROOT, free_port, lab_env, run_workflow
-from labs.tools.pg import PostgresUnavailable, TempPostgres
+from labs.tools.pg import TempPostgres
 from labs.tools.runner import run_guide
 
 LAB_10 = ROOT / "labs" / "10-two-workers-one-thread.md"
@@ -23,13 +23,8 @@ LAB_10 = ROOT / "labs" / "10-two-workers-one-thread.md"
 
 @pytest.fixture(scope="session")
 def postgres():
-    try:
-        cluster = TempPostgres()
-    except PostgresUnavailable as error:
-        reason = f"POSTGRES TIER SKIPPED: {error}"
-        if os.environ.get("LAB_REQUIRE_POSTGRES") == "1":
-            pytest.fail(reason.replace("SKIPPED", "REQUIRED (LAB_REQUIRE_POSTGRES=1)"))
-        pytest.skip(reason)
+    require_postgres()
+    cluster = TempPostgres()
     cluster.start()
     yield cluster
     cluster.stop()
@@ -97,15 +92,6 @@ def test_workers_refuse_a_sqlite_checkpointer(tmp_path):
     assert done.returncode == 2, done.stderr
     assert "CHECKPOINT_DB must be a postgresql:// URL" in done.stderr
     assert len(done.stderr.splitlines()) == 1
-
-
-def test_lab_10_guide_holds_natively(postgres, tmp_path):
-    backend = LocalBackend(tmp_path / "data", log_path=tmp_path / "receiver.log")
-    try:
-        outcomes = run_guide(LAB_10, backend)
-    finally:
-        backend.close()
-    assert outcomes and not outcomes_problems(outcomes), "\n".join(outcomes_problems(outcomes))
 
 
 @pytest.mark.parametrize("mode", ["safe", "naive"])

@@ -79,10 +79,10 @@ def test_the_demo_leaves_the_learners_lab_alone(learner):
 
 def test_the_drill_leaves_the_learners_lab_alone_and_keeps_stdout_for_json(learner):
     """One boundary's rows as `make drill` runs them (tests/test_drill.py runs every cell)."""
-    done = run_tool(learner, "labs.tools.drill", "--json", "--boundary", "after-ack")
+    done = run_tool(learner, "labs.tools.drill", "--json", "--boundary", "after-checkpoint")
     assert done.returncode == 0, done.stdout + done.stderr
     cells = [json.loads(line) for line in done.stdout.splitlines()]  # every line is JSON
-    chosen = drill.cells(["after-ack"])
+    chosen = drill.cells(["after-checkpoint"])
     expected = [(c.row.boundary, c.mode, c.row.durability, c.expected("tickets")) for c in chosen]
     got = [(c["boundary"], c["mode"], c["durability"], c["tickets"]) for c in cells]
     assert got == expected

@@ -300,12 +300,16 @@ class DockerBackend(Backend):
         if project == LEARNER_PROJECT:
             raise ValueError(f"{LEARNER_PROJECT} is the learner's project; tools use their own")
         self.project = project
+        self.files = []  # the -f files up() named; every later command names them too (lab 06)
         self.compose = compose_command()
         if self.compose is None or not docker_engine_answers():
             raise LabError("no Docker engine with Compose answers; BACKEND=local runs it natively")
 
     def compose_run(self, args, timeout=WORKFLOW_TIMEOUT_S):
-        done = run([*self.compose, "-p", self.project, *args], timeout=timeout)
+        """Compose in our project, with the files up() named: without them, `run` in Compose 2.26
+        recreates a running api whose configuration differs (lab 06's fault would be lost)."""
+        files = [word for name in self.files for word in ("-f", name)]
+        done = run([*self.compose, "-p", self.project, *files, *args], timeout=timeout)
         return Result(
             done.stdout,
             compose_stderr(done.stderr, done.returncode),
@@ -316,15 +320,13 @@ class DockerBackend(Backend):
         cmd = parse_command(command)  # what the local backend accepts, and nothing else
         if cmd.verb not in ("up", "restart", "down", "run", "logs", "kill", "pause", "unpause"):
             raise ValueError(f"the docker backend has no mapping for {command!r}")
-        files = [word for name in cmd.files for word in ("-f", name)]
+        self.files = cmd.files  # as written: the guide names them on each command, or not
         timeout = COMMAND_TIMEOUT_S if cmd.verb == "up" else WORKFLOW_TIMEOUT_S
-        return self.compose_run([*files, cmd.verb, *cmd.args], timeout)
+        return self.compose_run([cmd.verb, *cmd.args], timeout)
 
     def up(self, overrides=()):
-        files = [word for name in (BASE_FILE, *overrides) for word in ("-f", name)]
-        return self.compose_run(
-            [*(files if overrides else []), "up", "-d", "--build", "api"], COMMAND_TIMEOUT_S
-        )
+        self.files = [BASE_FILE, *overrides] if overrides else []
+        return self.compose_run(["up", "-d", "--build", "api"], COMMAND_TIMEOUT_S)
 
     def restart(self):
         return self.compose_run(["restart", "api"])

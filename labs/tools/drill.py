@@ -259,9 +259,10 @@ def matrix(results):
     return "\n".join(lines)
 
 
-def open_lab(backend, project=DOCKER_PROJECT):
-    """A fresh lab of the drill's own with the lost-ack fault on (named explicitly)."""
-    lab = LocalBackend() if backend == "local" else DockerBackend(project)
+def open_lab(backend, project=DOCKER_PROJECT, in_process=False):
+    """A fresh lab of the drill's own with the lost-ack fault on (named explicitly).
+    in_process (local): commands without a crash switch run in this process (the tests)."""
+    lab = LocalBackend(in_process=in_process) if backend == "local" else DockerBackend(project)
     try:
         lab.down()  # docker: what an interrupted drill left behind
         up = lab.up([LOST_ACK])
