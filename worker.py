@@ -55,6 +55,7 @@ from workflow import EXIT_NO_ANSWER, EXIT_THREAD, EXIT_USAGE, UserError, emit
 ENTRYPOINT = "operation"  # the one kind of job: run one operation's thread
 JOBS_PER_WORKER = 2  # pgqueuer's minimum cap for a batch of 1 (max_concurrent_tasks >= 2 x batch)
 POLL_S = 0.1  # seconds between looks at the queue in `wait` and --drain
+CONNECT_TIMEOUT_S = 10  # seconds for the queue's connection: a database that does not answer
 
 
 class LineStdout:
@@ -85,22 +86,31 @@ def require_postgres(url):
 
 
 async def connect(url):
-    """An autocommit async connection (pgqueuer's requirement), with one line for a bad URL."""
-    import psycopg
+    """The queue's own connection, with one line for a bad URL or a database that does not answer.
+
+    asyncpg, pgqueuer's first driver, rather than psycopg (which LangGraph's PostgresSaver uses for
+    the checkpoints): pgqueuer's psycopg driver shares one connection between LISTEN and the
+    queries and waits for notifications 1 s at a time (pgqueuer/adapters/drivers/psycopg.py,
+    watch_notifies), and psycopg's AsyncConnection.notifies() holds the connection's lock while it
+    waits (psycopg/connection_async.py; psycopg issue #340), so each query of a running worker could
+    wait up to a second. Measured in lab 10: taking over a dead worker's job and draining took
+    9 s with psycopg, 3 s with asyncpg."""
+    import asyncpg
 
     try:
-        return await psycopg.AsyncConnection.connect(url, autocommit=True)
-    except psycopg.Error as error:
-        reason = str(error).strip().splitlines()[0]
-        code = EXIT_NO_ANSWER if isinstance(error, psycopg.OperationalError) else EXIT_USAGE
-        raise UserError(f"cannot open CHECKPOINT_DB ({reason})", code) from error
+        return await asyncpg.connect(url, timeout=CONNECT_TIMEOUT_S)
+    except ValueError as error:  # a malformed URL, or a parameter asyncpg does not know
+        raise UserError(f"CHECKPOINT_DB is not a usable URL ({error})", EXIT_USAGE) from error
+    except (OSError, TimeoutError, asyncpg.PostgresError) as error:
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise UserError(f"cannot open CHECKPOINT_DB ({reason})", EXIT_NO_ANSWER) from error
 
 
 async def open_queue(url):
     """pgqueuer's Queries on a new connection, its tables installed once (under its own lock)."""
     from pgqueuer import Queries
 
-    queries = Queries.from_psycopg_connection(await connect(url))
+    queries = Queries.from_asyncpg_connection(await connect(url))
     async with queries.schema_lock():
         if not await queries.schema_is_installed():
             await queries.install()
@@ -188,7 +198,7 @@ async def work(args):
     from pgqueuer import PgQueuer
 
     queries = await open_queue(args.checkpoint_db)  # installs the queue before the first dequeue
-    pgq = PgQueuer.from_psycopg_connection(await connect(args.checkpoint_db))
+    pgq = PgQueuer.from_asyncpg_connection(await connect(args.checkpoint_db))
     client = workflow.TicketClient(args.api_url, args.timeout_s, args.attempts)
     running = set()
     loop = asyncio.get_running_loop()
@@ -344,7 +354,8 @@ async def lab_report_held_runs(queries, thread):
     """What each finished held run got from the receiver (the worker's own output is in its log)."""
     for row in await lab_holds(queries, thread) if thread else []:
         if row["state"] == "finished":
-            emit("held_run", at=row["at"], thread=row["thread"], **row["outcome"])  # jsonb: a dict
+            outcome = json.loads(row["outcome"])  # asyncpg hands jsonb over as its text
+            emit("held_run", at=row["at"], thread=row["thread"], **outcome)
 
 
 class HoldingClient:

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Prepare a real Docker engine for the lab's Docker tier, on a fresh Debian machine, as root.
 #
-#   1. packages      docker.io (engine 20.10), docker-compose (1.29), debootstrap - if missing
+#   1. packages      docker.io (engine 20.10), docker-compose (1.29, for the test that the README's
+#                    "Compose v1" holds), debootstrap - if missing
+#   1b. Compose v2   the `docker compose` plugin the guides use, from Debian trixie
 #   2. engine        reuse an engine that already answers, else start dockerd in the background
 #   3. base image    a local Python image made with debootstrap, because no registry can be
 #                    reached here, so the Dockerfile's digest-pinned python:3.13-slim cannot be pulled

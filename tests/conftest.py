@@ -8,8 +8,15 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from labs.tools.local import ReceiverProcess, free_port, lab_env, run_workflow  # noqa: E402
+from labs.tools.local import ReceiverProcess, free_port, lab_env, run_workflow_here  # noqa: E402
 from labs.tools.pg import PostgresUnavailable, find_bin_dir  # noqa: E402
+
+
+def pytest_collection_modifyitems(items):
+    """The tests marked long go first: pytest-xdist hands tests out in this order, and a long test
+    that starts last keeps the whole run waiting for it alone. (sort is stable: the rest keep
+    their order)"""
+    items.sort(key=lambda item: item.get_closest_marker("long") is None)
 
 
 def require_postgres():
@@ -40,9 +47,11 @@ def receiver(lab, tmp_path):
 
 @pytest.fixture
 def workflow(lab):
-    """Run `python workflow.py ARGS` against this test's receiver and checkpoint folder."""
+    """`workflow.py ARGS` against this test's receiver and checkpoint folder: a process that really
+    dies when ARGS has a crash or SIGTERM switch, else workflow.main in this process (the same
+    code without a new interpreter's second of LangGraph import)."""
 
     def run(*args):
-        return run_workflow(args, lab)
+        return run_workflow_here(args, lab)
 
     return run

@@ -45,6 +45,7 @@ def test_the_story_comes_from_the_guide_itself():
     assert len(reset.notice) == 3 and reset.notice[0].startswith("`prepare` did not run again")
 
 
+@pytest.mark.long
 def test_demo_tells_labs_01_and_02_with_a_verdict_per_operation(capsys):
     code, out, err = run_demo(capsys, LAB01, LAB02)
     assert code == 0, out + err

@@ -27,7 +27,9 @@ def test_the_guides_that_teach_from_the_log_show_it():
 
 @pytest.mark.parametrize("guide", GUIDES, ids=lambda g: g.stem)
 def test_log_lines_in_a_guide_are_what_the_receiver_logs(guide, tmp_path):
-    backend = LocalBackend(tmp_path / "data", log_path=tmp_path / "data" / "receiver.log")
+    backend = LocalBackend(
+        tmp_path / "data", log_path=tmp_path / "data" / "receiver.log", in_process=True
+    )
     try:
         outcomes = [o for o in run_guide(guide, backend) if o.step.command.endswith(" logs api")]
     finally:

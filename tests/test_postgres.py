@@ -54,7 +54,7 @@ def outcomes_problems(outcomes):
     "guide", ["01-the-duplicate.md", "02-the-keyed-fix.md"], ids=lambda g: g[:2]
 )
 def test_guides_print_the_same_with_a_postgres_checkpointer(guide, database, tmp_path):
-    backend = LocalBackend(tmp_path / "data", log_path=tmp_path / "receiver.log")
+    backend = LocalBackend(tmp_path / "data", log_path=tmp_path / "receiver.log", in_process=True)
     backend.env["CHECKPOINT_DB"] = database
     try:
         outcomes = run_guide(ROOT / "labs" / guide, backend)
@@ -79,9 +79,8 @@ def test_a_malformed_postgres_url_is_a_usage_error(tmp_path):
     assert len(done.stderr.splitlines()) == 1 and "Traceback" not in done.stderr
 
 
-def test_workers_refuse_a_sqlite_checkpointer(tmp_path):
-    env = lab_env(tmp_path, free_port())  # CHECKPOINT_DB: a SQLite path
-    done = subprocess.run(
+def worker_status(env):
+    return subprocess.run(
         [sys.executable, str(ROOT / "worker.py"), "status"],
         env=env,
         cwd=ROOT,
@@ -89,11 +88,30 @@ def test_workers_refuse_a_sqlite_checkpointer(tmp_path):
         text=True,
         timeout=60,
     )
+
+
+def test_workers_refuse_a_sqlite_checkpointer(tmp_path):
+    done = worker_status(lab_env(tmp_path, free_port()))  # CHECKPOINT_DB: a SQLite path
     assert done.returncode == 2, done.stderr
     assert "CHECKPOINT_DB must be a postgresql:// URL" in done.stderr
     assert len(done.stderr.splitlines()) == 1
 
 
+@pytest.mark.parametrize(
+    "url,code,says",
+    [
+        ("postgresql://x@127.0.0.1:{port}/x", 3, "worker.py: cannot open CHECKPOINT_DB ("),
+        ("postgresql://[not-a-host", 2, "worker.py: CHECKPOINT_DB is not a usable URL ("),
+    ],
+    ids=["nobody-answers", "malformed"],
+)
+def test_a_worker_with_a_bad_queue_url_says_so_in_one_line(url, code, says, tmp_path):
+    done = worker_status(lab_env(tmp_path, free_port(), CHECKPOINT_DB=url.format(port=free_port())))
+    assert done.returncode == code, done.stderr
+    assert done.stderr.startswith(says) and len(done.stderr.splitlines()) == 1, done.stderr
+
+
+@pytest.mark.long
 @pytest.mark.parametrize("mode", ["safe", "naive"])
 def test_scale_chaos_finishes_every_operation_and_only_the_key_prevents_duplicates(
     mode, postgres, tmp_path

@@ -18,6 +18,7 @@ SHELL_BLOCK = re.compile(r"^```bash\n(.*?)^```", re.M | re.S)
 SHELLS = [shell for shell in ("bash", "zsh") if shutil.which(shell)]  # bash is always there
 
 
+@pytest.mark.long
 def test_the_readme_demo_block_prints_what_it_shows(tmp_path):
     (step,) = [s for s in parse_guide(README) if s.command.startswith("make demo")]
     env = lab_env(tmp_path, free_port())  # PORT: a free port, not the default 8000

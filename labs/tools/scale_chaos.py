@@ -108,9 +108,10 @@ def chaos_run(workers_n, operations, mode, seed, work_dir, ack_delay_s=ACK_DELAY
         # strike, or a strike on a worker still starting up, would prove nothing.
         def all_in_the_window():
             jobs = loop.run_until_complete(pending(queries))
-            picked = sum(j["status"] == "picked" for j in jobs)
+            picked = {j["thread"] for j in jobs if j["status"] == "picked"}
             busy = loop.run_until_complete(busy_workers(queries))
-            return not jobs or (busy >= workers_n and len(tickets(env["API_URL"])) >= picked)
+            answered = {t["payload"]["title"] for t in tickets(env["API_URL"])}  # title = thread
+            return not jobs or (busy >= workers_n and picked <= answered)
 
         wait_until(all_in_the_window, 60, "every worker to hold a job in the crash window")
         for proc in workers.live():  # the first strike: every worker at once, then random ones
