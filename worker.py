@@ -88,13 +88,13 @@ def require_postgres(url):
 async def connect(url):
     """The queue's own connection, with one line for a bad URL or a database that does not answer.
 
-    asyncpg, pgqueuer's first driver, rather than psycopg (which LangGraph's PostgresSaver uses for
-    the checkpoints): pgqueuer's psycopg driver shares one connection between LISTEN and the
-    queries and waits for notifications 1 s at a time (pgqueuer/adapters/drivers/psycopg.py,
-    watch_notifies), and psycopg's AsyncConnection.notifies() holds the connection's lock while it
-    waits (psycopg/connection_async.py; psycopg issue #340), so each query of a running worker could
-    wait up to a second. Measured in lab 10: taking over a dead worker's job and draining took
-    9 s with psycopg, 3 s with asyncpg."""
+    asyncpg, the driver of pgqueuer's own examples, rather than psycopg (which LangGraph's
+    PostgresSaver uses for the checkpoints): pgqueuer's psycopg driver shares one connection between
+    LISTEN and the queries and waits for notifications 1 s at a time
+    (pgqueuer/adapters/drivers/psycopg.py, watch_notifies), and psycopg's AsyncConnection.notifies()
+    holds the connection's lock while it waits (psycopg/connection_async.py; psycopg issue #340), so
+    each query of a running worker could wait up to a second. Measured in lab 10: taking over a dead
+    worker's job and draining took 9 s with psycopg, 3 s with asyncpg."""
     import asyncpg
 
     try:

@@ -250,7 +250,7 @@ def test_lab_04_prints_the_drills_matrix():
 def test_a_drill_cell_fails_and_says_why_when_the_receiver_cannot_lose_an_answer():
     """The drill can fail: without the fault switch, lost-ack makes one ticket, not two."""
     lost_ack = next(row for row in drill.MATRIX if row.boundary == "lost-ack")
-    with LocalBackend() as lab:
+    with LocalBackend(in_process=True) as lab:
         lab.up()  # no override: the fault is off
         cell = drill.run_cell(lab, drill.Cell(lost_ack, "naive"))
     assert cell["tickets"] == 1 and not cell["ok"]
@@ -316,7 +316,7 @@ def test_a_drill_cell_that_lost_an_answer_without_the_fault_blames_the_slow_rece
     cell = drill.Cell(after_ack, "naive")
     scripted.script = ["silence", (201, {"ticket_id": 1, "created": True})]
     scripted.found = [{"ticket_id": 1, "key": None, "payload": {"title": cell.name}}]
-    with LocalBackend(tmp_path / "lab") as lab:
+    with LocalBackend(tmp_path / "lab", in_process=True) as lab:
         lab.env["API_URL"] = scripted.url  # the workflow talks to the slow receiver
         result = drill.run_cell(lab, cell)
     assert not result["ok"]
