@@ -55,6 +55,7 @@ from workflow import EXIT_NO_ANSWER, EXIT_THREAD, EXIT_USAGE, UserError, emit
 ENTRYPOINT = "operation"  # the one kind of job: run one operation's thread
 JOBS_PER_WORKER = 2  # pgqueuer's minimum cap for a batch of 1 (max_concurrent_tasks >= 2 x batch)
 POLL_S = 0.1  # seconds between looks at the queue in `wait` and --drain
+ACTIVE = ("queued", "picked")  # a job some worker will still run; a failed one stays, held
 CONNECT_TIMEOUT_S = 10  # seconds for the queue's connection: a database that does not answer
 
 
@@ -101,7 +102,10 @@ async def connect(url):
         return await asyncpg.connect(url, timeout=CONNECT_TIMEOUT_S)
     except ValueError as error:  # a malformed URL, or a parameter asyncpg does not know
         raise UserError(f"CHECKPOINT_DB is not a usable URL ({error})", EXIT_USAGE) from error
-    except (OSError, TimeoutError, asyncpg.PostgresError) as error:
+    except TimeoutError as error:  # e.g. a host name Docker's resolver cannot answer for
+        reason = f"no answer within {CONNECT_TIMEOUT_S} s"
+        raise UserError(f"cannot open CHECKPOINT_DB ({reason})", EXIT_NO_ANSWER) from error
+    except (OSError, asyncpg.PostgresError) as error:
         reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         raise UserError(f"cannot open CHECKPOINT_DB ({reason})", EXIT_NO_ANSWER) from error
 
@@ -118,7 +122,8 @@ async def open_queue(url):
 
 
 async def jobs(queries, thread=None):
-    """The queue's jobs (queued or picked; finished ones leave the table), oldest first."""
+    """The queue's jobs, oldest first: queued, picked, and failed ones, which stay (held) for you to
+    see; a job that succeeded leaves the table."""
     table = queries.qbe.qualified.queue_table
     rows = await queries.driver.fetch(
         f"SELECT id, status, dedupe_key FROM {table} "  # noqa: S608 (pgqueuer's own table name)
@@ -165,7 +170,7 @@ async def wait(args):
         return await lab_wait_for_hold(queries, args)  # lab-only
     deadline = time.monotonic() + args.timeout
     while True:
-        busy = bool(await jobs(queries, args.thread))
+        busy = any(j["status"] in ACTIVE for j in await jobs(queries, args.thread))
         busy = busy or await lab_holding(queries, args.thread)  # lab-only
         if not busy:
             break
@@ -232,7 +237,7 @@ async def work(args):
         async def drain_when_idle():
             while not pgq.shutdown.is_set():
                 await asyncio.sleep(POLL_S)
-                if not running and not await jobs(queries):
+                if not running and not any(j["status"] in ACTIVE for j in await jobs(queries)):
                     pgq.shutdown.set()
 
         emit("worker", heartbeat_s=args.heartbeat_s, drain=args.drain)

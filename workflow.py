@@ -541,7 +541,8 @@ class LostAckClient(TicketClient):
         if first:  # an answer came to the request that was to lose it: no fault happened
             print(
                 "workflow.py: --crash-at lost-ack: the receiver answered anyway "
-                "(RECEIVER_LAB_FAULTS=lost-ack is off, or this thread's fault was used)",
+                "(RECEIVER_LAB_FAULTS=lost-ack is off, or this thread's fault was used; "
+                "lab 06 names -f compose.yaml -f labs/lost-ack.compose.yaml on each command)",
                 file=sys.stderr,
             )
         return result

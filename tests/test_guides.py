@@ -68,10 +68,10 @@ def test_there_are_guides_and_each_resets_what_it_starts():
         # files that command names, and `run` may recreate a running api that differs.
         lost_ack = guide.name.startswith("06-")
         assert commands[0] == (UP_LOST_ACK if lost_ack else UP), guide.name
-        files = [parse_command(c).files for c in commands]
-        assert files == [[BASE_FILE, LOST_ACK] if lost_ack else []] * len(commands), guide.name
-        assert parse_command(commands[-1]).verb == "down", guide.name
-        assert commands[-1].endswith(" down -v"), guide.name
+        # The reset names none: with -f, `down -v` in Compose 2.26 leaves the checkpoints.
+        files = [parse_command(c).files for c in commands[:-1]]
+        assert files == [[BASE_FILE, LOST_ACK] if lost_ack else []] * len(files), guide.name
+        assert commands[-1] == "docker compose -p stateful-lab down -v", guide.name
 
 
 def test_compose_yaml_turns_no_fault_on_and_the_override_does():

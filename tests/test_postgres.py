@@ -5,9 +5,12 @@ started from the machine's own binaries. Without them the tier is skipped with a
 with LAB_REQUIRE_POSTGRES=1 (CI) it fails instead.
 """
 
+import json
 import re
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 import pytest
 from conftest import require_postgres
@@ -126,3 +129,61 @@ def test_scale_chaos_finishes_every_operation_and_only_the_key_prevents_duplicat
         assert result["duplicates"] == 0 and result["tickets"] == 4, result
     else:
         assert result["duplicates"] >= 1, result
+
+
+def test_a_failed_job_stays_in_status_and_keeps_neither_drain_nor_wait_busy(database, tmp_path):
+    """A job whose run fails is held (status failed) for the operator to see; `run --drain` and
+    `wait` look only at jobs a worker will still run, so neither waits for it forever."""
+    env = lab_env(tmp_path, free_port(), CHECKPOINT_DB=database, API_ATTEMPTS="1")  # no receiver
+
+    def worker(*args):
+        return subprocess.run(
+            [sys.executable, str(ROOT / "worker.py"), *args],
+            env=env,
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+    assert worker("submit", "--thread", "t", "--operation", "t:op").returncode == 0
+    drained = worker("run", "--drain")
+    assert drained.returncode == 0, drained.stderr
+    assert "job_failed" in [json.loads(line)["event"] for line in drained.stdout.splitlines()]
+    status = json.loads(worker("status").stdout)
+    assert [(j["thread"], j["status"]) for j in status["jobs"]] == [("t", "failed")]
+    waited = worker("wait", "--timeout", "5")
+    assert waited.returncode == 0 and json.loads(waited.stdout) == {"event": "idle"}
+
+
+def test_the_pg_tool_stops_and_deletes_its_cluster_on_kill():
+    """`python -m labs.tools.pg &` in a shell gets no Ctrl-C; `kill` (SIGTERM) must clean up."""
+    require_postgres()
+    import psycopg
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "labs.tools.pg"], cwd=ROOT, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        url = proc.stdout.readline().strip()
+        port = url.rsplit(":", 1)[-1].split("/")[0]
+        [folder] = [  # ours, among any cluster another test has running: pg_ctl's record of it
+            f
+            for f in Path(tempfile.gettempdir()).glob("stateful-lab-pg-*")
+            if f'"port={port}"' in _read(f / "data" / "postmaster.opts")
+        ]
+        proc.terminate()
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert not folder.exists()
+    with pytest.raises(psycopg.OperationalError):
+        psycopg.connect(url, connect_timeout=5).close()
+
+
+def _read(path):
+    try:
+        return path.read_text()
+    except OSError:
+        return ""

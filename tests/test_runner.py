@@ -101,3 +101,22 @@ def test_compose_progress_and_the_repeated_exit_code_are_not_the_programs_stderr
     )
     assert compose_stderr(stderr, 4) == "workflow.py: no thread 'x' to resume; check --thread\n"
     assert compose_stderr(" Container p-api-1  Running\n", 0) == ""
+
+
+def test_lab_10_native_lines_name_the_worker_and_the_cluster(tmp_path):
+    """The scale profile natively: labs.tools.pg for postgres (heartbeat as compose.yaml sets it),
+    worker.py for `run --rm worker`, signals to the background workers, and a reset that stops
+    them all."""
+    backend = LocalBackend(tmp_path)
+    prefix = "docker compose -p stateful-lab "
+    up_pg = backend.native(prefix + "up -d postgres")
+    assert up_pg.startswith("python -m labs.tools.pg >data/pg.url &")
+    assert "WORKER_HEARTBEAT_S=3" in up_pg
+    scale = backend.native(prefix + "up -d --scale worker=3 worker")
+    assert "$(seq 3)" in scale and "python worker.py run" in scale
+    submit = prefix + "run --rm worker submit --thread a --operation a:op"
+    assert backend.native(submit) == "python worker.py submit --thread a --operation a:op"
+    assert backend.native(prefix + "kill -s SIGKILL worker") == "pkill -KILL -f 'worker.py run$'"
+    assert backend.native(prefix + "pause worker") == "pkill -STOP -f 'worker.py run$'"
+    assert backend.native(prefix + "unpause worker") == "pkill -CONT -f 'worker.py run$'"
+    assert backend.native(prefix + "run --rm workflow tickets") == "python workflow.py tickets"

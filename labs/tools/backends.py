@@ -46,7 +46,7 @@ from labs.tools.local import (
     shell_exit_code,
     wait_until,
 )
-from labs.tools.workers import LocalWorkers
+from labs.tools.workers import HEARTBEAT_S, LocalWorkers
 
 LEARNER_PROJECT = "stateful-lab"  # the project the guides name: the learner's, never ours
 GUIDE_PREFIX = ["docker", "compose", "-p", LEARNER_PROJECT]
@@ -220,6 +220,8 @@ class LocalBackend(Backend):
 
     def native(self, command):
         cmd = parse_command(command)
+        if (scaled := scale_native(cmd)) is not None:
+            return scaled
         faults = override_environment(cmd.overrides) if cmd.verb == "up" else self.faults
         serve = "".join(f"{k}={shlex.quote(v)} " for k, v in faults.items())
         serve += f"python api.py & echo $! > {PID_FILE}"
@@ -229,6 +231,8 @@ class LocalBackend(Backend):
         if cmd.verb == "restart":
             return f"{stop}; sleep 1; {serve}"
         if cmd.verb == "down":
+            if self.workers.postgres is not None:  # lab 10: the workers and the cluster too
+                stop = f"{STOP_WORKERS}; pkill -f labs.tools.pg; {stop}"
             return f"{stop}; rm -rf data"
         if cmd.verb == "logs":
             return "cat data/receiver.log"
@@ -264,6 +268,34 @@ class LocalBackend(Backend):
         self.receiver.stop()
         if self.owned:
             shutil.rmtree(self.data_dir, ignore_errors=True)
+
+
+WORKERS_RUN = "'worker.py run$'"  # pkill -f PATTERN: the background workers, not `run --drain`
+STOP_WORKERS = f"pkill -f {WORKERS_RUN}"
+
+
+def scale_native(cmd):
+    """Lab 10's postgres and worker commands as a learner types them natively; None for others.
+    WORKER_HEARTBEAT_S as compose.yaml sets it, so a stalled job moves on after the same time."""
+    services = [w for w in cmd.args if not w.startswith("-") and "=" not in w]
+    if cmd.verb == "up" and services == ["postgres"]:
+        return (
+            "python -m labs.tools.pg >data/pg.url & until [ -s data/pg.url ]; do sleep 0.2; done; "
+            f"export CHECKPOINT_DB=$(cat data/pg.url) WORKER_HEARTBEAT_S={HEARTBEAT_S}"
+        )
+    if cmd.verb == "up" and services == ["worker"]:
+        scale = [w.split("=")[1] for w in cmd.args if w.startswith("worker=")] or ["1"]
+        return (
+            f"{STOP_WORKERS}; for n in $(seq {scale[-1]}); "
+            "do python worker.py run >>data/workers.log 2>&1 & done"
+        )
+    if cmd.verb == "run" and cmd.args[:2] == ["--rm", "worker"]:
+        return "python worker.py " + shlex.join(cmd.args[2:])
+    if cmd.verb == "kill" and cmd.args[:1] == ["-s"] and cmd.args[2:] == ["worker"]:
+        return f"pkill -{cmd.args[1].removeprefix('SIG')} -f {WORKERS_RUN}"
+    if cmd.verb in ("pause", "unpause") and cmd.args == ["worker"]:
+        return f"pkill -{'STOP' if cmd.verb == 'pause' else 'CONT'} -f {WORKERS_RUN}"
+    return None
 
 
 @functools.cache
@@ -332,6 +364,7 @@ class DockerBackend(Backend):
         return self.compose_run(["restart", "api"])
 
     def down(self):
+        self.files = []  # with -f files, Compose 2.26 removes only the default services' volumes
         return self.compose_run(["down", "-v", "--remove-orphans"])
 
     def workflow(self, args, timeout=WORKFLOW_TIMEOUT_S):

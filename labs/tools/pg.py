@@ -12,12 +12,14 @@ package creates.
 The folder is always a new one under the system's temp folder: the postgres user must be able to
 reach it, and a test's tmp_path (mode 0700, owned by root) would not let it.
 
-    python -m labs.tools.pg       # starts one, prints its URL, stops it on Ctrl-C
+    python -m labs.tools.pg       # starts one, prints its URL; Ctrl-C or SIGTERM (kill) stops
+                                  # and deletes it
 """
 
 import glob
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -109,10 +111,12 @@ class TempPostgres:
 
 
 def main():
+    # In the background (`&`), a shell's Ctrl-C does not reach us: `kill` (SIGTERM) must clean up.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # SystemExit leaves the with: stop()
     try:
         with TempPostgres() as pg:
             print(pg.url, flush=True)
-            print("pg: a throwaway cluster; Ctrl-C stops and deletes it", file=sys.stderr)
+            print("pg: a throwaway cluster; Ctrl-C or kill stops and deletes it", file=sys.stderr)
             try:
                 threading.Event().wait()  # until Ctrl-C
             except KeyboardInterrupt:
