@@ -31,7 +31,8 @@ effect harmless (lab 10).
 
 Output is one JSON object per line (workflow.py's emit). Exit codes: workflow.py's, and 4 when a
 thread already has a job queued or running; `run` exits 0 on SIGTERM once its running jobs are
-done, 130 on Ctrl-C.
+done, 130 on Ctrl-C; a second Ctrl-C or SIGTERM stops it at once (130, 143), as a crash would, and
+its running jobs go to another worker once their heartbeat is stale.
 
 Configuration (environment, read in main()):
     API_URL, API_TIMEOUT_S, API_ATTEMPTS   as for workflow.py (compose sets API_URL)
@@ -155,7 +156,9 @@ async def submit(args):
     queries = await open_queue(args.checkpoint_db)
     operation = {"thread": args.thread, "operation_id": args.operation, "title": args.title}
     operation.update(lab_operation_fields(args))  # lab-only: --mode, --lab-hold
-    emit("submitted", job=await enqueue(queries, operation), thread=args.thread)
+    job = await enqueue(queries, operation)
+    await lab_forget_hold(queries, args)  # lab-only
+    emit("submitted", job=job, thread=args.thread)
 
 
 async def status(args):
@@ -210,8 +213,22 @@ async def work(args):
     stop_signal = []
 
     def stop(signum):
+        if stop_signal:  # the second Ctrl-C or SIGTERM: stop now, as a crash would
+            print(
+                f"worker.py: stopped with {len(running)} job(s) running; each goes to another "
+                f"worker once its heartbeat is {args.heartbeat_s:g} s old",
+                file=sys.stderr,
+                flush=True,
+            )
+            os._exit(130 if signum == signal.SIGINT else 143)
         stop_signal.append(signum)
         pgq.shutdown.set()  # no new jobs; run() returns once the running ones are done
+        if running:
+            print(
+                "worker.py: stopping once the running jobs finish (Ctrl-C again: stop now)",
+                file=sys.stderr,
+                flush=True,
+            )
 
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop, signum)
@@ -328,6 +345,14 @@ def lab_wait_arguments(sub):
 
 def lab_operation_fields(args):
     return {"mode": args.mode, **({"lab_hold": args.lab_hold} if args.lab_hold else {})}
+
+
+async def lab_forget_hold(queries, args):
+    """A new held job: a row left by an earlier run of the thread (a lab run twice without
+    `down -v`) must not make `wait --for hold` return at once."""
+    if args.lab_hold:
+        await queries.driver.execute(LAB_HOLDS)
+        await queries.driver.execute("DELETE FROM lab_holds WHERE thread = $1", args.thread)
 
 
 async def lab_holds(queries, thread):

@@ -7,6 +7,7 @@ with LAB_REQUIRE_POSTGRES=1 (CI) it fails instead.
 
 import json
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -187,3 +188,49 @@ def _read(path):
         return path.read_text()
     except OSError:
         return ""
+
+
+def test_a_second_ctrl_c_stops_a_worker_whose_job_does_not_finish(database, lab, receiver):
+    """The first Ctrl-C waits for the running job; a job held in lab 10's hold never finishes
+    on its own, so the second Ctrl-C stops the worker at once and says what becomes of the job."""
+    env = dict(lab, CHECKPOINT_DB=database, WORKER_HEARTBEAT_S="1")
+
+    def worker(*args):
+        return subprocess.run(
+            [sys.executable, str(ROOT / "worker.py"), *args],
+            env=env,
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+    hold = ["--thread", "h", "--operation", "h:op", "--lab-hold", "after-ack"]
+    assert worker("submit", *hold).returncode == 0
+    proc = subprocess.Popen(
+        [sys.executable, str(ROOT / "worker.py"), "run"],
+        env=env,
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert worker("wait", "--for", "hold", "--thread", "h").returncode == 0
+        proc.send_signal(signal.SIGINT)
+        first = proc.stderr.readline()
+        assert first.startswith("worker.py: stopping once the running jobs finish"), first
+        assert proc.poll() is None  # still waiting for its job
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=30) == 130
+        last = proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert last.startswith("worker.py: stopped with 1 job(s) running"), last
+    assert "Traceback" not in first + last
+    # The lab run again without `down -v`: the stopped worker's hold row must not answer for the
+    # next submit's hold. Another worker finishes the thread first (its heartbeat is 1 s here).
+    assert worker("run", "--drain").returncode == 0
+    assert worker("submit", *hold).returncode == 0  # a finished thread: nothing will hold
+    assert worker("wait", "--for", "hold", "--thread", "h", "--timeout", "1").returncode == 3
