@@ -9,7 +9,9 @@ from labs.tools.backends import (
     override_environment,
     parse_command,
 )
+from labs.tools.local import ROOT
 from labs.tools.runner import lines_match, parse_guide
+from labs.tools.workers import HEARTBEAT_S
 
 GUIDE = """# A guide
 
@@ -111,7 +113,10 @@ def test_lab_10_native_lines_name_the_worker_and_the_cluster(tmp_path):
     prefix = "docker compose -p stateful-lab "
     up_pg = backend.native(prefix + "up -d postgres")
     assert up_pg.startswith("python -m labs.tools.pg >data/pg.url &")
-    assert "WORKER_HEARTBEAT_S=3" in up_pg
+    yaml = pytest.importorskip("yaml")
+    compose = yaml.safe_load((ROOT / "compose.yaml").read_text())
+    heartbeat = compose["services"]["worker"]["environment"]["WORKER_HEARTBEAT_S"]
+    assert f"WORKER_HEARTBEAT_S={heartbeat} " in up_pg + " " and heartbeat == HEARTBEAT_S
     scale = backend.native(prefix + "up -d --scale worker=3 worker")
     assert "$(seq 3)" in scale and "python worker.py run" in scale
     submit = prefix + "run --rm worker submit --thread a --operation a:op"
