@@ -176,8 +176,9 @@ def test_the_pg_tool_stops_and_deletes_its_cluster_on_kill():
         proc.terminate()
         assert proc.wait(timeout=30) == 0
     finally:
-        if proc.poll() is None:
-            proc.kill()
+        if proc.poll() is None:  # a failed check above: SIGTERM still cleans up, SIGKILL would not
+            proc.terminate()
+            proc.wait(timeout=30)
     assert not folder.exists()
     with pytest.raises(psycopg.OperationalError):
         psycopg.connect(url, connect_timeout=5).close()
