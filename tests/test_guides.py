@@ -59,6 +59,14 @@ def assert_guide_holds(guide, backend):
     assert all(o.ok for o in outcomes), f"{guide.name} differs:\n{describe(outcomes)}"
 
 
+def assert_reset_left_no_volume(guide, backend):
+    """The guide's last command, `down -v`, removed every volume of the project (with -f files,
+    Compose 2.26 would keep the checkpoints: lab 06 resets without them)."""
+    label = f"label=com.docker.compose.project={backend.project}"
+    left = run(["docker", "volume", "ls", "-q", "--filter", label], timeout=30).stdout.split()
+    assert left == [], f"{guide.name}: its reset left {left}"
+
+
 def test_there_are_guides_and_each_resets_what_it_starts():
     assert [g.name[:2] for g in GUIDES] == [f"{n:02d}" for n in range(1, len(GUIDES) + 1)]
     for guide in GUIDES:
@@ -112,6 +120,7 @@ def test_guide_docker(guide, docker_engine):
     try:
         assert backend.down().exit_code == 0  # leftovers of an interrupted run
         assert_guide_holds(guide, backend)
+        assert_reset_left_no_volume(guide, backend)
     finally:
         backend.close()
 
@@ -129,7 +138,9 @@ def test_compose_v1_runs_lab_06_as_the_readme_says(docker_engine):
     backend = DockerBackend(f"{PROJECT_PREFIX}-v1", compose=("docker-compose",))
     try:
         assert backend.down().exit_code == 0
-        assert_guide_holds(ROOT / "labs" / "06-the-lost-acknowledgement.md", backend)
+        lab_06 = ROOT / "labs" / "06-the-lost-acknowledgement.md"
+        assert_guide_holds(lab_06, backend)
+        assert_reset_left_no_volume(lab_06, backend)
     finally:
         backend.close()
 

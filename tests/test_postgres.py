@@ -18,7 +18,7 @@ from conftest import require_postgres
 
 from labs.tools import scale_chaos
 from labs.tools.backends import LocalBackend
-from labs.tools.local import ROOT, free_port, lab_env, run_workflow
+from labs.tools.local import ROOT, free_port, lab_env, run, run_workflow
 from labs.tools.pg import TempPostgres
 from labs.tools.runner import run_guide
 
@@ -83,19 +83,13 @@ def test_a_malformed_postgres_url_is_a_usage_error(tmp_path):
     assert len(done.stderr.splitlines()) == 1 and "Traceback" not in done.stderr
 
 
-def worker_status(env):
-    return subprocess.run(
-        [sys.executable, str(ROOT / "worker.py"), "status"],
-        env=env,
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+def run_worker(env, *args):
+    """python worker.py ARGS, to its end (labs.tools.local.run: output captured, no stdin)."""
+    return run([sys.executable, str(ROOT / "worker.py"), *args], env, timeout=60)
 
 
 def test_workers_refuse_a_sqlite_checkpointer(tmp_path):
-    done = worker_status(lab_env(tmp_path, free_port()))  # CHECKPOINT_DB: a SQLite path
+    done = run_worker(lab_env(tmp_path, free_port()), "status")  # CHECKPOINT_DB: a SQLite path
     assert done.returncode == 2, done.stderr
     assert "CHECKPOINT_DB must be a postgresql:// URL" in done.stderr
     assert len(done.stderr.splitlines()) == 1
@@ -110,7 +104,9 @@ def test_workers_refuse_a_sqlite_checkpointer(tmp_path):
     ids=["nobody-answers", "malformed"],
 )
 def test_a_worker_with_a_bad_queue_url_says_so_in_one_line(url, code, says, tmp_path):
-    done = worker_status(lab_env(tmp_path, free_port(), CHECKPOINT_DB=url.format(port=free_port())))
+    done = run_worker(
+        lab_env(tmp_path, free_port(), CHECKPOINT_DB=url.format(port=free_port())), "status"
+    )
     assert done.returncode == code, done.stderr
     assert done.stderr.startswith(says) and len(done.stderr.splitlines()) == 1, done.stderr
 
@@ -138,14 +134,7 @@ def test_a_failed_job_stays_in_status_and_keeps_neither_drain_nor_wait_busy(data
     env = lab_env(tmp_path, free_port(), CHECKPOINT_DB=database, API_ATTEMPTS="1")  # no receiver
 
     def worker(*args):
-        return subprocess.run(
-            [sys.executable, str(ROOT / "worker.py"), *args],
-            env=env,
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        return run_worker(env, *args)
 
     assert worker("submit", "--thread", "t", "--operation", "t:op").returncode == 0
     drained = worker("run", "--drain")
@@ -197,14 +186,7 @@ def test_a_second_ctrl_c_stops_a_worker_whose_job_does_not_finish(database, lab,
     env = dict(lab, CHECKPOINT_DB=database, WORKER_HEARTBEAT_S="1")
 
     def worker(*args):
-        return subprocess.run(
-            [sys.executable, str(ROOT / "worker.py"), *args],
-            env=env,
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        return run_worker(env, *args)
 
     hold = ["--thread", "h", "--operation", "h:op", "--lab-hold", "after-ack"]
     assert worker("submit", *hold).returncode == 0
