@@ -1,0 +1,151 @@
+"""Named failpoints: `fail("after-ack")` marks a dangerous moment in the code, and does nothing
+unless a test or the environment turns that point on.
+
+The idea comes from tikv/fail-rs and FoundationDB's BUGGIFY: the fault points live in the product
+code, off by default, so the code itself says where its crash windows are, and a test can open
+exactly that window without patching anything.
+
+    FAILPOINTS="after-ack=kill"                       one point
+    FAILPOINTS="after-prepare=term;after-ack=sleep(0.3)"   several, separated by ";"
+
+Actions:
+    off          nothing (the default for every point)
+    kill         SIGKILL this process: nothing after it runs, no finally, no atexit (exit 137)
+    term         SIGTERM this process, as a deploy or `docker compose stop` does first
+    sleep(S)     wait S seconds, then go on
+    raise        raise FailpointError here
+    hold         wait until release(name) is called (from another thread), then go on
+    drop-answer  returned to the caller, which acts on it (a server drops its answer)
+
+A program names its points and turns them on in main():
+    failpoints.configure(os.environ.get("FAILPOINTS", ""), known=POINTS)
+A test turns them on for one block of code (in this thread and what it starts with its context):
+    with failpoints.scoped({"after-ack": "raise"}):
+        ...
+Standard library only; importing this module changes nothing.
+"""
+
+import contextlib
+import contextvars
+import os
+import re
+import signal
+import sys
+import threading
+import time
+
+ACTIONS = ("off", "kill", "term", "sleep(S)", "raise", "hold", "drop-answer")
+RETURNED = ("drop-answer",)  # actions fail() hands back to its caller instead of doing them
+SLEEP = re.compile(r"sleep\((\d+(?:\.\d+)?)\)")
+
+
+class FailpointError(Exception):
+    """Raised by a point whose action is `raise`."""
+
+
+class FailpointSpecError(ValueError):
+    """A FAILPOINTS value naming an unknown point or action: the message is one line."""
+
+
+def fail(name, once_per=None):
+    """The point `name`: None when it is off, else do its action (or return it, see RETURNED).
+
+    once_per: when given, the point fires at most once for each value: a server passes a request's
+    token, so each caller that asks for the fault meets it once, and its retry does not.
+    """
+    action = _scoped.get().get(name) or _points.get(name)
+    if action is None or action == "off":
+        return None
+    if once_per is not None:
+        with _lock:
+            if (name, once_per) in _fired:
+                return None
+            _fired.add((name, once_per))
+    if _announce is not None:
+        _announce(name, action)
+    if action == "kill":
+        with contextlib.suppress(Exception):  # what was printed must reach its reader first
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os.kill(os.getpid(), signal.SIGKILL)
+    elif action == "term":
+        os.kill(os.getpid(), signal.SIGTERM)
+    elif action == "raise":
+        raise FailpointError(f"failpoint {name}")
+    elif action == "hold":
+        _release_event(name).wait()
+    elif match := SLEEP.fullmatch(action):
+        time.sleep(float(match.group(1)))
+    else:
+        return action  # RETURNED: the caller acts
+    return None
+
+
+def configure(spec, known, announce=None):
+    """Turn on the points in spec ("name=action;..."); raise FailpointSpecError for an unknown
+    point or action. announce(name, action), if given, is called as each point fires."""
+    global _announce
+    points = parse(spec, known)
+    with _lock:
+        _points.clear()
+        _points.update(points)
+        _fired.clear()
+        _announce = announce
+
+
+def parse(spec, known):
+    """{name: action} from "name=action;..." (empty parts ignored)."""
+    points = {}
+    for part in filter(None, (p.strip() for p in spec.split(";"))):
+        name, _, action = (s.strip() for s in part.partition("="))
+        if name not in known:
+            raise FailpointSpecError(
+                f"FAILPOINTS: unknown point {name!r}; known points: {', '.join(known)}"
+            )
+        if action not in ACTIONS and not SLEEP.fullmatch(action):
+            raise FailpointSpecError(
+                f"FAILPOINTS: unknown action {action!r} for {name}; actions: {', '.join(ACTIONS)}"
+            )
+        points[name] = action
+    return points
+
+
+@contextlib.contextmanager
+def scoped(points):
+    """Turn points on ({name: action}) for the code inside the block: this thread, and the
+    threads that run with a copy of its context (asyncio.to_thread, LangGraph's executors)."""
+    token = _scoped.set({**_scoped.get(), **points})
+    try:
+        yield
+    finally:
+        _scoped.reset(token)
+
+
+def release(name):
+    """Let every caller held at `name` go on (and any that arrives later, until reset())."""
+    _release_event(name).set()
+
+
+def reset():
+    """Every point off, nothing held, nothing fired: a test's clean slate."""
+    global _announce
+    with _lock:
+        _points.clear()
+        _fired.clear()
+        _holds.clear()
+        _announce = None
+
+
+# helpers
+
+_lock = threading.Lock()
+_points = {}  # name -> action, from configure()
+_scoped = contextvars.ContextVar("failpoints", default={})  # noqa: B039 (never mutated)
+_fired = set()  # (name, once_per value) already fired
+_holds = {}  # name -> threading.Event, set by release()
+_announce = None
+
+
+def _release_event(name):
+    with _lock:
+        return _holds.setdefault(name, threading.Event())
