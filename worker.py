@@ -42,6 +42,7 @@ Configuration (environment, read in main()):
 """
 
 import asyncio
+import dataclasses
 import json
 import os
 import signal
@@ -50,6 +51,7 @@ import threading
 import time
 from datetime import timedelta
 
+import lab
 import workflow
 from workflow import EXIT_NO_ANSWER, EXIT_THREAD, EXIT_USAGE, UserError, emit
 
@@ -187,17 +189,18 @@ async def wait(args):
 def run_operation(saver, client, operation, job_id, args):
     """One job, in a worker thread: start the thread from the job's input, or resume it."""
     config = {"configurable": {"thread_id": operation["thread"]}}
-    resume = bool(workflow.build_graph(saver, client).get_state(config).values)
+    resume = bool(lab.build_graph(saver).get_state(config).values)
     emit("job", job=job_id, resume=resume, thread=operation["thread"])
     client = lab_client(client, operation, job_id, resume, args)  # lab-only
-    graph = workflow.build_graph(saver, client)
+    graph = lab.build_graph(saver)
     first_input = None
     if not resume:
         first_input = {"operation_id": operation["operation_id"], "title": operation["title"]}
         first_input["mode"] = operation["mode"]  # lab-only
     # sync: each node's result is saved before the next node starts, so a resume repeats at
     # most the node that was running.
-    final = graph.invoke(first_input, config, durability="sync")
+    context = workflow.Context(client)
+    final = graph.invoke(first_input, config, durability="sync", context=context)
     emit("done", **final)
     lab_hold_finished(client)  # lab-only
 
@@ -234,7 +237,7 @@ async def work(args):
         loop.add_signal_handler(signum, stop, signum)
     sys.stdout = LineStdout(sys.stdout)
 
-    with workflow.open_graph(args) as saver:
+    with workflow.open_checkpointer(args.checkpoint_db) as saver:
         args.queue_manager_id = pgq.qm.queue_manager_id  # lab-only
         args.queue_table = queries.qbe.qualified.queue_table  # lab-only
 
@@ -274,7 +277,7 @@ async def work(args):
 
 
 def state(args):
-    workflow.state(args)
+    lab.state(args)
 
 
 def parse_args(argv):
@@ -305,7 +308,8 @@ def parse_args(argv):
 def main(argv=None):
     args = parse_args(argv)
     try:
-        workflow.read_config(args, os.environ)  # API_URL, CHECKPOINT_DB, API_TIMEOUT_S, ...
+        settings = workflow.Settings.from_environ(os.environ)  # API_URL, CHECKPOINT_DB, ...
+        vars(args).update(dataclasses.asdict(settings))
         args.heartbeat_s = workflow.number(os.environ, "WORKER_HEARTBEAT_S", 10.0, float)
         args.lab_ack_delay_s = float(os.environ.get("WORKER_LAB_ACK_DELAY_S", "0"))  # lab-only
         require_postgres(args.checkpoint_db)
@@ -335,7 +339,7 @@ LAB_HOLDS = """CREATE TABLE IF NOT EXISTS lab_holds (
 
 
 def lab_submit_arguments(sub):
-    sub.add_argument("--mode", choices=workflow.MODES, default="safe")
+    sub.add_argument("--mode", choices=lab.MODES, default="safe")
     sub.add_argument("--lab-hold", choices=HOLD_POINTS, help="lab 10: where the first run waits")
 
 

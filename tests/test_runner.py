@@ -91,7 +91,7 @@ def test_native_lines_are_the_commands_a_learner_pastes(tmp_path):
         "mkdir -p data; RECEIVER_LAB_FAULTS=lost-ack python api.py & echo $! > data/receiver.pid"
     )
     post = 'docker compose -p stateful-lab run --rm workflow post --title "Two words"'
-    assert backend.native(post) == "python workflow.py post --title 'Two words'"
+    assert backend.native(post) == "python lab.py post --title 'Two words'"
     down = "docker compose -p stateful-lab down -v"
     assert backend.native(down) == "kill $(cat data/receiver.pid); rm -rf data"
 
@@ -99,9 +99,9 @@ def test_native_lines_are_the_commands_a_learner_pastes(tmp_path):
 def test_compose_progress_and_the_repeated_exit_code_are_not_the_programs_stderr():
     stderr = (
         "Creating p_workflow_run ... \r\nCreating p_workflow_run ... done\r\n"
-        "workflow.py: no thread 'x' to resume; check --thread\n4\n"
+        "lab.py: no thread 'x' to resume; check --thread\n4\n"
     )
-    assert compose_stderr(stderr, 4) == "workflow.py: no thread 'x' to resume; check --thread\n"
+    assert compose_stderr(stderr, 4) == "lab.py: no thread 'x' to resume; check --thread\n"
     assert compose_stderr(" Container p-api-1  Running\n", 0) == ""
 
 
@@ -124,4 +124,4 @@ def test_lab_10_native_lines_name_the_worker_and_the_cluster(tmp_path):
     assert backend.native(prefix + "kill -s SIGKILL worker") == "pkill -KILL -f 'worker.py run$'"
     assert backend.native(prefix + "pause worker") == "pkill -STOP -f 'worker.py run$'"
     assert backend.native(prefix + "unpause worker") == "pkill -CONT -f 'worker.py run$'"
-    assert backend.native(prefix + "run --rm workflow tickets") == "python workflow.py tickets"
+    assert backend.native(prefix + "run --rm workflow tickets") == "python lab.py tickets"

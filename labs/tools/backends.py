@@ -9,7 +9,7 @@ Backend. A guide command names the learner's Compose project, then optional Comp
     up -d --build api        as written                      start python api.py, wait for /health
                                                              (-f X.compose.yaml: with the api
                                                              environment X sets)
-    run --rm workflow ARGS   as written                      python workflow.py ARGS
+    run --rm workflow ARGS   as written                      python lab.py ARGS
     restart api              as written                      SIGTERM, wait for the exit, start again
     down -v                  as written                      stop the receiver, delete both data
                                                              folders
@@ -236,7 +236,7 @@ class LocalBackend(Backend):
             return f"{stop}; rm -rf data"
         if cmd.verb == "logs":
             return "cat data/receiver.log"
-        return "python workflow.py " + shlex.join(cmd.args[2:])
+        return "python lab.py " + shlex.join(cmd.args[2:])
 
     def scale_profile(self, cmd):
         """up -d postgres: a throwaway cluster (labs.tools.pg); up -d --scale worker=N worker: N

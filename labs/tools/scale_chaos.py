@@ -29,7 +29,6 @@ import sys
 import tempfile
 import time
 import urllib.request
-from argparse import Namespace
 from collections import Counter
 from pathlib import Path
 
@@ -37,6 +36,7 @@ from labs.tools.local import ROOT, ReceiverProcess, free_port, lab_env, wait_unt
 
 sys.path.insert(0, str(ROOT))
 import worker  # noqa: E402
+import lab  # noqa: E402
 import workflow  # noqa: E402
 from labs.tools.workers import LocalWorkers, stopped  # noqa: E402
 
@@ -72,10 +72,9 @@ async def busy_workers(queries):
 
 def finished_threads(url, operations):
     """How many threads have a ticket in their latest checkpoint."""
-    args = Namespace(checkpoint_db=url)
     done = 0
-    with workflow.open_graph(args) as saver:
-        graph = workflow.build_graph(saver, None)
+    with workflow.open_checkpointer(url) as saver:
+        graph = lab.build_graph(saver)
         for n in range(operations):
             config = {"configurable": {"thread_id": f"chaos-{n:03d}"}}
             snapshot = graph.get_state(config)
