@@ -32,9 +32,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 
+from lab import MODES
 from labs.tools.backends import LOST_ACK, DockerBackend, LabError, LocalBackend
 from labs.tools.local import shell_exit_code
-from lab import MODES
 from workflow import API_TIMEOUT_S, EXIT_DRAINED, EXIT_NO_ANSWER, EXIT_THREAD, EXIT_USAGE
 
 EXIT_OK, EXIT_DIFFERS, EXIT_NO_LAB = 0, 1, 3  # and EXIT_USAGE (2) for bad arguments

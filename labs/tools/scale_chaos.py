@@ -35,8 +35,8 @@ from pathlib import Path
 from labs.tools.local import ROOT, ReceiverProcess, free_port, lab_env, wait_until
 
 sys.path.insert(0, str(ROOT))
-import worker  # noqa: E402
 import lab  # noqa: E402
+import worker  # noqa: E402
 import workflow  # noqa: E402
 from labs.tools.workers import LocalWorkers, stopped  # noqa: E402
 
