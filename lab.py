@@ -132,32 +132,32 @@ def step_boundary_saver():
 # --- the CLI: workflow.py's, with the switches ---------------------------------------------
 
 
-def start(args):
+def start(args, settings):
     first = {"operation_id": args.operation, "title": args.title, "mode": args.mode}
     if args.approval:
         first["approval"] = args.approval
-    return run(args, first)
+    return run(args, settings, first)
 
 
-def resume(args):
-    return run(args, None)
+def resume(args, settings):
+    return run(args, settings, None)
 
 
-def approve(args):
+def approve(args, settings):
     from langgraph.types import Command
 
-    return run(args, Command(resume=args.approve))
+    return run(args, settings, Command(resume=args.approve))
 
 
-def run(args, graph_input):
+def run(args, settings, graph_input):
     """workflow.run with the lab's graph, client and failpoints."""
-    if args.crash_at == "step-boundary" and workflow.is_postgres(args.checkpoint_db):
+    if args.crash_at == "step-boundary" and workflow.is_postgres(settings.checkpoint_db):
         raise UserError(
             "--crash-at step-boundary needs the SQLite checkpointer (its saver is a SqliteSaver); "
             "unset CHECKPOINT_DB",
             EXIT_USAGE,
         )
-    client = workflow.TicketClient(args.api_url, args.timeout_s, args.attempts)
+    client = settings.client()
     if args.crash_at == "lost-ack":
         client = LostAckClient(client, args.thread)
     points = {args.crash_at: "kill"} if args.crash_at not in (None, "lost-ack") else {}
@@ -165,7 +165,7 @@ def run(args, graph_input):
     starting = isinstance(graph_input, dict)
     with (
         failpoints.scoped(points),
-        workflow.open_checkpointer(args.checkpoint_db, saver_for(args)) as saver,
+        workflow.open_checkpointer(settings.checkpoint_db, saver_for(args, settings)) as saver,
     ):
         approval = graph_input.get("approval") if starting else saved(saver, args, "approval")
         graph = build_graph(saver, approval)
@@ -187,8 +187,8 @@ def run(args, graph_input):
     return 0
 
 
-def state(args):
-    with workflow.open_checkpointer(args.checkpoint_db) as saver:
+def state(args, settings):
+    with workflow.open_checkpointer(settings.checkpoint_db) as saver:
         graph = build_graph(saver, saved(saver, args, "approval"))
         snapshot = graph.get_state(workflow.thread_config(args.thread))
     if not snapshot.values:
@@ -199,9 +199,9 @@ def state(args):
 # helpers
 
 
-def saver_for(args):
+def saver_for(args, settings):
     """The step-boundary saver for runs that may pass that point; SQLite's plain one otherwise."""
-    if args.graph_command and not workflow.is_postgres(args.checkpoint_db):
+    if args.graph_command and not workflow.is_postgres(settings.checkpoint_db):
         return step_boundary_saver()
     return None
 

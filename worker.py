@@ -277,7 +277,7 @@ async def work(args):
 
 
 def state(args):
-    lab.state(args)
+    lab.state(args, workflow.Settings(checkpoint_db=args.checkpoint_db))
 
 
 def parse_args(argv):

@@ -154,17 +154,17 @@ def run_graph(graph, graph_input, thread, client, durability="sync"):
 # --- the CLI: one function per action ------------------------------------------------------
 
 
-def start(args):
-    return run(args, {"operation_id": args.operation, "title": args.title})
+def start(args, settings):
+    return run(args, settings, {"operation_id": args.operation, "title": args.title})
 
 
-def resume(args):
-    return run(args, None)
+def resume(args, settings):
+    return run(args, settings, None)
 
 
-def run(args, graph_input):
-    client = TicketClient(args.api_url, args.timeout_s, args.attempts)
-    with open_checkpointer(args.checkpoint_db) as saver:
+def run(args, settings, graph_input):
+    client = settings.client()
+    with open_checkpointer(settings.checkpoint_db) as saver:
         graph = build_graph(saver)
         require_thread(graph, args.thread, starting=graph_input is not None)
         final = run_graph(graph, graph_input, args.thread, client)
@@ -174,22 +174,20 @@ def run(args, graph_input):
     return 0
 
 
-def state(args):
-    with open_checkpointer(args.checkpoint_db) as saver:
+def state(args, settings):
+    with open_checkpointer(settings.checkpoint_db) as saver:
         snapshot = build_graph(saver).get_state(thread_config(args.thread))
     if not snapshot.values:
         raise UserError(f"no thread {args.thread!r}; check --thread", EXIT_THREAD)
     emit("state", values=snapshot.values, next=list(snapshot.next))
 
 
-def tickets(args):
-    client = TicketClient(args.api_url, args.timeout_s, args.attempts)
-    emit("tickets", tickets=client.tickets(args.operation))
+def tickets(args, settings):
+    emit("tickets", tickets=settings.client().tickets(args.operation))
 
 
-def post(args):
-    client = TicketClient(args.api_url, args.timeout_s, args.attempts)
-    result = client.create(args.title, args.operation)
+def post(args, settings):
+    result = settings.client().create(args.title, args.operation)
     emit("post", created=result["created"], ticket_id=result["ticket_id"])
 
 
@@ -382,6 +380,9 @@ class Settings:
             failpoints=environ.get("FAILPOINTS", ""),
         )
 
+    def client(self, headers=None):
+        return TicketClient(self.api_url, self.timeout_s, self.attempts, headers)
+
 
 def number(environ, name, default, kind):
     text = environ.get(name)
@@ -433,14 +434,14 @@ def main(argv=None, environ=None, parser=None, points=POINTS):
     import failpoints
 
     args = (parser or build_parser()).parse_args(argv)
+    settings = Settings()
     try:
         settings = Settings.from_environ(os.environ if environ is None else environ)
-        vars(args).update(dataclasses.asdict(settings))
         try:
             failpoints.configure(settings.failpoints, known=points, announce=announce)
         except FailpointSpecError as error:
             raise UserError(str(error), EXIT_USAGE) from None
-        exit_code = args.run(args)
+        exit_code = args.run(args, settings)
     except urllib.error.HTTPError as error:
         body = error.read()
         try:
@@ -453,7 +454,7 @@ def main(argv=None, environ=None, parser=None, points=POINTS):
         print(f"{args.prog}: {error}", file=sys.stderr)
         return error.exit_code
     except sqlite3.DatabaseError as error:  # not a database, read-only, a locked file, ...
-        print(f"{args.prog}: CHECKPOINT_DB {args.checkpoint_db!r}: {error}", file=sys.stderr)
+        print(f"{args.prog}: CHECKPOINT_DB {settings.checkpoint_db!r}: {error}", file=sys.stderr)
         return EXIT_USAGE
     except ModuleNotFoundError as error:  # a Python without the lab's packages
         print(
@@ -463,18 +464,18 @@ def main(argv=None, environ=None, parser=None, points=POINTS):
         )
         return EXIT_USAGE
     except KeyboardInterrupt:
-        print(f"{args.prog}: interrupted{interrupted_hint(args)}", file=sys.stderr)
+        print(f"{args.prog}: interrupted{interrupted_hint(args, settings)}", file=sys.stderr)
         return EXIT_INTERRUPTED
     return exit_code or 0
 
 
-def interrupted_hint(args):
+def interrupted_hint(args, settings):
     """What is true after Ctrl-C: a graph command may have sent its request; was it saved?"""
     if not args.graph_command:
         return ""
     hint = "; a request in flight may have taken effect"
     try:
-        with open_checkpointer(args.checkpoint_db) as saver:
+        with open_checkpointer(settings.checkpoint_db) as saver:
             saved = saver.get_tuple(thread_config(args.thread)) is not None
     except Exception:  # noqa: BLE001 (a second failure must not hide the first)
         return hint
