@@ -37,7 +37,7 @@ RUN pip install --no-cache-dir --require-hashes -r requirements.txt
 # Nothing may write bytecode at run time (read-only root fs). The code stays owned by root:
 # the app user cannot change it.
 ENV PYTHONDONTWRITEBYTECODE=1
-COPY api.py workflow.py ./
+COPY api.py httpguard.py failpoints.py workflow.py ./
 # lab-only: begin
 # The scale profile's workers (lab 10).
 COPY worker.py ./

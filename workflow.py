@@ -499,8 +499,8 @@ TERM_POINTS = ("after-prepare", "after-ack")  # where --term-at sends SIGTERM (l
 APPROVAL_SHAPES = ("in-node", "own-node")  # where --approval waits for a human (lab 07)
 DURABILITIES = ("sync", "async", "exit")
 EXIT_CRASHED = 137  # the crash switch: SIGKILL is signal 9, and a shell reports 128 + 9
-LOST_ACK_HEADER = "Lab-Lost-Ack"  # api.py's teaching fault: the first POST with a token loses
-#                                   its answer (needs RECEIVER_LAB_FAULTS=lost-ack on the receiver)
+LOST_ACK_HEADER = "Failpoint-Token"  # api.py's before-answer failpoint: the first POST with a
+#                                   token loses its answer (FAILPOINTS=before-answer=drop-answer)
 
 
 def lab_key(state, key):
@@ -541,7 +541,7 @@ class LostAckClient(TicketClient):
         if first:  # an answer came to the request that was to lose it: no fault happened
             print(
                 "workflow.py: --crash-at lost-ack: the receiver answered anyway "
-                "(RECEIVER_LAB_FAULTS=lost-ack is off, or this thread's fault was used; "
+                "(FAILPOINTS=before-answer=drop-answer is off, or this thread's fault was used; "
                 "lab 06 names -f compose.yaml -f labs/lost-ack.compose.yaml on each command)",
                 file=sys.stderr,
             )
