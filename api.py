@@ -9,17 +9,19 @@ the commit and before it reads the answer (the crash window) can only find its t
 by sending the same key.
 
     GET  /health                 200 {"ok": true}; 503 once the database file was deleted
+    GET  /metrics                200, the Prometheus text format: tickets created, replays,
+                                 key conflicts, keys pruned, answers by status, durations
     GET  /tickets[?key=KEY]      200 {"tickets": [{"ticket_id", "key", "payload"}]}, in id order
     POST /tickets                body {"title": "..."} (1-200 characters), optional
                                  Idempotency-Key (1-200 visible ASCII characters):
                                  201 {"ticket_id", "created": true}   a new ticket
                                  200 {"ticket_id", "created": false}  the same key and body again
                                  409 the key was used for another body: send a new key
-Every answer is JSON, HEAD is GET without the body, and every refusal has an "error" field that
-says what to do: 400 (malformed), 404, 405, 408 (request not sent in time), 411 (no
-Content-Length), 413 (body over 4096 bytes), 500 (a bug: nothing was committed), and 503 with
-Retry-After: 1 (database busy, too many connections: retry the same request with the same key;
-database deleted while running: restart the receiver).
+Every answer but /metrics is JSON, HEAD is GET without the body, and every refusal has an
+"error" field that says what to do: 400 (malformed), 404, 405, 408 (request not sent in time),
+411 (no Content-Length), 413 (body over 4096 bytes), 500 (a bug: nothing was committed), and 503
+with Retry-After: 1 (database busy, too many connections: retry the same request with the same
+key; database deleted while running: restart the receiver).
 
 Configuration (environment, read in main()):
     RECEIVER_DB                  data/receiver/receiver.sqlite
@@ -28,6 +30,11 @@ Configuration (environment, read in main()):
     RECEIVER_BUSY_TIMEOUT_S      2 (seconds to wait for the database before a 503)
     RECEIVER_REQUEST_TIMEOUT_S   5 (seconds a client has to send its whole request)
     RECEIVER_MAX_CONNECTIONS     256 (connections served at once; more get a quick 503)
+    RECEIVER_KEY_RETENTION_S     unset: keys are kept for ever. Else seconds a key is honoured
+                                 after its ticket was made; an older key is not, pruned yet or
+                                 not: a request with it is new. Keys are pruned every
+                                 min(retention, 60) seconds. Keep it longer than the longest a
+                                 caller may wait before it retries (a crash, an approval).
     FAILPOINTS                   "" (none). Fault points for tests, never for a real service:
                                  after-commit=kill dies between the commit and the answer;
                                  before-answer=drop-answer commits, then hangs up unanswered,
@@ -36,30 +43,46 @@ Configuration (environment, read in main()):
 
 import argparse
 import json
+import math
 import os
 import re
 import signal
 import sqlite3
 import sys
 import threading
+import time
+from collections import Counter
 from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
 import failpoints
 from failpoints import fail
-from httpguard import MAX_CONNECTIONS, REQUEST_TIMEOUT_S, ClientError, GuardedHandler, GuardedServer
+from httpguard import (
+    MAX_CONNECTIONS,
+    REQUEST_TIMEOUT_S,
+    Body,
+    ClientError,
+    GuardedHandler,
+    GuardedServer,
+)
 
 SCHEMA = """CREATE TABLE IF NOT EXISTS tickets (
     id INTEGER PRIMARY KEY,
-    operation_key TEXT UNIQUE,
-    payload TEXT NOT NULL
+    operation_key TEXT UNIQUE,  -- NULL: sent without a key, or its key was pruned
+    payload TEXT NOT NULL,
+    created_at REAL  -- Unix time of the commit; NULL in a database made before it was kept
 )"""
+KEY_AGE_INDEX = """CREATE INDEX IF NOT EXISTS keys_by_age ON tickets (created_at)
+    WHERE operation_key IS NOT NULL"""
 BUSY_TIMEOUT_S = 2.0  # seconds to wait for the database before answering 503; twice this is
 #                       still under the workflow's 5 s request timeout, so the client hears
 #                       "busy, retry" instead of timing out with the outcome unknown.
 POINTS = ("after-commit", "before-answer")  # this program's failpoints (FAILPOINTS)
 TOKEN_HEADER = "Failpoint-Token"  # before-answer fires once for each value a client sends
+PRUNE_EVERY_S = 60.0  # seconds between prunes at most (less when the retention is shorter)
+PRUNE_BATCH = 500  # keys forgotten per transaction: a request waits for one batch at most
+EXPIRED = "IFNULL(created_at < ?, 0)"  # SQL: the row's key is past the retention (? = cutoff)
 
 
 class TicketStore:
@@ -75,12 +98,14 @@ class TicketStore:
         with self.transaction():
             prior = None
             if key is not None:
+                self.forget_expired(key)  # a key past the retention is not honoured
                 prior = self.db.execute(
                     "SELECT id, payload FROM tickets WHERE operation_key = ?", (key,)
                 ).fetchone()
             if prior is None:
                 cursor = self.db.execute(
-                    "INSERT INTO tickets (operation_key, payload) VALUES (?, ?)", (key, canonical)
+                    "INSERT INTO tickets (operation_key, payload, created_at) VALUES (?, ?, ?)",
+                    (key, canonical, time.time()),
                 )
                 return cursor.lastrowid, True
             if prior[1] == canonical:
@@ -92,18 +117,40 @@ class TicketStore:
             )
 
     def tickets(self, key=None):
-        sql = "SELECT id, operation_key, payload FROM tickets"
-        args = ()
+        """All tickets, or the one made with key; a key past the retention shows as null."""
+        sql = (
+            f"SELECT id, CASE WHEN {EXPIRED} THEN NULL ELSE operation_key END, payload FROM tickets"
+        )
+        args = (self.cutoff(),)
         if key is not None:
-            sql, args = sql + " WHERE operation_key = ?", (key,)
+            sql, args = sql + f" WHERE operation_key = ? AND NOT {EXPIRED}", (*args, key, *args)
         with self.locked():
             rows = self.db.execute(sql + " ORDER BY id", args).fetchall()
         return [{"ticket_id": i, "key": k, "payload": json.loads(p)} for i, k, p in rows]
 
+    def prune(self):
+        """Forget every key past the retention, PRUNE_BATCH to a transaction; return how many.
+
+        The tickets stay: only their keys go, so the same key makes a new ticket.
+        """
+        pruned = 0
+        while True:
+            with self.transaction():
+                batch = self.db.execute(
+                    "UPDATE tickets SET operation_key = NULL WHERE id IN (SELECT id FROM tickets"
+                    f" WHERE operation_key IS NOT NULL AND {EXPIRED} LIMIT ?)",
+                    (self.cutoff(), PRUNE_BATCH),
+                ).rowcount
+            pruned += batch
+            self.ledger.add("keys_pruned", batch)
+            if batch < PRUNE_BATCH:
+                return pruned
+
     # helpers
 
-    def __init__(self, path, busy_timeout_s=BUSY_TIMEOUT_S):
+    def __init__(self, path, busy_timeout_s=BUSY_TIMEOUT_S, retention_s=None, ledger=None):
         self.path, self.lock, self.busy_timeout_s = Path(path), threading.Lock(), busy_timeout_s
+        self.retention_s, self.ledger = retention_s, ledger or Ledger()
         self.db = sqlite3.connect(
             path, timeout=busy_timeout_s, isolation_level=None, check_same_thread=False
         )
@@ -114,8 +161,24 @@ class TicketStore:
         if sys.platform == "darwin":  # macOS fsync() does not reach the platter; F_FULLFSYNC does
             self.db.execute("PRAGMA fullfsync=ON")
         self.db.execute(SCHEMA)
+        if "created_at" not in {row[1] for row in self.db.execute("PRAGMA table_info(tickets)")}:
+            self.db.execute("ALTER TABLE tickets ADD COLUMN created_at REAL")  # an older file
+        self.db.execute(KEY_AGE_INDEX)
         self.identity = file_identity(self.path)  # the file the connection has open
         self.gone = False
+
+    def cutoff(self):
+        """Keys made before this Unix time are past the retention (-inf: kept for ever)."""
+        return -math.inf if self.retention_s is None else time.time() - self.retention_s
+
+    def forget_expired(self, key):
+        """Inside a transaction: prune key now if it is past the retention."""
+        if self.retention_s is not None:
+            forgotten = self.db.execute(
+                f"UPDATE tickets SET operation_key = NULL WHERE operation_key = ? AND {EXPIRED}",
+                (key, self.cutoff()),
+            ).rowcount
+            self.ledger.add("keys_pruned", forgotten)
 
     @contextmanager
     def transaction(self):
@@ -170,7 +233,7 @@ class TicketStore:
 class Handler(GuardedHandler):
     """The routes; httpguard.GuardedHandler turns their results and refusals into answers."""
 
-    routes = {"/health": "GET, HEAD", "/tickets": "GET, HEAD, POST"}
+    routes = {"/health": "GET, HEAD", "/tickets": "GET, HEAD, POST", "/metrics": "GET, HEAD"}
 
     def post(self, path):
         body = self.read_body()
@@ -180,8 +243,10 @@ class Handler(GuardedHandler):
         try:
             ticket_id, created = self.server.store.create(key, canonical)
         except ClientError:
+            self.server.ledger.add("key_conflicts")
             self.log_line(f"conflict key={key}")
             raise
+        self.server.ledger.add("tickets_created" if created else "idempotent_replays")
         self.log_line(f"{'created' if created else 'replayed'} key={key} ticket={ticket_id}")
         # The ticket is committed BEFORE the answer is written. A crash from here on leaves
         # a ticket the caller never heard about: the effect gap. Only the key lets the
@@ -198,6 +263,8 @@ class Handler(GuardedHandler):
         if path == "/health":
             self.server.store.check_file()  # up, and serving the database at RECEIVER_DB
             return 200, {"ok": True}
+        if path == "/metrics":
+            return 200, Body(PROMETHEUS_TEXT, self.server.ledger.render().encode())
         if set(query) - {"key"}:
             raise ClientError(400, "the only query parameter is ?key=IDEMPOTENCY-KEY")
         key = parse_key(query.get("key"), where="?key=")
@@ -240,6 +307,14 @@ def main(argv=None):
         return error.exit_code
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # unwinds serve_forever below
     print(f"receiver: {where}", file=sys.stderr)
+    stop_pruning = threading.Event()
+    if (retention_s := server.store.retention_s) is not None:
+        every_s = min(retention_s, PRUNE_EVERY_S)
+        pruner = threading.Thread(
+            target=prune_forever, args=(server.store, every_s, stop_pruning), daemon=True
+        )
+        pruner.start()
+        print(f"receiver: keys kept {retention_s:g} s, pruned every {every_s:g} s", file=sys.stderr)
     if points:
         on = ", ".join(f"{name}={action}" for name, action in points.items())
         print(f"receiver: WARNING failpoints on: {on}; never in a real service", file=sys.stderr)
@@ -249,13 +324,14 @@ def main(argv=None):
     except KeyboardInterrupt:
         code = EXIT_INTERRUPTED
     finally:
+        stop_pruning.set()
         server.server_close()
         server.store.close()
         print("receiver: stopped", file=sys.stderr)
     return code
 
 
-# helpers: the store
+# helpers: the store and the ledger
 
 
 class StoreGone(sqlite3.OperationalError):
@@ -264,6 +340,81 @@ class StoreGone(sqlite3.OperationalError):
     def __init__(self, message, first):
         super().__init__(message)
         self.first = first  # the first request to notice: it logs the line
+
+
+def prune_forever(store, every_s, stop):
+    """The pruner's thread: prune now and then until stop is set; a failure is one log line."""
+    while not stop.wait(every_s):
+        try:
+            if pruned := store.prune():
+                keys = "key" if pruned == 1 else "keys"
+                print(f"receiver: pruned {pruned} {keys} past the retention", file=sys.stderr)
+        except sqlite3.Error as error:  # busy, or the file was deleted: the next round retries
+            print(f"receiver: pruning failed: {error}", file=sys.stderr)
+
+
+PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"  # the text exposition format
+DURATION_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+#                     seconds, from accepting a connection to its answer written: a loopback
+#                     request takes about a millisecond, a busy database up to 2 x 2 s
+
+
+class Ledger:
+    """What this receiver process did since it started, as Prometheus counters (GET /metrics).
+
+    The counters start at 0 with each process, as Prometheus expects of a counter; the
+    tickets themselves are in the database. No label carries a key: one series per status.
+    """
+
+    COUNTERS = {
+        "tickets_created": "POSTs that created a ticket (answered 201).",
+        "idempotent_replays": "POSTs answered 200 with the ticket their key made before.",
+        "key_conflicts": "POSTs refused 409: a key sent again with another body.",
+        "keys_pruned": "Keys forgotten past RECEIVER_KEY_RETENTION_S (their tickets stay).",
+    }
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.counts = dict.fromkeys(self.COUNTERS, 0)
+        self.codes = Counter()  # status -> answers
+        self.buckets = [0] * (len(DURATION_BUCKETS_S) + 1)  # the last: slower than them all
+        self.duration_sum_s = 0.0
+
+    def add(self, name, count=1):
+        with self.lock:
+            self.counts[name] += count
+
+    def answered(self, status, seconds):
+        bucket = next((i for i, le in enumerate(DURATION_BUCKETS_S) if seconds <= le), -1)
+        with self.lock:
+            self.codes[status] += 1
+            self.buckets[bucket] += 1
+            self.duration_sum_s += seconds
+
+    def render(self):
+        with self.lock:
+            lines = []
+            for name, text in self.COUNTERS.items():
+                lines += metric(f"receiver_{name}_total", "counter", text)
+                lines.append(f"receiver_{name}_total {self.counts[name]}")
+            lines += metric("receiver_requests_total", "counter", "Answers sent, by status.")
+            lines += [
+                f'receiver_requests_total{{code="{c}"}} {n}' for c, n in sorted(self.codes.items())
+            ]
+            name = "receiver_request_duration_seconds"
+            lines += metric(name, "histogram", "Seconds from a connection accepted to its answer.")
+            total = 0
+            for le, count in zip(
+                [*map(str, DURATION_BUCKETS_S), "+Inf"], self.buckets, strict=True
+            ):
+                total += count
+                lines.append(f'{name}_bucket{{le="{le}"}} {total}')
+            lines += [f"{name}_sum {self.duration_sum_s!r}", f"{name}_count {total}"]
+        return "\n".join(lines) + "\n"
+
+
+def metric(name, kind, text):
+    return [f"# HELP {name} {text}", f"# TYPE {name} {kind}"]
 
 
 def file_identity(path):
@@ -373,6 +524,7 @@ def open_server(environ):
     busy_timeout_s = setting(environ, "RECEIVER_BUSY_TIMEOUT_S", BUSY_TIMEOUT_S)
     request_timeout_s = setting(environ, "RECEIVER_REQUEST_TIMEOUT_S", REQUEST_TIMEOUT_S)
     max_connections = setting(environ, "RECEIVER_MAX_CONNECTIONS", MAX_CONNECTIONS, int)
+    retention_s = setting(environ, "RECEIVER_KEY_RETENTION_S", None)
     spec = environ.get("FAILPOINTS", "")
     try:
         points = failpoints.parse(spec, POINTS)
@@ -380,11 +532,13 @@ def open_server(environ):
         raise ConfigError(str(error)) from None
     try:
         Path(db_path).parent.mkdir(parents=True, exist_ok=True)
-        store = TicketStore(db_path, busy_timeout_s)
+        store = TicketStore(db_path, busy_timeout_s, retention_s)
     except (OSError, sqlite3.Error) as error:
         raise ConfigError(f"RECEIVER_DB {db_path!r} cannot be used: {error}") from None
     try:
-        server = GuardedServer((host, port), Handler, request_timeout_s, max_connections)
+        server = GuardedServer(
+            (host, port), Handler, request_timeout_s, max_connections, store.ledger.answered
+        )
     except OSError as error:
         store.close()
         reason = error.strerror or str(error)
@@ -392,7 +546,7 @@ def open_server(environ):
         raise ConfigError(
             f"cannot listen on {host}:{port} ({reason}); {hint}", EXIT_CANNOT_LISTEN
         ) from None
-    server.store = store
+    server.store, server.ledger = store, store.ledger
     failpoints.configure(spec, POINTS)
     where = f"listening on {host}:{server.server_port}, tickets in {db_path}"
     return server, where, points

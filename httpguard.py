@@ -12,10 +12,11 @@ routes to the service:
 
     GuardedServer((host, port), Handler, request_timeout_s, max_connections).serve_forever()
 
-Every answer is JSON. A route refuses a request by raising ClientError(status, message), whose
-message tells the client what to do; an exception type listed in the handler's
-`unavailable_errors` (a database that is locked or gone) becomes a 503 with Retry-After; any other
-exception a 500. Nothing here knows what the service stores.
+Every answer is JSON, unless a route returns a Body of another content type. A route refuses a
+request by raising ClientError(status, message), whose message tells the client what to do; an
+exception type listed in the handler's `unavailable_errors` (a database that is locked or gone)
+becomes a 503 with Retry-After; any other exception a 500. Nothing here knows what the service
+stores.
 """
 
 import io
@@ -27,6 +28,7 @@ import threading
 import time
 from contextlib import suppress
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import NamedTuple
 from urllib.parse import urlsplit
 
 REQUEST_TIMEOUT_S = 5.0  # seconds for a whole request, headers and body; loopback needs ms.
@@ -53,6 +55,13 @@ class ClientError(Exception):
     def __init__(self, status, message, headers=None):
         super().__init__(message)
         self.status, self.message, self.headers = status, message, headers or {}
+
+
+class Body(NamedTuple):
+    """A route's answer that is not JSON (a Prometheus text page, for one)."""
+
+    content_type: str
+    data: bytes
 
 
 class GuardedHandler(BaseHTTPRequestHandler):
@@ -140,18 +149,21 @@ class GuardedHandler(BaseHTTPRequestHandler):
         raw = DeadlineReader(self.connection, time.monotonic() + self.timeout_s)
         self.rfile = io.BufferedReader(raw)
         self.extra_headers, self.body_read, self.linger = {}, False, False
+        self.began = time.monotonic()
 
     def respond(self, status, value):
         self.connection.settimeout(self.timeout_s)  # the reads may have left it near zero
-        data = json.dumps(value, sort_keys=True).encode()
+        if not isinstance(value, Body):
+            value = Body("application/json", json.dumps(value, sort_keys=True).encode())
         self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
+        self.send_header("Content-Type", value.content_type)
+        self.send_header("Content-Length", str(len(value.data)))
         for name, header in self.extra_headers.items():
             self.send_header(name, header)
         self.end_headers()
         if self.command != "HEAD":
-            self.wfile.write(data)
+            self.wfile.write(value.data)
+        self.server.on_answer(status, time.monotonic() - self.began)
 
     def do_GET(self):
         self.handle_request(self.get)
@@ -214,18 +226,24 @@ class GuardedHandler(BaseHTTPRequestHandler):
 
 
 class GuardedServer(ThreadingHTTPServer):
-    """A thread per connection, at most max_connections of them; one more gets a quick 503."""
+    """A thread per connection, at most max_connections of them; one more gets a quick 503.
+
+    on_answer(status, seconds), if given, is called after each answer is written, with the time
+    since the connection was accepted: a service counts its answers there.
+    """
 
     request_queue_size = LISTEN_BACKLOG
     daemon_threads = True  # SIGTERM must not wait for a stalled client
 
-    def __init__(self, address, handler, request_timeout_s, max_connections):
+    def __init__(self, address, handler, request_timeout_s, max_connections, on_answer=None):
         super().__init__(address, handler)
         self.request_timeout_s = request_timeout_s
         self.slots = threading.BoundedSemaphore(max_connections)
+        self.on_answer = on_answer or (lambda status, seconds: None)
 
     def process_request(self, request, client_address):
         if not self.slots.acquire(blocking=False):  # full: answer at once, start no thread
+            began = time.monotonic()
             # Read what the client has sent first: closing on unread bytes would reset the
             # connection and could destroy the answer before the client reads it.
             request.settimeout(REFUSE_READ_S)
@@ -234,6 +252,7 @@ class GuardedServer(ThreadingHTTPServer):
             with suppress(OSError):
                 request.sendall(FULL_ANSWER)  # small: it fits the socket's send buffer
             self.shutdown_request(request)
+            self.on_answer(503, time.monotonic() - began)
             return
         super().process_request(request, client_address)
 

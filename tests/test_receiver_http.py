@@ -27,6 +27,7 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from jsonschema import Draft202012Validator, ValidationError
+from prometheus_client.parser import text_string_to_metric_families
 from receiver_helpers import TITLE, assert_error, exchange, post, request, tickets
 from referencing import Registry
 from referencing.jsonschema import DRAFT202012
@@ -267,7 +268,7 @@ def test_get_tickets_lists_all_in_id_order_and_key_selects_one(server):
     assert tickets(server, fresh_key()) == []
 
 
-def test_every_answer_is_json_with_a_true_content_length(server):
+def test_every_answer_but_metrics_is_json_with_a_true_content_length(server):
     for reply in [
         request(server, "GET", "/health"),
         post(server, key=fresh_key()),
@@ -537,6 +538,8 @@ ANSWERS = {  # (path, method, status) documented in openapi.yaml -> a request th
     ("/health", "get", "503"): with_the_database_deleted("GET", "/health"),
     ("/health", "head", "200"): lambda s: request(s, "HEAD", "/health"),
     ("/health", "head", "503"): with_the_database_deleted("HEAD", "/health"),
+    ("/metrics", "get", "200"): lambda s: request(s, "GET", "/metrics"),
+    ("/metrics", "head", "200"): lambda s: request(s, "HEAD", "/metrics"),
     ("/tickets", "get", "200"): lambda s: request(s, "GET", "/tickets"),
     ("/tickets", "get", "400"): lambda s: request(s, "GET", "/tickets?key=a%20b"),
     ("/tickets", "get", "503"): without_the_table("GET"),
@@ -641,7 +644,10 @@ def test_the_receiver_answers_as_openapi_documents(server, path, method, status,
     for name in response.get("headers", {}):
         assert name.lower() in reply.headers, f"{name} missing"
         validate(reply.headers[name.lower()], pointer_join(ref, "headers", name, "schema"))
-    if "content" in response:
+    if "text/plain" in response.get("content", {}):  # /metrics: Prometheus must parse it
+        assert reply.headers["content-type"].startswith("text/plain; version=0.0.4"), reply
+        assert list(text_string_to_metric_families(reply.body.decode())), reply
+    elif "content" in response:
         assert reply.headers["content-type"] == "application/json", reply
         validate(reply.json(), pointer_join(ref, "content", "application/json", "schema"))
     else:

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
-from receiver_helpers import assert_error, port_of, post, read_reply, request, tickets
+from receiver_helpers import assert_error, port_of, post, read_reply, request, run_api, tickets
 
 from labs.tools.local import ROOT, ReceiverProcess, wait_until
 
@@ -133,17 +133,6 @@ def exchange_quietly(server):
         post(server, key="locked")
     except OSError:
         pass  # the receiver stopped before answering: that is the point
-
-
-def run_api(env, *args):
-    return subprocess.run(
-        [sys.executable, str(ROOT / "api.py"), *args],
-        env=env,
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
 
 
 def test_help_prints_usage_and_the_settings_and_starts_nothing(lab, tmp_path):
