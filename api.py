@@ -141,8 +141,8 @@ class TicketStore:
                     f" WHERE operation_key IS NOT NULL AND {EXPIRED} LIMIT ?)",
                     (self.cutoff(), PRUNE_BATCH),
                 ).rowcount
+                self.pruned_here += batch
             pruned += batch
-            self.ledger.add("keys_pruned", batch)
             if batch < PRUNE_BATCH:
                 return pruned
 
@@ -165,7 +165,7 @@ class TicketStore:
             self.db.execute("ALTER TABLE tickets ADD COLUMN created_at REAL")  # an older file
         self.db.execute(KEY_AGE_INDEX)
         self.identity = file_identity(self.path)  # the file the connection has open
-        self.gone = False
+        self.gone, self.pruned_here = False, 0
 
     def cutoff(self):
         """Keys made before this Unix time are past the retention (-inf: kept for ever)."""
@@ -174,17 +174,18 @@ class TicketStore:
     def forget_expired(self, key):
         """Inside a transaction: prune key now if it is past the retention."""
         if self.retention_s is not None:
-            forgotten = self.db.execute(
+            self.pruned_here += self.db.execute(
                 f"UPDATE tickets SET operation_key = NULL WHERE operation_key = ? AND {EXPIRED}",
                 (key, self.cutoff()),
             ).rowcount
-            self.ledger.add("keys_pruned", forgotten)
 
     @contextmanager
     def transaction(self):
-        """BEGIN IMMEDIATE ... COMMIT under the lock; any exception rolls back."""
+        """BEGIN IMMEDIATE ... COMMIT under the lock; any exception rolls back. The keys it
+        pruned (pruned_here) are counted once it committed."""
         with self.locked():
             self.db.execute("BEGIN IMMEDIATE")
+            self.pruned_here = 0
             try:
                 yield
                 self.db.execute("COMMIT")
@@ -192,6 +193,7 @@ class TicketStore:
                 if self.db.in_transaction:  # a failed COMMIT may have rolled back already
                     self.db.execute("ROLLBACK")
                 raise
+            self.ledger.add("keys_pruned", self.pruned_here)
 
     @contextmanager
     def locked(self):
@@ -349,7 +351,10 @@ def prune_forever(store, every_s, stop):
             if pruned := store.prune():
                 keys = "key" if pruned == 1 else "keys"
                 print(f"receiver: pruned {pruned} {keys} past the retention", file=sys.stderr)
-        except sqlite3.Error as error:  # busy, or the file was deleted: the next round retries
+        except StoreGone as error:  # no retry can help: the requests say so, one line here
+            if error.first:
+                print(f"receiver: unavailable: {error}", file=sys.stderr)
+        except sqlite3.Error as error:  # busy, say: the next round tries again
             print(f"receiver: pruning failed: {error}", file=sys.stderr)
 
 
