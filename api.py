@@ -81,7 +81,7 @@ BUSY_TIMEOUT_S = 2.0  # seconds to wait for the database before answering 503; t
 POINTS = ("after-commit", "before-answer")  # this program's failpoints (FAILPOINTS)
 TOKEN_HEADER = "Failpoint-Token"  # before-answer fires once for each value a client sends
 PRUNE_EVERY_S = 60.0  # seconds between prunes at most (less when the retention is shorter)
-PRUNE_BATCH = 500  # keys forgotten per transaction: a request waits for one batch at most
+PRUNE_BATCH = 500  # keys forgotten per transaction; requests take their turn between batches
 EXPIRED = "IFNULL(created_at < ?, 0)"  # SQL: the row's key is past the retention (? = cutoff)
 
 
