@@ -80,7 +80,7 @@ def test_compose_files_come_before_the_verb_and_start_with_compose_yaml():
 
 
 def test_the_local_backend_takes_a_fault_from_the_override_file_itself():
-    assert override_environment([LOST_ACK]) == {"RECEIVER_LAB_FAULTS": "lost-ack"}
+    assert override_environment([LOST_ACK]) == {"FAILPOINTS": "before-answer=drop-answer"}
     assert override_environment([]) == {}
 
 
@@ -88,7 +88,8 @@ def test_native_lines_are_the_commands_a_learner_pastes(tmp_path):
     backend = LocalBackend(tmp_path)
     up = f"docker compose -p stateful-lab -f compose.yaml -f {LOST_ACK} up -d --build api"
     assert backend.native(up) == (
-        "mkdir -p data; RECEIVER_LAB_FAULTS=lost-ack python api.py & echo $! > data/receiver.pid"
+        "mkdir -p data; FAILPOINTS=before-answer=drop-answer python api.py "
+        "& echo $! > data/receiver.pid"
     )
     post = 'docker compose -p stateful-lab run --rm workflow post --title "Two words"'
     assert backend.native(post) == "python lab.py post --title 'Two words'"

@@ -158,7 +158,7 @@ class LocalBackend(Backend):
         self.owned = data_dir is None  # a folder we made is deleted by close()
         self.data_dir = Path(data_dir or tempfile.mkdtemp(prefix="stateful-lab-"))
         self.env = lab_env(self.data_dir, port or free_port())
-        self.env.pop("RECEIVER_LAB_FAULTS", None)  # a fault is on only where a lab asks for it
+        self.env.pop("FAILPOINTS", None)  # a fault is on only where a lab asks for it
         self.log_path = Path(log_path) if log_path else self.data_dir / "receiver.log"
         self.faults = {}
         self.receiver = ReceiverProcess(self.env, self.log_path)
