@@ -15,6 +15,6 @@ langgraph-checkpoint-sqlite (the default saver, a SQLite file: it survives a kil
 `postgres` extra adds langgraph-checkpoint-postgres and psycopg for a postgresql:// database.
 """
 
-from effectdrill.drill import DURABILITIES, DrillError, Report, Row, Run, drill
+from effectdrill.core import DURABILITIES, DrillError, Report, Row, Run, drill
 
 __all__ = ["DURABILITIES", "DrillError", "Report", "Row", "Run", "drill"]

@@ -11,14 +11,18 @@ import importlib
 import json
 import sys
 
-from effectdrill.drill import DURABILITIES, DrillError, drill
+from effectdrill.core import DURABILITIES, DrillError, drill, require_posix
 
 EXIT_CLEAN, EXIT_FOUND, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 
 def main(argv=None):
-    args = build_parser().parse_args(argv)
     try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as stop:  # --help (0) or a usage mistake (2), already printed
+        return stop.code
+    try:
+        require_posix()  # before importing the user's modules
         report = drill(
             load(args.graph, "MODULE:GRAPH"),
             parse_json(args.input, "--input"),

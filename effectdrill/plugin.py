@@ -6,7 +6,7 @@ def test_no_crash_repeats_an_effect(effect_drill):
 
 import pytest
 
-from effectdrill.drill import drill
+from effectdrill.core import drill
 
 
 @pytest.fixture

@@ -353,7 +353,9 @@ class Plan:
             for chunk in graph.stream(
                 step, config, durability=mode, context=self.context, stream_mode="tasks"
             ):
-                if "input" in chunk:  # a task starting (its result has "result" instead)
+                # A task's result, sent only for a task that ran: one whose writes were saved
+                # before is replayed without it (PregelLoop.output_writes, cached=True).
+                if "input" not in chunk:
                     ran.append(chunk["name"])
         raise DrillError(f"the graph did not finish in {MAX_INVOKES} invokes (a loop?)")
 

@@ -1,0 +1,39 @@
+"""Things the drill must refuse with one line: a failing node, bad observers, not a graph."""
+
+from typing import TypedDict
+
+from langgraph.graph import END, START, StateGraph
+
+NOT_A_GRAPH = "a string"
+
+
+class Pick(TypedDict, total=False):
+    item: str
+
+
+def pick(state: Pick):
+    raise ValueError(f"no stock for {state['item']}")
+
+
+def build():
+    builder = StateGraph(Pick)
+    builder.add_node(pick)
+    builder.add_edge(START, "pick")
+    builder.add_edge("pick", END)
+    return builder.compile()
+
+
+def observe_nothing(thread_id):
+    return {}
+
+
+def observe_raises(thread_id):
+    raise RuntimeError("the shop database is down")
+
+
+def observe_list(thread_id):
+    return [1]
+
+
+def observe_text_counts(thread_id):
+    return {"charge": "1"}
