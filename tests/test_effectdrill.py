@@ -460,3 +460,23 @@ def assert_no_children():
     """Every child the drill forked was reaped (waitpid: no child processes at all)."""
     with pytest.raises(ChildProcessError):
         os.waitpid(-1, os.WNOHANG)
+
+
+def test_the_benchmark_prints_its_medians():
+    done = run(
+        [sys.executable, "-m", "labs.tools.bench_drill", "--runs", "1", "--all-runs", "1"]
+        + ["--repeat", "1", "--calls", "20"]
+    )
+
+    assert (done.returncode, done.stderr) == (0, "")
+    lines = done.stdout.splitlines()
+    assert re.fullmatch(
+        r"one mode \(sync\), 9 crash points: median \d+\.\d\d s over 1 drills", lines[0]
+    )
+    assert lines[1].startswith("--durability all --repeat 1, 19 crash points, 19 crash runs: ")
+    assert re.fullmatch(
+        r"saver call \(put and put_writes of a clean run\): median [\d.]+ us on SqliteSaver, "
+        r"[\d.]+ us through the drill's wrapper \([-+][\d.]+ us\)",
+        lines[2],
+    )
+    assert lines[3].startswith("clean run of the shop (9 saver calls): median ")
