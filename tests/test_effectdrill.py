@@ -19,7 +19,7 @@ from importlib.metadata import entry_points
 
 import pytest
 from conftest import require_postgres
-from effectdrill_graphs import contextual, orders, review
+from effectdrill_graphs import contextual, nested, orders, review
 from langgraph.checkpoint.sqlite import SqliteSaver
 
 import effectdrill
@@ -160,6 +160,20 @@ def test_the_runtime_context_reaches_every_run(tmp_path, monkeypatch):
     duplicated = {f["point"] for f in report.duplicates}
     assert "put_writes notify [sent]" in duplicated  # and maybe the racing next checkpoint:
     assert duplicated <= {"put_writes notify [sent]", "put step 1"}
+
+
+def test_a_subgraphs_saver_calls_are_crash_points_of_their_own(tmp_path, monkeypatch):
+    monkeypatch.setenv("NESTED_DB", str(tmp_path / "nested.sqlite"))
+
+    report = effectdrill.drill(nested.build, {"order": "{thread}"}, nested.observe)
+
+    points = [row.point for row in report.rows]
+    assert "put_writes effect [done] in child" in points  # the subgraph's namespace, no task id
+    assert "put_writes effect [done] in child" in {f["point"] for f in report.duplicates}
+    assert {f["point"] for f in report.duplicates} <= {
+        "put_writes effect [done] in child",
+        "put step 1 in child",  # the racing checkpoint after it, as in the parent graph
+    }
 
 
 def test_cli_on_the_shop_prints_the_table_and_exits_1(tmp_path, temp_root):
