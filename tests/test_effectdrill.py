@@ -278,6 +278,10 @@ BAD_INPUTS = {
         [f"{GRAPHS}.broken:build", "--observe", f"{GRAPHS}.broken:observe_nothing"],
         "the graph failed in its clean run: node pick: ValueError: no stock for x",
     ),
+    "async nodes": (
+        [f"{GRAPHS}.broken:build_async", "--observe", f"{GRAPHS}.broken:observe_nothing"],
+        "the graph failed in its clean run: node pick_later: TypeError: No synchronous function",
+    ),
     "observer raises": (
         [f"{GRAPHS}.orders:build", "--observe", f"{GRAPHS}.broken:observe_raises"],
         "the observer raised RuntimeError: the shop database is down",
