@@ -106,7 +106,7 @@ class Row:
         return list(names)
 
     def counts(self, effect):
-        return [run.counts.get(effect, 0) for run in self.runs if run.error is None]
+        return [run.counts.get(effect, 0) for run in self.runs]
 
     def duplicates(self):
         return [e for e in self.effects() if any(c > self.clean.get(e, 0) for c in self.counts(e))]
@@ -216,13 +216,10 @@ class Report:
 
     def summary_line(self):
         parts = [plural(len(self.rows), "crash point")]
-        for name, found in (
-            ("duplicate", self.duplicates),
-            ("missing", self.missing),
-            ("failed", self.failed),
-        ):
-            effects = ", ".join(sorted({f.get("effect", "resume") for f in found}))
+        for name, found in (("duplicate", self.duplicates), ("missing", self.missing)):
+            effects = ", ".join(sorted({f["effect"] for f in found}))
             parts.append(f"{len(found)} {name}" + (f" ({effects})" if found else ""))
+        parts.append(f"{len(self.failed)} failed resume" + ("" if len(self.failed) == 1 else "s"))
         repeated = self.repeated_in_clean_run
         parts.append(
             f"the clean run repeated {', '.join(repeated)}" if repeated else "clean run ok"

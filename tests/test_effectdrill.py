@@ -19,7 +19,7 @@ from importlib.metadata import entry_points
 
 import pytest
 from conftest import require_postgres
-from effectdrill_graphs import contextual, nested, orders, review
+from effectdrill_graphs import broken, contextual, nested, orders, review
 from langgraph.checkpoint.sqlite import SqliteSaver
 
 import effectdrill
@@ -176,6 +176,18 @@ def test_a_subgraphs_saver_calls_are_crash_points_of_their_own(tmp_path, monkeyp
     }
 
 
+def test_a_resume_that_fails_is_a_failed_row_not_a_usage_error(tmp_path, monkeypatch):
+    monkeypatch.setenv("STRICT_DB", str(tmp_path / "strict.sqlite"))
+
+    report = effectdrill.drill(broken.build_strict, {"item": "{thread}"}, broken.observe_strict)
+
+    (row,) = [row for row in report.rows if row.point == "put_writes book [__no_writes__]"]
+    assert row.verdict == "FAILED" and row.counts("booked") == [1]
+    assert row.failures()[0].startswith("node book: IntegrityError: UNIQUE constraint failed")
+    assert not report.ok and report.duplicates == []
+    assert "FAILED: node book: IntegrityError" in report.table()
+
+
 def test_cli_on_the_shop_prints_the_table_and_exits_1(tmp_path, temp_root):
     env = os.environ | {"SHOP_DB": str(tmp_path / "shop.sqlite"), "TMPDIR": str(temp_root)}
     done = run(
@@ -252,7 +264,7 @@ def test_the_library_and_cli_agree_on_a_clean_graph(tmp_path, monkeypatch):
     )
     assert report.ok and report.assert_clean() is report
     assert report.table().endswith(
-        "summary: 11 crash points, 0 duplicate, 0 missing, 0 failed, clean run ok"
+        "summary: 11 crash points, 0 duplicate, 0 missing, 0 failed resumes, clean run ok"
     )
 
     code = main(
