@@ -29,6 +29,7 @@ THREAD_MARK = "{thread}"  # replaced by the run's thread id everywhere in the in
 MAX_INVOKES = 50  # invokes one run may take (one per interrupt answered); more means a loop
 CHILD_DEADLINE_S = 300.0  # seconds a crash child may run: a graph that hangs is an error
 CHILD_POLL_S = 0.001  # seconds between checks on a running crash child
+SETTLE_DEADLINE_S = 5.0  # seconds a sync kill waits for calls started before it (see Killer)
 CHILD_FAILED = 3  # a crash child's exit code when the graph raised (the message is piped)
 MEMORY_DATABASES = ("", ":memory:", "memory")  # names of an in-memory SQLite database
 PULL_PREFIX = "~__pregel_pull, "  # LangGraph's task_path of a node's task (_algo.task_path_str)
@@ -74,7 +75,8 @@ def drill(
                 row = Row(mode, point, clean.counts)
                 for attempt in range(repeat):
                     thread = f"drill-{plan.run_id}-{mode}-{index}-{attempt}"
-                    row.runs.append(plan.crash_run(db, mode, point, thread))
+                    killer = Killer(point, mode == "sync", clean.writes_before(point))
+                    row.runs.append(plan.crash_run(db, mode, point, thread, killer))
                 report.rows.append(row)
     return report
 
@@ -252,6 +254,7 @@ class Report:
 class CleanRun:
     counts: dict
     points: list
+    writes_before: object  # point -> put_writes calls of the step it closes
 
 
 @dataclass
@@ -276,11 +279,11 @@ class Plan:
             raise
         except Exception as error:
             raise DrillError(f"the graph failed in its clean run: {task_error(error)}") from None
-        return CleanRun(self.counts(thread), recorder.points)
+        return CleanRun(self.counts(thread), recorder.points, recorder.writes_before)
 
-    def crash_run(self, db, mode, point, thread):
+    def crash_run(self, db, mode, point, thread, killer):
         self.expect_nothing_yet(thread)
-        reached = self.run_child(db, mode, point, thread)
+        reached = self.run_child(db, mode, point, thread, killer)
         saved, ran, error = "?", [], None
         try:
             with db.saver() as saver:
@@ -294,7 +297,7 @@ class Plan:
             saved = "point not reached"
         return Run(reached, saved, ran, self.counts(thread), error)
 
-    def run_child(self, db, mode, point, thread):
+    def run_child(self, db, mode, point, thread, killer):
         """Fork a child that runs the graph and SIGKILLs itself before `point`: was it reached?"""
         sys.stdout.flush()
         sys.stderr.flush()
@@ -305,7 +308,7 @@ class Plan:
             try:
                 os.close(read_end)
                 os.dup2(2, 1)  # the graph's prints go to stderr: stdout is the report's
-                with db.saver(Killer(point)) as saver:
+                with db.saver(killer) as saver:
                     self.finish(saver, thread, mode, fresh=True)
             except BaseException as error:
                 os.write(write_end, task_error(error).encode()[:4000])
@@ -383,51 +386,115 @@ class Plan:
 
 
 class Recording:
-    """Saver mixin: tells its recorder the label of each put and put_writes, just before it."""
+    """Saver mixin: tells its recorder about each put and put_writes, before and after it."""
 
     recorder = None
 
     def put(self, config, checkpoint, metadata, new_versions):
-        if self.recorder is not None:
-            self.recorder(put_label(config, metadata))
-        return super().put(config, checkpoint, metadata, new_versions)
+        if self.recorder is None:
+            return super().put(config, checkpoint, metadata, new_versions)
+        self.recorder.before(put_label(config, metadata), "put", parent(config))
+        saved = super().put(config, checkpoint, metadata, new_versions)
+        self.recorder.after_put((parent(config)[0], checkpoint["id"]))
+        return saved
 
     def put_writes(self, config, writes, task_id, task_path=""):
-        if self.recorder is not None:
-            self.recorder(writes_label(config, writes, task_path))
-        return super().put_writes(config, writes, task_id, task_path)
+        if self.recorder is None:
+            return super().put_writes(config, writes, task_id, task_path)
+        self.recorder.before(writes_label(config, writes, task_path), "put_writes", parent(config))
+        super().put_writes(config, writes, task_id, task_path)
+        self.recorder.after_writes(parent(config))
 
 
 class Recorder:
-    """Collects the distinct saver calls of a clean run: a label, numbered when it recurs."""
+    """Collects the distinct saver calls of a clean run: a label, numbered when it recurs.
+
+    It also counts, for each `put`, the run's put_writes calls on the same parent checkpoint:
+    the writes of the step that checkpoint closes (see Killer).
+    """
 
     def __init__(self):
         self.points = []
         self.seen = {}
+        self.parent_of = {}  # put point -> (namespace, checkpoint id) it builds on
+        self.writes_on = {}  # (namespace, checkpoint id) -> put_writes calls on it
         self.lock = threading.Lock()  # async durability saves from LangGraph's worker threads
 
-    def __call__(self, label):
+    def before(self, label, kind, parent):
         with self.lock:
             self.seen[label] = self.seen.get(label, 0) + 1
-            self.points.append(numbered(label, self.seen[label]))
+            point = numbered(label, self.seen[label])
+            self.points.append(point)
+            if kind == "put":
+                self.parent_of[point] = parent
+            else:
+                self.writes_on[parent] = self.writes_on.get(parent, 0) + 1
+
+    def after_put(self, checkpoint):
+        pass
+
+    def after_writes(self, parent):
+        pass
+
+    def writes_before(self, point):
+        """How many put_writes calls the step closed by `point` made (0 for put_writes)."""
+        return self.writes_on.get(self.parent_of.get(point), 0)
 
 
-class Killer(Recorder):
-    """In a crash child: SIGKILL this process just before the saver call named `point`."""
+class Killer:
+    """In a crash child: SIGKILL this process just before the saver call named `point`.
 
-    def __init__(self, point):
-        super().__init__()
+    Under sync (settle=True) it first lets the calls finish that LangGraph started earlier
+    on other threads and does not wait for (PregelLoop.put_writes and _put_checkpoint submit
+    them to the run's background executor, langgraph/pregel/_loop.py): before a `put`, the
+    `writes` put_writes calls of the step it closes; before a put_writes, the put of the
+    checkpoint it is for. Otherwise the kill would land before or after them at random, and
+    the state it left would be the one a neighbouring point already shows.
+    """
+
+    def __init__(self, point, settle=False, writes=0):
         self.point = point
+        self.settle = settle
+        self.writes = writes
+        self.seen = {}
+        self.puts = set()  # (namespace, checkpoint id) of every put finished
+        self.stored = {}  # (namespace, checkpoint id) -> put_writes calls finished on it
+        self.changed = threading.Condition()
 
-    def __call__(self, label):
-        with self.lock:
+    def before(self, label, kind, parent):
+        with self.changed:
             self.seen[label] = self.seen.get(label, 0) + 1
-            if numbered(label, self.seen[label]) == self.point:
-                os.kill(os.getpid(), signal.SIGKILL)
+            if numbered(label, self.seen[label]) != self.point:
+                return
+            self.changed.wait_for(lambda: self.settled(kind, parent), SETTLE_DEADLINE_S)
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    def settled(self, kind, parent):
+        if not self.settle:
+            return True
+        if kind == "put":
+            return self.stored.get(parent, 0) >= self.writes
+        return parent[1] is None or parent in self.puts
+
+    def after_put(self, checkpoint):
+        with self.changed:
+            self.puts.add(checkpoint)
+            self.changed.notify_all()
+
+    def after_writes(self, parent):
+        with self.changed:
+            self.stored[parent] = self.stored.get(parent, 0) + 1
+            self.changed.notify_all()
 
 
 def numbered(label, occurrence):
     return label if occurrence == 1 else f"{label} #{occurrence}"
+
+
+def parent(config):
+    """The checkpoint a call builds on: a put's previous one, the one a task's writes are for."""
+    configurable = config.get("configurable", {})
+    return configurable.get("checkpoint_ns", ""), configurable.get("checkpoint_id")
 
 
 def put_label(config, metadata):
