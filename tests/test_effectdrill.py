@@ -87,6 +87,25 @@ def test_sync_reports_each_unkeyed_effect_where_it_happened_and_its_node_was_not
     assert after_pay.runs[0].saved == "step 1: pay (writes saved)" and after_pay.verdict == "ok"
 
 
+def test_a_kill_before_the_first_checkpoint_leaves_no_next_node_but_a_task(orders_db, tmp_path):
+    """Why the drill resumes on get_state().tasks, not .next (effectdrill/README.md)."""
+    from effectdrill.core import Killer, Plan, Sqlite
+
+    db = Sqlite(str(tmp_path / "checkpoints.sqlite"))
+    plan = Plan(orders.build(), {"order": "o-1"}, orders.observe, None, None, "t")
+    assert plan.run_child(db, "sync", "put step 0", "thread-1", Killer("put step 0", True, 1))
+
+    with db.saver() as saver:
+        state = (
+            orders.build()
+            .copy(update={"checkpointer": saver})
+            .get_state({"configurable": {"thread_id": "thread-1"}})
+        )
+    assert state.next == () and state.values == {"order": "o-1"}
+    assert [task.name for task in state.tasks] == ["__start__"]
+    assert orders.observe("o-1")["charge"] == 0  # no node ran
+
+
 def test_exit_mode_reports_every_unkeyed_effect_and_no_keyed_one(orders_db):
     report = drill_orders(durability="exit", repeat=2)
 
