@@ -151,8 +151,12 @@ def test_the_starters_docker_commands_work_and_survive_a_kill_in_the_window(buil
         assert listed.returncode == 0, listed.stderr[-2000:]
         assert re.findall(r'"key": "(o-\d)"', listed.stdout) == ["o-1", "o-2"]
     finally:
-        down = run("down", "-v", "--rmi", "all", timeout=COMMAND_TIMEOUT_S)
+        down = run("down", "-v")
+        # Not `down --rmi all`: Compose deletes the image but not its untagged parent layers,
+        # which stay behind as dangling images. The CLI's `image rm` deletes them too.
+        removed = run_command(["docker", "image", "rm", f"{tag}:local"])
     assert down.returncode == 0, down.stderr[-2000:]
+    assert removed.returncode == 0, removed.stderr
     assert image_id(f"{tag}:local") is None
     assert image_id("stateful-agent-lab:local") == lab_image
 
