@@ -38,6 +38,7 @@ def test_the_starter_is_the_core_and_its_own_files(built):
     assert files(built) == sorted([*starter.CORE, *own])
     assert {"README.md", "Dockerfile", "compose.yaml", ".dockerignore"} <= set(own)
     assert {"requirements.in", "requirements.txt", "tests/test_crash_window.py"} <= set(own)
+    assert "tests/test_drill.py" in own and "effectdrill/core.py" in starter.CORE
 
 
 @pytest.mark.parametrize("name", starter.CORE)
@@ -65,7 +66,7 @@ def test_the_lock_holds_what_the_core_imports_and_leaves_postgres_out(built):
                 imported |= {alias.name.split(".")[0] for alias in node.names}
             elif isinstance(node, ast.ImportFrom) and node.level == 0:
                 imported.add(node.module.split(".")[0])
-    core_modules = {Path(name).stem for name in starter.CORE}
+    core_modules = {Path(name).parts[0].removesuffix(".py") for name in starter.CORE}
     assert imported - set(sys.stdlib_module_names) - core_modules == {"langgraph", "psycopg"}
     wanted = [
         line for line in (built / "requirements.in").read_text().splitlines() if line[:1].isalpha()
@@ -81,11 +82,12 @@ def test_the_lock_holds_what_the_core_imports_and_leaves_postgres_out(built):
 
 
 def test_the_starters_own_tests_pass_natively(built):
-    """Its README's `python -m unittest`: a kill in the window, a SIGTERM drain, a reused key."""
+    """Its README's `python -m unittest`: a kill in the window, a SIGTERM drain, a reused key,
+    and effectdrill on its own graph."""
     done = run_command([sys.executable, "-m", "unittest", "-v"], timeout=300, cwd=built)
     assert done.returncode == 0, done.stderr
     ran = re.search(r"^Ran (\d+) tests? ", done.stderr, re.MULTILINE)
-    assert ran and int(ran.group(1)) >= 3 and "\nOK" in done.stderr, done.stderr
+    assert ran and int(ran.group(1)) >= 4 and "\nOK" in done.stderr, done.stderr
 
 
 def test_the_starter_is_ruff_clean(built):

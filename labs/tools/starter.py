@@ -17,7 +17,15 @@ from pathlib import Path
 
 from labs.tools.local import ROOT
 
-CORE = ("failpoints.py", "httpguard.py", "api.py", "workflow.py")  # copied unchanged
+CORE = (  # copied unchanged; effectdrill without its pytest plugin (the starter has no pytest)
+    "failpoints.py",
+    "httpguard.py",
+    "api.py",
+    "workflow.py",
+    "effectdrill/__init__.py",
+    "effectdrill/__main__.py",
+    "effectdrill/core.py",
+)
 OWN = ROOT / "labs" / "tools" / "starter"  # the starter's own files, copied as they are
 EXIT_USAGE = 2
 
@@ -26,6 +34,7 @@ def write_starter(dest):
     """Copy CORE and OWN's files into dest (new or empty); the names written, sorted."""
     dest.mkdir(parents=True, exist_ok=True)
     for name in CORE:
+        (dest / name).parent.mkdir(exist_ok=True)
         shutil.copyfile(ROOT / name, dest / name)
     shutil.copytree(OWN, dest, dirs_exist_ok=True, ignore=shutil.ignore_patterns("__pycache__"))
     return sorted(str(p.relative_to(dest)) for p in dest.rglob("*") if p.is_file())
