@@ -20,7 +20,7 @@ import threading
 import time
 import uuid
 from collections.abc import Mapping
-from contextlib import contextmanager
+from contextlib import contextmanager, redirect_stdout
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit, urlunsplit
 
@@ -350,13 +350,14 @@ class Plan:
                         "answer to resume with (--resume-with JSON, or resume_with=)"
                     )
                 step = Command(resume=self.resume_with) if waiting else None
-            for chunk in graph.stream(
-                step, config, durability=mode, context=self.context, stream_mode="tasks"
-            ):
-                # A task's result, sent only for a task that ran: one whose writes were saved
-                # before is replayed without it (PregelLoop.output_writes, cached=True).
-                if "input" not in chunk:
-                    ran.append(chunk["name"])
+            with redirect_stdout(sys.stderr):  # the graph's own prints: stdout is the report's
+                for chunk in graph.stream(
+                    step, config, durability=mode, context=self.context, stream_mode="tasks"
+                ):
+                    # A task's result, sent only for a task that ran: one whose writes were saved
+                    # before is replayed without it (PregelLoop.output_writes, cached=True).
+                    if "input" not in chunk:
+                        ran.append(chunk["name"])
         raise DrillError(f"the graph did not finish in {MAX_INVOKES} invokes (a loop?)")
 
     def counts(self, thread):

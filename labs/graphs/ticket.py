@@ -1,0 +1,33 @@
+"""The lab's own graph for the drill (lab 11): lab.py's graph, the receiver as the outside world.
+
+    python -m effectdrill labs.graphs.ticket:graph \
+        --input '{"operation_id": "{thread}", "title": "{thread}", "mode": "naive"}' \
+        --context labs.graphs.ticket:context --observe labs.graphs.ticket:observe
+
+The nodes take the receiver's client from the run's context (workflow.Context); context() makes
+it from API_URL, as workflow.py does. observe(thread) counts the receiver's tickets whose title
+is the thread id: the drill puts each crash run's thread id into the input, so each run's
+tickets are its own, whether the run sent a key (safe) or none (naive).
+"""
+
+import contextlib
+import io
+import os
+
+import lab
+import workflow
+
+
+def graph():
+    """lab.py's graph, without a checkpointer: the drill gives it its own."""
+    return lab.build_graph(None)
+
+
+def context():
+    return workflow.Context(workflow.Settings.from_environ(os.environ).client())
+
+
+def observe(thread):
+    with contextlib.redirect_stdout(io.StringIO()):  # the client prints nothing; be sure
+        tickets = workflow.Settings.from_environ(os.environ).client().tickets()
+    return {"ticket": sum(t["payload"]["title"] == thread for t in tickets)}
