@@ -128,10 +128,14 @@ def test_scale_chaos_finishes_every_operation_and_only_the_key_prevents_duplicat
         assert result["duplicates"] >= 1, result
 
 
-def test_a_failed_job_stays_in_status_and_keeps_neither_drain_nor_wait_busy(database, tmp_path):
-    """A job whose run fails is held (status failed) for the operator to see; `run --drain` and
-    `wait` look only at jobs a worker will still run, so neither waits for it forever."""
-    env = lab_env(tmp_path, free_port(), CHECKPOINT_DB=database, API_ATTEMPTS="1")  # no receiver
+def test_a_dead_job_stays_in_status_keeps_drain_from_waiting_and_makes_wait_exit_5(
+    database, tmp_path
+):
+    """A job that fails for a reason no retry fixes, or has no attempts left, is held (dead) for
+    the operator to see; `run --drain` does not wait for it; `wait` exits 5 and names it."""
+    env = lab_env(
+        tmp_path, free_port(), CHECKPOINT_DB=database, API_ATTEMPTS="1", WORKER_JOB_ATTEMPTS="1"
+    )  # no receiver
 
     def worker(*args):
         return run_worker(env, *args)
@@ -139,11 +143,12 @@ def test_a_failed_job_stays_in_status_and_keeps_neither_drain_nor_wait_busy(data
     assert worker("submit", "--thread", "t", "--operation", "t:op").returncode == 0
     drained = worker("run", "--drain")
     assert drained.returncode == 0, drained.stderr
-    assert "job_failed" in [json.loads(line)["event"] for line in drained.stdout.splitlines()]
+    assert "job_dead" in [json.loads(line)["event"] for line in drained.stdout.splitlines()]
     status = json.loads(worker("status").stdout)
-    assert [(j["thread"], j["status"]) for j in status["jobs"]] == [("t", "failed")]
+    assert [(j["thread"], j["status"]) for j in status["jobs"]] == [("t", "dead")]
     waited = worker("wait", "--timeout", "5")
-    assert waited.returncode == 0 and json.loads(waited.stdout) == {"event": "idle"}
+    assert waited.returncode == 5, waited.stderr
+    assert "t:op" in waited.stderr and waited.stdout == ""
 
 
 def test_the_pg_tool_stops_and_deletes_its_cluster_on_kill():
@@ -181,8 +186,8 @@ def _read(path):
 
 
 def test_a_second_ctrl_c_stops_a_worker_whose_job_does_not_finish(database, lab, receiver):
-    """The first Ctrl-C waits for the running job; a job held in lab 10's hold never finishes
-    on its own, so the second Ctrl-C stops the worker at once and says what becomes of the job."""
+    """The first Ctrl-C drains the running graph at its next step; a job held in lab 10's hold
+    reaches no step, so the second Ctrl-C stops the worker at once and says what becomes of it."""
     env = dict(lab, CHECKPOINT_DB=database, WORKER_HEARTBEAT_S="1")
 
     def worker(*args):
@@ -202,7 +207,7 @@ def test_a_second_ctrl_c_stops_a_worker_whose_job_does_not_finish(database, lab,
         assert worker("wait", "--for", "hold", "--thread", "h").returncode == 0
         proc.send_signal(signal.SIGINT)
         first = proc.stderr.readline()
-        assert first.startswith("worker.py: stopping once the running jobs finish"), first
+        assert first.startswith("worker.py: draining 1 running job(s)"), first
         assert proc.poll() is None  # still waiting for its job
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=30) == 130
