@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -112,20 +113,47 @@ def test_a_worker_with_a_bad_queue_url_says_so_in_one_line(url, code, says, tmp_
 
 
 @pytest.mark.long
-@pytest.mark.parametrize("mode", ["safe", "naive"])
-def test_scale_chaos_finishes_every_operation_and_only_the_key_prevents_duplicates(
-    mode, postgres, tmp_path
-):
+def test_scale_chaos_kills_and_freezes_and_the_key_prevents_duplicates(postgres, tmp_path):
     result = scale_chaos.chaos_run(
-        workers_n=2, operations=4, mode=mode, seed=7, work_dir=tmp_path, ack_delay_s=2.0
-    )
+        workers_n=2, operations=4, mode="safe", seed=7, work_dir=tmp_path, ack_delay_s=2.0,
+        faults=("kill", "freeze"),
+    )  # fmt: skip
     assert result["operations"] == 4
     assert result["unfinished"] == 0, result
-    assert result["workers_killed"] + result["workers_frozen"] >= 1, result
-    if mode == "safe":
-        assert result["duplicates"] == 0 and result["tickets"] == 4, result
-    else:
-        assert result["duplicates"] >= 1, result
+    assert result["faults"]["kill"] >= 2, result  # the first strike: both workers in the window
+    assert result["duplicates"] == 0 and result["tickets"] == 4, result
+
+
+@pytest.mark.long
+def test_scale_chaos_with_every_fault_kind_60_operations_3_workers_under_3_minutes(tmp_path):
+    """The issue's bound: each fault strikes, nothing is duplicated or left unfinished, and a
+    rolling deploy's workers all drain and exit 0 within compose's grace period."""
+    require_postgres()
+    started = time.monotonic()
+    result = scale_chaos.chaos_run(
+        workers_n=3, operations=60, mode="safe", seed=11, work_dir=tmp_path, ack_delay_s=0.5
+    )
+    assert time.monotonic() - started < 180, result
+    assert all(result["faults"][fault] >= 1 for fault in scale_chaos.FAULTS), result
+    assert result["duplicates"] == 0 and result["unfinished"] == 0, result
+    assert result["tickets"] == 60, result
+    assert set(result["deploy_exits"]) == {"exit 0"}, result
+
+
+@pytest.mark.long
+def test_scale_chaos_in_naive_mode_prints_its_duplicates_as_the_finding_and_exits_0(
+    postgres, capsys
+):
+    """The first strike kills every worker after the receiver's answer: naive runs repeat it."""
+    exit_code = scale_chaos.main(
+        ["--workers", "2", "--operations", "4", "--mode", "naive", "--faults", "kill,freeze",
+         "--seed", "7", "--ack-delay", "2"]
+    )  # fmt: skip
+    out, err = capsys.readouterr()
+    result = json.loads(out.splitlines()[-1])
+    assert exit_code == 0, err
+    assert result["duplicates"] >= 1 and result["unfinished"] == 0, result
+    assert f"scale-chaos: finding: {result['duplicates']} duplicate ticket(s)" in err
 
 
 def test_a_dead_job_stays_in_status_keeps_drain_from_waiting_and_makes_wait_exit_5(
