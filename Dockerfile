@@ -1,8 +1,6 @@
-# One image for every program: Python, the hashed runtime requirements, api.py and workflow.py.
-# compose.yaml runs it as the receiver (python api.py) and the workflow CLI (python workflow.py).
-# lab-only: begin
-# In the lab it also holds worker.py, for the scale profile's workers (python worker.py).
-# lab-only: end
+# One image for every program of the lab: Python, the hashed runtime requirements and the code.
+# compose.yaml runs it as the receiver (python api.py), the workflow CLI with the lab's switches
+# (python lab.py, around workflow.py) and the scale profile's workers (python worker.py).
 #
 # PYTHON_IMAGE is python:3.13-slim, pinned by digest so every build starts from the same
 # bytes. To refresh the pin, take the digest of the multi-arch index (the manifest list), not the
@@ -37,14 +35,10 @@ RUN pip install --no-cache-dir --require-hashes -r requirements.txt
 # Nothing may write bytecode at run time (read-only root fs). The code stays owned by root:
 # the app user cannot change it.
 ENV PYTHONDONTWRITEBYTECODE=1
-COPY api.py workflow.py ./
-# lab-only: begin
-# The scale profile's workers (lab 10).
-COPY worker.py ./
-# lab-only: end
+COPY failpoints.py httpguard.py api.py workflow.py lab.py worker.py ./
 
 # Numeric, so the host and orchestrators can tell it is not root without reading /etc/passwd.
 USER 10001:10001
 # The receiver's port, inside the lab's internal network only: compose publishes nothing.
 EXPOSE 8000
-CMD ["python", "workflow.py", "--help"]
+CMD ["python", "lab.py", "--help"]

@@ -8,13 +8,20 @@ column, and the ticket is committed before the answer is written. A caller that 
 the commit and before it reads the answer (the crash window) can only find its ticket again
 by sending the same key.
 
-    GET  /health                 {"ok": true}
-    GET  /tickets[?key=KEY]      {"tickets": [{"ticket_id", "key", "payload"}]}
-    POST /tickets                body {"title": "..."}, optional Idempotency-Key
-                                 201 created / 200 replayed / 409 key reused /
-                                 400-414 bad input / 503 busy or full, retry the same key
-Every answer is JSON; every error has an "error" field that says what to do. openapi.yaml
-describes them all (kept true by tests).
+    GET  /health                 200 {"ok": true}; 503 once the database file was deleted
+    GET  /metrics                200, the Prometheus text format: tickets created, replays,
+                                 key conflicts, keys pruned, answers by status, durations
+    GET  /tickets[?key=KEY]      200 {"tickets": [{"ticket_id", "key", "payload"}]}, in id order
+    POST /tickets                body {"title": "..."} (1-200 characters), optional
+                                 Idempotency-Key (1-200 visible ASCII characters):
+                                 201 {"ticket_id", "created": true}   a new ticket
+                                 200 {"ticket_id", "created": false}  the same key and body again
+                                 409 the key was used for another body: send a new key
+Every answer but /metrics is JSON, HEAD is GET without the body, and every refusal has an
+"error" field that says what to do: 400 (malformed), 404, 405, 408 (request not sent in time),
+411 (no Content-Length), 413 (body over 4096 bytes), 500 (a bug: nothing was committed), and 503
+with Retry-After: 1 (database busy, too many connections: retry the same request with the same
+key; database deleted while running: restart the receiver).
 
 Configuration (environment, read in main()):
     RECEIVER_DB                  data/receiver/receiver.sqlite
@@ -23,36 +30,59 @@ Configuration (environment, read in main()):
     RECEIVER_BUSY_TIMEOUT_S      2 (seconds to wait for the database before a 503)
     RECEIVER_REQUEST_TIMEOUT_S   5 (seconds a client has to send its whole request)
     RECEIVER_MAX_CONNECTIONS     256 (connections served at once; more get a quick 503)
+    RECEIVER_KEY_RETENTION_S     unset: keys are kept for ever. Else seconds a key is honoured
+                                 after its ticket was made; an older key is not, pruned yet or
+                                 not: a request with it is new. Keys are pruned every
+                                 min(retention, 60) seconds. Keep it longer than the longest a
+                                 caller may wait before it retries (a crash, an approval).
+    FAILPOINTS                   "" (none). Fault points for tests, never for a real service:
+                                 after-commit=kill dies between the commit and the answer;
+                                 before-answer=drop-answer commits, then hangs up unanswered,
+                                 once for each Failpoint-Token request header value.
 """
-# lab-only: begin
-#   RECEIVER_LAB_FAULTS          "" (off). "lost-ack" turns on a teaching fault (see the lab
-#                                section at the end). Never set it in a real service.
-# lab-only: end
 
 import argparse
-import io
 import json
+import math
 import os
 import re
 import signal
-import socket
 import sqlite3
 import sys
 import threading
 import time
-from contextlib import contextmanager, suppress
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from collections import Counter
+from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
+import failpoints
+from failpoints import fail
+from httpguard import (
+    MAX_CONNECTIONS,
+    REQUEST_TIMEOUT_S,
+    Body,
+    ClientError,
+    GuardedHandler,
+    GuardedServer,
+)
+
 SCHEMA = """CREATE TABLE IF NOT EXISTS tickets (
     id INTEGER PRIMARY KEY,
-    operation_key TEXT UNIQUE,
-    payload TEXT NOT NULL
+    operation_key TEXT UNIQUE,  -- NULL: sent without a key, or its key was pruned
+    payload TEXT NOT NULL,
+    created_at REAL  -- Unix time of the commit; NULL in a database made before it was kept
 )"""
+KEY_AGE_INDEX = """CREATE INDEX IF NOT EXISTS keys_by_age ON tickets (created_at)
+    WHERE operation_key IS NOT NULL"""
 BUSY_TIMEOUT_S = 2.0  # seconds to wait for the database before answering 503; twice this is
 #                       still under the workflow's 5 s request timeout, so the client hears
 #                       "busy, retry" instead of timing out with the outcome unknown.
+POINTS = ("after-commit", "before-answer")  # this program's failpoints (FAILPOINTS)
+TOKEN_HEADER = "Failpoint-Token"  # before-answer fires once for each value a client sends
+PRUNE_EVERY_S = 60.0  # seconds between prunes at most (less when the retention is shorter)
+PRUNE_BATCH = 500  # keys forgotten per transaction; requests take their turn between batches
+EXPIRED = "IFNULL(created_at < ?, 0)"  # SQL: the row's key is past the retention (? = cutoff)
 
 
 class TicketStore:
@@ -68,12 +98,14 @@ class TicketStore:
         with self.transaction():
             prior = None
             if key is not None:
+                self.forget_expired(key)  # a key past the retention is not honoured
                 prior = self.db.execute(
                     "SELECT id, payload FROM tickets WHERE operation_key = ?", (key,)
                 ).fetchone()
             if prior is None:
                 cursor = self.db.execute(
-                    "INSERT INTO tickets (operation_key, payload) VALUES (?, ?)", (key, canonical)
+                    "INSERT INTO tickets (operation_key, payload, created_at) VALUES (?, ?, ?)",
+                    (key, canonical, time.time()),
                 )
                 return cursor.lastrowid, True
             if prior[1] == canonical:
@@ -85,18 +117,40 @@ class TicketStore:
             )
 
     def tickets(self, key=None):
-        sql = "SELECT id, operation_key, payload FROM tickets"
-        args = ()
+        """All tickets, or the one made with key; a key past the retention shows as null."""
+        sql = (
+            f"SELECT id, CASE WHEN {EXPIRED} THEN NULL ELSE operation_key END, payload FROM tickets"
+        )
+        args = (self.cutoff(),)
         if key is not None:
-            sql, args = sql + " WHERE operation_key = ?", (key,)
+            sql, args = sql + f" WHERE operation_key = ? AND NOT {EXPIRED}", (*args, key, *args)
         with self.locked():
             rows = self.db.execute(sql + " ORDER BY id", args).fetchall()
         return [{"ticket_id": i, "key": k, "payload": json.loads(p)} for i, k, p in rows]
 
+    def prune(self):
+        """Forget every key past the retention, PRUNE_BATCH to a transaction; return how many.
+
+        The tickets stay: only their keys go, so the same key makes a new ticket.
+        """
+        pruned = 0
+        while True:
+            with self.transaction():
+                batch = self.db.execute(
+                    "UPDATE tickets SET operation_key = NULL WHERE id IN (SELECT id FROM tickets"
+                    f" WHERE operation_key IS NOT NULL AND {EXPIRED} LIMIT ?)",
+                    (self.cutoff(), PRUNE_BATCH),
+                ).rowcount
+                self.pruned_here += batch
+            pruned += batch
+            if batch < PRUNE_BATCH:
+                return pruned
+
     # helpers
 
-    def __init__(self, path, busy_timeout_s=BUSY_TIMEOUT_S):
-        self.lock, self.busy_timeout_s = threading.Lock(), busy_timeout_s
+    def __init__(self, path, busy_timeout_s=BUSY_TIMEOUT_S, retention_s=None, ledger=None):
+        self.path, self.lock, self.busy_timeout_s = Path(path), threading.Lock(), busy_timeout_s
+        self.retention_s, self.ledger = retention_s, ledger or Ledger()
         self.db = sqlite3.connect(
             path, timeout=busy_timeout_s, isolation_level=None, check_same_thread=False
         )
@@ -107,12 +161,31 @@ class TicketStore:
         if sys.platform == "darwin":  # macOS fsync() does not reach the platter; F_FULLFSYNC does
             self.db.execute("PRAGMA fullfsync=ON")
         self.db.execute(SCHEMA)
+        if "created_at" not in {row[1] for row in self.db.execute("PRAGMA table_info(tickets)")}:
+            self.db.execute("ALTER TABLE tickets ADD COLUMN created_at REAL")  # an older file
+        self.db.execute(KEY_AGE_INDEX)
+        self.identity = file_identity(self.path)  # the file the connection has open
+        self.gone, self.pruned_here = False, 0
+
+    def cutoff(self):
+        """Keys made before this Unix time are past the retention (-inf: kept for ever)."""
+        return -math.inf if self.retention_s is None else time.time() - self.retention_s
+
+    def forget_expired(self, key):
+        """Inside a transaction: prune key now if it is past the retention."""
+        if self.retention_s is not None:
+            self.pruned_here += self.db.execute(
+                f"UPDATE tickets SET operation_key = NULL WHERE operation_key = ? AND {EXPIRED}",
+                (key, self.cutoff()),
+            ).rowcount
 
     @contextmanager
     def transaction(self):
-        """BEGIN IMMEDIATE ... COMMIT under the lock; any exception rolls back."""
+        """BEGIN IMMEDIATE ... COMMIT under the lock; any exception rolls back. The keys it
+        pruned (pruned_here) are counted once it committed."""
         with self.locked():
             self.db.execute("BEGIN IMMEDIATE")
+            self.pruned_here = 0
             try:
                 yield
                 self.db.execute("COMMIT")
@@ -120,10 +193,12 @@ class TicketStore:
                 if self.db.in_transaction:  # a failed COMMIT may have rolled back already
                     self.db.execute("ROLLBACK")
                 raise
+            self.ledger.add("keys_pruned", self.pruned_here)
 
     @contextmanager
     def locked(self):
-        """Hold the connection's lock, waiting at most the busy timeout for it.
+        """Hold the connection's lock, waiting at most the busy timeout for it, on a database
+        file that is still the one at RECEIVER_DB.
 
         Reads and writes share the one connection, so a read waits behind a write here. While
         one request waits for a database that another process has locked, the others queue
@@ -133,9 +208,22 @@ class TicketStore:
         if not self.lock.acquire(timeout=self.busy_timeout_s):
             raise sqlite3.OperationalError("waited too long for the ticket store")
         try:
+            self.check_file()
             yield
         finally:
             self.lock.release()
+
+    def check_file(self):
+        """Raise StoreGone once the path names another file, or none: a deleted database stays
+        readable and writable through an open connection, and would answer from the dead."""
+        if file_identity(self.path) == self.identity:
+            return
+        first, self.gone = not self.gone, True
+        raise StoreGone(
+            f"the ticket database {self.path} was deleted or replaced while the receiver ran; "
+            "restart the receiver to serve from a fresh one",
+            first,
+        )
 
     def close(self, wait_s=0.2):
         """Close unless a request holds the connection; the process is exiting either way."""
@@ -144,9 +232,10 @@ class TicketStore:
             self.lock.release()
 
 
-class Handler(BaseHTTPRequestHandler):
-    server_version = "TicketReceiver/1.0"
-    routes = {"/health": "GET, HEAD", "/tickets": "GET, HEAD, POST"}
+class Handler(GuardedHandler):
+    """The routes; httpguard.GuardedHandler turns their results and refusals into answers."""
+
+    routes = {"/health": "GET, HEAD", "/tickets": "GET, HEAD, POST", "/metrics": "GET, HEAD"}
 
     def post(self, path):
         body = self.read_body()
@@ -156,248 +245,198 @@ class Handler(BaseHTTPRequestHandler):
         try:
             ticket_id, created = self.server.store.create(key, canonical)
         except ClientError:
+            self.server.ledger.add("key_conflicts")
             self.log_line(f"conflict key={key}")
             raise
+        self.server.ledger.add("tickets_created" if created else "idempotent_replays")
         self.log_line(f"{'created' if created else 'replayed'} key={key} ticket={ticket_id}")
         # The ticket is committed BEFORE the answer is written. A crash from here on leaves
         # a ticket the caller never heard about: the effect gap. Only the key lets the
         # caller's retry find it again instead of creating a second one.
-        if self.server.lab_faults.drop_answer(self):  # lab-only
-            return None, None  # lab-only
+        fail("after-commit")
+        token = self.headers.get(TOKEN_HEADER)
+        if token and fail("before-answer", once_per=token) == "drop-answer":
+            self.log_line(f"before-answer failpoint: dropping the answer (token={token})")
+            return self.hang_up()
         return (201 if created else 200), {"ticket_id": ticket_id, "created": created}
 
     def get(self, path):
         query = parse_qs(urlsplit(self.path).query, keep_blank_values=True)
         if path == "/health":
+            self.server.store.check_file()  # up, and serving the database at RECEIVER_DB
             return 200, {"ok": True}
+        if path == "/metrics":
+            return 200, Body(PROMETHEUS_TEXT, self.server.ledger.render().encode())
         if set(query) - {"key"}:
             raise ClientError(400, "the only query parameter is ?key=IDEMPOTENCY-KEY")
         key = parse_key(query.get("key"), where="?key=")
         return 200, {"tickets": self.server.store.tickets(key)}
 
-    # One place maps every outcome to an HTTP answer.
-    def handle_request(self, action):
-        try:
-            path = urlsplit(self.path).path
-            allowed = self.routes.get(path)
-            if allowed is None:
-                raise ClientError(404, f"no such path {path!r}; try /tickets")
-            if self.command not in allowed.split(", "):
-                raise ClientError(405, f"{path} accepts {allowed}", {"Allow": allowed})
-            status, value = action(path)
-        except ClientError as error:
-            status, value = error.status, {"error": error.message}
-            self.extra_headers.update(error.headers)
-            if self.command == "POST" and status != 409:
-                self.log_line(f"rejected {status}: {error.message}")
-        except sqlite3.Error as error:  # locked past the busy timeout, disk full, I/O error...
-            self.log_line(f"unavailable: {error}")
-            status, value = (
-                503,
-                {"error": "ticket store busy or unavailable; retry with the same Idempotency-Key"},
-            )
-            self.extra_headers["Retry-After"] = "1"
-        except TimeoutError:
-            status, value = 408, {"error": f"request not received within {self.timeout_s:g} s"}
-            self.close_connection = True
-        except ConnectionError:
-            self.close_connection = True  # the client left: nobody to answer
-            return
-        except Exception as error:  # a bug: still answer, rather than drop the connection
-            self.log_line(f"internal error: {error!r}")
-            status, value = 500, {"error": "internal error; retry with the same Idempotency-Key"}
-            self.close_connection = True
-        if value is not None:
-            self.discard_unread_body()
-            self.respond(status, value)
+    # helpers
 
-    # helpers: HTTP plumbing and the limits that keep a slow or hostile client small
+    log_prefix = "receiver"
+    max_body_bytes = 4096  # bytes: the largest valid body (200 title characters, each outside
+    #                        the BMP and escaped as a 12-byte surrogate pair) is ~2.4 KiB;
+    #                        anything bigger is not a ticket.
 
-    # http.server assumes HTTP/0.9 until it has parsed a version, and 0.9 answers have no
-    # status line: a malformed request line would get a bare body that no client can read.
-    default_request_version = "HTTP/1.0"
+    unavailable_errors = (sqlite3.Error,)  # locked past the busy timeout, disk full, deleted...
 
-    def setup(self):
-        super().setup()
-        self.timeout_s = self.server.request_timeout_s
-        self.rfile.close()  # replaced: its reads would each get a fresh timeout
-        # One deadline for the whole request, not per read: a client trickling a byte a
-        # second would otherwise hold its thread for ever.
-        raw = DeadlineReader(self.connection, time.monotonic() + self.timeout_s)
-        self.rfile = io.BufferedReader(raw)
-        self.extra_headers, self.body_read, self.linger = {}, False, False
+    def unavailable(self, error):
+        if isinstance(error, StoreGone):
+            if error.first:  # one line in the log, however many requests meet it
+                self.log_line(f"unavailable: {error}")
+            return str(error)
+        self.log_line(f"unavailable: {error}")
+        return "ticket store busy or unavailable; retry with the same Idempotency-Key"
 
-    def respond(self, status, value):
-        self.connection.settimeout(self.timeout_s)  # the reads may have left it near zero
-        data = json.dumps(value, sort_keys=True).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        for name, header in self.extra_headers.items():
-            self.send_header(name, header)
-        self.end_headers()
-        if self.command != "HEAD":
-            self.wfile.write(data)
-
-    def do_GET(self):
-        self.handle_request(self.get)
-
-    def do_POST(self):
-        self.handle_request(self.post)
-
-    def do_other(self):
-        self.handle_request(lambda path: None)  # known paths get 405, others 404
-
-    do_HEAD = do_GET  # respond() leaves the body out
-    # Methods http.server does not find here get its 501 (send_error), as RFC 9110 asks.
-    do_PUT = do_PATCH = do_DELETE = do_OPTIONS = do_TRACE = do_CONNECT = do_other
-
-    def read_body(self):
-        if self.headers.get("Transfer-Encoding"):
-            raise ClientError(411, "send the body with a Content-Length, not chunked")
-        length = self.content_length()
-        if length > MAX_BODY_BYTES:
-            raise ClientError(413, f"body larger than {MAX_BODY_BYTES} bytes")
-        self.body_read = True
-        body = self.rfile.read(length)
-        if len(body) != length:
-            raise ClientError(400, f"body ended after {len(body)} of {length} bytes")
-        return body
-
-    def content_length(self):
-        values = self.headers.get_all("Content-Length") or []
-        if not values:
-            raise ClientError(411, "send a Content-Length header")
-        if len(values) > 1:  # two lengths: which one frames the body is up to each parser
-            raise ClientError(400, "send Content-Length once")
-        if not DIGITS.fullmatch(values[0].strip()):  # also refuses "-1", "+1", "1e3"
-            raise ClientError(400, "Content-Length must be a non-negative whole number")
-        return int(values[0])
-
-    def discard_unread_body(self):
-        # Hanging up on unread bytes makes the kernel send a reset, which can destroy our
-        # answer before the client reads it: read a small unread body now, and after an
-        # answer to a large one, stop sending and read what is left (finish() below).
-        if self.body_read or not self.headers:
-            return
-        self.body_read = True
-        try:
-            if self.content_length() <= MAX_BODY_BYTES:
-                self.rfile.read(self.content_length())
-                return
-        except (ClientError, OSError):
-            pass
-        self.linger, self.close_connection = True, True
-
-    def finish(self):
-        super().finish()
-        if self.linger:  # the answer is sent: half-close, then drain until the client hangs up
-            try:
-                self.connection.shutdown(socket.SHUT_WR)
-                self.connection.settimeout(LINGER_S)
-                drained = 0
-                while drained < MAX_LINGER_BYTES and (chunk := self.connection.recv(65536)):
-                    drained += len(chunk)
-            except OSError:
-                pass
-
-    def log_line(self, text):
-        sys.stderr.write(f"receiver: {text}\n")
-
-    def log_message(self, format, *args):
-        pass  # one decision line per POST (log_line) instead of an access log
-
-    def send_error(self, code, message=None, explain=None):
-        # http.server's own errors (a malformed request line, 414, 501, 505, ...)
-        self.close_connection = True
-        self.extra_headers = {"Connection": "close"}
-        self.respond(code, {"error": message or self.responses.get(code, ("error",))[0]})
+    def refused(self, error):
+        if self.command == "POST" and error.status != 409:  # post() logs its 409s
+            self.log_line(f"rejected {error.status}: {error.message}")
 
 
-class TicketServer(ThreadingHTTPServer):
-    """A thread per connection, at most max_connections of them."""
+def main(argv=None):
+    argparse.ArgumentParser(
+        prog="api.py",
+        description="The ticket receiver. It takes no arguments: settings come from the "
+        "environment.",
+        epilog=__doc__[__doc__.index("Configuration") :],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    ).parse_args(argv)
+    try:
+        server, where, points = open_server(os.environ)
+    except ConfigError as error:
+        print(f"receiver: {error}", file=sys.stderr)
+        return error.exit_code
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # unwinds serve_forever below
+    print(f"receiver: {where}", file=sys.stderr)
+    stop_pruning = threading.Event()
+    if (retention_s := server.store.retention_s) is not None:
+        every_s = min(retention_s, PRUNE_EVERY_S)
+        pruner = threading.Thread(
+            target=prune_forever, args=(server.store, every_s, stop_pruning), daemon=True
+        )
+        pruner.start()
+        print(f"receiver: keys kept {retention_s:g} s, pruned every {every_s:g} s", file=sys.stderr)
+    if points:
+        on = ", ".join(f"{name}={action}" for name, action in points.items())
+        print(f"receiver: WARNING failpoints on: {on}; never in a real service", file=sys.stderr)
+    code = 0
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        code = EXIT_INTERRUPTED
+    finally:
+        stop_pruning.set()
+        server.server_close()
+        server.store.close()
+        print("receiver: stopped", file=sys.stderr)
+    return code
 
-    request_queue_size = 128  # connections the kernel queues while threads are busy: a
-    #                           room of 64 learners at once must queue, not be reset (default 5)
-    daemon_threads = True  # SIGTERM must not wait for a stalled client
 
-    def __init__(self, address, store, request_timeout_s, max_connections):
-        super().__init__(address, Handler)
-        self.store, self.request_timeout_s = store, request_timeout_s
-        self.slots = threading.BoundedSemaphore(max_connections)
-        self.lab_faults = LabFaults(frozenset())  # lab-only
-
-    def process_request(self, request, client_address):
-        if not self.slots.acquire(blocking=False):  # full: answer at once, start no thread
-            # Read what the client has sent first: closing on unread bytes would reset the
-            # connection and could destroy the answer before the client reads it.
-            request.settimeout(REFUSE_READ_S)
-            with suppress(OSError):  # nothing sent yet (a timeout), or the client left
-                request.recv(MAX_BODY_BYTES)
-            with suppress(OSError):
-                request.sendall(FULL_ANSWER)  # small: it fits the socket's send buffer
-            self.shutdown_request(request)
-            return
-        super().process_request(request, client_address)
-
-    def process_request_thread(self, request, client_address):
-        try:
-            super().process_request_thread(request, client_address)
-        finally:
-            self.slots.release()
-
-    def handle_error(self, request, client_address):
-        if isinstance(sys.exception(), ConnectionError):
-            return  # the client hung up before reading its answer: no traceback for that
-        super().handle_error(request, client_address)
+# helpers: the store and the ledger
 
 
-class ClientError(Exception):
-    """A request we refuse: the status and a message that tells the client what to do."""
+class StoreGone(sqlite3.OperationalError):
+    """RECEIVER_DB no longer names the file the receiver has open (deleted, or replaced)."""
 
-    def __init__(self, status, message, headers=None):
+    def __init__(self, message, first):
         super().__init__(message)
-        self.status, self.message, self.headers = status, message, headers or {}
+        self.first = first  # the first request to notice: it logs the line
 
 
-class DeadlineReader(io.RawIOBase):
-    """A socket's reads, each allowed only the time left until one deadline."""
+def prune_forever(store, every_s, stop):
+    """The pruner's thread: prune now and then until stop is set; a failure is one log line."""
+    while not stop.wait(every_s):
+        try:
+            if pruned := store.prune():
+                keys = "key" if pruned == 1 else "keys"
+                print(f"receiver: pruned {pruned} {keys} past the retention", file=sys.stderr)
+        except StoreGone as error:  # no retry can help: the requests say so, one line here
+            if error.first:
+                print(f"receiver: unavailable: {error}", file=sys.stderr)
+        except sqlite3.Error as error:  # busy, say: the next round tries again
+            print(f"receiver: pruning failed: {error}", file=sys.stderr)
 
-    def __init__(self, sock, deadline):
-        self.sock, self.deadline = sock, deadline
 
-    def readable(self):
-        return True
+PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"  # the text exposition format
+DURATION_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+#                     seconds, from accepting a connection to its answer written: a loopback
+#                     request takes about a millisecond, a busy database up to 2 x 2 s
 
-    def readinto(self, buffer):
-        left = self.deadline - time.monotonic()
-        if left <= 0:
-            raise TimeoutError("request deadline passed")
-        self.sock.settimeout(left)
-        return self.sock.recv_into(buffer)
+
+class Ledger:
+    """What this receiver process did since it started, as Prometheus counters (GET /metrics).
+
+    The counters start at 0 with each process, as Prometheus expects of a counter; the
+    tickets themselves are in the database. No label carries a key: one series per status.
+    """
+
+    COUNTERS = {
+        "tickets_created": "POSTs that created a ticket (answered 201).",
+        "idempotent_replays": "POSTs answered 200 with the ticket their key made before.",
+        "key_conflicts": "POSTs refused 409: a key sent again with another body.",
+        "keys_pruned": "Keys forgotten past RECEIVER_KEY_RETENTION_S (their tickets stay).",
+    }
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.counts = dict.fromkeys(self.COUNTERS, 0)
+        self.codes = Counter()  # status -> answers
+        self.buckets = [0] * (len(DURATION_BUCKETS_S) + 1)  # the last: slower than them all
+        self.duration_sum_s = 0.0
+
+    def add(self, name, count=1):
+        with self.lock:
+            self.counts[name] += count
+
+    def answered(self, status, seconds):
+        bucket = next((i for i, le in enumerate(DURATION_BUCKETS_S) if seconds <= le), -1)
+        with self.lock:
+            self.codes[status] += 1
+            self.buckets[bucket] += 1
+            self.duration_sum_s += seconds
+
+    def render(self):
+        with self.lock:
+            lines = []
+            for name, text in self.COUNTERS.items():
+                lines += metric(f"receiver_{name}_total", "counter", text)
+                lines.append(f"receiver_{name}_total {self.counts[name]}")
+            lines += metric("receiver_requests_total", "counter", "Answers sent, by status.")
+            lines += [
+                f'receiver_requests_total{{code="{c}"}} {n}' for c, n in sorted(self.codes.items())
+            ]
+            name = "receiver_request_duration_seconds"
+            lines += metric(name, "histogram", "Seconds from a connection accepted to its answer.")
+            total = 0
+            for le, count in zip(
+                [*map(str, DURATION_BUCKETS_S), "+Inf"], self.buckets, strict=True
+            ):
+                total += count
+                lines.append(f'{name}_bucket{{le="{le}"}} {total}')
+            lines += [f"{name}_sum {self.duration_sum_s!r}", f"{name}_count {total}"]
+        return "\n".join(lines) + "\n"
+
+
+def metric(name, kind, text):
+    return [f"# HELP {name} {text}", f"# TYPE {name} {kind}"]
+
+
+def file_identity(path):
+    """(device, inode) of the file at path, or None when there is none."""
+    try:
+        stat = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return stat.st_dev, stat.st_ino
 
 
 # helpers: input validation
 
-MAX_BODY_BYTES = 4096  # bytes: the largest valid body (200 title characters, each outside the
-#                        BMP and escaped as a 12-byte surrogate pair) is ~2.4 KiB; anything
-#                        bigger is not a ticket.
 MAX_TITLE_CHARS = 200  # characters: a ticket title, not a document.
 MAX_KEY_CHARS = 200  # characters: room for "case-id:step:intent:version" keys or a hash.
 KEY_PATTERN = re.compile(rf"[\x21-\x7e]{{1,{MAX_KEY_CHARS}}}")  # visible ASCII, so
 #                        keys print, log and compare the same everywhere.
-DIGITS = re.compile(r"[0-9]+")  # a Content-Length; str.isdigit() would also accept "²" or "٣".
-REQUEST_TIMEOUT_S = 5.0  # seconds for a whole request, headers and body; loopback needs ms.
-MAX_CONNECTIONS = 256  # connections served at once, a thread each (~8 MiB virtual, little
-#                        resident); one more gets FULL_ANSWER at once instead of a thread.
-REFUSE_READ_S = 0.05  # seconds the accepting thread waits for a refused client's request
-LINGER_S = 1.0  # seconds to drain an unread oversized body after its 413 before closing
-MAX_LINGER_BYTES = 1 << 20  # bytes drained at most; a client sending more is cut off
-FULL_BODY = b'{"error": "too many connections; retry with the same key in a moment"}'
-FULL_ANSWER = (  # written by the accepting thread itself, so it is prepared once
-    b"HTTP/1.0 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: 1\r\n"
-    b"Connection: close\r\nContent-Length: %d\r\n\r\n%s" % (len(FULL_BODY), FULL_BODY)
-)
 
 
 class DuplicateName(ValueError):
@@ -455,6 +494,7 @@ def parse_key(values, where="Idempotency-Key"):
 # helpers: the command line
 
 EXIT_CONFIG, EXIT_CANNOT_LISTEN = 2, 3  # a bad setting / RECEIVER_DB; the port is taken
+EXIT_INTERRUPTED = 130  # Ctrl-C, as a shell reports SIGINT (128 + 2); SIGTERM is a clean 0
 
 
 class ConfigError(Exception):
@@ -489,14 +529,21 @@ def open_server(environ):
     busy_timeout_s = setting(environ, "RECEIVER_BUSY_TIMEOUT_S", BUSY_TIMEOUT_S)
     request_timeout_s = setting(environ, "RECEIVER_REQUEST_TIMEOUT_S", REQUEST_TIMEOUT_S)
     max_connections = setting(environ, "RECEIVER_MAX_CONNECTIONS", MAX_CONNECTIONS, int)
-    faults = lab_faults(environ)  # lab-only
+    retention_s = setting(environ, "RECEIVER_KEY_RETENTION_S", None)
+    spec = environ.get("FAILPOINTS", "")
+    try:
+        points = failpoints.parse(spec, POINTS)
+    except failpoints.FailpointSpecError as error:
+        raise ConfigError(str(error)) from None
     try:
         Path(db_path).parent.mkdir(parents=True, exist_ok=True)
-        store = TicketStore(db_path, busy_timeout_s)
+        store = TicketStore(db_path, busy_timeout_s, retention_s)
     except (OSError, sqlite3.Error) as error:
         raise ConfigError(f"RECEIVER_DB {db_path!r} cannot be used: {error}") from None
     try:
-        server = TicketServer((host, port), store, request_timeout_s, max_connections)
+        server = GuardedServer(
+            (host, port), Handler, request_timeout_s, max_connections, store.ledger.answered
+        )
     except OSError as error:
         store.close()
         reason = error.strerror or str(error)
@@ -504,78 +551,11 @@ def open_server(environ):
         raise ConfigError(
             f"cannot listen on {host}:{port} ({reason}); {hint}", EXIT_CANNOT_LISTEN
         ) from None
-    server.lab_faults = LabFaults(faults)  # lab-only
-    return server, f"listening on {host}:{server.server_port}, tickets in {db_path}"
+    server.store, server.ledger = store, store.ledger
+    failpoints.configure(spec, POINTS)
+    where = f"listening on {host}:{server.server_port}, tickets in {db_path}"
+    return server, where, points
 
-
-def main(argv=None):
-    argparse.ArgumentParser(
-        prog="api.py",
-        description="The ticket receiver. It takes no arguments: settings come from the "
-        "environment.",
-        epilog=__doc__[__doc__.index("Configuration") :],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    ).parse_args(argv)
-    try:
-        server, where = open_server(os.environ)
-    except ConfigError as error:
-        print(f"receiver: {error}", file=sys.stderr)
-        return error.exit_code
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # unwinds serve_forever below
-    print(f"receiver: {where}", file=sys.stderr)
-    server.lab_faults.warn()  # lab-only
-    try:
-        server.serve_forever()
-    except KeyboardInterrupt:
-        pass
-    finally:
-        server.server_close()
-        server.store.close()
-        print("receiver: stopped", file=sys.stderr)
-    return 0
-
-
-# lab-only: begin
-# --- lab only: the teaching fault ------------------------------------------------------------
-# Lab 06 needs a receiver that commits a ticket and then never answers (a lost acknowledgement).
-# It takes RECEIVER_LAB_FAULTS=lost-ack on the server *and* a Lab-Lost-Ack: TOKEN header on the
-# request; each token loses its answer once, so the caller's retry is answered. The spent tokens
-# live in memory only: a restart arms every token again. `make starter` drops this section.
-
-KNOWN_FAULTS = {"lost-ack"}
-LOST_ACK_HEADER = "Lab-Lost-Ack"
-
-
-def lab_faults(environ):
-    faults = {f for f in environ.get("RECEIVER_LAB_FAULTS", "").split(",") if f}
-    if faults - KNOWN_FAULTS:
-        raise ConfigError(f"unknown RECEIVER_LAB_FAULTS {sorted(faults - KNOWN_FAULTS)}")
-    return frozenset(faults)
-
-
-class LabFaults:
-    def __init__(self, faults):
-        self.faults, self.lock, self.spent_tokens = faults, threading.Lock(), set()
-
-    def warn(self):
-        if self.faults:
-            print(f"receiver: WARNING lab faults on: {sorted(self.faults)}", file=sys.stderr)
-
-    def drop_answer(self, handler):
-        """True (and the connection closes unanswered) the first time a token is seen."""
-        token = handler.headers.get(LOST_ACK_HEADER)
-        if token is None or "lost-ack" not in self.faults:
-            return False
-        with self.lock:
-            if token in self.spent_tokens:
-                return False
-            self.spent_tokens.add(token)
-        handler.log_line(f"lost-ack fault: dropping the answer for token={token}")
-        handler.close_connection = True
-        return True
-
-
-# lab-only: end
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -63,11 +63,14 @@ Configuration (environment, read in main()):
                          gone for good makes the job dead in about two minutes, not never.
     WORKER_DB_WAIT_S     10: seconds submit, status and a starting worker wait for a database
                          that does not answer (wait uses its --timeout), then exit 3
-    WORKER_LAB_ACK_DELAY_S  0: lab-only, seconds to wait after each receiver answer (scale chaos)
+    FAILPOINTS           the core's fault points (workflow.POINTS), for every job of this worker:
+                         scale chaos sets "after-ack=sleep(0.2)" to widen the crash window
 """
 
 import asyncio
 import contextlib
+import contextvars
+import dataclasses
 import json
 import logging
 import os
@@ -80,6 +83,8 @@ import time
 import urllib.error
 from datetime import timedelta
 
+import failpoints
+import lab  # lab-only: the lab's graph (--mode), built from the core's nodes
 import workflow
 from workflow import EXIT_NO_ANSWER, EXIT_THREAD, EXIT_USAGE, UserError, emit
 
@@ -425,15 +430,13 @@ class Worker:
         )
 
     def run_job(self, operation, job_id, control):
-        clients = [self.client]
-
-        def lab_switches(client, resume):  # lab-only
-            clients.append(lab_client(client, operation, job_id, resume, self.args))  # lab-only
-            return clients[-1]  # lab-only
-
-        final = run_thread(self.saver, self.client, operation, job_id, control, lab_switches)
-        if final is not None:  # lab-only
-            lab_hold_finished(clients[-1])  # lab-only
+        hold = LabHold(operation, job_id, self.args) if operation.get("lab_hold") else None
+        final = None
+        try:
+            final = run_thread(self.saver, self.client, operation, job_id, control, hold)
+        finally:
+            if hold:  # lab-only
+                hold.finished(final)  # lab-only
         return final
 
     def record_failure(self, job_id, error):
@@ -504,7 +507,7 @@ def jittered(delay):
 
 
 def state(args):
-    workflow.state(args)
+    lab.state(args, workflow.Settings(checkpoint_db=args.checkpoint_db))
 
 
 # --- the one place worker.py calls into workflow.py's graph ----------------------------------
@@ -541,25 +544,34 @@ def ticket_client(args):
     return workflow.TicketClient(args.api_url, args.timeout_s, args.attempts)
 
 
-def run_thread(saver, client, operation, job_id, control, lab_switches=None):
+def run_thread(saver, client, operation, job_id, control, lab_hold=None):
     """One job's run: start the thread from the job's input, or resume it from its checkpoint.
     The final values, or None when control drained the run at a step boundary."""
     from langgraph.errors import GraphDrained
 
     config = {"configurable": {"thread_id": operation["thread"]}}
-    graph = workflow.build_graph(saver, client)
+    graph = workflow.build_graph(saver)
+    graph = lab.build_graph(saver)  # lab-only: the graph with --mode's key
     resume = bool(graph.get_state(config).values)
     emit("job", job=job_id, resume=resume, thread=operation["thread"])
-    if lab_switches:  # lab-only
-        graph = workflow.build_graph(saver, lab_switches(client, resume))  # lab-only
     first_input = None
     if not resume:
         first_input = {"operation_id": operation["operation_id"], "title": operation["title"]}
         first_input["mode"] = operation["mode"]  # lab-only
+    points = {}
+    if lab_hold and not resume:  # lab-only: only the run that starts the thread holds
+        client, points = lab_hold.client(client), {lab_hold.at: "hold"}  # lab-only
     try:
         # sync: each node's result is saved before the next node starts, so a resume repeats at
-        # most the node that was running.
-        final = graph.invoke(first_input, config, durability="sync", control=control)
+        # most the node that was running. control: a drain stops it at the next step boundary.
+        with failpoints.scoped(points), lab_hold_scope(lab_hold):  # lab-only
+            final = graph.invoke(
+                first_input,
+                config,
+                durability="sync",
+                control=control,
+                context=workflow.Context(client),
+            )
     except GraphDrained:
         return None
     emit("done", **final)
@@ -683,13 +695,17 @@ def main(argv=None):
     for name in ("pgqueuer", "psycopg.pool"):
         logging.getLogger(name).setLevel(logging.CRITICAL)
     try:
-        workflow.read_config(args, os.environ)  # API_URL, CHECKPOINT_DB, API_TIMEOUT_S, ...
+        settings = workflow.Settings.from_environ(os.environ)  # API_URL, CHECKPOINT_DB, ...
+        vars(args).update(dataclasses.asdict(settings))
+        try:  # the core's points (FAILPOINTS="after-ack=sleep(0.2)": every job of this worker)
+            failpoints.configure(settings.failpoints, known=workflow.POINTS, announce=announce)
+        except failpoints.FailpointSpecError as error:
+            raise UserError(str(error), EXIT_USAGE) from None
         args.heartbeat_s = workflow.number(os.environ, "WORKER_HEARTBEAT_S", 10.0, float)
         args.job_attempts = workflow.number(os.environ, "WORKER_JOB_ATTEMPTS", JOB_ATTEMPTS, int)
         args.retry_s = workflow.number(os.environ, "WORKER_RETRY_S", RETRY_S, float)
         args.retry_max_s = workflow.number(os.environ, "WORKER_RETRY_MAX_S", RETRY_MAX_S, float)
         args.db_wait_s = workflow.number(os.environ, "WORKER_DB_WAIT_S", DB_WAIT_S, float)
-        args.lab_ack_delay_s = float(os.environ.get("WORKER_LAB_ACK_DELAY_S", "0"))  # lab-only
         require_postgres(args.checkpoint_db)
         if asyncio.iscoroutinefunction(args.run):
             return asyncio.run(args.run(args)) or 0
@@ -705,11 +721,13 @@ def main(argv=None):
 
 # ---------------------------------------------------------------------------------------------
 # lab-only: begin
-# Lab 10's switch: `submit --lab-hold before-request|after-ack` makes the worker that starts the
-# thread stop at that point of create_ticket, note it in a lab_holds table, and wait there until
-# its job is no longer its own (another worker took it over, or finished it). While it waits, its
-# heartbeat goes on and the queue leaves the job alone; freeze the worker (SIGSTOP, `docker compose
-# pause`) and the heartbeat stops too. `wait --for hold` returns once a worker holds the thread.
+# Lab 10's switch: `submit --lab-hold before-request|after-ack` turns that failpoint of the core's
+# create_ticket on as `hold`, for the run that starts the thread only (failpoints.scoped, in the
+# thread that runs the job). The worker notes the hold in a lab_holds table and waits there until
+# its job is no longer its own (another worker took it over, or finished it), then releases it.
+# While it waits, its heartbeat goes on and the queue leaves the job alone; freeze the worker
+# (SIGSTOP, `docker compose pause`) and the heartbeat stops too. `wait --for hold` returns once a
+# worker holds the thread.
 HOLD_POINTS = ("before-request", "after-ack")
 LAB_HOLDS = """CREATE TABLE IF NOT EXISTS lab_holds (
     thread text PRIMARY KEY, at text NOT NULL, backend_pid int NOT NULL,
@@ -717,7 +735,7 @@ LAB_HOLDS = """CREATE TABLE IF NOT EXISTS lab_holds (
 
 
 def lab_submit_arguments(sub):
-    sub.add_argument("--mode", choices=workflow.MODES, default="safe")
+    sub.add_argument("--mode", choices=lab.MODES, default="safe")
     sub.add_argument("--lab-hold", choices=HOLD_POINTS, help="lab 10: where the first run waits")
 
 
@@ -770,19 +788,46 @@ async def lab_report_held_runs(queries, thread):
             emit("held_run", at=row["at"], thread=row["thread"], **outcome)
 
 
-class HoldingClient:
-    """The receiver client, stopping once at the operation's hold point."""
+_lab_hold = contextvars.ContextVar("lab_hold", default=None)  # the job's LabHold, in its thread
 
-    def __init__(self, client, operation, job_id, args):
+
+@contextlib.contextmanager
+def lab_hold_scope(hold):
+    token = _lab_hold.set(hold)
+    try:
+        yield
+    finally:
+        _lab_hold.reset(token)
+
+
+def announce(name, action):
+    """failpoints' announce, in the thread that reached the point: the core's line, and lab 10's
+    hold, which waits here until its job has moved on and then lets the failpoint go."""
+    workflow.announce(name, action)
+    hold = _lab_hold.get()
+    if action == "hold" and hold is not None and name == hold.at:
+        hold.wait()
+        failpoints.release(name)
+
+
+class LabHold:
+    """One held job's hold: where, its lab_holds row, and what the receiver answered."""
+
+    def __init__(self, operation, job_id, args):
+        self.thread, self.at = operation["thread"], operation["lab_hold"]
+        self.job = (job_id, args.queue_manager_id)
+        self.queue_table, self.url = args.queue_table, args.checkpoint_db
+        self.conn = self.recorder = None
+
+    def client(self, client):
+        self.recorder = RecordingClient(client)
+        return self.recorder
+
+    def wait(self):
         import psycopg
 
-        self.client, self.thread, self.at = client, operation["thread"], operation["lab_hold"]
-        self.job = (job_id, args.queue_manager_id)
-        self.queue_table = args.queue_table
-        self.conn = psycopg.connect(args.checkpoint_db, autocommit=True)
+        self.conn = psycopg.connect(self.url, autocommit=True)
         self.conn.execute(LAB_HOLDS)
-
-    def hold(self):
         self.conn.execute(
             "INSERT INTO lab_holds (thread, at, backend_pid) VALUES (%s, %s, pg_backend_pid()) "
             "ON CONFLICT (thread) DO UPDATE SET at = excluded.at, "
@@ -795,55 +840,30 @@ class HoldingClient:
             time.sleep(POLL_S)
         emit("lab_woken", thread=self.thread)
 
+    def finished(self, final):
+        if self.conn is None:
+            return
+        if final is not None and self.recorder.result:
+            outcome = {k: self.recorder.result[k] for k in ("created", "ticket_id")}
+            self.conn.execute(
+                "UPDATE lab_holds SET state = 'finished', outcome = %s WHERE thread = %s",
+                (json.dumps(outcome), self.thread),
+            )
+        self.conn.close()
+
+
+class RecordingClient:
+    """The receiver client, keeping its last answer to create() for lab_holds' outcome."""
+
+    def __init__(self, client):
+        self.client, self.result = client, None
+
     def create(self, title, key=None):
-        if self.at == "before-request":
-            self.hold()
         self.result = self.client.create(title, key)
-        if self.at == "after-ack":
-            self.hold()
         return self.result
 
     def tickets(self, key=None):
         return self.client.tickets(key)
-
-    def finished(self):
-        outcome = {k: self.result[k] for k in ("created", "ticket_id")}
-        self.conn.execute(
-            "UPDATE lab_holds SET state = 'finished', outcome = %s WHERE thread = %s",
-            (json.dumps(outcome), self.thread),
-        )
-        self.conn.close()
-
-
-class SlowAckClient:
-    """WORKER_LAB_ACK_DELAY_S (scale chaos): sleep after every answer, inside the crash window, so
-    that a worker killed or frozen at a random moment is most likely caught in it."""
-
-    def __init__(self, client, delay_s):
-        self.client, self.delay_s = client, delay_s
-
-    def create(self, title, key=None):
-        result = self.client.create(title, key)
-        time.sleep(self.delay_s)
-        return result
-
-    def tickets(self, key=None):
-        return self.client.tickets(key)
-
-
-def lab_client(client, operation, job_id, resume, args):
-    """The lab's switches around the receiver client. Only the run that starts the thread holds;
-    a resumed one runs straight through."""
-    if args.lab_ack_delay_s:
-        client = SlowAckClient(client, args.lab_ack_delay_s)
-    if resume or not operation.get("lab_hold"):
-        return client
-    return HoldingClient(client, operation, job_id, args)
-
-
-def lab_hold_finished(client):
-    if isinstance(client, HoldingClient):
-        client.finished()
 
 
 # lab-only: end

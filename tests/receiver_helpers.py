@@ -7,8 +7,12 @@ client library refuses to produce.
 
 import json
 import socket
+import subprocess
+import sys
 from dataclasses import dataclass
 from urllib.parse import urlsplit
+
+from labs.tools.local import ROOT
 
 REPLY_DEADLINE_S = 10.0  # seconds for a whole answer; the receiver answers in milliseconds
 TITLE = "Check supplier configuration"
@@ -92,3 +96,15 @@ def assert_error(reply, status, *words):
     error = reply.json()["error"]
     missing = [word for word in words if word.lower() not in error.lower()]
     assert not missing, f"error {error!r} does not mention {missing}"
+
+
+def run_api(env, *args):
+    """python api.py ARGS to its end (it must end by itself: a bad setting, --help)."""
+    return subprocess.run(
+        [sys.executable, str(ROOT / "api.py"), *args],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )

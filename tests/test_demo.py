@@ -51,7 +51,7 @@ def test_demo_tells_labs_01_and_02_with_a_verdict_per_operation(capsys):
     assert code == 0, out + err
     assert "=== Lab 01: the duplicate ===" in out
     assert "The receiver starts empty." in out  # the guide's paragraph after its block
-    assert "  natively: python workflow.py tickets" in out
+    assert "  natively: python lab.py tickets" in out
     assert "case-naive:open-ticket:v1: 2 tickets for one operation (duplicate)" in out
     assert "case-safe:open-ticket:v1: 1 ticket, resume got created: false" in out
     assert out.index("What to notice") < out.index("Verdict") < out.index("-- Reset")
@@ -84,10 +84,10 @@ def test_the_verdict_follows_the_receiver_not_the_guide(capsys, tmp_path):
 def test_stderr_comes_with_its_exit_code_and_lab_06_turns_its_fault_on(capsys):
     code, out, err = run_demo(capsys, LAB06)
     assert code == 0, out + err
-    assert "natively: mkdir -p data; RECEIVER_LAB_FAULTS=lost-ack python api.py &" in out
+    assert "natively: mkdir -p data; FAILPOINTS=before-answer=drop-answer python api.py &" in out
     lines = out.splitlines()
     reason = lines.index(
-        "  stderr: workflow.py: no answer from the receiver at "
+        "  stderr: lab.py: no answer from the receiver at "
         f"{demo_url(out)} (Remote end closed connection without response); the request may or "
         "may not have taken effect"
     )
@@ -166,7 +166,7 @@ def test_ctrl_c_stops_the_demo_and_leaves_nothing_behind(step):
             proc.stdin.flush()
             seen = read_until(proc, "(Enter to run)", 2, seen)
         else:
-            seen = read_until(proc, '"crash_before_node_return"')
+            seen = read_until(proc, '"event": "crash"')
         port, data_dir = INTRO.search(seen.decode()).groups()
         assert not nothing_listens(int(port))  # the demo's receiver is up
         os.killpg(proc.pid, signal.SIGINT)

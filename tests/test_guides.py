@@ -85,9 +85,10 @@ def test_there_are_guides_and_each_resets_what_it_starts():
 def test_compose_yaml_turns_no_fault_on_and_the_override_does():
     yaml = pytest.importorskip("yaml")
     api = yaml.safe_load((ROOT / "compose.yaml").read_text())["services"]["api"]
-    assert "RECEIVER_LAB_FAULTS" not in api["environment"]
+    assert "FAILPOINTS" not in api["environment"]
     override = yaml.safe_load((ROOT / LOST_ACK).read_text())
-    assert override == {"services": {"api": {"environment": {"RECEIVER_LAB_FAULTS": "lost-ack"}}}}
+    env = {"FAILPOINTS": "before-answer=drop-answer"}
+    assert override == {"services": {"api": {"environment": env}}}
 
 
 @pytest.mark.parametrize("guide", each_guide())

@@ -128,13 +128,13 @@ def test_lost_ack_safe_reconciles_by_key_and_adopts_the_ticket(faulty_receiver, 
     ]
     assert len(tickets(workflow)) == 1
     log = faulty_receiver.log_path.read_text()
-    assert log.count("lost-ack fault: dropping the answer") == 1
+    assert log.count("before-answer failpoint: dropping the answer") == 1
 
 
 def test_lost_ack_without_the_fault_switch_says_so(receiver, workflow):
     done = workflow("start", "--mode", "safe", "--crash-at", "lost-ack")
     assert done.returncode == 0 and names(done) == ["prepare", "effect_ack", "done"]
-    assert "RECEIVER_LAB_FAULTS=lost-ack is off" in done.stderr
+    assert "FAILPOINTS=before-answer=drop-answer is off" in done.stderr
 
 
 def test_unreachable_receiver_is_no_unknown_outcome(lab, workflow):

@@ -70,13 +70,13 @@ def test_a_waiting_run_is_answered_only_by_approve(receiver, workflow):
     resumed = workflow("resume")
     assert resumed.returncode == NO_THREAD and resumed.stdout == ""
     assert resumed.stderr == (
-        "workflow.py: thread 'demo' waits for approval; answer with approve (or --reject)\n"
+        "lab.py: thread 'demo' waits for approval; answer with approve (or --reject)\n"
     )
     assert len(tickets(workflow)) == 1  # the refused resume sent nothing
     assert workflow("approve").returncode == 0
     again = workflow("approve")
     assert again.returncode == NO_THREAD
-    assert again.stderr == "workflow.py: thread 'demo' is not waiting for approval\n"
+    assert again.stderr == "lab.py: thread 'demo' is not waiting for approval\n"
     unknown = workflow("approve", "--thread", "nope")
     assert unknown.returncode == NO_THREAD and unknown.stderr.count("\n") == 1
 
@@ -115,7 +115,7 @@ WRITES_FIRST = """
 import os, signal, sys, threading
 sys.path.insert(0, sys.argv[1])
 from langgraph.checkpoint.sqlite import SqliteSaver
-import workflow
+import lab, workflow
 
 written = threading.Event()
 
@@ -133,9 +133,10 @@ class WritesThenKill(SqliteSaver):
         return super().put(config, checkpoint, metadata, new_versions)
 
 with WritesThenKill.from_conn_string(os.environ["CHECKPOINT_DB"]) as saver:
-    graph = workflow.build_graph(saver, workflow.TicketClient(os.environ["API_URL"]))
+    graph = lab.build_graph(saver)
     first = {"operation_id": "op", "mode": "naive", "title": "t"}
-    graph.invoke(first, {"configurable": {"thread_id": "demo"}}, durability="sync")
+    context = workflow.Context(workflow.TicketClient(os.environ["API_URL"]))
+    graph.invoke(first, {"configurable": {"thread_id": "demo"}}, durability="sync", context=context)
 """
 
 

@@ -73,7 +73,7 @@ def test_a_postgres_url_that_does_not_answer_is_one_line_and_exit_3(tmp_path):
     done = run_workflow(["state", "--thread", "demo"], env)
     assert done.returncode == 3, done.stderr
     assert done.stdout == ""
-    assert done.stderr.startswith("workflow.py: cannot open CHECKPOINT_DB (")
+    assert done.stderr.startswith("lab.py: cannot open CHECKPOINT_DB (")
     assert len(done.stderr.splitlines()) == 1 and "Traceback" not in done.stderr
 
 

@@ -145,7 +145,8 @@ def test_the_native_table_runs_a_guide_as_the_guide_says(tmp_path, name):
     copy = native_copy(tmp_path)
     port = free_port()
     env = {k: v for k, v in lab_env(copy / "data", port).items() if k not in _SET_BY_THE_BLOCK}
-    env.update(PORT=str(port), RECEIVER_LAB_FAULTS="lost-ack" if name.startswith("06") else "")
+    lost_ack = "before-answer=drop-answer" if name.startswith("06") else ""
+    env.update(PORT=str(port), FAILPOINTS=lost_ack)
     done = subprocess.run(
         ["bash", "-c", native_script(text, block)],
         cwd=copy,

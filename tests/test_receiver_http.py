@@ -13,6 +13,7 @@ import http.server
 import inspect
 import json
 import re
+import shutil
 import socket
 import sqlite3
 import subprocess
@@ -26,6 +27,7 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from jsonschema import Draft202012Validator, ValidationError
+from prometheus_client.parser import text_string_to_metric_families
 from receiver_helpers import TITLE, assert_error, exchange, post, request, tickets
 from referencing import Registry
 from referencing.jsonschema import DRAFT202012
@@ -126,7 +128,7 @@ BAD_REQUESTS = {  # id -> (raw request, status, words the error must use)
         400,
         ["once, not 2 times"],
     ),
-    "unknown path": (post_bytes(target=b"/ticket"), 404, ["/ticket", "try /tickets"]),
+    "unknown path": (post_bytes(target=b"/ticket"), 404, ["'/ticket'", "paths: /health, /tickets"]),
     "unknown GET path": (b"GET /admin HTTP/1.0\r\n\r\n", 404, ["/admin"]),
     "empty ?key=": (b"GET /tickets?key= HTTP/1.0\r\n\r\n", 400, ["?key="]),
     "?key= twice": (b"GET /tickets?key=a&key=b HTTP/1.0\r\n\r\n", 400, ["once"]),
@@ -266,7 +268,7 @@ def test_get_tickets_lists_all_in_id_order_and_key_selects_one(server):
     assert tickets(server, fresh_key()) == []
 
 
-def test_every_answer_is_json_with_a_true_content_length(server):
+def test_every_answer_but_metrics_is_json_with_a_true_content_length(server):
     for reply in [
         request(server, "GET", "/health"),
         post(server, key=fresh_key()),
@@ -278,23 +280,33 @@ def test_every_answer_is_json_with_a_true_content_length(server):
         json.loads(reply.body)
 
 
-def test_the_lost_ack_header_does_nothing_unless_the_lab_fault_is_on(server):
-    reply = request(server, "POST", "/tickets", VALID, [("Lab-Lost-Ack", "t1")])
+def test_the_failpoint_token_does_nothing_unless_the_failpoint_is_on(server):
+    reply = request(server, "POST", "/tickets", VALID, [("Failpoint-Token", "t1")])
     assert reply.status == 201
 
 
-def test_lost_ack_fault_commits_then_hangs_up_once_per_token(tmp_path):
-    env = lab_env(tmp_path / "data", free_port(), RECEIVER_LAB_FAULTS="lost-ack")
-    faulty = ReceiverProcess(env, log_path=tmp_path / "receiver.log").start()
+def test_before_answer_drop_answer_commits_then_hangs_up_once_per_token(tmp_path):
+    env = lab_env(tmp_path / "data", free_port(), FAILPOINTS="before-answer=drop-answer")
+    log = tmp_path / "receiver.log"
+    faulty = ReceiverProcess(env, log_path=log).start()
     try:
-        headers = [("Idempotency-Key", "case-9"), ("Lab-Lost-Ack", "token-1")]
+        headers = [("Idempotency-Key", "case-9"), ("Failpoint-Token", "token-1")]
         with pytest.raises(ConnectionError):
             request(faulty, "POST", "/tickets", VALID, headers)
         [ticket] = tickets(faulty, "case-9")  # committed, though nobody heard about it
         retry = request(faulty, "POST", "/tickets", VALID, headers)
         assert (retry.status, retry.json()["ticket_id"]) == (200, ticket["ticket_id"])
+        assert post(faulty).status == 201  # no token: the point does not fire
+        faulty.stop()
+        faulty.start()  # the spent tokens were in memory: a restart arms token-1 again
+        with pytest.raises(ConnectionError):
+            request(faulty, "POST", "/tickets", VALID, headers)
     finally:
         faulty.stop()
+    lines = log.read_text().splitlines()
+    assert "receiver: WARNING failpoints on: before-answer=drop-answer" in lines[1], lines
+    dropped = "receiver: before-answer failpoint: dropping the answer (token=token-1)"
+    assert lines.count(dropped) == 2, lines
 
 
 # ---- properties: whatever a client sends, an answer, and a ticket only for a valid request
@@ -504,9 +516,30 @@ def past_the_connection_cap(server):
         capped.stop()
 
 
+def with_the_database_deleted(method, path):
+    """A receiver of its own whose data folder is removed while it runs: 503, restart it."""
+
+    def provoke(server):
+        data = server.env["RECEIVER_DB"].rsplit("/", 2)[0] + f"/deleted-{uuid.uuid4()}"
+        env = dict(server.env, PORT=str(free_port()), RECEIVER_DB=f"{data}/receiver.sqlite")
+        env["API_URL"] = f"http://127.0.0.1:{env['PORT']}"
+        doomed = ReceiverProcess(env).start()
+        try:
+            shutil.rmtree(data)
+            return request(doomed, method, path)
+        finally:
+            doomed.stop()
+
+    return provoke
+
+
 ANSWERS = {  # (path, method, status) documented in openapi.yaml -> a request that gets it
     ("/health", "get", "200"): lambda s: request(s, "GET", "/health"),
+    ("/health", "get", "503"): with_the_database_deleted("GET", "/health"),
     ("/health", "head", "200"): lambda s: request(s, "HEAD", "/health"),
+    ("/health", "head", "503"): with_the_database_deleted("HEAD", "/health"),
+    ("/metrics", "get", "200"): lambda s: request(s, "GET", "/metrics"),
+    ("/metrics", "head", "200"): lambda s: request(s, "HEAD", "/metrics"),
     ("/tickets", "get", "200"): lambda s: request(s, "GET", "/tickets"),
     ("/tickets", "get", "400"): lambda s: request(s, "GET", "/tickets?key=a%20b"),
     ("/tickets", "get", "503"): without_the_table("GET"),
@@ -540,9 +573,11 @@ DOCUMENTED = [
 
 
 def statuses_api_py_sends():
-    """Every status literal api.py answers with: ClientError(N, ...) and `return/assign N, body`."""
+    """Every status literal api.py and httpguard.py answer with: ClientError(N, ...) and
+    `return/assign N, body`."""
     found = set()
-    for node in ast.walk(ast.parse((ROOT / "api.py").read_text())):
+    source = (ROOT / "api.py").read_text() + (ROOT / "httpguard.py").read_text()
+    for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "ClientError":
             found.add(node.args[0].value)
         elif isinstance(node, ast.Return | ast.Assign) and getattr(node.value, "elts", None):
@@ -609,7 +644,10 @@ def test_the_receiver_answers_as_openapi_documents(server, path, method, status,
     for name in response.get("headers", {}):
         assert name.lower() in reply.headers, f"{name} missing"
         validate(reply.headers[name.lower()], pointer_join(ref, "headers", name, "schema"))
-    if "content" in response:
+    if "text/plain" in response.get("content", {}):  # /metrics: Prometheus must parse it
+        assert reply.headers["content-type"].startswith("text/plain; version=0.0.4"), reply
+        assert list(text_string_to_metric_families(reply.body.decode())), reply
+    elif "content" in response:
         assert reply.headers["content-type"] == "application/json", reply
         validate(reply.json(), pointer_join(ref, "content", "application/json", "schema"))
     else:

@@ -5,6 +5,7 @@ Real api.py processes on loopback; every loop is bounded in count and time.
 
 import json
 import select
+import shutil
 import signal
 import socket
 import sqlite3
@@ -15,7 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
-from receiver_helpers import assert_error, port_of, post, read_reply, tickets
+from receiver_helpers import assert_error, port_of, post, read_reply, request, run_api, tickets
 
 from labs.tools.local import ROOT, ReceiverProcess, wait_until
 
@@ -134,21 +135,11 @@ def exchange_quietly(server):
         pass  # the receiver stopped before answering: that is the point
 
 
-def run_api(env, *args):
-    return subprocess.run(
-        [sys.executable, str(ROOT / "api.py"), *args],
-        env=env,
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
-
-
 def test_help_prints_usage_and_the_settings_and_starts_nothing(lab, tmp_path):
     done = run_api(dict(lab, RECEIVER_DB=str(tmp_path / "never" / "r.sqlite")), "--help")
     assert done.returncode == 0
     assert "usage: api.py" in done.stdout and "RECEIVER_MAX_CONNECTIONS" in done.stdout
+    assert "FAILPOINTS" in done.stdout
     assert not (tmp_path / "never").exists()
 
 
@@ -160,6 +151,8 @@ def test_help_prints_usage_and_the_settings_and_starts_nothing(lab, tmp_path):
         ({"RECEIVER_BUSY_TIMEOUT_S": "-1"}, ["RECEIVER_BUSY_TIMEOUT_S", "above 0"]),
         ({"RECEIVER_REQUEST_TIMEOUT_S": "soon"}, ["RECEIVER_REQUEST_TIMEOUT_S", "a number"]),
         ({"RECEIVER_MAX_CONNECTIONS": "0"}, ["RECEIVER_MAX_CONNECTIONS", "above 0"]),
+        ({"FAILPOINTS": "after-ack=kill"}, ["unknown point 'after-ack'", "before-answer"]),
+        ({"FAILPOINTS": "before-answer=explode"}, ["unknown action 'explode'", "drop-answer"]),
     ],
 )
 def test_a_bad_setting_is_one_line_and_exit_2(lab, setting, words):
@@ -204,3 +197,74 @@ def test_port_0_takes_a_free_port_and_says_which(lab, tmp_path):
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+def test_killed_between_commit_and_answer_the_ticket_is_there_for_the_retry(lab, tmp_path):
+    """FAILPOINTS=after-commit=kill: the receiver dies in its own crash window, after COMMIT and
+    before the answer. The client hears nothing; the restarted receiver has the ticket, and the
+    same key finds it instead of making a second."""
+    log = tmp_path / "receiver.log"
+    dying = ReceiverProcess(dict(lab, FAILPOINTS="after-commit=kill"), log).start()
+    with pytest.raises(ConnectionError):
+        post(dying, key="case-window")
+    assert dying.proc.wait(10) == -signal.SIGKILL
+    again = ReceiverProcess(lab, log).start()
+    try:
+        [ticket] = tickets(again, "case-window")
+        retry = post(again, key="case-window")
+        assert retry.json() == {"ticket_id": ticket["ticket_id"], "created": False}
+        assert len(tickets(again)) == 1
+    finally:
+        again.stop()
+
+
+def test_a_database_deleted_under_the_receiver_gets_503s_that_say_restart(lab, tmp_path):
+    """`rm -r data` (or `make reset`) while the receiver runs: SQLite keeps the deleted file open
+    and would go on answering from it. The receiver notices, serves nothing from it, and says
+    what to do, with one line in its log."""
+    log = tmp_path / "receiver.log"
+    server = ReceiverProcess(lab, log).start()
+    try:
+        post(server, key="before-reset")
+        shutil.rmtree(Path(lab["RECEIVER_DB"]).parent)
+        replies = [
+            request(server, "GET", "/tickets"),
+            post(server, key="before-reset"),
+            post(server, key="after-reset"),
+            request(server, "GET", "/health"),
+        ]
+        for reply in replies:
+            assert_error(reply, 503, "deleted", "restart the receiver")
+        assert not Path(lab["RECEIVER_DB"]).exists()  # nothing was written anywhere
+        assert server.stop() == 0
+    finally:
+        server.stop()
+    noticed = [line for line in log.read_text().splitlines() if "was deleted" in line]
+    assert len(noticed) == 1, noticed
+    restarted = ReceiverProcess(lab, log).start()  # the fix the answer names
+    try:
+        assert tickets(restarted) == []
+        assert post(restarted, key="before-reset").status == 201
+    finally:
+        restarted.stop()
+
+
+def test_a_database_replaced_under_the_receiver_is_noticed_too(lab, tmp_path):
+    """The path now names another file (a reset, then something that made a new database)."""
+    server = ReceiverProcess(lab, tmp_path / "receiver.log").start()
+    try:
+        post(server, key="old")
+        db = Path(lab["RECEIVER_DB"])
+        shutil.rmtree(db.parent)
+        db.parent.mkdir()
+        sqlite3.connect(db).close()
+        assert_error(request(server, "GET", "/tickets?key=old"), 503, "deleted or replaced")
+    finally:
+        server.stop()
+
+
+def test_ctrl_c_stops_the_receiver_with_130_and_one_line(receiver, tmp_path):
+    receiver.proc.send_signal(signal.SIGINT)  # what Ctrl-C sends the foreground process
+    assert receiver.proc.wait(SIGTERM_DEADLINE_S * 5) == 130
+    log = (tmp_path / "receiver.log").read_text()
+    assert log.endswith("receiver: stopped\n") and "Traceback" not in log, log

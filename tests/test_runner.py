@@ -80,7 +80,7 @@ def test_compose_files_come_before_the_verb_and_start_with_compose_yaml():
 
 
 def test_the_local_backend_takes_a_fault_from_the_override_file_itself():
-    assert override_environment([LOST_ACK]) == {"RECEIVER_LAB_FAULTS": "lost-ack"}
+    assert override_environment([LOST_ACK]) == {"FAILPOINTS": "before-answer=drop-answer"}
     assert override_environment([]) == {}
 
 
@@ -88,10 +88,11 @@ def test_native_lines_are_the_commands_a_learner_pastes(tmp_path):
     backend = LocalBackend(tmp_path)
     up = f"docker compose -p stateful-lab -f compose.yaml -f {LOST_ACK} up -d --build api"
     assert backend.native(up) == (
-        "mkdir -p data; RECEIVER_LAB_FAULTS=lost-ack python api.py & echo $! > data/receiver.pid"
+        "mkdir -p data; FAILPOINTS=before-answer=drop-answer python api.py "
+        "& echo $! > data/receiver.pid"
     )
     post = 'docker compose -p stateful-lab run --rm workflow post --title "Two words"'
-    assert backend.native(post) == "python workflow.py post --title 'Two words'"
+    assert backend.native(post) == "python lab.py post --title 'Two words'"
     down = "docker compose -p stateful-lab down -v"
     assert backend.native(down) == "kill $(cat data/receiver.pid); rm -rf data"
 
@@ -99,9 +100,9 @@ def test_native_lines_are_the_commands_a_learner_pastes(tmp_path):
 def test_compose_progress_and_the_repeated_exit_code_are_not_the_programs_stderr():
     stderr = (
         "Creating p_workflow_run ... \r\nCreating p_workflow_run ... done\r\n"
-        "workflow.py: no thread 'x' to resume; check --thread\n4\n"
+        "lab.py: no thread 'x' to resume; check --thread\n4\n"
     )
-    assert compose_stderr(stderr, 4) == "workflow.py: no thread 'x' to resume; check --thread\n"
+    assert compose_stderr(stderr, 4) == "lab.py: no thread 'x' to resume; check --thread\n"
     assert compose_stderr(" Container p-api-1  Running\n", 0) == ""
 
 
@@ -124,4 +125,4 @@ def test_lab_10_native_lines_name_the_worker_and_the_cluster(tmp_path):
     assert backend.native(prefix + "kill -s SIGKILL worker") == "pkill -KILL -f 'worker.py run$'"
     assert backend.native(prefix + "pause worker") == "pkill -STOP -f 'worker.py run$'"
     assert backend.native(prefix + "unpause worker") == "pkill -CONT -f 'worker.py run$'"
-    assert backend.native(prefix + "run --rm workflow tickets") == "python workflow.py tickets"
+    assert backend.native(prefix + "run --rm workflow tickets") == "python lab.py tickets"

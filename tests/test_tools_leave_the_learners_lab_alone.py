@@ -39,8 +39,8 @@ def fingerprint(repo, receiver):
 @pytest.fixture(scope="module")
 def learner(tmp_path_factory):
     repo = tmp_path_factory.mktemp("learner-repo")
-    for name in ("api.py", "workflow.py", "compose.yaml"):
-        shutil.copy(ROOT / name, repo)
+    for path in [*ROOT.glob("*.py"), ROOT / "compose.yaml"]:
+        shutil.copy(path, repo)
     shutil.copytree(ROOT / "labs", repo / "labs", ignore=shutil.ignore_patterns("__pycache__"))
     env = lab_env(repo / "data", free_port())  # data/receiver, data/workflow: the native layout
     receiver = ReceiverProcess(env, repo / "learner-receiver.log", script=repo / "api.py").start()
@@ -102,7 +102,7 @@ def test_make_reset_stops_the_native_receiver_and_deletes_data_but_not_the_venv(
     """`make reset` in a copy of the repository; no docker on PATH, so only the native half."""
     repo = tmp_path / "repo"
     repo.mkdir()
-    for name in ("api.py", "workflow.py"):
+    for name in [p.name for p in ROOT.glob("*.py")]:
         shutil.copy(ROOT / name, repo)
     shutil.copytree(ROOT / "labs", repo / "labs", ignore=shutil.ignore_patterns("__pycache__"))
     (repo / ".venv").mkdir()

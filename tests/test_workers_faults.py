@@ -39,13 +39,19 @@ def env(cluster, tmp_path):
         free_port(),
         CHECKPOINT_DB=cluster.url,
         WORKER_HEARTBEAT_S="2",
-        WORKER_LAB_ACK_DELAY_S="0.2",
+        FAILPOINTS="after-ack=sleep(0.2)",
     )
+
+
+def start_receiver(env, tmp_path):
+    """api.py with the workers' environment, less their FAILPOINTS (the receiver has its own)."""
+    env = {k: v for k, v in env.items() if k != "FAILPOINTS"}
+    return ReceiverProcess(env, log_path=tmp_path / "receiver.log").start()
 
 
 @pytest.fixture
 def receiver(env, tmp_path):
-    proc = ReceiverProcess(env, log_path=tmp_path / "receiver.log").start()
+    proc = start_receiver(env, tmp_path)
     yield proc
     proc.stop()
 
@@ -154,14 +160,17 @@ def test_the_receiver_down_8_s_mid_run_every_operation_finishes_with_one_ticket(
     wait_until(lambda: len(workers.events("done")) >= 4, 60, "4 operations done")
     receiver.kill()
     time.sleep(8)  # the outage: longer than the client's 4 attempts (~1.75 s)
-    ReceiverProcess(env, log_path=tmp_path / "receiver.log").start()
-    back = time.monotonic()
-    waited = worker(env, "wait", "--timeout", str(RECOVERY_S))
-    assert waited.returncode == 0, waited.stderr
-    assert time.monotonic() - back < RECOVERY_S
-    assert workers.events("job_retry"), "the outage made no job fail: it proved nothing"
-    assert_each_operation_has_one_ticket(env)
-    assert_all_done(env)
+    again = start_receiver(env, tmp_path)
+    try:
+        back = time.monotonic()
+        waited = worker(env, "wait", "--timeout", str(RECOVERY_S))
+        assert waited.returncode == 0, waited.stderr
+        assert time.monotonic() - back < RECOVERY_S
+        assert workers.events("job_retry"), "the outage made no job fail: it proved nothing"
+        assert_each_operation_has_one_ticket(env)
+        assert_all_done(env)
+    finally:
+        again.stop()
 
 
 def test_a_receiver_down_for_good_makes_dead_jobs_and_wait_names_them(env, workers):
@@ -223,7 +232,7 @@ def test_wait_with_queued_jobs_and_no_worker_says_so_within_seconds(env):
 
 
 def test_status_shows_a_running_job_and_the_worker_running_it(env, receiver, workers):
-    env["WORKER_LAB_ACK_DELAY_S"] = "2"  # long enough to look at it running
+    env["FAILPOINTS"] = "after-ack=sleep(2)"  # long enough to look at it running
     submit_all(env, 1)
     workers.start(1)
 

@@ -18,7 +18,7 @@ def test_build_graph_is_prepare_then_create_ticket(tmp_path):
 
     import workflow
 
-    graph = workflow.build_graph(InMemorySaver(), workflow.TicketClient("http://127.0.0.1:1"))
+    graph = workflow.build_graph(InMemorySaver())
     edges = {(e.source, e.target) for e in graph.get_graph().edges}
     assert edges == {
         ("__start__", "prepare"),
@@ -27,7 +27,7 @@ def test_build_graph_is_prepare_then_create_ticket(tmp_path):
     }
 
 
-@pytest.mark.parametrize("module", ["workflow", "api"])
+@pytest.mark.parametrize("module", ["workflow", "api", "lab", "failpoints"])
 def test_importing_a_module_has_no_side_effects(module, tmp_path):
     """No files, no output, no server, and (for workflow) no langgraph until a graph is built."""
     code = (
@@ -81,7 +81,7 @@ def test_naive_mode_sends_no_key_and_safe_mode_sends_the_operation(receiver, wor
 def test_crash_is_a_real_sigkill_after_the_ack(receiver, workflow):
     done = workflow("start", "--thread", "c", "--operation", "op-c", "--crash")
     assert done.returncode == -9  # a shell shows 137
-    assert events(done.stdout)[-1] == {"event": "crash_before_node_return"}
+    assert events(done.stdout)[-1] == {"event": "crash", "at": "after-ack"}
     assert events(workflow("tickets").stdout)[0]["tickets"][0]["ticket_id"] == 1
 
 

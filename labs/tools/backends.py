@@ -9,7 +9,7 @@ Backend. A guide command names the learner's Compose project, then optional Comp
     up -d --build api        as written                      start python api.py, wait for /health
                                                              (-f X.compose.yaml: with the api
                                                              environment X sets)
-    run --rm workflow ARGS   as written                      python workflow.py ARGS
+    run --rm workflow ARGS   as written                      python lab.py ARGS
     restart api              as written                      SIGTERM, wait for the exit, start again
     down -v                  as written                      stop the receiver, delete both data
                                                              folders
@@ -158,7 +158,7 @@ class LocalBackend(Backend):
         self.owned = data_dir is None  # a folder we made is deleted by close()
         self.data_dir = Path(data_dir or tempfile.mkdtemp(prefix="stateful-lab-"))
         self.env = lab_env(self.data_dir, port or free_port())
-        self.env.pop("RECEIVER_LAB_FAULTS", None)  # a fault is on only where a lab asks for it
+        self.env.pop("FAILPOINTS", None)  # a fault is on only where a lab asks for it
         self.log_path = Path(log_path) if log_path else self.data_dir / "receiver.log"
         self.faults = {}
         self.receiver = ReceiverProcess(self.env, self.log_path)
@@ -236,7 +236,7 @@ class LocalBackend(Backend):
             return f"{stop}; rm -rf data"
         if cmd.verb == "logs":
             return "cat data/receiver.log"
-        return "python workflow.py " + shlex.join(cmd.args[2:])
+        return "python lab.py " + shlex.join(cmd.args[2:])
 
     def scale_profile(self, cmd):
         """up -d postgres: a throwaway cluster (labs.tools.pg); up -d --scale worker=N worker: N

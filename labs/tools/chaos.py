@@ -38,10 +38,10 @@ import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 
+from lab import MODES
 from labs.tools.backends import LabError, LocalBackend
 from labs.tools.drill import Parser, events
 from labs.tools.local import ROOT
-from workflow import MODES
 
 KILL_WINDOW_S = 0.015  # seconds after the first event: a bit longer than the graph's
 #                        ~5-10 ms here, so some kills land after `done` (the clean path)
@@ -53,7 +53,7 @@ EXIT_OK, EXIT_FOUND, EXIT_NO_LAB = 0, 1, 3  # and 2 for bad arguments (Parser)
 def kill_at_random(env, start_args, offset_s):
     """Start a run; SIGKILL it offset_s after its first event -> (killed, last event seen)."""
     proc = subprocess.Popen(
-        [sys.executable, str(ROOT / "workflow.py"), *start_args],
+        [sys.executable, str(ROOT / "lab.py"), *start_args],
         env=env,
         cwd=ROOT,
         stdout=subprocess.PIPE,

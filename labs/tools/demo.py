@@ -29,7 +29,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import workflow
+import lab
 from labs.tools.backends import LabError, choose_backend, parse_command
 from labs.tools.local import ROOT
 from labs.tools.runner import LIFECYCLE, parse_block, run_step
@@ -198,7 +198,7 @@ class Ledger:
         if cmd.verb != "run" or cmd.args[2:3] == [] or cmd.args[2] not in EFFECTS:
             return None
         try:
-            args = workflow.parse_args(cmd.args[2:])  # workflow.py's own defaults
+            args = lab.build_parser().parse_args(cmd.args[2:])  # lab.py's own defaults
         except SystemExit:
             return None
         if args.action == "start":

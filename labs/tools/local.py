@@ -159,28 +159,28 @@ class ReceiverProcess:
 
 
 def run_workflow(args, env, timeout=60):
-    """python workflow.py ARGS; returns the CompletedProcess (text). -9 is the SIGKILL exit."""
-    return run([sys.executable, str(ROOT / "workflow.py"), *args], env, timeout)
+    """python lab.py ARGS; returns the CompletedProcess (text). -9 is the SIGKILL exit."""
+    return run([sys.executable, str(ROOT / "lab.py"), *args], env, timeout)
 
 
-SIGNALS_ITSELF = ("--crash", "--crash-at", "--term-at")  # workflow.py flags that kill or stop it
+SIGNALS_ITSELF = ("--crash", "--crash-at", "--term-at")  # lab.py flags that kill or stop it
 
 
 def run_workflow_here(args, env):
-    """workflow.main(ARGS) in this process, for a command that sends itself no signal.
+    """lab.main(ARGS) in this process, for a command that sends itself no signal.
 
-    The same code as `python workflow.py ARGS` without a new interpreter and LangGraph's import
+    The same code as `python lab.py ARGS` without a new interpreter and LangGraph's import
     (~0.8 s a command here): the tests' guide runs use it. Not thread-safe (stdout and stderr
     are redirected for the call); a command with a signal switch runs as a process instead.
     """
     if any(arg.split("=")[0] in SIGNALS_ITSELF for arg in args):
         return run_workflow(args, env)
-    import workflow
+    import lab
 
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         try:
-            code = workflow.main(list(args), env)
+            code = lab.main(list(args), env)
         except SystemExit as exit:  # argparse: --help, or a usage mistake
             code = exit.code if isinstance(exit.code, int) else 1
     return subprocess.CompletedProcess(args, code, out.getvalue(), err.getvalue())

@@ -16,8 +16,8 @@ fault of FAULTS once, in a random order, then with faults picked at random:
                      retries (~1.75 s), so jobs fail and the queue retries them
     deploy           a rolling deploy: SIGTERM to every worker in turn, a replacement started for
                      each; each must exit within compose's grace period (10 s) or is SIGKILLed
-Workers pause WORKER_LAB_ACK_DELAY_S after each receiver answer, inside the crash window, so the
-chaos usually catches them there.
+Workers pause ACK_DELAY_S after each receiver answer (FAILPOINTS="after-ack=sleep(S)"), inside
+the crash window, so the chaos usually catches them there.
 
 The last line on stdout is one JSON object:
     operations        submitted
@@ -41,19 +41,19 @@ import sys
 import tempfile
 import time
 import urllib.request
-from argparse import Namespace
 from collections import Counter
 from pathlib import Path
 
 from labs.tools.local import ROOT, ReceiverProcess, free_port, lab_env, wait_until
 
 sys.path.insert(0, str(ROOT))
+import lab  # noqa: E402
 import worker  # noqa: E402
 import workflow  # noqa: E402
 from labs.tools.workers import LocalWorkers, stopped  # noqa: E402
 
 HEARTBEAT_S = "1"  # short, so a frozen or dead worker's job moves on quickly
-ACK_DELAY_S = "0.2"  # the crash window each run sits in (WORKER_LAB_ACK_DELAY_S)
+ACK_DELAY_S = "0.2"  # seconds each run sits in the crash window (the after-ack failpoint)
 DEADLINE_S = 170.0  # the whole run, queue drained included
 FAULTS = ("kill", "freeze", "pg-restart", "receiver-outage", "deploy")
 GRACE_S = 10.0  # compose's default stop_grace_period: SIGTERM, then SIGKILL after this long
@@ -87,10 +87,9 @@ async def busy_workers(queries):
 
 def finished_threads(url, operations):
     """How many threads have a ticket in their latest checkpoint."""
-    args = Namespace(checkpoint_db=url)
     done = 0
-    with workflow.open_graph(args) as saver:
-        graph = workflow.build_graph(saver, None)
+    with workflow.open_checkpointer(url) as saver:
+        graph = lab.build_graph(saver)
         for n in range(operations):
             config = {"configurable": {"thread_id": f"chaos-{n:03d}"}}
             snapshot = graph.get_state(config)
@@ -110,7 +109,7 @@ def chaos_run(workers_n, operations, mode, seed, work_dir, ack_delay_s=ACK_DELAY
     workers = LocalWorkers(env, work_dir, heartbeat_s=HEARTBEAT_S)
     # Many outages may hit one job: it must not run out of attempts in a chaos run.
     workers.base_env = dict(
-        env, WORKER_LAB_ACK_DELAY_S=str(ack_delay_s), WORKER_RETRY_S=RETRY_S,
+        env, FAILPOINTS=f"after-ack=sleep({ack_delay_s})", WORKER_RETRY_S=RETRY_S,
         WORKER_JOB_ATTEMPTS="50",
     )  # fmt: skip
     struck = Counter({fault: 0 for fault in faults})

@@ -25,7 +25,7 @@ from pathlib import Path
 from labs.tools.local import ROOT
 
 FENCED = ("api.py", "workflow.py", "Dockerfile", "compose.yaml")
-COPIED = ("requirements.txt", ".dockerignore")
+COPIED = ("requirements.txt", ".dockerignore", "httpguard.py", "failpoints.py")
 TEMPLATES = ROOT / "labs" / "tools" / "starter"  # README.md and test_smoke.py of the starter
 MARK = re.compile(r"#\s*lab-only\b(?P<rest>.*)$")
 EXIT_USAGE, EXIT_DEST_NOT_EMPTY = 2, 3

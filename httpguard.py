@@ -1,0 +1,285 @@
+"""A hardened http.server for small JSON services: standard library only.
+
+Python's http.server trusts its client: a client that trickles its request a byte at a time
+holds a thread for ever, an unread body turns the answer into a connection reset, and a burst of
+connections starts a thread each without bound. This module closes those holes and leaves the
+routes to the service:
+
+    class Handler(GuardedHandler):
+        routes = {"/things": "GET, HEAD, POST"}
+        def get(self, path): return 200, {"things": [...]}
+        def post(self, path): body = self.read_body(); ...; return 201, {...}
+
+    GuardedServer((host, port), Handler, request_timeout_s, max_connections).serve_forever()
+
+Every answer is JSON, unless a route returns a Body of another content type. A route refuses a
+request by raising ClientError(status, message), whose message tells the client what to do; an
+exception type listed in the handler's `unavailable_errors` (a database that is locked or gone)
+becomes a 503 with Retry-After; any other exception a 500. Nothing here knows what the service
+stores.
+"""
+
+import io
+import json
+import re
+import socket
+import sys
+import threading
+import time
+from contextlib import suppress
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import NamedTuple
+from urllib.parse import urlsplit
+
+REQUEST_TIMEOUT_S = 5.0  # seconds for a whole request, headers and body; loopback needs ms.
+MAX_CONNECTIONS = 256  # connections served at once, a thread each (~8 MiB virtual, little
+#                        resident); one more gets FULL_ANSWER at once instead of a thread.
+LISTEN_BACKLOG = 128  # connections the kernel queues while threads are busy: a burst of
+#                       clients connecting at once must queue, not be reset (http.server: 5)
+REFUSE_READ_S = 0.05  # seconds the accepting thread waits for a refused client's request
+REFUSE_READ_BYTES = 65536  # bytes of it read at most before the 503 (one recv)
+LINGER_S = 1.0  # seconds to drain an unread oversized body after its 413 before closing
+MAX_LINGER_BYTES = 1 << 20  # bytes drained at most; a client sending more is cut off
+DIGITS = re.compile(r"[0-9]+")  # a Content-Length; str.isdigit() would also accept "²" or "٣".
+RETRY_HINT = "retry the same request, with the same Idempotency-Key"
+FULL_BODY = json.dumps({"error": f"too many connections; {RETRY_HINT}, in a moment"}).encode()
+FULL_ANSWER = (  # written by the accepting thread itself, so it is prepared once
+    b"HTTP/1.0 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: 1\r\n"
+    b"Connection: close\r\nContent-Length: %d\r\n\r\n%s" % (len(FULL_BODY), FULL_BODY)
+)
+
+
+class ClientError(Exception):
+    """A request we refuse: the status and a message that tells the client what to do."""
+
+    def __init__(self, status, message, headers=None):
+        super().__init__(message)
+        self.status, self.message, self.headers = status, message, headers or {}
+
+
+class Body(NamedTuple):
+    """A route's answer that is not JSON (a Prometheus text page, for one)."""
+
+    content_type: str
+    data: bytes
+
+
+class GuardedHandler(BaseHTTPRequestHandler):
+    """Routes get(path) and post(path) return (status, JSON value), or hang_up()."""
+
+    routes = {}  # path -> the methods it accepts, e.g. "GET, HEAD, POST"
+    log_prefix = "server"  # log_line's first word
+    max_body_bytes = 4096  # a longer Content-Length is refused (413) before it is read
+    unavailable_errors = ()  # exception types answered 503 with Retry-After: 1
+
+    def unavailable(self, error):
+        """Log one of unavailable_errors; return the 503's "error": what the client should do."""
+        self.log_line(f"unavailable: {error}")
+        return f"service busy or unavailable; {RETRY_HINT}"
+
+    def handle_request(self, action):
+        """One place maps every outcome to an HTTP answer."""
+        try:
+            path = urlsplit(self.path).path
+            allowed = self.routes.get(path)
+            if allowed is None:
+                raise ClientError(
+                    404, f"no such path {path!r}; the paths: {', '.join(self.routes)}"
+                )
+            if self.command not in allowed.split(", "):
+                raise ClientError(405, f"{path} accepts {allowed}", {"Allow": allowed})
+            status, value = action(path)
+        except ClientError as error:
+            status, value = error.status, {"error": error.message}
+            self.extra_headers.update(error.headers)
+            self.refused(error)
+        except self.unavailable_errors as error:  # locked past a timeout, disk full, I/O error...
+            status, value = 503, {"error": self.unavailable(error)}
+            self.extra_headers["Retry-After"] = "1"
+        except TimeoutError:
+            status, value = 408, {"error": f"request not received within {self.timeout_s:g} s"}
+            self.close_connection = True
+        except ConnectionError:
+            self.close_connection = True  # the client left: nobody to answer
+            return
+        except Exception as error:  # a bug: still answer, rather than drop the connection
+            self.log_line(f"internal error: {error!r}")
+            status, value = 500, {"error": f"internal error; {RETRY_HINT}"}
+            self.close_connection = True
+        if value is not None:
+            self.discard_unread_body()
+            self.respond(status, value)
+
+    def refused(self, error):
+        """Called for each ClientError answered; a service may log it."""
+
+    def hang_up(self):
+        """A route's return value for no answer at all: the connection just closes."""
+        self.close_connection = True
+        return None, None
+
+    def read_body(self):
+        """The request's body, framed by one valid Content-Length of at most max_body_bytes."""
+        if self.headers.get("Transfer-Encoding"):
+            raise ClientError(411, "send the body with a Content-Length, not chunked")
+        length = self.content_length()
+        if length > self.max_body_bytes:
+            raise ClientError(413, f"body larger than {self.max_body_bytes} bytes")
+        self.body_read = True
+        body = self.rfile.read(length)
+        if len(body) != length:
+            raise ClientError(400, f"body ended after {len(body)} of {length} bytes")
+        return body
+
+    def log_line(self, text):
+        sys.stderr.write(f"{self.log_prefix}: {text}\n")
+
+    # helpers
+
+    # http.server assumes HTTP/0.9 until it has parsed a version, and 0.9 answers have no
+    # status line: a malformed request line would get a bare body that no client can read.
+    default_request_version = "HTTP/1.0"
+
+    def setup(self):
+        super().setup()
+        self.timeout_s = self.server.request_timeout_s
+        self.rfile.close()  # replaced: its reads would each get a fresh timeout
+        # One deadline for the whole request, not per read: a client trickling a byte a
+        # second would otherwise hold its thread for ever.
+        raw = DeadlineReader(self.connection, time.monotonic() + self.timeout_s)
+        self.rfile = io.BufferedReader(raw)
+        self.extra_headers, self.body_read, self.linger = {}, False, False
+        self.began = time.monotonic()
+
+    def respond(self, status, value):
+        self.connection.settimeout(self.timeout_s)  # the reads may have left it near zero
+        if not isinstance(value, Body):
+            value = Body("application/json", json.dumps(value, sort_keys=True).encode())
+        self.send_response(status)
+        self.send_header("Content-Type", value.content_type)
+        self.send_header("Content-Length", str(len(value.data)))
+        for name, header in self.extra_headers.items():
+            self.send_header(name, header)
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(value.data)
+        self.server.on_answer(status, time.monotonic() - self.began)
+
+    def do_GET(self):
+        self.handle_request(self.get)
+
+    def do_POST(self):
+        self.handle_request(self.post)
+
+    def do_other(self):
+        self.handle_request(lambda path: None)  # known paths get 405, others 404
+
+    do_HEAD = do_GET  # respond() leaves the body out
+    # Methods http.server does not find here get its 501 (send_error), as RFC 9110 asks.
+    do_PUT = do_PATCH = do_DELETE = do_OPTIONS = do_TRACE = do_CONNECT = do_other
+
+    def content_length(self):
+        values = self.headers.get_all("Content-Length") or []
+        if not values:
+            raise ClientError(411, "send a Content-Length header")
+        if len(values) > 1:  # two lengths: which one frames the body is up to each parser
+            raise ClientError(400, "send Content-Length once")
+        if not DIGITS.fullmatch(values[0].strip()):  # also refuses "-1", "+1", "1e3"
+            raise ClientError(400, "Content-Length must be a non-negative whole number")
+        return int(values[0])
+
+    def discard_unread_body(self):
+        # Hanging up on unread bytes makes the kernel send a reset, which can destroy our
+        # answer before the client reads it: read a small unread body now, and after an
+        # answer to a large one, stop sending and read what is left (finish() below).
+        if self.body_read or not self.headers:
+            return
+        self.body_read = True
+        try:
+            if self.content_length() <= self.max_body_bytes:
+                self.rfile.read(self.content_length())
+                return
+        except (ClientError, OSError):
+            pass
+        self.linger, self.close_connection = True, True
+
+    def finish(self):
+        super().finish()
+        if self.linger:  # the answer is sent: half-close, then drain until the client hangs up
+            try:
+                self.connection.shutdown(socket.SHUT_WR)
+                self.connection.settimeout(LINGER_S)
+                drained = 0
+                while drained < MAX_LINGER_BYTES and (chunk := self.connection.recv(65536)):
+                    drained += len(chunk)
+            except OSError:
+                pass
+
+    def log_message(self, format, *args):
+        pass  # the service logs its decisions (log_line) instead of an access log
+
+    def send_error(self, code, message=None, explain=None):
+        # http.server's own errors (a malformed request line, 414, 501, 505, ...)
+        self.close_connection = True
+        self.extra_headers = {"Connection": "close"}
+        self.respond(code, {"error": message or self.responses.get(code, ("error",))[0]})
+
+
+class GuardedServer(ThreadingHTTPServer):
+    """A thread per connection, at most max_connections of them; one more gets a quick 503.
+
+    on_answer(status, seconds), if given, is called after each answer is written, with the time
+    since the connection was accepted: a service counts its answers there.
+    """
+
+    request_queue_size = LISTEN_BACKLOG
+    daemon_threads = True  # SIGTERM must not wait for a stalled client
+
+    def __init__(self, address, handler, request_timeout_s, max_connections, on_answer=None):
+        super().__init__(address, handler)
+        self.request_timeout_s = request_timeout_s
+        self.slots = threading.BoundedSemaphore(max_connections)
+        self.on_answer = on_answer or (lambda status, seconds: None)
+
+    def process_request(self, request, client_address):
+        if not self.slots.acquire(blocking=False):  # full: answer at once, start no thread
+            began = time.monotonic()
+            # Read what the client has sent first: closing on unread bytes would reset the
+            # connection and could destroy the answer before the client reads it.
+            request.settimeout(REFUSE_READ_S)
+            with suppress(OSError):  # nothing sent yet (a timeout), or the client left
+                request.recv(REFUSE_READ_BYTES)
+            with suppress(OSError):
+                request.sendall(FULL_ANSWER)  # small: it fits the socket's send buffer
+            self.shutdown_request(request)
+            self.on_answer(503, time.monotonic() - began)
+            return
+        super().process_request(request, client_address)
+
+    def process_request_thread(self, request, client_address):
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self.slots.release()
+
+    def handle_error(self, request, client_address):
+        if isinstance(sys.exception(), ConnectionError):
+            return  # the client hung up before reading its answer: no traceback for that
+        super().handle_error(request, client_address)
+
+
+class DeadlineReader(io.RawIOBase):
+    """A socket's reads, each allowed only the time left until one deadline."""
+
+    def __init__(self, sock, deadline):
+        self.sock, self.deadline = sock, deadline
+
+    def readable(self):
+        return True
+
+    def readinto(self, buffer):
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("request deadline passed")
+        self.sock.settimeout(left)
+        return self.sock.recv_into(buffer)

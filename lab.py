@@ -1,0 +1,297 @@
+"""The lab's workflow: workflow.py's graph and CLI, plus the switches the lessons use.
+
+compose.yaml's `workflow` service runs this file; natively it is `python lab.py ARGS`. Every
+command of workflow.py works here unchanged. The switches are of two kinds:
+
+Failpoints (failpoints.py) turned on for one run, at the points the core marks with fail(...):
+    --crash-at POINT  kill the process there (SIGKILL, exit 137): after-prepare, before-request,
+                      after-ack, after-checkpoint (workflow.py), step-boundary (below)
+    --crash           same as --crash-at after-ack: inside the crash window
+    --term-at POINT   SIGTERM there, as a deploy sends it (lab 09): the run drains
+    --crash-at lost-ack  not a kill: the request carries a Failpoint-Token, and a receiver run with
+                      FAILPOINTS=before-answer=drop-answer commits the ticket and drops its answer,
+                      once per token (lab 06)
+Variants, built here from the core's nodes (the core's State and build_graph know none of them):
+    --mode naive      no key: every attempt is a new ticket
+    --mode safe       the key from the run's input (the default; the core's only way)
+    --mode node-uuid  a fresh key minted inside the node: looks keyed, still duplicates on resume
+    --approval [in-node|own-node], approve [--reject]  wait for a human after the ticket, inside
+                      the effect's node or in a node of its own (lab 07)
+    --durability      LangGraph's durability mode: sync (the core's), async, exit (lab 04)
+    step-boundary     a SqliteSaver that dies as create_ticket's result is about to be saved
+                      (lab 08)
+"""
+
+import sys
+import threading
+import uuid
+from typing import NotRequired
+
+import failpoints
+import workflow
+from failpoints import fail
+from workflow import EXIT_THREAD, EXIT_USAGE, UserError, emit
+
+MODES = ("naive", "safe", "node-uuid")
+CRASH_POINTS = (
+    "after-prepare",
+    "before-request",
+    "lost-ack",
+    "after-ack",
+    "step-boundary",
+    "after-checkpoint",
+)
+TERM_POINTS = ("after-prepare", "after-ack")  # where --term-at sends SIGTERM (lab 09)
+APPROVAL_SHAPES = ("in-node", "own-node")  # where --approval waits for a human (lab 07)
+DURABILITIES = ("sync", "async", "exit")
+POINTS = (*workflow.POINTS, "step-boundary")
+FAILPOINT_TOKEN = "Failpoint-Token"  # api.py's before-answer point fires once per token
+
+
+class State(workflow.State):
+    mode: NotRequired[str]
+    approval: NotRequired[str]
+    approved: NotRequired[bool]
+
+
+def create_ticket(state: State, runtime):
+    """The core's create_ticket, with the key --mode picks: none, the run's, or a fresh one."""
+    key = {"naive": None, "safe": state["key"], "node-uuid": str(uuid.uuid4())}[state["mode"]]
+    return workflow.create_ticket({**state, "key": key}, runtime)
+
+
+def create_ticket_then_ask(state: State, runtime):
+    """Lab 07's trap: the node waits for a human after its effect, so the answer re-runs it."""
+    result = create_ticket(state, runtime)
+    return {**result, "approved": ask_approval(result["ticket_id"])}
+
+
+def approval_node(state: State):
+    """The approval in a node of its own: on resume it runs again, and repeats only the wait."""
+    return {"approved": ask_approval(state["ticket_id"])}
+
+
+def ask_approval(ticket_id):
+    """Wait for a human: the run stops here, and `approve` resumes it with the answer."""
+    from langgraph.types import interrupt
+
+    approved = interrupt({"ticket_id": ticket_id})
+    emit("approval", approved=approved)
+    return approved
+
+
+def build_graph(checkpointer, approval=None):
+    """The lab's graph: the core's prepare, create_ticket keyed by --mode, and the approval."""
+    from langgraph.graph import END, START, StateGraph
+
+    builder = StateGraph(State, context_schema=workflow.Context)
+    builder.add_node("prepare", workflow.prepare)
+    effect = create_ticket_then_ask if approval == "in-node" else create_ticket
+    builder.add_node("create_ticket", effect)
+    builder.add_edge(START, "prepare")
+    builder.add_edge("prepare", "create_ticket")
+    if approval == "own-node":  # the better shape: the effect's node has returned before the wait
+        builder.add_node("approval", approval_node)
+        builder.add_edge("create_ticket", "approval")
+        builder.add_edge("approval", END)
+    else:
+        builder.add_edge("create_ticket", END)
+    return builder.compile(checkpointer=checkpointer)
+
+
+def step_boundary_saver():
+    """A SqliteSaver that passes failpoint step-boundary as create_ticket's result is about to
+    be saved (lab 08): with it set to kill, the node has returned and its result is on no disk.
+
+    LangGraph 1.2.24 saves a finished node with two background writes that have no order between
+    them (langgraph#8039): the node's writes (put_writes) and the next checkpoint (put). Whichever
+    comes first with the ticket_id passes the point; the other waits behind it for the kill.
+    """
+    from langgraph.checkpoint.sqlite import SqliteSaver
+
+    dying = threading.Lock()
+
+    def step_boundary():
+        with dying:
+            fail("step-boundary")
+
+    class StepBoundarySaver(SqliteSaver):
+        def put_writes(self, config, writes, task_id, task_path=""):
+            if any(channel == "ticket_id" for channel, _ in writes):
+                step_boundary()
+            return super().put_writes(config, writes, task_id, task_path)
+
+        def put(self, config, checkpoint, metadata, new_versions):
+            if "ticket_id" in checkpoint["channel_values"]:
+                step_boundary()
+            return super().put(config, checkpoint, metadata, new_versions)
+
+    return StepBoundarySaver
+
+
+# --- the CLI: workflow.py's, with the switches ---------------------------------------------
+
+
+def start(args, settings):
+    first = {"operation_id": args.operation, "title": args.title, "mode": args.mode}
+    if args.approval:
+        first["approval"] = args.approval
+    return run(args, settings, first)
+
+
+def resume(args, settings):
+    return run(args, settings, None)
+
+
+def approve(args, settings):
+    from langgraph.types import Command
+
+    return run(args, settings, Command(resume=args.approve))
+
+
+def run(args, settings, graph_input):
+    """workflow.run with the lab's graph, client and failpoints."""
+    if args.crash_at == "step-boundary" and workflow.is_postgres(settings.checkpoint_db):
+        raise UserError(
+            "--crash-at step-boundary needs the SQLite checkpointer (its saver is a SqliteSaver); "
+            "unset CHECKPOINT_DB",
+            EXIT_USAGE,
+        )
+    client = settings.client()
+    if args.crash_at == "lost-ack":
+        client = LostAckClient(client, args.thread)
+    points = {args.crash_at: "kill"} if args.crash_at not in (None, "lost-ack") else {}
+    points |= {args.term_at: "term"} if args.term_at else {}
+    starting = isinstance(graph_input, dict)
+    with (
+        failpoints.scoped(points),
+        workflow.open_checkpointer(settings.checkpoint_db, saver_for(args, settings)) as saver,
+    ):
+        approval = graph_input.get("approval") if starting else saved(saver, args, "approval")
+        graph = build_graph(saver, approval)
+        check_approval(args, graph.get_state(workflow.thread_config(args.thread)))
+        workflow.require_thread(
+            graph,
+            args.thread,
+            starting,
+            "resume it or pick a new --thread; or reset the lab: docker compose -p stateful-lab "
+            "down -v (natively: make reset)",
+        )
+        final = workflow.run_graph(graph, graph_input, args.thread, client, args.durability)
+    if final is None:
+        return workflow.EXIT_DRAINED
+    if "__interrupt__" in final:  # the run waits for a human: `approve` answers it
+        emit("awaiting_approval", **final["__interrupt__"][0].value)
+        return 0
+    emit("done", **final)
+    return 0
+
+
+def state(args, settings):
+    with workflow.open_checkpointer(settings.checkpoint_db) as saver:
+        graph = build_graph(saver, saved(saver, args, "approval"))
+        snapshot = graph.get_state(workflow.thread_config(args.thread))
+    if not snapshot.values:
+        raise UserError(f"no thread {args.thread!r}; check --thread", EXIT_THREAD)
+    emit("state", values=snapshot.values, next=list(snapshot.next))
+
+
+# helpers
+
+
+def saver_for(args, settings):
+    """The step-boundary saver for runs that may pass that point; SQLite's plain one otherwise."""
+    if args.graph_command and not workflow.is_postgres(settings.checkpoint_db):
+        return step_boundary_saver()
+    return None
+
+
+def saved(saver, args, field):
+    """A value the thread was started with (its graph must be built the same way)."""
+    return build_graph(saver).get_state(workflow.thread_config(args.thread)).values.get(field)
+
+
+def check_approval(args, snapshot):
+    """`approve` needs a run that waits for approval; `resume` must not answer one by accident."""
+    waiting, approving = bool(snapshot.interrupts), args.action == "approve"
+    if approving and not snapshot.values:
+        raise UserError(
+            f"no thread {args.thread!r} waits for approval; check --thread", EXIT_THREAD
+        )
+    if approving and not waiting:
+        raise UserError(f"thread {args.thread!r} is not waiting for approval", EXIT_THREAD)
+    if waiting and not approving:
+        raise UserError(
+            f"thread {args.thread!r} waits for approval; answer with approve (or --reject)",
+            EXIT_THREAD,
+        )
+
+
+class LostAckClient(workflow.TicketClient):
+    """--crash-at lost-ack: the request names a token, and a receiver whose before-answer
+    failpoint is set to drop-answer commits it and hangs up, once per token."""
+
+    def __init__(self, client, token):
+        super().__init__(
+            client.api_url, client.timeout_s, client.attempts, {FAILPOINT_TOKEN: token}
+        )
+        self.first = True
+
+    def create(self, title, key=None):
+        first, self.first = self.first, False
+        result = super().create(title, key)
+        if first:  # an answer came to the request that was to lose it: no fault happened
+            print(
+                "lab.py: --crash-at lost-ack: the receiver answered anyway (its FAILPOINTS has no "
+                "before-answer=drop-answer, or this thread's token was used; lab 06 names -f "
+                "compose.yaml -f labs/lost-ack.compose.yaml on each command)",
+                file=sys.stderr,
+            )
+        return result
+
+
+def build_parser():
+    parser = workflow.build_parser(prog="lab.py")
+    parser.set_defaults(crash_at=None, term_at=None, durability="sync")
+    actions = parser.actions
+    for name, action in [("start", start), ("resume", resume), ("state", state)]:
+        actions.choices[name].set_defaults(run=action)
+    for name in ("start", "resume"):
+        sub = actions.choices[name]
+        crash = sub.add_mutually_exclusive_group()
+        crash.add_argument(
+            "--crash",
+            dest="crash_at",
+            action="store_const",
+            const="after-ack",
+            help="same as --crash-at after-ack",
+        )
+        crash.add_argument("--crash-at", choices=CRASH_POINTS, help="where the run dies")
+        sub.add_argument("--term-at", choices=TERM_POINTS, help="where the run gets SIGTERM")
+        sub.add_argument("--durability", choices=DURABILITIES, default="sync")
+    start_parser = actions.choices["start"]
+    start_parser.add_argument("--mode", choices=MODES, default="safe")
+    start_parser.add_argument(
+        "--approval",
+        nargs="?",
+        const="in-node",
+        choices=APPROVAL_SHAPES,
+        help="wait for a human after the ticket: in-node (the default) or own-node",
+    )
+    sub = actions.add_parser("approve", help="answer a run that waits for approval (lab 07)")
+    sub.set_defaults(run=approve, graph_command=True)
+    sub.add_argument("--thread", default="demo", help="checkpoint thread id (default: demo)")
+    sub.add_argument("--reject", dest="approve", action="store_false", help="answer no")
+    return parser
+
+
+def main(argv=None, environ=None):
+    return workflow.main(argv, environ, parser=build_parser(), points=POINTS)
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:  # Ctrl-C before main() took over (while Python was importing)
+        print("lab.py: interrupted", file=sys.stderr)
+        sys.exit(workflow.EXIT_INTERRUPTED)

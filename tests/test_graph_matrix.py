@@ -1,0 +1,84 @@
+"""The crash matrix in-process, in LangGraph's own test style: the graph built here, a counting
+fake receiver, a failpoint that raises inside a node, then a resume. Every sync row that an
+in-process exception can show, in every mode, in well under a second.
+
+What only a real kill shows stays in the process tier (tests/test_drill.py): the step boundary
+(an exception from a saver's put_writes surfaces only when the run ends) and SIGTERM's drain.
+The expected ticket counts come from the drill's one matrix (labs/tools/drill.py)."""
+
+import pytest
+
+import failpoints
+import lab
+import workflow
+from labs.tools.drill import MATRIX
+
+IN_PROCESS = ("after-prepare", "before-request", "lost-ack", "after-ack", "after-checkpoint")
+ROWS = [r for r in MATRIX if r.durability == "sync" and r.boundary in IN_PROCESS]
+
+
+class FakeReceiver:
+    """The receiver's contract in memory: one ticket per key, a repeat answered with it.
+    lose_first: commit the first POST, then lose its answer (lab 06's fault)."""
+
+    def __init__(self, lose_first=False):
+        self.tickets_made, self.lose_first = [], lose_first
+
+    def create(self, title, key=None):
+        for ticket in self.tickets_made:
+            if key is not None and ticket["key"] == key:
+                return {"ticket_id": ticket["ticket_id"], "created": False}
+        ticket_id = len(self.tickets_made) + 1
+        self.tickets_made.append({"ticket_id": ticket_id, "key": key, "payload": {"title": title}})
+        if self.lose_first:
+            self.lose_first = False
+            raise workflow.NoAnswer("connection closed", workflow.EXIT_NO_ANSWER)
+        return {"ticket_id": ticket_id, "created": True}
+
+    def tickets(self, key=None):
+        return [t for t in self.tickets_made if key is None or t["key"] == key]
+
+
+def run_cell(boundary, mode, saver):
+    receiver = FakeReceiver(lose_first=boundary == "lost-ack")
+    graph = lab.build_graph(saver)
+    first = {"operation_id": f"op-{boundary}-{mode}", "title": "t", "mode": mode}
+    thread = f"{boundary}:{mode}"
+    point = {} if boundary == "lost-ack" else {boundary: "raise"}
+    try:
+        with failpoints.scoped(point):
+            workflow.run_graph(graph, first, thread, receiver)
+    except (failpoints.FailpointError, workflow.NoAnswer):
+        pass
+    snapshot = graph.get_state(workflow.thread_config(thread))
+    if snapshot.next:  # the run stopped in a node: resume it, as `resume` does
+        workflow.run_graph(graph, None, thread, receiver)
+    return receiver.tickets_made, graph.get_state(workflow.thread_config(thread))
+
+
+@pytest.mark.parametrize("row", ROWS, ids=[r.boundary for r in ROWS])
+def test_every_mode_at_every_in_process_boundary(row, capsys):
+    from langgraph.checkpoint.memory import InMemorySaver
+
+    for mode in lab.MODES:
+        made, final = run_cell(row.boundary, mode, InMemorySaver())
+        expected = row.tickets[lab.MODES.index(mode)]
+        assert len(made) == expected, (row.boundary, mode, made)
+        assert final.next == () and final.values["ticket_id"] == made[-1]["ticket_id"]
+
+
+def test_the_failpoint_raises_only_inside_its_block():
+    with failpoints.scoped({"after-ack": "raise"}):
+        with pytest.raises(failpoints.FailpointError):
+            failpoints.fail("after-ack")
+    assert failpoints.fail("after-ack") is None
+
+
+def test_an_unknown_failpoint_or_action_is_one_line_exit_2(capsys):
+    for spec, words in [
+        ("after-ak=kill", ["unknown point 'after-ak'", "after-ack"]),
+        ("after-ack=explode", ["unknown action 'explode'", "sleep(S)"]),
+    ]:
+        assert workflow.main(["tickets"], {"FAILPOINTS": spec}) == workflow.EXIT_USAGE
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and all(w in err for w in words), err
