@@ -279,3 +279,27 @@ def test_submit_and_status_wait_out_a_short_outage_then_exit_3(env, cluster):
     finally:
         if not cluster.running:
             cluster.start_server()
+
+
+def test_sigterm_drains_the_running_graph_at_its_next_step_and_requeues_its_job_at_once(
+    env, receiver, workers
+):
+    """A deploy's SIGTERM: the graph stops at the step boundary after prepare (RunControl), the
+    job is queued again at once (not after a heartbeat: 60 s here), the worker exits 0, and the
+    next worker resumes the thread and makes the one ticket."""
+    env.update(FAILPOINTS="after-prepare=sleep(2)", WORKER_HEARTBEAT_S="60")
+    submit_all(env, 1)
+    workers.start(1)
+    wait_until(lambda: workers.events("prepare"), 30, "the run inside prepare")
+    workers.procs[0].send_signal(signal.SIGTERM)
+    assert workers.procs[0].wait(10) == 0  # compose's default grace period
+    assert workers.events("job_drained") and not workers.events("effect_ack")
+    assert "draining 1 running job(s)" in workers.stderr(0)
+    listed = json.loads(worker(env, "status").stdout)["jobs"]
+    assert [j["status"] for j in listed] == ["queued"], listed  # not picked, waiting for 60 s
+    env["FAILPOINTS"] = ""
+    workers.start(1)
+    waited = worker(env, "wait", "--timeout", "60")
+    assert waited.returncode == 0, waited.stderr
+    assert [e["resume"] for e in workers.events("job")] == [False, True]
+    assert_each_operation_has_one_ticket(env, 1)
