@@ -57,10 +57,11 @@ Configuration (environment, read in main()):
     WORKER_HEARTBEAT_S   10: a job whose worker has not beaten for this long goes to another one
     WORKER_JOB_ATTEMPTS  6: runs of a job that fails for a retryable reason, before it is dead;
                          set at submit, carried by the job
-    WORKER_RETRY_S       2: seconds before the first retry, doubled each time (with jitter), at
-                         most WORKER_RETRY_MAX_S (60). With the defaults the retries wait about
-                         2+4+8+16+32 s: an outage of about a minute is waited out, and a receiver
-                         gone for good makes the job dead in about two minutes, not never.
+    WORKER_RETRY_S       2: seconds before the first retry, doubled each time, at most
+                         WORKER_RETRY_MAX_S (60); each wait is a random part (half to all) of it.
+                         With the defaults the retries wait 31-62 s in all: an outage shorter
+                         than that is waited out, and a receiver gone for good makes the job dead
+                         about a minute after its first failure, not never.
     WORKER_DB_WAIT_S     10: seconds submit, status and a starting worker wait for a database
                          that does not answer (wait uses its --timeout), then exit 3
     FAILPOINTS           the core's fault points (workflow.POINTS), for every job of this worker:
