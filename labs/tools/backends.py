@@ -413,7 +413,9 @@ def stop_native_receiver(pid_file):
 def reset():
     """make reset: the learner's lab, both ways. .venv stays."""
     if docker_engine_answers():
-        done = run([*compose_command(), "-p", LEARNER_PROJECT, "down", "-v"], timeout=120)
+        # --remove-orphans: a `run --rm` container still attached would keep the network (lab 10).
+        down = [*compose_command(), "-p", LEARNER_PROJECT, "down", "-v", "--remove-orphans"]
+        done = run(down, timeout=120)
         if done.returncode:
             print(f"reset: docker: {done.stderr.strip()[-300:]}", file=sys.stderr)
             return 1
