@@ -53,7 +53,8 @@ import workflow  # noqa: E402
 from labs.tools.workers import LocalWorkers, stopped  # noqa: E402
 
 HEARTBEAT_S = "1"  # short, so a frozen or dead worker's job moves on quickly
-ACK_DELAY_S = "0.2"  # seconds each run sits in the crash window (the after-ack failpoint)
+ACK_DELAY_S = "1.0"  # seconds each run sits in the crash window (the after-ack failpoint): long
+# enough that 60 operations outlast a first round of every fault
 DEADLINE_S = 170.0  # the whole run, queue drained included
 FAULTS = ("kill", "freeze", "pg-restart", "receiver-outage", "deploy")
 GRACE_S = 10.0  # compose's default stop_grace_period: SIGTERM, then SIGKILL after this long
