@@ -15,7 +15,7 @@ OPERATIONS ?= 60
 MODE ?= safe
 TEST_WORKERS ?= 4  # pytest-xdist processes: most of a test waits on a receiver, a workflow or Docker
 GUIDES ?= labs/01-the-duplicate.md labs/02-the-keyed-fix.md labs/03-a-retry-is-not-a-new-request.md
-UV := $(PY) -m uv pip compile --quiet --universal --python-version 3.11 --generate-hashes --no-header
+UV := $(abspath $(PY)) -m uv pip compile --quiet --universal --python-version 3.11 --generate-hashes --no-header
 
 .PHONY: demo reset test lint bench bench-workers bench-docker drill chaos scale-chaos starter lock clean
 
@@ -50,7 +50,7 @@ drill: $(VENV)/.installed  ## every crash boundary x mode (JSON=1 for JSON lines
 chaos: $(VENV)/.installed  ## RUNS safe-mode runs killed at random moments; JSON on stdout
 	@$(PY) -m labs.tools.chaos --runs $(RUNS)
 
-starter: $(VENV)/.installed  ## a reference starter without the lab-only parts: make starter DEST=dir
+starter: $(VENV)/.installed  ## the core files copied unchanged, as a starter: make starter DEST=dir
 	@test -n "$(DEST)" || { echo "make starter: name a new folder, e.g. make starter DEST=../ticket-starter"; exit 2; }
 	@$(PY) -m labs.tools.starter $(DEST)
 
@@ -63,9 +63,10 @@ bench-docker: $(VENV)/.installed  ## the Compose lifecycle timed on a real engin
 scale-chaos: $(VENV)/.installed  ## WORKERS workers on a throwaway Postgres; FAULTS strike them and their dependencies
 	@$(PY) -m labs.tools.scale_chaos --workers $(WORKERS) --operations $(OPERATIONS) --mode $(MODE) --faults $(FAULTS)
 
-lock: $(VENV)/.installed  ## regenerate both hashed lock files from the .in files
+lock: $(VENV)/.installed  ## regenerate the hashed lock files (the starter's too) from the .in files
 	$(UV) -o requirements.txt requirements.in
 	$(UV) -o requirements-dev.txt requirements-dev.in
+	cd labs/tools/starter && $(UV) -o requirements.txt requirements.in  # what the starter imports
 
 clean:  ## the native lab's data and the venv (Docker: make reset)
 	rm -rf data $(VENV) .pytest_cache .ruff_cache .hypothesis

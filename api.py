@@ -434,7 +434,7 @@ def file_identity(path):
 # helpers: input validation
 
 MAX_TITLE_CHARS = 200  # characters: a ticket title, not a document.
-MAX_KEY_CHARS = 200  # characters: room for "case-id:step:intent:version" keys or a hash.
+MAX_KEY_CHARS = 200  # characters: space for "case-id:step:intent:version" keys or a hash.
 KEY_PATTERN = re.compile(rf"[\x21-\x7e]{{1,{MAX_KEY_CHARS}}}")  # visible ASCII, so
 #                        keys print, log and compare the same everywhere.
 

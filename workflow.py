@@ -430,7 +430,7 @@ def build_parser(prog="workflow.py"):
 
 def main(argv=None, environ=None, parser=None, points=POINTS):
     """The CLI; returns the exit code. environ: the settings (default: os.environ); parser and
-    points: a wrapping program's (lab.py adds its switches)."""
+    points: those of a program that wraps this CLI with switches of its own."""
     import failpoints
 
     args = (parser or build_parser()).parse_args(argv)
@@ -456,10 +456,10 @@ def main(argv=None, environ=None, parser=None, points=POINTS):
     except sqlite3.DatabaseError as error:  # not a database, read-only, a locked file, ...
         print(f"{args.prog}: CHECKPOINT_DB {settings.checkpoint_db!r}: {error}", file=sys.stderr)
         return EXIT_USAGE
-    except ModuleNotFoundError as error:  # a Python without the lab's packages
+    except ModuleNotFoundError as error:  # a Python without requirements.txt's packages
         print(
             f"{args.prog}: {sys.executable} has no {error.name}; use the Python that has the "
-            "requirements installed (natively .venv/bin/python, which make creates) or Docker",
+            "requirements installed (natively .venv/bin/python) or Docker",
             file=sys.stderr,
         )
         return EXIT_USAGE

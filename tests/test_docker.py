@@ -165,7 +165,7 @@ def test_compose_file_shape():
     assert spec["networks"]["lab"]["internal"] is True
     # The workflow does not wait for a health check: its client retries a refused connection.
     assert services["workflow"]["depends_on"] == ["api"]
-    assert services["workflow"]["entrypoint"] == ["python", "workflow.py"]
+    assert services["workflow"]["entrypoint"] == ["python", "lab.py"]
     assert services["workflow"]["profiles"], "a plain `up` must not start the workflow"
     assert services["api"]["restart"] == "unless-stopped"
     interval = services["api"]["healthcheck"]["interval"]
@@ -239,7 +239,7 @@ def test_workflow_container_is_hardened(project):
         assert len(ids) == 1, ids
         container = inspect(ids[0])
         assert_hardened(container, "checkpoint-data")
-        assert container["Config"]["Entrypoint"] == ["python", "workflow.py"]
+        assert container["Config"]["Entrypoint"] == ["python", "lab.py"]
         assert container["Config"]["Cmd"] == ["tickets"]
     finally:
         if ids:

@@ -28,8 +28,8 @@ TITLE = "Check supplier configuration"  # workflow.py's default title
 @pytest.fixture
 def faulty_receiver(lab, tmp_path):
     """api.py with the lost-ack fault switched on, as lab 06's override file runs it."""
-    lab.update(override_environment([LOST_ACK]))
-    server = ReceiverProcess(lab, log_path=tmp_path / "receiver.log").start()
+    env = {**lab, **override_environment([LOST_ACK])}  # the receiver's own: not the workflow's
+    server = ReceiverProcess(env, log_path=tmp_path / "receiver.log").start()
     yield server
     server.stop()
 
@@ -134,7 +134,7 @@ def test_lost_ack_safe_reconciles_by_key_and_adopts_the_ticket(faulty_receiver, 
 def test_lost_ack_without_the_fault_switch_says_so(receiver, workflow):
     done = workflow("start", "--mode", "safe", "--crash-at", "lost-ack")
     assert done.returncode == 0 and names(done) == ["prepare", "effect_ack", "done"]
-    assert "FAILPOINTS=before-answer=drop-answer is off" in done.stderr
+    assert "its FAILPOINTS has no before-answer=drop-answer" in done.stderr
 
 
 def test_unreachable_receiver_is_no_unknown_outcome(lab, workflow):
@@ -223,13 +223,13 @@ def test_a_timeout_after_sending_is_an_unknown_outcome(scripted, lab, workflow):
 
 
 def test_the_matrix_covers_every_crash_point_in_every_mode():
-    import workflow
+    import lab
 
     sync_rows = [row.boundary for row in drill.MATRIX if row.durability == "sync"]
     term_rows = [b for b in sync_rows if b.startswith("term-at:")]  # lab 09: SIGTERM, not a crash
-    assert sorted(set(sync_rows) - set(term_rows)) == sorted(workflow.CRASH_POINTS)
-    assert term_rows == [f"term-at:{point}" for point in workflow.TERM_POINTS]
-    assert all(len(row.tickets) == len(workflow.MODES) for row in drill.MATRIX)
+    assert sorted(set(sync_rows) - set(term_rows)) == sorted(lab.CRASH_POINTS)
+    assert term_rows == [f"term-at:{point}" for point in lab.TERM_POINTS]
+    assert all(len(row.tickets) == len(lab.MODES) for row in drill.MATRIX)
     assert len({c.name for c in drill.cells()}) == len(drill.cells())  # one thread per cell
 
 

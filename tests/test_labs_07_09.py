@@ -236,7 +236,7 @@ def held(lab):
 def test_sigterm_from_outside_during_the_request_lets_the_node_finish(held, lab):
     """A deploy's SIGTERM while the request is on the wire: the answer is still taken."""
     proc = subprocess.Popen(
-        [sys.executable, str(ROOT / "workflow.py"), "start", "--mode", "naive"],
+        [sys.executable, str(ROOT / "lab.py"), "start", "--mode", "naive"],
         env=lab,
         cwd=ROOT,
         stdout=subprocess.PIPE,

@@ -1,70 +1,43 @@
-"""Write a reference starter: the lab's own files with every lab-only part dropped.
+"""Write a starter: the core files of this repository, copied unchanged, and a few files of its own.
 
-    python -m labs.tools.starter DEST
+    python -m labs.tools.starter DEST        (make starter DEST=dir)
 
-The lab marks what only a lesson needs (the crash and fault switches, the naive and node-uuid
-modes, the durability flag) in api.py, workflow.py, Dockerfile and compose.yaml:
-
-    some_line()  # lab-only            one line, dropped
-    # lab-only: begin                  a block, dropped with both marker lines
-    ...
-    # lab-only: end
-
-DEST gets those four files without the marked lines, requirements.txt as it is, and the
-starter's README.md and test_smoke.py from labs/tools/starter/. Nothing is kept twice: the
-code a copier gets is the code the lab's tests run, less the marked lines.
-Exit codes: 0 written; 2 bad arguments; 3 DEST exists and is not empty (nothing is touched).
+DEST gets CORE byte for byte (what the tests of this repository run is what a copier gets) and
+every file under labs/tools/starter/: a README, a Dockerfile and compose.yaml with their own image
+and project names, requirements.in and its hashed lock with only what the core imports, and a
+standard-library test suite that crashes a run in its window and counts the tickets.
+Exit codes: 0 written; 2 DEST exists and is not an empty folder, or a core file is missing
+(nothing is written).
 """
 
 import argparse
-import re
 import shutil
 import sys
 from pathlib import Path
 
 from labs.tools.local import ROOT
 
-FENCED = ("api.py", "workflow.py", "Dockerfile", "compose.yaml")
-COPIED = ("requirements.txt", ".dockerignore", "httpguard.py", "failpoints.py")
-TEMPLATES = ROOT / "labs" / "tools" / "starter"  # README.md and test_smoke.py of the starter
-MARK = re.compile(r"#\s*lab-only\b(?P<rest>.*)$")
-EXIT_USAGE, EXIT_DEST_NOT_EMPTY = 2, 3
-
-
-def strip_lab_only(text):
-    """The text without lab-only lines and blocks; ValueError for an unbalanced block."""
-    kept, depth = [], 0
-    for number, line in enumerate(text.splitlines(keepends=True), 1):
-        mark = MARK.search(line)
-        rest = mark.group("rest").strip() if mark else ""
-        if mark and rest == ": begin":
-            depth += 1
-        elif mark and rest == ": end":
-            if depth == 0:
-                raise ValueError(f"line {number}: lab-only: end without a begin")
-            depth -= 1
-        elif not mark and depth == 0:
-            kept.append(line)
-    if depth:
-        raise ValueError("a lab-only: begin has no end")
-    return re.sub(r"\n{4,}", "\n\n\n", "".join(kept))  # a dropped block leaves no wider gap
+CORE = (  # copied unchanged; effectdrill without its pytest plugin (the starter has no pytest)
+    "failpoints.py",
+    "httpguard.py",
+    "api.py",
+    "workflow.py",
+    "effectdrill/__init__.py",
+    "effectdrill/__main__.py",
+    "effectdrill/core.py",
+)
+OWN = ROOT / "labs" / "tools" / "starter"  # the starter's own files, copied as they are
+EXIT_USAGE = 2
 
 
 def write_starter(dest):
-    dest = Path(dest)
+    """Copy CORE and OWN's files into dest (new or empty); the names written, sorted."""
     dest.mkdir(parents=True, exist_ok=True)
-    for name in FENCED:
-        source = ROOT / name
-        try:
-            text = strip_lab_only(source.read_text(encoding="utf-8"))
-        except ValueError as error:
-            raise ValueError(f"{name}: {error}") from None
-        (dest / name).write_text(text, encoding="utf-8")
-    for name in COPIED:
+    for name in CORE:
+        (dest / name).parent.mkdir(exist_ok=True)
         shutil.copyfile(ROOT / name, dest / name)
-    for template in sorted(TEMPLATES.iterdir()):
-        shutil.copyfile(template, dest / template.name)
-    return sorted(p.name for p in dest.iterdir())
+    shutil.copytree(OWN, dest, dirs_exist_ok=True, ignore=shutil.ignore_patterns("__pycache__"))
+    return sorted(str(p.relative_to(dest)) for p in dest.rglob("*") if p.is_file())
 
 
 def main(argv=None):
@@ -72,10 +45,17 @@ def main(argv=None):
     parser.add_argument("dest", type=Path, help="a new or empty folder")
     args = parser.parse_args(argv)
     if args.dest.exists() and (not args.dest.is_dir() or any(args.dest.iterdir())):
-        print(f"starter: {args.dest} exists and is not an empty folder; pick a new DEST")
-        return EXIT_DEST_NOT_EMPTY
-    files = write_starter(args.dest)
-    print(f"starter: wrote {', '.join(files)} to {args.dest}")
+        print(
+            f"starter: {args.dest} exists and is not an empty folder; name a new DEST",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
+    missing = [name for name in CORE if not (ROOT / name).is_file()]
+    if missing:
+        print(f"starter: {', '.join(missing)} missing from {ROOT}", file=sys.stderr)
+        return EXIT_USAGE
+    write_starter(args.dest)
+    print(f"starter: wrote {len(CORE)} core files and the starter's own into {args.dest}")
     print(f"next: cd {args.dest} and follow its README.md")
     return 0
 

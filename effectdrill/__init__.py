@@ -1,0 +1,20 @@
+"""effectdrill: kill a LangGraph graph at every saver call and report the effects that repeated.
+
+A crashed LangGraph run resumes from its last checkpoint and runs the node in flight again, so
+an effect that node already sent (a charge, an email, a row) happens twice unless it carries a
+stable idempotency key. The drill finds where: it kills a forked run with SIGKILL just before
+each distinct saver call of a clean run, resumes it from a fresh saver on the same database,
+and compares the effects your observer counts with the clean run's.
+
+    report = effectdrill.drill(graph, {"order": "{thread}"}, observe)
+    report.assert_clean()  # or: python -m effectdrill MODULE:GRAPH --input ... --observe ...
+
+Checked on LangGraph 1.2.24 (the saver calls, the durability modes, get_state().tasks). POSIX
+only (fork, SIGKILL). Dependencies: langgraph (the graphs it drills, Command, Pregel.copy) and
+langgraph-checkpoint-sqlite (the default saver, a SQLite file: it survives a kill); the
+`postgres` extra adds langgraph-checkpoint-postgres and psycopg for a postgresql:// database.
+"""
+
+from effectdrill.core import DURABILITIES, DrillError, Report, Row, Run, drill
+
+__all__ = ["DURABILITIES", "DrillError", "Report", "Row", "Run", "drill"]

@@ -1,0 +1,128 @@
+"""The CLI: python -m effectdrill MODULE:GRAPH --input JSON --observe MODULE:FUNC [options].
+
+Prints a table per durability mode and a summary line (--json: one JSON object per crash point,
+then a summary object). Exit 0 when no effect repeated or went missing, 1 when one did (or the
+clean run itself repeated one, or a resume failed), 2 for a usage mistake (one line on stderr),
+130 on Ctrl-C.
+"""
+
+import argparse
+import importlib
+import json
+import sys
+
+from effectdrill.core import DURABILITIES, DrillError, drill, require_posix
+
+EXIT_CLEAN, EXIT_FOUND, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+
+def main(argv=None):
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as stop:  # --help (0) or a usage mistake (2), already printed
+        return stop.code
+    try:
+        require_posix()  # before importing the user's modules
+        report = drill(
+            load(args.graph, "MODULE:GRAPH"),
+            parse_json(args.input, "--input"),
+            load(args.observe, "--observe"),
+            durability=args.durability,
+            repeat=args.repeat,
+            resume_with=None
+            if args.resume_with is None
+            else parse_json(args.resume_with, "--resume-with"),
+            context=None if args.context is None else make_context(args.context),
+            checkpoint_db=args.checkpoint_db,
+        )
+    except DrillError as error:
+        print(f"effectdrill: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("effectdrill: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    if args.json:
+        for row in report.rows:
+            print(json.dumps(row.as_json()))
+        print(json.dumps(report.summary()))
+    else:
+        print(report.table())
+    return EXIT_CLEAN if report.ok else EXIT_FOUND
+
+
+# helpers
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, not a usage dump
+        self.exit(EXIT_USAGE, f"effectdrill: {message} (see --help)\n")
+
+
+def build_parser():
+    parser = Parser(
+        prog="python -m effectdrill",
+        description="Kill a LangGraph graph just before each saver call of a clean run, resume "
+        "it, and report the effects that repeated or went missing.",
+    )
+    parser.add_argument("graph", help="MODULE:NAME of a compiled graph or a function returning one")
+    parser.add_argument("--input", required=True, help="the run's input as JSON ({thread} = id)")
+    parser.add_argument(
+        "--observe", required=True, help="MODULE:FUNC, FUNC(thread_id) -> {effect: count}"
+    )
+    parser.add_argument("--durability", choices=[*DURABILITIES, "all"], default="sync")
+    parser.add_argument("--repeat", type=positive, default=1, help="runs per crash point")
+    parser.add_argument("--resume-with", help="JSON value for Command(resume=...) at interrupt()")
+    parser.add_argument("--context", help="MODULE:FUNC returning the runtime context")
+    parser.add_argument("--checkpoint-db", help="SQLite path or postgresql:// URL (default: temp)")
+    parser.add_argument("--json", action="store_true", help="JSON lines, then a summary object")
+    return parser
+
+
+def positive(text):
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number of 1 or more: {text!r}")
+    return value
+
+
+def load(name, what):
+    module_name, _, attribute = name.partition(":")
+    if not module_name or not attribute:
+        raise DrillError(f"{what} must be MODULE:NAME, not {name!r}")
+    if "" not in sys.path and "." not in sys.path:
+        sys.path.insert(0, "")  # the current folder, as `python -m` does
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as error:
+        raise DrillError(f"cannot import {module_name}: {type(error).__name__}: {error}") from None
+    try:
+        value = module
+        for part in attribute.split("."):
+            value = getattr(value, part)
+    except AttributeError:
+        raise DrillError(f"{module_name} has no {attribute}") from None
+    return value
+
+
+def make_context(name):
+    factory = load(name, "--context")
+    if not callable(factory):
+        raise DrillError(f"--context {name} is not callable (a function returning the context)")
+    try:
+        return factory()
+    except Exception as error:
+        raise DrillError(f"--context {name} raised {type(error).__name__}: {error}") from None
+
+
+def parse_json(text, option):
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as error:
+        raise DrillError(f"{option} is not valid JSON: {error}") from None
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Graphs written for tests/test_effectdrill.py, in the shapes LangGraph users write them."""

@@ -1,0 +1,518 @@
+"""effectdrill on graphs nobody else in this repository wrote: real forks, real SIGKILLs, real
+SQLite files (and a real Postgres cluster) counting the effects.
+
+The library is called in-process (its crash runs fork from the test process and die by
+SIGKILL); the CLI runs in-process where nothing is killed (bad input), and as a real
+`python -m effectdrill` process on the crash path.
+"""
+
+import json
+import os
+import re
+import signal
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import zipfile
+from importlib.metadata import entry_points
+
+import pytest
+from conftest import require_postgres
+from effectdrill_graphs import broken, contextual, nested, orders, review
+from langgraph.checkpoint.sqlite import SqliteSaver
+
+import effectdrill
+from effectdrill.__main__ import main
+from labs.tools.local import ROOT, run
+from labs.tools.pg import TempPostgres
+
+GRAPHS = "effectdrill_graphs"  # the test graphs' package, in tests/ (on sys.path, as conftest's)
+pytest_plugins = ["pytester"]
+TESTS = str(ROOT / "tests")  # PYTHONPATH for a `python -m effectdrill` naming them
+SUMMARY_KEYS = {"summary", "points", "clean", "duplicates", "missing", "repeated_in_clean_run"}
+FINDING_KEYS = {"durability", "point", "effect", "count", "clean"}
+
+
+@pytest.fixture
+def orders_db(tmp_path, monkeypatch):
+    path = tmp_path / "orders.sqlite"
+    monkeypatch.setenv("ORDERS_DB", str(path))
+    return path
+
+
+@pytest.fixture
+def temp_root(tmp_path, monkeypatch):
+    """The system temp folder, for this test a folder of its own: it must be empty after."""
+    folder = tmp_path / "tmp"
+    folder.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(folder))
+    monkeypatch.setenv("TMPDIR", str(folder))
+    return folder
+
+
+def drill_orders(**options):
+    return effectdrill.drill(orders.build, {"order": "order-{thread}"}, orders_observe, **options)
+
+
+def orders_observe(thread_id):
+    return orders.observe(f"order-{thread_id}")
+
+
+def rows_of(report, mode):
+    return [row for row in report.rows if row.durability == mode]
+
+
+def test_sync_reports_each_unkeyed_effect_where_it_happened_and_its_node_was_not_saved(orders_db):
+    report = drill_orders(durability="sync", repeat=2)
+
+    assert report.clean == {"sync": {"charge": 1, "audit": 1, "ledger": 1, "shipment": 1}}
+    rows = rows_of(report, "sync")
+    points = [row.point for row in rows]
+    assert len(points) == len(set(points)) == 9  # the input's 3, then writes + checkpoint a node
+    assert report.missing == [] and report.failed == [] and report.repeated_in_clean_run == []
+    found = {(f["point"], f["effect"], f["count"], f["times"]) for f in report.duplicates}
+    assert found == {
+        ("put_writes pay [branch:to:ship, paid]", "charge", 2, 2),
+        ("put_writes ship [shipped]", "audit", 2, 2),
+    }
+    for point, effect, *_ in found:
+        (row,) = [row for row in rows if row.point == point]
+        node = orders.UNKEYED[effect]
+        # The effect happened, the node's writes were not saved: the resume runs it again.
+        step = {"pay": 1, "ship": 2}[node]  # validate is step 0
+        assert {run.saved for run in row.runs} == {f"step {step}: {node}"}
+        assert all(run.ran[0] == node for run in row.runs)
+    (after_pay,) = [row for row in rows if row.point == "put step 2"]
+    assert after_pay.runs[0].saved == "step 1: pay (writes saved)" and after_pay.verdict == "ok"
+
+
+def test_a_kill_before_the_first_checkpoint_leaves_no_next_node_but_a_task(orders_db, tmp_path):
+    """Why the drill resumes on get_state().tasks, not .next (effectdrill/README.md)."""
+    from effectdrill.core import Killer, Plan, Sqlite
+
+    db = Sqlite(str(tmp_path / "checkpoints.sqlite"))
+    plan = Plan(orders.build(), {"order": "o-1"}, orders.observe, None, None, "t")
+    assert plan.run_child(db, "sync", "put step 0", "thread-1", Killer("put step 0", True, 1))
+
+    with db.saver() as saver:
+        state = (
+            orders.build()
+            .copy(update={"checkpointer": saver})
+            .get_state({"configurable": {"thread_id": "thread-1"}})
+        )
+    assert state.next == () and state.values == {"order": "o-1"}
+    assert [task.name for task in state.tasks] == ["__start__"]
+    assert orders.observe("o-1")["charge"] == 0  # no node ran
+
+
+def test_exit_mode_reports_every_unkeyed_effect_and_no_keyed_one(orders_db):
+    report = drill_orders(durability="exit", repeat=2)
+
+    (row,) = rows_of(report, "exit")  # nothing is saved before the end: one saver call
+    assert row.point == "put step 3"
+    assert [run.saved for run in row.runs] == ["nothing", "nothing"]
+    assert [run.ran for run in row.runs] == [["validate", "pay", "ship"]] * 2
+    assert {f["effect"] for f in report.duplicates} == set(orders.UNKEYED)
+    assert all(row.counts(effect) == [2, 2] for effect in orders.UNKEYED)
+    assert all(row.counts(effect) == [1, 1] for effect in orders.KEYED)
+
+
+def test_async_repeats_each_point_and_never_repeats_a_keyed_effect(orders_db):
+    report = drill_orders(durability="async", repeat=2)
+
+    rows = rows_of(report, "async")
+    assert rows and all(len(row.runs) == 2 for row in rows)
+    assert {f["effect"] for f in report.duplicates} <= set(orders.UNKEYED)
+    assert all(row.counts(effect) == [1, 1] for row in rows for effect in orders.KEYED)
+    assert "2 runs each" in report.table()
+
+
+def test_a_graph_with_an_interrupt_is_drilled_through_it(tmp_path, monkeypatch):
+    monkeypatch.setattr(review, "DB_PATH", str(tmp_path / "review.sqlite"))
+
+    report = effectdrill.drill(
+        review.build(), {"post": "{thread}"}, review.observe, resume_with="ok"
+    )
+
+    assert report.clean == {"sync": {"draft": 1, "post": 1}}
+    assert report.repeated_in_clean_run == []
+    points = [row.point for row in report.rows]
+    assert "put_writes review [__interrupt__]" in points  # the stop at interrupt() itself
+    assert "put_writes [__resume__]" in points  # Command(resume=...) saved before review reruns
+    assert {f["effect"] for f in report.duplicates} == {"post"}
+    for finding in report.duplicates:
+        assert "publish" in finding["point"] or finding["point"].startswith("put step")
+    with pytest.raises(effectdrill.DrillError, match="stopped at interrupt\\(\\) in review"):
+        effectdrill.drill(review.build(), {"post": "{thread}"}, review.observe)
+
+
+def test_a_graph_compiled_with_its_own_saver_keeps_it_untouched(orders_db, tmp_path):
+    own_file = tmp_path / "own.sqlite"
+    own = SqliteSaver(sqlite3.connect(own_file, check_same_thread=False))
+    graph = orders.build(checkpointer=own)
+
+    report = effectdrill.drill(graph, {"order": "order-{thread}"}, orders_observe)
+
+    assert graph.checkpointer is own
+    assert {f["effect"] for f in report.duplicates} == set(orders.UNKEYED)
+    assert list(own.list(None)) == []  # not one checkpoint of the drill's in the graph's saver
+
+
+def test_the_runtime_context_reaches_every_run(tmp_path, monkeypatch):
+    monkeypatch.setenv("CONTEXT_DB", str(tmp_path / "context.sqlite"))
+
+    report = effectdrill.drill(
+        contextual.build, {"to": "{thread}"}, contextual.observe, context=contextual.make_context()
+    )
+
+    assert report.clean == {"sync": {"sent": 1}}
+    assert not report.failed and all(row.counts("sent")[0] >= 1 for row in report.rows)
+    assert [(f["point"], f["count"]) for f in report.duplicates] == [
+        ("put_writes notify [sent]", 2)
+    ]
+
+
+def test_a_subgraphs_saver_calls_are_crash_points_of_their_own(tmp_path, monkeypatch):
+    monkeypatch.setenv("NESTED_DB", str(tmp_path / "nested.sqlite"))
+
+    report = effectdrill.drill(nested.build, {"order": "{thread}"}, nested.observe)
+
+    points = [row.point for row in report.rows]
+    assert "put_writes effect [done] in child" in points  # the subgraph's namespace, no task id
+    assert [f["point"] for f in report.duplicates] == ["put_writes effect [done] in child"]
+
+
+def test_a_resume_that_fails_is_a_failed_row_not_a_usage_error(tmp_path, monkeypatch):
+    monkeypatch.setenv("STRICT_DB", str(tmp_path / "strict.sqlite"))
+
+    report = effectdrill.drill(broken.build_strict, {"item": "{thread}"}, broken.observe_strict)
+
+    (row,) = [row for row in report.rows if row.point == "put_writes book [__no_writes__]"]
+    assert row.verdict == "FAILED" and row.counts("booked") == [1]
+    assert row.failures()[0].startswith("node book: IntegrityError: UNIQUE constraint failed")
+    assert not report.ok and report.duplicates == []
+    assert "FAILED: node book: IntegrityError" in report.table()
+
+
+def test_cli_on_the_shop_prints_the_table_and_exits_1(tmp_path, temp_root):
+    env = os.environ | {"SHOP_DB": str(tmp_path / "shop.sqlite"), "TMPDIR": str(temp_root)}
+    done = run(
+        [sys.executable, "-m", "effectdrill", "labs.graphs.shop:graph"]
+        + ["--input", '{"order": "{thread}"}', "--observe", "labs.graphs.shop:observe"],
+        env=env,
+    )
+
+    assert (done.returncode, done.stderr) == (1, "")
+    lines = done.stdout.splitlines()
+    assert lines[0] == "durability sync: 9 crash points"
+    assert lines[1].split() == (
+        "point saved ran on recovery charge (clean 1) receipt (clean 1) verdict".split()
+    )
+    duplicated = [line for line in lines if "DUPLICATE" in line]
+    assert duplicated[0].startswith("put_writes charge [branch:to:send_receipt, charged]")
+    assert all("receipt" not in line.split("  ")[-1] for line in duplicated)
+    assert lines[-1].startswith("summary: 9 crash points, ")
+    assert list(temp_root.iterdir()) == []
+
+
+def test_cli_json_on_the_approval_graph_reports_the_clean_run_repeating(tmp_path, temp_root):
+    env = os.environ | {"APPROVAL_DB": str(tmp_path / "approval.sqlite")}
+    done = run(
+        [sys.executable, "-m", "effectdrill", "labs.graphs.approval:graph", "--json"]
+        + ["--input", '{"refund": "{thread}"}', "--observe", "labs.graphs.approval:observe"]
+        + ["--resume-with", "true", "--durability", "all"],
+        env=env,
+    )
+
+    assert (done.returncode, done.stderr) == (1, "")
+    *rows, summary = [json.loads(line) for line in done.stdout.splitlines()]
+    assert SUMMARY_KEYS <= set(summary) and summary["summary"] is True
+    assert summary["points"] == len(rows) and {r["durability"] for r in rows} == {
+        "sync",
+        "async",
+        "exit",
+    }
+    assert summary["clean"] == {"request": 2, "notice": 1}  # the interrupt re-ran the request
+    assert summary["repeated_in_clean_run"] == ["request"]
+    assert all(FINDING_KEYS <= set(f) for f in summary["duplicates"])
+    assert {f["effect"] for f in summary["duplicates"]} == {"request"}
+    assert all(r["counts"]["notice"] == [1] for r in rows)
+
+
+def test_cli_with_context_and_postgres_checkpoints(tmp_path):
+    require_postgres()
+    env = os.environ | {"CONTEXT_DB": str(tmp_path / "context.sqlite"), "PYTHONPATH": TESTS}
+    with TempPostgres() as pg:
+        done = run(
+            [sys.executable, "-m", "effectdrill", f"{GRAPHS}.contextual:build", "--json"]
+            + ["--input", '{"to": "{thread}"}', "--observe", f"{GRAPHS}.contextual:observe"]
+            + ["--context", f"{GRAPHS}.contextual:make_context", "--checkpoint-db", pg.url],
+            env=env,
+        )
+        import psycopg
+
+        with psycopg.connect(pg.url) as conn:
+            threads = conn.execute("SELECT COUNT(DISTINCT thread_id) FROM checkpoints").fetchone()
+
+    assert (done.returncode, done.stderr) == (1, "")
+    summary = json.loads(done.stdout.splitlines()[-1])
+    duplicated = [(f["point"], f["effect"]) for f in summary["duplicates"]]
+    assert duplicated == [("put_writes notify [sent]", "sent")]
+    assert threads[0] == summary["points"] + 1  # the clean run and one per crash point
+
+
+def test_the_library_and_cli_agree_on_a_clean_graph(tmp_path, monkeypatch):
+    """A graph whose only effect is keyed: exit 0, report.ok, assert_clean passes."""
+    monkeypatch.setattr(review, "DB_PATH", str(tmp_path / "review.sqlite"))
+    report = effectdrill.drill(
+        review.build, {"post": "{thread}"}, review.observe_drafts, resume_with="ok"
+    )
+    assert report.ok and report.assert_clean() is report
+    assert report.table().endswith(
+        "summary: 11 crash points, 0 duplicate, 0 missing, 0 failed resumes, clean run ok"
+    )
+
+    code = main(
+        [f"{GRAPHS}.review:build", "--input", '{"post": "{thread}"}', "--resume-with", '"ok"']
+        + ["--observe", f"{GRAPHS}.review:observe_drafts"]
+    )
+    assert code == 0
+
+
+def test_assert_clean_raises_with_the_table(orders_db):
+    report = drill_orders()
+    with pytest.raises(AssertionError) as raised:
+        report.assert_clean()
+    assert "DUPLICATE charge" in str(raised.value) and "summary:" in str(raised.value)
+
+
+BAD_INPUTS = {
+    "no module": (["nosuch.module:graph"], "cannot import nosuch.module: ModuleNotFoundError"),
+    "no attribute": ([f"{GRAPHS}.broken:nothing"], f"{GRAPHS}.broken has no nothing"),
+    "not a graph": ([f"{GRAPHS}.broken:NOT_A_GRAPH"], "not a compiled LangGraph graph: str"),
+    "bad json": ([f"{GRAPHS}.orders:build", "--input", "{order: 1}"], "--input is not valid JSON"),
+    "node fails": (
+        [f"{GRAPHS}.broken:build", "--observe", f"{GRAPHS}.broken:observe_nothing"],
+        "the graph failed in its clean run: node pick: ValueError: no stock for x",
+    ),
+    "async nodes": (
+        [f"{GRAPHS}.broken:build_async", "--observe", f"{GRAPHS}.broken:observe_nothing"],
+        "the graph failed in its clean run: node pick_later: TypeError: No synchronous function",
+    ),
+    "observer raises": (
+        [f"{GRAPHS}.orders:build", "--observe", f"{GRAPHS}.broken:observe_raises"],
+        "the observer raised RuntimeError: the shop database is down",
+    ),
+    "observer list": (
+        [f"{GRAPHS}.orders:build", "--observe", f"{GRAPHS}.broken:observe_list"],
+        "the observer must return a dict of effect name -> count, not [1]",
+    ),
+    "observer text": (
+        [f"{GRAPHS}.orders:build", "--observe", f"{GRAPHS}.broken:observe_text_counts"],
+        "the observer must return a dict of effect name -> count, not {'charge': '1'}",
+    ),
+    "sqlite unopenable": (
+        [f"{GRAPHS}.orders:build", "--checkpoint-db", "/nonexistent/folder/c.sqlite"],
+        "cannot open the SQLite database /nonexistent/folder/c.sqlite: unable to open",
+    ),
+    "sqlite not a database": (
+        [f"{GRAPHS}.orders:build", "--checkpoint-db", "{tmp}/notes.txt"],
+        "cannot open the SQLite database {tmp}/notes.txt: file is not a database",
+    ),
+    "postgres unreachable": (
+        [f"{GRAPHS}.orders:build", "--checkpoint-db", "postgresql://u:secret@127.0.0.1:1/x"],
+        "cannot open the database postgresql://u:***@127.0.0.1:1/x: OperationalError",
+    ),
+    "in-memory": (
+        [f"{GRAPHS}.orders:build", "--checkpoint-db", ":memory:"],
+        "an in-memory checkpoint database dies with the killed process",
+    ),
+    "repeat 0": ([f"{GRAPHS}.orders:build", "--repeat", "0"], "argument --repeat: must be"),
+    "durability": ([f"{GRAPHS}.orders:build", "--durability", "never"], "argument --durability"),
+    "context raises": (
+        [f"{GRAPHS}.orders:build", "--context", f"{GRAPHS}.broken:observe_raises"],
+        f"--context {GRAPHS}.broken:observe_raises raised TypeError",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", BAD_INPUTS, ids=str)
+def test_bad_input_is_one_line_and_exit_2_with_nothing_left(
+    case, orders_db, tmp_path, temp_root, capsys
+):
+    (tmp_path / "notes.txt").write_text("not a database, " * 100)
+    argv, message = BAD_INPUTS[case]
+    argv = [arg.replace("{tmp}", str(tmp_path)) for arg in argv]
+    message = message.replace("{tmp}", str(tmp_path))
+    defaults = {"--input": '{"item": "x", "order": "{thread}"}'}
+    defaults["--observe"] = f"{GRAPHS}.orders:observe"
+    for option, value in defaults.items():
+        if option not in argv:
+            argv = [*argv, option, value]
+
+    code = main(argv)
+
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.count("\n") == 1 and err.startswith("effectdrill: "), err
+    assert message in err
+    assert "secret" not in err
+    assert list(temp_root.iterdir()) == []
+    assert_no_children()
+
+
+def test_an_observer_failing_after_crash_runs_leaves_no_child_or_folder(orders_db, temp_root):
+    calls = []
+
+    def observe_then_fail(thread_id):
+        calls.append(thread_id)
+        if len(calls) > 5:  # clean run before/after, crash runs 1 and 2 before/after...
+            raise OSError("disk gone")
+        return orders_observe(thread_id)
+
+    with pytest.raises(effectdrill.DrillError, match="the observer raised OSError: disk gone"):
+        effectdrill.drill(orders.build, {"order": "order-{thread}"}, observe_then_fail)
+    assert list(temp_root.iterdir()) == []
+    assert_no_children()
+
+
+def test_an_observer_counting_every_thread_is_refused(orders_db):
+    def observe_all(thread_id):
+        with orders.connect() as db:
+            return {"charge": db.execute("SELECT COUNT(*) FROM effects").fetchone()[0]}
+
+    with pytest.raises(effectdrill.DrillError, match="must count only the effects of the thread"):
+        effectdrill.drill(orders.build, {"order": "order-{thread}"}, observe_all)
+
+
+def test_a_saver_object_in_memory_is_refused(orders_db):
+    from langgraph.checkpoint.memory import InMemorySaver
+
+    with pytest.raises(effectdrill.DrillError, match="in-memory checkpoint database dies"):
+        drill_orders(checkpoint_db=InMemorySaver())
+
+
+def test_without_fork_it_says_posix_only(monkeypatch, capsys):
+    monkeypatch.delattr(os, "fork")
+    assert main(["x:y", "--input", "{}", "--observe", "x:y"]) == 2
+    assert capsys.readouterr().err == (
+        "effectdrill: effectdrill needs POSIX fork() and SIGKILL: on Windows run it under WSL "
+        "or in a Linux container\n"
+    )
+
+
+def test_ctrl_c_exits_130_and_reaps_the_child(tmp_path, temp_root):
+    """A real SIGINT to a drill whose crash child blocks: one line, 130, nothing left."""
+    env = os.environ | {"ORDERS_DB": str(tmp_path / "o.sqlite"), "TMPDIR": str(temp_root)}
+    env["PYTHONPATH"] = TESTS
+    script = (
+        "import effectdrill.__main__ as m, sys, time\n"
+        "from effectdrill_graphs import orders\n"
+        "import effectdrill.core as d\n"
+        "d.CHILD_POLL_S = 0.01\n"
+        "ready = open(sys.argv[1], 'w')\n"
+        "real = d.Plan.run_child\n"
+        "def run_child(self, *a):\n"
+        "    ready.write('forking'); ready.flush()\n"
+        "    return real(self, *a)\n"
+        "d.Plan.run_child = run_child\n"
+        "sys.exit(m.main(sys.argv[2:]))\n"
+    )
+    ready = tmp_path / "ready"
+    ready.touch()
+    proc = subprocess.Popen(
+        [sys.executable, "-c", script, str(ready), "effectdrill_graphs.orders:build"]
+        + ["--input", '{"order": "{thread}"}', "--observe", "effectdrill_graphs.orders:observe"]
+        + ["--repeat", "50"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    from labs.tools.local import wait_until
+
+    try:
+        wait_until(lambda: proc.poll() is not None or ready.read_text(), 60, "the drill to fork")
+    finally:
+        if proc.poll() is not None:
+            pytest.fail(f"the drill ended before Ctrl-C: {proc.communicate()}")
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+
+    assert (proc.returncode, err, out) == (130, "effectdrill: interrupted\n", "")
+    assert list(temp_root.iterdir()) == []
+
+
+def test_the_fixture_drills_a_graph_in_three_lines(pytester, tmp_path, monkeypatch):
+    monkeypatch.setenv("SHOP_DB", str(tmp_path / "shop.sqlite"))
+    monkeypatch.setattr(review, "DB_PATH", str(tmp_path / "review.sqlite"))
+    pytester.makepyfile(
+        test_user_project="""
+        from labs.graphs import shop
+        from effectdrill_graphs import review
+
+        def test_the_shop(effect_drill):
+            effect_drill(shop.graph, {"order": "{thread}"}, shop.observe).assert_clean()
+
+        def test_the_reviews(effect_drill):
+            effect_drill(
+                review.build, {"post": "{thread}"}, review.observe_drafts, resume_with=1
+            ).assert_clean()
+        """
+    )
+    installed = any(e.name == "effect_drill" for e in entry_points(group="pytest11"))
+    result = pytester.runpytest_inprocess(*([] if installed else ["-p", "effectdrill.plugin"]))
+
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(["*put_writes charge *DUPLICATE charge*", "*summary: 9 crash*"])
+
+
+def test_the_package_builds_with_only_effectdrill_and_its_plugin(tmp_path):
+    source = tmp_path / "src"
+    source.mkdir()
+    (source / "pyproject.toml").write_bytes((ROOT / "pyproject.toml").read_bytes())
+    subprocess.run(["cp", "-r", str(ROOT / "effectdrill"), str(source)], check=True)
+    done = run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps"]
+        + ["-w", str(tmp_path / "dist"), str(source)],
+    )
+    assert done.returncode == 0, done.stderr
+    (wheel,) = (tmp_path / "dist").glob("effectdrill-*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        names = archive.namelist()
+        meta = next(n for n in names if n.endswith(".dist-info/METADATA"))
+        metadata = archive.read(meta).decode()
+        points = archive.read(meta.replace("METADATA", "entry_points.txt")).decode()
+    assert {n.split("/")[0] for n in names if not n.startswith("effectdrill-")} == {"effectdrill"}
+    assert "Requires-Dist: langgraph<2,>=1.2" in metadata
+    assert "[pytest11]\neffect_drill = effectdrill.plugin" in points
+
+
+# helpers
+
+
+def assert_no_children():
+    """Every child the drill forked was reaped (waitpid: no child processes at all)."""
+    with pytest.raises(ChildProcessError):
+        os.waitpid(-1, os.WNOHANG)
+
+
+def test_the_benchmark_prints_its_medians():
+    done = run(
+        [sys.executable, "-m", "labs.tools.bench_drill", "--runs", "1", "--all-runs", "1"]
+        + ["--repeat", "1", "--calls", "20"]
+    )
+
+    assert (done.returncode, done.stderr) == (0, "")
+    lines = done.stdout.splitlines()
+    assert re.fullmatch(
+        r"one mode \(sync\), 9 crash points: median \d+\.\d\d s over 1 drills", lines[0]
+    )
+    assert lines[1].startswith("--durability all --repeat 1, 19 crash points, 19 crash runs: ")
+    assert re.fullmatch(
+        r"saver call \(put and put_writes of a clean run\): median [\d.]+ us on SqliteSaver, "
+        r"[\d.]+ us through the drill's wrapper \([-+][\d.]+ us\)",
+        lines[2],
+    )
+    assert lines[3].startswith("clean run of the shop (9 saver calls): median ")
