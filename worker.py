@@ -472,11 +472,20 @@ class Worker:
         return False
 
     async def drain_when_idle(self):
-        queries = self.pgq.qm.queries
+        """--drain: stop once no job is left. While the only jobs left run on other workers
+        (lab 10's held job never ends on its own), say so once rather than wait in silence."""
+        queries, idle_since, told = self.pgq.qm.queries, None, False
         while not self.pgq.shutdown.is_set():
             await asyncio.sleep(POLL_S)
-            if not self.running and not any(map(unfinished, await jobs(queries))):
+            left = [] if self.running else [j for j in await jobs(queries) if unfinished(j)]
+            if not self.running and not left:
                 self.pgq.shutdown.set()
+            elsewhere = left and all(j["status"] == "running" for j in left)
+            idle_since = (idle_since or time.monotonic()) if elsewhere else None
+            if idle_since and not told and time.monotonic() - idle_since > NO_WORKER_NOTICE_S:
+                workers = ", ".join(sorted({j["worker"] for j in left}))
+                say(f"--drain: waiting for {len(left)} job(s) running on other workers ({workers})")
+                told = True
 
 
 class JobDead(Exception):

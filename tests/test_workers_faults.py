@@ -8,6 +8,7 @@ and started again on the same port, a receiver process killed and started again,
 
 import json
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -303,3 +304,29 @@ def test_sigterm_drains_the_running_graph_at_its_next_step_and_requeues_its_job_
     assert waited.returncode == 0, waited.stderr
     assert [e["resume"] for e in workers.events("job")] == [False, True]
     assert_each_operation_has_one_ticket(env, 1)
+
+
+def test_run_drain_says_when_the_only_jobs_left_run_on_another_worker(env, receiver, workers):
+    """Lab 10's held job never ends on its own: `run --drain` says what it waits for."""
+    env["FAILPOINTS"] = ""
+    held = ["--thread", "h", "--operation", "h:op", "--lab-hold", "after-ack"]
+    assert worker(env, "submit", *held).returncode == 0
+    workers.start(1)
+    assert worker(env, "wait", "--for", "hold", "--thread", "h").returncode == 0
+    drain = subprocess.Popen(
+        [sys.executable, str(ROOT / "worker.py"), "run", "--drain"],
+        env=env,
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        line = drain.stderr.readline()
+        assert line == (
+            "worker.py: --drain: waiting for 1 job(s) running on other workers "
+            f"({socket.gethostname()}:{workers.procs[0].pid})\n"
+        )
+    finally:
+        drain.kill()
+        drain.wait()
