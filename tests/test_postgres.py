@@ -105,8 +105,9 @@ def test_workers_refuse_a_sqlite_checkpointer(tmp_path):
     ids=["nobody-answers", "malformed"],
 )
 def test_a_worker_with_a_bad_queue_url_says_so_in_one_line(url, code, says, tmp_path):
+    url = url.format(port=free_port())  # WORKER_DB_WAIT_S: give up on a refusal after 1 s
     done = run_worker(
-        lab_env(tmp_path, free_port(), CHECKPOINT_DB=url.format(port=free_port())), "status"
+        lab_env(tmp_path, free_port(), CHECKPOINT_DB=url, WORKER_DB_WAIT_S="1"), "status"
     )
     assert done.returncode == code, done.stderr
     assert done.stderr.startswith(says) and len(done.stderr.splitlines()) == 1, done.stderr
