@@ -17,7 +17,7 @@ TEST_WORKERS ?= 4  # pytest-xdist processes: most of a test waits on a receiver,
 GUIDES ?= labs/01-the-duplicate.md labs/02-the-keyed-fix.md labs/03-a-retry-is-not-a-new-request.md
 UV := $(abspath $(PY)) -m uv pip compile --quiet --universal --python-version 3.11 --generate-hashes --no-header
 
-.PHONY: demo reset test lint bench bench-workers bench-docker drill chaos scale-chaos starter lock clean
+.PHONY: demo reset test test-fast lint bench bench-workers bench-docker drill chaos scale-chaos starter lock clean
 
 $(VENV)/.installed: requirements.txt requirements-dev.txt
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' \
@@ -36,6 +36,9 @@ reset: $(VENV)/.installed  ## your own lab: `down -v` of project stateful-lab, t
 
 test: $(VENV)/.installed lint  ## the whole suite; the Docker tier runs when an engine answers
 	$(PY) -m pytest -n $(TEST_WORKERS)
+
+test-fast: $(VENV)/.installed  ## the inner loop: no Docker, no Postgres, no test marked long
+	LAB_SKIP_POSTGRES=1 $(PY) -m pytest -n $(TEST_WORKERS) -m "not docker and not long" -q
 
 lint: $(VENV)/.installed
 	$(PY) -m ruff check .

@@ -119,8 +119,9 @@ def test_a_dest_that_is_not_empty_is_refused_and_left_alone(tmp_path, capsys):
 
 @pytest.mark.docker
 def test_the_starters_docker_commands_work_and_survive_a_kill_in_the_window(built):
-    """The README's two commands, then a run killed after the ack and resumed: one ticket. In a
-    project and with an image tag of its own, removed afterwards; the lab's image is untouched."""
+    """The README's two commands, then a run killed after the ack and resumed: one ticket; and
+    the starter's suite inside its image (only its lock installed). In a project and with an
+    image tag of its own, removed afterwards; the lab's image is untouched."""
     compose = ["docker", "compose"]  # the starter's compose.yaml has a top-level name: (v2)
     if not docker_engine_answers() or run_command([*compose, "version"]).returncode != 0:
         if os.environ.get("LAB_REQUIRE_DOCKER") == "1":
@@ -152,6 +153,14 @@ def test_the_starters_docker_commands_work_and_survive_a_kill_in_the_window(buil
         listed = run("run", "--rm", "workflow", "tickets")
         assert listed.returncode == 0, listed.stderr[-2000:]
         assert re.findall(r'"key": "(o-\d)"', listed.stdout) == ["o-1", "o-2"]
+
+        # Its own suite in its own image: the lock alone is enough to run it.
+        suite = run_command(
+            ["docker", "run", "--rm", "--read-only", "--tmpfs", "/tmp", "-v", f"{built}:/src:ro",
+             "-w", "/src", f"{tag}:local", "python", "-m", "unittest"],
+            timeout=300,
+        )  # fmt: skip
+        assert suite.returncode == 0 and "\nOK" in suite.stderr, suite.stderr[-3000:]
     finally:
         down = run("down", "-v")
         # Not `down --rmi all`: Compose deletes the image but not its untagged parent layers,

@@ -5,7 +5,7 @@
 DEST gets CORE byte for byte (what the tests of this repository run is what a copier gets) and
 every file under labs/tools/starter/: a README, a Dockerfile and compose.yaml with their own image
 and project names, requirements.in and its hashed lock with only what the core imports, and a
-standard-library test suite that crashes a run in its window and counts the tickets.
+unittest suite that crashes a run in its window, drills its graph and counts the tickets.
 Exit codes: 0 written; 2 DEST exists and is not an empty folder, or a core file is missing
 (nothing is written).
 """

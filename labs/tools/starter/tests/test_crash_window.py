@@ -1,7 +1,7 @@
 """The guarantee, checked with real processes: a run that dies in its crash window and is resumed
 leaves exactly one ticket, and a key is never reused for another ticket.
 
-    python -m unittest            (from the starter's folder; the standard library only)
+    python -m unittest            (from the starter's folder, with requirements.txt installed)
 
 Each test starts api.py on a free loopback port with its data in a temporary folder and runs
 workflow.py as a real subprocess, with FAILPOINTS opening the window for real: `kill` is a
