@@ -2,7 +2,7 @@
 # Variables: BACKEND=auto|local|docker  STEP=1  RUNS=30  JSON=1  PYTHON=python3 (3.11+)
 # Recipes are silent (@) and the bootstrap talks on stderr, so `make drill JSON=1 | jq .` and
 # `make chaos | jq` see the tools' JSON on stdout and nothing else.
-#            WORKERS=3  OPERATIONS=60  MODE=safe|naive (scale-chaos)
+#            WORKERS=3  OPERATIONS=60  MODE=safe|naive  FAULTS=kill,freeze,... (scale-chaos)
 
 PYTHON ?= python3
 VENV := .venv
@@ -10,6 +10,7 @@ PY := $(VENV)/bin/python
 BACKEND ?= auto
 RUNS ?= 30
 WORKERS ?= 3
+FAULTS ?= kill,freeze,pg-restart,receiver-outage,deploy
 OPERATIONS ?= 60
 MODE ?= safe
 TEST_WORKERS ?= 4  # pytest-xdist processes: most of a test waits on a receiver, a workflow or Docker
@@ -62,8 +63,8 @@ bench-workers: $(VENV)/.installed  ## operations per second with 1, 2 and 4 work
 bench-docker: $(VENV)/.installed  ## the Compose lifecycle timed on a real engine (up, restart, down)
 	@$(PY) -m labs.tools.measure_docker
 
-scale-chaos: $(VENV)/.installed  ## WORKERS workers on a throwaway Postgres, killed and frozen at random
-	@$(PY) -m labs.tools.scale_chaos --workers $(WORKERS) --operations $(OPERATIONS) --mode $(MODE)
+scale-chaos: $(VENV)/.installed  ## WORKERS workers on a throwaway Postgres; FAULTS strike them and their dependencies
+	@$(PY) -m labs.tools.scale_chaos --workers $(WORKERS) --operations $(OPERATIONS) --mode $(MODE) --faults $(FAULTS)
 
 lock: $(VENV)/.installed  ## regenerate the hashed lock files (the starter's too) from the .in files
 	$(UV) -o requirements.txt requirements.in

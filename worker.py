@@ -2,7 +2,7 @@
 
     python worker.py submit --thread T --operation K [--mode safe] [--title ...]
     python worker.py run [--drain]        a worker; --drain: exit once no job is queued or running
-    python worker.py status               the queue's jobs
+    python worker.py status               every job: queued, running, stalled, retrying, dead, done
     python worker.py wait [--thread T]    until no job (of thread T) is queued or running
     python worker.py state --thread T     the thread's checkpoint, as `workflow.py state`
 
@@ -11,7 +11,7 @@ from the job's input when the thread has no checkpoint, else from its checkpoint
 The checkpoints and the queue live in the same Postgres database (CHECKPOINT_DB), so any worker
 on any machine can resume any thread.
 
-The queue is pgqueuer, not procrastinate; both keep jobs in Postgres and both were tried (see
+The queue is pgqueuer 1.6, not procrastinate; both keep jobs in Postgres and both were tried (see
 the README's "Past one machine"). pgqueuer because:
   - a worker that dies is handled by the queue itself: every job has its own heartbeat, and every
     dequeue also takes `picked` jobs whose heartbeat is older than heartbeat_timeout. procrastinate
@@ -19,47 +19,99 @@ the README's "Past one machine"). pgqueuer because:
   - one job per thread: enqueue's dedupe_key is unique over queued and picked jobs, so a second
     job for a thread that has one is refused at submit. procrastinate's lock= instead queues both
     and runs them one after the other.
-  - its schema install is idempotent under a lock (procrastinate's `schema --apply` is not).
-  The price: handlers are async, so the sync graph.invoke runs in asyncio.to_thread. Run in the
-  event loop, it would block the loop, stop the job's heartbeat, and another worker would take a
-  job that is still running.
+  - a retry is a row update in the database (RetryRequested: the job is queued again with a later
+    execute_after), so any worker may take the retry, and it survives the worker that asked for it.
+  Neither installs its schema idempotently: pgqueuer's Queries.install() run twice raises
+  DuplicateObjectError (CREATE TYPE without IF NOT EXISTS), and procrastinate's `schema --apply`
+  fails too. open_queue() checks schema_is_installed() under schema_lock() first.
+  The price: pgqueuer 1.6 takes async entrypoints only, so the sync graph.invoke runs in
+  asyncio.to_thread. Run in the event loop, it would block the loop, stop the job's heartbeat, and
+  another worker would take a job that is still running.
+
+What a worker survives:
+  - its database going away (a restart, a failover): one line when the connection is lost, one
+    when it is back, reconnecting with bounded exponential backoff and jitter. Jobs it had running
+    finish, or go to another worker once their heartbeat is stale, as when a worker dies.
+  - the receiver going away for longer than the client's own retries: the job goes back to the
+    queue and is tried again later (WORKER_JOB_ATTEMPTS runs in all), resuming its thread from its
+    checkpoint, so its effect is keyed as always. A job that used them all is dead: `status` shows
+    its last error, and `wait` names its operation and exits 5.
+  - a deploy: SIGTERM asks every running graph to drain at its next step boundary (RunControl,
+    LangGraph 1.1 and later); its checkpoint is saved and its job is queued again at once for
+    another worker. The worker exits 0 once its graphs have stopped.
 
 Neither queue can stop a worker that froze (a long GC pause, SIGSTOP, a paused VM) for longer than
 its heartbeat and then wakes up: by then its job is another worker's, and the woken worker still
 finishes its run. Two runs of one thread: only the receiver's idempotency key keeps the second
 effect harmless (lab 10).
 
-Output is one JSON object per line (workflow.py's emit). Exit codes: workflow.py's, and 4 when a
-thread already has a job queued or running; `run` exits 0 on SIGTERM once its running jobs are
-done, 130 on Ctrl-C; a second Ctrl-C or SIGTERM stops it at once (130, 143), as a crash would, and
-its running jobs go to another worker once their heartbeat is stale.
+Output is one JSON object per line (workflow.py's emit). Exit codes: workflow.py's (3 also when
+CHECKPOINT_DB does not answer within WORKER_DB_WAIT_S), 4 when a thread already has a job queued
+or running, 5 when `wait` finds dead jobs; `run` exits 0 on SIGTERM once its graphs have drained,
+130 on Ctrl-C; a second Ctrl-C or SIGTERM stops it at once (130, 143), as a crash would, and its
+running jobs go to another worker once their heartbeat is stale.
 
 Configuration (environment, read in main()):
     API_URL, API_TIMEOUT_S, API_ATTEMPTS   as for workflow.py (compose sets API_URL)
     CHECKPOINT_DB        postgresql://... (required: checkpoints and queue; compose sets it)
     WORKER_HEARTBEAT_S   10: a job whose worker has not beaten for this long goes to another one
-    WORKER_LAB_ACK_DELAY_S  0: lab-only, seconds to wait after each receiver answer (scale chaos)
+    WORKER_JOB_ATTEMPTS  6: runs of a job that fails for a retryable reason, before it is dead;
+                         set at submit, carried by the job
+    WORKER_RETRY_S       2: seconds before the first retry, doubled each time, at most
+                         WORKER_RETRY_MAX_S (60); each wait is a random part (half to all) of it.
+                         With the defaults the retries wait 31-62 s in all: an outage shorter
+                         than that is waited out, and a receiver gone for good makes the job dead
+                         about a minute after its first failure, not never.
+    WORKER_DB_WAIT_S     10: seconds submit, status and a starting worker wait for a database
+                         that does not answer (wait uses its --timeout), then exit 3
+    FAILPOINTS           the core's fault points (workflow.POINTS), for every job of this worker:
+                         scale chaos sets "after-ack=sleep(0.2)" to widen the crash window
 """
 
 import asyncio
+import contextlib
+import contextvars
 import dataclasses
 import json
+import logging
 import os
+import random
 import signal
+import socket
 import sys
 import threading
 import time
+import urllib.error
 from datetime import timedelta
 
-import lab
+import failpoints
+import lab  # lab-only: the lab's graph (--mode), built from the core's nodes
 import workflow
 from workflow import EXIT_NO_ANSWER, EXIT_THREAD, EXIT_USAGE, UserError, emit
 
 ENTRYPOINT = "operation"  # the one kind of job: run one operation's thread
 JOBS_PER_WORKER = 2  # pgqueuer's minimum cap for a batch of 1 (max_concurrent_tasks >= 2 x batch)
 POLL_S = 0.1  # seconds between looks at the queue in `wait` and --drain
-ACTIVE = ("queued", "picked")  # a job some worker will still run; a failed one stays, held
-CONNECT_TIMEOUT_S = 10  # seconds for the queue's connection: a database that does not answer
+CONNECT_TIMEOUT_S = 10  # seconds for one connection attempt: a database that does not answer
+DB_WAIT_S = 10.0  # submit, status, a starting worker: how long a database outage is waited out
+RECONNECT_FIRST_S = 0.25  # the first pause before connecting again, doubled each time ...
+RECONNECT_MAX_S = 5.0  # ... up to this: a database back after a restart is found within ~5 s
+JOB_ATTEMPTS = 6  # runs of a job that keeps failing for a retryable reason (see the docstring)
+RETRY_S = 2.0  # the first retry's delay: longer than the client's own retries (~1.75 s)
+RETRY_MAX_S = 60.0  # the longest delay between two runs of a job
+NO_WORKER_NOTICE_S = 3.0  # `wait` says nothing is running the queued jobs after this long
+EXIT_DEAD = 5  # `wait`: jobs used up their attempts; their operations did not finish
+DRAINED = "drained"  # the reason on a job that a deploy sent back to the queue
+
+# worker.py's own bookkeeping beside pgqueuer's tables: who runs (a worker's session is alive
+# while its queue connection is: pg_stat_activity), and what became of each job.
+WORKER_TABLES = (
+    """CREATE TABLE IF NOT EXISTS worker_sessions (
+        queue_manager_id uuid PRIMARY KEY, name text NOT NULL, backend_pid int NOT NULL)""",
+    """CREATE TABLE IF NOT EXISTS worker_jobs (
+        job bigint PRIMARY KEY, thread text NOT NULL, operation text NOT NULL,
+        failures int NOT NULL DEFAULT 0, last_error text, ticket_id int, done timestamptz)""",
+)
 
 
 class LineStdout:
@@ -89,57 +141,13 @@ def require_postgres(url):
         )
 
 
-async def connect(url):
-    """The queue's own connection, with one line for a bad URL or a database that does not answer.
-
-    asyncpg, the driver of pgqueuer's own examples, rather than psycopg (which LangGraph's
-    PostgresSaver uses for the checkpoints): pgqueuer's psycopg driver shares one connection between
-    LISTEN and the queries and waits for notifications 1 s at a time
-    (pgqueuer/adapters/drivers/psycopg.py, watch_notifies), and psycopg's AsyncConnection.notifies()
-    holds the connection's lock while it waits (psycopg/connection_async.py; psycopg issue #340), so
-    each query of a running worker could wait up to a second. Measured in lab 10: taking over a dead
-    worker's job and draining took 9 s with psycopg, 3 s with asyncpg."""
-    import asyncpg
-
-    try:
-        return await asyncpg.connect(url, timeout=CONNECT_TIMEOUT_S)
-    except ValueError as error:  # a malformed URL, or a parameter asyncpg does not know
-        raise UserError(f"CHECKPOINT_DB is not a usable URL ({error})", EXIT_USAGE) from error
-    except TimeoutError as error:  # e.g. a host name Docker's resolver cannot answer for
-        reason = f"no answer within {CONNECT_TIMEOUT_S} s"
-        raise UserError(f"cannot open CHECKPOINT_DB ({reason})", EXIT_NO_ANSWER) from error
-    except (OSError, asyncpg.PostgresError) as error:
-        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise UserError(f"cannot open CHECKPOINT_DB ({reason})", EXIT_NO_ANSWER) from error
-
-
-async def open_queue(url):
-    """pgqueuer's Queries on a new connection, its tables installed once (under its own lock)."""
-    from pgqueuer import Queries
-
-    queries = Queries.from_asyncpg_connection(await connect(url))
-    async with queries.schema_lock():
-        if not await queries.schema_is_installed():
-            await queries.install()
-    return queries
-
-
-async def jobs(queries, thread=None):
-    """The queue's jobs, oldest first: queued, picked, and failed ones, which stay (held) for you to
-    see; a job that succeeded leaves the table."""
-    table = queries.qbe.qualified.queue_table
-    rows = await queries.driver.fetch(
-        f"SELECT id, status, dedupe_key FROM {table} "  # noqa: S608 (pgqueuer's own table name)
-        "WHERE entrypoint = $1 AND ($2::text IS NULL OR dedupe_key = $2) ORDER BY id",
-        ENTRYPOINT,
-        thread,
-    )
-    return [{"job": r["id"], "status": r["status"], "thread": r["dedupe_key"]} for r in rows]
+# --- the queue: submit, status, wait ---------------------------------------------------------
 
 
 async def enqueue(queries, operation):
     """Queue one operation; the job's id. dedupe_key: one queued-or-running job per thread,
-    enforced by a unique index, so a second one raises UserError (exit 4)."""
+    enforced by a unique index, so a second one raises UserError (exit 4). A dead job of the
+    thread is replaced: submitting again is how its operation gets another go."""
     from pgqueuer.errors import DuplicateJobError
 
     thread = operation["thread"]
@@ -151,12 +159,24 @@ async def enqueue(queries, operation):
         raise UserError(
             f"thread {thread!r} already has a job queued or running; wait for it", EXIT_THREAD
         ) from error
+    table = queries.qbe.qualified.queue_table
+    await queries.driver.execute(
+        f"DELETE FROM {table} WHERE dedupe_key = $1 AND status = 'failed'",  # noqa: S608
+        thread,
+    )
+    await queries.driver.execute(
+        "INSERT INTO worker_jobs (job, thread, operation) VALUES ($1, $2, $3)",
+        job,
+        thread,
+        operation["operation_id"],
+    )
     return job
 
 
 async def submit(args):
-    queries = await open_queue(args.checkpoint_db)
+    queries = await open_queue(args.checkpoint_db, time.monotonic() + args.db_wait_s)
     operation = {"thread": args.thread, "operation_id": args.operation, "title": args.title}
+    operation["attempts"] = args.job_attempts
     operation.update(lab_operation_fields(args))  # lab-only: --mode, --lab-hold
     job = await enqueue(queries, operation)
     await lab_forget_hold(queries, args)  # lab-only
@@ -164,120 +184,492 @@ async def submit(args):
 
 
 async def status(args):
-    queries = await open_queue(args.checkpoint_db)
+    queries = await open_queue(args.checkpoint_db, time.monotonic() + args.db_wait_s)
     emit("jobs", jobs=await jobs(queries))
 
 
 async def wait(args):
     """Until no job (of --thread) is queued or running, and no worker is still running it."""
-    queries = await open_queue(args.checkpoint_db)
+    deadline = time.monotonic() + args.timeout
+    queries = await open_queue(args.checkpoint_db, deadline)
     if args.wait_for == "hold":  # lab-only
         return await lab_wait_for_hold(queries, args)  # lab-only
-    deadline = time.monotonic() + args.timeout
+    unattended_since, told = None, False
     while True:
-        busy = any(j["status"] in ACTIVE for j in await jobs(queries, args.thread))
-        busy = busy or await lab_holding(queries, args.thread)  # lab-only
-        if not busy:
+        try:
+            listed = await jobs(queries, args.thread)
+            live = await live_workers(queries)
+            busy = await lab_holding(queries, args.thread)  # lab-only
+        except Exception as error:
+            if not lost_connection(error):
+                raise
+            queries = await open_queue(args.checkpoint_db, deadline)  # a short outage: wait it out
+            continue
+        pending = [j for j in listed if unfinished(j)]
+        if not pending and not busy:
             break
+        unattended_since = None if live or not pending else unattended_since or time.monotonic()
+        if (
+            unattended_since
+            and not told
+            and time.monotonic() - unattended_since > NO_WORKER_NOTICE_S
+        ):
+            print(f"worker.py: {no_worker(pending)}", file=sys.stderr, flush=True)
+            told = True
         if time.monotonic() > deadline:
-            raise UserError(f"still running after {args.timeout:g} s", EXIT_NO_ANSWER)
+            what = no_worker(pending) if not live else f"{len(pending)} job(s) still running"
+            raise UserError(f"{what} after {args.timeout:g} s", EXIT_NO_ANSWER)
         await asyncio.sleep(POLL_S)
+    dead = [j for j in listed if j["status"] == "dead"]
+    if dead:
+        names = ", ".join(j["operation"] for j in dead)
+        raise UserError(
+            f"{len(dead)} operation(s) did not finish, their jobs are dead: {names} "
+            "(status shows each one's last error; submit it again once the cause is fixed)",
+            EXIT_DEAD,
+        )
     emit("idle", **({"thread": args.thread} if args.thread else {}))
     await lab_report_held_runs(queries, args.thread)  # lab-only
 
 
-def run_operation(saver, client, operation, job_id, args):
-    """One job, in a worker thread: start the thread from the job's input, or resume it."""
-    config = {"configurable": {"thread_id": operation["thread"]}}
-    resume = bool(lab.build_graph(saver).get_state(config).values)
-    emit("job", job=job_id, resume=resume, thread=operation["thread"])
-    client = lab_client(client, operation, job_id, resume, args)  # lab-only
-    graph = lab.build_graph(saver)
-    first_input = None
-    if not resume:
-        first_input = {"operation_id": operation["operation_id"], "title": operation["title"]}
-        first_input["mode"] = operation["mode"]  # lab-only
-    # sync: each node's result is saved before the next node starts, so a resume repeats at
-    # most the node that was running.
-    context = workflow.Context(client)
-    final = graph.invoke(first_input, config, durability="sync", context=context)
-    emit("done", **final)
-    lab_hold_finished(client)  # lab-only
+def unfinished(job):
+    """A job some worker will still run: queued, running, stalled or retrying."""
+    return job["status"] not in ("dead", "done")
+
+
+def no_worker(pending):
+    return (
+        f"{len(pending)} job(s) queued and no worker is running; start one "
+        "(docker compose up -d worker, or natively: python worker.py run)"
+    )
+
+
+async def jobs(queries, thread=None):
+    """Every job, oldest first, with what is happening to it:
+    queued     waiting for a worker
+    running    on a live worker (`worker` names it: host:pid)
+    stalled    picked by a worker that is gone; another takes it once its heartbeat is stale
+    retrying   failed for a retryable reason; `attempt` n of `attempts` runs in `next_try_s`
+    dead       used up its attempts, or failed for a reason no retry fixes (`error`)
+    done       finished (`ticket_id`)"""
+    table = queries.qbe.qualified.queue_table
+    rows = await queries.driver.fetch(
+        f"""SELECT q.id AS job, q.status::text, q.dedupe_key AS thread,
+            convert_from(q.payload, 'UTF8')::jsonb AS payload, j.failures, j.last_error,
+            j.ticket_id, s.name AS worker, a.pid IS NOT NULL AS alive,
+            greatest(0, extract(epoch FROM q.execute_after - now()))::float AS wait_s
+        FROM {table} q LEFT JOIN worker_jobs j ON j.job = q.id
+        LEFT JOIN worker_sessions s ON s.queue_manager_id = q.queue_manager_id
+        LEFT JOIN pg_stat_activity a ON a.pid = s.backend_pid
+        WHERE q.entrypoint = $1 AND ($2::text IS NULL OR q.dedupe_key = $2)
+        UNION ALL
+        SELECT j.job, 'done', j.thread, jsonb_build_object('operation_id', j.operation),
+            j.failures, j.last_error, j.ticket_id, NULL, false, 0
+        FROM worker_jobs j WHERE j.done IS NOT NULL AND ($2::text IS NULL OR j.thread = $2)
+        ORDER BY job""",  # noqa: S608 (pgqueuer's own table name)
+        ENTRYPOINT,
+        thread,
+    )
+    return [describe(row) for row in rows]
+
+
+def describe(row):
+    payload = json.loads(row["payload"])  # asyncpg hands jsonb over as its text
+    job = {"job": row["job"], "thread": row["thread"], "operation": payload["operation_id"]}
+    failures, attempts = row["failures"] or 0, payload.get("attempts", JOB_ATTEMPTS)
+    if row["status"] == "picked":
+        job.update(status="running" if row["alive"] else "stalled", worker=row["worker"])
+    elif row["status"] == "queued" and failures and row["last_error"] != DRAINED:
+        job.update(status="retrying", attempt=failures + 1, attempts=attempts)
+        job.update(next_try_s=round(row["wait_s"], 1), error=row["last_error"])
+    elif row["status"] == "failed":
+        job.update(status="dead", attempts=failures, error=row["last_error"])
+    elif row["status"] == "done":
+        job.update(status="done", ticket_id=row["ticket_id"])
+    else:
+        job["status"] = "queued"
+    return job
+
+
+async def live_workers(queries):
+    rows = await queries.driver.fetch(
+        "SELECT s.name FROM worker_sessions s JOIN pg_stat_activity a ON a.pid = s.backend_pid"
+    )
+    return [r["name"] for r in rows]
+
+
+# --- the worker ------------------------------------------------------------------------------
 
 
 async def work(args):
-    from pgqueuer import PgQueuer
-
-    queries = await open_queue(args.checkpoint_db)  # installs the queue before the first dequeue
-    pgq = PgQueuer.from_asyncpg_connection(await connect(args.checkpoint_db))
-    client = workflow.TicketClient(args.api_url, args.timeout_s, args.attempts)
-    running = set()
+    """Serve the queue until SIGTERM or Ctrl-C; a lost database is waited for, never fatal."""
+    worker = Worker(args)
     loop = asyncio.get_running_loop()
-    stop_signal = []
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, worker.stop, signum)
+    sys.stdout = LineStdout(sys.stdout)
+    await open_queue(args.checkpoint_db, time.monotonic() + args.db_wait_s)  # installs the queue
+    emit("worker", heartbeat_s=args.heartbeat_s, drain=args.drain)
+    with open_checkpoints(args.checkpoint_db) as (saver, pool):
+        worker.saver, worker.pool = saver, pool
+        while not worker.stopping:
+            try:
+                await worker.serve()
+                break
+            except Exception as error:
+                if not lost_connection(error):
+                    raise
+                lost = time.monotonic()
+                say(f"lost the database ({reason(error)}); reconnecting")
+                if await worker.reconnect():
+                    say(f"the database is back after {time.monotonic() - lost:.1f} s")
+    if worker.stopping == signal.SIGINT:
+        say("interrupted; running graphs drained")
+        return workflow.EXIT_INTERRUPTED
+    return 0
 
-    def stop(signum):
-        if stop_signal:  # the second Ctrl-C or SIGTERM: stop now, as a crash would
-            print(
-                f"worker.py: stopped with {len(running)} job(s) running; each goes to another "
-                f"worker once its heartbeat is {args.heartbeat_s:g} s old",
-                file=sys.stderr,
-                flush=True,
+
+class Worker:
+    """One worker process: its running jobs (each with a RunControl), its stop, its reconnects."""
+
+    def __init__(self, args):
+        self.args, self.client = (
+            args,
+            ticket_client(args),
+        )
+        self.running = {}  # job id -> the RunControl of its graph
+        self.stopping = None  # the first SIGTERM or SIGINT
+        self.pgq = self.saver = self.pool = None
+
+    def stop(self, signum):
+        if self.stopping:  # the second Ctrl-C or SIGTERM: stop now, as a crash would
+            say(
+                f"stopped with {len(self.running)} job(s) running; each goes to another "
+                f"worker once its heartbeat is {self.args.heartbeat_s:g} s old"
             )
             os._exit(130 if signum == signal.SIGINT else 143)
-        stop_signal.append(signum)
-        pgq.shutdown.set()  # no new jobs; run() returns once the running ones are done
-        if running:
-            print(
-                "worker.py: stopping once the running jobs finish (Ctrl-C again: stop now)",
-                file=sys.stderr,
-                flush=True,
+        self.stopping = signum
+        if self.pgq:
+            self.pgq.shutdown.set()  # no new jobs; serve() returns once the running ones end
+        for control in self.running.values():
+            control.request_drain(signal.Signals(signum).name)
+        if self.running:
+            say(
+                f"draining {len(self.running)} running job(s) at their next step; each goes "
+                "back to the queue (Ctrl-C again: stop now)"
             )
 
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, stop, signum)
-    sys.stdout = LineStdout(sys.stdout)
+    async def serve(self):
+        """Run jobs on a new queue connection until stopped; raises when the connection breaks."""
+        from pgqueuer import PgQueuer
 
-    with workflow.open_checkpointer(args.checkpoint_db) as saver:
-        args.queue_manager_id = pgq.qm.queue_manager_id  # lab-only
-        args.queue_table = queries.qbe.qualified.queue_table  # lab-only
-
-        @pgq.entrypoint(ENTRYPOINT, on_failure="hold")  # hold: a failed job stays, visible
-        async def handle(job):
-            operation = json.loads(job.payload)
-            running.add(job.id)
-            try:
-                # A thread, not the event loop: the loop must keep the job's heartbeat going.
-                await asyncio.to_thread(run_operation, saver, client, operation, job.id, args)
-            except Exception as error:
-                emit("job_failed", error=str(error), job=job.id, thread=operation["thread"])
-                raise
-            finally:
-                running.discard(job.id)
-
-        async def drain_when_idle():
-            while not pgq.shutdown.is_set():
-                await asyncio.sleep(POLL_S)
-                if not running and not any(j["status"] in ACTIVE for j in await jobs(queries)):
-                    pgq.shutdown.set()
-
-        emit("worker", heartbeat_s=args.heartbeat_s, drain=args.drain)
-        drainer = asyncio.create_task(drain_when_idle()) if args.drain else None
-        await pgq.run(
-            dequeue_timeout=timedelta(seconds=1),  # how often an idle worker looks for stale jobs
-            batch_size=1,
-            max_concurrent_tasks=JOBS_PER_WORKER,
-            heartbeat_timeout=timedelta(seconds=args.heartbeat_s),
+        conn = await connect(self.args.checkpoint_db)
+        self.pgq = PgQueuer.from_asyncpg_connection(conn)
+        await conn.execute(
+            "DELETE FROM worker_sessions s WHERE NOT EXISTS "
+            "(SELECT 1 FROM pg_stat_activity a WHERE a.pid = s.backend_pid)"
         )
-        if drainer:
-            drainer.cancel()
-    if signal.SIGINT in stop_signal:
-        print("worker.py: interrupted; running jobs finished", file=sys.stderr)
-        return 130
-    return 0
+        await conn.execute(
+            "INSERT INTO worker_sessions VALUES ($1, $2, pg_backend_pid())",
+            self.pgq.qm.queue_manager_id,
+            f"{socket.gethostname()}:{os.getpid()}",
+        )
+        self.args.queue_manager_id = self.pgq.qm.queue_manager_id  # lab-only
+        self.args.queue_table = self.pgq.qm.queries.qbe.qualified.queue_table  # lab-only
+        if self.stopping:
+            return
+        self.pgq.entrypoint(ENTRYPOINT, on_failure="hold")(self.handle)  # hold: dead, visible
+        drainer = asyncio.create_task(self.drain_when_idle()) if self.args.drain else None
+        try:
+            await self.pgq.run(
+                dequeue_timeout=timedelta(
+                    seconds=1
+                ),  # how often an idle worker looks for stale jobs
+                batch_size=1,
+                max_concurrent_tasks=JOBS_PER_WORKER,
+                heartbeat_timeout=timedelta(seconds=self.args.heartbeat_s),
+            )
+        finally:
+            if drainer:
+                drainer.cancel()
+
+    async def handle(self, job):
+        """One job. A retryable failure sends it back to the queue for later, a drain at once
+        (both with pgqueuer's RetryRequested); any other failure, or the last attempt, is dead."""
+        from langgraph.runtime import RunControl
+        from pgqueuer.errors import RetryRequested
+
+        operation = json.loads(job.payload)
+        control = self.running[job.id] = RunControl()
+        if self.stopping:
+            control.request_drain(signal.Signals(self.stopping).name)
+        try:
+            # A thread, not the event loop: the loop must keep the job's heartbeat going.
+            final = await asyncio.to_thread(self.run_job, operation, job.id, control)
+        except Exception as error:
+            why = retryable(error)
+            failures = await asyncio.to_thread(self.record_failure, job.id, error)
+            attempts = operation.get("attempts", JOB_ATTEMPTS)
+            if why and failures < attempts:
+                delay = retry_delay(failures, self.args.retry_s, self.args.retry_max_s)
+                emit(
+                    "job_retry", attempt=failures + 1, attempts=attempts, error=str(error),
+                    job=job.id, next_try_s=round(delay, 1), thread=operation["thread"],
+                )  # fmt: skip
+                raise RetryRequested(delay=timedelta(seconds=delay), reason=why) from error
+            emit("job_dead", attempts=failures, error=str(error), job=job.id,
+                 thread=operation["thread"])  # fmt: skip
+            raise JobDead(str(error)) from error
+        finally:
+            self.running.pop(job.id, None)
+        if final is None:  # drained: its checkpoint is saved; any worker resumes it now
+            await asyncio.to_thread(self.note, job.id, "last_error = %s", DRAINED)
+            emit("job_drained", job=job.id, thread=operation["thread"])
+            raise RetryRequested(delay=timedelta(0), reason=DRAINED)
+        await asyncio.to_thread(
+            self.note, job.id, "done = now(), ticket_id = %s", final.get("ticket_id")
+        )
+
+    def run_job(self, operation, job_id, control):
+        hold = LabHold(operation, job_id, self.args) if operation.get("lab_hold") else None
+        final = None
+        try:
+            final = run_thread(self.saver, self.client, operation, job_id, control, hold)
+        finally:
+            if hold:  # lab-only
+                hold.finished(final)  # lab-only
+        return final
+
+    def record_failure(self, job_id, error):
+        """Count one failed run of the job; how many it has had (its own table, not pgqueuer's
+        attempts, which a drain increments too)."""
+        with self.pool.connection() as conn:
+            row = conn.execute(
+                "UPDATE worker_jobs SET failures = failures + 1, last_error = %s "
+                "WHERE job = %s RETURNING failures",
+                (str(error), job_id),
+            ).fetchone()
+        return row["failures"] if row else 1
+
+    def note(self, job_id, assignments, value):
+        with self.pool.connection() as conn:
+            conn.execute(f"UPDATE worker_jobs SET {assignments} WHERE job = %s", (value, job_id))
+
+    async def reconnect(self):
+        """Until the database answers again (or a stop): bounded exponential backoff, jitter."""
+        delay = RECONNECT_FIRST_S
+        while not self.stopping:
+            await asyncio.sleep(jittered(delay))
+            try:
+                conn = await connect(self.args.checkpoint_db)
+            except UserError as error:
+                if error.exit_code != EXIT_NO_ANSWER:
+                    raise
+                delay = min(delay * 2, RECONNECT_MAX_S)
+                continue
+            await conn.close()
+            return True
+        return False
+
+    async def drain_when_idle(self):
+        """--drain: stop once no job is left. While the only jobs left run on other workers
+        (lab 10's held job never ends on its own), say so once rather than wait in silence."""
+        queries, idle_since, told = self.pgq.qm.queries, None, False
+        while not self.pgq.shutdown.is_set():
+            await asyncio.sleep(POLL_S)
+            left = [] if self.running else [j for j in await jobs(queries) if unfinished(j)]
+            if not self.running and not left:
+                self.pgq.shutdown.set()
+            elsewhere = left and all(j["status"] == "running" for j in left)
+            idle_since = (idle_since or time.monotonic()) if elsewhere else None
+            if idle_since and not told and time.monotonic() - idle_since > NO_WORKER_NOTICE_S:
+                workers = ", ".join(sorted({j["worker"] for j in left}))
+                say(f"--drain: waiting for {len(left)} job(s) running on other workers ({workers})")
+                told = True
+
+
+class JobDead(Exception):
+    """A job that will not be run again: pgqueuer holds it as `failed` (on_failure="hold")."""
+
+
+def retryable(error):
+    """Why a failed run may succeed later (the receiver or the database was away), or None."""
+    import psycopg
+    import psycopg_pool
+
+    if isinstance(error, workflow.NoAnswer | workflow.Unreachable):
+        return "the receiver did not answer"
+    if isinstance(error, urllib.error.HTTPError) and error.code in (502, 503, 504):
+        return f"the receiver answered {error.code}"
+    if isinstance(error, psycopg.OperationalError | psycopg_pool.PoolTimeout):
+        return "the database was unreachable"
+    return None
+
+
+def retry_delay(failures, first_s, max_s):
+    """Exponential backoff with jitter: first_s, 2 x first_s, ... at most max_s."""
+    return jittered(min(first_s * 2 ** (failures - 1), max_s))
+
+
+def jittered(delay):
+    """Between half and all of delay: workers that failed together do not retry together."""
+    return delay * random.uniform(0.5, 1.0)
 
 
 def state(args):
     lab.state(args, workflow.Settings(checkpoint_db=args.checkpoint_db))
+
+
+# --- the one place worker.py calls into workflow.py's graph ----------------------------------
+
+
+@contextlib.contextmanager
+def open_checkpoints(url):
+    """LangGraph's PostgresSaver on a connection pool that replaces broken connections
+    (check_connection), so a worker's graphs work again once a lost database is back.
+    workflow.open_postgres creates or migrates the tables, under its lock."""
+    from langgraph.checkpoint.postgres import PostgresSaver
+    from psycopg.rows import dict_row
+    from psycopg_pool import ConnectionPool
+
+    with workflow.open_postgres(url):
+        pass
+    settings = {"autocommit": True, "prepare_threshold": 0, "row_factory": dict_row}
+    pool = ConnectionPool(
+        url,
+        min_size=1,
+        max_size=JOBS_PER_WORKER + 1,  # a graph per job, and the worker's own notes
+        kwargs=settings,
+        check=ConnectionPool.check_connection,
+        timeout=CONNECT_TIMEOUT_S,  # a graph waiting for a connection fails after this (retried)
+        open=True,
+    )
+    try:
+        yield PostgresSaver(pool), pool
+    finally:
+        pool.close()
+
+
+def ticket_client(args):
+    return workflow.TicketClient(args.api_url, args.timeout_s, args.attempts)
+
+
+def run_thread(saver, client, operation, job_id, control, lab_hold=None):
+    """One job's run: start the thread from the job's input, or resume it from its checkpoint.
+    The final values, or None when control drained the run at a step boundary."""
+    from langgraph.errors import GraphDrained
+
+    config = {"configurable": {"thread_id": operation["thread"]}}
+    graph = workflow.build_graph(saver)
+    graph = lab.build_graph(saver)  # lab-only: the graph with --mode's key
+    resume = bool(graph.get_state(config).values)
+    emit("job", job=job_id, resume=resume, thread=operation["thread"])
+    first_input = None
+    if not resume:
+        first_input = {"operation_id": operation["operation_id"], "title": operation["title"]}
+        first_input["mode"] = operation["mode"]  # lab-only
+    points = {}
+    if lab_hold and not resume:  # lab-only: only the run that starts the thread holds
+        client, points = lab_hold.client(client), {lab_hold.at: "hold"}  # lab-only
+    try:
+        # sync: each node's result is saved before the next node starts, so a resume repeats at
+        # most the node that was running. control: a drain stops it at the next step boundary.
+        with failpoints.scoped(points), lab_hold_scope(lab_hold):  # lab-only
+            final = graph.invoke(
+                first_input,
+                config,
+                durability="sync",
+                control=control,
+                context=workflow.Context(client),
+            )
+    except GraphDrained:
+        return None
+    emit("done", **final)
+    return final
+
+
+# helpers
+
+
+async def connect(url, deadline=None):
+    """The queue's own connection, with one line for a bad URL or a database that does not answer.
+    Until deadline (time.monotonic()), a database that refuses or is starting is tried again.
+
+    asyncpg, the driver of pgqueuer's own examples, rather than psycopg (which LangGraph's
+    PostgresSaver uses for the checkpoints): pgqueuer's psycopg driver shares one connection between
+    LISTEN and the queries and waits for notifications 1 s at a time
+    (pgqueuer/adapters/drivers/psycopg.py, watch_notifies), and psycopg's AsyncConnection.notifies()
+    holds the connection's lock while it waits (psycopg/connection_async.py; psycopg PR #760), so
+    each query of a running worker could wait up to a second. Measured in lab 10: taking over a dead
+    worker's job and draining took 9 s with psycopg, 3 s with asyncpg."""
+    import asyncpg
+
+    delay = RECONNECT_FIRST_S
+    while True:
+        try:
+            return await asyncpg.connect(url, timeout=CONNECT_TIMEOUT_S)
+        except ValueError as error:  # a malformed URL, or a parameter asyncpg does not know
+            raise UserError(f"CHECKPOINT_DB is not a usable URL ({error})", EXIT_USAGE) from error
+        except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as error:
+            transient = not isinstance(error, asyncpg.PostgresError) or lost_connection(error)
+            if transient and deadline and time.monotonic() + delay < deadline:
+                await asyncio.sleep(jittered(delay))
+                delay = min(delay * 2, RECONNECT_MAX_S)
+                continue
+            if isinstance(error, TimeoutError):  # e.g. a host name Docker's resolver cannot answer
+                why = f"no answer within {CONNECT_TIMEOUT_S} s"
+            else:
+                why = reason(error)
+            raise UserError(f"cannot open CHECKPOINT_DB ({why})", EXIT_NO_ANSWER) from error
+
+
+async def open_queue(url, deadline=None):
+    """pgqueuer's Queries on a new connection, its tables and worker.py's installed once, under
+    pgqueuer's schema lock: Queries.install() is not idempotent (see the docstring)."""
+    from pgqueuer import Queries
+
+    queries = Queries.from_asyncpg_connection(await connect(url, deadline))
+    async with queries.schema_lock():
+        if not await queries.schema_is_installed():
+            await queries.install()
+        for table in WORKER_TABLES:
+            await queries.driver.execute(table)
+    return queries
+
+
+def lost_connection(error):
+    """True when error (or what caused it) is a database connection that broke or never came."""
+    import asyncpg
+    import psycopg
+    import psycopg_pool
+
+    lost = (
+        OSError,
+        TimeoutError,
+        asyncpg.InterfaceError,  # "connection is closed"
+        asyncpg.PostgresConnectionError,  # class 08
+        asyncpg.exceptions.OperatorInterventionError,  # class 57: shutting down, starting up
+        psycopg.OperationalError,
+        psycopg_pool.PoolTimeout,
+    )
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, BaseExceptionGroup):
+            return any(lost_connection(e) for e in error.exceptions)
+        if isinstance(error, lost):
+            return True
+        error = error.__cause__ or error.__context__
+    return False
+
+
+def reason(error):
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
+def say(message):
+    print(f"worker.py: {message}", file=sys.stderr, flush=True)
 
 
 def parse_args(argv):
@@ -292,7 +684,7 @@ def parse_args(argv):
     sub = actions.add_parser("run", help="run queued operations until SIGTERM or Ctrl-C")
     sub.set_defaults(run=work)
     sub.add_argument("--drain", action="store_true", help="exit once no job is queued or running")
-    sub = actions.add_parser("status", help="list the queued and running jobs")
+    sub = actions.add_parser("status", help="list the jobs and what is happening to each")
     sub.set_defaults(run=status)
     sub = actions.add_parser("wait", help="wait until no job is queued or running")
     sub.set_defaults(run=wait)
@@ -307,18 +699,30 @@ def parse_args(argv):
 
 def main(argv=None):
     args = parse_args(argv)
+    # pgqueuer logs each failed job and flush with its traceback; the worker says what happened
+    # in its own lines (job_retry, job_dead, "lost the database"), so those loggers stay quiet;
+    # psycopg's pool logs each failed reconnect the same way.
+    for name in ("pgqueuer", "psycopg.pool"):
+        logging.getLogger(name).setLevel(logging.CRITICAL)
     try:
         settings = workflow.Settings.from_environ(os.environ)  # API_URL, CHECKPOINT_DB, ...
         vars(args).update(dataclasses.asdict(settings))
+        try:  # the core's points (FAILPOINTS="after-ack=sleep(0.2)": every job of this worker)
+            failpoints.configure(settings.failpoints, known=workflow.POINTS, announce=announce)
+        except failpoints.FailpointSpecError as error:
+            raise UserError(str(error), EXIT_USAGE) from None
         args.heartbeat_s = workflow.number(os.environ, "WORKER_HEARTBEAT_S", 10.0, float)
-        args.lab_ack_delay_s = float(os.environ.get("WORKER_LAB_ACK_DELAY_S", "0"))  # lab-only
+        args.job_attempts = workflow.number(os.environ, "WORKER_JOB_ATTEMPTS", JOB_ATTEMPTS, int)
+        args.retry_s = workflow.number(os.environ, "WORKER_RETRY_S", RETRY_S, float)
+        args.retry_max_s = workflow.number(os.environ, "WORKER_RETRY_MAX_S", RETRY_MAX_S, float)
+        args.db_wait_s = workflow.number(os.environ, "WORKER_DB_WAIT_S", DB_WAIT_S, float)
         require_postgres(args.checkpoint_db)
         if asyncio.iscoroutinefunction(args.run):
             return asyncio.run(args.run(args)) or 0
         args.run(args)
     except KeyboardInterrupt:
         print("worker.py: interrupted", file=sys.stderr)
-        return 130
+        return workflow.EXIT_INTERRUPTED
     except UserError as error:
         print(f"worker.py: {error}", file=sys.stderr)
         return error.exit_code
@@ -327,11 +731,13 @@ def main(argv=None):
 
 # ---------------------------------------------------------------------------------------------
 # lab-only: begin
-# Lab 10's switch: `submit --lab-hold before-request|after-ack` makes the worker that starts the
-# thread stop at that point of create_ticket, note it in a lab_holds table, and wait there until
-# its job is no longer its own (another worker took it over, or finished it). While it waits, its
-# heartbeat goes on and the queue leaves the job alone; freeze the worker (SIGSTOP, `docker compose
-# pause`) and the heartbeat stops too. `wait --for hold` returns once a worker holds the thread.
+# Lab 10's switch: `submit --lab-hold before-request|after-ack` turns that failpoint of the core's
+# create_ticket on as `hold`, for the run that starts the thread only (failpoints.scoped, in the
+# thread that runs the job). The worker notes the hold in a lab_holds table and waits there until
+# its job is no longer its own (another worker took it over, or finished it), then releases it.
+# While it waits, its heartbeat goes on and the queue leaves the job alone; freeze the worker
+# (SIGSTOP, `docker compose pause`) and the heartbeat stops too. `wait --for hold` returns once a
+# worker holds the thread.
 HOLD_POINTS = ("before-request", "after-ack")
 LAB_HOLDS = """CREATE TABLE IF NOT EXISTS lab_holds (
     thread text PRIMARY KEY, at text NOT NULL, backend_pid int NOT NULL,
@@ -392,19 +798,46 @@ async def lab_report_held_runs(queries, thread):
             emit("held_run", at=row["at"], thread=row["thread"], **outcome)
 
 
-class HoldingClient:
-    """The receiver client, stopping once at the operation's hold point."""
+_lab_hold = contextvars.ContextVar("lab_hold", default=None)  # the job's LabHold, in its thread
 
-    def __init__(self, client, operation, job_id, args):
+
+@contextlib.contextmanager
+def lab_hold_scope(hold):
+    token = _lab_hold.set(hold)
+    try:
+        yield
+    finally:
+        _lab_hold.reset(token)
+
+
+def announce(name, action):
+    """failpoints' announce, in the thread that reached the point: the core's line, and lab 10's
+    hold, which waits here until its job has moved on and then lets the failpoint go."""
+    workflow.announce(name, action)
+    hold = _lab_hold.get()
+    if action == "hold" and hold is not None and name == hold.at:
+        hold.wait()
+        failpoints.release(name)
+
+
+class LabHold:
+    """One held job's hold: where, its lab_holds row, and what the receiver answered."""
+
+    def __init__(self, operation, job_id, args):
+        self.thread, self.at = operation["thread"], operation["lab_hold"]
+        self.job = (job_id, args.queue_manager_id)
+        self.queue_table, self.url = args.queue_table, args.checkpoint_db
+        self.conn = self.recorder = None
+
+    def client(self, client):
+        self.recorder = RecordingClient(client)
+        return self.recorder
+
+    def wait(self):
         import psycopg
 
-        self.client, self.thread, self.at = client, operation["thread"], operation["lab_hold"]
-        self.job = (job_id, args.queue_manager_id)
-        self.queue_table = args.queue_table
-        self.conn = psycopg.connect(args.checkpoint_db, autocommit=True)
+        self.conn = psycopg.connect(self.url, autocommit=True)
         self.conn.execute(LAB_HOLDS)
-
-    def hold(self):
         self.conn.execute(
             "INSERT INTO lab_holds (thread, at, backend_pid) VALUES (%s, %s, pg_backend_pid()) "
             "ON CONFLICT (thread) DO UPDATE SET at = excluded.at, "
@@ -417,55 +850,30 @@ class HoldingClient:
             time.sleep(POLL_S)
         emit("lab_woken", thread=self.thread)
 
+    def finished(self, final):
+        if self.conn is None:
+            return
+        if final is not None and self.recorder.result:
+            outcome = {k: self.recorder.result[k] for k in ("created", "ticket_id")}
+            self.conn.execute(
+                "UPDATE lab_holds SET state = 'finished', outcome = %s WHERE thread = %s",
+                (json.dumps(outcome), self.thread),
+            )
+        self.conn.close()
+
+
+class RecordingClient:
+    """The receiver client, keeping its last answer to create() for lab_holds' outcome."""
+
+    def __init__(self, client):
+        self.client, self.result = client, None
+
     def create(self, title, key=None):
-        if self.at == "before-request":
-            self.hold()
         self.result = self.client.create(title, key)
-        if self.at == "after-ack":
-            self.hold()
         return self.result
 
     def tickets(self, key=None):
         return self.client.tickets(key)
-
-    def finished(self):
-        outcome = {k: self.result[k] for k in ("created", "ticket_id")}
-        self.conn.execute(
-            "UPDATE lab_holds SET state = 'finished', outcome = %s WHERE thread = %s",
-            (json.dumps(outcome), self.thread),
-        )
-        self.conn.close()
-
-
-class SlowAckClient:
-    """WORKER_LAB_ACK_DELAY_S (scale chaos): sleep after every answer, inside the crash window, so
-    that a worker killed or frozen at a random moment is most likely caught in it."""
-
-    def __init__(self, client, delay_s):
-        self.client, self.delay_s = client, delay_s
-
-    def create(self, title, key=None):
-        result = self.client.create(title, key)
-        time.sleep(self.delay_s)
-        return result
-
-    def tickets(self, key=None):
-        return self.client.tickets(key)
-
-
-def lab_client(client, operation, job_id, resume, args):
-    """The lab's switches around the receiver client. Only the run that starts the thread holds;
-    a resumed one runs straight through."""
-    if args.lab_ack_delay_s:
-        client = SlowAckClient(client, args.lab_ack_delay_s)
-    if resume or not operation.get("lab_hold"):
-        return client
-    return HoldingClient(client, operation, job_id, args)
-
-
-def lab_hold_finished(client):
-    if isinstance(client, HoldingClient):
-        client.finished()
 
 
 # lab-only: end

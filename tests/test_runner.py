@@ -119,10 +119,11 @@ def test_lab_10_native_lines_name_the_worker_and_the_cluster(tmp_path):
     heartbeat = compose["services"]["worker"]["environment"]["WORKER_HEARTBEAT_S"]
     assert f"WORKER_HEARTBEAT_S={heartbeat} " in up_pg + " " and heartbeat == HEARTBEAT_S
     scale = backend.native(prefix + "up -d --scale worker=3 worker")
-    assert "$(seq 3)" in scale and "python worker.py run" in scale
+    assert scale == "python -m labs.tools.workers up 3"
     submit = prefix + "run --rm worker submit --thread a --operation a:op"
     assert backend.native(submit) == "python worker.py submit --thread a --operation a:op"
-    assert backend.native(prefix + "kill -s SIGKILL worker") == "pkill -KILL -f 'worker.py run$'"
-    assert backend.native(prefix + "pause worker") == "pkill -STOP -f 'worker.py run$'"
-    assert backend.native(prefix + "unpause worker") == "pkill -CONT -f 'worker.py run$'"
+    signals = "python -m labs.tools.workers signal "
+    assert backend.native(prefix + "kill -s SIGKILL worker") == signals + "SIGKILL"
+    assert backend.native(prefix + "pause worker") == signals + "SIGSTOP"
+    assert backend.native(prefix + "unpause worker") == signals + "SIGCONT"
     assert backend.native(prefix + "run --rm workflow tickets") == "python lab.py tickets"

@@ -33,6 +33,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from labs.tools import workers as native_workers
 from labs.tools.local import (
     COMMAND_TIMEOUT_S,
     ROOT,
@@ -232,7 +233,7 @@ class LocalBackend(Backend):
             return f"{stop}; sleep 1; {serve}"
         if cmd.verb == "down":
             if self.workers.postgres is not None:  # lab 10: the workers and the cluster too
-                stop = f"{STOP_WORKERS}; pkill -f labs.tools.pg; {stop}"
+                stop = f"{WORKERS} stop; {stop}"  # the workers, then the pg tool (data/pg.pid)
             return f"{stop}; rm -rf data"
         if cmd.verb == "logs":
             return "cat data/receiver.log"
@@ -270,31 +271,29 @@ class LocalBackend(Backend):
             shutil.rmtree(self.data_dir, ignore_errors=True)
 
 
-WORKERS_RUN = "'worker.py run$'"  # pkill -f PATTERN: the background workers, not `run --drain`
-STOP_WORKERS = f"pkill -f {WORKERS_RUN}"
+WORKERS = "python -m labs.tools.workers"  # the workers this lab started (pid files in data/)
 
 
 def scale_native(cmd):
     """Lab 10's postgres and worker commands as a learner types them natively; None for others.
-    WORKER_HEARTBEAT_S as compose.yaml sets it, so a stalled job moves on after the same time."""
+    WORKER_HEARTBEAT_S as compose.yaml sets it, so a stalled job moves on after the same time.
+    Workers are started, signalled and stopped by pid (labs.tools.workers), never by name."""
     services = [w for w in cmd.args if not w.startswith("-") and "=" not in w]
     if cmd.verb == "up" and services == ["postgres"]:
         return (
-            "python -m labs.tools.pg >data/pg.url & until [ -s data/pg.url ]; do sleep 0.2; done; "
+            "python -m labs.tools.pg >data/pg.url & echo $! >data/pg.pid; "
+            "until [ -s data/pg.url ]; do sleep 0.2; done; "
             f"export CHECKPOINT_DB=$(cat data/pg.url) WORKER_HEARTBEAT_S={HEARTBEAT_S}"
         )
     if cmd.verb == "up" and services == ["worker"]:
         scale = [w.split("=")[1] for w in cmd.args if w.startswith("worker=")] or ["1"]
-        return (
-            f"{STOP_WORKERS}; for n in $(seq {scale[-1]}); "
-            "do python worker.py run >>data/workers.log 2>&1 & done"
-        )
+        return f"{WORKERS} up {scale[-1]}"
     if cmd.verb == "run" and cmd.args[:2] == ["--rm", "worker"]:
         return "python worker.py " + shlex.join(cmd.args[2:])
     if cmd.verb == "kill" and cmd.args[:1] == ["-s"] and cmd.args[2:] == ["worker"]:
-        return f"pkill -{cmd.args[1].removeprefix('SIG')} -f {WORKERS_RUN}"
+        return f"{WORKERS} signal {cmd.args[1]}"
     if cmd.verb in ("pause", "unpause") and cmd.args == ["worker"]:
-        return f"pkill -{'STOP' if cmd.verb == 'pause' else 'CONT'} -f {WORKERS_RUN}"
+        return f"{WORKERS} signal {'SIGSTOP' if cmd.verb == 'pause' else 'SIGCONT'}"
     return None
 
 
@@ -414,7 +413,9 @@ def stop_native_receiver(pid_file):
 def reset():
     """make reset: the learner's lab, both ways. .venv stays."""
     if docker_engine_answers():
-        done = run([*compose_command(), "-p", LEARNER_PROJECT, "down", "-v"], timeout=120)
+        # --remove-orphans: a `run --rm` container still attached would keep the network (lab 10).
+        down = [*compose_command(), "-p", LEARNER_PROJECT, "down", "-v", "--remove-orphans"]
+        done = run(down, timeout=120)
         if done.returncode:
             print(f"reset: docker: {done.stderr.strip()[-300:]}", file=sys.stderr)
             return 1
@@ -422,6 +423,7 @@ def reset():
     said = stop_native_receiver(ROOT / PID_FILE)
     if said:
         print(said)
+    native_workers.stop(ROOT / "data")  # lab 10 natively: its workers and its Postgres, by pid
     if (ROOT / "data").exists():
         shutil.rmtree(ROOT / "data")
         print("native: data/ deleted")

@@ -1,12 +1,16 @@
 """Operations per second with 1, 2 and 4 workers on one queue (part of make bench).
 
-    .venv/bin/python -m labs.tools.bench_workers [--rounds 3] [--operations 40]
+    .venv/bin/python -m labs.tools.bench_workers [--rounds 3] [--operations 40] [--durable]
 
 For each worker count: a throwaway Postgres (labs.tools.pg), a receiver on a free port, and that
 many `python worker.py run` processes, started and ready before the clock starts. A round queues
 OPERATIONS safe operations (one thread each) and times until the queue is empty (every job done
 and logged). Figures are operations per second, the median of the rounds. Each worker runs up to
 worker.JOBS_PER_WORKER jobs at a time. Prints one JSON object.
+
+The throwaway cluster runs with fsync, synchronous_commit and full_page_writes off (labs.tools.pg):
+fast, and not what a real server does. --durable measures a cluster with all three on (Postgres's
+defaults), where every commit waits for its WAL flush.
 """
 
 import argparse
@@ -35,17 +39,17 @@ async def one_round(queries, prefix, operations):
         await worker.enqueue(queries, {"thread": name, "operation_id": name, "mode": "safe",
                                        "title": name})  # fmt: skip
     started = time.monotonic()
-    while await worker.jobs(queries):
+    while any(map(worker.unfinished, await worker.jobs(queries))):
         if time.monotonic() - started > ROUND_DEADLINE_S:
             raise TimeoutError(f"a round of {operations} operations took over {ROUND_DEADLINE_S} s")
         await asyncio.sleep(0.02)  # a poll interval: the round ends when the queue is empty
     return operations / (time.monotonic() - started)
 
 
-def bench_count(count, rounds, operations, folder):
+def bench_count(count, rounds, operations, folder, durable=False):
     env = lab_env(folder / "data", free_port())
     receiver = ReceiverProcess(env, log_path=folder / "receiver.log").start()
-    workers = LocalWorkers(env, folder)
+    workers = LocalWorkers(env, folder, durable=durable)
     loop = asyncio.new_event_loop()
     try:
         queries = loop.run_until_complete(worker.open_queue(workers.env["CHECKPOINT_DB"]))
@@ -65,12 +69,13 @@ def bench_count(count, rounds, operations, folder):
         loop.close()
 
 
-def bench_workers(rounds=3, operations=40, counts=COUNTS):
+def bench_workers(rounds=3, operations=40, counts=COUNTS, durable=False):
     """{"1": ops/s, "2": ..., "4": ...}: medians of the rounds, and every round."""
     figures = {"operations_per_round": operations, "rounds": rounds, "ops_per_s": {}, "all": {}}
+    figures["postgres"] = "durable (fsync on)" if durable else "throwaway (fsync off)"
     for count in counts:
         with tempfile.TemporaryDirectory(prefix="stateful-lab-bench-workers-") as folder:
-            per_round = bench_count(count, rounds, operations, Path(folder))
+            per_round = bench_count(count, rounds, operations, Path(folder), durable)
         figures["all"][str(count)] = per_round
         figures["ops_per_s"][str(count)] = statistics.median(per_round)
     return figures
@@ -80,8 +85,9 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--operations", type=int, default=40)
+    parser.add_argument("--durable", action="store_true", help="Postgres with fsync on")
     args = parser.parse_args(argv)
-    figures = bench_workers(args.rounds, args.operations)
+    figures = bench_workers(args.rounds, args.operations, durable=args.durable)
     for count, rate in figures["ops_per_s"].items():
         print(f"  {count} worker(s): {rate:7.1f} operations/s", file=sys.stderr)
     print(json.dumps(figures, sort_keys=True))

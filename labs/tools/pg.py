@@ -54,7 +54,8 @@ def find_bin_dir():
 class TempPostgres:
     """A PostgreSQL cluster in a new temporary folder (deleted by stop()), on a free port."""
 
-    def __init__(self):
+    def __init__(self, durable=False):
+        self.durable = durable  # fsync, synchronous_commit and full_page_writes on, as by default
         self.bin_dir = find_bin_dir()
         self.folder = Path(tempfile.mkdtemp(prefix="stateful-lab-pg-"))
         self.port = free_port()
@@ -74,18 +75,32 @@ class TempPostgres:
             shutil.chown(self.folder, "postgres", "postgres")
         data = self.folder / "data"
         self._as_owner("initdb", "-D", data, "-U", "postgres", "-A", "trust", "-E", "UTF8", "-N")
-        # A test cluster: no fsync (it is deleted afterwards), TCP on loopback only, and the
-        # socket in our folder rather than /var/run/postgresql (which may not exist).
+        return self.start_server()
+
+    def start_server(self):
+        """pg_ctl start on the cluster's folder; again after halt(), on the same port."""
+        # TCP on loopback only, and the socket in our folder rather than /var/run/postgresql
+        # (which may not exist). Not durable unless asked: a test cluster is deleted afterwards,
+        # so it runs without fsync, synchronous commits and full-page writes, which makes its
+        # figures faster than a real server's (labs.tools.bench_workers measures both).
         options = (
             f"-c listen_addresses=127.0.0.1 -c port={self.port} "
-            f"-c unix_socket_directories={self.folder} -c fsync=off "
-            "-c synchronous_commit=off -c full_page_writes=off -c max_connections=200"
+            f"-c unix_socket_directories={self.folder} -c max_connections=200"
         )
+        if not self.durable:
+            options += " -c fsync=off -c synchronous_commit=off -c full_page_writes=off"
         log = self.folder / "postgres.log"
+        data = self.folder / "data"
         self._as_owner("pg_ctl", "-D", data, "-o", options, "-l", log, "-w", "start")
         self.running = True
         wait_until(self.ready, START_DEADLINE_S, f"PostgreSQL on port {self.port}")
         return self
+
+    def halt(self):
+        """Stop the server as a crash or a failover would (-m immediate: no shutdown
+        checkpoint, every session cut); the cluster stays, for start_server()."""
+        self._as_owner("pg_ctl", "-D", self.folder / "data", "-m", "immediate", "-w", "stop")
+        self.running = False
 
     def ready(self):
         import psycopg  # the lab's runtime requirements carry it
@@ -99,8 +114,7 @@ class TempPostgres:
 
     def stop(self):
         if self.running:
-            self._as_owner("pg_ctl", "-D", self.folder / "data", "-m", "immediate", "-w", "stop")
-            self.running = False
+            self.halt()
         shutil.rmtree(self.folder, ignore_errors=True)
 
     def __enter__(self):

@@ -1,23 +1,34 @@
-"""Several workers, one queue, and chaos: SIGKILL and freeze workers until every operation is done.
+"""Several workers, one queue, and chaos: faults in the workers and in what they depend on,
+until every operation is done.
 
-    python -m labs.tools.scale_chaos [--workers 3] [--operations 60] [--mode safe|naive] [--seed N]
+    python -m labs.tools.scale_chaos [--workers 3] [--operations 60] [--mode safe|naive]
+        [--faults kill,freeze,pg-restart,receiver-outage,deploy] [--seed N]
 
 Everything runs natively and throwaway: a Postgres cluster (labs.tools.pg), a receiver on a free
 port, and `python worker.py run` processes (labs.tools.workers). It submits OPERATIONS operations,
-one thread each. Once every worker holds a job in its crash window, it SIGKILLs them all; then,
-until the queue is empty, it SIGKILLs a random worker (and starts it again) or freezes one with
-SIGSTOP for longer than the heartbeat timeout (and wakes it with SIGCONT).
-Workers pause WORKER_LAB_ACK_DELAY_S after each receiver answer, inside the crash window, so the
-chaos usually catches them there.
+one thread each. Once every worker holds a job in its crash window, the first strike SIGKILLs
+them all (with `kill` among the faults); then, until the queue is empty, it strikes with each
+fault of FAULTS once, in a random order, then with faults picked at random:
+    kill             SIGKILL a random worker, and start it again (a restart policy)
+    freeze           SIGSTOP a random worker for longer than the heartbeat, then SIGCONT
+    pg-restart       Postgres stopped as a crash would (pg_ctl -m immediate), started 1-3 s later
+    receiver-outage  the receiver killed, started again 3-5 s later: longer than the client's own
+                     retries (~1.75 s), so jobs fail and the queue retries them
+    deploy           a rolling deploy: SIGTERM to every worker in turn, a replacement started for
+                     each; each must exit within compose's grace period (10 s) or is SIGKILLed
+Workers pause ACK_DELAY_S after each receiver answer (FAILPOINTS="after-ack=sleep(S)"), inside
+the crash window, so the chaos usually catches them there.
 
 The last line on stdout is one JSON object:
     operations        submitted
     tickets           tickets the receiver holds
     duplicates        tickets beyond the first for an operation (0 in safe mode)
-    workers_killed    SIGKILLs sent
-    workers_frozen    SIGSTOP/SIGCONT pairs
+    faults            how many times each fault struck ({"kill": 4, "freeze": 2, ...})
+    deploy_exits      how the workers a deploy stopped ended: {"exit 0": 9}; "past grace: SIGKILL"
     unfinished        operations whose thread has no ticket in its final checkpoint
-Progress goes to stderr. Exit 0 when there are no duplicates and nothing is unfinished, else 1.
+Progress goes to stderr. Safe mode: exit 0 when there are no duplicates and nothing is unfinished,
+else 1. Naive mode: duplicates are the finding (printed as such); exit 0 unless some operation
+is unfinished.
 """
 
 import argparse
@@ -25,6 +36,7 @@ import asyncio
 import json
 import random
 import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -41,8 +53,12 @@ import workflow  # noqa: E402
 from labs.tools.workers import LocalWorkers, stopped  # noqa: E402
 
 HEARTBEAT_S = "1"  # short, so a frozen or dead worker's job moves on quickly
-ACK_DELAY_S = "0.2"  # the crash window each run sits in (WORKER_LAB_ACK_DELAY_S)
+ACK_DELAY_S = "1.0"  # seconds each run sits in the crash window (the after-ack failpoint): long
+# enough that 60 operations outlast a first round of every fault
 DEADLINE_S = 170.0  # the whole run, queue drained included
+FAULTS = ("kill", "freeze", "pg-restart", "receiver-outage", "deploy")
+GRACE_S = 10.0  # compose's default stop_grace_period: SIGTERM, then SIGKILL after this long
+RETRY_S = "0.5"  # WORKER_RETRY_S: a job failed by the receiver's outage is tried again soon
 
 
 def say(message):
@@ -58,7 +74,7 @@ async def submit_all(queries, operations, mode):
 
 
 async def pending(queries):
-    return [j for j in await worker.jobs(queries) if j["status"] in ("queued", "picked")]
+    return [j for j in await worker.jobs(queries) if worker.unfinished(j)]
 
 
 async def busy_workers(queries):
@@ -87,13 +103,18 @@ def tickets(api_url):
         return json.load(response)["tickets"]
 
 
-def chaos_run(workers_n, operations, mode, seed, work_dir, ack_delay_s=ACK_DELAY_S):
+def chaos_run(workers_n, operations, mode, seed, work_dir, ack_delay_s=ACK_DELAY_S, faults=FAULTS):
     rng = random.Random(seed)
     env = lab_env(work_dir / "data", free_port())
-    receiver = ReceiverProcess(env, log_path=work_dir / "receiver.log").start()
+    receiver = [ReceiverProcess(env, log_path=work_dir / "receiver.log").start()]
     workers = LocalWorkers(env, work_dir, heartbeat_s=HEARTBEAT_S)
-    workers.base_env = dict(env, WORKER_LAB_ACK_DELAY_S=str(ack_delay_s))
-    killed = frozen = 0
+    # Many outages may hit one job: it must not run out of attempts in a chaos run.
+    workers.base_env = dict(
+        env, FAILPOINTS=f"after-ack=sleep({ack_delay_s})", WORKER_RETRY_S=RETRY_S,
+        WORKER_JOB_ATTEMPTS="50",
+    )  # fmt: skip
+    struck = Counter({fault: 0 for fault in faults})
+    exits = Counter()  # how the workers a deploy stopped exited
     loop = asyncio.new_event_loop()
     try:
         url = workers.env["CHECKPOINT_DB"]
@@ -107,61 +128,124 @@ def chaos_run(workers_n, operations, mode, seed, work_dir, ack_delay_s=ACK_DELAY
         # strike, or a strike on a worker still starting up, would prove nothing.
         def all_in_the_window():
             jobs = loop.run_until_complete(pending(queries))
-            picked = {j["thread"] for j in jobs if j["status"] == "picked"}
+            picked = {j["thread"] for j in jobs if j["status"] in ("running", "stalled")}
             busy = loop.run_until_complete(busy_workers(queries))
             answered = {t["payload"]["title"] for t in tickets(env["API_URL"])}  # title = thread
             return not jobs or (busy >= workers_n and picked <= answered)
 
         wait_until(all_in_the_window, 60, "every worker to hold a job in the crash window")
-        for proc in workers.live():  # the first strike: every worker at once, then random ones
-            proc.kill()
-            proc.wait()
-            killed += 1
-        say(f"SIGKILL all {workers_n} workers")
-        workers.scale(workers_n)
-        deadline = time.monotonic() + DEADLINE_S
-        heartbeat = float(HEARTBEAT_S)
-        while loop.run_until_complete(pending(queries)):
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"the queue did not drain within {DEADLINE_S:g} s")
-            victim = rng.randrange(workers_n)
-            proc = workers.procs[victim]
-            if proc.poll() is not None:
-                continue
-            if rng.random() < 0.5:
+        if "kill" in faults:  # the first strike: every worker at once, then random faults
+            for proc in workers.live():
                 proc.kill()
                 proc.wait()
-                killed += 1
-                say(f"SIGKILL worker {victim + 1}")
-                workers.scale(workers_n)  # a new process in its place, like a restart policy
-            else:
-                proc.send_signal(signal.SIGSTOP)
-                wait_until(lambda p=proc: stopped(p), 5, "the worker to stop")
-                frozen += 1
-                hold = heartbeat + rng.uniform(0.2, 1.0)  # past the heartbeat: its job moves on
-                say(f"SIGSTOP worker {victim + 1} for {hold:.1f} s")
-                time.sleep(hold)
-                proc.send_signal(signal.SIGCONT)
+                struck["kill"] += 1
+            say(f"SIGKILL all {workers_n} workers")
+            workers.scale(workers_n)
+        deadline = time.monotonic() + DEADLINE_S
+        strike = Strike(rng, workers, workers_n, receiver, env, work_dir, exits)
+        first = rng.sample(faults, len(faults))  # each fault once, in a random order, then any
+        while True:
+            try:
+                if not loop.run_until_complete(pending(queries)):
+                    break
+            except Exception as error:  # our own connection, after a pg-restart: a new one
+                if not worker.lost_connection(error):
+                    raise
+                queries = loop.run_until_complete(worker.open_queue(url, time.monotonic() + 30))
+                continue
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the queue did not drain within {DEADLINE_S:g} s")
+            fault = first.pop() if first else rng.choice(faults)
+            if getattr(strike, fault.replace("-", "_"))():
+                struck[fault] += 1
             time.sleep(rng.uniform(0.5, 2.0))  # a random moment, not a synchronisation
         # A woken worker may still be in a run that another worker completed already: SIGTERM
-        # lets every worker finish what it started before it exits.
+        # lets every worker drain what it started before it exits.
         say("queue drained; stopping the workers")
         workers.stop_all()
         done = finished_threads(url, operations)
         held = tickets(env["API_URL"])
     finally:
         workers.close()
-        receiver.stop()
+        receiver[0].stop()
         loop.close()
     per_operation = Counter(t["payload"]["title"] for t in held)
     return {
         "operations": operations,
         "tickets": len(held),
         "duplicates": sum(count - 1 for count in per_operation.values()),
-        "workers_killed": killed,
-        "workers_frozen": frozen,
+        "faults": dict(struck),
+        "deploy_exits": dict(exits),
         "unfinished": operations - done,
     }
+
+
+class Strike:
+    """One fault each; True when it struck (a worker already gone is not struck again)."""
+
+    def __init__(self, rng, workers, workers_n, receiver, env, work_dir, exits):
+        self.rng, self.workers, self.workers_n = rng, workers, workers_n
+        self.receiver, self.env, self.work_dir, self.exits = receiver, env, work_dir, exits
+
+    def victim(self):
+        index = self.rng.randrange(self.workers_n)
+        proc = self.workers.procs[index]
+        return (index, proc) if proc.poll() is None else (index, None)
+
+    def kill(self):
+        index, proc = self.victim()
+        if proc is None:
+            return False
+        proc.kill()
+        proc.wait()
+        say(f"SIGKILL worker {index + 1}")
+        self.workers.scale(self.workers_n)  # a new process in its place, like a restart policy
+        return True
+
+    def freeze(self):
+        index, proc = self.victim()
+        if proc is None:
+            return False
+        proc.send_signal(signal.SIGSTOP)
+        wait_until(lambda: stopped(proc), 5, "the worker to stop")
+        hold = float(HEARTBEAT_S) + self.rng.uniform(0.2, 1.0)  # past the heartbeat
+        say(f"SIGSTOP worker {index + 1} for {hold:.1f} s")
+        time.sleep(hold)
+        proc.send_signal(signal.SIGCONT)
+        return True
+
+    def pg_restart(self):
+        down = self.rng.uniform(1.0, 3.0)
+        say(f"Postgres stopped (immediate) for {down:.1f} s")
+        self.workers.postgres.halt()
+        time.sleep(down)
+        self.workers.postgres.start_server()
+        return True
+
+    def receiver_outage(self):
+        down = self.rng.uniform(3.0, 5.0)  # longer than the client's own retries (~1.75 s)
+        say(f"receiver killed for {down:.1f} s")
+        self.receiver[0].kill()
+        time.sleep(down)
+        log = self.work_dir / "receiver.log"
+        self.receiver[0] = ReceiverProcess(self.env, log_path=log).start()
+        return True
+
+    def deploy(self):
+        """A rolling deploy: each worker in turn gets SIGTERM, and a replacement starts."""
+        say(f"rolling deploy of {self.workers_n} workers")
+        for index in range(self.workers_n):
+            old = self.workers.procs[index]
+            self.workers.procs[index] = self.workers.spawn()
+            old.send_signal(signal.SIGCONT)  # a frozen one would never see the SIGTERM
+            old.terminate()
+            try:
+                self.exits[f"exit {old.wait(GRACE_S)}"] += 1  # 0: drained and gone in time
+            except subprocess.TimeoutExpired:
+                old.kill()  # what compose does once the grace period is over
+                old.wait()
+                self.exits["past grace: SIGKILL"] += 1
+        return True
 
 
 def main(argv=None):
@@ -173,7 +257,13 @@ def main(argv=None):
     parser.add_argument(
         "--ack-delay", type=float, default=float(ACK_DELAY_S), help="seconds in the crash window"
     )
+    parser.add_argument(
+        "--faults", default=",".join(FAULTS), help=f"comma-separated, of: {', '.join(FAULTS)}"
+    )
     args = parser.parse_args(argv)
+    faults = tuple(f.strip() for f in args.faults.split(",") if f.strip())
+    if not faults or set(faults) - set(FAULTS):
+        parser.exit(2, f"scale-chaos: --faults takes some of {','.join(FAULTS)}\n")
     if args.workers < 1 or args.operations < 1:
         parser.exit(2, "scale-chaos: --workers and --operations must be at least 1\n")
     seed = args.seed if args.seed is not None else random.randrange(2**32)
@@ -182,8 +272,9 @@ def main(argv=None):
     try:
         with tempfile.TemporaryDirectory(prefix="stateful-lab-scale-") as work_dir:
             result = chaos_run(
-                args.workers, args.operations, args.mode, seed, Path(work_dir), args.ack_delay
-            )
+                args.workers, args.operations, args.mode, seed, Path(work_dir), args.ack_delay,
+                faults,
+            )  # fmt: skip
     except KeyboardInterrupt:
         print("scale-chaos: interrupted", file=sys.stderr)
         return 130
@@ -192,7 +283,15 @@ def main(argv=None):
         return 1
     say(f"done in {time.monotonic() - started:.0f} s")
     print(json.dumps(result, sort_keys=True), flush=True)
-    return 0 if result["duplicates"] == 0 and result["unfinished"] == 0 else 1
+    if result["unfinished"]:
+        return 1
+    if args.mode == "naive":  # the lesson, not a failure
+        say(
+            f"finding: {result['duplicates']} duplicate ticket(s) in naive mode: without a key "
+            "every repeated run of create_ticket is a new ticket (safe mode: 0)"
+        )
+        return 0
+    return 0 if result["duplicates"] == 0 else 1
 
 
 if __name__ == "__main__":

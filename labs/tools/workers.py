@@ -2,9 +2,22 @@
 
 compose.yaml's postgres service becomes a TempPostgres cluster in a temporary folder, and each
 worker replica a `python worker.py run` process. The guide runner's local backend, the scale
-chaos run and the bench start them through this class, the same way.
+chaos run and the bench start them through LocalWorkers, the same way.
+
+A learner typing lab 10 natively uses the command line below instead: it keeps the pid of each
+worker it starts in data/workers/, so it signals and stops those processes and no others (a broad
+`pkill -f 'worker.py run'` would hit anyone's workers on a shared machine). `make reset` stops them
+too, and the Postgres tool whose pid the guide's native line kept in data/pg.pid.
+
+    python -m labs.tools.workers up N          N workers in the background (log: data/workers.log);
+                                               dead ones started again, extra ones stopped
+    python -m labs.tools.workers signal SIG    SIGKILL, SIGSTOP, SIGCONT... to each live one
+    python -m labs.tools.workers stop          SIGTERM each (they drain), then forget them
+Options: --data DIR (default: data). Workers read CHECKPOINT_DB and the rest from the environment.
 """
 
+import argparse
+import os
 import signal
 import subprocess
 import sys
@@ -30,9 +43,9 @@ def stopped(proc):
 class LocalWorkers:
     """A throwaway Postgres cluster, and worker processes logging to data_dir/workers.log."""
 
-    def __init__(self, env, data_dir, heartbeat_s=HEARTBEAT_S):
+    def __init__(self, env, data_dir, heartbeat_s=HEARTBEAT_S, durable=False):
         self.base_env, self.data_dir = env, Path(data_dir)
-        self.heartbeat_s = heartbeat_s
+        self.heartbeat_s, self.durable = heartbeat_s, durable
         self.postgres = None
         self.procs = []  # one per replica, like worker_1, worker_2, ...
 
@@ -45,7 +58,7 @@ class LocalWorkers:
 
     def start_postgres(self):
         if self.postgres is None:
-            self.postgres = TempPostgres().start()
+            self.postgres = TempPostgres(durable=self.durable).start()
 
     def spawn(self):
         self.data_dir.mkdir(parents=True, exist_ok=True)
@@ -113,3 +126,99 @@ class LocalWorkers:
         if self.postgres is not None:
             self.postgres.stop()
             self.postgres = None
+
+
+# helpers: the native command line
+
+
+def pid_files(data):
+    return sorted((Path(data) / "workers").glob("worker-*.pid"), key=lambda f: int(f.stem[7:]))
+
+
+def is_ours(pid, what):
+    """pid is still a live process running `what` (a pid file can outlive its process, and the
+    number can be reused by another program)."""
+    done = subprocess.run(
+        ["ps", "-ww", "-o", "command=", "-p", str(pid)], capture_output=True, text=True
+    )
+    return what in done.stdout
+
+
+def read_pid(pid_file, what):
+    try:
+        pid = int(pid_file.read_text().strip())
+    except (OSError, ValueError):
+        return None
+    return pid if is_ours(pid, what) else None
+
+
+def up(data, replicas):
+    folder = Path(data) / "workers"
+    folder.mkdir(parents=True, exist_ok=True)
+    for index in range(1, replicas + 1):
+        pid_file = folder / f"worker-{index}.pid"
+        if read_pid(pid_file, "worker.py run"):
+            continue
+        with open(Path(data) / "workers.log", "ab") as log:
+            proc = subprocess.Popen(
+                [sys.executable, str(ROOT / "worker.py"), "run"],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                start_new_session=True,  # not in the shell's job control: Ctrl-C there is not ours
+            )
+        pid_file.write_text(f"{proc.pid}\n")
+        print(f"workers: worker {index} started (pid {proc.pid})")
+    for pid_file in pid_files(data)[replicas:]:
+        stop_one(pid_file)
+
+
+def send(data, sig):
+    for pid_file in pid_files(data):
+        if pid := read_pid(pid_file, "worker.py run"):
+            os.kill(pid, sig)
+
+
+def stop_one(pid_file, what="worker.py run"):
+    """SIGCONT (a frozen process would never see the rest), SIGTERM, and wait; SIGKILL after
+    STOP_DEADLINE_S. The pid file goes either way."""
+    pid = read_pid(pid_file, what)
+    if pid:
+        os.kill(pid, signal.SIGCONT)
+        os.kill(pid, signal.SIGTERM)
+        try:
+            wait_until(lambda: not is_ours(pid, what), STOP_DEADLINE_S, f"pid {pid} to exit")
+        except TimeoutError:
+            os.kill(pid, signal.SIGKILL)
+        print(f"workers: pid {pid} ({what}) stopped")
+    pid_file.unlink(missing_ok=True)
+
+
+def stop(data):
+    """Every worker this command line started, then the Postgres tool of data/pg.pid."""
+    for pid_file in pid_files(data):
+        stop_one(pid_file)
+    pg_pid = Path(data) / "pg.pid"
+    if pg_pid.exists():
+        stop_one(pg_pid, "labs.tools.pg")
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m labs.tools.workers", description=__doc__)
+    parser.add_argument("--data", default="data", help="the native lab's folder (default: data)")
+    actions = parser.add_subparsers(dest="action", required=True)
+    actions.add_parser("up").add_argument("replicas", type=int)
+    actions.add_parser("signal").add_argument("signal", choices=[s.name for s in signal.Signals])
+    actions.add_parser("stop")
+    args = parser.parse_args(argv)
+    if args.action == "up":
+        up(args.data, args.replicas)
+    elif args.action == "signal":
+        send(args.data, signal.Signals[args.signal])
+    else:
+        stop(args.data)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
