@@ -113,6 +113,10 @@ def override_environment(files):
     return {name: str(value) for name, value in env.items()}
 
 
+DRILL_DBS = {"SHOP_DB": "shop/shop.sqlite", "APPROVAL_DB": "approval/approval.sqlite"}  # lab 11
+DRILL_TIMEOUT_S = 120  # seconds for one drill: about 10 crash runs of 0.1-0.5 s each, loaded
+
+
 class Backend:
     """What every backend does; run() maps a guide command onto the other methods."""
 
@@ -128,6 +132,8 @@ class Backend:
             return self.down()
         if cmd.verb == "run" and cmd.args[:2] == ["--rm", "workflow"]:
             return self.workflow(cmd.args[2:])
+        if cmd.verb == "run" and cmd.args[:2] == ["--rm", "drill"]:  # lab 11
+            return self.drill(cmd.args[2:])
         if cmd.verb == "logs" and cmd.args == ["api"]:
             return self.logs()
         if (scaled := self.scale_profile(cmd)) is not None:
@@ -210,6 +216,12 @@ class LocalBackend(Backend):
             done = run_workflow(args, self.env, timeout)
         return Result(done.stdout, done.stderr, shell_exit_code(done.returncode))
 
+    def drill(self, args):
+        """python -m effectdrill ARGS (lab 11), its example graphs' databases in the lab's data."""
+        env = {**self.env, **{name: str(self.data_dir / path) for name, path in DRILL_DBS.items()}}
+        done = run([sys.executable, "-m", "effectdrill", *args], env, DRILL_TIMEOUT_S)
+        return Result(done.stdout, done.stderr, shell_exit_code(done.returncode))
+
     def tickets(self):
         """Every ticket the receiver holds, asked over HTTP."""
         from workflow import TicketClient, UserError
@@ -237,6 +249,8 @@ class LocalBackend(Backend):
             return f"{stop}; rm -rf data"
         if cmd.verb == "logs":
             return "cat data/receiver.log"
+        if cmd.args[:2] == ["--rm", "drill"]:
+            return "python -m effectdrill " + shlex.join(cmd.args[2:])
         return "python lab.py " + shlex.join(cmd.args[2:])
 
     def scale_profile(self, cmd):
