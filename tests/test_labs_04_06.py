@@ -322,3 +322,20 @@ def test_a_drill_cell_that_lost_an_answer_without_the_fault_blames_the_slow_rece
     assert not result["ok"]
     assert "the crash exited 3, expected 137" in result["why"]
     assert any("took longer than workflow.py's 5 s request timeout" in w for w in result["why"])
+
+
+def test_lab_04s_table_is_the_drills_matrix():
+    """The guide's table is a view of drill.MATRIX, the one statement of the expected cells."""
+    import re
+
+    guide = (ROOT / "labs" / "04-crash-at-every-boundary.md").read_text(encoding="utf-8")
+    table = {}
+    for line in guide.splitlines():
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if len(cells) == 4 and cells[1:] and all(c.isdigit() for c in cells[1:]):
+            name = re.sub(r" \(lab \d+\)", "", cells[0])
+            durability = re.search(r'\("(\w+)"\)', name)
+            boundary = re.sub(r' \("\w+"\)', "", name)
+            key = (boundary, durability.group(1) if durability else "sync")
+            table[key] = tuple(int(c) for c in cells[1:])
+    assert table == {(row.boundary, row.durability): row.tickets for row in drill.MATRIX}

@@ -185,16 +185,11 @@ def test_every_make_target_is_in_the_readme_and_every_documented_one_exists():
     assert documented <= set(targets), documented - set(targets)
 
 
-def test_every_labs_tool_is_in_the_readme_and_run_by_a_make_target_or_a_test():
-    """Every module of labs/tools is in the README; every one with a command line is run."""
+def test_every_labs_tool_is_in_the_readme():
     modules = sorted(p for p in (ROOT / "labs" / "tools").glob("*.py") if p.stem != "__init__")
-    makefile = (ROOT / "Makefile").read_text(encoding="utf-8")
-    tests = "".join(p.read_text(encoding="utf-8") for p in (ROOT / "tests").glob("*.py"))
     for module in modules:
         name = module.stem
         assert f"{name}.py" in README or f"labs.tools.{name}" in README, f"README: {name}"
-        if '__name__ == "__main__"' in module.read_text(encoding="utf-8"):
-            assert f"labs.tools.{name}" in makefile + tests, f"nothing runs labs/tools/{name}.py"
 
 
 def test_the_readme_lists_exactly_workflow_pys_actions_and_exit_codes():
