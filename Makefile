@@ -61,7 +61,7 @@ bench-workers: $(VENV)/.installed  ## operations per second with 1, 2 and 4 work
 	@$(PY) -m labs.tools.bench_workers
 
 bench-docker: $(VENV)/.installed  ## the Compose lifecycle timed on a real engine (up, restart, down)
-	@$(PY) -m labs.tools.measure_docker
+	@$(PY) -m labs.tools.bench_docker
 
 scale-chaos: $(VENV)/.installed  ## WORKERS workers on a throwaway Postgres; FAULTS strike them and their dependencies
 	@$(PY) -m labs.tools.scale_chaos --workers $(WORKERS) --operations $(OPERATIONS) --mode $(MODE) --faults $(FAULTS)

@@ -23,7 +23,6 @@ Every figure is printed; nothing is asserted. The last line is one JSON object w
 all the figures, for scripts (and the smoke test of --quick).
 """
 
-import argparse
 import json
 import socket
 import statistics
@@ -38,6 +37,7 @@ from urllib.parse import urlsplit
 from labs.tools.bench_workers import bench_workers
 from labs.tools.local import ROOT, ReceiverProcess, free_port, lab_env
 from labs.tools.pg import PostgresUnavailable
+from workflow import Parser
 
 SEED = ROOT.parent / "shared" / "seeds" / "stateful-agents-docker-lab.txt"
 CLIENT_THREADS = 8  # concurrent clients: the issue's load shape (a room hammering one receiver)
@@ -244,7 +244,7 @@ def run_cli(script, args, env):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="labs.tools.bench", description=__doc__.split("\n")[0])
+    parser = Parser(prog="labs.tools.bench", description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="a short smoke run (~10 s)")
     size = dict(rounds=ROUNDS, seconds=ROUND_S, cli_runs=CLI_RUNS)
     if parser.parse_args(argv).quick:

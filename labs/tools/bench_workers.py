@@ -13,7 +13,6 @@ fast, and not what a real server does. --durable measures a cluster with all thr
 defaults), where every commit waits for its WAL flush.
 """
 
-import argparse
 import asyncio
 import json
 import statistics
@@ -27,6 +26,7 @@ from labs.tools.local import ROOT, ReceiverProcess, free_port, lab_env, wait_unt
 sys.path.insert(0, str(ROOT))
 import worker  # noqa: E402
 from labs.tools.workers import LocalWorkers  # noqa: E402
+from workflow import Parser  # noqa: E402
 
 COUNTS = (1, 2, 4)
 START_DEADLINE_S = 120.0  # seconds for the workers to start; a loaded machine is slow at imports
@@ -82,7 +82,7 @@ def bench_workers(rounds=3, operations=40, counts=COUNTS, durable=False):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = Parser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--operations", type=int, default=40)
     parser.add_argument("--durable", action="store_true", help="Postgres with fsync on")

@@ -40,8 +40,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 from lab import MODES
 from labs.tools.backends import LabError, LocalBackend
-from labs.tools.drill import Parser, events
+from labs.tools.drill import events
 from labs.tools.local import ROOT
+from workflow import Parser
 
 KILL_WINDOW_S = 0.015  # seconds after the first event: a bit longer than the graph's
 #                        ~5-10 ms here, so some kills land after `done` (the clean path)
