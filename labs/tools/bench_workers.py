@@ -1,6 +1,6 @@
 """Operations per second with 1, 2 and 4 workers on one queue (part of make bench).
 
-    .venv/bin/python -m labs.tools.bench_workers [--rounds 3] [--operations 40]
+    .venv/bin/python -m labs.tools.bench_workers [--rounds 3] [--operations 40]   # the defaults
 
 For each worker count: a throwaway Postgres (labs.tools.pg), a receiver on a free port, and that
 many `python worker.py run` processes, started and ready before the clock starts. A round queues
@@ -25,6 +25,8 @@ import worker  # noqa: E402
 from labs.tools.workers import LocalWorkers  # noqa: E402
 
 COUNTS = (1, 2, 4)
+ROUNDS = 3  # per worker count; the median ignores one round disturbed by the machine
+OPERATIONS = 40  # per round: 20 jobs for each of 2 workers, enough to keep every slot busy
 START_DEADLINE_S = 120.0  # seconds for the workers to start; a loaded machine is slow at imports
 ROUND_DEADLINE_S = 300.0
 
@@ -65,7 +67,7 @@ def bench_count(count, rounds, operations, folder):
         loop.close()
 
 
-def bench_workers(rounds=3, operations=40, counts=COUNTS):
+def bench_workers(rounds=ROUNDS, operations=OPERATIONS, counts=COUNTS):
     """{"1": ops/s, "2": ..., "4": ...}: medians of the rounds, and every round."""
     figures = {"operations_per_round": operations, "rounds": rounds, "ops_per_s": {}, "all": {}}
     for count in counts:
@@ -78,8 +80,8 @@ def bench_workers(rounds=3, operations=40, counts=COUNTS):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--operations", type=int, default=40)
+    parser.add_argument("--rounds", type=int, default=ROUNDS)
+    parser.add_argument("--operations", type=int, default=OPERATIONS)
     args = parser.parse_args(argv)
     figures = bench_workers(args.rounds, args.operations)
     for count, rate in figures["ops_per_s"].items():
