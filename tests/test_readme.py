@@ -112,6 +112,40 @@ _SET_BY_THE_BLOCK = ("API_URL", "RECEIVER_DB", "CHECKPOINT_DB", "HOST")
 _RECEIVER_DB = "data/receiver/receiver.sqlite"
 
 
+def wait_line(block):
+    """The native block's line that waits for the receiver (the table's "wait line")."""
+    (line,) = [line for line in block.splitlines() if line.startswith("n=0; until ")]
+    return line
+
+
+def test_the_wait_line_gives_up_and_shows_the_receivers_error_when_the_port_is_taken(tmp_path):
+    """Another program holds the port: the receiver exits at once with its one-line error in
+    data/receiver.log, and the wait line stops waiting and prints that line."""
+    (block,) = SHELL_BLOCK.findall(README.split("## Without Docker", 1)[1])
+    lines = block.splitlines()
+    up = lines[: lines.index(wait_line(block)) + 1]  # from `make .venv/.installed` to the wait
+    copy = native_copy(tmp_path)
+    with socket.create_server(("127.0.0.1", 0)) as stranger:  # listens, never answers HTTP
+        port = stranger.getsockname()[1]
+        env = {k: v for k, v in lab_env(copy / "data", port).items() if k not in _SET_BY_THE_BLOCK}
+        env["PORT"] = str(port)
+        for inherited in ("MAKELEVEL", "MAKEFLAGS", "MFLAGS", "VIRTUAL_ENV"):
+            env.pop(inherited, None)
+        done = subprocess.run(
+            ["bash", "-c", "\n".join(up)],
+            cwd=copy,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1:] == [  # after make's "up to date" line
+        f"receiver: cannot listen on 127.0.0.1:{port} (Address already in use); "
+        "stop what uses it, or set PORT to a free one"
+    ]
+
+
 TABLE_ROW = re.compile(r"^\| `([^`]+)` \| `([^`]+)`", re.M)  # compose verb -> native command
 COMPOSE_PREFIX = re.compile(r"^[\w.-]+\s+\| ?")  # "api-1  | " before a guide's log lines
 STEP_MARK, EXIT_MARK = "::step::", "::exit::"
@@ -122,7 +156,7 @@ def native_script(guide_text, block):
     section = README.split("## Without Docker", 1)[1].split("\n## ", 1)[0]
     table = dict(TABLE_ROW.findall(section))
     setup = [line for line in block.splitlines() if line.startswith((". ", "export "))]
-    (until,) = [line for line in block.splitlines() if line.startswith("until ")]
+    until = wait_line(block)
     script = list(setup)
     for step in parse_guide(guide_text):
         command = parse_command(step.command)
@@ -133,7 +167,7 @@ def native_script(guide_text, block):
             native = table[" ".join([verb, *rest])]
         script += [f"echo {STEP_MARK}", native, f'echo "{EXIT_MARK} $?"']
         if verb in ("up", "restart"):
-            script.append(until.split(" #")[0] + " >/dev/null")  # drop the comment
+            script.append(until + " >/dev/null")
     return "\n".join(script) + "\n"
 
 

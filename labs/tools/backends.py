@@ -224,13 +224,14 @@ class LocalBackend(Backend):
             return scaled
         faults = override_environment(cmd.overrides) if cmd.verb == "up" else self.faults
         serve = "".join(f"{k}={shlex.quote(v)} " for k, v in faults.items())
-        serve += f"python api.py & echo $! > {PID_FILE}"
-        stop = f"kill $(cat {PID_FILE})"
+        serve += f"python api.py 2>>data/receiver.log & echo $! >{PID_FILE}"  # as the README
+        stop = "kill %1; wait"
         if cmd.verb == "up":
             return f"mkdir -p data; {serve}"
         if cmd.verb == "restart":
-            return f"{stop}; sleep 1; {serve}"
+            return f"{stop}; {serve}"
         if cmd.verb == "down":
+            stop = "kill %1 2>/dev/null; wait"  # a guide's first line: there may be no job yet
             if self.workers.postgres is not None:  # lab 10: the workers and the cluster too
                 stop = f"{STOP_WORKERS}; pkill -f labs.tools.pg; {stop}"
             return f"{stop}; rm -rf data"
@@ -392,22 +393,18 @@ def choose_backend(name, project, port=None):
 
 
 def stop_native_receiver(pid_file):
-    """Stop the receiver a pasted native `up` started, if that pid still is one. -> said."""
+    """Stop the receiver a native `up` started (README: its pid in data/receiver.pid), and wait
+    for it to exit. Only if that pid is this lab's api.py: a pid can be reused by any process
+    after a reboot or a crash, and a reset never signals a stranger. -> what it did, or None."""
     try:
         pid = int(pid_file.read_text().strip())
     except (OSError, ValueError):
         return None
-    command = run(["ps", "-ww", "-o", "command=", "-p", str(pid)], timeout=10).stdout
-    if "api.py" not in command:
-        return f"native: {pid_file.relative_to(ROOT)} names pid {pid}, no receiver: left alone"
+    where = pid_file.relative_to(ROOT)
+    if not is_this_labs_receiver(pid):
+        return f"native: {where} names pid {pid}, not this lab's api.py: left alone"
     os.kill(pid, signal.SIGTERM)
-
-    def gone():
-        return (
-            "api.py" not in run(["ps", "-ww", "-o", "command=", "-p", str(pid)], timeout=10).stdout
-        )
-
-    wait_until(gone, 10, f"the native receiver (pid {pid}) stopping")
+    wait_until(lambda: not is_this_labs_receiver(pid), 10, f"the receiver (pid {pid}) stopping")
     return f"native: receiver (pid {pid}) stopped"
 
 
@@ -419,13 +416,48 @@ def reset():
             print(f"reset: docker: {done.stderr.strip()[-300:]}", file=sys.stderr)
             return 1
         print(f"docker: project {LEARNER_PROJECT} removed (containers, network, volumes)")
-    said = stop_native_receiver(ROOT / PID_FILE)
+    try:
+        said = stop_native_receiver(ROOT / PID_FILE)
+    except TimeoutError as error:
+        print(f"reset: native: {error}; data/ left in place", file=sys.stderr)
+        return 1
     if said:
         print(said)
     if (ROOT / "data").exists():
         shutil.rmtree(ROOT / "data")
         print("native: data/ deleted")
     return 0
+
+
+# helpers
+
+
+def is_this_labs_receiver(pid):
+    """True when process pid runs ROOT/api.py with a Python: its command line names api.py,
+    which resolves (from the process's working folder when relative) to this folder's."""
+    argv = run(["ps", "-ww", "-o", "command=", "-p", str(pid)], timeout=10).stdout.split()
+    if not argv or not Path(argv[0]).name.lower().startswith("python"):
+        return False
+    ours = (ROOT / "api.py").resolve()
+    for word in argv[1:]:
+        if Path(word).name == "api.py":
+            cwd = Path("/") if Path(word).is_absolute() else process_cwd(pid)
+            if cwd is not None and (cwd / word).resolve() == ours:
+                return True
+    return False
+
+
+def process_cwd(pid):
+    """A process's working folder: /proc on Linux, lsof on macOS; None when neither says."""
+    try:
+        return Path(os.readlink(f"/proc/{pid}/cwd"))
+    except OSError:
+        pass
+    if not shutil.which("lsof"):
+        return None
+    listed = run(["lsof", "-a", "-d", "cwd", "-p", str(pid), "-Fn"], timeout=10).stdout
+    names = [line[1:] for line in listed.splitlines() if line.startswith("n")]
+    return Path(names[0]) if names else None
 
 
 if __name__ == "__main__":
