@@ -244,3 +244,23 @@ def test_the_readme_lists_exactly_workflow_pys_actions_and_exit_codes():
     table = README.split("## Exit codes of workflow.py", 1)[1].split("\n## ", 1)[0]
     documented = {int(c) for c in re.findall(r"^\| (\d+) \|", table, re.M)}
     assert documented == codes
+
+
+def test_the_cleanup_names_every_volume_compose_yaml_declares():
+    """`down -v` removes the project's volumes: the README names each one, and counts them."""
+    yaml = pytest.importorskip("yaml")
+    declared = set(yaml.safe_load((ROOT / "compose.yaml").read_text())["volumes"])
+    cleanup = README.split("## Cleanup", 1)[1].split("\n## ", 1)[0]
+    (sentence,) = re.findall(r"The first removes [^;]*;", cleanup.replace("\n", " "))
+    named = set(re.findall(r"`([a-z-]+-data)`", sentence))
+    words = {2: "two", 3: "three", 4: "four", 5: "five"}
+    assert named == declared and f" {words[len(declared)]} volumes" in sentence, sentence
+
+
+def test_the_worker_benchmark_is_described_as_it_runs():
+    """make bench and make bench-workers both run bench_workers with its ROUNDS and OPERATIONS;
+    the README's sentence on the figures says how many."""
+    from labs.tools import bench_workers
+
+    text = " ".join(README.split())
+    assert f"medians of {bench_workers.ROUNDS} rounds of {bench_workers.OPERATIONS}" in text

@@ -10,6 +10,8 @@ Backend. A guide command names the learner's Compose project, then optional Comp
                                                              (-f X.compose.yaml: with the api
                                                              environment X sets)
     run --rm workflow ARGS   as written                      python lab.py ARGS
+    run --rm --entrypoint python workflow ARGS               python ARGS (labs 07-08: read
+                             as written                      LangGraph's installed source)
     restart api              as written                      SIGTERM, wait for the exit, start again
     down -v                  as written                      stop the receiver, delete both data
                                                              folders
@@ -53,6 +55,7 @@ GUIDE_PREFIX = ["docker", "compose", "-p", LEARNER_PROJECT]
 BASE_FILE = "compose.yaml"
 LOST_ACK = "labs/lost-ack.compose.yaml"  # the override that turns the lost-ack fault on
 PID_FILE = "data/receiver.pid"  # where the native commands we show keep the receiver's pid
+PYTHON_IN_THE_IMAGE = ["--rm", "--entrypoint", "python", "workflow"]  # run ... -c CODE
 WORKFLOW_TIMEOUT_S = 120  # seconds for one workflow command (docker: container start included)
 COMPOSE_NOISE = re.compile(
     r"^(Creating|Starting|Restarting|Stopping|Removing|Recreating|Pulling|Building|Network"
@@ -127,6 +130,8 @@ class Backend:
             return self.down()
         if cmd.verb == "run" and cmd.args[:2] == ["--rm", "workflow"]:
             return self.workflow(cmd.args[2:])
+        if cmd.verb == "run" and cmd.args[:4] == PYTHON_IN_THE_IMAGE:
+            return self.python(cmd.args[4:])
         if cmd.verb == "logs" and cmd.args == ["api"]:
             return self.logs()
         if (scaled := self.scale_profile(cmd)) is not None:
@@ -209,6 +214,11 @@ class LocalBackend(Backend):
             done = run_workflow(args, self.env, timeout)
         return Result(done.stdout, done.stderr, shell_exit_code(done.returncode))
 
+    def python(self, args):
+        """The lab's Python, as the image's `python` runs it: with the lab's environment."""
+        done = run([sys.executable, *args], self.env, WORKFLOW_TIMEOUT_S)
+        return Result(done.stdout, done.stderr, shell_exit_code(done.returncode))
+
     def tickets(self):
         """Every ticket the receiver holds, asked over HTTP."""
         from workflow import TicketClient, UserError
@@ -237,6 +247,8 @@ class LocalBackend(Backend):
             return f"{stop}; rm -rf data"
         if cmd.verb == "logs":
             return "cat data/receiver.log"
+        if cmd.args[:4] == PYTHON_IN_THE_IMAGE:
+            return "python " + shlex.join(cmd.args[4:])
         return "python lab.py " + shlex.join(cmd.args[2:])
 
     def scale_profile(self, cmd):
