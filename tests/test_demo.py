@@ -84,9 +84,7 @@ def test_the_verdict_follows_the_receiver_not_the_guide(capsys, tmp_path):
 def test_stderr_comes_with_its_exit_code_and_lab_06_turns_its_fault_on(capsys):
     code, out, err = run_demo(capsys, LAB06)
     assert code == 0, out + err
-    up = (
-        "natively: mkdir -p data; FAILPOINTS=before-answer=drop-answer python api.py 2>>data/receiver.log &"
-    )
+    up = "natively: mkdir -p data; FAILPOINTS=before-answer=drop-answer python api.py 2>>data/"
     assert up in out
     lines = out.splitlines()
     reason = lines.index(
