@@ -181,7 +181,8 @@ def test_make_reset_leaves_a_stranger_with_the_pid_alone(tmp_path, stranger):
     repo, env = reset_copy(tmp_path)
     other = tmp_path / "other"
     other.mkdir()
-    shutil.copy(ROOT / "api.py", other)
+    for module in ROOT.glob("*.py"):  # api.py and the modules it imports
+        shutil.copy(module, other)
     argv = {
         "a sleeping python": [sys.executable, "-c", "import time; time.sleep(120)"],
         "another folder's api.py": [sys.executable, "api.py"],
