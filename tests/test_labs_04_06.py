@@ -8,6 +8,8 @@ under test is always the real one.
 """
 
 import json
+import os
+import re
 import subprocess
 import sys
 import threading
@@ -276,6 +278,31 @@ def test_chaos_prints_one_json_line_and_its_verdict_on_stderr():
     verdict = done.stderr.splitlines()[-1]
     assert verdict.startswith("chaos: safe mode held: every one of 4 runs has exactly one ticket")
     assert f"{result['in_crash_window']} of 4 kills landed in the crash window" in verdict
+
+
+def test_make_chaos_prints_a_replay_line_that_replays_its_seed():
+    """The replay line a `make chaos` run prints is a command that works as printed: run
+    again, it draws the same seed (and so the same kill offsets) and prints the same line."""
+
+    def make_chaos(*variables):
+        done = subprocess.run(
+            ["make", "--no-print-directory", "chaos", *variables],
+            cwd=ROOT,
+            env={k: v for k, v in os.environ.items() if k not in MAKE_VARIABLES},
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+        (replay,) = re.findall(r"\(replay: (make chaos [^)]*)\)", done.stderr)
+        return json.loads(done.stdout)["seed"], replay
+
+    seed, replay = make_chaos("RUNS=2")
+    assert replay == f"make chaos RUNS=2 SEED={seed} MODE=safe"
+    assert make_chaos(*replay.split()[2:]) == (seed, replay)
+
+
+MAKE_VARIABLES = ("MAKELEVEL", "MAKEFLAGS", "MFLAGS", "SEED", "RUNS", "MODE")  # the test's own
 
 
 def test_chaos_counts_a_real_duplicate_and_a_kill_in_the_crash_window():

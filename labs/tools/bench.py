@@ -13,7 +13,8 @@ run, as a learner types them), ours and the article's, medians of CLI_RUNS.
 Log line: what one decision line costs when the receiver writes it to a file, and the
 same receiver once more with stderr to /dev/null, end to end.
 Workers: operations per second with 1, 2 and 4 workers on a throwaway Postgres
-(labs.tools.bench_workers); skipped with a note where PostgreSQL's binaries are missing.
+(labs.tools.bench_workers, with its own ROUNDS and OPERATIONS, as `make bench-workers`);
+skipped with a note where PostgreSQL's binaries are missing.
 
 The article's api.py and workflow.py are cut out of ../shared/seeds at run time into a
 temporary folder (their hard-coded /data paths and port patched) and deleted afterwards;
@@ -285,17 +286,20 @@ def main(argv=None):
             ports = {name: urlsplit(server.url).port for name, server in servers.items()}
             figures["receiver"] = bench_receivers(ports, size["rounds"], size["seconds"])
             figures["log_line_s"] = log_line_seconds(tmp)
-            figures["workers"] = worker_figures(size["rounds"], quick=size is QUICK)
+            figures["workers"] = worker_figures(quick=size is QUICK)
         finally:
             for server in started:
                 server.stop()
     report(figures)
 
 
-def worker_figures(rounds, quick):
-    """Operations per second with 1, 2 and 4 workers, or why not."""
+def worker_figures(quick):
+    """Operations per second with 1, 2 and 4 workers, or why not: as `make bench-workers`
+    measures them (its rounds and operations), so both print the same kind of figure."""
     try:
-        return bench_workers(rounds=rounds, operations=8 if quick else 40)
+        if quick:
+            return bench_workers(rounds=QUICK["rounds"], operations=8)
+        return bench_workers()
     except PostgresUnavailable as error:
         return f"skipped: {error}"
 
