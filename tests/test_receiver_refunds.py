@@ -1,13 +1,19 @@
 """Refunds and reservations (lab 13's saga) against a real api.py: the same key discipline as
 tickets, a reservation refused when the seats run out, and /metrics counting what was made."""
 
+import sqlite3
 import threading
+from contextlib import closing
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from receiver_helpers import assert_error, post, request
 
+from labs.tools.local import ReceiverProcess, wait_until
+
 SEATS = 10  # api.py's SEATS: the seats all reservations share
+HOUR_S = 3600.0  # a retention no test outlives: its first prune is a minute away
+PRUNE_DEADLINE_S = 10.0  # seconds for a short retention's pruner to have run
 
 
 def a_ticket(receiver, title="Charge for case-13"):
@@ -157,3 +163,41 @@ def test_metrics_count_refunds_and_reservations_apart_from_tickets(receiver):
     assert values["receiver_reservations_created_total"] == 1
     assert values["receiver_idempotent_replays_total"] == 1
     assert values["receiver_key_conflicts_total"] == 1
+
+
+@pytest.fixture
+def receiver_keeping_keys(lab, tmp_path):
+    """A receiver that honours a key for an hour (RECEIVER_KEY_RETENTION_S)."""
+    env = dict(lab, RECEIVER_KEY_RETENTION_S=str(HOUR_S))
+    server = ReceiverProcess(env, log_path=tmp_path / "receiver.log").start()
+    yield server
+    server.stop()
+
+
+def test_a_refund_key_past_the_retention_is_a_new_refund_like_a_tickets(receiver_keeping_keys, lab):
+    receiver = receiver_keeping_keys
+    ticket_id = a_ticket(receiver)
+    assert refund(receiver, ticket_id, "case-13:refund").status == 201
+    with closing(sqlite3.connect(lab["RECEIVER_DB"])) as db, db:  # made two hours ago
+        db.execute("UPDATE refunds SET created_at = created_at - ?", (2 * HOUR_S,))
+
+    assert refunds(receiver) == [{"refund_id": 1, "key": None, "ticket_id": ticket_id}]
+    again = refund(receiver, ticket_id, "case-13:refund")
+    assert (again.status, again.json()) == (201, {"refund_id": 2, "created": True})
+    assert counters(receiver)["receiver_keys_pruned_total"] == 1
+
+
+def test_the_pruner_forgets_refund_keys_too_and_keeps_the_refunds(lab, tmp_path):
+    env = dict(lab, RECEIVER_KEY_RETENTION_S="0.2")  # pruned every 0.2 s
+    receiver = ReceiverProcess(env, log_path=tmp_path / "receiver.log").start()
+    try:
+        refund(receiver, a_ticket(receiver), "case-13:refund")
+        wait_until(
+            lambda: counters(receiver)["receiver_keys_pruned_total"] == 1,
+            PRUNE_DEADLINE_S,
+            "the pruner to forget the refund's key",
+        )
+    finally:
+        receiver.stop()
+    with closing(sqlite3.connect(lab["RECEIVER_DB"])) as db:
+        assert db.execute("SELECT id, operation_key FROM refunds").fetchall() == [(1, None)]
