@@ -268,6 +268,7 @@ class LostAckClient(workflow.TicketClient):
 
 SAGA_POINTS = ("after-charge-ack", "after-reserve-ack", "after-refund-ack")  # --crash-at
 SAGA_MODES = ("naive", "safe")  # the refund without a key, or keyed by op:refund
+MAX_SEATS = 1000  # seats in one reservation: api.py's MAX_SEATS
 
 
 class SagaState(TypedDict):
@@ -375,6 +376,15 @@ def saga_refunds(args, settings):
     emit("refunds", refunds=settings.client().call("/refunds")["refunds"])
 
 
+def seats(text):
+    """--seats: what the receiver accepts (1-1000), checked before the charge is made."""
+    import argparse
+
+    if not text.isdecimal() or not 1 <= int(text) <= MAX_SEATS:
+        raise argparse.ArgumentTypeError(f"must be a whole number from 1 to {MAX_SEATS}")
+    return int(text)
+
+
 def add_saga_parser(actions):
     saga = actions.add_parser("saga", help="lab 13: charge, reserve, refund when refused")
     steps = saga.add_subparsers(dest="saga_action", required=True, parser_class=workflow.Parser)
@@ -387,7 +397,7 @@ def add_saga_parser(actions):
     start = steps.choices["start"]
     start.add_argument("--operation", default="case-013:book:v1", help="operation id (keys)")
     start.add_argument("--title", default="Charge for case-013", help="the charge's ticket title")
-    start.add_argument("--seats", type=int, default=2, help="seats to reserve (10 in all)")
+    start.add_argument("--seats", type=seats, default=2, help="seats to reserve (10 in all)")
     start.add_argument("--mode", choices=SAGA_MODES, default="safe", help="the refund's key")
     sub = steps.add_parser("state", help="show a saga's checkpoint")
     sub.set_defaults(run=saga_state)
