@@ -1,9 +1,9 @@
 """The ticket receiver: the outside world that the workflow changes.
 
-A small HTTP service (standard library only) that creates tickets and honours an
-Idempotency-Key. The first request with a key creates a ticket; a repeat of the same request
-gets the same ticket back; the same key with a different body is refused (409). The whole
-idea is in TicketStore.create: the lookup and the insert share one transaction on a UNIQUE
+A small HTTP service (standard library only) that creates tickets, refunds and reservations and
+honours an Idempotency-Key. The first request with a key creates a ticket; a repeat of the same
+request gets the same ticket back; the same key with a different body is refused (409). The
+whole idea is in TicketStore.keyed: the lookup and the insert share one transaction on a UNIQUE
 column, and the ticket is committed before the answer is written. A caller that dies after
 the commit and before it reads the answer (the crash window) can only find its ticket again
 by sending the same key.
@@ -17,6 +17,14 @@ by sending the same key.
                                  201 {"ticket_id", "created": true}   a new ticket
                                  200 {"ticket_id", "created": false}  the same key and body again
                                  409 the key was used for another body: send a new key
+    GET  /refunds[?key=KEY]      200 {"refunds": [{"refund_id", "ticket_id", "key"}]}
+    POST /refunds                body {"ticket_id": N}, optional Idempotency-Key: a refund of
+                                 ticket N (lab 13's compensation), keyed like a ticket: 201,
+                                 200, 409 as above; 404 no ticket N. Without a key every
+                                 request is one more refund.
+    POST /reservations           body {"ticket_id": N, "seats": S}, optional Idempotency-Key:
+                                 201, 200, 409 as above; 404 no ticket N; 409 no capacity:
+                                 more seats than the SEATS left, nothing reserved
 Every answer but /metrics is JSON, HEAD is GET without the body, and every refusal has an
 "error" field that says what to do: 400 (malformed), 404, 405, 408 (request not sent in time),
 411 (no Content-Length), 413 (body over 4096 bytes), 500 (a bug: nothing was committed), and 503
@@ -73,8 +81,27 @@ SCHEMA = """CREATE TABLE IF NOT EXISTS tickets (
     payload TEXT NOT NULL,
     created_at REAL  -- Unix time of the commit; NULL in a database made before it was kept
 )"""
-KEY_AGE_INDEX = """CREATE INDEX IF NOT EXISTS keys_by_age ON tickets (created_at)
+SAGA_SCHEMA = (  # lab 13: a refund undoes a ticket; a reservation may find no seats left
+    """CREATE TABLE IF NOT EXISTS refunds (
+    id INTEGER PRIMARY KEY,
+    operation_key TEXT UNIQUE,
+    payload TEXT NOT NULL,
+    ticket_id INTEGER NOT NULL REFERENCES tickets (id),
+    created_at REAL
+)""",
+    """CREATE TABLE IF NOT EXISTS reservations (
+    id INTEGER PRIMARY KEY,
+    operation_key TEXT UNIQUE,
+    payload TEXT NOT NULL,
+    ticket_id INTEGER NOT NULL REFERENCES tickets (id),
+    seats INTEGER NOT NULL,
+    created_at REAL
+)""",
+)
+KEYED = {"tickets": "ticket", "refunds": "refund", "reservations": "reservation"}  # table: noun
+KEY_AGE_INDEX = """CREATE INDEX IF NOT EXISTS {table}_keys_by_age ON {table} (created_at)
     WHERE operation_key IS NOT NULL"""
+SEATS = 10  # seats for all reservations together: few, so lab 13 can ask for more than are left
 BUSY_TIMEOUT_S = 2.0  # seconds to wait for the database before answering 503; twice this is
 #                       still under the workflow's 5 s request timeout, so the client hears
 #                       "busy, retry" instead of timing out with the outcome unknown.
@@ -88,45 +115,77 @@ EXPIRED = "IFNULL(created_at < ?, 0)"  # SQL: the row's key is past the retentio
 class TicketStore:
     """One SQLite connection behind a lock: SQLite has one writer at a time anyway."""
 
-    def create(self, key, canonical):
-        """Return (ticket_id, created), or raise ClientError(409) for a reused key.
+    def keyed(self, table, key, canonical, columns=None, check=None):
+        """Return (id, created) of the row in table that key made, or of a new one; raise
+        KeyConflict (409) for a key made for another body.
 
         The lookup and the insert share one BEGIN IMMEDIATE transaction (it takes the write
         lock first), so two requests with the same key cannot both miss the lookup and both
-        insert. COMMIT returns before the caller writes its answer.
+        insert. COMMIT returns before the caller writes its answer. check(), when given, runs
+        in the same transaction before a new row is made, and may refuse it (a ClientError).
         """
+        columns = columns or {}
         with self.transaction():
             prior = None
             if key is not None:
-                self.forget_expired(key)  # a key past the retention is not honoured
+                self.forget_expired(key, table)  # a key past the retention is not honoured
                 prior = self.db.execute(
-                    "SELECT id, payload FROM tickets WHERE operation_key = ?", (key,)
+                    f"SELECT id, payload FROM {table} WHERE operation_key = ?", (key,)
                 ).fetchone()
             if prior is None:
+                if check is not None:
+                    check()
+                names = ", ".join(["operation_key", "payload", "created_at", *columns])
+                marks = ", ".join("?" * (3 + len(columns)))
                 cursor = self.db.execute(
-                    "INSERT INTO tickets (operation_key, payload, created_at) VALUES (?, ?, ?)",
-                    (key, canonical, time.time()),
+                    f"INSERT INTO {table} ({names}) VALUES ({marks})",
+                    (key, canonical, time.time(), *columns.values()),
                 )
                 return cursor.lastrowid, True
             if prior[1] == canonical:
                 return prior[0], False
-            raise ClientError(
+            raise KeyConflict(
                 409,
-                f"Idempotency-Key {key!r} was already used for ticket {prior[0]} "
+                f"Idempotency-Key {key!r} was already used for {KEYED[table]} {prior[0]} "
                 "with a different body; send a new key for a new operation",
             )
 
+    def create(self, key, canonical):
+        """A ticket: (ticket_id, created)."""
+        return self.keyed("tickets", key, canonical)
+
+    def refund(self, key, canonical, ticket_id):
+        """A refund of ticket_id, keyed like a ticket: (refund_id, created); 404 if no ticket.
+
+        Without a key every call is one more refund: the receiver cannot tell a retry from a
+        second refund, just as it cannot for a ticket."""
+        return self.keyed(
+            "refunds", key, canonical, {"ticket_id": ticket_id}, lambda: self.need(ticket_id)
+        )
+
+    def reserve(self, key, canonical, ticket_id, seats):
+        """Seats for ticket_id: (reservation_id, created); 409 when fewer than seats are left."""
+
+        def seats_left():
+            self.need(ticket_id)
+            taken = self.db.execute("SELECT TOTAL(seats) FROM reservations").fetchone()[0]
+            if seats > (left := SEATS - int(taken)):
+                raise ClientError(
+                    409, f"no capacity: {seats} seats asked for, {left} of {SEATS} left"
+                )
+
+        columns = {"ticket_id": ticket_id, "seats": seats}
+        return self.keyed("reservations", key, canonical, columns, seats_left)
+
     def tickets(self, key=None):
         """All tickets, or the one made with key; a key past the retention shows as null."""
-        sql = (
-            f"SELECT id, CASE WHEN {EXPIRED} THEN NULL ELSE operation_key END, payload FROM tickets"
-        )
-        args = (self.cutoff(),)
-        if key is not None:
-            sql, args = sql + f" WHERE operation_key = ? AND NOT {EXPIRED}", (*args, key, *args)
-        with self.locked():
-            rows = self.db.execute(sql + " ORDER BY id", args).fetchall()
+        rows = self.listed("tickets", "payload", key)
         return [{"ticket_id": i, "key": k, "payload": json.loads(p)} for i, k, p in rows]
+
+    def refunds(self, key=None):
+        """All refunds, or the one made with key, as tickets() lists tickets."""
+        rows = self.listed("refunds", "ticket_id", key)
+        return [{"refund_id": i, "key": k, "ticket_id": t} for i, k, t in rows]
 
     def prune(self):
         """Forget every key past the retention, PRUNE_BATCH to a transaction; return how many.
@@ -134,17 +193,19 @@ class TicketStore:
         The tickets stay: only their keys go, so the same key makes a new ticket.
         """
         pruned = 0
-        while True:
-            with self.transaction():
-                batch = self.db.execute(
-                    "UPDATE tickets SET operation_key = NULL WHERE id IN (SELECT id FROM tickets"
-                    f" WHERE operation_key IS NOT NULL AND {EXPIRED} LIMIT ?)",
-                    (self.cutoff(), PRUNE_BATCH),
-                ).rowcount
-                self.pruned_here += batch
-            pruned += batch
-            if batch < PRUNE_BATCH:
-                return pruned
+        for table in KEYED:
+            while True:
+                with self.transaction():
+                    batch = self.db.execute(
+                        f"UPDATE {table} SET operation_key = NULL WHERE id IN (SELECT id FROM "
+                        f"{table} WHERE operation_key IS NOT NULL AND {EXPIRED} LIMIT ?)",
+                        (self.cutoff(), PRUNE_BATCH),
+                    ).rowcount
+                    self.pruned_here += batch
+                pruned += batch
+                if batch < PRUNE_BATCH:
+                    break
+        return pruned
 
     # helpers
 
@@ -163,7 +224,10 @@ class TicketStore:
         self.db.execute(SCHEMA)
         if "created_at" not in {row[1] for row in self.db.execute("PRAGMA table_info(tickets)")}:
             self.db.execute("ALTER TABLE tickets ADD COLUMN created_at REAL")  # an older file
-        self.db.execute(KEY_AGE_INDEX)
+        for table in SAGA_SCHEMA:
+            self.db.execute(table)
+        for table in KEYED:
+            self.db.execute(KEY_AGE_INDEX.format(table=table))
         self.identity = file_identity(self.path)  # the file the connection has open
         self.gone, self.pruned_here = False, 0
 
@@ -171,13 +235,28 @@ class TicketStore:
         """Keys made before this Unix time are past the retention (-inf: kept for ever)."""
         return -math.inf if self.retention_s is None else time.time() - self.retention_s
 
-    def forget_expired(self, key):
+    def forget_expired(self, key, table="tickets"):
         """Inside a transaction: prune key now if it is past the retention."""
         if self.retention_s is not None:
             self.pruned_here += self.db.execute(
-                f"UPDATE tickets SET operation_key = NULL WHERE operation_key = ? AND {EXPIRED}",
+                f"UPDATE {table} SET operation_key = NULL WHERE operation_key = ? AND {EXPIRED}",
                 (key, self.cutoff()),
             ).rowcount
+
+    def need(self, ticket_id):
+        """Inside a transaction: ClientError(404) unless ticket_id is a ticket."""
+        if self.db.execute("SELECT 1 FROM tickets WHERE id = ?", (ticket_id,)).fetchone() is None:
+            raise ClientError(404, f"no ticket {ticket_id}; check ticket_id")
+
+    def listed(self, table, column, key=None):
+        """(id, key, column) of every row of table, or of the one made with key, in id order;
+        a key past the retention shows as None."""
+        sql = f"SELECT id, CASE WHEN {EXPIRED} THEN NULL ELSE operation_key END, {column} "
+        sql, args = sql + f"FROM {table}", (self.cutoff(),)
+        if key is not None:
+            sql, args = sql + f" WHERE operation_key = ? AND NOT {EXPIRED}", (*args, key, *args)
+        with self.locked():
+            return self.db.execute(sql + " ORDER BY id", args).fetchall()
 
     @contextmanager
     def transaction(self):
@@ -235,21 +314,32 @@ class TicketStore:
 class Handler(GuardedHandler):
     """The routes; httpguard.GuardedHandler turns their results and refusals into answers."""
 
-    routes = {"/health": "GET, HEAD", "/tickets": "GET, HEAD, POST", "/metrics": "GET, HEAD"}
+    routes = {
+        "/health": "GET, HEAD",
+        "/tickets": "GET, HEAD, POST",
+        "/refunds": "GET, HEAD, POST",
+        "/reservations": "POST",
+        "/metrics": "GET, HEAD",
+    }
 
     def post(self, path):
         body = self.read_body()
         # Whitespace around a header value is not part of it (RFC 9110, 5.5).
         key = parse_key([v.strip(" \t") for v in self.headers.get_all("Idempotency-Key", [])])
-        canonical = parse_ticket(body)
+        store, noun = self.server.store, KEYED[path.lstrip("/")]
         try:
-            ticket_id, created = self.server.store.create(key, canonical)
-        except ClientError:
+            if path == "/tickets":
+                made, created = store.create(key, parse_ticket(body))
+            elif path == "/refunds":
+                made, created = store.refund(key, *parse_refund(body))
+            else:
+                made, created = store.reserve(key, *parse_reservation(body))
+        except KeyConflict:
             self.server.ledger.add("key_conflicts")
             self.log_line(f"conflict key={key}")
             raise
-        self.server.ledger.add("tickets_created" if created else "idempotent_replays")
-        self.log_line(f"{'created' if created else 'replayed'} key={key} ticket={ticket_id}")
+        self.server.ledger.add(f"{noun}s_created" if created else "idempotent_replays")
+        self.log_line(f"{'created' if created else 'replayed'} key={key} {noun}={made}")
         # The ticket is committed BEFORE the answer is written. A crash from here on leaves
         # a ticket the caller never heard about: the effect gap. Only the key lets the
         # caller's retry find it again instead of creating a second one.
@@ -258,7 +348,7 @@ class Handler(GuardedHandler):
         if token and fail("before-answer", once_per=token) == "drop-answer":
             self.log_line(f"before-answer failpoint: dropping the answer (token={token})")
             return self.hang_up()
-        return (201 if created else 200), {"ticket_id": ticket_id, "created": created}
+        return (201 if created else 200), {f"{noun}_id": made, "created": created}
 
     def get(self, path):
         query = parse_qs(urlsplit(self.path).query, keep_blank_values=True)
@@ -270,6 +360,8 @@ class Handler(GuardedHandler):
         if set(query) - {"key"}:
             raise ClientError(400, "the only query parameter is ?key=IDEMPOTENCY-KEY")
         key = parse_key(query.get("key"), where="?key=")
+        if path == "/refunds":
+            return 200, {"refunds": self.server.store.refunds(key)}
         return 200, {"tickets": self.server.store.tickets(key)}
 
     # helpers
@@ -290,7 +382,7 @@ class Handler(GuardedHandler):
         return "ticket store busy or unavailable; retry with the same Idempotency-Key"
 
     def refused(self, error):
-        if self.command == "POST" and error.status != 409:  # post() logs its 409s
+        if self.command == "POST" and not isinstance(error, KeyConflict):  # post() logs those
             self.log_line(f"rejected {error.status}: {error.message}")
 
 
@@ -336,6 +428,10 @@ def main(argv=None):
 # helpers: the store and the ledger
 
 
+class KeyConflict(ClientError):
+    """A key sent again with another body (409): counted as key_conflicts."""
+
+
 class StoreGone(sqlite3.OperationalError):
     """RECEIVER_DB no longer names the file the receiver has open (deleted, or replaced)."""
 
@@ -373,7 +469,9 @@ class Ledger:
 
     COUNTERS = {
         "tickets_created": "POSTs that created a ticket (answered 201).",
-        "idempotent_replays": "POSTs answered 200 with the ticket their key made before.",
+        "refunds_created": "POST /refunds that created a refund (answered 201).",
+        "reservations_created": "POST /reservations that created a reservation (answered 201).",
+        "idempotent_replays": "POSTs answered 200 with what their key made before.",
         "key_conflicts": "POSTs refused 409: a key sent again with another body.",
         "keys_pruned": "Keys forgotten past RECEIVER_KEY_RETENTION_S (their tickets stay).",
     }
@@ -435,6 +533,8 @@ def file_identity(path):
 
 MAX_TITLE_CHARS = 200  # characters: a ticket title, not a document.
 MAX_KEY_CHARS = 200  # characters: space for "case-id:step:intent:version" keys or a hash.
+MAX_ID = 2**63 - 1  # the largest SQLite integer: a larger ticket_id is no ticket's
+MAX_SEATS = 1000  # seats in one reservation: more than SEATS, so "no capacity" can be asked for
 KEY_PATTERN = re.compile(rf"[\x21-\x7e]{{1,{MAX_KEY_CHARS}}}")  # visible ASCII, so
 #                        keys print, log and compare the same everywhere.
 
@@ -453,28 +553,63 @@ def unique_names(pairs):
 
 
 def parse_ticket(body):
-    """Validate a POST body; return its canonical JSON (sorted keys, no spaces)."""
-    try:
-        payload = json.loads(body.decode("utf-8"), object_pairs_hook=unique_names)
-    except UnicodeDecodeError:
-        raise ClientError(400, "body is not valid UTF-8") from None
-    except RecursionError:
-        raise ClientError(400, 'body is nested too deeply; send {"title": "..."}') from None
-    except DuplicateName as error:
-        raise ClientError(400, f"body names {error} twice; send it once") from None
-    except ValueError:
-        raise ClientError(400, 'body is not valid JSON; send {"title": "..."}') from None
-    if not isinstance(payload, dict):
-        raise ClientError(400, 'body must be a JSON object like {"title": "..."}')
-    if set(payload) != {"title"}:
-        raise ClientError(400, 'body must have exactly one field, "title"')
-    title = payload["title"]
+    """Validate a POST /tickets body; return its canonical JSON (sorted keys, no spaces)."""
+    title = parse_object(body, '{"title": "..."}', "title")["title"]
     if not isinstance(title, str) or not 1 <= len(title) <= MAX_TITLE_CHARS:
         raise ClientError(400, f"title must be a string of 1-{MAX_TITLE_CHARS} characters")
     try:
         title.encode("utf-8")
     except UnicodeEncodeError:  # JSON can spell half a UTF-16 pair ("\ud800"): not a character
         raise ClientError(400, "title has a lone surrogate escape; send real characters") from None
+    return canonical({"title": title})
+
+
+def parse_refund(body):
+    """Validate a POST /refunds body: (canonical JSON, ticket_id)."""
+    ticket_id = whole(parse_object(body, '{"ticket_id": N}', "ticket_id"), "ticket_id", MAX_ID)
+    return canonical({"ticket_id": ticket_id}), ticket_id
+
+
+def parse_reservation(body):
+    """Validate a POST /reservations body: (canonical JSON, ticket_id, seats)."""
+    payload = parse_object(body, '{"ticket_id": N, "seats": S}', "ticket_id", "seats")
+    ticket_id, seats = whole(payload, "ticket_id", MAX_ID), whole(payload, "seats", MAX_SEATS)
+    return canonical({"ticket_id": ticket_id, "seats": seats}), ticket_id, seats
+
+
+def parse_object(body, example, *fields):
+    """The JSON object in body, which must have exactly these fields."""
+    try:
+        payload = json.loads(body.decode("utf-8"), object_pairs_hook=unique_names)
+    except UnicodeDecodeError:
+        raise ClientError(400, "body is not valid UTF-8") from None
+    except RecursionError:
+        raise ClientError(400, f"body is nested too deeply; send {example}") from None
+    except DuplicateName as error:
+        raise ClientError(400, f"body names {error} twice; send it once") from None
+    except ValueError:
+        raise ClientError(400, f"body is not valid JSON; send {example}") from None
+    if not isinstance(payload, dict):
+        raise ClientError(400, f"body must be a JSON object like {example}")
+    if set(payload) != set(fields):
+        names = " and ".join(f'"{name}"' for name in fields)
+        what = "one field" if len(fields) == 1 else "the fields"
+        raise ClientError(400, f"body must have exactly {what}, {names}")
+    return payload
+
+
+def whole(payload, field, high):
+    """payload[field] as an int from 1 to high; JSON's 3.0 is 3 (JSON Schema's integer too)."""
+    value = payload[field]
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if type(value) is not int or not 1 <= value <= high:
+        raise ClientError(400, f"{field} must be a whole number from 1 to {high}")
+    return value
+
+
+def canonical(payload):
+    """Sorted keys, no spaces: the same body however it was spelled."""
     return json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 

@@ -20,12 +20,18 @@ Variants, built here from the core's nodes (the core's State and build_graph kno
     --durability      LangGraph's durability mode: sync (the core's), async, exit (lab 04)
     step-boundary     a SqliteSaver that dies as create_ticket's result is about to be saved
                       (lab 08)
+The saga (lab 13), a graph of its own: `saga start|resume|state|refunds`, see add_saga_parser:
+    charge, reserve, and a refund when the reservation is refused; --mode naive sends the refund
+    without a key, safe with OPERATION:refund; --crash-at after-charge-ack, after-reserve-ack or
+    after-refund-ack kills the run there
 """
 
+import json
 import sys
 import threading
+import urllib.error
 import uuid
-from typing import NotRequired
+from typing import NotRequired, TypedDict
 
 import failpoints
 import workflow
@@ -250,6 +256,155 @@ class LostAckClient(workflow.TicketClient):
         return result
 
 
+# --- lab 13: the saga: charge, reserve, and a refund when the reservation is refused ---------
+#
+#     START -> charge -> reserve -> END             (reserved)
+#                               \-> refund -> END   (refused: the compensation)
+#
+# LangGraph 1.2.24 has no saga or compensation feature: the compensation is a node like any
+# other, chosen by a conditional edge. Its request is an effect like the charge, so a crash
+# after the refund's acknowledgement runs it again on resume, as lab 01's ticket. The charge
+# and the reservation are keyed in both modes (lab 02's fix); --mode decides the refund's key.
+
+SAGA_POINTS = ("after-charge-ack", "after-reserve-ack", "after-refund-ack")  # --crash-at
+SAGA_MODES = ("naive", "safe")  # the refund without a key, or keyed by op:refund
+MAX_SEATS = 1000  # seats in one reservation: api.py's MAX_SEATS
+
+
+class SagaState(TypedDict):
+    operation_id: str
+    title: str
+    seats: int
+    mode: str
+    ticket_id: NotRequired[int]
+    reservation_id: NotRequired[int]
+    refused: NotRequired[str]
+    refund_id: NotRequired[int]
+
+
+def saga_key(state, direction):
+    """One key per step and direction: a refund is not a replay of the charge it undoes."""
+    return f"{state['operation_id']}:{direction}"
+
+
+def charge(state: SagaState, runtime):
+    """The first effect: a ticket stands for the charge."""
+    result = runtime.context.client.create(state["title"], saga_key(state, "charge"))
+    emit("charged", created=result["created"], ticket_id=result["ticket_id"])
+    fail("after-charge-ack")
+    return {"ticket_id": result["ticket_id"]}
+
+
+def reserve(state: SagaState, runtime):
+    """The step that can be refused: a 409 (no seats left) reserved nothing, so it is an
+    outcome, not a failure: the run goes on to undo the charge."""
+    body = {"ticket_id": state["ticket_id"], "seats": state["seats"]}
+    try:
+        result = runtime.context.client.call("/reservations", body, saga_key(state, "reserve"))
+    except urllib.error.HTTPError as error:
+        if error.code != 409:
+            raise
+        reason = json.load(error)["error"]
+        emit("refused", error=reason)
+        return {"refused": reason}
+    emit("reserved", created=result["created"], reservation_id=result["reservation_id"])
+    fail("after-reserve-ack")
+    return {"reservation_id": result["reservation_id"]}
+
+
+def refund(state: SagaState, runtime):
+    """The compensation, an effect like any other: naive sends it without a key, so a resumed
+    run refunds again; safe keys it by the operation and the direction (op:refund)."""
+    key = None if state["mode"] == "naive" else saga_key(state, "refund")
+    result = runtime.context.client.call("/refunds", {"ticket_id": state["ticket_id"]}, key)
+    emit("refunded", created=result["created"], refund_id=result["refund_id"])
+    fail("after-refund-ack")
+    return {"refund_id": result["refund_id"]}
+
+
+def build_saga(checkpointer):
+    """The saga's graph: the refund runs only when the reservation was refused."""
+    from langgraph.graph import END, START, StateGraph
+
+    builder = StateGraph(SagaState, context_schema=workflow.Context)
+    builder.add_node("charge", charge)
+    builder.add_node("reserve", reserve)
+    builder.add_node("refund", refund)
+    builder.add_edge(START, "charge")
+    builder.add_edge("charge", "reserve")
+    builder.add_conditional_edges(
+        "reserve", lambda state: "refund" if "refused" in state else END, ["refund", END]
+    )
+    builder.add_edge("refund", END)
+    return builder.compile(checkpointer=checkpointer)
+
+
+def saga_start(args, settings):
+    first = {"operation_id": args.operation, "title": args.title, "seats": args.seats}
+    return saga_run(args, settings, {**first, "mode": args.mode})
+
+
+def saga_resume(args, settings):
+    return saga_run(args, settings, None)
+
+
+def saga_run(args, settings, graph_input):
+    points = {args.crash_at: "kill"} if args.crash_at else {}
+    with failpoints.scoped(points), workflow.open_checkpointer(settings.checkpoint_db) as saver:
+        graph = build_saga(saver)
+        snapshot = workflow.require_thread(graph, args.thread, graph_input is not None)
+        if graph_input is None and "seats" not in snapshot.values:
+            raise UserError(
+                f"thread {args.thread!r} is not a saga; resume it without saga", EXIT_THREAD
+            )
+        final = workflow.run_graph(graph, graph_input, args.thread, settings.client())
+    if final is None:
+        return workflow.EXIT_DRAINED
+    emit("done", **final)
+    return 0
+
+
+def saga_state(args, settings):
+    with workflow.open_checkpointer(settings.checkpoint_db) as saver:
+        snapshot = build_saga(saver).get_state(workflow.thread_config(args.thread))
+    if not snapshot.values:
+        raise UserError(f"no thread {args.thread!r}; check --thread", EXIT_THREAD)
+    emit("state", values=snapshot.values, next=list(snapshot.next))
+
+
+def saga_refunds(args, settings):
+    emit("refunds", refunds=settings.client().call("/refunds")["refunds"])
+
+
+def seats(text):
+    """--seats: what the receiver accepts (1-1000), checked before the charge is made."""
+    import argparse
+
+    if not text.isdecimal() or not 1 <= int(text) <= MAX_SEATS:
+        raise argparse.ArgumentTypeError(f"must be a whole number from 1 to {MAX_SEATS}")
+    return int(text)
+
+
+def add_saga_parser(actions):
+    saga = actions.add_parser("saga", help="lab 13: charge, reserve, refund when refused")
+    steps = saga.add_subparsers(dest="saga_action", required=True, parser_class=workflow.Parser)
+    thread = dict(default="saga", help="checkpoint thread id (default: saga)")
+    for name, action in [("start", saga_start), ("resume", saga_resume)]:
+        sub = steps.add_parser(name, help=f"{name} a saga")
+        sub.set_defaults(run=action, graph_command=True)
+        sub.add_argument("--thread", **thread)
+        sub.add_argument("--crash-at", choices=SAGA_POINTS, help="where the run dies (SIGKILL)")
+    start = steps.choices["start"]
+    start.add_argument("--operation", default="case-013:book:v1", help="operation id (keys)")
+    start.add_argument("--title", default="Charge for case-013", help="the charge's ticket title")
+    start.add_argument("--seats", type=seats, default=2, help="seats to reserve (10 in all)")
+    start.add_argument("--mode", choices=SAGA_MODES, default="safe", help="the refund's key")
+    sub = steps.add_parser("state", help="show a saga's checkpoint")
+    sub.set_defaults(run=saga_state)
+    sub.add_argument("--thread", **thread)
+    steps.add_parser("refunds", help="list the receiver's refunds").set_defaults(run=saga_refunds)
+
+
 def build_parser():
     parser = workflow.build_parser(prog="lab.py")
     parser.set_defaults(crash_at=None, term_at=None, durability="sync")
@@ -282,6 +437,7 @@ def build_parser():
     sub.set_defaults(run=approve, graph_command=True)
     sub.add_argument("--thread", default="demo", help="checkpoint thread id (default: demo)")
     sub.add_argument("--reject", dest="approve", action="store_false", help="answer no")
+    add_saga_parser(actions)
     return parser
 
 

@@ -473,17 +473,85 @@ def while_locked(server):
         holder.close()
 
 
-def without_the_table(method):
-    """A read while another process has renamed the tickets table: a SQLite error, so 503."""
+def without_the_table(method, table="tickets"):
+    """A read while another process has renamed the table: a SQLite error, so 503."""
 
     def provoke(server):
         other = sqlite3.connect(server.env["RECEIVER_DB"], isolation_level=None)
         try:
-            other.execute("ALTER TABLE tickets RENAME TO tickets_away")
-            return request(server, method, "/tickets")
+            other.execute(f"ALTER TABLE {table} RENAME TO {table}_away")
+            return request(server, method, f"/{table}")
         finally:
-            other.execute("ALTER TABLE tickets_away RENAME TO tickets")
+            other.execute(f"ALTER TABLE {table}_away RENAME TO {table}")
             other.close()
+
+    return provoke
+
+
+def a_ticket(server):
+    reply = post(server, key=fresh_key())
+    assert reply.status == 201, reply
+    return reply.json()["ticket_id"]
+
+
+def refund(server, ticket_id, key=None):
+    headers = [] if key is None else [("Idempotency-Key", key)]
+    return request(server, "POST", "/refunds", {"ticket_id": ticket_id}, headers)
+
+
+def reserve(server, ticket_id, seats, key=None):
+    headers = [] if key is None else [("Idempotency-Key", key)]
+    return request(
+        server, "POST", "/reservations", {"ticket_id": ticket_id, "seats": seats}, headers
+    )
+
+
+def refunded_twice(server):
+    key, ticket_id = fresh_key(), a_ticket(server)
+    refund(server, ticket_id, key)
+    return refund(server, ticket_id, key)
+
+
+def refund_key_reused(server):
+    key = fresh_key()
+    refund(server, a_ticket(server), key)
+    return refund(server, a_ticket(server), key)
+
+
+def on_a_receiver_of_its_own(provoke):
+    """provoke(receiver) on a fresh receiver: the module's may have no seats left by then."""
+
+    def provoked(server):
+        env = dict(server.env, PORT=str(free_port()))
+        env["RECEIVER_DB"] = env["RECEIVER_DB"].replace(".sqlite", f"-{uuid.uuid4()}.sqlite")
+        env["API_URL"] = f"http://127.0.0.1:{env['PORT']}"
+        fresh = ReceiverProcess(env).start()
+        try:
+            return provoke(fresh)
+        finally:
+            fresh.stop()
+
+    return provoked
+
+
+def reserved_twice(server):
+    key, ticket_id = fresh_key(), a_ticket(server)
+    reserve(server, ticket_id, 2, key)
+    return reserve(server, ticket_id, 2, key)
+
+
+def post_locked(target):
+    """A POST to target while another process holds the database's write lock: 503."""
+
+    def provoke(server):
+        ticket_id = a_ticket(server)
+        holder = sqlite3.connect(server.env["RECEIVER_DB"], isolation_level=None)
+        try:
+            holder.execute("BEGIN EXCLUSIVE")
+            body = {"ticket_id": ticket_id, "seats": 1} if target == "/reservations" else None
+            return request(server, "POST", target, body or {"ticket_id": ticket_id})
+        finally:
+            holder.close()
 
     return provoke
 
@@ -554,6 +622,42 @@ ANSWERS = {  # (path, method, status) documented in openapi.yaml -> a request th
     ("/tickets", "post", "411"): lambda s: exchange(s, post_bytes(length=None)),
     ("/tickets", "post", "413"): lambda s: exchange(s, post_bytes(title_body("x" * 5000))),
     ("/tickets", "post", "503"): while_locked,
+    ("/refunds", "get", "200"): lambda s: request(s, "GET", "/refunds"),
+    ("/refunds", "get", "400"): lambda s: request(s, "GET", "/refunds?key=a%20b"),
+    ("/refunds", "get", "503"): without_the_table("GET", "refunds"),
+    ("/refunds", "head", "200"): lambda s: request(s, "HEAD", "/refunds"),
+    ("/refunds", "head", "400"): lambda s: request(s, "HEAD", "/refunds?key=a%20b"),
+    ("/refunds", "head", "503"): without_the_table("HEAD", "refunds"),
+    ("/refunds", "post", "201"): lambda s: refund(s, a_ticket(s), fresh_key()),
+    ("/refunds", "post", "200"): refunded_twice,
+    ("/refunds", "post", "400"): lambda s: exchange(s, post_bytes(b"{", target=b"/refunds")),
+    ("/refunds", "post", "404"): lambda s: refund(s, 2**63 - 1),
+    ("/refunds", "post", "408"): lambda s: exchange(
+        s, post_bytes(target=b"/refunds")[:-5], half_close=False
+    ),
+    ("/refunds", "post", "409"): refund_key_reused,
+    ("/refunds", "post", "411"): lambda s: exchange(s, post_bytes(length=None, target=b"/refunds")),
+    ("/refunds", "post", "413"): lambda s: exchange(
+        s, post_bytes(title_body("x" * 5000), target=b"/refunds")
+    ),
+    ("/refunds", "post", "503"): post_locked("/refunds"),
+    ("/reservations", "post", "201"): on_a_receiver_of_its_own(
+        lambda s: reserve(s, a_ticket(s), 2, fresh_key())
+    ),
+    ("/reservations", "post", "200"): on_a_receiver_of_its_own(reserved_twice),
+    ("/reservations", "post", "400"): lambda s: reserve(s, 1, 0),
+    ("/reservations", "post", "404"): lambda s: reserve(s, 2**63 - 1, 1),
+    ("/reservations", "post", "408"): lambda s: exchange(
+        s, post_bytes(target=b"/reservations")[:-5], half_close=False
+    ),
+    ("/reservations", "post", "409"): lambda s: reserve(s, a_ticket(s), 11),
+    ("/reservations", "post", "411"): lambda s: exchange(
+        s, post_bytes(length=None, target=b"/reservations")
+    ),
+    ("/reservations", "post", "413"): lambda s: exchange(
+        s, post_bytes(title_body("x" * 5000), target=b"/reservations")
+    ),
+    ("/reservations", "post", "503"): post_locked("/reservations"),
     (ANY, "", "400"): lambda s: exchange(s, b"NONSENSE\r\n\r\n"),
     (ANY, "", "404"): lambda s: request(s, "GET", "/admin"),
     (ANY, "", "405"): lambda s: request(s, "DELETE", "/tickets"),

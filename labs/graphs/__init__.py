@@ -1,1 +1,1 @@
-"""Small example graphs for lab 11 (the drill): each counts its own effects in a SQLite file."""
+"""Graphs for the drill: small examples for lab 11, and lab 13's saga (saga.py, from lab.py)."""

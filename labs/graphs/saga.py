@@ -1,0 +1,32 @@
+"""Lab 13's saga for the drill: lab.py's charge, reserve, refund, the receiver as the world.
+
+    python -m effectdrill labs.graphs.saga:graph --context labs.graphs.saga:context \
+        --input '{"operation_id": "{thread}", "title": "{thread}", "seats": 11, "mode": "naive"}' \
+        --observe labs.graphs.saga:observe
+
+11 seats are more than the receiver has (api.py's SEATS, 10), so every run's reservation is
+refused and its charge refunded. observe(thread) counts the charges (tickets whose title is the
+thread id) and the refunds of those tickets: --mode naive refunds twice where the drill kills
+the run after the refund's answer and before its result is saved; safe refunds once everywhere.
+"""
+
+import contextlib
+import io
+import os
+
+import lab
+import workflow
+from labs.graphs.ticket import context  # noqa: F401 (the drill's --context)
+
+
+def graph():
+    """lab.py's saga, without a checkpointer: the drill gives it its own."""
+    return lab.build_saga(None)
+
+
+def observe(thread):
+    client = workflow.Settings.from_environ(os.environ).client()
+    with contextlib.redirect_stdout(io.StringIO()):  # the client prints nothing; be sure
+        charges = {t["ticket_id"] for t in client.tickets() if t["payload"]["title"] == thread}
+        refunds = client.call("/refunds")["refunds"]
+    return {"charge": len(charges), "refund": sum(r["ticket_id"] in charges for r in refunds)}
