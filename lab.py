@@ -442,7 +442,7 @@ def build_parser():
 
 
 def main(argv=None, environ=None):
-    return workflow.main(argv, environ, parser=build_parser(), points=POINTS)
+    return workflow.main(argv, environ, parser=build_parser(), points=(*POINTS, *SAGA_POINTS))
 
 
 if __name__ == "__main__":
