@@ -19,7 +19,7 @@ by sending the same key.
                                  409 the key was used for another body: send a new key
     GET  /refunds[?key=KEY]      200 {"refunds": [{"refund_id", "ticket_id", "key"}]}
     POST /refunds                body {"ticket_id": N}, optional Idempotency-Key: a refund of
-                                 ticket N (lab 13's compensation), keyed like a ticket: 201,
+                                 ticket N (a saga's compensation), keyed like a ticket: 201,
                                  200, 409 as above; 404 no ticket N. Without a key every
                                  request is one more refund.
     POST /reservations           body {"ticket_id": N, "seats": S}, optional Idempotency-Key:
@@ -81,7 +81,7 @@ SCHEMA = """CREATE TABLE IF NOT EXISTS tickets (
     payload TEXT NOT NULL,
     created_at REAL  -- Unix time of the commit; NULL in a database made before it was kept
 )"""
-SAGA_SCHEMA = (  # lab 13: a refund undoes a ticket; a reservation may find no seats left
+SAGA_SCHEMA = (  # a refund undoes a ticket; a reservation may find no seats left
     """CREATE TABLE IF NOT EXISTS refunds (
     id INTEGER PRIMARY KEY,
     operation_key TEXT UNIQUE,
@@ -101,7 +101,7 @@ SAGA_SCHEMA = (  # lab 13: a refund undoes a ticket; a reservation may find no s
 KEYED = {"tickets": "ticket", "refunds": "refund", "reservations": "reservation"}  # table: noun
 KEY_AGE_INDEX = """CREATE INDEX IF NOT EXISTS {table}_keys_by_age ON {table} (created_at)
     WHERE operation_key IS NOT NULL"""
-SEATS = 10  # seats for all reservations together: few, so lab 13 can ask for more than are left
+SEATS = 10  # seats for all reservations together: few, so a caller can ask for more than are left
 BUSY_TIMEOUT_S = 2.0  # seconds to wait for the database before answering 503; twice this is
 #                       still under the workflow's 5 s request timeout, so the client hears
 #                       "busy, retry" instead of timing out with the outcome unknown.

@@ -205,6 +205,7 @@ def assert_hardened(container, volume):
     assert mounts == [("volume", f"{PROJECT}_{volume}", "/data")]
 
 
+@pytest.mark.docker
 def test_api_container_is_hardened(project):
     container = inspect(api_id(project))
     assert_hardened(container, "receiver-data")
@@ -215,6 +216,7 @@ def test_api_container_is_hardened(project):
     assert internal.stdout.strip() == "true"
 
 
+@pytest.mark.docker
 def test_api_process_runs_unprivileged_under_init(project):
     """Inside the container: uid 10001, no capabilities, an init as PID 1, /tmp writable."""
     script = (
@@ -232,6 +234,7 @@ def test_api_process_runs_unprivileged_under_init(project):
     assert write_root.returncode != 0 and "Read-only file system" in write_root.stderr
 
 
+@pytest.mark.docker
 def test_workflow_container_is_hardened(project):
     label = f"lab.test={PROJECT}-hardening"
     lab(project, "run", "-d", "-l", label, "workflow", "tickets")
@@ -247,6 +250,7 @@ def test_workflow_container_is_hardened(project):
             run(["docker", "rm", "-f", *ids], check=False)
 
 
+@pytest.mark.docker
 def test_crash_switch_exits_137(project):
     """The workflow SIGKILLs itself after the receiver's ack; `run` reports 137 (128 + 9)."""
     done = lab(
@@ -271,6 +275,7 @@ def test_crash_switch_exits_137(project):
     assert json_lines(state.stdout)[-1]["next"] == ["create_ticket"]
 
 
+@pytest.mark.docker
 def test_restart_api_keeps_the_receivers_data(project):
     key = "case-docker-restart:open-ticket:v1"
     posted = lab(project, "run", "--rm", "workflow", "post", "--operation", key)
@@ -289,6 +294,7 @@ def test_restart_api_keeps_the_receivers_data(project):
     assert [t["ticket_id"] for t in tickets] == [ticket]
 
 
+@pytest.mark.docker
 def test_down_v_removes_containers_network_and_volumes(project):
     lab(project, "down", "-v")
     label = f"label=com.docker.compose.project={PROJECT}"
