@@ -179,6 +179,9 @@ def run(args, settings, graph_input):
     ):
         approval = graph_input.get("approval") if starting else saved(saver, args, "approval")
         graph = build_graph(saver, approval, args.graph_version)
+        contract = None if args.no_contract else workflow.contract(graph, args.graph_version)
+        if contract and not starting and saver.get_tuple(workflow.thread_config(args.thread)):
+            workflow.require_contract(graph, args.thread, contract)  # before the graph is read
         check_approval(args, graph.get_state(workflow.thread_config(args.thread)))
         workflow.require_thread(
             graph,
@@ -187,9 +190,6 @@ def run(args, settings, graph_input):
             "resume it or pick a new --thread; or reset the lab: docker compose -p stateful-lab "
             "down -v (natively: make reset)",
         )
-        contract = None if args.no_contract else workflow.contract(graph, args.graph_version)
-        if contract and not starting:
-            workflow.require_contract(graph, args.thread, contract)
         final = workflow.run_graph(
             graph, graph_input, args.thread, client, args.durability, contract
         )
