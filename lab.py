@@ -203,8 +203,9 @@ def run(args, settings, graph_input):
 
 
 def state(args, settings):
+    version = getattr(args, "graph_version", "1")  # worker.py's state passes its own args
     with workflow.open_checkpointer(settings.checkpoint_db) as saver:
-        graph = build_graph(saver, saved(saver, args, "approval"), args.graph_version)
+        graph = build_graph(saver, saved(saver, args, "approval"), version)
         snapshot = graph.get_state(workflow.thread_config(args.thread))
     if not snapshot.values:
         raise UserError(f"no thread {args.thread!r}; check --thread", EXIT_THREAD)
