@@ -208,9 +208,10 @@ def run(args, settings, graph_input):
     with open_checkpointer(settings.checkpoint_db) as saver:
         graph = build_graph(saver)
         require_thread(graph, args.thread, starting=graph_input is not None)
-        if graph_input is None:
-            require_contract(graph, args.thread, contract(graph))
-        final = run_graph(graph, graph_input, args.thread, client, contract=contract(graph))
+        current = contract(graph)
+        if graph_input is None:  # a resume: only under the contract the thread was saved with
+            require_contract(graph, args.thread, current)
+        final = run_graph(graph, graph_input, args.thread, client, contract=current)
     if final is None:
         return EXIT_DRAINED
     emit("done", **final)
