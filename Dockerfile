@@ -36,6 +36,8 @@ RUN pip install --no-cache-dir --require-hashes -r requirements.txt
 # the app user cannot change it.
 ENV PYTHONDONTWRITEBYTECODE=1
 COPY failpoints.py httpguard.py api.py workflow.py lab.py worker.py ./
+COPY effectdrill/ effectdrill/
+COPY labs/graphs/ labs/graphs/
 
 # Numeric, so the host and orchestrators can tell it is not root without reading /etc/passwd.
 USER 10001:10001

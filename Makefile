@@ -1,8 +1,10 @@
 # Thin wrappers: each target bootstraps .venv from the hashed lock files, then runs one script.
 # Variables: BACKEND=auto|local|docker  STEP=1  RUNS=30  JSON=1  PYTHON=python3 (3.11+)
+#            SEED=N (chaos: the seed a chaos run printed, to draw the same kill offsets)
+#            WORKERS=3  OPERATIONS=60  MODE=safe|naive (scale-chaos; chaos also node-uuid)
 # Recipes are silent (@) and the bootstrap talks on stderr, so `make drill JSON=1 | jq .` and
 # `make chaos | jq` see the tools' JSON on stdout and nothing else.
-#            WORKERS=3  OPERATIONS=60  MODE=safe|naive  FAULTS=kill,freeze,... (scale-chaos)
+#            FAULTS=kill,freeze,... (scale-chaos)
 
 PYTHON ?= python3
 VENV := .venv
@@ -13,6 +15,7 @@ WORKERS ?= 3
 FAULTS ?= kill,freeze,pg-restart,receiver-outage,deploy
 OPERATIONS ?= 60
 MODE ?= safe
+SEED ?=  # chaos: empty draws a new seed, printed so the run can be replayed
 TEST_WORKERS ?= 4  # pytest-xdist processes: most of a test waits on a receiver, a workflow or Docker
 GUIDES ?= labs/01-the-duplicate.md labs/02-the-keyed-fix.md labs/03-a-retry-is-not-a-new-request.md
 UV := $(abspath $(PY)) -m uv pip compile --quiet --universal --python-version 3.11 --generate-hashes --no-header
@@ -50,8 +53,8 @@ bench: $(VENV)/.installed  ## receiver and CLI speed, side by side with the arti
 drill: $(VENV)/.installed  ## every crash boundary x mode (JSON=1 for JSON lines)
 	@$(PY) -m labs.tools.drill --backend $(if $(filter auto,$(BACKEND)),local,$(BACKEND)) $(if $(JSON),--json)
 
-chaos: $(VENV)/.installed  ## RUNS safe-mode runs killed at random moments; JSON on stdout
-	@$(PY) -m labs.tools.chaos --runs $(RUNS)
+chaos: $(VENV)/.installed  ## RUNS MODE runs killed at random moments (SEED=N replays); JSON out
+	@$(PY) -m labs.tools.chaos --runs $(RUNS) --mode $(MODE) $(if $(SEED),--seed $(SEED))
 
 starter: $(VENV)/.installed  ## the core files copied unchanged, as a starter: make starter DEST=dir
 	@test -n "$(DEST)" || { echo "make starter: name a new folder, e.g. make starter DEST=../ticket-starter"; exit 2; }
@@ -61,7 +64,7 @@ bench-workers: $(VENV)/.installed  ## operations per second with 1, 2 and 4 work
 	@$(PY) -m labs.tools.bench_workers
 
 bench-docker: $(VENV)/.installed  ## the Compose lifecycle timed on a real engine (up, restart, down)
-	@$(PY) -m labs.tools.measure_docker
+	@$(PY) -m labs.tools.bench_docker
 
 scale-chaos: $(VENV)/.installed  ## WORKERS workers on a throwaway Postgres; FAULTS strike them and their dependencies
 	@$(PY) -m labs.tools.scale_chaos --workers $(WORKERS) --operations $(OPERATIONS) --mode $(MODE) --faults $(FAULTS)

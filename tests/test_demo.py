@@ -84,7 +84,8 @@ def test_the_verdict_follows_the_receiver_not_the_guide(capsys, tmp_path):
 def test_stderr_comes_with_its_exit_code_and_lab_06_turns_its_fault_on(capsys):
     code, out, err = run_demo(capsys, LAB06)
     assert code == 0, out + err
-    assert "natively: mkdir -p data; FAILPOINTS=before-answer=drop-answer python api.py &" in out
+    up = "natively: mkdir -p data; FAILPOINTS=before-answer=drop-answer python api.py 2>>data/"
+    assert up in out
     lines = out.splitlines()
     reason = lines.index(
         "  stderr: lab.py: no answer from the receiver at "
@@ -160,11 +161,13 @@ def nothing_listens(port):
 def test_ctrl_c_stops_the_demo_and_leaves_nothing_behind(step):
     proc = start_demo(*(["--step"] if step else []), str(LAB01))
     try:
-        if step:  # Enter runs `up`; Ctrl-C at the next prompt, with the receiver up
-            seen = read_until(proc, "(Enter to run)")
-            proc.stdin.write(b"\n")
-            proc.stdin.flush()
-            seen = read_until(proc, "(Enter to run)", 2, seen)
+        if step:  # Enter runs the reset, Enter runs `up`; Ctrl-C at the next prompt
+            seen = b""
+            for prompts in (1, 2):
+                seen = read_until(proc, "(Enter to run)", prompts, seen)
+                proc.stdin.write(b"\n")
+                proc.stdin.flush()
+            seen = read_until(proc, "(Enter to run)", 3, seen)
         else:
             seen = read_until(proc, '"event": "crash"')
         port, data_dir = INTRO.search(seen.decode()).groups()

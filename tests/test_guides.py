@@ -37,6 +37,7 @@ def each_guide():
 
 PROJECT_PREFIX = os.environ.get("LAB_DOCKER_PROJECT", "stateful-lab-test")
 UP = "docker compose -p stateful-lab up -d --build api"
+DOWN = "docker compose -p stateful-lab down -v"
 UP_LOST_ACK = f"docker compose -p stateful-lab -f compose.yaml -f {LOST_ACK} up -d --build api"
 
 
@@ -67,7 +68,9 @@ def assert_reset_left_no_volume(guide, backend):
     assert left == [], f"{guide.name}: its reset left {left}"
 
 
-def test_there_are_guides_and_each_resets_what_it_starts():
+def test_there_are_guides_and_each_starts_and_ends_with_the_reset():
+    """Each guide's first command is the reset, so a lab left over (a skipped reset) cannot
+    change its ticket numbers, and its last is the reset, so it leaves nothing behind."""
     assert [g.name[:2] for g in GUIDES] == [f"{n:02d}" for n in range(1, len(GUIDES) + 1)]
     for guide in GUIDES:
         commands = [s.command for s in parse_guide(guide.read_text(encoding="utf-8"))]
@@ -75,13 +78,13 @@ def test_there_are_guides_and_each_resets_what_it_starts():
         # Lab 06 names it on every command: Compose computes each command's services from the
         # files that command names, and `run` may recreate a running api that differs.
         lost_ack = guide.name.startswith("06-")
-        assert commands[0] == (UP_LOST_ACK if lost_ack else UP), guide.name
-        # The reset names none: with -f, `down -v` in Compose 2.26 leaves the checkpoints.
-        files = [parse_command(c).files for c in commands[:-1]]
-        assert files == [[BASE_FILE, LOST_ACK] if lost_ack else []] * len(files), guide.name
         # Lab 10 adds --remove-orphans: a `run --rm worker` still attached would keep the network.
-        reset = "docker compose -p stateful-lab down -v"
-        assert commands[-1] in (reset, reset + " --remove-orphans"), guide.name
+        assert commands[0] == DOWN, guide.name
+        assert commands[-1] in (DOWN, DOWN + " --remove-orphans"), guide.name
+        assert commands[1] == (UP_LOST_ACK if lost_ack else UP), guide.name
+        # The resets name none: with -f, `down -v` in Compose 2.26 leaves the checkpoints.
+        files = [parse_command(c).files for c in commands[1:-1]]
+        assert files == [[BASE_FILE, LOST_ACK] if lost_ack else []] * len(files), guide.name
 
 
 def test_compose_yaml_turns_no_fault_on_and_the_override_does():

@@ -8,6 +8,8 @@ under test is always the real one.
 """
 
 import json
+import os
+import re
 import subprocess
 import sys
 import threading
@@ -278,6 +280,31 @@ def test_chaos_prints_one_json_line_and_its_verdict_on_stderr():
     assert f"{result['in_crash_window']} of 4 kills landed in the crash window" in verdict
 
 
+def test_make_chaos_prints_a_replay_line_that_replays_its_seed():
+    """The replay line a `make chaos` run prints is a command that works as printed: run
+    again, it draws the same seed (and so the same kill offsets) and prints the same line."""
+
+    def make_chaos(*variables):
+        done = subprocess.run(
+            ["make", "--no-print-directory", "chaos", *variables],
+            cwd=ROOT,
+            env={k: v for k, v in os.environ.items() if k not in MAKE_VARIABLES},
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+        (replay,) = re.findall(r"\(replay: (make chaos [^)]*)\)", done.stderr)
+        return json.loads(done.stdout)["seed"], replay
+
+    seed, replay = make_chaos("RUNS=2")
+    assert replay == f"make chaos RUNS=2 SEED={seed} MODE=safe"
+    assert make_chaos(*replay.split()[2:]) == (seed, replay)
+
+
+MAKE_VARIABLES = ("MAKELEVEL", "MAKEFLAGS", "MFLAGS", "SEED", "RUNS", "MODE")  # the test's own
+
+
 def test_chaos_counts_a_real_duplicate_and_a_kill_in_the_crash_window():
     """The chaos check can fail: a naive crash after the answer leaves two tickets."""
     with LocalBackend() as lab:
@@ -322,3 +349,20 @@ def test_a_drill_cell_that_lost_an_answer_without_the_fault_blames_the_slow_rece
     assert not result["ok"]
     assert "the crash exited 3, expected 137" in result["why"]
     assert any("took longer than workflow.py's 5 s request timeout" in w for w in result["why"])
+
+
+def test_lab_04s_table_is_the_drills_matrix():
+    """The guide's table is a view of drill.MATRIX, the one statement of the expected cells."""
+    import re
+
+    guide = (ROOT / "labs" / "04-crash-at-every-boundary.md").read_text(encoding="utf-8")
+    table = {}
+    for line in guide.splitlines():
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if len(cells) == 4 and cells[1:] and all(c.isdigit() for c in cells[1:]):
+            name = re.sub(r" \(lab \d+\)", "", cells[0])
+            durability = re.search(r'\("(\w+)"\)', name)
+            boundary = re.sub(r' \("\w+"\)', "", name)
+            key = (boundary, durability.group(1) if durability else "sync")
+            table[key] = tuple(int(c) for c in cells[1:])
+    assert table == {(row.boundary, row.durability): row.tickets for row in drill.MATRIX}

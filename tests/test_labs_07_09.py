@@ -16,7 +16,6 @@ from pathlib import Path
 import pytest
 from workflow_helpers import events, names, tickets
 
-from labs.tools import drill
 from labs.tools.local import ROOT, shell_exit_code, wait_until
 
 KILLED, DRAINED, NO_THREAD = 137, 75, 4
@@ -260,21 +259,3 @@ def test_sigterm_from_outside_during_the_request_lets_the_node_finish(held, lab)
         "done",
     ]
     assert held.posts == 1
-
-
-# ------------------------------------------------------------------ the drill's new rows
-
-
-@pytest.mark.parametrize(
-    "boundary,counts,crash_exit",
-    [
-        ("step-boundary", (2, 1, 2), KILLED),
-        ("term-at:after-prepare", (1, 1, 1), DRAINED),
-        ("term-at:after-ack", (1, 1, 1), 0),
-    ],
-)
-def test_the_drill_matrix_states_what_labs_08_and_09_teach(boundary, counts, crash_exit):
-    """The rows as the guides tell them; tests/test_drill.py runs each of their cells."""
-    [row] = [r for r in drill.MATRIX if r.boundary == boundary]
-    assert row.durability == "sync" and row.tickets == counts
-    assert row.crash_exit == (crash_exit,) * len(drill.MODES)

@@ -74,6 +74,7 @@ def test_a_postgres_url_that_does_not_answer_is_one_line_and_exit_3(tmp_path):
     assert done.returncode == 3, done.stderr
     assert done.stdout == ""
     assert done.stderr.startswith("lab.py: cannot open CHECKPOINT_DB (")
+    assert "unset it for the SQLite default" in done.stderr  # lab 10's export lingers
     assert len(done.stderr.splitlines()) == 1 and "Traceback" not in done.stderr
 
 

@@ -1,5 +1,7 @@
 """The guide format: how commands, expected output, exit codes and wildcards are read."""
 
+import re
+
 import pytest
 
 from labs.tools.backends import (
@@ -84,17 +86,20 @@ def test_the_local_backend_takes_a_fault_from_the_override_file_itself():
     assert override_environment([]) == {}
 
 
-def test_native_lines_are_the_commands_a_learner_pastes(tmp_path):
+def test_native_lines_are_the_commands_a_learner_pastes_from_the_readme(tmp_path):
+    """What the demo prints under each guide command is the README's native table, word for word."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8").split("## Without Docker", 1)[1]
+    table = dict(re.findall(r"^\| `([^`]+)` \| `([^`]+)`", readme, re.M))
     backend = LocalBackend(tmp_path)
+    prefix = "docker compose -p stateful-lab "
+    for verb in ("up -d --build api", "restart api", "logs api", "down -v"):
+        assert backend.native(prefix + verb) == table[verb], verb
     up = f"docker compose -p stateful-lab -f compose.yaml -f {LOST_ACK} up -d --build api"
-    assert backend.native(up) == (
-        "mkdir -p data; FAILPOINTS=before-answer=drop-answer python api.py "
-        "& echo $! > data/receiver.pid"
+    assert backend.native(up) == table["up -d --build api"].replace(
+        "python api.py", "FAILPOINTS=before-answer=drop-answer python api.py"
     )
     post = 'docker compose -p stateful-lab run --rm workflow post --title "Two words"'
     assert backend.native(post) == "python lab.py post --title 'Two words'"
-    down = "docker compose -p stateful-lab down -v"
-    assert backend.native(down) == "kill $(cat data/receiver.pid); rm -rf data"
 
 
 def test_compose_progress_and_the_repeated_exit_code_are_not_the_programs_stderr():

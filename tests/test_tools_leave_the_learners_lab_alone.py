@@ -7,18 +7,22 @@ runs from that copy, as `make` runs it, and afterwards the learner's receiver, i
 and the checkpoint file are exactly as they were. (A copy, so the real data/ is never used.)
 """
 
+import contextlib
 import hashlib
 import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import urllib.request
+from pathlib import Path
 
 import pytest
 
 from labs.tools import drill
-from labs.tools.local import ROOT, ReceiverProcess, free_port, lab_env, run_workflow
+from labs.tools.local import ROOT, ReceiverProcess, free_port, lab_env, run_workflow, wait_until
 
 TOOL_TIMEOUT_S = 600  # the whole drill on a busy 2-core machine
 
@@ -98,31 +102,43 @@ def test_chaos_leaves_the_learners_lab_alone(learner):
     assert json.loads(done.stdout)["tickets"] == 2
 
 
-def test_make_reset_stops_the_native_receiver_and_deletes_data_but_not_the_venv(tmp_path):
-    """`make reset` in a copy of the repository; no docker on PATH, so only the native half."""
+def reset_copy(tmp_path):
+    """A copy of the repository with a .venv folder, and a PATH with ps and no docker, so
+    `python -m labs.tools.backends reset` (make reset) does only its native half."""
     repo = tmp_path / "repo"
     repo.mkdir()
     for name in [p.name for p in ROOT.glob("*.py")]:
         shutil.copy(ROOT / name, repo)
     shutil.copytree(ROOT / "labs", repo / "labs", ignore=shutil.ignore_patterns("__pycache__"))
     (repo / ".venv").mkdir()
-    env = lab_env(repo / "data", free_port())
-    receiver = ReceiverProcess(env, tmp_path / "receiver.log", script=repo / "api.py").start()
-    (repo / "data" / "receiver.pid").write_text(f"{receiver.proc.pid}\n")  # as the native up does
-    bin_dir = tmp_path / "bin"  # ps, and no docker
+    bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "ps").symlink_to(shutil.which("ps"))
+    return repo, {**os.environ, "PATH": str(bin_dir)}
+
+
+def make_reset(repo, env):
+    done = subprocess.run(
+        [sys.executable, "-m", "labs.tools.backends", "reset"],
+        cwd=repo,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout.splitlines()
+
+
+def test_make_reset_stops_the_native_receiver_and_deletes_data_but_not_the_venv(tmp_path):
+    """`make reset` in a copy of the repository; no docker on PATH, so only the native half."""
+    repo, env = reset_copy(tmp_path)
+    receiver_env = lab_env(repo / "data", free_port())
+    receiver = ReceiverProcess(receiver_env, tmp_path / "receiver.log", script=repo / "api.py")
+    receiver.start()
+    (repo / "data" / "receiver.pid").write_text(f"{receiver.proc.pid}\n")  # as the native up does
     try:
-        done = subprocess.run(
-            [sys.executable, "-m", "labs.tools.backends", "reset"],
-            cwd=repo,
-            env={**os.environ, "PATH": str(bin_dir)},
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-        assert done.returncode == 0, done.stderr
-        assert done.stdout.splitlines() == [
+        assert make_reset(repo, env) == [
             f"native: receiver (pid {receiver.proc.pid}) stopped",
             "native: data/ deleted",
         ]
@@ -130,6 +146,73 @@ def test_make_reset_stops_the_native_receiver_and_deletes_data_but_not_the_venv(
     finally:
         receiver.stop()
     assert not (repo / "data").exists() and (repo / ".venv").is_dir()
+
+
+def test_make_reset_started_by_the_readme_stops_the_receiver_the_readme_started(tmp_path):
+    """The README's native `up` line, typed in a shell (relative api.py, its own pid file):
+    a later `make reset`, from another shell, finds that receiver and stops it."""
+    repo, env = reset_copy(tmp_path)
+    up = [line for line in README_NATIVE.splitlines() if line.startswith("python api.py")]
+    receiver_env = {**lab_env(repo / "data", free_port()), "PATH": os.environ["PATH"]}
+    receiver_env["PATH"] = f"{Path(sys.executable).parent}:{receiver_env['PATH']}"
+    shell = f"mkdir -p data; {up[0].split(' #')[0]}"  # the receiver's stdout: not our pipe
+    started = subprocess.run(
+        ["bash", "-c", shell], cwd=repo, env=receiver_env, stdout=subprocess.DEVNULL, timeout=30
+    )
+    assert started.returncode == 0
+    pid = int((repo / "data" / "receiver.pid").read_text())
+    try:
+        wait_until(lambda: receiver_answers(receiver_env["API_URL"]), 10, "the receiver answering")
+        assert make_reset(repo, env) == [
+            f"native: receiver (pid {pid}) stopped",
+            "native: data/ deleted",
+        ]
+        with pytest.raises(OSError):
+            urllib.request.urlopen(receiver_env["API_URL"] + "/health", timeout=2)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.parametrize("stranger", ["a sleeping python", "another folder's api.py"])
+def test_make_reset_leaves_a_stranger_with_the_pid_alone(tmp_path, stranger):
+    """A pid file that names a process that is not this lab's receiver (a pid reused after a
+    reboot, another copy of the lab): make reset says so, signals nothing, deletes data/."""
+    repo, env = reset_copy(tmp_path)
+    other = tmp_path / "other"
+    other.mkdir()
+    for module in ROOT.glob("*.py"):  # api.py and the modules it imports
+        shutil.copy(module, other)
+    argv = {
+        "a sleeping python": [sys.executable, "-c", "import time; time.sleep(120)"],
+        "another folder's api.py": [sys.executable, "api.py"],
+    }[stranger]
+    proc = subprocess.Popen(
+        argv, cwd=other, env=lab_env(other / "data", free_port()), stderr=subprocess.DEVNULL
+    )
+    try:
+        (repo / "data").mkdir()
+        (repo / "data" / "receiver.pid").write_text(f"{proc.pid}\n")
+        assert make_reset(repo, env) == [
+            f"native: data/receiver.pid names pid {proc.pid}, not this lab's api.py: left alone",
+            "native: data/ deleted",
+        ]
+        assert proc.poll() is None  # still running: no signal reached it
+    finally:
+        proc.kill()
+        proc.wait()
+    assert not (repo / "data").exists()
+
+
+def receiver_answers(url):
+    try:
+        with urllib.request.urlopen(url + "/health", timeout=1):
+            return True
+    except OSError:
+        return False
+
+
+README_NATIVE = (ROOT / "README.md").read_text(encoding="utf-8").split("## Without Docker", 1)[1]
 
 
 def test_make_recipes_for_tools_are_silent_so_stdout_stays_machine_readable():

@@ -63,9 +63,10 @@ def test_a_checkpoint_db_below_a_file_is_one_line(env, monkeypatch, capsys, tmp_
     one_line(capsys, workflow.EXIT_USAGE, workflow.main(["state"]), "CHECKPOINT_DB")
 
 
-def test_a_python_without_langgraph_is_told_which_python_to_use(lab):
+@pytest.mark.parametrize("args", [["state", "--thread", "x"], ["start"], ["resume"]])
+def test_a_python_without_langgraph_is_told_which_python_to_use(lab, args):
     done = subprocess.run(  # -S: no site-packages, so no langgraph
-        [sys.executable, "-S", str(ROOT / "workflow.py"), "state", "--thread", "x"],
+        [sys.executable, "-S", str(ROOT / "workflow.py"), *args],
         env=lab,
         capture_output=True,
         text=True,
@@ -141,3 +142,29 @@ def test_a_busy_receiver_is_asked_again_and_the_run_finishes(env, capsys, tmp_pa
     out = capsys.readouterr().out
     assert result["code"] == 0
     assert json.loads(out) == {"event": "post", "created": True, "ticket_id": 1}
+
+
+def test_ctrl_c_before_the_first_checkpoint_says_start_it_again(env, tmp_path):
+    """Nothing saved yet: `resume` would find no thread, so the line says to start again."""
+    args = workflow.build_parser().parse_args(["start", "--thread", "early"])
+    settings = workflow.Settings.from_environ(env)
+    hint = workflow.interrupted_hint(args, settings)
+    assert "has no checkpoint yet: start it again" in hint and "resume" not in hint
+
+
+def test_approve_of_an_unknown_thread_says_no_such_thread_waits(env, capsys):
+    import lab
+
+    assert lab.main(["approve", "--thread", "ghost"], env) == workflow.EXIT_THREAD
+    err = capsys.readouterr().err
+    assert err == "lab.py: no thread 'ghost' waits for approval; check --thread\n"
+
+
+def test_the_step_boundary_switch_refuses_a_postgres_checkpointer(env, capsys):
+    import lab
+
+    env = {**env, "CHECKPOINT_DB": "postgresql://127.0.0.1:1/none"}
+    code = lab.main(["start", "--crash-at", "step-boundary"], env)
+    err = capsys.readouterr().err
+    assert code == workflow.EXIT_USAGE and err.count("\n") == 1, err
+    assert "needs the SQLite checkpointer" in err and "unset CHECKPOINT_DB" in err

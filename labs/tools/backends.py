@@ -11,6 +11,8 @@ Backend. A guide command names the learner's Compose project, then optional Comp
                                                              environment X sets)
     run --rm workflow ARGS   as written                      python lab.py ARGS
     run --rm -e K=V workflow as written                      K=V python lab.py ARGS (lab 12)
+    run --rm --entrypoint python workflow ARGS               python ARGS (labs 07-08: read
+                             as written                      LangGraph's installed source)
     restart api              as written                      SIGTERM, wait for the exit, start again
     down -v                  as written                      stop the receiver, delete both data
                                                              folders
@@ -55,6 +57,7 @@ GUIDE_PREFIX = ["docker", "compose", "-p", LEARNER_PROJECT]
 BASE_FILE = "compose.yaml"
 LOST_ACK = "labs/lost-ack.compose.yaml"  # the override that turns the lost-ack fault on
 PID_FILE = "data/receiver.pid"  # where the native commands we show keep the receiver's pid
+PYTHON_IN_THE_IMAGE = ["--rm", "--entrypoint", "python", "workflow"]  # run ... -c CODE
 WORKFLOW_TIMEOUT_S = 120  # seconds for one workflow command (docker: container start included)
 COMPOSE_NOISE = re.compile(
     r"^(Creating|Starting|Restarting|Stopping|Removing|Recreating|Pulling|Building|Network"
@@ -122,6 +125,10 @@ def override_environment(files):
     return {name: str(value) for name, value in env.items()}
 
 
+DRILL_DBS = {"SHOP_DB": "shop/shop.sqlite", "APPROVAL_DB": "approval/approval.sqlite"}  # lab 11
+DRILL_TIMEOUT_S = 120  # seconds for one drill: about 10 crash runs of 0.1-0.5 s each, loaded
+
+
 class Backend:
     """What every backend does; run() maps a guide command onto the other methods."""
 
@@ -138,6 +145,10 @@ class Backend:
         env, args = cmd.run_env()
         if cmd.verb == "run" and args[:2] == ["--rm", "workflow"]:
             return self.workflow(args[2:], env=env)
+        if cmd.verb == "run" and cmd.args[:2] == ["--rm", "drill"]:  # lab 11
+            return self.drill(cmd.args[2:])
+        if cmd.verb == "run" and cmd.args[:4] == PYTHON_IN_THE_IMAGE:
+            return self.python(cmd.args[4:])
         if cmd.verb == "logs" and cmd.args == ["api"]:
             return self.logs()
         if (scaled := self.scale_profile(cmd)) is not None:
@@ -220,6 +231,17 @@ class LocalBackend(Backend):
             done = run_workflow(args, {**self.env, **(env or {})}, timeout)
         return Result(done.stdout, done.stderr, shell_exit_code(done.returncode))
 
+    def drill(self, args):
+        """python -m effectdrill ARGS (lab 11), its example graphs' databases in the lab's data."""
+        env = {**self.env, **{name: str(self.data_dir / path) for name, path in DRILL_DBS.items()}}
+        done = run([sys.executable, "-m", "effectdrill", *args], env, DRILL_TIMEOUT_S)
+        return Result(done.stdout, done.stderr, shell_exit_code(done.returncode))
+
+    def python(self, args):
+        """The lab's Python, as the image's `python` runs it: with the lab's environment."""
+        done = run([sys.executable, *args], self.env, WORKFLOW_TIMEOUT_S)
+        return Result(done.stdout, done.stderr, shell_exit_code(done.returncode))
+
     def tickets(self):
         """Every ticket the receiver holds, asked over HTTP."""
         from workflow import TicketClient, UserError
@@ -235,18 +257,23 @@ class LocalBackend(Backend):
             return scaled
         faults = override_environment(cmd.overrides) if cmd.verb == "up" else self.faults
         serve = "".join(f"{k}={shlex.quote(v)} " for k, v in faults.items())
-        serve += f"python api.py & echo $! > {PID_FILE}"
-        stop = f"kill $(cat {PID_FILE})"
+        serve += f"python api.py 2>>data/receiver.log & echo $! >{PID_FILE}"  # as the README
+        stop = "kill %1; wait"
         if cmd.verb == "up":
             return f"mkdir -p data; {serve}"
         if cmd.verb == "restart":
-            return f"{stop}; sleep 1; {serve}"
+            return f"{stop}; {serve}"
         if cmd.verb == "down":
+            stop = "kill %1 2>/dev/null; wait"  # a guide's first line: there may be no job yet
             if self.workers.postgres is not None:  # lab 10: the workers and the cluster too
                 stop = f"{WORKERS} stop; {stop}"  # the workers, then the pg tool (data/pg.pid)
             return f"{stop}; rm -rf data"
         if cmd.verb == "logs":
             return "cat data/receiver.log"
+        if cmd.args[:2] == ["--rm", "drill"]:
+            return "python -m effectdrill " + shlex.join(cmd.args[2:])
+        if cmd.args[:4] == PYTHON_IN_THE_IMAGE:
+            return "python " + shlex.join(cmd.args[4:])
         env, args = cmd.run_env()
         return "".join(f"{k}={shlex.quote(v)} " for k, v in env.items()) + (
             "python lab.py " + shlex.join(args[2:])
@@ -405,22 +432,18 @@ def choose_backend(name, project, port=None):
 
 
 def stop_native_receiver(pid_file):
-    """Stop the receiver a pasted native `up` started, if that pid still is one. -> said."""
+    """Stop the receiver a native `up` started (README: its pid in data/receiver.pid), and wait
+    for it to exit. Only if that pid is this lab's api.py: a pid can be reused by any process
+    after a reboot or a crash, and a reset never signals a stranger. -> what it did, or None."""
     try:
         pid = int(pid_file.read_text().strip())
     except (OSError, ValueError):
         return None
-    command = run(["ps", "-ww", "-o", "command=", "-p", str(pid)], timeout=10).stdout
-    if "api.py" not in command:
-        return f"native: {pid_file.relative_to(ROOT)} names pid {pid}, no receiver: left alone"
+    where = pid_file.relative_to(ROOT)
+    if not is_this_labs_receiver(pid):
+        return f"native: {where} names pid {pid}, not this lab's api.py: left alone"
     os.kill(pid, signal.SIGTERM)
-
-    def gone():
-        return (
-            "api.py" not in run(["ps", "-ww", "-o", "command=", "-p", str(pid)], timeout=10).stdout
-        )
-
-    wait_until(gone, 10, f"the native receiver (pid {pid}) stopping")
+    wait_until(lambda: not is_this_labs_receiver(pid), 10, f"the receiver (pid {pid}) stopping")
     return f"native: receiver (pid {pid}) stopped"
 
 
@@ -434,7 +457,11 @@ def reset():
             print(f"reset: docker: {done.stderr.strip()[-300:]}", file=sys.stderr)
             return 1
         print(f"docker: project {LEARNER_PROJECT} removed (containers, network, volumes)")
-    said = stop_native_receiver(ROOT / PID_FILE)
+    try:
+        said = stop_native_receiver(ROOT / PID_FILE)
+    except TimeoutError as error:
+        print(f"reset: native: {error}; data/ left in place", file=sys.stderr)
+        return 1
     if said:
         print(said)
     native_workers.stop(ROOT / "data")  # lab 10 natively: its workers and its Postgres, by pid
@@ -442,6 +469,37 @@ def reset():
         shutil.rmtree(ROOT / "data")
         print("native: data/ deleted")
     return 0
+
+
+# helpers
+
+
+def is_this_labs_receiver(pid):
+    """True when process pid runs ROOT/api.py with a Python: its command line names api.py,
+    which resolves (from the process's working folder when relative) to this folder's."""
+    argv = run(["ps", "-ww", "-o", "command=", "-p", str(pid)], timeout=10).stdout.split()
+    if not argv or not Path(argv[0]).name.lower().startswith("python"):
+        return False
+    ours = (ROOT / "api.py").resolve()
+    for word in argv[1:]:
+        if Path(word).name == "api.py":
+            cwd = Path("/") if Path(word).is_absolute() else process_cwd(pid)
+            if cwd is not None and (cwd / word).resolve() == ours:
+                return True
+    return False
+
+
+def process_cwd(pid):
+    """A process's working folder: /proc on Linux, lsof on macOS; None when neither says."""
+    try:
+        return Path(os.readlink(f"/proc/{pid}/cwd"))
+    except OSError:
+        pass
+    if not shutil.which("lsof"):
+        return None
+    listed = run(["lsof", "-a", "-d", "cwd", "-p", str(pid), "-Fn"], timeout=10).stdout
+    names = [line[1:] for line in listed.splitlines() if line.startswith("n")]
+    return Path(names[0]) if names else None
 
 
 if __name__ == "__main__":

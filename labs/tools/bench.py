@@ -13,7 +13,8 @@ run, as a learner types them), ours and the article's, medians of CLI_RUNS.
 Log line: what one decision line costs when the receiver writes it to a file, and the
 same receiver once more with stderr to /dev/null, end to end.
 Workers: operations per second with 1, 2 and 4 workers on a throwaway Postgres
-(labs.tools.bench_workers); skipped with a note where PostgreSQL's binaries are missing.
+(labs.tools.bench_workers, with its own ROUNDS and OPERATIONS, as `make bench-workers`);
+skipped with a note where PostgreSQL's binaries are missing.
 
 The article's api.py and workflow.py are cut out of ../shared/seeds at run time into a
 temporary folder (their hard-coded /data paths and port patched) and deleted afterwards;
@@ -23,7 +24,6 @@ Every figure is printed; nothing is asserted. The last line is one JSON object w
 all the figures, for scripts (and the smoke test of --quick).
 """
 
-import argparse
 import json
 import socket
 import statistics
@@ -38,6 +38,7 @@ from urllib.parse import urlsplit
 from labs.tools.bench_workers import bench_workers
 from labs.tools.local import ROOT, ReceiverProcess, free_port, lab_env
 from labs.tools.pg import PostgresUnavailable
+from workflow import Parser
 
 SEED = ROOT.parent / "shared" / "seeds" / "stateful-agents-docker-lab.txt"
 CLIENT_THREADS = 8  # concurrent clients: the issue's load shape (a room hammering one receiver)
@@ -244,7 +245,7 @@ def run_cli(script, args, env):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="labs.tools.bench", description=__doc__.split("\n")[0])
+    parser = Parser(prog="labs.tools.bench", description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="a short smoke run (~10 s)")
     size = dict(rounds=ROUNDS, seconds=ROUND_S, cli_runs=CLI_RUNS)
     if parser.parse_args(argv).quick:
@@ -285,17 +286,20 @@ def main(argv=None):
             ports = {name: urlsplit(server.url).port for name, server in servers.items()}
             figures["receiver"] = bench_receivers(ports, size["rounds"], size["seconds"])
             figures["log_line_s"] = log_line_seconds(tmp)
-            figures["workers"] = worker_figures(size["rounds"], quick=size is QUICK)
+            figures["workers"] = worker_figures(quick=size is QUICK)
         finally:
             for server in started:
                 server.stop()
     report(figures)
 
 
-def worker_figures(rounds, quick):
-    """Operations per second with 1, 2 and 4 workers, or why not."""
+def worker_figures(quick):
+    """Operations per second with 1, 2 and 4 workers, or why not: as `make bench-workers`
+    measures them (its rounds and operations), so both print the same kind of figure."""
     try:
-        return bench_workers(rounds=rounds, operations=8 if quick else 40)
+        if quick:
+            return bench_workers(rounds=QUICK["rounds"], operations=8)
+        return bench_workers()
     except PostgresUnavailable as error:
         return f"skipped: {error}"
 

@@ -20,6 +20,8 @@ import sys
 import tempfile
 import time
 
+from workflow import Parser
+
 RUNS = 10  # drills of one mode: their median
 ALL_RUNS = 3  # drills of every mode with --repeat: their median (each takes seconds)
 REPEAT = 5  # runs per crash point in the every-mode drill, as the target says
@@ -140,11 +142,6 @@ def saver_calls(graph, folder, calls):
     per_run["calls"] = len(captured)
     micro = {name: statistics.median(values) * 1e6 for name, values in per_call.items()}
     return micro["plain"], micro["wrapped"], per_run
-
-
-class Parser(argparse.ArgumentParser):
-    def error(self, message):  # one line, not a usage dump
-        self.exit(2, f"{self.prog}: {message} (see --help)\n")
 
 
 def count(minimum):

@@ -13,7 +13,6 @@ fast, and not what a real server does. --durable measures a cluster with all thr
 defaults), where every commit waits for its WAL flush.
 """
 
-import argparse
 import asyncio
 import json
 import statistics
@@ -27,8 +26,11 @@ from labs.tools.local import ROOT, ReceiverProcess, free_port, lab_env, wait_unt
 sys.path.insert(0, str(ROOT))
 import worker  # noqa: E402
 from labs.tools.workers import LocalWorkers  # noqa: E402
+from workflow import Parser  # noqa: E402
 
 COUNTS = (1, 2, 4)
+ROUNDS = 3  # per worker count; the median ignores one round disturbed by the machine
+OPERATIONS = 40  # per round: 20 jobs for each of 2 workers, enough to keep every slot busy
 START_DEADLINE_S = 120.0  # seconds for the workers to start; a loaded machine is slow at imports
 ROUND_DEADLINE_S = 300.0
 
@@ -69,7 +71,7 @@ def bench_count(count, rounds, operations, folder, durable=False):
         loop.close()
 
 
-def bench_workers(rounds=3, operations=40, counts=COUNTS, durable=False):
+def bench_workers(rounds=ROUNDS, operations=OPERATIONS, counts=COUNTS, durable=False):
     """{"1": ops/s, "2": ..., "4": ...}: medians of the rounds, and every round."""
     figures = {"operations_per_round": operations, "rounds": rounds, "ops_per_s": {}, "all": {}}
     figures["postgres"] = "durable (fsync on)" if durable else "throwaway (fsync off)"
@@ -82,9 +84,9 @@ def bench_workers(rounds=3, operations=40, counts=COUNTS, durable=False):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--operations", type=int, default=40)
+    parser = Parser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rounds", type=int, default=ROUNDS)
+    parser.add_argument("--operations", type=int, default=OPERATIONS)
     parser.add_argument("--durable", action="store_true", help="Postgres with fsync on")
     args = parser.parse_args(argv)
     figures = bench_workers(args.rounds, args.operations, durable=args.durable)

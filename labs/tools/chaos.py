@@ -14,6 +14,7 @@ before that point would only test "start again", which the drill's "exit" row co
 `--mode naive` is the control: the same kills then leave duplicate tickets.
 
     python -m labs.tools.chaos --runs N [--seed S] [--mode safe|naive|node-uuid] [--workers N]
+    make chaos RUNS=N SEED=S MODE=M          # the same; the run prints this line to replay it
 
 The seed fixes each run's kill offset; where an offset lands still depends on the machine's
 timing, so a replay covers the same offsets, not necessarily the same outcomes. A kill lands
@@ -40,8 +41,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 from lab import MODES
 from labs.tools.backends import LabError, LocalBackend
-from labs.tools.drill import Parser, events
+from labs.tools.drill import events
 from labs.tools.local import ROOT
+from workflow import Parser
 
 KILL_WINDOW_S = 0.015  # seconds after the first event: a bit longer than the graph's
 #                        ~5-10 ms here, so some kills land after `done` (the clean path)
@@ -135,7 +137,8 @@ def main(argv=None):
     rng = random.Random(seed)
     offsets = [rng.uniform(0, KILL_WINDOW_S) for _ in range(args.runs)]  # drawn before any run
     print(
-        f"chaos: seed {seed} (replay: --seed {seed}), {args.runs} {args.mode} runs, "
+        f"chaos: seed {seed} (replay: {replay_command(args.runs, seed, args.mode)}), "
+        f"{args.runs} {args.mode} runs, "
         f"{args.workers} at a time, each killed 0-{KILL_WINDOW_S * 1000:g} ms into its graph",
         file=sys.stderr,
         flush=True,
@@ -165,6 +168,11 @@ def main(argv=None):
     print(json.dumps(result, sort_keys=True), flush=True)
     bad = result["duplicates"] or result["missing"] or result["unfinished"]
     return EXIT_FOUND if bad else EXIT_OK
+
+
+def replay_command(runs, seed, mode):
+    """The make command that draws the same kill offsets again."""
+    return f"make chaos RUNS={runs} SEED={seed} MODE={mode}"
 
 
 def sentence(result, mode, seconds):

@@ -17,7 +17,6 @@ Exit codes: 0 every command as its guide says; 1 some differ; 3 the lab could no
 130 stopped with Ctrl-C.
 """
 
-import argparse
 import json
 import os
 import re
@@ -33,6 +32,7 @@ import lab
 from labs.tools.backends import LabError, choose_backend, parse_command
 from labs.tools.local import ROOT
 from labs.tools.runner import LIFECYCLE, parse_block, run_step
+from workflow import Parser
 
 GUIDES = [
     ROOT / "labs" / name
@@ -354,9 +354,7 @@ def introduce(backend, why):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(
-        prog="python -m labs.tools.demo", description="Tell the lab guides to a room."
-    )
+    parser = Parser(prog="python -m labs.tools.demo", description="Tell the lab guides to a room.")
     parser.add_argument("guides", nargs="*", type=Path, default=GUIDES)
     parser.add_argument("--backend", choices=("auto", "local", "docker"), default="auto")
     parser.add_argument("--step", action="store_true", help="wait for Enter before each command")

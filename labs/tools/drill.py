@@ -22,7 +22,6 @@ Exit codes: 0 every cell as expected; 1 a cell differs; 2 bad arguments; 3 the l
 130 Ctrl-C.
 """
 
-import argparse
 import json
 import os
 import signal
@@ -35,7 +34,7 @@ from dataclasses import dataclass
 from lab import MODES
 from labs.tools.backends import LOST_ACK, DockerBackend, LabError, LocalBackend
 from labs.tools.local import shell_exit_code
-from workflow import API_TIMEOUT_S, EXIT_DRAINED, EXIT_NO_ANSWER, EXIT_THREAD, EXIT_USAGE
+from workflow import API_TIMEOUT_S, EXIT_DRAINED, EXIT_NO_ANSWER, EXIT_THREAD, Parser
 
 EXIT_OK, EXIT_DIFFERS, EXIT_NO_LAB = 0, 1, 3  # and EXIT_USAGE (2) for bad arguments
 KILLED = shell_exit_code(-signal.SIGKILL)  # 137: the crash switch, as a shell reports it
@@ -47,13 +46,6 @@ NODE_OF_EVENT = {  # workflow.py events -> the node that prints them
     "reconcile": "create_ticket",
     "effect_ack": "create_ticket",
 }
-
-
-class Parser(argparse.ArgumentParser):
-    """Bad arguments: one line and exit 2, not a usage dump (also used by labs.tools.chaos)."""
-
-    def error(self, message):
-        self.exit(EXIT_USAGE, f"{self.prog}: {message} (see --help)\n")
 
 
 def each(value):

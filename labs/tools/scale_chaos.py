@@ -31,7 +31,6 @@ else 1. Naive mode: duplicates are the finding (printed as such); exit 0 unless 
 is unfinished.
 """
 
-import argparse
 import asyncio
 import json
 import random
@@ -249,7 +248,7 @@ class Strike:
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = workflow.Parser(description=__doc__.split("\n")[0])
     parser.add_argument("--workers", type=int, default=3)
     parser.add_argument("--operations", type=int, default=60)
     parser.add_argument("--mode", choices=("safe", "naive"), default="safe")

@@ -1,6 +1,6 @@
 """Time the lab's Compose lifecycle on a real engine, as a learner meets it. Prints figures only.
 
-    python -m labs.tools.measure_docker [--runs 3] [--cold] [--project stateful-lab-measure]
+    python -m labs.tools.bench_docker [--runs 3] [--cold] [--project stateful-lab-measure]
 
 - up -> first result: `down -v`, then `up -d --build api` and the first `run --rm workflow
   tickets`, timed together (and each). Warm: the image is already built, as on every run after
@@ -16,7 +16,6 @@ data. Set BASE_IMAGE and DOCKER_BUILDKIT=0 as for the tests where the pinned bas
 be pulled.
 """
 
-import argparse
 import statistics
 import subprocess
 import sys
@@ -24,6 +23,7 @@ import time
 
 from labs.tools.backends import compose_command, docker_engine_answers
 from labs.tools.local import ROOT
+from workflow import Parser
 
 IMAGE = "stateful-agent-lab:local"
 TIMEOUT_S = 900
@@ -51,7 +51,7 @@ def report(label, values):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = Parser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=3, help="runs per figure (default 3)")
     parser.add_argument("--cold", action="store_true", help="also time a build from scratch")
     parser.add_argument("--project", default="stateful-lab-measure", help="Compose project name")
