@@ -20,6 +20,9 @@ Variants, built here from the core's nodes (the core's State and build_graph kno
     --durability      LangGraph's durability mode: sync (the core's), async, exit (lab 04)
     step-boundary     a SqliteSaver that dies as create_ticket's result is about to be saved
                       (lab 08)
+    LAB_GRAPH_VERSION the deployed graph (lab 12): 1 (the default), or 2, where create_ticket is
+                      renamed open_ticket; `migrate` moves a thread saved by 1 to 2 (RENAMES)
+    --no-contract     resume without checking the thread's contract, as LangGraph alone does
 The saga (lab 13), a graph of its own: `saga start|resume|state|refunds`, see add_saga_parser:
     charge, reserve, and a refund when the reservation is refused; --mode naive sends the refund
     without a key, safe with OPERATION:refund; --crash-at after-charge-ack, after-reserve-ack or
@@ -27,6 +30,7 @@ The saga (lab 13), a graph of its own: `saga start|resume|state|refunds`, see ad
 """
 
 import json
+import os
 import sys
 import threading
 import urllib.error
@@ -52,6 +56,8 @@ APPROVAL_SHAPES = ("in-node", "own-node")  # where --approval waits for a human 
 DURABILITIES = ("sync", "async", "exit")
 POINTS = (*workflow.POINTS, "step-boundary")
 FAILPOINT_TOKEN = "Failpoint-Token"  # api.py's before-answer point fires once per token
+EFFECT_NODE = {"1": "create_ticket", "2": "open_ticket"}  # LAB_GRAPH_VERSION: the effect's name
+RENAMES = {"2": {"create_ticket": "open_ticket"}}  # what migrate maps a saved next through
 
 
 class State(workflow.State):
@@ -86,22 +92,26 @@ def ask_approval(ticket_id):
     return approved
 
 
-def build_graph(checkpointer, approval=None):
-    """The lab's graph: the core's prepare, create_ticket keyed by --mode, and the approval."""
+def build_graph(checkpointer, approval=None, version="1"):
+    """The lab's graph: the core's prepare, create_ticket keyed by --mode, and the approval;
+    version 2 names create_ticket open_ticket, as a refactoring deploy would."""
     from langgraph.graph import END, START, StateGraph
 
     builder = StateGraph(State, context_schema=workflow.Context)
     builder.add_node("prepare", workflow.prepare)
-    effect = create_ticket_then_ask if approval == "in-node" else create_ticket
-    builder.add_node("create_ticket", effect)
+    effect, name = (
+        create_ticket_then_ask if approval == "in-node" else create_ticket,
+        EFFECT_NODE[version],
+    )
+    builder.add_node(name, effect)
     builder.add_edge(START, "prepare")
-    builder.add_edge("prepare", "create_ticket")
+    builder.add_edge("prepare", name)
     if approval == "own-node":  # the better shape: the effect's node has returned before the wait
         builder.add_node("approval", approval_node)
-        builder.add_edge("create_ticket", "approval")
+        builder.add_edge(name, "approval")
         builder.add_edge("approval", END)
     else:
-        builder.add_edge("create_ticket", END)
+        builder.add_edge(name, END)
     return builder.compile(checkpointer=checkpointer)
 
 
@@ -174,7 +184,10 @@ def run(args, settings, graph_input):
         workflow.open_checkpointer(settings.checkpoint_db, saver_for(args, settings)) as saver,
     ):
         approval = graph_input.get("approval") if starting else saved(saver, args, "approval")
-        graph = build_graph(saver, approval)
+        graph = build_graph(saver, approval, args.graph_version)
+        contract = None if args.no_contract else workflow.contract(graph, args.graph_version)
+        if contract and not starting and saver.get_tuple(workflow.thread_config(args.thread)):
+            workflow.require_contract(graph, args.thread, contract)  # before the graph is read
         check_approval(args, graph.get_state(workflow.thread_config(args.thread)))
         workflow.require_thread(
             graph,
@@ -183,7 +196,9 @@ def run(args, settings, graph_input):
             "resume it or pick a new --thread; or reset the lab: docker compose -p stateful-lab "
             "down -v (natively: make reset)",
         )
-        final = workflow.run_graph(graph, graph_input, args.thread, client, args.durability)
+        final = workflow.run_graph(
+            graph, graph_input, args.thread, client, args.durability, contract
+        )
     if final is None:
         return workflow.EXIT_DRAINED
     if "__interrupt__" in final:  # the run waits for a human: `approve` answers it
@@ -194,12 +209,21 @@ def run(args, settings, graph_input):
 
 
 def state(args, settings):
+    version = getattr(args, "graph_version", "1")  # worker.py's state passes its own args
     with workflow.open_checkpointer(settings.checkpoint_db) as saver:
-        graph = build_graph(saver, saved(saver, args, "approval"))
+        graph = build_graph(saver, saved(saver, args, "approval"), version)
         snapshot = graph.get_state(workflow.thread_config(args.thread))
     if not snapshot.values:
         raise UserError(f"no thread {args.thread!r}; check --thread", EXIT_THREAD)
     emit("state", values=snapshot.values, next=list(snapshot.next))
+
+
+def migrate(args, settings):
+    """workflow.migrate with the lab's graph: a saved create_ticket continues as open_ticket."""
+    with workflow.open_checkpointer(settings.checkpoint_db) as saver:
+        graph = build_graph(saver, saved(saver, args, "approval"), args.graph_version)
+        current = workflow.contract(graph, args.graph_version)
+        workflow.migrate_thread(graph, args.thread, current, RENAMES.get(args.graph_version))
 
 
 # helpers
@@ -407,10 +431,11 @@ def add_saga_parser(actions):
 
 def build_parser():
     parser = workflow.build_parser(prog="lab.py")
-    parser.set_defaults(crash_at=None, term_at=None, durability="sync")
+    parser.set_defaults(crash_at=None, term_at=None, durability="sync", no_contract=False)
     actions = parser.actions
     for name, action in [("start", start), ("resume", resume), ("state", state)]:
         actions.choices[name].set_defaults(run=action)
+    actions.choices["migrate"].set_defaults(run=migrate)
     for name in ("start", "resume"):
         sub = actions.choices[name]
         crash = sub.add_mutually_exclusive_group()
@@ -424,6 +449,9 @@ def build_parser():
         crash.add_argument("--crash-at", choices=CRASH_POINTS, help="where the run dies")
         sub.add_argument("--term-at", choices=TERM_POINTS, help="where the run gets SIGTERM")
         sub.add_argument("--durability", choices=DURABILITIES, default="sync")
+    actions.choices["resume"].add_argument(
+        "--no-contract", action="store_true", help="skip the contract check (lab 12)"
+    )
     start_parser = actions.choices["start"]
     start_parser.add_argument("--mode", choices=MODES, default="safe")
     start_parser.add_argument(
@@ -442,6 +470,14 @@ def build_parser():
 
 
 def main(argv=None, environ=None):
+    environ = os.environ if environ is None else environ
+    version = environ.get("LAB_GRAPH_VERSION", "1")
+    if version not in EFFECT_NODE:
+        print(f"lab.py: LAB_GRAPH_VERSION={version!r} must be 1 or 2", file=sys.stderr)
+        return EXIT_USAGE
+    parser = build_parser()
+    parser.set_defaults(graph_version=version)
+    return workflow.main(argv, environ, parser=parser, points=POINTS)
     return workflow.main(argv, environ, parser=build_parser(), points=(*POINTS, *SAGA_POINTS))
 
 

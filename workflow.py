@@ -22,6 +22,9 @@ saved, and the run stops at the next step boundary with the event `drained` and 
 (EX_TEMPFAIL); `resume` carries on. A SIGKILL cannot be handled: then the key is what keeps the
 resumed run from making a second ticket.
 
+A deploy can change the graph under a saved thread: each checkpoint records the run's contract,
+`resume` under another refuses (exit 65), and `migrate` moves a thread to this one, explicitly.
+
 Output is one JSON object per line, keys sorted. Exit codes: see EXIT_* below.
 
 Configuration (environment, read in main()):
@@ -36,6 +39,7 @@ Configuration (environment, read in main()):
 import argparse
 import contextlib
 import dataclasses
+import hashlib
 import http.client
 import json
 import os
@@ -53,6 +57,9 @@ from typing import NotRequired, TypedDict
 from failpoints import FailpointSpecError, fail
 
 POINTS = ("after-prepare", "before-request", "after-ack", "after-checkpoint")  # see fail(...)
+VERSION = "1"  # the code's; bump it for a change that saved threads must not meet silently
+KEYS_VERSION = 1  # how prepare derives the key: a change to it is such a change
+BRANCH = "branch:to:"  # the channel that sends a run to a node (LangGraph's graph/state.py)
 
 
 class State(TypedDict):
@@ -121,8 +128,42 @@ def build_graph(checkpointer):
     return builder.compile(checkpointer=checkpointer)
 
 
-def run_graph(graph, graph_input, thread, client, durability="sync"):
+def contract(graph, version=VERSION):
+    """What a run's checkpoints are made under: the version, the graph's shape, the keys'."""
+    shape = graph.get_graph()
+    edges = sorted([edge.source, edge.target, edge.conditional] for edge in shape.edges)
+    digest = hashlib.sha256(json.dumps([sorted(shape.nodes), edges]).encode()).hexdigest()[:8]
+    return f"v{version} graph:{digest} keys:{KEYS_VERSION}"
+
+
+def require_contract(graph, thread, current):
+    """Refuse, changing nothing, to resume a thread saved under another contract."""
+    saved = graph.checkpointer.get_tuple(thread_config(thread)).metadata.get("contract")
+    if saved != current:
+        emit("contract_mismatch", current=current, saved=saved, thread=thread)
+        why = f"thread {thread!r} was saved under {saved!r}, this code is {current!r}"
+        raise UserError(f"{why}; migrate --thread {thread} moves it here", EXIT_CONTRACT)
+
+
+def migrate_thread(graph, thread, current, renames=None):
+    """Move a thread to the current contract: its values kept, its saved next run next, by this
+    graph's names (renames: old name -> new). Nothing runs."""
+    from langgraph.types import Command
+
+    require_thread(graph, thread, starting=False)
+    saved = graph.checkpointer.get_tuple(thread_config(thread))
+    was = [c[len(BRANCH) :] for c in saved.checkpoint["channel_values"] if c.startswith(BRANCH)]
+    goto = [(renames or {}).get(name, name) for name in was]
+    if missing := [name for name in goto if name not in graph.nodes]:
+        raise UserError(f"thread {thread!r}: no node {missing} in this graph", EXIT_CONTRACT)
+    config = {**thread_config(thread), "metadata": {"contract": current}}
+    graph.update_state(config, Command(goto=goto))  # a new checkpoint, stamped `current`
+    emit("migrated", contract=current, next=goto, saved=saved.metadata.get("contract"), was=was)
+
+
+def run_graph(graph, graph_input, thread, client, durability="sync", contract=None):
     """Start a run (graph_input) or resume one (None); its final values, or None if it drained.
+    contract: recorded in each checkpoint the run saves (LangGraph copies config["metadata"]).
 
     SIGTERM asks LangGraph to drain (RunControl.request_drain, LangGraph 1.1 and later): the node
     in flight finishes, its result is saved, and the run stops at the next step boundary.
@@ -130,7 +171,7 @@ def run_graph(graph, graph_input, thread, client, durability="sync"):
     from langgraph.errors import GraphDrained
     from langgraph.runtime import RunControl
 
-    config = {"configurable": {"thread_id": thread}}
+    config = {**thread_config(thread), "metadata": {"contract": contract}}
     control = RunControl()
     # Only the main thread receives signals (and may set a handler): an in-process caller on
     # another thread runs without one.
@@ -167,7 +208,10 @@ def run(args, settings, graph_input):
     with open_checkpointer(settings.checkpoint_db) as saver:
         graph = build_graph(saver)
         require_thread(graph, args.thread, starting=graph_input is not None)
-        final = run_graph(graph, graph_input, args.thread, client)
+        current = contract(graph)
+        if graph_input is None:  # a resume: only under the contract the thread was saved with
+            require_contract(graph, args.thread, current)
+        final = run_graph(graph, graph_input, args.thread, client, contract=current)
     if final is None:
         return EXIT_DRAINED
     emit("done", **final)
@@ -180,6 +224,12 @@ def state(args, settings):
     if not snapshot.values:
         raise UserError(f"no thread {args.thread!r}; check --thread", EXIT_THREAD)
     emit("state", values=snapshot.values, next=list(snapshot.next))
+
+
+def migrate(args, settings):
+    with open_checkpointer(settings.checkpoint_db) as saver:
+        graph = build_graph(saver)
+        migrate_thread(graph, args.thread, contract(graph))
 
 
 def tickets(args, settings):
@@ -200,6 +250,7 @@ EXIT_HTTP_ERROR = 1  # the receiver answered with an error (http_error shows it)
 EXIT_USAGE = 2  # a usage or configuration mistake: one line on stderr
 EXIT_NO_ANSWER = 3  # the receiver (or a Postgres CHECKPOINT_DB) could not be reached
 EXIT_THREAD = 4  # resume or state of an unknown thread, or start of one that exists
+EXIT_CONTRACT = 65  # resume of a thread saved under another contract: migrate it (EX_DATAERR)
 EXIT_DRAINED = 75  # stopped cleanly on SIGTERM, checkpoint saved: resume it (EX_TEMPFAIL)
 EXIT_INTERRUPTED = 130  # Ctrl-C (128 + SIGINT)
 EXIT_KILLED = 137  # a `kill` failpoint: SIGKILL is signal 9, and a shell reports 128 + 9
@@ -415,6 +466,9 @@ def build_parser(prog="workflow.py"):
         if name == "start":
             sub.add_argument("--operation", **operation)
             sub.add_argument("--title", **title)
+    sub = parser.actions.add_parser("migrate", help="move a thread to this code's contract")
+    sub.set_defaults(run=migrate)
+    sub.add_argument("--thread", **thread)
     sub = parser.actions.add_parser("state", help="show a thread's checkpoint")
     sub.set_defaults(run=state)
     sub.add_argument("--thread", **thread)

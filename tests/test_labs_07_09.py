@@ -135,7 +135,9 @@ with WritesThenKill.from_conn_string(os.environ["CHECKPOINT_DB"]) as saver:
     graph = lab.build_graph(saver)
     first = {"operation_id": "op", "mode": "naive", "title": "t"}
     context = workflow.Context(workflow.TicketClient(os.environ["API_URL"]))
-    graph.invoke(first, {"configurable": {"thread_id": "demo"}}, durability="sync", context=context)
+    config = {"configurable": {"thread_id": "demo"}}
+    config["metadata"] = {"contract": workflow.contract(graph)}
+    graph.invoke(first, config, durability="sync", context=context)  # as lab.py records a run
 """
 
 

@@ -132,3 +132,21 @@ def test_lab_10_native_lines_name_the_worker_and_the_cluster(tmp_path):
     assert backend.native(prefix + "pause worker") == signals + "SIGSTOP"
     assert backend.native(prefix + "unpause worker") == signals + "SIGCONT"
     assert backend.native(prefix + "run --rm workflow tickets") == "python lab.py tickets"
+
+
+def test_run_e_sets_the_workflows_environment_in_every_backend(tmp_path):
+    """`run --rm -e K=V workflow ARGS` (lab 12's deploy): Compose sets K in the container; the
+    local backend sets it for lab.py, in process and as a process, and shows it on the line."""
+    command = "docker compose -p stateful-lab run --rm -e LAB_GRAPH_VERSION=3 workflow state"
+    cmd = parse_command(command)
+    assert cmd.run_env() == ({"LAB_GRAPH_VERSION": "3"}, ["--rm", "workflow", "state"])
+    assert parse_command(command.replace("-e LAB_GRAPH_VERSION=3 ", "")).run_env()[0] == {}
+    for in_process in (True, False):
+        backend = LocalBackend(tmp_path / f"data-{in_process}", in_process=in_process)
+        try:
+            assert backend.native(command) == "LAB_GRAPH_VERSION=3 python lab.py state"
+            refused = backend.run(command)  # 3 is no graph version: lab.py read the variable
+            assert refused.exit_code == 2 and "LAB_GRAPH_VERSION='3'" in refused.stderr
+            assert "LAB_GRAPH_VERSION" not in backend.env  # for that command only
+        finally:
+            backend.close()

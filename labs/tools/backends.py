@@ -10,6 +10,7 @@ Backend. A guide command names the learner's Compose project, then optional Comp
                                                              (-f X.compose.yaml: with the api
                                                              environment X sets)
     run --rm workflow ARGS   as written                      python lab.py ARGS
+    run --rm -e K=V workflow as written                      K=V python lab.py ARGS (lab 12)
     run --rm --entrypoint python workflow ARGS               python ARGS (labs 07-08: read
                              as written                      LangGraph's installed source)
     restart api              as written                      SIGTERM, wait for the exit, start again
@@ -86,6 +87,14 @@ class GuideCommand:
     def overrides(self):
         return self.files[1:]
 
+    def run_env(self):
+        """`run --rm -e K=V ... SERVICE ARGS`: ({K: V}, ["--rm", SERVICE, *ARGS])."""
+        env, args = {}, list(self.args)
+        while args[1:2] == ["-e"] and "=" in (args[2:3] or [""])[0]:
+            name, _, value = args[2].partition("=")
+            env[name], args = value, [args[0], *args[3:]]
+        return env, args
+
 
 def parse_command(command):
     """'docker compose -p stateful-lab [-f F ...] VERB ARGS' -> GuideCommand, or ValueError."""
@@ -133,8 +142,9 @@ class Backend:
             return self.restart()
         if cmd.verb == "down":
             return self.down()
-        if cmd.verb == "run" and cmd.args[:2] == ["--rm", "workflow"]:
-            return self.workflow(cmd.args[2:])
+        env, args = cmd.run_env()
+        if cmd.verb == "run" and args[:2] == ["--rm", "workflow"]:
+            return self.workflow(args[2:], env=env)
         if cmd.verb == "run" and cmd.args[:2] == ["--rm", "drill"]:  # lab 11
             return self.drill(cmd.args[2:])
         if cmd.verb == "run" and cmd.args[:4] == PYTHON_IN_THE_IMAGE:
@@ -214,11 +224,11 @@ class LocalBackend(Backend):
         except FileNotFoundError:
             return Result("")
 
-    def workflow(self, args, timeout=WORKFLOW_TIMEOUT_S):
+    def workflow(self, args, timeout=WORKFLOW_TIMEOUT_S, env=None):
         if self.in_process:
-            done = run_workflow_here(args, self.env)
+            done = run_workflow_here(args, {**self.env, **(env or {})})
         else:
-            done = run_workflow(args, self.env, timeout)
+            done = run_workflow(args, {**self.env, **(env or {})}, timeout)
         return Result(done.stdout, done.stderr, shell_exit_code(done.returncode))
 
     def drill(self, args):
@@ -264,7 +274,10 @@ class LocalBackend(Backend):
             return "python -m effectdrill " + shlex.join(cmd.args[2:])
         if cmd.args[:4] == PYTHON_IN_THE_IMAGE:
             return "python " + shlex.join(cmd.args[4:])
-        return "python lab.py " + shlex.join(cmd.args[2:])
+        env, args = cmd.run_env()
+        return "".join(f"{k}={shlex.quote(v)} " for k, v in env.items()) + (
+            "python lab.py " + shlex.join(args[2:])
+        )
 
     def scale_profile(self, cmd):
         """up -d postgres: a throwaway cluster (labs.tools.pg); up -d --scale worker=N worker: N
@@ -393,8 +406,9 @@ class DockerBackend(Backend):
         self.files = []  # with -f files, Compose 2.26 removes only the default services' volumes
         return self.compose_run(["down", "-v", "--remove-orphans"])
 
-    def workflow(self, args, timeout=WORKFLOW_TIMEOUT_S):
-        return self.compose_run(["run", "--rm", "workflow", *args], timeout)
+    def workflow(self, args, timeout=WORKFLOW_TIMEOUT_S, env=None):
+        options = [word for k, v in (env or {}).items() for word in ("-e", f"{k}={v}")]
+        return self.compose_run(["run", "--rm", *options, "workflow", *args], timeout)
 
     def tickets(self):
         done = self.compose_run(["exec", "-T", "api", "python", "-c", TICKETS_SCRIPT])

@@ -195,10 +195,11 @@ class Ledger:
     def operation(self, command):
         """(action, operation name) for a workflow command that can make a ticket, else None."""
         cmd = parse_command(command)
-        if cmd.verb != "run" or cmd.args[2:3] == [] or cmd.args[2] not in EFFECTS:
+        words = cmd.run_env()[1]  # without `-e K=V` (lab 12)
+        if cmd.verb != "run" or words[2:3] == [] or words[2] not in EFFECTS:
             return None
         try:
-            args = lab.build_parser().parse_args(cmd.args[2:])  # lab.py's own defaults
+            args = lab.build_parser().parse_args(words[2:])  # lab.py's own defaults
         except SystemExit:
             return None
         if args.action == "start":

@@ -1,0 +1,204 @@
+"""Lab 12: a thread saved by one graph, resumed by another.
+
+First what LangGraph 1.2.24 itself does (a real SqliteSaver on a file, small graphs): a renamed
+node, an inserted node and a renamed interrupted node. Then the resume contract of workflow.py:
+recorded in each checkpoint, a resume under another contract refused with nothing changed, and
+`migrate` moving the thread explicitly. In-process: no kill is needed here (the drain is
+workflow.py's own SIGTERM handler, as in lab 09).
+"""
+
+import json
+import sqlite3
+from typing import NotRequired, TypedDict
+
+import pytest
+
+import lab as lab_py  # `lab` is the fixture: the lab's environment
+import workflow
+
+# --- LangGraph alone -----------------------------------------------------------------------
+
+
+class Steps(TypedDict):
+    done: NotRequired[list]
+
+
+def chain(saver, names, asks=(), stop_before=None):
+    """START -> names... -> END; each node records its name; a node in `asks` interrupts first."""
+    from langgraph.graph import END, START, StateGraph
+    from langgraph.types import interrupt
+
+    def node(name):
+        def run(state):
+            answer = interrupt(name) if name in asks else None
+            return {"done": [*state.get("done", []), f"{name}:{answer}" if answer else name]}
+
+        return run
+
+    builder = StateGraph(Steps)
+    for before, name in zip([START, *names], names, strict=False):
+        builder.add_node(name, node(name))
+        builder.add_edge(before, name)
+    builder.add_edge(names[-1], END)
+    return builder.compile(checkpointer=saver, interrupt_before=stop_before)
+
+
+@pytest.fixture
+def saver(tmp_path):
+    from langgraph.checkpoint.sqlite import SqliteSaver
+
+    conn = sqlite3.connect(tmp_path / "checkpoints.sqlite", check_same_thread=False)
+    yield SqliteSaver(conn)
+    conn.close()
+
+
+THREAD = {"configurable": {"thread_id": "t"}}
+
+
+def stopped_before_charge(saver):
+    """Version 1 of a graph, stopped with `charge` next (as a drained deploy leaves it)."""
+    chain(saver, ["prepare", "charge", "email"], stop_before=["charge"]).invoke({}, THREAD)
+    assert chain(saver, ["prepare", "charge", "email"]).get_state(THREAD).next == ("charge",)
+
+
+def test_a_renamed_node_resumes_with_no_error_and_runs_nothing(saver):
+    """LangGraph's docs (backward-compatibility page) say the run fails; 1.2.24 finishes it.
+    channels_from_checkpoint (pregel/_checkpoint.py) restores only the new graph's channels, so
+    `branch:to:charge` is dropped, and prepare_next_tasks (pregel/_algo.py) finds no node."""
+    stopped_before_charge(saver)
+    v2 = chain(saver, ["prepare", "bill", "email"])
+    assert v2.invoke(None, THREAD) == {"done": ["prepare"]}  # no exception: charge never ran
+    assert v2.get_state(THREAD).next == ()
+
+
+def test_an_inserted_node_is_skipped(saver):
+    """The saved `branch:to:charge` still triggers charge; prepare, which would route to the new
+    node, has already run."""
+    stopped_before_charge(saver)
+    v2 = chain(saver, ["prepare", "fraud_check", "charge", "email"])
+    assert v2.invoke(None, THREAD) == {"done": ["prepare", "charge", "email"]}
+
+
+def test_a_renamed_interrupted_node_swallows_the_answer(saver):
+    """Command(resume=...) becomes a pending RESUME write (map_command, pregel/_io.py) that no
+    task of the new graph reads: nothing runs, and the approval is gone."""
+    chain(saver, ["prepare", "approve", "email"], asks=["approve"]).invoke({}, THREAD)
+    from langgraph.types import Command
+
+    v2 = chain(saver, ["prepare", "approval", "email"], asks=["approval"])
+    assert v2.invoke(Command(resume="yes"), THREAD) == {"done": ["prepare"]}
+    assert v2.get_state(THREAD).next == ()  # under the new graph, nothing waits any more
+
+
+def test_config_metadata_is_saved_in_every_checkpoint(saver):
+    """get_checkpoint_metadata (langgraph/checkpoint/base) copies config["metadata"]'s strings
+    into each checkpoint's metadata: what workflow.run_graph records its contract with."""
+    graph = chain(saver, ["prepare", "charge"], stop_before=["charge"])
+    graph.invoke({}, {**THREAD, "metadata": {"contract": "one"}})
+    graph.invoke(None, {**THREAD, "metadata": {"contract": "two"}})
+    contracts = [c.metadata.get("contract") for c in saver.list(THREAD)]
+    assert contracts == ["two", "one", "one", "one"], contracts  # newest first: the resume's
+
+
+# --- the contract --------------------------------------------------------------------------
+
+
+def test_the_contract_names_the_version_the_shape_and_the_keys(saver, monkeypatch):
+    core = workflow.contract(workflow.build_graph(saver))
+    assert core == workflow.contract(workflow.build_graph(saver))  # the same code, the same
+    assert core.startswith("v1 graph:") and core.endswith(" keys:1")
+    assert workflow.contract(lab_py.build_graph(saver)) == core  # the same nodes and edges
+    assert workflow.contract(lab_py.build_graph(saver, version="2"), "2") != core
+    assert workflow.contract(lab_py.build_graph(saver, "own-node")) != core
+    monkeypatch.setattr(workflow, "KEYS_VERSION", 2)  # a deploy that derives keys differently
+    assert workflow.contract(workflow.build_graph(saver)) == core.replace("keys:1", "keys:2")
+
+
+def core_main(capsys, env, *argv):
+    code = workflow.main(list(argv), env)
+    out, err = capsys.readouterr()
+    return code, [json.loads(line) for line in out.splitlines()], err
+
+
+def test_resume_under_another_contract_refuses_changes_nothing_and_migrate_moves_it(
+    lab, receiver, capsys, monkeypatch
+):
+    started = core_main(
+        capsys, {**lab, "FAILPOINTS": "after-prepare=term"}, "start", "--thread", "t"
+    )
+    assert started[0] == workflow.EXIT_DRAINED and started[1][-1]["next"] == ["create_ticket"]
+    old = workflow.contract(workflow.build_graph(None))
+
+    def head():
+        with workflow.open_checkpointer(lab["CHECKPOINT_DB"]) as saver:
+            return saver.get_tuple(workflow.thread_config("t"))
+
+    before = head()
+    assert before.metadata["contract"] == old
+    monkeypatch.setattr(workflow, "KEYS_VERSION", 2)  # the deploy: keys are made another way
+    new = workflow.contract(workflow.build_graph(None))
+    code, events, err = core_main(capsys, lab, "resume", "--thread", "t")
+    assert code == workflow.EXIT_CONTRACT == 65
+    assert events == [{"event": "contract_mismatch", "current": new, "saved": old, "thread": "t"}]
+    assert err.count("\n") == 1 and old in err and new in err and "migrate --thread t" in err
+    assert head().checkpoint["id"] == before.checkpoint["id"]  # nothing saved
+    assert workflow.TicketClient(lab["API_URL"]).tickets() == []  # nothing sent
+
+    code, events, _ = core_main(capsys, lab, "migrate", "--thread", "t")
+    migrated = {"event": "migrated", "contract": new, "saved": old}
+    assert code == 0 and events == [
+        {**migrated, "next": ["create_ticket"], "was": ["create_ticket"]}
+    ]
+    assert head().metadata["contract"] == new
+    code, events, _ = core_main(capsys, lab, "resume", "--thread", "t")
+    assert code == 0 and events[-1]["event"] == "done" and events[-1]["ticket_id"] == 1
+    assert len(workflow.TicketClient(lab["API_URL"]).tickets()) == 1
+
+
+def test_migrate_of_an_unknown_thread_is_one_line_and_exit_4(lab, capsys):
+    code, events, err = core_main(capsys, lab, "migrate", "--thread", "nobody")
+    assert (code, events) == (workflow.EXIT_THREAD, []) and err.count("\n") == 1
+
+
+def test_a_bad_graph_version_is_one_line_and_exit_2(lab, capsys):
+    assert lab_main(capsys, {**lab, "LAB_GRAPH_VERSION": "3"}, "state") == workflow.EXIT_USAGE
+
+
+def lab_main(capsys, env, *argv):
+    code = lab_py.main(list(argv), env)
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "LAB_GRAPH_VERSION" in err
+    return code
+
+
+def test_migrate_names_a_node_the_new_graph_does_not_have_and_changes_nothing(
+    lab, capsys, monkeypatch
+):
+    """A saved next with no counterpart (here: renamed, and RENAMES forgot it) is refused."""
+    env = {**lab, "FAILPOINTS": "after-prepare=term"}
+    assert lab_py.main(["start", "--thread", "t"], env) == workflow.EXIT_DRAINED
+    monkeypatch.setitem(lab_py.RENAMES, "2", {})
+    capsys.readouterr()
+    code = lab_py.main(["migrate", "--thread", "t"], {**lab, "LAB_GRAPH_VERSION": "2"})
+    out, err = capsys.readouterr()
+    assert code == workflow.EXIT_CONTRACT and out == "" and "create_ticket" in err
+    assert lab_py.main(["state", "--thread", "t"], lab) == 0
+    assert json.loads(capsys.readouterr().out)["next"] == ["create_ticket"]
+
+
+def test_approve_under_another_contract_refuses_instead_of_swallowing(lab, receiver, capsys):
+    """In-node approval (lab 07), then version 2 renames the waiting node: the contract refuses
+    the answer; migrate makes the renamed node ask again (it runs from its first line, keyed)."""
+    assert lab_py.main(["start", "--thread", "a", "--approval"], lab) == 0
+    v2 = {**lab, "LAB_GRAPH_VERSION": "2"}
+    assert lab_py.main(["approve", "--thread", "a"], v2) == workflow.EXIT_CONTRACT
+    assert lab_py.main(["migrate", "--thread", "a"], v2) == 0
+    capsys.readouterr()
+    assert lab_py.main(["resume", "--thread", "a"], v2) == 0
+    events = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert events == [
+        {"event": "effect_ack", "created": False, "ticket_id": 1},
+        {"event": "awaiting_approval", "ticket_id": 1},
+    ]
+    assert lab_py.main(["approve", "--thread", "a"], v2) == 0
+    assert len(workflow.TicketClient(lab["API_URL"]).tickets()) == 1
