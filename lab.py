@@ -477,8 +477,7 @@ def main(argv=None, environ=None):
         return EXIT_USAGE
     parser = build_parser()
     parser.set_defaults(graph_version=version)
-    return workflow.main(argv, environ, parser=parser, points=POINTS)
-    return workflow.main(argv, environ, parser=build_parser(), points=(*POINTS, *SAGA_POINTS))
+    return workflow.main(argv, environ, parser=parser, points=(*POINTS, *SAGA_POINTS))
 
 
 if __name__ == "__main__":
