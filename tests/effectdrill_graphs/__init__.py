@@ -1,1 +1,2 @@
-"""Graphs written for tests/test_effectdrill.py, in the shapes LangGraph users write them."""
+"""Graphs written for tests/effectdrill/test_effectdrill.py, in the shapes LangGraph users
+write them."""

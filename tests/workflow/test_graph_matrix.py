@@ -2,7 +2,7 @@
 fake receiver, a failpoint that raises inside a node, then a resume. Every sync row that an
 in-process exception can show, in every mode, in well under a second.
 
-What only a real kill shows stays in the process tier (tests/test_drill.py): the step boundary
+What only a real kill shows stays in the process tier (tests/tools/test_drill.py): the step boundary
 (an exception from a saver's put_writes surfaces only when the run ends) and SIGTERM's drain.
 The expected ticket counts come from the drill's one matrix (labs/tools/drill.py)."""
 

@@ -2,7 +2,7 @@
 `run --rm worker` is still attached. A real engine, in a project of our own (never stateful-lab).
 
 The image is LAB_IMAGE (compose.yaml's default when unset); CI sets BASE_IMAGE and
-LAB_POSTGRES_IMAGE for an engine with no registry, as for tests/test_docker.py.
+LAB_POSTGRES_IMAGE for an engine with no registry, as for tests/tools/test_docker.py.
 """
 
 import json

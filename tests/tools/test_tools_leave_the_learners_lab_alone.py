@@ -82,7 +82,7 @@ def test_the_demo_leaves_the_learners_lab_alone(learner):
 
 
 def test_the_drill_leaves_the_learners_lab_alone_and_keeps_stdout_for_json(learner):
-    """One boundary's rows as `make drill` runs them (tests/test_drill.py runs every cell)."""
+    """One boundary's rows as `make drill` runs them (tests/tools/test_drill.py runs every cell)."""
     done = run_tool(learner, "labs.tools.drill", "--json", "--boundary", "after-checkpoint")
     assert done.returncode == 0, done.stdout + done.stderr
     cells = [json.loads(line) for line in done.stdout.splitlines()]  # every line is JSON
