@@ -130,11 +130,52 @@ DRILL_TIMEOUT_S = 120  # seconds for one drill: about 10 crash runs of 0.1-0.5 s
 
 
 class Backend:
-    """What every backend does; run() maps a guide command onto the other methods."""
+    """What every backend does, and all the guides, the demo, the drill and chaos use of one.
+
+    run(command)    a guide's command as the learner types it -> Result (stdout, stderr, exit)
+    up(overrides)   start the receiver (with lab 06's override files); down() removes the lab
+    workflow(args)  `run --rm workflow ARGS`; tickets(): every ticket the receiver holds
+    native(command) the command as a learner pastes it natively, or None where it runs as is
+    close()         stop what this backend started
+    """
 
     name = "?"
 
     def run(self, command):
+        raise NotImplementedError
+
+    def up(self, overrides=()):
+        raise NotImplementedError
+
+    def down(self):
+        raise NotImplementedError
+
+    def workflow(self, args, timeout=None):
+        raise NotImplementedError
+
+    def tickets(self):
+        raise NotImplementedError
+
+    def native(self, command):
+        return None
+
+    def close(self):
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class LocalBackend(Backend):
+    """The lab as native processes: data in data_dir (a temporary folder unless given)."""
+
+    name = "local"
+
+    def run(self, command):
+        """The guide's command mapped onto a native process (see the module docstring)."""
         cmd = parse_command(command)
         if cmd.verb == "up" and cmd.args[-1:] == ["api"]:
             return self.up(cmd.overrides)
@@ -154,26 +195,6 @@ class Backend:
         if (scaled := self.scale_profile(cmd)) is not None:
             return scaled
         raise ValueError(f"the {self.name} backend has no mapping for {command!r}")
-
-    def scale_profile(self, cmd):
-        """Lab 10's postgres and worker services: a Result, or None for other commands."""
-        return None
-
-    def native(self, command):
-        """The command as it runs natively, for a learner to paste; None where it runs as is."""
-        return None
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-
-class LocalBackend(Backend):
-    """The lab as native processes: data in data_dir (a temporary folder unless given)."""
-
-    name = "local"
 
     def __init__(self, data_dir=None, port=None, log_path=None, in_process=False):
         self.in_process = in_process  # workflow commands without a signal switch: see local.py
