@@ -40,8 +40,8 @@ reset: $(VENV)/.installed  ## your own lab: `down -v` of project stateful-lab, t
 test: $(VENV)/.installed lint  ## the whole suite; the Docker tier runs when an engine answers
 	$(PY) -m pytest -n $(TEST_WORKERS)
 
-test-fast: $(VENV)/.installed  ## the inner loop: no Docker, no Postgres, no test marked long
-	LAB_SKIP_POSTGRES=1 $(PY) -m pytest -n $(TEST_WORKERS) -m "not docker and not long" -q
+test-fast: $(VENV)/.installed  ## the inner loop: tests marked fast (no Docker, Postgres, kills)
+	$(PY) -m pytest -n $(TEST_WORKERS) -m "fast and not long" -q
 
 lint: $(VENV)/.installed
 	$(PY) -m ruff check .

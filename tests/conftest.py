@@ -22,8 +22,6 @@ def pytest_collection_modifyitems(items):
 def require_postgres():
     """The Postgres tier: skip loudly without PostgreSQL's server binaries, or fail when
     LAB_REQUIRE_POSTGRES=1 (CI)."""
-    if os.environ.get("LAB_SKIP_POSTGRES") == "1":
-        pytest.skip("POSTGRES TIER SKIPPED: LAB_SKIP_POSTGRES=1 (make test-fast)")
     try:
         find_bin_dir()
     except PostgresUnavailable as error:

@@ -15,6 +15,8 @@ from labs.tools.local import ROOT
 from labs.tools.runner import lines_match, parse_guide
 from labs.tools.workers import HEARTBEAT_S
 
+pytestmark = pytest.mark.fast  # make test-fast: in-process, or one receiver over HTTP
+
 GUIDE = """# A guide
 
 Prose is ignored, and so are other code blocks:

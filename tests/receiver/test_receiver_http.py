@@ -34,6 +34,8 @@ from referencing.jsonschema import DRAFT202012
 
 from labs.tools.local import ROOT, ReceiverProcess, free_port, lab_env
 
+pytestmark = pytest.mark.fast  # make test-fast: in-process, or one receiver over HTTP
+
 STALL_TIMEOUT_S = 1.0  # the receiver's per-connection timeout in this module: a stall test
 #                        waits it out, and 1 s is still ample for any loopback request here
 BUSY_TIMEOUT_S = 0.3  # its wait for a locked database before a 503 (default 2 s)
@@ -758,6 +760,7 @@ def test_the_receiver_answers_as_openapi_documents(server, path, method, status,
         assert method == "head" and reply.body == b"", reply
 
 
+@pytest.mark.long
 def test_schemathesis_finds_nothing_the_spec_does_not_allow(server):
     """schemathesis generates requests from openapi.yaml and checks every answer against it.
 

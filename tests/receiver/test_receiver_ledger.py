@@ -17,6 +17,8 @@ from receiver_helpers import assert_error, port_of, post, read_reply, request, r
 
 from labs.tools.local import ReceiverProcess, wait_until
 
+pytestmark = pytest.mark.fast  # make test-fast: in-process, or one receiver over HTTP
+
 CLIENTS = 32  # posting one key at the same moment
 HOUR_S = 3600.0  # a retention no test outlives: its first prune is a minute away
 PRUNE_DEADLINE_S = 10.0  # seconds for a short retention's pruner to have run

@@ -20,6 +20,8 @@ from receiver_helpers import assert_error, port_of, post, read_reply, request, r
 
 from labs.tools.local import ROOT, ReceiverProcess, wait_until
 
+pytestmark = pytest.mark.fast  # make test-fast: in-process, or one receiver over HTTP
+
 REQUEST_TIMEOUT_S = 1.0  # the receiver's deadline for a whole request in these tests
 MAX_CONNECTIONS = 4  # the receiver's connection cap in these tests
 SIGTERM_DEADLINE_S = 1.0  # the promise: SIGTERM ends the receiver within a second

@@ -11,6 +11,8 @@ from receiver_helpers import assert_error, post, request
 
 from labs.tools.local import ReceiverProcess, wait_until
 
+pytestmark = pytest.mark.fast  # make test-fast: in-process, or one receiver over HTTP
+
 SEATS = 10  # api.py's SEATS: the seats all reservations share
 HOUR_S = 3600.0  # a retention no test outlives: its first prune is a minute away
 PRUNE_DEADLINE_S = 10.0  # seconds for a short retention's pruner to have run

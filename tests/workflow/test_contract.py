@@ -16,6 +16,8 @@ import pytest
 import lab as lab_py  # `lab` is the fixture: the lab's environment
 import workflow
 
+pytestmark = pytest.mark.fast  # make test-fast: in-process, or one receiver over HTTP
+
 # --- LangGraph alone -----------------------------------------------------------------------
 
 

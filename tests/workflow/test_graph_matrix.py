@@ -13,6 +13,8 @@ import lab
 import workflow
 from labs.tools.drill import MATRIX
 
+pytestmark = pytest.mark.fast  # make test-fast: in-process, or one receiver over HTTP
+
 IN_PROCESS = ("after-prepare", "before-request", "lost-ack", "after-ack", "after-checkpoint")
 ROWS = [r for r in MATRIX if r.durability == "sync" and r.boundary in IN_PROCESS]
 
