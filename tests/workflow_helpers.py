@@ -1,10 +1,10 @@
 """Read what workflow.py printed: one JSON event per line."""
 
-import json
+from labs.tools import local
 
 
 def events(done):
-    return [json.loads(line) for line in done.stdout.splitlines()]
+    return local.events(done.stdout)
 
 
 def names(done):

@@ -41,8 +41,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 from lab import MODES
 from labs.tools.backends import LabError, LocalBackend
-from labs.tools.drill import events
 from labs.tools.local import ROOT
+from labs.tools.local import event_names as events
 from workflow import Parser
 
 KILL_WINDOW_S = 0.015  # seconds after the first event: a bit longer than the graph's

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 from lab import MODES
 from labs.tools.backends import LOST_ACK, DockerBackend, LabError, LocalBackend
-from labs.tools.local import shell_exit_code
+from labs.tools.local import event_names, shell_exit_code
 from workflow import API_TIMEOUT_S, EXIT_DRAINED, EXIT_NO_ANSWER, EXIT_THREAD, Parser
 
 EXIT_OK, EXIT_DIFFERS, EXIT_NO_LAB = 0, 1, 3  # and EXIT_USAGE (2) for bad arguments
@@ -124,10 +124,6 @@ def cells(boundaries=None):
     return [Cell(row, mode) for row in rows for mode in MODES]
 
 
-def events(stdout):
-    return [json.loads(line)["event"] for line in stdout.splitlines() if line.startswith("{")]
-
-
 def describe_recovery(how, reran):
     return "none" if how == "none" else f"{how}: {', '.join(reran) or 'nothing'}"
 
@@ -139,7 +135,7 @@ def run_cell(lab, cell):
     def workflow(args):
         result = lab.workflow(args)
         log.append(
-            {"args": " ".join(args), "exit": result.exit_code, "events": events(result.stdout)}
+            {"args": " ".join(args), "exit": result.exit_code, "events": event_names(result.stdout)}
         )
         return result
 
@@ -149,15 +145,15 @@ def run_cell(lab, cell):
     crashed = workflow([*start, *cell.row.crash_args])
     result, how, reran = crashed, "none", []
     for _ in range(MAX_RECOVERIES):
-        if "done" in events(result.stdout):
+        if "done" in event_names(result.stdout):
             break
         result, how = workflow(["resume", *common]), "resume"
         if result.exit_code == EXIT_THREAD:  # the crash left no checkpoint: start from the input
             result, how = workflow(start), "start again"
-        reran += [NODE_OF_EVENT[e] for e in events(result.stdout) if e in NODE_OF_EVENT]
-    finished = "done" in events(result.stdout)
+        reran += [NODE_OF_EVENT[e] for e in event_names(result.stdout) if e in NODE_OF_EVENT]
+    finished = "done" in event_names(result.stdout)
     again = workflow(["resume", *common])
-    redid_nothing = again.exit_code == 0 and events(again.stdout) == ["done"]
+    redid_nothing = again.exit_code == 0 and event_names(again.stdout) == ["done"]
     tickets = [t for t in lab.tickets() if t["payload"] == {"title": name}]
     recovery = describe_recovery(how, list(dict.fromkeys(reran)))  # in order, each node once
     want = {f: cell.expected(f) for f in ("tickets", "crash_exit")}

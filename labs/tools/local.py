@@ -186,6 +186,16 @@ def run_workflow_here(args, env):
     return subprocess.CompletedProcess(args, code, out.getvalue(), err.getvalue())
 
 
+def events(stdout):
+    """The JSON events workflow.py, lab.py and worker.py print, one object per line; other lines
+    (a table, a warning) are skipped."""
+    return [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
+
+
+def event_names(stdout):
+    return [event["event"] for event in events(stdout)]
+
+
 def shell_exit_code(returncode):
     """What a shell (and docker compose run) reports: a death by signal N is 128 + N."""
     return 128 - returncode if returncode < 0 else returncode

@@ -6,9 +6,8 @@ after the refund's answer and before its result is saved; keyed by op:refund it 
 The CLI's own crash (--crash-at, a real process that gets its SIGKILL) shows the same.
 """
 
-import json
-
 import pytest
+from workflow_helpers import events
 
 import effectdrill
 from labs.graphs import saga
@@ -57,10 +56,6 @@ def test_safe_refunds_once_at_every_crash_point(drill, durability):
     for row in report.rows:
         assert row.counts("refund") == [1] and row.counts("charge") == [1], row.as_json()
     assert report.ok, report.table()
-
-
-def events(done):
-    return [json.loads(line) for line in done.stdout.splitlines()]
 
 
 def refunds(lab):

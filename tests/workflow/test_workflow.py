@@ -1,16 +1,11 @@
 """workflow.py as a learner and an engineer meet it: the graph, the CLI contract, its errors."""
 
-import json
 import subprocess
 import sys
 
 import pytest
 
-from labs.tools.local import ROOT, free_port, lab_env
-
-
-def events(stdout):
-    return [json.loads(line) for line in stdout.splitlines()]
+from labs.tools.local import ROOT, events, free_port, lab_env
 
 
 def test_build_graph_is_prepare_then_create_ticket(tmp_path):
