@@ -13,7 +13,6 @@ import pytest
 from conftest import require_postgres
 
 from labs.tools.backends import (
-    BASE_FILE,
     LOST_ACK,
     DockerBackend,
     LocalBackend,
@@ -36,8 +35,10 @@ def each_guide():
 
 
 PROJECT_PREFIX = os.environ.get("LAB_DOCKER_PROJECT", "stateful-lab-test")
-UP = "docker compose -p stateful-lab up -d --build api"
-UP_LOST_ACK = f"docker compose -p stateful-lab -f compose.yaml -f {LOST_ACK} up -d --build api"
+KEY_RETENTION = "labs/key-retention.compose.yaml"  # lab 14: keys honoured for 2 s
+KEY_RETENTION_24H = "labs/key-retention-24h.compose.yaml"  # lab 14's fix: for 24 hours
+OVERRIDES = {"06": {LOST_ACK}, "14": {KEY_RETENTION, KEY_RETENTION_24H}}  # the only guides with
+#                                                                           override files
 
 
 def describe(outcomes):
@@ -71,14 +72,20 @@ def test_there_are_guides_and_each_resets_what_it_starts():
     assert [g.name[:2] for g in GUIDES] == [f"{n:02d}" for n in range(1, len(GUIDES) + 1)]
     for guide in GUIDES:
         commands = [s.command for s in parse_guide(guide.read_text(encoding="utf-8"))]
-        # The lost-ack fault is off unless lab 06 turns it on, on its own `up` line.
-        # Lab 06 names it on every command: Compose computes each command's services from the
-        # files that command names, and `run` may recreate a running api that differs.
-        lost_ack = guide.name.startswith("06-")
-        assert commands[0] == (UP_LOST_ACK if lost_ack else UP), guide.name
+        compose = [c for c in commands if parse_command(c).verb != "sleep"]  # lab 14 waits
+        # An override file only where a lab turns a setting on (lab 06 its fault, lab 14 its key
+        # retention), on its own `up` line, and named on every command until the next `up`:
+        # Compose computes each command's services from the files that command names, and `run`
+        # may recreate a running api that differs.
+        assert compose[0].endswith(" up -d --build api"), guide.name
+        files = parse_command(compose[0]).files
+        for command in compose[:-1]:
+            cmd = parse_command(command)
+            if cmd.verb == "up" and "api" in cmd.args:
+                files = cmd.files
+            assert cmd.files == files, f"{guide.name}: {command}"
+            assert set(cmd.overrides) <= set(OVERRIDES.get(guide.name[:2], ())), guide.name
         # The reset names none: with -f, `down -v` in Compose 2.26 leaves the checkpoints.
-        files = [parse_command(c).files for c in commands[:-1]]
-        assert files == [[BASE_FILE, LOST_ACK] if lost_ack else []] * len(files), guide.name
         # Lab 10 adds --remove-orphans: a `run --rm worker` still attached would keep the network.
         reset = "docker compose -p stateful-lab down -v"
         assert commands[-1] in (reset, reset + " --remove-orphans"), guide.name
@@ -91,6 +98,9 @@ def test_compose_yaml_turns_no_fault_on_and_the_override_does():
     override = yaml.safe_load((ROOT / LOST_ACK).read_text())
     env = {"FAILPOINTS": "before-answer=drop-answer"}
     assert override == {"services": {"api": {"environment": env}}}
+    for name, seconds in ((KEY_RETENTION, "2"), (KEY_RETENTION_24H, "86400")):  # lab 14's
+        api = {"environment": {"RECEIVER_KEY_RETENTION_S": seconds}}
+        assert yaml.safe_load((ROOT / name).read_text()) == {"services": {"api": api}}
 
 
 @pytest.mark.parametrize("guide", each_guide())
