@@ -41,7 +41,8 @@ GUIDES = [
 DOCKER_PROJECT = "stateful-lab-demo"
 EXIT_OK, EXIT_DIFFERS, EXIT_USAGE, EXIT_NO_LAB, EXIT_STOPPED = 0, 1, 2, 3, 130
 WIDTH = 92
-EFFECTS = ("start", "resume", "post")  # the workflow actions that can make a ticket
+EFFECTS = ("start", "resume", "approve", "post")  # lab.py's actions that can make a ticket
+WORKER_EFFECTS = ("run", "wait")  # worker.py's: run makes them, wait reports the background's
 FIGURES = re.compile(r'"(?:ticket_id|created)": (?:\d+|true|false)')
 
 
@@ -186,35 +187,86 @@ class Operation:
 
 
 class Ledger:
-    """Tickets per operation, counted on the receiver: after each command that can make a
-    ticket, every ticket the receiver holds that was not there before is that command's."""
+    """Tickets per operation, counted on the receiver's own ledger: after each command that can
+    make a ticket (a workflow's start, resume, approve or post; a worker's run or wait, which
+    report what the background workers did), and before each verdict, every ticket the receiver
+    holds that was not there before is attributed to an operation by
+
+      1. its key, when the key is an operation a command named (start, post, worker submit);
+      2. else the command's own output: a `done` event with its operation_id, or an event with
+         a thread (a woken worker's `held_run`), for that ticket_id;
+      3. else the command's own operation (its --thread, or its --operation);
+      4. else its key as an operation of its own, or "no key" for a ticket nobody can name.
+
+    Keys do not suffice alone: naive mode sends none, node-uuid mode a new one per attempt, and
+    a key past the receiver's retention (lab 14) shows as null."""
 
     def __init__(self):
         self.operations, self.threads, self.seen = {}, {}, set()
 
     def operation(self, command):
-        """(action, operation name) for a workflow command that can make a ticket, else None."""
+        """(action, operation name or None) for a command that can make a ticket, else None."""
         cmd = parse_command(command)
-        if cmd.verb != "run" or cmd.args[2:3] == [] or cmd.args[2] not in EFFECTS:
+        if cmd.verb != "run" or cmd.args[:1] != ["--rm"] or len(cmd.args) < 3:
+            return None
+        service, words = cmd.args[1], cmd.args[2:]
+        if service == "worker":
+            return self.worker(words)
+        if service != "workflow" or words[0] not in EFFECTS:
             return None
         try:
-            args = lab.build_parser().parse_args(cmd.args[2:])  # lab.py's own defaults
+            args = lab.build_parser().parse_args(words)  # lab.py's own defaults
         except SystemExit:
             return None
         if args.action == "start":
-            self.threads[args.thread] = args.operation
-            self.operations.setdefault(args.operation, Operation(args.mode))
+            self.declare(args.operation, args.mode, args.thread)
         elif args.action == "post":
-            self.operations.setdefault(args.operation, Operation("post"))
-        name = args.operation if args.action != "resume" else self.threads.get(args.thread)
-        return (args.action, name) if name else None
+            self.declare(args.operation, "post")
+        name = args.operation if args.action in ("start", "post") else self.threads.get(args.thread)
+        return args.action, name
+
+    def worker(self, words):
+        """worker.py: submit names an operation (and makes no ticket); run and wait report the
+        background workers' tickets."""
+        action, thread = words[0], option(words, "--thread")
+        if action == "submit":
+            self.declare(option(words, "--operation"), option(words, "--mode", "safe"), thread)
+            return None
+        if action not in WORKER_EFFECTS:
+            return None
+        return f"worker {action}", self.threads.get(thread)
+
+    def declare(self, name, mode, thread=None):
+        if name is None:
+            return
+        self.operations.setdefault(name, Operation(mode))
+        if thread is not None:
+            self.threads[thread] = name
 
     def record(self, action, name, stdout, tickets):
-        op = self.operations.setdefault(name, Operation("?"))
-        new = [t["ticket_id"] for t in tickets if t["ticket_id"] not in self.seen]
-        self.seen.update(new)
-        op.tickets += new
         events = [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
+        named = {}  # ticket_id -> operation, as the command's own output says
+        for event in events:
+            if "ticket_id" not in event:
+                continue
+            if event.get("operation_id"):
+                named[event["ticket_id"]] = event["operation_id"]
+            elif event.get("thread") in self.threads:
+                named[event["ticket_id"]] = self.threads[event["thread"]]
+        for ticket in tickets:
+            if ticket["ticket_id"] in self.seen:
+                continue
+            self.seen.add(ticket["ticket_id"])
+            key = ticket["key"]
+            owner = (
+                key
+                if key in self.operations
+                else named.get(ticket["ticket_id"]) or name or key or "no key"
+            )
+            self.operations.setdefault(owner, Operation("?")).tickets.append(ticket["ticket_id"])
+        if name is None:
+            return
+        op = self.operations.setdefault(name, Operation("?"))
         notes = []
         found = [e["found"] for e in events if e["event"] == "reconcile"]
         if found and found[0]:
@@ -230,6 +282,14 @@ class Ledger:
         if action == "resume" and [e["event"] for e in events] == ["done"]:
             notes.append("resume redid nothing")
         op.notes += [n for n in notes if n not in op.notes]
+
+
+def option(words, name, default=None):
+    """The value after `name` in a command's words (`--thread T`), else default."""
+    for word, value in zip(words, words[1:], strict=False):
+        if word == name:
+            return value
+    return default
 
 
 # ------------------------------------------------------------------ telling it
@@ -306,6 +366,10 @@ class Demo:
 
     def verdict(self, ledger):
         s = self.style
+        try:  # tickets no command reported (a background worker's): counted by their key
+            ledger.record("", None, "", self.backend.tickets())
+        except LabError as error:
+            print(s.dim(f"  (the receiver did not answer for the last count: {error})"))
         print("\n" + s.bold("Verdict, counted on the receiver"))
         for name, op in ledger.operations.items():
             line = op.verdict(name)
