@@ -33,6 +33,7 @@ import lab
 from labs.tools.backends import LabError, choose_backend, parse_command
 from labs.tools.local import ROOT
 from labs.tools.runner import LIFECYCLE, parse_block, run_step
+from labs.tools.tally import events_in, summary, tally
 
 GUIDES = [
     ROOT / "labs" / name
@@ -299,6 +300,7 @@ class Demo:
     def __init__(self, backend, style, step_mode=False):
         self.backend, self.style, self.step_mode = backend, style, step_mode
         self.outcomes, self.operations = [], []
+        self.counts = tally([])  # what the workflow and the workers did (labs.tools.tally)
 
     def tell(self, path):
         s = self.style
@@ -363,6 +365,22 @@ class Demo:
                 print(f"     {line}")
         if effect:
             ledger.record(*effect, result.stdout, self.backend.tickets())
+        self.count(step.command, result)
+
+    def count(self, command, result):
+        """Add the command's events to the tally; lab.py prints no event when a run starts or
+        resumes, so its start, resume and approve commands count as such (a usage or thread
+        mistake, exit 2 or 4, ran nothing)."""
+        cmd = parse_command(command)
+        if cmd.verb != "run":
+            return
+        self.counts += tally(events_in(result.stdout.splitlines()))
+        if cmd.args[1:2] == ["workflow"] and result.exit_code not in (2, 4):
+            action = cmd.args[2] if len(cmd.args) > 2 else ""
+            if action == "start":
+                self.counts["started"] += 1
+            elif action in ("resume", "approve"):
+                self.counts["resumed"] += 1
 
     def verdict(self, ledger):
         s = self.style
@@ -389,6 +407,7 @@ class Demo:
             for mode, (total, dup) in modes.items()
         )
         print("\n" + s.bold(f"What the labs showed: {shown or 'no operation made a ticket'}"))
+        print(f"What the workflow did (labs.tools.tally): {summary(self.counts)}")
         wrong = [o for o in self.outcomes if not o.ok]
         where = f"{len(guides)} guide{'' if len(guides) == 1 else 's'}, {self.backend.name} backend"
         if wrong:
