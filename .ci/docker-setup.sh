@@ -11,6 +11,8 @@
 #   5. postgres      stateful-lab-postgres:local for the `scale` profile (lab 10): that base image
 #                    plus Debian's postgresql package, standing in for the digest-pinned official
 #                    postgres image, which cannot be pulled here either
+#   6. prometheus    stateful-lab-prometheus:local for the `observe` profile: that base image plus
+#                    Debian's prometheus package, standing in for the digest-pinned official image
 #
 # Idempotent: each phase is skipped when its result is already there. Run it again at will.
 # Afterwards, in the same environment as the tests:
@@ -24,6 +26,7 @@
 #   LAB_DEBIAN_SUITE       Debian release of the base image     (default bookworm: Python 3.11)
 #   LAB_REBUILD_BASE=1     rebuild the base image even if it exists
 #   LAB_POSTGRES_IMAGE     tag of the local postgres image      (default stateful-lab-postgres:local)
+#   LAB_PROMETHEUS_IMAGE   tag of the local prometheus image    (default stateful-lab-prometheus:local)
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -34,6 +37,7 @@ DOCKERD_TIMEOUT=${LAB_DOCKERD_TIMEOUT:-60}
 SUITE=${LAB_DEBIAN_SUITE:-bookworm}
 LAB_IMAGE=stateful-agent-lab:local
 POSTGRES_IMAGE=${LAB_POSTGRES_IMAGE:-stateful-lab-postgres:local}
+PROMETHEUS_IMAGE=${LAB_PROMETHEUS_IMAGE:-stateful-lab-prometheus:local}
 PROJECT=stateful-lab
 # The preinstalled docker 28 client has no BuildKit (buildx) here, and engine 20.10 does not need it:
 # use the classic builder, from the docker CLI and from Compose alike.
@@ -231,4 +235,26 @@ DOCKERFILE
   done_phase "built: $(docker run --rm --entrypoint postgres "$POSTGRES_IMAGE" --version)"
 fi
 
-say "ready in $(elapsed "$t_start") s. For the tests: export BASE_IMAGE=$BASE_IMAGE LAB_POSTGRES_IMAGE=$POSTGRES_IMAGE DOCKER_BUILDKIT=0 COMPOSE_DOCKER_CLI_BUILD=0"
+# ---------------------------------------------------------------- 6. prometheus image
+phase "prometheus image $PROMETHEUS_IMAGE (FROM $BASE_IMAGE + Debian's prometheus)"
+if [[ ${LAB_REBUILD_BASE:-0} != 1 ]] && docker image inspect "$PROMETHEUS_IMAGE" >/dev/null 2>&1; then
+  done_phase "already present"
+else
+  # What compose.yaml relies on in the official image: `prometheus` and `promtool` on PATH, run
+  # as nobody (65534). The service names its own flags and mounts its own configuration.
+  build_dir=$(mktemp -d)
+  cat >"$build_dir/Dockerfile" <<DOCKERFILE
+FROM $BASE_IMAGE
+RUN apt-get update -qq \
+    && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus \
+    && rm -rf /var/lib/apt/lists/* /var/cache/apt/archives/*.deb
+USER 65534:65534
+ENTRYPOINT ["prometheus"]
+DOCKERFILE
+  docker build -t "$PROMETHEUS_IMAGE" "$build_dir" >"$STATE_DIR/prometheus-build.log" 2>&1 \
+    || { tail -n 30 "$STATE_DIR/prometheus-build.log" >&2; rm -rf "$build_dir"; die "prometheus image build failed"; }
+  rm -rf "$build_dir"
+  done_phase "built: $(docker run --rm "$PROMETHEUS_IMAGE" --version 2>&1 | head -n 1)"
+fi
+
+say "ready in $(elapsed "$t_start") s. For the tests: export BASE_IMAGE=$BASE_IMAGE LAB_POSTGRES_IMAGE=$POSTGRES_IMAGE LAB_PROMETHEUS_IMAGE=$PROMETHEUS_IMAGE DOCKER_BUILDKIT=0 COMPOSE_DOCKER_CLI_BUILD=0"

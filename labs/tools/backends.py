@@ -16,6 +16,10 @@ Backend. A guide command names the learner's Compose project, then optional Comp
     restart api              as written                      SIGTERM, wait for the exit, start again
     down -v                  as written                      stop the receiver, delete both data
                                                              folders
+    sleep N (no prefix)      a real sleep of N seconds       the same (lab 14 waits out a setting)
+
+A second `up` with other -f files gives the api another environment: Compose recreates it, the
+local backend restarts the receiver with it; the data stays either way.
 
 Neither ever touches a learner's lab (the Compose project stateful-lab, data/, port 8000): the
 docker backend runs in a Compose project of its own (the guide's `-p stateful-lab` is rewritten),
@@ -33,6 +37,7 @@ import shutil
 import signal
 import sys
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -63,6 +68,8 @@ COMPOSE_NOISE = re.compile(
     r"^(Creating|Starting|Restarting|Stopping|Removing|Recreating|Pulling|Building|Network"
     r"|Volume|Container)\s"
 )
+SLEEP = re.compile(r"sleep (\d+)")  # `sleep N`: whole seconds, as bash, zsh and PowerShell read it
+MAX_SLEEP_S = 60  # seconds: a guide waits out a short setting, not the room's patience
 TICKETS_SCRIPT = (  # run inside the api container: ask the receiver itself, on its loopback
     "import sys, urllib.request; "
     "sys.stdout.write(urllib.request.urlopen('http://127.0.0.1:8000/tickets', timeout=5)"
@@ -97,7 +104,10 @@ class GuideCommand:
 
 
 def parse_command(command):
-    """'docker compose -p stateful-lab [-f F ...] VERB ARGS' -> GuideCommand, or ValueError."""
+    """'docker compose -p stateful-lab [-f F ...] VERB ARGS' -> GuideCommand, or ValueError;
+    'sleep N' -> GuideCommand([], "sleep", [N])."""
+    if (seconds := parse_sleep(command)) is not None:
+        return GuideCommand([], "sleep", [seconds])
     words = shlex.split(command)
     if words[: len(GUIDE_PREFIX)] != GUIDE_PREFIX:
         raise ValueError(f"guide commands start with `{' '.join(GUIDE_PREFIX)}`: {command!r}")
@@ -112,6 +122,16 @@ def parse_command(command):
     if not rest:
         raise ValueError(f"no Compose command in {command!r}")
     return GuideCommand(files, rest[0], rest[1:])
+
+
+def parse_sleep(command):
+    """'sleep N' (N whole seconds) -> N; None for any other command.
+
+    The one guide command that is not Compose: a wait the lab itself is about (lab 14 waits out
+    the receiver's key retention), run as a real sleep by every backend, typed as is in bash,
+    zsh and PowerShell (where `sleep` is Start-Sleep)."""
+    match = SLEEP.fullmatch(command.strip())
+    return int(match.group(1)) if match else None
 
 
 def override_environment(files):
@@ -177,6 +197,8 @@ class LocalBackend(Backend):
     def run(self, command):
         """The guide's command mapped onto a native process (see the module docstring)."""
         cmd = parse_command(command)
+        if cmd.verb == "sleep":
+            return wait(cmd.args[0])
         if cmd.verb == "up" and cmd.args[-1:] == ["api"]:
             return self.up(cmd.overrides)
         if cmd.verb == "restart" and cmd.args == ["api"]:
@@ -212,10 +234,16 @@ class LocalBackend(Backend):
         return int(self.env["PORT"])
 
     def up(self, overrides=()):
-        if not self.receiver.running:
-            self.faults = override_environment(overrides)
-            self.receiver = ReceiverProcess({**self.env, **self.faults}, self.log_path)
-            self.start_receiver()
+        """Start the receiver; a running one is left alone unless the override files give it
+        another environment: then it is stopped and started with that one, as Compose recreates
+        a container whose configuration changed (lab 14). Its data stays."""
+        faults = override_environment(overrides)
+        if self.receiver.running and faults == self.faults:
+            return Result("")
+        self.receiver.stop()
+        self.faults = faults
+        self.receiver = ReceiverProcess({**self.env, **self.faults}, self.log_path)
+        self.start_receiver()
         return Result("")
 
     def start_receiver(self):
@@ -274,12 +302,16 @@ class LocalBackend(Backend):
 
     def native(self, command):
         cmd = parse_command(command)
+        if cmd.verb == "sleep":
+            return None  # typed as is
         if (scaled := scale_native(cmd)) is not None:
             return scaled
         faults = override_environment(cmd.overrides) if cmd.verb == "up" else self.faults
         serve = "".join(f"{k}={shlex.quote(v)} " for k, v in faults.items())
         serve += f"python api.py 2>>data/receiver.log & echo $! >{PID_FILE}"  # as the README
         stop = "kill %1; wait"
+        if cmd.verb == "up" and self.receiver.running and faults != self.faults:
+            return f"{stop}; {serve}"  # another environment: as `restart`, with it
         if cmd.verb == "up":
             return f"mkdir -p data; {serve}"
         if cmd.verb == "restart":
@@ -330,6 +362,15 @@ class LocalBackend(Backend):
         self.receiver.stop()
         if self.owned:
             shutil.rmtree(self.data_dir, ignore_errors=True)
+
+
+def wait(seconds):
+    """A guide's `sleep N`: the wait really happens, in either backend (nothing to poll: the
+    lab is about the time passing)."""
+    if seconds > MAX_SLEEP_S:
+        raise ValueError(f"a guide sleeps at most {MAX_SLEEP_S} s, not {seconds}")
+    time.sleep(seconds)
+    return Result("")
 
 
 WORKERS = "python -m labs.tools.workers"  # the workers this lab started (pid files in data/)
@@ -410,6 +451,8 @@ class DockerBackend(Backend):
 
     def run(self, command):
         cmd = parse_command(command)  # what the local backend accepts, and nothing else
+        if cmd.verb == "sleep":
+            return wait(cmd.args[0])
         if cmd.verb not in ("up", "restart", "down", "run", "logs", "kill", "pause", "unpause"):
             raise ValueError(f"the docker backend has no mapping for {command!r}")
         self.files = cmd.files  # as written: the guide names them on each command, or not

@@ -32,6 +32,7 @@ import lab
 from labs.tools.backends import LabError, choose_backend, parse_command
 from labs.tools.local import ROOT
 from labs.tools.runner import LIFECYCLE, parse_block, run_step
+from labs.tools.tally import events_in, summary, tally
 from workflow import Parser
 
 GUIDES = [
@@ -41,7 +42,8 @@ GUIDES = [
 DOCKER_PROJECT = "stateful-lab-demo"
 EXIT_OK, EXIT_DIFFERS, EXIT_USAGE, EXIT_NO_LAB, EXIT_STOPPED = 0, 1, 2, 3, 130
 WIDTH = 92
-EFFECTS = ("start", "resume", "post")  # the workflow actions that can make a ticket
+EFFECTS = ("start", "resume", "approve", "post")  # lab.py's actions that can make a ticket
+WORKER_EFFECTS = ("run", "wait")  # worker.py's: run makes them, wait reports the background's
 FIGURES = re.compile(r'"(?:ticket_id|created)": (?:\d+|true|false)')
 
 
@@ -186,36 +188,87 @@ class Operation:
 
 
 class Ledger:
-    """Tickets per operation, counted on the receiver: after each command that can make a
-    ticket, every ticket the receiver holds that was not there before is that command's."""
+    """Tickets per operation, counted on the receiver's own ledger: after each command that can
+    make a ticket (a workflow's start, resume, approve or post; a worker's run or wait, which
+    report what the background workers did), and before each verdict, every ticket the receiver
+    holds that was not there before is attributed to an operation by
+
+      1. its key, when the key is an operation a command named (start, post, worker submit);
+      2. else the command's own output: a `done` event with its operation_id, or an event with
+         a thread (a woken worker's `held_run`), for that ticket_id;
+      3. else the command's own operation (its --thread, or its --operation);
+      4. else its key as an operation of its own, or "no key" for a ticket nobody can name.
+
+    Keys do not suffice alone: naive mode sends none, node-uuid mode a new one per attempt, and
+    a key past the receiver's retention (lab 14) shows as null."""
 
     def __init__(self):
         self.operations, self.threads, self.seen = {}, {}, set()
 
     def operation(self, command):
-        """(action, operation name) for a workflow command that can make a ticket, else None."""
+        """(action, operation name or None) for a command that can make a ticket, else None."""
         cmd = parse_command(command)
         words = cmd.run_env()[1]  # without `-e K=V` (lab 12)
-        if cmd.verb != "run" or words[2:3] == [] or words[2] not in EFFECTS:
+        if cmd.verb != "run" or words[:1] != ["--rm"] or len(words) < 3:
+            return None
+        service, words = words[1], words[2:]
+        if service == "worker":
+            return self.worker(words)
+        if service != "workflow" or words[0] not in EFFECTS:
             return None
         try:
-            args = lab.build_parser().parse_args(words[2:])  # lab.py's own defaults
+            args = lab.build_parser().parse_args(words)  # lab.py's own defaults
         except SystemExit:
             return None
         if args.action == "start":
-            self.threads[args.thread] = args.operation
-            self.operations.setdefault(args.operation, Operation(args.mode))
+            self.declare(args.operation, args.mode, args.thread)
         elif args.action == "post":
-            self.operations.setdefault(args.operation, Operation("post"))
-        name = args.operation if args.action != "resume" else self.threads.get(args.thread)
-        return (args.action, name) if name else None
+            self.declare(args.operation, "post")
+        name = args.operation if args.action in ("start", "post") else self.threads.get(args.thread)
+        return args.action, name
+
+    def worker(self, words):
+        """worker.py: submit names an operation (and makes no ticket); run and wait report the
+        background workers' tickets."""
+        action, thread = words[0], option(words, "--thread")
+        if action == "submit":
+            self.declare(option(words, "--operation"), option(words, "--mode", "safe"), thread)
+            return None
+        if action not in WORKER_EFFECTS:
+            return None
+        return f"worker {action}", self.threads.get(thread)
+
+    def declare(self, name, mode, thread=None):
+        if name is None:
+            return
+        self.operations.setdefault(name, Operation(mode))
+        if thread is not None:
+            self.threads[thread] = name
 
     def record(self, action, name, stdout, tickets):
-        op = self.operations.setdefault(name, Operation("?"))
-        new = [t["ticket_id"] for t in tickets if t["ticket_id"] not in self.seen]
-        self.seen.update(new)
-        op.tickets += new
         events = [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
+        named = {}  # ticket_id -> operation, as the command's own output says
+        for event in events:
+            if "ticket_id" not in event:
+                continue
+            if event.get("operation_id"):
+                named[event["ticket_id"]] = event["operation_id"]
+            elif event.get("thread") in self.threads:
+                named[event["ticket_id"]] = self.threads[event["thread"]]
+        for ticket in tickets:
+            if ticket["ticket_id"] in self.seen:
+                continue
+            self.seen.add(ticket["ticket_id"])
+            key = ticket["key"]
+            owner = (
+                key
+                if key in self.operations
+                else named.get(ticket["ticket_id"]) or name or key or "no key"
+            )
+            self.operations.setdefault(owner, Operation("?")).tickets.append(ticket["ticket_id"])
+        if name is None:
+            return
+        op = self.operations.setdefault(name, Operation("?"))
         notes = []
         found = [e["found"] for e in events if e["event"] == "reconcile"]
         if found and found[0]:
@@ -233,6 +286,14 @@ class Ledger:
         op.notes += [n for n in notes if n not in op.notes]
 
 
+def option(words, name, default=None):
+    """The value after `name` in a command's words (`--thread T`), else default."""
+    for word, value in zip(words, words[1:], strict=False):
+        if word == name:
+            return value
+    return default
+
+
 # ------------------------------------------------------------------ telling it
 
 
@@ -240,6 +301,7 @@ class Demo:
     def __init__(self, backend, style, step_mode=False):
         self.backend, self.style, self.step_mode = backend, style, step_mode
         self.outcomes, self.operations = [], []
+        self.counts = tally([])  # what the workflow and the workers did (labs.tools.tally)
 
     def tell(self, path):
         s = self.style
@@ -304,9 +366,29 @@ class Demo:
                 print(f"     {line}")
         if effect:
             ledger.record(*effect, result.stdout, self.backend.tickets())
+        self.count(step.command, result)
+
+    def count(self, command, result):
+        """Add the command's events to the tally; lab.py prints no event when a run starts or
+        resumes, so its start, resume and approve commands count as such (a usage or thread
+        mistake, exit 2 or 4, ran nothing)."""
+        cmd = parse_command(command)
+        if cmd.verb != "run":
+            return
+        self.counts += tally(events_in(result.stdout.splitlines()))
+        if cmd.args[1:2] == ["workflow"] and result.exit_code not in (2, 4):
+            action = cmd.args[2] if len(cmd.args) > 2 else ""
+            if action == "start":
+                self.counts["started"] += 1
+            elif action in ("resume", "approve"):
+                self.counts["resumed"] += 1
 
     def verdict(self, ledger):
         s = self.style
+        try:  # tickets no command reported (a background worker's): counted by their key
+            ledger.record("", None, "", self.backend.tickets())
+        except LabError as error:
+            print(s.dim(f"  (the receiver did not answer for the last count: {error})"))
         print("\n" + s.bold("Verdict, counted on the receiver"))
         for name, op in ledger.operations.items():
             line = op.verdict(name)
@@ -326,6 +408,7 @@ class Demo:
             for mode, (total, dup) in modes.items()
         )
         print("\n" + s.bold(f"What the labs showed: {shown or 'no operation made a ticket'}"))
+        print(f"What the workflow did (labs.tools.tally): {summary(self.counts)}")
         wrong = [o for o in self.outcomes if not o.ok]
         where = f"{len(guides)} guide{'' if len(guides) == 1 else 's'}, {self.backend.name} backend"
         if wrong:

@@ -10,6 +10,10 @@ Output lines that are JSON are compared as values, so key order and spacing do n
 matter; a string "<anything>" in angle brackets matches any value (for what really
 varies, like a freshly minted UUID). A line `...` matches any number of lines.
 
+One command is not Compose: `$ sleep N` (N whole seconds) waits, for real, in every backend,
+where a lab is about time passing (lab 14 waits out the receiver's key retention). A learner
+types it as is: bash, zsh and PowerShell all have `sleep N`.
+
 A backend (labs.tools.backends) turns the learner's command into programs; the README's
 "Without Docker" section shows the native mapping. For up, restart, down and logs only the
 exit code is compared: Compose's own messages and log prefixes differ between versions.

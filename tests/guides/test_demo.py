@@ -6,6 +6,7 @@ does.
 """
 
 import io
+import json
 import os
 import re
 import signal
@@ -15,6 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import require_postgres
 
 from labs.tools import demo
 from labs.tools.local import ROOT, wait_until
@@ -23,6 +25,9 @@ from labs.tools.runner import parse_guide
 LAB01 = ROOT / "labs" / "01-the-duplicate.md"
 LAB02 = ROOT / "labs" / "02-the-keyed-fix.md"
 LAB06 = ROOT / "labs" / "06-the-lost-acknowledgement.md"
+LAB07 = ROOT / "labs" / "07-the-approval-that-runs-twice.md"
+LAB10 = ROOT / "labs" / "10-two-workers-one-thread.md"
+LAB14 = ROOT / "labs" / "14-the-key-that-expired.md"
 INTRO = re.compile(r"runs on 127\.0\.0\.1:(\d+) with its data in (\S+);")
 STOP_DEADLINE_S = 60
 
@@ -98,6 +103,76 @@ def test_stderr_comes_with_its_exit_code_and_lab_06_turns_its_fault_on(capsys):
         "case-lost-safe:open-ticket:v1: 1 ticket, "
         "start lost the answer and adopted ticket 3, found by its key"
     ) in out
+    (tally,) = [line for line in out.splitlines() if line.startswith("What the workflow did")]
+    counts = json.loads(tally.split(": ", 1)[1])  # the first start lost its answer: no ack
+    assert counts == {
+        "event": "tally",
+        "started": 2,
+        "resumed": 1,
+        "drained": 0,
+        "acknowledged": 1,
+        "replayed": 0,
+        "settled": 1,
+    }
+
+
+def verdicts(out):
+    """The lines under each "Verdict, counted on the receiver" heading."""
+    found = []
+    for block in out.split("Verdict, counted on the receiver\n")[1:]:
+        found += [line.strip() for line in block.split("\n\n")[0].splitlines()]
+    return found
+
+
+@pytest.mark.long
+def test_lab_07s_approve_is_counted_on_its_own_operation(capsys):
+    """`approve` makes the in-node duplicate (ticket 2) and replays the keyed one: the verdict
+    puts each on its operation, as the guide's own ticket listing shows."""
+    code, out, err = run_demo(capsys, LAB07)
+    assert code == 0, out + err
+    assert verdicts(out) == [
+        "case-in-node:open-ticket:v1: 2 tickets for one operation (duplicate)",
+        "case-in-node-safe:open-ticket:v1: 1 ticket, approve got created: false",
+        "case-own-node:open-ticket:v1: 1 ticket",
+    ]
+    assert (
+        "What the labs showed: naive: 1 of 2 operations duplicated; "
+        "safe: 0 of 1 operation duplicated"
+    ) in out
+
+
+@pytest.mark.long
+def test_lab_10s_worker_tickets_are_counted_on_their_operations(capsys):
+    """Tickets made by background workers (keyed: by their key) and the frozen naive worker's
+    keyless duplicate (named by the drain's `done` and the woken worker's `held_run`)."""
+    require_postgres()  # natively, lab 10's postgres service is a throwaway cluster
+    code, out, err = run_demo(capsys, LAB10)
+    assert code == 0, out + err
+    assert verdicts(out) == [
+        "case-1:open-ticket:v1: 1 ticket",
+        "case-2:open-ticket:v1: 1 ticket",
+        "case-3:open-ticket:v1: 1 ticket",
+        "case-4:open-ticket:v1: 1 ticket",
+        "case-5:open-ticket:v1: 2 tickets for one operation (duplicate)",
+        "case-6:open-ticket:v1: 1 ticket, worker wait got created: false",
+    ]
+    assert (
+        "What the labs showed: safe: 0 of 5 operations duplicated; "
+        "naive: 1 of 1 operation duplicated"
+    ) in out
+
+
+@pytest.mark.long
+def test_lab_14s_expired_key_still_counts_on_its_operation(capsys):
+    """Lab 14's keys expire (the receiver then shows them as null): each ticket still counts on
+    the operation whose command made it, and `sleep 3` is shown as typed."""
+    code, out, err = run_demo(capsys, LAB14)
+    assert code == 0, out + err
+    assert verdicts(out) == [
+        "case-kept:open-ticket:v1: 2 tickets for one operation (duplicate)",
+        "case-kept-day:open-ticket:v1: 1 ticket, resume got created: false",
+    ]
+    assert "  natively: sleep 3" not in out and "\n$ sleep 3\n" in out
 
 
 def demo_url(out):

@@ -13,7 +13,6 @@ import pytest
 from conftest import require_postgres
 
 from labs.tools.backends import (
-    BASE_FILE,
     LOST_ACK,
     DockerBackend,
     LocalBackend,
@@ -39,6 +38,10 @@ PROJECT_PREFIX = os.environ.get("LAB_DOCKER_PROJECT", "stateful-lab-test")
 UP = "docker compose -p stateful-lab up -d --build api"
 DOWN = "docker compose -p stateful-lab down -v"
 UP_LOST_ACK = f"docker compose -p stateful-lab -f compose.yaml -f {LOST_ACK} up -d --build api"
+KEY_RETENTION = "labs/key-retention.compose.yaml"  # lab 14: keys honoured for 2 s
+KEY_RETENTION_24H = "labs/key-retention-24h.compose.yaml"  # lab 14's fix: for 24 hours
+OVERRIDES = {"06": {LOST_ACK}, "14": {KEY_RETENTION, KEY_RETENTION_24H}}  # the only guides with
+#                                                                           override files
 
 
 def describe(outcomes):
@@ -74,17 +77,23 @@ def test_there_are_guides_and_each_starts_and_ends_with_the_reset():
     assert [g.name[:2] for g in GUIDES] == [f"{n:02d}" for n in range(1, len(GUIDES) + 1)]
     for guide in GUIDES:
         commands = [s.command for s in parse_guide(guide.read_text(encoding="utf-8"))]
-        # The lost-ack fault is off unless lab 06 turns it on, on its own `up` line.
-        # Lab 06 names it on every command: Compose computes each command's services from the
-        # files that command names, and `run` may recreate a running api that differs.
-        lost_ack = guide.name.startswith("06-")
+        compose = [c for c in commands if parse_command(c).verb != "sleep"]  # lab 14 waits
         # Lab 10 adds --remove-orphans: a `run --rm worker` still attached would keep the network.
-        assert commands[0] == DOWN, guide.name
-        assert commands[-1] in (DOWN, DOWN + " --remove-orphans"), guide.name
-        assert commands[1] == (UP_LOST_ACK if lost_ack else UP), guide.name
-        # The resets name none: with -f, `down -v` in Compose 2.26 leaves the checkpoints.
-        files = [parse_command(c).files for c in commands[1:-1]]
-        assert files == [[BASE_FILE, LOST_ACK] if lost_ack else []] * len(files), guide.name
+        assert compose[0] == DOWN, guide.name
+        assert compose[-1] in (DOWN, DOWN + " --remove-orphans"), guide.name
+        # An override file only where a lab turns a setting on (lab 06 its fault, lab 14 its key
+        # retention), on its own `up` line, and named on every command until the next `up`:
+        # Compose computes each command's services from the files that command names, and `run`
+        # may recreate a running api that differs. The resets name none: with -f, `down -v` in
+        # Compose 2.26 leaves the checkpoints.
+        assert compose[1].endswith(" up -d --build api"), guide.name
+        files = parse_command(compose[1]).files
+        for command in compose[1:-1]:
+            cmd = parse_command(command)
+            if cmd.verb == "up" and "api" in cmd.args:
+                files = cmd.files
+            assert cmd.files == files, f"{guide.name}: {command}"
+            assert set(cmd.overrides) <= set(OVERRIDES.get(guide.name[:2], ())), guide.name
 
 
 def test_compose_yaml_turns_no_fault_on_and_the_override_does():
@@ -94,6 +103,9 @@ def test_compose_yaml_turns_no_fault_on_and_the_override_does():
     override = yaml.safe_load((ROOT / LOST_ACK).read_text())
     env = {"FAILPOINTS": "before-answer=drop-answer"}
     assert override == {"services": {"api": {"environment": env}}}
+    for name, seconds in ((KEY_RETENTION, "2"), (KEY_RETENTION_24H, "86400")):  # lab 14's
+        api = {"environment": {"RECEIVER_KEY_RETENTION_S": seconds}}
+        assert yaml.safe_load((ROOT / name).read_text()) == {"services": {"api": api}}
 
 
 @pytest.mark.parametrize("guide", each_guide())

@@ -1,6 +1,7 @@
 """The guide format: how commands, expected output, exit codes and wildcards are read."""
 
 import re
+import time
 
 import pytest
 
@@ -152,3 +153,54 @@ def test_run_e_sets_the_workflows_environment_in_every_backend(tmp_path):
             assert "LAB_GRAPH_VERSION" not in backend.env  # for that command only
         finally:
             backend.close()
+
+
+def test_sleep_is_the_one_command_without_compose_and_both_backends_really_wait(tmp_path):
+    """`$ sleep N` (lab 14 waits out the key retention): parsed as its own verb, typed as is
+    natively, and a real wait of N seconds in the local backend and in the docker backend's
+    run() (the same function; the docker backend is built without an engine check here)."""
+    from labs.tools.backends import DockerBackend, parse_sleep
+
+    steps = parse_guide("```console\n$ sleep 1\n```\n")
+    assert [s.command for s in steps] == ["sleep 1"] and steps[0].expected == []
+    assert parse_command("sleep 1").verb == "sleep" and parse_sleep("sleep 1") == 1
+    assert parse_sleep("sleep 0.5") is None  # whole seconds: Windows PowerShell's Start-Sleep
+    assert parse_sleep("docker compose -p stateful-lab down -v") is None
+    with pytest.raises(ValueError, match="guide commands start with"):
+        parse_command("sleep 1; rm -rf data")
+    local = LocalBackend(tmp_path)
+    docker = DockerBackend.__new__(DockerBackend)  # run() needs no engine for a sleep
+    try:
+        assert local.native("sleep 1") is None
+        for backend in (local, docker):
+            began = time.monotonic()
+            result = backend.run("sleep 1")
+            assert time.monotonic() - began >= 1, backend.name
+            assert (result.stdout, result.exit_code) == ("", 0)
+        with pytest.raises(ValueError, match="at most 60 s"):
+            local.run("sleep 61")
+    finally:
+        local.close()
+
+
+def test_a_second_up_with_another_override_restarts_the_local_receiver_with_it(tmp_path):
+    """As Compose recreates an api whose configuration changed: lab 14 goes from a 2 s key
+    retention to 24 h with a second `up`; the tickets stay."""
+    prefix = "docker compose -p stateful-lab -f compose.yaml -f "
+    backend = LocalBackend(tmp_path)
+    try:
+        backend.run(prefix + f"{LOST_ACK} up -d --build api")
+        first = backend.receiver.proc.pid
+        backend.run(prefix + f"{LOST_ACK} up -d --build api")  # the same: left alone
+        assert backend.receiver.proc.pid == first
+        backend.run("docker compose -p stateful-lab run --rm workflow post --title kept")
+        up = "docker compose -p stateful-lab up -d --build api"
+        assert backend.native(up) == (
+            "kill $(cat data/receiver.pid); sleep 1; python api.py & echo $! > data/receiver.pid"
+        )
+        backend.run(up)
+        assert backend.receiver.proc.pid != first and backend.faults == {}
+        assert "FAILPOINTS" not in backend.receiver.env
+        assert [t["ticket_id"] for t in backend.tickets()] == [1]
+    finally:
+        backend.close()

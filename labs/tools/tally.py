@@ -1,0 +1,90 @@
+"""What the workflow and the workers did, counted from the JSON events they already print.
+
+    python -m labs.tools.tally [FILE ...]          # JSON lines; stdin without a FILE
+    docker compose -p stateful-lab logs --no-log-prefix worker | python -m labs.tools.tally
+
+prints one line, {"event": "tally", ...}, with
+
+    started, resumed   runs: a worker's `job` event says which (resume true or false); lab.py
+                       prints none, so `make demo` adds its start, resume and approve commands
+    drained            runs stopped at a step boundary on SIGTERM (`drained`, `job_drained`)
+    acknowledged       effects the receiver created (`effect_ack` or `held_run`, created true)
+    replayed           effects the receiver answered from their key (created false)
+    settled            unknown outcomes settled by looking the key up (`reconcile` found the
+                       ticket; its `effect_ack` then says created false: not a replay)
+
+The core prints its events and no counters of its own: the counts are derived here, from lines
+a tool already reads. `replayed` is the workflow's view of the receiver's own counter,
+receiver_idempotent_replays_total (GET /metrics). Lines that are not JSON events (a log line, a
+Compose prefix left on) are skipped. Exit codes: 0; 2 a FILE that cannot be read.
+"""
+
+import json
+import sys
+from collections import Counter
+
+COUNTS = ("started", "resumed", "drained", "acknowledged", "replayed", "settled")
+
+
+def events_in(lines):
+    """The JSON objects with an "event" among lines; anything else is skipped."""
+    for line in lines:
+        line = line.strip()
+        if not line.startswith("{"):
+            continue
+        try:
+            event = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(event, dict) and "event" in event:
+            yield event
+
+
+def tally(events):
+    """The counts of one run's (or one command's) events, in order."""
+    counts, adopted = Counter(dict.fromkeys(COUNTS, 0)), False
+    for event in events:
+        kind = event["event"]
+        if kind == "job":
+            counts["resumed" if event.get("resume") else "started"] += 1
+        elif kind in ("drained", "job_drained"):
+            counts["drained"] += 1
+        elif kind == "reconcile":
+            adopted = bool(event.get("found"))
+        elif kind in ("effect_ack", "held_run") and "created" in event:
+            if event["created"]:
+                counts["acknowledged"] += 1
+            elif adopted:  # the lookup found it: settled, and the receiver replayed nothing
+                counts["settled"] += 1
+            else:
+                counts["replayed"] += 1
+            adopted = False
+    return counts
+
+
+def summary(counts):
+    return json.dumps({"event": "tally", **{name: counts[name] for name in COUNTS}})
+
+
+def main(argv=None):
+    names = sys.argv[1:] if argv is None else argv
+    counts = Counter()
+    try:
+        for name in names:
+            with open(name, encoding="utf-8") as lines:
+                counts += tally(events_in(lines))
+    except OSError as error:
+        print(f"tally: cannot read {error.filename}: {error.strerror}", file=sys.stderr)
+        return 2
+    if not names:
+        counts = tally(events_in(sys.stdin))
+    print(summary(counts))
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:
+        print("tally: interrupted", file=sys.stderr)
+        sys.exit(130)

@@ -1,0 +1,94 @@
+"""labs.tools.tally: what the workflow did, counted from the events it printed, against the
+receiver's own counters (GET /metrics, read with prometheus_client's parser)."""
+
+import json
+import subprocess
+import sys
+import urllib.request
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from labs.tools.backends import LocalBackend
+from labs.tools.local import ROOT
+from labs.tools.runner import parse_guide
+
+LAB06 = ROOT / "labs" / "06-the-lost-acknowledgement.md"
+LAB02 = ROOT / "labs" / "02-the-keyed-fix.md"
+
+
+def receiver_counter(backend, name):
+    with urllib.request.urlopen(f"{backend.env['API_URL']}/metrics", timeout=5) as answer:
+        text = answer.read().decode()
+    (family,) = [f for f in text_string_to_metric_families(text) if f.name == name]
+    return int(family.samples[0].value)
+
+
+def run_guide_to_file(guide, backend, out):
+    """Every command of the guide but its reset, stdout appended to out (as a learner's
+    `... | tee -a events.jsonl` would)."""
+    steps = parse_guide(guide.read_text(encoding="utf-8"))[:-1]
+    with open(out, "a", encoding="utf-8") as sink:
+        for step in steps:
+            sink.write(backend.run(step.command).stdout)
+
+
+def tally_of(*files):
+    done = subprocess.run(
+        [sys.executable, "-m", "labs.tools.tally", *map(str, files)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    return json.loads(done.stdout)
+
+
+def test_replays_and_lookups_match_the_receivers_counters(tmp_path):
+    """Lab 02: the resume's created: false is a replay the receiver counted too. Lab 06: the
+    lookup adopted ticket 3 (settled), and the receiver replayed nothing for it."""
+    for guide, replayed, settled in ((LAB02, 1, 0), (LAB06, 0, 1)):
+        backend = LocalBackend(tmp_path / guide.stem, in_process=True)
+        events = tmp_path / f"{guide.stem}.jsonl"
+        try:
+            run_guide_to_file(guide, backend, events)
+            counts = tally_of(events)
+            assert counts["replayed"] == replayed, (guide.name, counts)
+            assert receiver_counter(backend, "receiver_idempotent_replays") == replayed
+            assert counts["settled"] == settled, (guide.name, counts)
+        finally:
+            backend.close()
+
+
+def test_stdin_skips_what_is_not_an_event_and_a_missing_file_is_one_line(tmp_path):
+    lines = (
+        'receiver: created key=k ticket=1\n{"event": "job", "job": 1, "resume": true, '
+        '"thread": "t"}\nnot json {\n{"event": "drained", "next": ["create_ticket"], '
+        '"reason": "SIGTERM"}\n{"created": true, "event": "effect_ack", "ticket_id": 1}\n'
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "labs.tools.tally"],
+        cwd=ROOT,
+        input=lines,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert json.loads(done.stdout) == {
+        "event": "tally",
+        "started": 0,
+        "resumed": 1,
+        "drained": 1,
+        "acknowledged": 1,
+        "replayed": 0,
+        "settled": 0,
+    }
+    missing = subprocess.run(
+        [sys.executable, "-m", "labs.tools.tally", str(tmp_path / "nope.jsonl")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert missing.returncode == 2 and missing.stdout == ""
+    assert missing.stderr.count("\n") == 1 and "cannot read" in missing.stderr
