@@ -196,7 +196,7 @@ def test_a_second_up_with_another_override_restarts_the_local_receiver_with_it(t
         backend.run("docker compose -p stateful-lab run --rm workflow post --title kept")
         up = "docker compose -p stateful-lab up -d --build api"
         assert backend.native(up) == (
-            "kill $(cat data/receiver.pid); sleep 1; python api.py & echo $! > data/receiver.pid"
+            "kill %1; wait; python api.py 2>>data/receiver.log & echo $! >data/receiver.pid"
         )
         backend.run(up)
         assert backend.receiver.proc.pid != first and backend.faults == {}
