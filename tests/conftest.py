@@ -1,6 +1,7 @@
 """Shared fixtures: a real receiver process on a free loopback port, data in tmp_path."""
 
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -10,6 +11,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from labs.tools.local import ReceiverProcess, free_port, lab_env, run_workflow_here  # noqa: E402
 from labs.tools.pg import PostgresUnavailable, find_bin_dir  # noqa: E402
+
+# The Ctrl-C tests send SIGINT to a child process. A shell that starts the suite in the
+# background (`make test &`) ignores SIGINT, and an ignored signal stays ignored across exec, so
+# the child would never see it; a handler is reset to the default on exec, so this process
+# (each pytest-xdist worker imports this file) installs Python's own.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def pytest_collection_modifyitems(items):
