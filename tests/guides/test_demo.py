@@ -60,13 +60,14 @@ def test_demo_tells_labs_01_and_02_with_a_verdict_per_operation(capsys):
     assert "case-naive:open-ticket:v1: 2 tickets for one operation (duplicate)" in out
     assert "case-safe:open-ticket:v1: 1 ticket, resume got created: false" in out
     assert out.index("What to notice") < out.index("Verdict") < out.index("-- Reset")
-    last = out.strip().splitlines()[-2:]
+    last = out.strip().splitlines()[-3:]
     assert last[0] == (
         "What the labs showed: naive: 1 of 1 operation duplicated; "
         "safe: 0 of 1 operation duplicated"
     )
+    assert last[1].startswith("What the workflow did (labs.tools.tally): ")
     commands = sum(len(parse_guide(g.read_text(encoding="utf-8"))) for g in (LAB01, LAB02))
-    assert last[1] == (
+    assert last[2] == (
         "Output against the guides (2 guides, local backend): "
         f"all {commands} commands printed what the guides say"
     )
