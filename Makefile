@@ -35,7 +35,7 @@ demo: $(VENV)/.installed  ## labs 01-03 told to a room (STEP=1 waits for Enter b
 	@$(PY) -m labs.tools.demo --backend $(BACKEND) $(if $(STEP),--step) $(GUIDES)
 
 reset: $(VENV)/.installed  ## your own lab: `down -v` of project stateful-lab, the native data/ (.venv stays)
-	@$(PY) -m labs.tools.backends reset
+	@$(PY) -m labs.tools.reset
 
 test: $(VENV)/.installed lint  ## the whole suite; the Docker tier runs when an engine answers
 	$(PY) -m pytest -n $(TEST_WORKERS)

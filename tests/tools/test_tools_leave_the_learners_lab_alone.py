@@ -104,7 +104,7 @@ def test_chaos_leaves_the_learners_lab_alone(learner):
 
 def reset_copy(tmp_path):
     """A copy of the repository with a .venv folder, and a PATH with ps and no docker, so
-    `python -m labs.tools.backends reset` (make reset) does only its native half."""
+    `python -m labs.tools.reset` (make reset) does only its native half."""
     repo = tmp_path / "repo"
     repo.mkdir()
     for name in [p.name for p in ROOT.glob("*.py")]:
@@ -119,7 +119,7 @@ def reset_copy(tmp_path):
 
 def make_reset(repo, env):
     done = subprocess.run(
-        [sys.executable, "-m", "labs.tools.backends", "reset"],
+        [sys.executable, "-m", "labs.tools.reset"],
         cwd=repo,
         env=env,
         capture_output=True,

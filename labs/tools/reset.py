@@ -1,0 +1,93 @@
+"""make reset: the learner's own lab, both ways (`python -m labs.tools.reset`). .venv stays.
+
+Docker: `down -v --remove-orphans` of the project the guides name. Natively: the receiver the
+README's native `up` started (its pid in data/receiver.pid, and only if that process runs this
+folder's api.py), lab 10's workers and Postgres tool (their pid files), then data/.
+"""
+
+import os
+import shutil
+import signal
+import sys
+from pathlib import Path
+
+from labs.tools import workers as native_workers
+from labs.tools.backends import LEARNER_PROJECT, PID_FILE, compose_command, docker_engine_answers
+from labs.tools.local import ROOT, run, wait_until
+
+
+def stop_native_receiver(pid_file):
+    """Stop the receiver a native `up` started (README: its pid in data/receiver.pid), and wait
+    for it to exit. Only if that pid is this lab's api.py: a pid can be reused by any process
+    after a reboot or a crash, and a reset never signals a stranger. -> what it did, or None."""
+    try:
+        pid = int(pid_file.read_text().strip())
+    except (OSError, ValueError):
+        return None
+    where = pid_file.relative_to(ROOT)
+    if not is_this_labs_receiver(pid):
+        return f"native: {where} names pid {pid}, not this lab's api.py: left alone"
+    os.kill(pid, signal.SIGTERM)
+    wait_until(lambda: not is_this_labs_receiver(pid), 10, f"the receiver (pid {pid}) stopping")
+    return f"native: receiver (pid {pid}) stopped"
+
+
+def reset():
+    """make reset: the learner's lab, both ways. .venv stays."""
+    if docker_engine_answers():
+        # --remove-orphans: a `run --rm` container still attached would keep the network (lab 10).
+        down = [*compose_command(), "-p", LEARNER_PROJECT, "down", "-v", "--remove-orphans"]
+        done = run(down, timeout=120)
+        if done.returncode:
+            print(f"reset: docker: {done.stderr.strip()[-300:]}", file=sys.stderr)
+            return 1
+        print(f"docker: project {LEARNER_PROJECT} removed (containers, network, volumes)")
+    try:
+        said = stop_native_receiver(ROOT / PID_FILE)
+    except TimeoutError as error:
+        print(f"reset: native: {error}; data/ left in place", file=sys.stderr)
+        return 1
+    if said:
+        print(said)
+    native_workers.stop(ROOT / "data")  # lab 10 natively: its workers and its Postgres, by pid
+    if (ROOT / "data").exists():
+        shutil.rmtree(ROOT / "data")
+        print("native: data/ deleted")
+    return 0
+
+
+# helpers
+
+
+def is_this_labs_receiver(pid):
+    """True when process pid runs ROOT/api.py with a Python: its command line names api.py,
+    which resolves (from the process's working folder when relative) to this folder's."""
+    argv = run(["ps", "-ww", "-o", "command=", "-p", str(pid)], timeout=10).stdout.split()
+    if not argv or not Path(argv[0]).name.lower().startswith("python"):
+        return False
+    ours = (ROOT / "api.py").resolve()
+    for word in argv[1:]:
+        if Path(word).name == "api.py":
+            cwd = Path("/") if Path(word).is_absolute() else process_cwd(pid)
+            if cwd is not None and (cwd / word).resolve() == ours:
+                return True
+    return False
+
+
+def process_cwd(pid):
+    """A process's working folder: /proc on Linux, lsof on macOS; None when neither says."""
+    try:
+        return Path(os.readlink(f"/proc/{pid}/cwd"))
+    except OSError:
+        pass
+    if not shutil.which("lsof"):
+        return None
+    listed = run(["lsof", "-a", "-d", "cwd", "-p", str(pid), "-Fn"], timeout=10).stdout
+    names = [line[1:] for line in listed.splitlines() if line.startswith("n")]
+    return Path(names[0]) if names else None
+
+
+if __name__ == "__main__":
+    if sys.argv[1:]:
+        sys.exit("usage: python -m labs.tools.reset  (it takes no arguments)")
+    sys.exit(reset())
