@@ -26,7 +26,8 @@ the README's "Past one machine"). pgqueuer because:
   fails too. open_queue() checks schema_is_installed() under schema_lock() first.
   The price: pgqueuer 1.6 takes async entrypoints only, so the sync graph.invoke runs in
   asyncio.to_thread. Run in the event loop, it would block the loop, stop the job's heartbeat, and
-  another worker would take a job that is still running.
+  another worker would take a job that is still running; so would LangGraph's first import, which
+  a worker therefore does before it takes a job (warm_up).
 
 What a worker survives:
   - its database going away (a restart, a failover): one line when the connection is lost, one
@@ -72,6 +73,7 @@ import asyncio
 import contextlib
 import contextvars
 import dataclasses
+import importlib
 import json
 import logging
 import os
@@ -312,6 +314,7 @@ async def work(args):
     emit("worker", heartbeat_s=args.heartbeat_s, drain=args.drain)
     with open_checkpoints(args.checkpoint_db) as (saver, pool):
         worker.saver, worker.pool = saver, pool
+        warm_up(saver)  # before the first job: LangGraph's import would stop its heartbeat
         while not worker.stopping:
             try:
                 await worker.serve()
@@ -486,6 +489,21 @@ class Worker:
                 workers = ", ".join(sorted({j["worker"] for j in left}))
                 say(f"--drain: waiting for {len(left)} job(s) running on other workers ({workers})")
                 told = True
+
+
+def warm_up(saver):
+    """Import LangGraph and build the graph once, before the worker takes a job.
+
+    A job's heartbeat beats in the event loop, first at half of WORKER_HEARTBEAT_S after the pick,
+    and the job goes to another worker once its last beat is WORKER_HEARTBEAT_S old. The first job
+    used to import LangGraph there (handle's RunControl: about 1 s on an idle machine, several
+    with three workers starting at once on a busy one), which stopped the loop past the heartbeat:
+    another worker took a job that was still running. In lab 10 the held job changed hands before
+    the freeze, its hold let go, and the run it held finished before `pause`."""
+    for module in ("langgraph.errors", "langgraph.runtime"):
+        importlib.import_module(module)
+    workflow.build_graph(saver)  # the graph run_thread builds
+    lab.build_graph(saver)  # lab-only: the graph with --mode's key
 
 
 class JobDead(Exception):

@@ -330,3 +330,18 @@ def test_run_drain_says_when_the_only_jobs_left_run_on_another_worker(env, recei
     finally:
         drain.kill()
         drain.wait()
+
+
+def test_a_live_workers_job_stays_its_own_from_its_first_job_on(env, receiver, workers):
+    """Jobs queued before three workers start together: each job runs once. A worker that
+    imported LangGraph in its event loop on its first job stopped that job's heartbeat for
+    longer than WORKER_HEARTBEAT_S allows, and another worker ran the job again (lab 10: the held
+    job changed hands before the freeze). The lab's heartbeat, 3 s."""
+    env.update(WORKER_HEARTBEAT_S="3", FAILPOINTS="")
+    submit_all(env, 6)
+    workers.start(3)
+    waited = worker(env, "wait", "--timeout", "60")
+    assert waited.returncode == 0, waited.stderr
+    runs = Counter(e["job"] for e in workers.events("job"))
+    assert runs == Counter({job: 1 for job in range(1, 7)}), runs
+    assert_each_operation_has_one_ticket(env, 6)
