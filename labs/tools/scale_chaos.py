@@ -142,10 +142,12 @@ def chaos_run(workers_n, operations, mode, seed, work_dir, ack_delay_s=ACK_DELAY
             workers.scale(workers_n)
         deadline = time.monotonic() + DEADLINE_S
         strike = Strike(rng, workers, workers_n, receiver, env, work_dir, exits)
-        first = rng.sample(faults, len(faults))  # each fault once, in a random order, then any
+        # Each fault once, in a random order, even if the queue drains first (a deploy or an
+        # outage must not lose an idle worker's next job either); then any, until it drains.
+        first = rng.sample(faults, len(faults))
         while True:
             try:
-                if not loop.run_until_complete(pending(queries)):
+                if not first and not loop.run_until_complete(pending(queries)):
                     break
             except Exception as error:  # our own connection, after a pg-restart: a new one
                 if not worker.lost_connection(error):
