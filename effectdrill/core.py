@@ -302,7 +302,11 @@ class Plan:
         sys.stdout.flush()
         sys.stderr.flush()
         read_end, write_end = os.pipe()
+        # A Ctrl-C during fork() would land in an at-fork hook (logging's), which swallows it:
+        # held back across the fork, it is delivered just after, in the code that handles it.
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
         pid = os.fork()
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         if pid == 0:  # the child: never returns into the caller's code
             code = 0
             try:
