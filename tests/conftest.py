@@ -1,5 +1,6 @@
 """Shared fixtures: a real receiver process on a free loopback port, data in tmp_path."""
 
+import functools
 import os
 import signal
 import sys
@@ -24,6 +25,37 @@ def pytest_collection_modifyitems(items):
     that starts last keeps the whole run waiting for it alone. (sort is stable: the rest keep
     their order)"""
     items.sort(key=lambda item: item.get_closest_marker("long") is None)
+
+
+def pytest_runtest_setup(item):
+    """Every test marked docker checks the tier first, from here: skipped, the tier says why in
+    one summary line (pytest -ra groups skips by where they were raised)."""
+    if item.get_closest_marker("docker"):
+        require_docker()
+
+
+def require_docker(compose_v2=False):
+    """The Docker tier: skip loudly without an engine that answers and Compose (v2 when asked),
+    or fail when LAB_REQUIRE_DOCKER=1 (CI)."""
+    reason = docker_tier_missing(compose_v2)
+    if reason and os.environ.get("LAB_REQUIRE_DOCKER") == "1":
+        pytest.fail(reason.replace("SKIPPED", "REQUIRED (LAB_REQUIRE_DOCKER=1)"), pytrace=False)
+    if reason:
+        pytest.skip(reason)
+
+
+@functools.cache
+def docker_tier_missing(compose_v2):
+    """Why the Docker tier cannot run here, or "" (asked once per process: `docker info`)."""
+    from labs.tools.backends import compose_command, docker_engine_answers
+
+    compose = compose_command()
+    if docker_engine_answers() and compose and (compose[0] == "docker" or not compose_v2):
+        return ""
+    return (
+        f"DOCKER TIER SKIPPED: no Docker engine with {'Compose v2' if compose_v2 else 'Compose'} "
+        "answers on this machine (install Docker Engine or Desktop with Compose v2)"
+    )
 
 
 def require_postgres():

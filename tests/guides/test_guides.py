@@ -18,7 +18,6 @@ from labs.tools.backends import (
     LOST_ACK,
     DockerBackend,
     LocalBackend,
-    docker_engine_answers,
     parse_command,
 )
 from labs.tools.local import ROOT, run
@@ -146,18 +145,9 @@ def assert_the_ledger_counts_the_tickets(guide, steps, backend):
         assert created.value <= held, guide.name
 
 
-@pytest.fixture(scope="module")
-def docker_engine():
-    if not docker_engine_answers():
-        reason = "DOCKER TIER SKIPPED: no Docker engine with Compose answers on this machine"
-        if os.environ.get("LAB_REQUIRE_DOCKER") == "1":
-            pytest.fail(reason.replace("SKIPPED", "REQUIRED (LAB_REQUIRE_DOCKER=1)"))
-        pytest.skip(reason)
-
-
 @pytest.mark.docker
 @pytest.mark.parametrize("guide", each_guide())
-def test_guide_docker(guide, docker_engine):
+def test_guide_docker(guide):
     backend = DockerBackend(f"{PROJECT_PREFIX}-{guide.name[:2]}")
     try:
         assert backend.down().exit_code == 0  # leftovers of an interrupted run
@@ -168,7 +158,7 @@ def test_guide_docker(guide, docker_engine):
 
 
 @pytest.mark.docker
-def test_compose_v1_runs_lab_06_as_the_readme_says(docker_engine):
+def test_compose_v1_runs_lab_06_as_the_readme_says():
     """The README says Debian's docker-compose 1.29 works too, typed where a guide says `docker
     compose`. Lab 06 is the guide where Compose versions differ (-f on every command)."""
     v1 = which("docker-compose") and run(["docker-compose", "version", "--short"], timeout=30)

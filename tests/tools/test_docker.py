@@ -22,8 +22,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import require_docker
 
-from labs.tools.backends import compose_command, docker_engine_answers
+from labs.tools.backends import compose_command
 from labs.tools.local import ROOT, wait_until
 from labs.tools.local import run as run_command
 
@@ -32,37 +33,23 @@ PROJECT = "-".join(
     [os.environ.get("LAB_DOCKER_PROJECT", "stateful-lab-test"), "docker"]
     + ([os.environ["PYTEST_XDIST_WORKER"]] if "PYTEST_XDIST_WORKER" in os.environ else [])
 )
-REQUIRED = os.environ.get("LAB_REQUIRE_DOCKER") == "1"
 BUILD_TIMEOUT_S = 900  # a first build downloads the base image and ~40 packages
 COMMAND_TIMEOUT_S = 120
 HEALTHY_DEADLINE_S = 60
 APP_UID = "10001"
 
 
-def unavailable(what):
-    """Skip loudly, or fail when the Docker tier is required (LAB_REQUIRE_DOCKER=1)."""
-    message = (
-        f"DOCKER TIER NOT RUN: {what}. The image, compose.yaml and the containers were not "
-        "checked. Install Docker Engine or Desktop with Compose v2 to run this tier"
-    )
-    if REQUIRED:
-        pytest.fail(f"{message} (LAB_REQUIRE_DOCKER=1 requires it).", pytrace=False)
-    pytest.skip(f"{message}; LAB_REQUIRE_DOCKER=1 makes this a failure.")
-
-
 @pytest.fixture(scope="module")
 def compose():
     """The Compose command, as the guide runner picks it: `docker compose` or `docker-compose`."""
-    command = compose_command()
-    if command is None:
-        unavailable("neither `docker compose` nor `docker-compose` is installed")
-    return list(command)
+    if compose_command() is None:
+        require_docker()  # skips, or fails in CI, saying why
+    return list(compose_command())
 
 
 @pytest.fixture(scope="module")
 def engine(compose):
-    if not docker_engine_answers():
-        unavailable("no Docker engine answers (`docker info` fails)")
+    """For the tests marked docker: conftest has checked that an engine answers."""
     return compose
 
 

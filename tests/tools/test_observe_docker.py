@@ -9,7 +9,7 @@ import re
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from labs.tools.backends import TICKETS_SCRIPT, compose_command, docker_engine_answers
+from labs.tools.backends import TICKETS_SCRIPT, compose_command
 from labs.tools.local import COMMAND_TIMEOUT_S, wait_until
 from labs.tools.local import run as run_command
 
@@ -24,11 +24,6 @@ PROMQL_VALUE = re.compile(r"=> (\S+) @")  # promtool query instant: `name{labels
 
 @pytest.fixture
 def lab():
-    if compose_command() is None or not docker_engine_answers():
-        reason = "DOCKER TIER SKIPPED: no Docker engine with Compose answers on this machine"
-        if os.environ.get("LAB_REQUIRE_DOCKER") == "1":
-            pytest.fail(reason.replace("SKIPPED", "REQUIRED (LAB_REQUIRE_DOCKER=1)"))
-        pytest.skip(reason)
 
     def compose(*args, timeout=120):
         return run_command([*compose_command(), "-p", PROJECT, *args], timeout=timeout)

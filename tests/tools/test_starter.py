@@ -9,9 +9,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import require_docker
 
 from labs.tools import starter
-from labs.tools.backends import docker_engine_answers
 from labs.tools.local import ROOT
 from labs.tools.local import run as run_command
 
@@ -123,10 +123,7 @@ def test_the_starters_docker_commands_work_and_survive_a_kill_in_the_window(buil
     the starter's suite inside its image (only its lock installed). In a project and with an
     image tag of its own, removed afterwards; the lab's image is untouched."""
     compose = ["docker", "compose"]  # the starter's compose.yaml has a top-level name: (v2)
-    if not docker_engine_answers() or run_command([*compose, "version"]).returncode != 0:
-        if os.environ.get("LAB_REQUIRE_DOCKER") == "1":
-            pytest.fail("DOCKER TIER REQUIRED (LAB_REQUIRE_DOCKER=1): no engine with Compose v2")
-        pytest.skip("DOCKER TIER SKIPPED: no Docker engine with Compose v2 answers")
+    require_docker(compose_v2=True)
     tag = f"ticket-starter-test-{os.getpid()}"
     env = dict(os.environ, STARTER_IMAGE=f"{tag}:local")
     lab_image = image_id("stateful-agent-lab:local")

@@ -13,7 +13,7 @@ from collections import Counter
 
 import pytest
 
-from labs.tools.backends import compose_command, docker_engine_answers
+from labs.tools.backends import compose_command
 from labs.tools.local import ROOT, wait_until
 from labs.tools.local import run as run_command
 from labs.tools.runner import parse_guide
@@ -37,11 +37,6 @@ OVERRIDE = """services:
 
 @pytest.fixture
 def compose(tmp_path):
-    if compose_command() is None or not docker_engine_answers():
-        reason = "DOCKER TIER SKIPPED: no Docker engine with Compose answers on this machine"
-        if os.environ.get("LAB_REQUIRE_DOCKER") == "1":
-            pytest.fail(reason.replace("SKIPPED", "REQUIRED (LAB_REQUIRE_DOCKER=1)"))
-        pytest.skip(reason)
     override = tmp_path / "workers.override.yaml"
     override.write_text(OVERRIDE)
 
