@@ -419,9 +419,16 @@ class Settings:
     def from_environ(cls, environ):
         """The settings; a bad value is a UserError naming the variable."""
         api_url = environ.get("API_URL", cls.api_url)
-        if urllib.parse.urlsplit(api_url).scheme not in ("http", "https"):
+        try:
+            url = urllib.parse.urlsplit(api_url)
+            url.port  # noqa: B018 (ValueError for a port that is not a number in 0-65535)
+        except ValueError:
+            url = None
+        if url is None or url.scheme not in ("http", "https") or not url.hostname:
             raise UserError(
-                f"API_URL {api_url!r} needs a scheme, like http://127.0.0.1:8000", EXIT_USAGE
+                f"API_URL {api_url!r} is not a receiver's address; "
+                "use a scheme, a host and a port, like http://127.0.0.1:8000",
+                EXIT_USAGE,
             )
         return cls(
             api_url=api_url,
