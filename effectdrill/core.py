@@ -672,13 +672,9 @@ class Postgres:
         self.url = url
 
     def check(self):
-        try:
-            import psycopg
-        except ImportError:
-            raise DrillError(
-                "a postgresql:// checkpoint database needs langgraph-checkpoint-postgres: "
-                "pip install 'effectdrill[postgres]'"
-            ) from None
+        saver_class()  # first: it says what to install
+        import psycopg  # a dependency of langgraph-checkpoint-postgres
+
         try:
             with self.saver() as saver:
                 saver.setup()  # PostgresSaver's docstring: setup() is the caller's to call
@@ -688,16 +684,21 @@ class Postgres:
 
     @contextmanager
     def saver(self, recorder=None):
-        try:
-            from langgraph.checkpoint.postgres import PostgresSaver
-        except ImportError:
-            raise DrillError(
-                "a postgresql:// checkpoint database needs langgraph-checkpoint-postgres: "
-                "pip install 'effectdrill[postgres]'"
-            ) from None
-        with recording(PostgresSaver).from_conn_string(self.url) as saver:
+        with recording(saver_class()).from_conn_string(self.url) as saver:
             saver.recorder = recorder
             yield saver
+
+
+def saver_class():
+    """LangGraph's PostgresSaver, or a DrillError that says what to install."""
+    try:
+        from langgraph.checkpoint.postgres import PostgresSaver
+    except ImportError:
+        raise DrillError(
+            "a postgresql:// checkpoint database needs langgraph-checkpoint-postgres: "
+            "pip install 'effectdrill[postgres]'"
+        ) from None
+    return PostgresSaver
 
 
 _RECORDING = {}

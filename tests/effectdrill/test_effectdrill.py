@@ -393,6 +393,13 @@ def test_a_saver_object_in_memory_is_refused(orders_db):
         drill_orders(checkpoint_db=InMemorySaver())
 
 
+@pytest.mark.fast
+def test_a_postgres_url_without_the_postgres_saver_says_what_to_install(orders_db, monkeypatch):
+    monkeypatch.setitem(sys.modules, "langgraph.checkpoint.postgres", None)  # not installed
+    with pytest.raises(effectdrill.DrillError, match=r"pip install 'effectdrill\[postgres\]'"):
+        drill_orders(checkpoint_db="postgresql://127.0.0.1:1/none")
+
+
 def test_without_fork_it_says_posix_only(monkeypatch, capsys):
     monkeypatch.delattr(os, "fork")
     assert main(["x:y", "--input", "{}", "--observe", "x:y"]) == 2
