@@ -51,7 +51,7 @@ from labs.tools.local import (
     run_workflow_here,
     shell_exit_code,
 )
-from labs.tools.workers import HEARTBEAT_S, LocalWorkers
+from labs.tools.native_workers import HEARTBEAT_S, LocalWorkers
 
 LEARNER_PROJECT = "stateful-lab"  # the project the guides name: the learner's, never ours
 GUIDE_PREFIX = ["docker", "compose", "-p", LEARNER_PROJECT]
@@ -369,13 +369,14 @@ def wait(seconds):
     return Result("")
 
 
-WORKERS = "python -m labs.tools.workers"  # the workers this lab started (pid files in data/)
+WORKERS = "python -m labs.tools.native_workers"  # the workers it started (pid files in data/)
 
 
 def scale_native(cmd):
     """Lab 10's postgres and worker commands as a learner types them natively; None for others.
     WORKER_HEARTBEAT_S as compose.yaml sets it, so a stalled job moves on after the same time.
-    Workers are started, signalled and stopped by pid (labs.tools.workers), never by name."""
+    Workers are started, signalled and stopped by pid (labs.tools.native_workers), never by
+    name."""
     services = [w for w in cmd.args if not w.startswith("-") and "=" not in w]
     if cmd.verb == "up" and services == ["postgres"]:
         return (

@@ -13,8 +13,8 @@ from labs.tools.backends import (
     parse_command,
 )
 from labs.tools.local import ROOT
+from labs.tools.native_workers import HEARTBEAT_S
 from labs.tools.runner import lines_match, parse_guide
-from labs.tools.workers import HEARTBEAT_S
 
 pytestmark = pytest.mark.fast  # make test-fast: in-process, or one receiver over HTTP
 
@@ -127,10 +127,10 @@ def test_lab_10_native_lines_name_the_worker_and_the_cluster(tmp_path):
     heartbeat = compose["services"]["worker"]["environment"]["WORKER_HEARTBEAT_S"]
     assert f"WORKER_HEARTBEAT_S={heartbeat} " in up_pg + " " and heartbeat == HEARTBEAT_S
     scale = backend.native(prefix + "up -d --scale worker=3 worker")
-    assert scale == "python -m labs.tools.workers up 3"
+    assert scale == "python -m labs.tools.native_workers up 3"
     submit = prefix + "run --rm worker submit --thread a --operation a:op"
     assert backend.native(submit) == "python worker.py submit --thread a --operation a:op"
-    signals = "python -m labs.tools.workers signal "
+    signals = "python -m labs.tools.native_workers signal "
     assert backend.native(prefix + "kill -s SIGKILL worker") == signals + "SIGKILL"
     assert backend.native(prefix + "pause worker") == signals + "SIGSTOP"
     assert backend.native(prefix + "unpause worker") == signals + "SIGCONT"
