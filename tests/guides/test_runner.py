@@ -5,14 +5,10 @@ import time
 
 import pytest
 
-from labs.tools.backends import (
-    LOST_ACK,
-    LocalBackend,
-    compose_stderr,
-    override_environment,
-    parse_command,
-)
+from labs.tools import native
+from labs.tools.backends import LOST_ACK, LocalBackend, compose_stderr, parse_command
 from labs.tools.local import ROOT
+from labs.tools.native import override_environment
 from labs.tools.native_workers import HEARTBEAT_S
 from labs.tools.runner import lines_match, parse_guide
 
@@ -117,7 +113,7 @@ def test_compose_progress_and_the_repeated_exit_code_are_not_the_programs_stderr
 def test_lab_10_native_lines_name_the_worker_and_the_cluster(tmp_path):
     """The scale profile natively: labs.tools.pg for postgres (heartbeat as compose.yaml sets it),
     worker.py for `run --rm worker`, signals to the background workers, and a reset that stops
-    them all."""
+    them all (once the cluster was started)."""
     backend = LocalBackend(tmp_path)
     prefix = "docker compose -p stateful-lab "
     up_pg = backend.native(prefix + "up -d postgres")
@@ -135,6 +131,11 @@ def test_lab_10_native_lines_name_the_worker_and_the_cluster(tmp_path):
     assert backend.native(prefix + "pause worker") == signals + "SIGSTOP"
     assert backend.native(prefix + "unpause worker") == signals + "SIGCONT"
     assert backend.native(prefix + "run --rm workflow tickets") == "python lab.py tickets"
+    down = parse_command(prefix + "down -v --remove-orphans")
+    assert native.line(down, {}, running=False, postgres_up=True) == (
+        "python -m labs.tools.native_workers stop; kill %1 2>/dev/null; wait; rm -rf data"
+    )
+    assert backend.native(prefix + "down -v") == "kill %1 2>/dev/null; wait; rm -rf data"
 
 
 def test_run_e_sets_the_workflows_environment_in_every_backend(tmp_path):
