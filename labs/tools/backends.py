@@ -24,7 +24,8 @@ local backend restarts the receiver with it; the data stays either way.
 Neither ever touches a learner's lab (the Compose project stateful-lab, data/, port 8000): the
 docker backend runs in a Compose project of its own (the guide's `-p stateful-lab` is rewritten),
 the local backend in a temporary folder, on a free loopback port.
-`make reset`, which resets the learner's own lab, is labs/tools/reset.py.
+`make reset`, which resets the learner's own lab, is labs/tools/reset.py; the shell lines a
+learner types natively for each guide command are labs/tools/native.py's.
 """
 
 import functools
@@ -41,7 +42,6 @@ from pathlib import Path
 
 from labs.tools.local import (
     COMMAND_TIMEOUT_S,
-    ROOT,
     LabError,
     ReceiverProcess,
     free_port,
@@ -51,14 +51,14 @@ from labs.tools.local import (
     run_workflow_here,
     shell_exit_code,
 )
-from labs.tools.workers import HEARTBEAT_S, LocalWorkers
+from labs.tools.native import PYTHON_IN_THE_IMAGE, override_environment
+from labs.tools.native import line as native_line
+from labs.tools.native_workers import LocalWorkers
 
 LEARNER_PROJECT = "stateful-lab"  # the project the guides name: the learner's, never ours
 GUIDE_PREFIX = ["docker", "compose", "-p", LEARNER_PROJECT]
 BASE_FILE = "compose.yaml"
 LOST_ACK = "labs/lost-ack.compose.yaml"  # the override that turns the lost-ack fault on
-PID_FILE = "data/receiver.pid"  # where the native commands we show keep the receiver's pid
-PYTHON_IN_THE_IMAGE = ["--rm", "--entrypoint", "python", "workflow"]  # run ... -c CODE
 WORKFLOW_TIMEOUT_S = 120  # seconds for one workflow command (docker: container start included)
 COMPOSE_NOISE = re.compile(
     r"^(Creating|Starting|Restarting|Stopping|Removing|Recreating|Pulling|Building|Network"
@@ -130,17 +130,6 @@ def parse_sleep(command):
     return int(match.group(1)) if match else None
 
 
-def override_environment(files):
-    """The environment the override files give the api service: the local backend's mapping."""
-    import yaml  # a dev requirement; only override files need it
-
-    env = {}
-    for name in files:
-        spec = yaml.safe_load((ROOT / name).read_text(encoding="utf-8"))
-        env.update(spec["services"]["api"]["environment"])
-    return {name: str(value) for name, value in env.items()}
-
-
 DRILL_DBS = {"SHOP_DB": "shop/shop.sqlite", "APPROVAL_DB": "approval/approval.sqlite"}  # lab 11
 DRILL_TIMEOUT_S = 120  # seconds for one drill: about 10 crash runs of 0.1-0.5 s each, loaded
 
@@ -151,8 +140,10 @@ class Backend:
     run(command)    a guide's command as the learner types it -> Result (stdout, stderr, exit)
     up(overrides)   start the receiver (with lab 06's override files); down() removes the lab
     workflow(args)  `run --rm workflow ARGS`; tickets(): every ticket the receiver holds
-    native(command) the command as a learner pastes it natively, or None where it runs as is
     close()         stop what this backend started
+
+    Only LocalBackend has native(command): the command as a learner pastes it natively (the
+    demo prints it under each step), written by labs/tools/native.py.
     """
 
     name = "?"
@@ -171,9 +162,6 @@ class Backend:
 
     def tickets(self):
         raise NotImplementedError
-
-    def native(self, command):
-        return None
 
     def close(self):
         pass
@@ -297,36 +285,10 @@ class LocalBackend(Backend):
             raise LabError(str(error)) from None
 
     def native(self, command):
-        cmd = parse_command(command)
-        if cmd.verb == "sleep":
-            return None  # typed as is
-        if (scaled := scale_native(cmd)) is not None:
-            return scaled
-        faults = override_environment(cmd.overrides) if cmd.verb == "up" else self.faults
-        serve = "".join(f"{k}={shlex.quote(v)} " for k, v in faults.items())
-        serve += f"python api.py 2>>data/receiver.log & echo $! >{PID_FILE}"  # as the README
-        stop = "kill %1; wait"
-        if cmd.verb == "up" and self.receiver.running and faults != self.faults:
-            return f"{stop}; {serve}"  # another environment: as `restart`, with it
-        if cmd.verb == "up":
-            return f"mkdir -p data; {serve}"
-        if cmd.verb == "restart":
-            return f"{stop}; {serve}"
-        if cmd.verb == "down":
-            stop = "kill %1 2>/dev/null; wait"  # a guide's first line: there may be no job yet
-            if self.workers.postgres is not None:  # lab 10: the workers and the cluster too
-                stop = f"{WORKERS} stop; {stop}"  # the workers, then the pg tool (data/pg.pid)
-            return f"{stop}; rm -rf data"
-        if cmd.verb == "logs":
-            return "cat data/receiver.log"
-        if cmd.args[:2] == ["--rm", "drill"]:
-            return "python -m effectdrill " + shlex.join(cmd.args[2:])
-        if cmd.args[:4] == PYTHON_IN_THE_IMAGE:
-            return "python " + shlex.join(cmd.args[4:])
-        env, args = cmd.run_env()
-        return "".join(f"{k}={shlex.quote(v)} " for k, v in env.items()) + (
-            "python lab.py " + shlex.join(args[2:])
-        )
+        """The command as a learner pastes it natively, or None where it is typed as is: the
+        line labs/tools/native.py writes for what this backend runs now."""
+        postgres_up = self.workers.postgres is not None
+        return native_line(parse_command(command), self.faults, self.receiver.running, postgres_up)
 
     def scale_profile(self, cmd):
         """up -d postgres: a throwaway cluster (labs.tools.pg); up -d --scale worker=N worker: N
@@ -367,32 +329,6 @@ def wait(seconds):
         raise ValueError(f"a guide sleeps at most {MAX_SLEEP_S} s, not {seconds}")
     time.sleep(seconds)
     return Result("")
-
-
-WORKERS = "python -m labs.tools.workers"  # the workers this lab started (pid files in data/)
-
-
-def scale_native(cmd):
-    """Lab 10's postgres and worker commands as a learner types them natively; None for others.
-    WORKER_HEARTBEAT_S as compose.yaml sets it, so a stalled job moves on after the same time.
-    Workers are started, signalled and stopped by pid (labs.tools.workers), never by name."""
-    services = [w for w in cmd.args if not w.startswith("-") and "=" not in w]
-    if cmd.verb == "up" and services == ["postgres"]:
-        return (
-            "python -m labs.tools.pg >data/pg.url & echo $! >data/pg.pid; "
-            "until [ -s data/pg.url ]; do sleep 0.2; done; "
-            f"export CHECKPOINT_DB=$(cat data/pg.url) WORKER_HEARTBEAT_S={HEARTBEAT_S}"
-        )
-    if cmd.verb == "up" and services == ["worker"]:
-        scale = [w.split("=")[1] for w in cmd.args if w.startswith("worker=")] or ["1"]
-        return f"{WORKERS} up {scale[-1]}"
-    if cmd.verb == "run" and cmd.args[:2] == ["--rm", "worker"]:
-        return "python worker.py " + shlex.join(cmd.args[2:])
-    if cmd.verb == "kill" and cmd.args[:1] == ["-s"] and cmd.args[2:] == ["worker"]:
-        return f"{WORKERS} signal {cmd.args[1]}"
-    if cmd.verb in ("pause", "unpause") and cmd.args == ["worker"]:
-        return f"{WORKERS} signal {'SIGSTOP' if cmd.verb == 'pause' else 'SIGCONT'}"
-    return None
 
 
 @functools.cache

@@ -38,6 +38,7 @@ import threading
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 
 from lab import MODES
 from labs.tools.backends import LabError, LocalBackend
@@ -50,6 +51,17 @@ KILL_WINDOW_S = 0.015  # seconds after the first event: a bit longer than the gr
 MAX_RECOVERIES = 3  # resumes per run before it counts as unfinished; one is enough
 START_TIMEOUT_S = 60  # seconds for a workflow process to print its first event
 EXIT_OK, EXIT_FOUND, EXIT_NO_LAB = 0, 1, 3  # and 2 for bad arguments (Parser)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """One chaos run: main() builds it from the command line (chaos reads no environment
+    variable; the CPU count gives the default number of workers)."""
+
+    runs: int = 30  # workflow runs, each killed once at a random moment
+    mode: str = "safe"  # where the key comes from (lab.MODES); naive is the control
+    seed: int | None = None  # the kill offsets' seed; None draws a new one, printed to replay it
+    workers: int = field(default_factory=lambda: os.cpu_count() or 2)  # runs at once: per core
 
 
 def kill_at_random(env, start_args, offset_s):
@@ -123,33 +135,41 @@ def summary(runs, per_run, seed):
 
 
 def main(argv=None):
+    defaults = Settings()
     parser = Parser(
         prog="python -m labs.tools.chaos", description="Kill workflow runs at random moments."
     )
-    parser.add_argument("--runs", type=int, default=30)
-    parser.add_argument("--seed", type=int, default=None, help="replay these kill offsets")
-    parser.add_argument("--mode", choices=MODES, default="safe")
-    parser.add_argument("--workers", type=int, default=os.cpu_count() or 2)
+    parser.add_argument("--runs", type=int, default=defaults.runs)
+    parser.add_argument("--seed", type=int, default=defaults.seed, help="replay these kill offsets")
+    parser.add_argument("--mode", choices=MODES, default=defaults.mode)
+    parser.add_argument("--workers", type=int, default=defaults.workers)
     args = parser.parse_args(argv)
     if args.runs < 1 or args.workers < 1:
         parser.error("--runs and --workers must be at least 1")
-    seed = args.seed if args.seed is not None else random.SystemRandom().randrange(10**6)
+    return chaos(Settings(runs=args.runs, mode=args.mode, seed=args.seed, workers=args.workers))
+
+
+def chaos(settings):
+    """The whole chaos run, as `make chaos` runs it -> the exit code."""
+    seed = settings.seed if settings.seed is not None else random.SystemRandom().randrange(10**6)
     rng = random.Random(seed)
-    offsets = [rng.uniform(0, KILL_WINDOW_S) for _ in range(args.runs)]  # drawn before any run
+    offsets = [rng.uniform(0, KILL_WINDOW_S) for _ in range(settings.runs)]  # drawn before any run
     print(
-        f"chaos: seed {seed} (replay: {replay_command(args.runs, seed, args.mode)}), "
-        f"{args.runs} {args.mode} runs, "
-        f"{args.workers} at a time, each killed 0-{KILL_WINDOW_S * 1000:g} ms into its graph",
+        f"chaos: seed {seed} (replay: {replay_command(settings.runs, seed, settings.mode)}), "
+        f"{settings.runs} {settings.mode} runs, "
+        f"{settings.workers} at a time, each killed 0-{KILL_WINDOW_S * 1000:g} ms into its graph",
         file=sys.stderr,
         flush=True,
     )
     began = time.monotonic()
     try:
         # No lab fault: a kill from outside needs none (the drill turns lost-ack on for its row).
-        with LocalBackend() as lab, ThreadPoolExecutor(args.workers) as pool:
+        with LocalBackend() as lab, ThreadPoolExecutor(settings.workers) as pool:
             lab.up()
             runs = list(
-                pool.map(lambda i: chaos_run(lab, args.mode, i, offsets[i]), range(args.runs))
+                pool.map(
+                    lambda i: chaos_run(lab, settings.mode, i, offsets[i]), range(settings.runs)
+                )
             )
             per_run = count_tickets(lab, [r["name"] for r in runs])
     except (LabError, subprocess.TimeoutExpired) as error:
@@ -164,7 +184,7 @@ def main(argv=None):
         if per_run[run["name"]] != 1 or not run["finished"]:
             print(f"chaos: {run['name']}: {per_run[run['name']]} tickets, {run}", file=sys.stderr)
     result = summary(runs, per_run, seed)
-    print(sentence(result, args.mode, time.monotonic() - began), file=sys.stderr, flush=True)
+    print(sentence(result, settings.mode, time.monotonic() - began), file=sys.stderr, flush=True)
     print(json.dumps(result, sort_keys=True), flush=True)
     bad = result["duplicates"] or result["missing"] or result["unfinished"]
     return EXIT_FOUND if bad else EXIT_OK

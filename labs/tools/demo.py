@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import lab
-from labs.tools.backends import LabError, choose_backend, parse_command
+from labs.tools.backends import LabError, LocalBackend, choose_backend, parse_command
 from labs.tools.local import ROOT
 from labs.tools.runner import LIFECYCLE, parse_block, run_step
 from labs.tools.tally import events_in, summary, tally
@@ -331,7 +331,9 @@ class Demo:
     def run(self, step, ledger):
         s = self.style
         print(f"\n$ {step.command}")
-        native = self.backend.native(step.command)
+        native = None  # Compose runs the command as written: no other line to show
+        if isinstance(self.backend, LocalBackend):
+            native = self.backend.native(step.command)
         if native:
             print(s.dim(f"  natively: {native}"))
         if self.step_mode:

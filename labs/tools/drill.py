@@ -29,7 +29,7 @@ import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from lab import MODES
 from labs.tools.backends import LOST_ACK, DockerBackend, LabError, LocalBackend
@@ -46,6 +46,18 @@ NODE_OF_EVENT = {  # workflow.py events -> the node that prints them
     "reconcile": "create_ticket",
     "effect_ack": "create_ticket",
 }
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What one drill runs, and where: main() builds them from the command line (the drill
+    reads no environment variable; the CPU count gives the default number of workers)."""
+
+    backend: str = "local"  # local: native processes; docker: Compose, in `project`
+    project: str = DOCKER_PROJECT  # docker: a project of the drill's own, never the learner's
+    boundaries: tuple = ()  # only these boundaries' rows; () for every row
+    workers: int = field(default_factory=lambda: os.cpu_count() or 2)  # cells at once: per core
+    json: bool = False  # one JSON line per cell on stdout, instead of the table
 
 
 def each(value):
@@ -204,11 +216,12 @@ def progress(done, total, cell):
     )
 
 
-def run_drill(lab, workers, on_cell=progress, boundaries=None):
-    """The cells, workers at a time, against one fresh receiver; results in matrix order."""
-    todo = cells(boundaries)
+def run_drill(lab, settings, on_cell=progress):
+    """The cells, settings.workers at a time, against one fresh receiver; results in matrix
+    order."""
+    todo = cells(settings.boundaries)
     results = [None] * len(todo)
-    pool = ThreadPoolExecutor(workers)
+    pool = ThreadPoolExecutor(settings.workers)
     try:
         futures = {pool.submit(run_cell, lab, cell): i for i, cell in enumerate(todo)}
         for done, future in enumerate(as_completed(futures), 1):
@@ -249,10 +262,13 @@ def matrix(results):
     return "\n".join(lines)
 
 
-def open_lab(backend, project=DOCKER_PROJECT, in_process=False):
+def open_lab(settings, in_process=False):
     """A fresh lab of the drill's own with the lost-ack fault on (named explicitly).
     in_process (local): commands without a crash switch run in this process (the tests)."""
-    lab = LocalBackend(in_process=in_process) if backend == "local" else DockerBackend(project)
+    if settings.backend == "local":
+        lab = LocalBackend(in_process=in_process)
+    else:
+        lab = DockerBackend(settings.project)
     try:
         lab.down()  # docker: what an interrupted drill left behind
         up = lab.up([LOST_ACK])
@@ -265,12 +281,13 @@ def open_lab(backend, project=DOCKER_PROJECT, in_process=False):
 
 
 def main(argv=None):
+    defaults = Settings()
     parser = Parser(
         prog="python -m labs.tools.drill", description="Crash the workflow at every boundary."
     )
-    parser.add_argument("--backend", choices=("local", "docker"), default="local")
+    parser.add_argument("--backend", choices=("local", "docker"), default=defaults.backend)
     parser.add_argument("--json", action="store_true", help="one JSON line per cell")
-    parser.add_argument("--project", default=DOCKER_PROJECT, help="docker: the Compose project")
+    parser.add_argument("--project", default=defaults.project, help="docker: the Compose project")
     parser.add_argument(
         "--boundary",
         action="append",
@@ -280,22 +297,34 @@ def main(argv=None):
     parser.add_argument(
         "--workers",
         type=int,
-        default=os.cpu_count() or 2,
+        default=defaults.workers,
         help="cells run at once (default: one per CPU core)",
     )
     args = parser.parse_args(argv)
     if args.workers < 1:
         parser.error("--workers must be at least 1")
+    settings = Settings(
+        backend=args.backend,
+        project=args.project,
+        boundaries=tuple(args.boundary or ()),
+        workers=args.workers,
+        json=args.json,
+    )
+    return drill(settings)
+
+
+def drill(settings):
+    """The whole drill, as `make drill` runs it -> the exit code."""
     began = time.monotonic()
     print(
-        f"drill: {len(cells(args.boundary))} cells, {args.backend} backend, "
-        f"{args.workers} at a time",
+        f"drill: {len(cells(settings.boundaries))} cells, {settings.backend} backend, "
+        f"{settings.workers} at a time",
         file=sys.stderr,
         flush=True,
     )
     try:
-        with open_lab(args.backend, args.project) as lab:
-            results = run_drill(lab, args.workers, boundaries=args.boundary)
+        with open_lab(settings) as lab:
+            results = run_drill(lab, settings)
     except (LabError, subprocess.TimeoutExpired) as error:
         print(f"drill: {error}", file=sys.stderr)
         return EXIT_NO_LAB
@@ -303,7 +332,7 @@ def main(argv=None):
         print("drill: stopped; nothing left behind", file=sys.stderr)
         return 130
     wrong = [c for c in results if not c["ok"]]
-    if args.json:
+    if settings.json:
         for cell in results:
             print(json.dumps(cell, sort_keys=True))
     else:

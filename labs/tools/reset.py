@@ -11,9 +11,10 @@ import signal
 import sys
 from pathlib import Path
 
-from labs.tools import workers as native_workers
-from labs.tools.backends import LEARNER_PROJECT, PID_FILE, compose_command, docker_engine_answers
+from labs.tools import native_workers
+from labs.tools.backends import LEARNER_PROJECT, compose_command, docker_engine_answers
 from labs.tools.local import ROOT, run, wait_until
+from labs.tools.native import PID_FILE
 
 
 def stop_native_receiver(pid_file):

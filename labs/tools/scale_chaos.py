@@ -5,10 +5,10 @@ until every operation is done.
         [--faults kill,freeze,pg-restart,receiver-outage,deploy] [--seed N]
 
 Everything runs natively and throwaway: a Postgres cluster (labs.tools.pg), a receiver on a free
-port, and `python worker.py run` processes (labs.tools.workers). It submits OPERATIONS operations,
-one thread each. Once every worker holds a job in its crash window, the first strike SIGKILLs
-them all (with `kill` among the faults); then, until the queue is empty, it strikes with each
-fault of FAULTS once, in a random order, then with faults picked at random:
+port, and `python worker.py run` processes (labs.tools.native_workers). It submits OPERATIONS
+operations, one thread each. Once every worker holds a job in its crash window, the first strike
+SIGKILLs them all (with `kill` among the faults); then, until the queue is empty, it strikes with
+each fault of FAULTS once, in a random order, then with faults picked at random:
     kill             SIGKILL a random worker, and start it again (a restart policy)
     freeze           SIGSTOP a random worker for longer than the heartbeat, then SIGCONT
     pg-restart       Postgres stopped as a crash would (pg_ctl -m immediate), started 1-3 s later
@@ -49,7 +49,7 @@ sys.path.insert(0, str(ROOT))
 import lab  # noqa: E402
 import worker  # noqa: E402
 import workflow  # noqa: E402
-from labs.tools.workers import LocalWorkers, stopped  # noqa: E402
+from labs.tools.native_workers import LocalWorkers, stopped  # noqa: E402
 
 HEARTBEAT_S = "1"  # short, so a frozen or dead worker's job moves on quickly
 ACK_DELAY_S = "1.0"  # seconds each run sits in the crash window (the after-ack failpoint): long

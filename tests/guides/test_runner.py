@@ -5,16 +5,12 @@ import time
 
 import pytest
 
-from labs.tools.backends import (
-    LOST_ACK,
-    LocalBackend,
-    compose_stderr,
-    override_environment,
-    parse_command,
-)
+from labs.tools import native
+from labs.tools.backends import LOST_ACK, LocalBackend, compose_stderr, parse_command
 from labs.tools.local import ROOT
+from labs.tools.native import override_environment
+from labs.tools.native_workers import HEARTBEAT_S
 from labs.tools.runner import lines_match, parse_guide
-from labs.tools.workers import HEARTBEAT_S
 
 pytestmark = pytest.mark.fast  # make test-fast: in-process, or one receiver over HTTP
 
@@ -117,7 +113,7 @@ def test_compose_progress_and_the_repeated_exit_code_are_not_the_programs_stderr
 def test_lab_10_native_lines_name_the_worker_and_the_cluster(tmp_path):
     """The scale profile natively: labs.tools.pg for postgres (heartbeat as compose.yaml sets it),
     worker.py for `run --rm worker`, signals to the background workers, and a reset that stops
-    them all."""
+    them all (once the cluster was started)."""
     backend = LocalBackend(tmp_path)
     prefix = "docker compose -p stateful-lab "
     up_pg = backend.native(prefix + "up -d postgres")
@@ -127,14 +123,19 @@ def test_lab_10_native_lines_name_the_worker_and_the_cluster(tmp_path):
     heartbeat = compose["services"]["worker"]["environment"]["WORKER_HEARTBEAT_S"]
     assert f"WORKER_HEARTBEAT_S={heartbeat} " in up_pg + " " and heartbeat == HEARTBEAT_S
     scale = backend.native(prefix + "up -d --scale worker=3 worker")
-    assert scale == "python -m labs.tools.workers up 3"
+    assert scale == "python -m labs.tools.native_workers up 3"
     submit = prefix + "run --rm worker submit --thread a --operation a:op"
     assert backend.native(submit) == "python worker.py submit --thread a --operation a:op"
-    signals = "python -m labs.tools.workers signal "
+    signals = "python -m labs.tools.native_workers signal "
     assert backend.native(prefix + "kill -s SIGKILL worker") == signals + "SIGKILL"
     assert backend.native(prefix + "pause worker") == signals + "SIGSTOP"
     assert backend.native(prefix + "unpause worker") == signals + "SIGCONT"
     assert backend.native(prefix + "run --rm workflow tickets") == "python lab.py tickets"
+    down = parse_command(prefix + "down -v --remove-orphans")
+    assert native.line(down, {}, running=False, postgres_up=True) == (
+        "python -m labs.tools.native_workers stop; kill %1 2>/dev/null; wait; rm -rf data"
+    )
+    assert backend.native(prefix + "down -v") == "kill %1 2>/dev/null; wait; rm -rf data"
 
 
 def test_run_e_sets_the_workflows_environment_in_every_backend(tmp_path):

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from conftest import require_postgres
 
-from labs.tools import workers as native_workers
+from labs.tools import native_workers
 from labs.tools.backends import LocalBackend
 from labs.tools.local import ROOT, wait_until
 
@@ -75,7 +75,7 @@ def test_native_lab_10_lines_touch_only_their_own_workers_and_reset_stops_them(t
         second = pids(tmp_path)
         assert len(second) == 2 and not set(second) & set(first) and all(map(alive, second))
         pg_pid = int((tmp_path / "data" / "pg.pid").read_text())
-        bash("python -m labs.tools.workers stop")  # down -v and make reset: workers, then pg
+        bash("python -m labs.tools.native_workers stop")  # down -v and make reset: workers, then pg
         assert not any(map(alive, second)) and not alive(pg_pid)
         pg_started = False
         assert alive(decoy.pid)

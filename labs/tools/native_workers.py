@@ -1,4 +1,7 @@
-"""The `scale` profile natively: a throwaway Postgres and worker.py processes (lab 10).
+"""Lab 10's workers as native processes: a throwaway Postgres and `python worker.py run`s.
+
+worker.py is the product (the workers themselves); this module starts, signals and stops them
+where Compose would, by pid. bench_workers.py times them.
 
 compose.yaml's postgres service becomes a TempPostgres cluster in a temporary folder, and each
 worker replica a `python worker.py run` process. The guide runner's local backend, the scale
@@ -9,10 +12,11 @@ worker it starts in data/workers/, so it signals and stops those processes and n
 `pkill -f 'worker.py run'` would hit anyone's workers on a shared machine). `make reset` stops them
 too, and the Postgres tool whose pid the guide's native line kept in data/pg.pid.
 
-    python -m labs.tools.workers up N          N workers in the background (log: data/workers.log);
-                                               dead ones started again, extra ones stopped
-    python -m labs.tools.workers signal SIG    SIGKILL, SIGSTOP, SIGCONT... to each live one
-    python -m labs.tools.workers stop          SIGTERM each (they drain), then forget them
+    python -m labs.tools.native_workers up N        N workers in the background (log in
+                                                    data/workers.log); dead ones started again,
+                                                    extra ones stopped
+    python -m labs.tools.native_workers signal SIG  SIGKILL, SIGSTOP, SIGCONT... to each live one
+    python -m labs.tools.native_workers stop        SIGTERM each (they drain), then forget them
 Options: --data DIR (default: data). Workers read CHECKPOINT_DB and the rest from the environment.
 """
 
@@ -204,7 +208,9 @@ def stop(data):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m labs.tools.workers", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m labs.tools.native_workers", description=__doc__
+    )
     parser.add_argument("--data", default="data", help="the native lab's folder (default: data)")
     actions = parser.add_subparsers(dest="action", required=True)
     actions.add_parser("up").add_argument("replicas", type=int)
