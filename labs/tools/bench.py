@@ -56,7 +56,6 @@ REQUEST_TIMEOUT_S = 10.0  # seconds: a request slower than this is counted as an
 GIT_TIMEOUT_S = 60  # seconds for one git command; they take milliseconds on this repository
 TITLE = "Check supplier configuration"
 FIGURES = ("rps", "p50_ms", "p99_ms")  # per round; the report shows the median over rounds
-TREES = ("this_tree", "baseline")  # the JSON's names; the table heads them "this tree" and the sha
 NEEDED = ("api.py", "workflow.py")  # what a ref must hold to be run: the receiver and the CLI
 EXIT_OK, EXIT_NO_LAB, EXIT_NO_BASELINE = 0, 3, 4  # and 2 for bad arguments (Parser)
 
@@ -197,7 +196,7 @@ def bench_cli(scripts, runs):
     """scripts: tree -> (workflow.py, env). Median wall seconds per command and tree.
 
     A command that fails in a tree (an older workflow.py without it, say) is timed no more
-    there: its figure is None and the first line of its error is kept under "failed".
+    there: its figure is None, and its error, in one line, is kept under "failed".
     """
     commands = {
         "tickets": ["tickets"],
@@ -309,14 +308,14 @@ def bench(tmp, ref, sha, short, size):
         f"# rounds: {size['rounds']} x {size['seconds']:g} s of keyed POSTs per kind, "
         f"{CLIENT_THREADS} client threads, a new connection per request; medians of rounds"
     )
-    scripts = {"this_tree": ROOT, "baseline": baseline}
+    folders = {"this_tree": ROOT, "baseline": baseline}  # the JSON's names for the two trees
     servers = {
         tree: ReceiverProcess(
             lab_env(tmp / f"{tree}-data", free_port()),
             tmp / f"{tree}.log",
             script=folder / "api.py",
         )
-        for tree, folder in scripts.items()
+        for tree, folder in folders.items()
     }
     servers["this_tree_log_devnull"] = ReceiverProcess(
         lab_env(tmp / "quiet-data", free_port()), log_path=None
@@ -327,7 +326,7 @@ def bench(tmp, ref, sha, short, size):
             started.append(server)
             start_receiver(tree, server)
         cli = {
-            tree: (folder / "workflow.py", servers[tree].env) for tree, folder in scripts.items()
+            tree: (folder / "workflow.py", servers[tree].env) for tree, folder in folders.items()
         }
         figures["cli"] = bench_cli(cli, size["cli_runs"])
         ports = {tree: urlsplit(server.url).port for tree, server in servers.items()}

@@ -120,3 +120,19 @@ def test_a_command_the_cli_lacks_is_one_line_not_a_traceback(tmp_path):
     why = bench.run_cli(ROOT / "workflow.py", ["no-such-command"], env)
     assert why.startswith("workflow.py no-such-command exited 2: workflow.py: ")
     assert "invalid choice: 'no-such-command'" in why and "\n" not in why
+
+
+def test_a_tree_whose_commands_fail_gets_no_figure_and_one_line_each(receiver, lab, tmp_path):
+    """The bench goes on: the working tree is timed, the failing one is reported, not raised."""
+    gone = lab_env(tmp_path / "gone", 9)  # nothing listens on port 9: the receiver is not there
+    script = ROOT / "workflow.py"
+    cli = bench.bench_cli({"this_tree": (script, lab), "baseline": (script, gone)}, runs=1)
+    for command in ("tickets", "post"):  # they only speak HTTP, to no one
+        assert cli[command]["this_tree_s"] > 0 and cli[command]["baseline_s"] is None
+    # start saved prepare's checkpoint before it found no receiver: state has a thread to show
+    assert cli["state"]["this_tree_s"] > 0 and cli["state"]["baseline_s"] > 0
+    assert sorted(cli["failed"]) == ["baseline:post", "baseline:start", "baseline:tickets"]
+    assert cli["failed"]["baseline:tickets"].startswith(
+        "workflow.py tickets exited 3: workflow.py: cannot reach the receiver at "
+    )
+    assert all("\n" not in why for why in cli["failed"].values())
