@@ -5,6 +5,7 @@
 # Recipes are silent (@) and the bootstrap talks on stderr, so `make drill JSON=1 | jq .` and
 # `make chaos | jq` see the tools' JSON on stdout and nothing else.
 #            FAULTS=kill,freeze,... (scale-chaos)
+#            BASELINE=REF (bench: the git ref this tree is measured against; default HEAD)
 
 PYTHON ?= python3
 VENV := .venv
@@ -15,6 +16,7 @@ WORKERS ?= 3
 FAULTS ?= kill,freeze,pg-restart,receiver-outage,deploy
 OPERATIONS ?= 60
 MODE ?= safe
+BASELINE ?= HEAD  # bench: the last commit, so a change shows its cost and a clean tree the noise
 SEED ?=  # chaos: empty draws a new seed, printed so the run can be replayed
 TEST_WORKERS ?= 4  # pytest-xdist processes: most of a test waits on a receiver, a workflow or Docker
 GUIDES ?= labs/01-the-duplicate.md labs/02-the-keyed-fix.md labs/03-a-retry-is-not-a-new-request.md
@@ -47,8 +49,8 @@ lint: $(VENV)/.installed
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 
-bench: $(VENV)/.installed  ## receiver and CLI speed, side by side with the article's lab
-	$(PY) -m labs.tools.bench
+bench: $(VENV)/.installed  ## receiver and CLI speed of this tree against git ref BASELINE (HEAD)
+	@$(PY) -m labs.tools.bench --baseline $(BASELINE)
 
 drill: $(VENV)/.installed  ## every crash boundary x mode (JSON=1 for JSON lines)
 	@$(PY) -m labs.tools.drill --backend $(if $(filter auto,$(BACKEND)),local,$(BACKEND)) $(if $(JSON),--json)

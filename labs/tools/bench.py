@@ -1,27 +1,30 @@
-"""Benchmark the receiver and the CLI, side by side with the article's originals (make bench).
+"""Benchmark this tree's receiver and CLI against a git ref of this repository (make bench).
 
-    .venv/bin/python -m labs.tools.bench [--quick]
+    .venv/bin/python -m labs.tools.bench [--quick] [--baseline REF]
 
-Receiver: keyed POST /tickets with fresh keys (each creates a ticket: one fsync) and
-with replays (a key and body sent before: a lookup, no write), from 8 client threads
-posting back to back, a new connection per request, in time-boxed rounds. Prints
-POSTs per second and p50/p99 latency (medians over the rounds) and the ratio ours /
-article; also the article's receiver with only its listen backlog raised, to show
-which part of the gap that one fix closes.
-CLI: wall time of `workflow.py tickets`, `post` and `state` (a fresh interpreter each
-run, as a learner types them), ours and the article's, medians of CLI_RUNS.
-Log line: what one decision line costs when the receiver writes it to a file, and the
-same receiver once more with stderr to /dev/null, end to end.
+The baseline is the commit REF names (default HEAD): `git archive REF` unpacked into a temporary
+folder, run from there exactly as this tree is run from here, and deleted afterwards; nothing is
+written into the repository. Against HEAD a clean tree shows the noise of the machine (ratios near
+1.0) and a changed one what the change costs; against an older ref, what the commits since gave.
+"This tree" is the files as they are now, uncommitted changes included.
+
+Receiver: keyed POST /tickets with fresh keys (each creates a ticket: one fsync) and with replays
+(a key and body sent before: a lookup, no write), from 8 client threads posting back to back, a
+new connection per request, in time-boxed rounds that alternate between the receivers. Prints
+POSTs per second and p50/p99 latency (medians over the rounds), and the ratio this tree / baseline.
+CLI: wall time of `workflow.py tickets`, `post` and `state` (a fresh interpreter each run, as a
+learner types them), in both trees, medians of CLI_RUNS. A command the baseline's workflow.py
+lacks or fails is reported in one line and left out of the ratios.
+Log line: what one decision line costs when the receiver writes it to a file, and this tree's
+receiver once more with stderr to /dev/null, end to end.
 Workers: operations per second with 1, 2 and 4 workers on a throwaway Postgres
 (labs.tools.bench_workers, with its own ROUNDS and OPERATIONS, as `make bench-workers`);
-skipped with a note where PostgreSQL's binaries are missing.
+skipped with a note where PostgreSQL's binaries are missing. This tree only.
 
-The article's api.py and workflow.py are cut out of ../shared/seeds at run time into a
-temporary folder (their hard-coded /data paths and port patched) and deleted afterwards;
-they are never written into the repo. Without the seeds the baseline is skipped.
-
-Every figure is printed; nothing is asserted. The last line is one JSON object with
-all the figures, for scripts (and the smoke test of --quick).
+Every figure is printed; nothing is asserted. The last line is one JSON object with all the
+figures, for scripts (and tests/tools/test_bench.py). Exit codes: 0 measured; 2 bad arguments;
+3 a receiver did not start; 4 no baseline: REF names no commit, this folder is not a git work
+tree, or REF's tree has no api.py or workflow.py; 130 Ctrl-C.
 """
 
 import json
@@ -29,6 +32,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import tarfile
 import tempfile
 import threading
 import time
@@ -36,67 +40,60 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from labs.tools.bench_workers import bench_workers
-from labs.tools.local import ROOT, ReceiverProcess, free_port, lab_env
+from labs.tools.local import ROOT, LabError, ReceiverProcess, free_port, lab_env
 from labs.tools.pg import PostgresUnavailable
-from workflow import Parser
+from workflow import EXIT_INTERRUPTED, Parser
 
-SEED = ROOT.parent / "shared" / "seeds" / "stateful-agents-docker-lab.txt"
+DEFAULT_BASELINE = "HEAD"  # the last commit: what an uncommitted change costs, or the noise level
 CLIENT_THREADS = 8  # concurrent clients: the issue's load shape (a room hammering one receiver)
 ROUNDS = 5  # per measurement; the median ignores one round disturbed by the machine
 ROUND_S = 0.8  # seconds per round, kind and receiver: 600-2,000 requests at the rates seen
-#                here, plenty for a p99; 5 rounds x 2 kinds x 4 receivers = 32 s of load
-CLI_RUNS = 5  # per command and lab: each run costs 0.05-0.7 s; the median ignores a cold start
+#                here, plenty for a p99; 5 rounds x 2 kinds x 3 receivers = 24 s of load
+CLI_RUNS = 5  # per command and tree: each run costs 0.05-0.7 s; the median ignores a cold start
 LOG_LINES = 20_000  # decision lines written to time one: ~0.1 s, and far above timer resolution
-ARTICLE_BACKLOG = 128  # the article's receiver once more with our listen backlog: which part
-#                        of the gain is that one-line fix, which part the rest
 QUICK = dict(rounds=1, seconds=0.25, cli_runs=1)  # --quick: shows the script works, ~10 s
 REQUEST_TIMEOUT_S = 10.0  # seconds: a request slower than this is counted as an error
+GIT_TIMEOUT_S = 60  # seconds for one git command; they take milliseconds on this repository
 TITLE = "Check supplier configuration"
 FIGURES = ("rps", "p50_ms", "p99_ms")  # per round; the report shows the median over rounds
+NEEDED = ("api.py", "workflow.py")  # what a ref must hold to be run: the receiver and the CLI
+EXIT_OK, EXIT_NO_LAB, EXIT_NO_BASELINE = 0, 3, 4  # and 2 for bad arguments (Parser)
 
 
-class ArticleLab(ReceiverProcess):
-    """The article's api.py and workflow.py, patched to run from a temporary folder."""
+class NoBaseline(Exception):
+    """The baseline cannot be had: an unknown ref, no git work tree, a tree without the lab."""
 
-    PATCHES = {  # file -> [(text in the article, replacement)]; each must match exactly once
-        "api.py": [
-            ('DB = "/data/receiver.sqlite"', "DB = {db!r}"),
-            ('("0.0.0.0", 8000)', '("127.0.0.1", {port})'),
-        ],
-        "workflow.py": [('"/data/checkpoints.sqlite"', "{checkpoints!r}")],
-    }
-    BACKLOG_PATCH = (  # only with backlog=N
-        "ThreadingHTTPServer((",
-        "ThreadingHTTPServer.request_queue_size = {backlog}\nThreadingHTTPServer((",
-    )
 
-    def __init__(self, folder, port, backlog=None, log_path=None):
-        """backlog: also raise its listen backlog (default 5), to show what that alone gives."""
-        self.folder, self.port = Path(folder), port
-        text = SEED.read_text(encoding="utf-8")
-        lines = text.splitlines(keepends=True)
-        api_at, workflow_at = lines.index("api.py\n"), lines.index("workflow.py\n")
-        sources = {
-            "api.py": "".join(lines[api_at + 1 : workflow_at]),
-            "workflow.py": "".join(lines[workflow_at + 1 :]),
-        }
-        values = dict(
-            db=str(self.folder / "receiver.sqlite"),
-            checkpoints=str(self.folder / "checkpoints.sqlite"),
-            port=port,
-            backlog=backlog,
-        )
-        for name, source in sources.items():
-            patches = self.PATCHES[name]
-            if backlog and name == "api.py":
-                patches = [*patches, self.BACKLOG_PATCH]
-            for old, new in patches:
-                if source.count(old) != 1:
-                    raise ValueError(f"the seed's {name} no longer contains {old!r} once")
-                source = source.replace(old, new.format(**values))
-            (self.folder / name).write_text(source, encoding="utf-8")
-        # Started, polled and stopped (SIGTERM: Python's default handler ends it) as ours is.
-        super().__init__(lab_env(self.folder, port), log_path, script=self.folder / "api.py")
+def baseline_commit(ref, root=ROOT):
+    """(full sha, short sha) of the commit ref names in root's repository, or NoBaseline."""
+    top = git(root, "rev-parse", "--show-toplevel")
+    if top.returncode != 0 or Path(top.stdout.strip()).resolve() != Path(root).resolve():
+        raise NoBaseline(f"{root} is not a git work tree: no commit to compare with")
+    found = git(root, "rev-parse", "--verify", "--quiet", "--end-of-options", f"{ref}^{{commit}}")
+    if found.returncode != 0:
+        raise NoBaseline(f"--baseline {ref!r} names no commit of this repository")
+    sha = found.stdout.strip()
+    return sha, git(root, "rev-parse", "--short", sha).stdout.strip()
+
+
+def export_commit(sha, folder, name, root=ROOT):
+    """Unpack the commit's files (`git archive`) into folder; NoBaseline if it lacks the lab.
+    name: how the messages call the commit (the ref and its short sha)."""
+    folder.mkdir(parents=True)
+    with subprocess.Popen(
+        ["git", "-C", str(root), "archive", "--format=tar", sha],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+    ) as archive:
+        try:
+            with tarfile.open(fileobj=archive.stdout, mode="r|") as tar:
+                tar.extractall(folder, filter="data")  # nothing outside folder, no device files
+        except tarfile.TarError as error:
+            raise NoBaseline(f"git archive of {name} gave no files: {error}") from None
+    missing = [file for file in NEEDED if not (folder / file).is_file()]
+    if missing:
+        raise NoBaseline(f"{name} has no {' or '.join(missing)}: nothing to run as the baseline")
+    return folder
 
 
 def post_bytes(key):
@@ -195,22 +192,38 @@ def bench_receivers(servers, rounds, seconds):
     }
 
 
-def bench_cli(labs, runs):
-    """labs: name -> (workflow.py path, env). Median wall seconds per command and lab."""
+def bench_cli(scripts, runs):
+    """scripts: tree -> (workflow.py, env). Median wall seconds per command and tree.
+
+    A command that fails in a tree (an older workflow.py without it, say) is timed no more
+    there: its figure is None, and its error, in one line, is kept under "failed".
+    """
     commands = {
         "tickets": ["tickets"],
         "post": ["post", "--operation", "bench:cli:post"],  # one ticket, then replays
         "state": ["state", "--thread", "bench-cli"],  # the finished thread made here
     }
-    for script, env in labs.values():
-        run_cli(script, ["start", "--thread", "bench-cli", "--operation", "bench:cli:start"], env)
+    failed = {}
+    for tree, (script, env) in scripts.items():
+        start = ["start", "--thread", "bench-cli", "--operation", "bench:cli:start"]
+        if isinstance(why := run_cli(script, start, env), str):
+            failed[f"{tree}:start"] = why
     figures = {}
     for command, args in commands.items():
-        times = {name: [] for name in labs}
-        for _ in range(runs):  # alternate the labs, so a busy moment hits both alike
-            for name, (script, env) in labs.items():
-                times[name].append(run_cli(script, args, env))
-        figures[command] = {name + "_s": statistics.median(t) for name, t in times.items()}
+        times = {tree: [] for tree in scripts}
+        for _ in range(runs):  # alternate the trees, so a busy moment hits both alike
+            for tree, (script, env) in scripts.items():
+                if f"{tree}:{command}" in failed:
+                    continue
+                seconds = run_cli(script, args, env)
+                if isinstance(seconds, str):
+                    failed[f"{tree}:{command}"] = seconds
+                else:
+                    times[tree].append(seconds)
+        figures[command] = {
+            tree + "_s": statistics.median(t) if t else None for tree, t in times.items()
+        }
+    figures["failed"] = failed
     return figures
 
 
@@ -235,62 +248,95 @@ def log_line_seconds(folder):
 
 
 def run_cli(script, args, env):
-    """Wall seconds of `python script ARGS`: a fresh interpreter, as a learner runs it."""
+    """Wall seconds of `python script ARGS` (a fresh interpreter, as a learner runs it, in the
+    script's folder), or the last line it wrote to stderr when it fails."""
     start = time.perf_counter()
-    done = subprocess.run([sys.executable, str(script), *args], env=env, capture_output=True)
+    done = subprocess.run(
+        [sys.executable, str(script), *args], env=env, cwd=script.parent, capture_output=True
+    )
     seconds = time.perf_counter() - start
     if done.returncode != 0:
-        raise RuntimeError(f"{script} {' '.join(args)} failed: {done.stderr.decode().strip()}")
+        last = (done.stderr.decode(errors="replace").strip().splitlines() or ["(no stderr)"])[-1]
+        return f"workflow.py {args[0]} exited {done.returncode}: {last}"
     return seconds
 
 
 def main(argv=None):
     parser = Parser(prog="labs.tools.bench", description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="a short smoke run (~10 s)")
-    size = dict(rounds=ROUNDS, seconds=ROUND_S, cli_runs=CLI_RUNS)
-    if parser.parse_args(argv).quick:
-        size = QUICK
-    figures = {"settings": dict(size, client_threads=CLIENT_THREADS), "baseline": "article"}
+    parser.add_argument(
+        "--baseline",
+        default=DEFAULT_BASELINE,
+        metavar="REF",
+        help=f"the git ref to compare this tree with (default: {DEFAULT_BASELINE})",
+    )
+    args = parser.parse_args(argv)
+    size = QUICK if args.quick else dict(rounds=ROUNDS, seconds=ROUND_S, cli_runs=CLI_RUNS)
+    try:
+        sha, short = baseline_commit(args.baseline)
+        with tempfile.TemporaryDirectory(prefix="stateful-lab-bench-") as tmp:
+            figures = bench(Path(tmp), args.baseline, sha, short, size)
+    except NoBaseline as error:
+        print(f"bench: {error}", file=sys.stderr)
+        return EXIT_NO_BASELINE
+    except LabError as error:
+        print(f"bench: {error}", file=sys.stderr)
+        return EXIT_NO_LAB
+    except KeyboardInterrupt:
+        print("bench: stopped; the receivers and the temporary folder are gone", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    report(figures)
+    return EXIT_OK
+
+
+def bench(tmp, ref, sha, short, size):
+    """Every figure, measured with the baseline's files unpacked under tmp."""
+    baseline = export_commit(sha, tmp / "baseline", f"{ref} ({short})")
+    figures = {
+        "settings": dict(size, client_threads=CLIENT_THREADS),
+        "baseline": {"ref": ref, "commit": sha, "short": short},
+        "this_tree": {"uncommitted_files": uncommitted_files()},
+    }
+    changed, named = figures["this_tree"]["uncommitted_files"], ref
+    if ref != short:
+        named = f"{ref} = {short}"
     print(
-        f"# bench: rounds: {size['rounds']} x {size['seconds']:g} s of keyed POSTs per kind, "
+        f"# bench: this tree ({changed} tracked file(s) changed since HEAD) against "
+        f"baseline {named} (git archive, in a temporary folder)"
+    )
+    print(
+        f"# rounds: {size['rounds']} x {size['seconds']:g} s of keyed POSTs per kind, "
         f"{CLIENT_THREADS} client threads, a new connection per request; medians of rounds"
     )
-    with tempfile.TemporaryDirectory(prefix="stateful-lab-bench-") as tmp:
-        tmp, started = Path(tmp), []
-        try:
-            servers = {
-                "ours": ReceiverProcess(lab_env(tmp / "ours", free_port()), tmp / "ours.log"),
-                "ours_log_devnull": ReceiverProcess(
-                    lab_env(tmp / "quiet", free_port()), log_path=None
-                ),
-            }
-            for server in servers.values():
-                started.append(server)
-                server.start()
-            cli = {"ours": (ROOT / "workflow.py", servers["ours"].env)}
-            try:
-                for name, backlog in [("article", None), ("article_backlog", ARTICLE_BACKLOG)]:
-                    (tmp / name).mkdir()
-                    servers[name] = ArticleLab(
-                        tmp / name, free_port(), backlog, log_path=tmp / f"{name}.log"
-                    )
-                    started.append(servers[name])
-                    servers[name].start()
-                cli["article"] = (servers["article"].folder / "workflow.py", servers["article"].env)
-                figures["cli"] = bench_cli(cli, size["cli_runs"])
-            except (OSError, ValueError, RuntimeError) as error:
-                figures["baseline"] = f"skipped: {error}"
-                print(f"# article baseline SKIPPED, only our figures follow ({SEED}): {error}")
-                servers = {k: v for k, v in servers.items() if not k.startswith("article")}
-                figures["cli"] = bench_cli({"ours": cli["ours"]}, size["cli_runs"])
-            ports = {name: urlsplit(server.url).port for name, server in servers.items()}
-            figures["receiver"] = bench_receivers(ports, size["rounds"], size["seconds"])
-            figures["log_line_s"] = log_line_seconds(tmp)
-            figures["workers"] = worker_figures(quick=size is QUICK)
-        finally:
-            for server in started:
-                server.stop()
-    report(figures)
+    folders = {"this_tree": ROOT, "baseline": baseline}  # the JSON's names for the two trees
+    servers = {
+        tree: ReceiverProcess(
+            lab_env(tmp / f"{tree}-data", free_port()),
+            tmp / f"{tree}.log",
+            script=folder / "api.py",
+        )
+        for tree, folder in folders.items()
+    }
+    servers["this_tree_log_devnull"] = ReceiverProcess(
+        lab_env(tmp / "quiet-data", free_port()), log_path=None
+    )
+    started = []
+    try:
+        for tree, server in servers.items():
+            started.append(server)
+            start_receiver(tree, server)
+        cli = {
+            tree: (folder / "workflow.py", servers[tree].env) for tree, folder in folders.items()
+        }
+        figures["cli"] = bench_cli(cli, size["cli_runs"])
+        ports = {tree: urlsplit(server.url).port for tree, server in servers.items()}
+        figures["receiver"] = bench_receivers(ports, size["rounds"], size["seconds"])
+        figures["log_line_s"] = log_line_seconds(tmp)
+        figures["workers"] = worker_figures(quick=size is QUICK)
+    finally:
+        for server in started:
+            server.stop()
+    return figures
 
 
 def worker_figures(quick):
@@ -302,29 +348,27 @@ def worker_figures(quick):
         return bench_workers()
     except PostgresUnavailable as error:
         return f"skipped: {error}"
+    except (RuntimeError, TimeoutError) as error:  # a cluster or a worker that did not start
+        return f"failed: {error}"
 
 
 def report(figures):
-    """Print the table, the goals and the log-line cost; last, every figure as one JSON line."""
+    """Print the tables and the log-line cost; last, every figure as one JSON line."""
     receiver, cli = figures["receiver"], figures["cli"]
-    ours, quiet, article = receiver["ours"], receiver["ours_log_devnull"], receiver.get("article")
+    ours, theirs, quiet = (
+        receiver["this_tree"],
+        receiver["baseline"],
+        receiver["this_tree_log_devnull"],
+    )
+    short = figures["baseline"]["short"]
     ratios = figures["ratios"] = {}
-    print(f"\n{'receiver (ours: WAL, synchronous=FULL)':<40}{'ours':>9}{'article':>9}{'ratio':>9}")
+    print(f"\n{'receiver: keyed POST /tickets':<38}{'this tree':>11}{short:>11}{'ratio':>9}")
     for kind in ("fresh", "replay"):
         for name, unit in (("rps", "POST/s"), ("p50_ms", "p50 ms"), ("p99_ms", "p99 ms")):
-            line = f"  {kind} keys, {unit:<26}{ours[kind][name]:>9.1f}"
-            if article:
-                ratios[f"{kind}_{name}"] = ours[kind][name] / article[kind][name]
-                line += f"{article[kind][name]:>9.1f}{ratios[f'{kind}_{name}']:>8.2f}x"
-            print(line)
-    backlog = receiver.get("article_backlog")
-    if backlog:
-        print(f"  article with listen backlog {ARTICLE_BACKLOG} instead of 5 (that fix alone):")
-        for kind in ("fresh", "replay"):
-            ratios[f"{kind}_rps_vs_backlog_fix"] = ours[kind]["rps"] / backlog[kind]["rps"]
+            ratios[f"{kind}_{name}"] = ours[kind][name] / theirs[kind][name]
             print(
-                f"    {kind} keys, {'POST/s':<24}{'':>9}{backlog[kind]['rps']:>9.1f}"
-                f"{ratios[f'{kind}_rps_vs_backlog_fix']:>8.2f}x"
+                f"  {kind} keys, {unit:<24}{ours[kind][name]:>11.1f}{theirs[kind][name]:>11.1f}"
+                f"{ratios[f'{kind}_{name}']:>8.2f}x"
             )
     for name, result in receiver.items():
         for kind, got in result.items():
@@ -332,47 +376,75 @@ def report(figures):
                 print(
                     f"  ! {name}, {kind}: {got['errors']} unexpected answers {got['error_kinds']}"
                 )
-    print(f"\n{'cli: python workflow.py ... (wall s)':<40}{'ours':>9}{'article':>9}{'ratio':>9}")
-    for command, times in cli.items():
-        line = f"  {command:<38}{times['ours_s']:>9.3f}"
-        if "article_s" in times:
-            ratios[f"cli_{command}"] = times["ours_s"] / times["article_s"]
-            line += f"{times['article_s']:>9.3f}{ratios[f'cli_{command}']:>8.2f}x"
+    print(f"\n{'cli: python workflow.py ... (wall s)':<38}{'this tree':>11}{short:>11}{'ratio':>9}")
+    for command in ("tickets", "post", "state"):
+        mine, base = cli[command]["this_tree_s"], cli[command]["baseline_s"]
+        line = f"  {command:<36}{cell(mine, 11, '.3f')}{cell(base, 11, '.3f')}"
+        if mine is not None and base is not None:
+            ratios[f"cli_{command}"] = mine / base
+            line += f"{ratios[f'cli_{command}']:>8.2f}x"
         print(line)
-    if article:
-        print("\ngoals (ours / article):")
-        for key, goal, better in [
-            ("fresh_rps", 1.5, "at least"),
-            ("replay_rps", 1.0, "at least"),
-            ("cli_tickets", 0.15, "at most"),
-            ("cli_post", 0.15, "at most"),
-        ]:
-            met = ratios[key] >= goal if better == "at least" else ratios[key] <= goal
-            verdict = "met" if met else "NOT met"
-            print(f"  {key:<14}{ratios[key]:>6.2f}x  goal {better} {goal}x: {verdict}")
+    for what, why in cli["failed"].items():
+        tree, command = what.split(":")
+        print(f"  ! {short if tree == 'baseline' else 'this tree'}, {command}: {why}")
     line_s = figures["log_line_s"]
     share = figures["log_line_share"] = {k: line_s * ours[k]["rps"] for k in ("fresh", "replay")}
     print(
         f"\ndecision log line (one per POST): {1e6 * line_s:.1f} us each when written to a file, "
         f"{100 * share['fresh']:.2f}% of the time per fresh POST, "
-        f"{100 * share['replay']:.2f}% per replay at the rates above"
+        f"{100 * share['replay']:.2f}% per replay at this tree's rates above"
     )
     print(
-        "  end to end, the same receiver with stderr to /dev/null instead of a file: "
+        "  end to end, this tree's receiver with stderr to /dev/null instead of a file: "
         f"fresh {quiet['fresh']['rps']:.0f}, replay {quiet['replay']['rps']:.0f} POST/s"
     )
     workers = figures["workers"]
     if isinstance(workers, str):
-        print(f"\nworkers on one Postgres queue: {workers}")
+        print(f"\nworkers on one Postgres queue (this tree): {workers}")
     else:
         print(
-            f"\nworkers on one Postgres queue ({workers['operations_per_round']} safe operations "
-            f"per round, median of {workers['rounds']}):"
+            f"\nworkers on one Postgres queue, this tree ({workers['operations_per_round']} safe "
+            f"operations per round, median of {workers['rounds']}):"
         )
         for count, rate in workers["ops_per_s"].items():
             print(f"  {count} worker(s){'':<27}{rate:>9.1f} operations/s")
     print(json.dumps(figures, sort_keys=True))
 
 
+# helpers
+
+
+def start_receiver(tree, server):
+    """Start it, or a LabError naming the tree and the receiver's last log line."""
+    try:
+        server.start()
+    except (OSError, RuntimeError, TimeoutError) as error:
+        log = server.log_path.read_text(errors="replace") if server.log_path else ""
+        last = (log.strip().splitlines() or ["(no log)"])[-1]
+        raise LabError(
+            f"{tree}'s receiver did not start: {error}; its last log line: {last}"
+        ) from None
+
+
+def uncommitted_files():
+    """How many tracked files differ from HEAD (0: this tree is HEAD)."""
+    done = git(ROOT, "status", "--porcelain", "--untracked-files=no")
+    return len(done.stdout.splitlines())
+
+
+def git(root, *args):
+    """git ARGS in root; NoBaseline when there is no git to run."""
+    try:
+        return subprocess.run(
+            ["git", "-C", str(root), *args], capture_output=True, text=True, timeout=GIT_TIMEOUT_S
+        )
+    except FileNotFoundError:
+        raise NoBaseline("git is not installed: no commit to compare with") from None
+
+
+def cell(value, width, spec):
+    return f"{'-':>{width}}" if value is None else f"{value:>{width}{spec}}"
+
+
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
