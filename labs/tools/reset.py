@@ -26,6 +26,8 @@ def stop_native_receiver(pid_file):
     except (OSError, ValueError):
         return None
     where = pid_file.relative_to(ROOT)
+    if not running(pid):  # its receiver exited (a second `up` whose port was taken, say)
+        return f"native: {where} names pid {pid}, which is not running: nothing to stop"
     if not is_this_labs_receiver(pid):
         return f"native: {where} names pid {pid}, not this lab's api.py: left alone"
     os.kill(pid, signal.SIGTERM)
@@ -58,6 +60,16 @@ def reset():
 
 
 # helpers
+
+
+def running(pid):
+    try:
+        os.kill(pid, 0)  # signal 0: only asks whether the process exists
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # it exists, and is another user's
+        return True
+    return True
 
 
 def is_this_labs_receiver(pid):

@@ -99,6 +99,17 @@ def test_native_lines_are_the_commands_a_learner_pastes_from_the_readme(tmp_path
     )
     post = 'docker compose -p stateful-lab run --rm workflow post --title "Two words"'
     assert backend.native(post) == "python lab.py post --title 'Two words'"
+    for row, args in [
+        ("run --rm workflow ARGS", "tickets --operation a:op"),
+        ("run --rm -e K=V workflow ARGS", "state"),
+        ("run --rm drill ARGS", "labs.graphs.shop:graph --json"),
+        ("run --rm --entrypoint python workflow -c CODE", "-c 'print(1)'"),
+    ]:
+
+        def bare(text):  # the row without its placeholder
+            return text.replace(" ARGS", "").replace(" -c CODE", "")
+
+        assert backend.native(f"{prefix}{bare(row)} {args}") == f"{bare(table[row])} {args}", row
 
 
 def test_compose_progress_and_the_repeated_exit_code_are_not_the_programs_stderr():

@@ -204,6 +204,20 @@ def test_make_reset_leaves_a_stranger_with_the_pid_alone(tmp_path, stranger):
     assert not (repo / "data").exists()
 
 
+def test_make_reset_says_when_the_pid_file_names_a_process_that_has_exited(tmp_path):
+    """A receiver started twice: the second could not listen and exited, and its pid is the one
+    the file keeps. make reset says that pid is not running (not that it is a stranger)."""
+    repo, env = reset_copy(tmp_path)
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()  # reaped: its pid names no process now
+    (repo / "data").mkdir()
+    (repo / "data" / "receiver.pid").write_text(f"{proc.pid}\n")
+    assert make_reset(repo, env) == [
+        f"native: data/receiver.pid names pid {proc.pid}, which is not running: nothing to stop",
+        "native: data/ deleted",
+    ]
+
+
 def receiver_answers(url):
     try:
         with urllib.request.urlopen(url + "/health", timeout=1):
