@@ -20,8 +20,8 @@ from workflow_helpers import events, names, tickets
 
 from labs.tools import chaos, drill
 from labs.tools.backends import LOST_ACK, LocalBackend
-from labs.tools.native import override_environment
 from labs.tools.local import ROOT, ReceiverProcess, free_port, run_workflow, shell_exit_code
+from labs.tools.native import override_environment
 
 KILLED = 137
 OP = "case-t:open-ticket:v1"
