@@ -512,7 +512,8 @@ def main(argv=None, environ=None, parser=None, points=POINTS):
         emit("http_error", status=error.code, body=body)
         return EXIT_HTTP_ERROR
     except UserError as error:
-        print(f"{args.prog}: {error}", file=sys.stderr)
+        hint = started_hint(args, settings) if error.exit_code == EXIT_NO_ANSWER else ""
+        print(f"{args.prog}: {error}{hint}", file=sys.stderr)
         return error.exit_code
     except sqlite3.DatabaseError as error:  # not a database, read-only, a locked file, ...
         print(f"{args.prog}: CHECKPOINT_DB {settings.checkpoint_db!r}: {error}", file=sys.stderr)
@@ -528,6 +529,23 @@ def main(argv=None, environ=None, parser=None, points=POINTS):
         print(f"{args.prog}: interrupted{interrupted_hint(args, settings)}", file=sys.stderr)
         return EXIT_INTERRUPTED
     return exit_code or 0
+
+
+def started_hint(args, settings):
+    """A start that found no receiver has saved its thread already (prepare ran): typed again,
+    start would say the thread exists. Name the command that goes on from the checkpoint."""
+    if getattr(args, "action", None) != "start" or not saved(args, settings):
+        return ""
+    return f"; the run is saved: once the receiver answers, resume --thread {args.thread}"
+
+
+def saved(args, settings):
+    """Whether the thread has a checkpoint (False when that cannot be told)."""
+    try:
+        with open_checkpointer(settings.checkpoint_db) as saver:
+            return saver.get_tuple(thread_config(args.thread)) is not None
+    except Exception:  # noqa: BLE001 (a second failure must not hide the first)
+        return False
 
 
 def interrupted_hint(args, settings):

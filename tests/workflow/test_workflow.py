@@ -113,6 +113,10 @@ def test_receiver_unreachable_exits_3_with_one_line(args, tmp_path):
     if args[0] == "start":  # prepare ran and printed before the node found no receiver
         assert events(done.stdout)[0]["event"] == "prepare"
         done.stdout = ""
+        assert done.stderr.rstrip().endswith(
+            "; the run is saved: once the receiver answers, resume --thread x"
+        ), done.stderr  # typed again, start would say the thread exists
+        assert run_workflow(["start", "--thread", "x"], env).returncode == 4
     one_line_error(done, 3, "cannot reach the receiver")
 
 
