@@ -512,7 +512,8 @@ def main(argv=None, environ=None, parser=None, points=POINTS):
         emit("http_error", status=error.code, body=body)
         return EXIT_HTTP_ERROR
     except UserError as error:
-        hint = started_hint(args, settings) if error.exit_code == EXIT_NO_ANSWER else ""
+        unreachable = str(error).startswith("cannot reach the receiver")  # TicketClient.call
+        hint = started_hint(args, settings) if unreachable else ""
         print(f"{args.prog}: {error}{hint}", file=sys.stderr)
         return error.exit_code
     except sqlite3.DatabaseError as error:  # not a database, read-only, a locked file, ...

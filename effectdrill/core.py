@@ -306,10 +306,10 @@ class Plan:
         # held back across the fork, it is delivered just after, in the code that handles it.
         mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
         pid = os.fork()
-        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         if pid == 0:  # the child: never returns into the caller's code
             code = 0
             try:
+                signal.pthread_sigmask(signal.SIG_SETMASK, mask)
                 os.close(read_end)
                 os.dup2(2, 1)  # the graph's prints go to stderr: stdout is the report's
                 with db.saver(killer) as saver:
@@ -319,9 +319,14 @@ class Plan:
                 code = CHILD_FAILED
             finally:
                 os._exit(code)
-        os.close(write_end)
         try:
-            status = wait_child(pid)
+            try:  # a Ctrl-C held back lands here, where the child is killed and reaped with it
+                signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+                os.close(write_end)
+                status = wait_child(pid)
+            except BaseException:
+                kill_and_reap(pid)
+                raise
             message = read_all(read_end)
         finally:
             os.close(read_end)
@@ -582,20 +587,24 @@ def compiled(graph):
 
 
 def wait_child(pid):
-    """The child's wait status; on a deadline or Ctrl-C the child is killed and reaped."""
+    """The child's wait status, or DrillError past the deadline (the caller kills it then)."""
     deadline = time.monotonic() + CHILD_DEADLINE_S
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return status
+        if time.monotonic() > deadline:
+            raise DrillError(f"a crash run took more than {CHILD_DEADLINE_S:.0f} s")
+        time.sleep(CHILD_POLL_S)
+
+
+def kill_and_reap(pid):
+    """SIGKILL the child and wait for it, unless it is gone already."""
     try:
-        while True:
-            done, status = os.waitpid(pid, os.WNOHANG)
-            if done:
-                return status
-            if time.monotonic() > deadline:
-                raise DrillError(f"a crash run took more than {CHILD_DEADLINE_S:.0f} s")
-            time.sleep(CHILD_POLL_S)
-    except BaseException:
         os.kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)
-        raise
+    except (ProcessLookupError, ChildProcessError):
+        pass
 
 
 def read_all(fd):
