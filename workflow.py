@@ -512,8 +512,7 @@ def main(argv=None, environ=None, parser=None, points=POINTS):
         emit("http_error", status=error.code, body=body)
         return EXIT_HTTP_ERROR
     except UserError as error:
-        unreachable = str(error).startswith("cannot reach the receiver")  # TicketClient.call
-        hint = started_hint(args, settings) if unreachable else ""
+        hint = started_hint(args, settings) if isinstance(error, Unreachable) else ""
         print(f"{args.prog}: {error}{hint}", file=sys.stderr)
         return error.exit_code
     except sqlite3.DatabaseError as error:  # not a database, read-only, a locked file, ...
@@ -536,17 +535,17 @@ def started_hint(args, settings):
     """A start that found no receiver has saved its thread already (prepare ran): typed again,
     start would say the thread exists. Name the command that goes on from the checkpoint."""
     if getattr(args, "action", None) != "start" or not saved(args, settings):
-        return ""
+        return ""  # not a start, no checkpoint, or none that can be read
     return f"; the run is saved: once the receiver answers, resume --thread {args.thread}"
 
 
 def saved(args, settings):
-    """Whether the thread has a checkpoint (False when that cannot be told)."""
+    """Whether the thread has a checkpoint; None when that cannot be told."""
     try:
         with open_checkpointer(settings.checkpoint_db) as saver:
             return saver.get_tuple(thread_config(args.thread)) is not None
     except Exception:  # noqa: BLE001 (a second failure must not hide the first)
-        return False
+        return None
 
 
 def interrupted_hint(args, settings):
@@ -554,12 +553,10 @@ def interrupted_hint(args, settings):
     if not args.graph_command:
         return ""
     hint = "; a request in flight may have taken effect"
-    try:
-        with open_checkpointer(settings.checkpoint_db) as saver:
-            saved = saver.get_tuple(thread_config(args.thread)) is not None
-    except Exception:  # noqa: BLE001 (a second failure must not hide the first)
+    found = saved(args, settings)
+    if found is None:
         return hint
-    if saved:
+    if found:
         return f"{hint}; resume it with: resume --thread {args.thread}"
     return f"{hint}; thread {args.thread!r} has no checkpoint yet: start it again"
 
