@@ -6,6 +6,7 @@ import shlex
 import shutil
 import socket
 import subprocess
+import sys
 
 import pytest
 
@@ -267,3 +268,41 @@ def test_the_worker_benchmark_is_described_as_it_runs():
 
     text = " ".join(README.split())
     assert f"medians of {bench_workers.ROUNDS} rounds of {bench_workers.OPERATIONS}" in text
+
+
+ASYNC_GRAPH = """
+from typing import TypedDict
+from langgraph.graph import END, START, StateGraph
+class State(TypedDict, total=False):
+    order: str
+async def charge(state):
+    return {"order": state["order"]}
+builder = StateGraph(State)
+builder.add_node("charge", charge)
+builder.add_edge(START, "charge")
+builder.add_edge("charge", END)
+graph = builder.compile()
+def observe(thread):
+    return {"charge": 0}
+"""
+
+
+def test_the_drill_refuses_a_graph_with_async_nodes_with_exit_2(tmp_path):
+    """README's "Drill your own graph": an `async def` node fails the clean run, exit 2."""
+    (tmp_path / "async_shop.py").write_text(ASYNC_GRAPH, encoding="utf-8")
+    env = lab_env(tmp_path / "data", free_port(), PYTHONPATH=f"{ROOT}:{tmp_path}")
+    drill = [
+        sys.executable,
+        "-m",
+        "effectdrill",
+        "async_shop:graph",
+        "--observe",
+        "async_shop:observe",
+    ]
+    done = subprocess.run(
+        [*drill, "--input", '{"order": "{thread}"}'],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "failed in its clean run" in done.stderr and "No synchronous function" in done.stderr
+    assert "Traceback" not in done.stderr
