@@ -6,7 +6,6 @@ import shlex
 import shutil
 import socket
 import subprocess
-import sys
 
 import pytest
 
@@ -287,22 +286,21 @@ def observe(thread):
 """
 
 
-def test_the_drill_refuses_a_graph_with_async_nodes_with_exit_2(tmp_path):
+@pytest.mark.fast
+def test_the_drill_refuses_a_graph_with_async_nodes_with_exit_2(tmp_path, monkeypatch, capsys):
     """README's "Drill your own graph": an `async def` node fails the clean run, exit 2."""
+    from effectdrill.__main__ import main
+
     (tmp_path / "async_shop.py").write_text(ASYNC_GRAPH, encoding="utf-8")
-    env = lab_env(tmp_path / "data", free_port(), PYTHONPATH=f"{ROOT}:{tmp_path}")
-    drill = [
-        sys.executable,
-        "-m",
-        "effectdrill",
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    args = [
         "async_shop:graph",
         "--observe",
         "async_shop:observe",
+        "--input",
+        '{"order": "{thread}"}',
     ]
-    done = subprocess.run(
-        [*drill, "--input", '{"order": "{thread}"}'],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    assert done.returncode == 2, done.stdout + done.stderr
-    assert "failed in its clean run" in done.stderr and "No synchronous function" in done.stderr
-    assert "Traceback" not in done.stderr
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "failed in its clean run" in err and "No synchronous function" in err, err
