@@ -17,8 +17,8 @@ Every answer is JSON, unless a route returns a Body of another content type. A r
 request by raising ClientError(status, message, code=...), whose message tells the client what
 to do (and whose code, when given, lets a program tell refusals of one status apart); an
 exception type listed in the handler's `unavailable_errors` (a database that is locked or gone)
-becomes a 503 with Retry-After; any other exception a 500. Nothing here knows what the service
-stores.
+becomes a 503, with Retry-After unless the handler's `retryable(error)` says a retry cannot help;
+any other exception a 500. Nothing here knows what the service stores.
 """
 
 import io
@@ -78,12 +78,16 @@ class GuardedHandler(BaseHTTPRequestHandler):
     routes = {}  # path -> the methods it accepts, e.g. "GET, HEAD, POST"
     log_prefix = "server"  # log_line's first word
     max_body_bytes = 4096  # a longer Content-Length is refused (413) before it is read
-    unavailable_errors = ()  # exception types answered 503 with Retry-After: 1
+    unavailable_errors = ()  # exception types answered 503 (with Retry-After: 1 if retryable)
 
     def unavailable(self, error):
         """Log one of unavailable_errors; return the 503's "error": what the client should do."""
         self.log_line(f"unavailable: {error}")
         return f"service busy or unavailable; {RETRY_HINT}"
+
+    def retryable(self, error):
+        """Whether a retry of the same request may succeed: the 503 then has Retry-After: 1."""
+        return True
 
     def handle_request(self, action):
         """One place maps every outcome to an HTTP answer."""
@@ -105,7 +109,8 @@ class GuardedHandler(BaseHTTPRequestHandler):
             self.refused(error)
         except self.unavailable_errors as error:  # locked past a timeout, disk full, I/O error...
             status, value = 503, {"error": self.unavailable(error)}
-            self.extra_headers["Retry-After"] = "1"
+            if self.retryable(error):
+                self.extra_headers["Retry-After"] = "1"
         except TimeoutError:
             status, value = 408, {"error": f"request not received within {self.timeout_s:g} s"}
             self.close_connection = True

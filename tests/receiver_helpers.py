@@ -7,9 +7,12 @@ client library refuses to produce.
 
 import json
 import socket
+import sqlite3
 import subprocess
 import sys
+from contextlib import closing
 from dataclasses import dataclass
+from pathlib import Path
 from urllib.parse import urlsplit
 
 from labs.tools.local import ROOT
@@ -122,6 +125,19 @@ def assert_error(reply, status, *words, code=None):
     error = reply.json()["error"]
     missing = [word for word in words if word.lower() not in error.lower()]
     assert not missing, f"error {error!r} does not mention {missing}"
+
+
+def garble(db_path):
+    """Damage a stopped receiver's database as a failing disk might: every page after the first
+    (the file header and the schema) overwritten with 0xff bytes. Returns the pages garbled."""
+    with closing(sqlite3.connect(db_path, isolation_level=None)) as db:
+        db.execute("PRAGMA wal_checkpoint(TRUNCATE)")  # every page in the file, none in a WAL
+        page = db.execute("PRAGMA page_size").fetchone()[0]
+        roots = [root for (root,) in db.execute("SELECT rootpage FROM sqlite_master")]
+    assert min(roots) > 1, "a table or index on the first page would be garbled with it"
+    data = Path(db_path).read_bytes()
+    Path(db_path).write_bytes(data[:page] + b"\xff" * (len(data) - page))
+    return len(data) // page - 1
 
 
 def run_api(env, *args):
