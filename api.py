@@ -9,7 +9,7 @@ the commit and before it reads the answer (the crash window) can only find its t
 by sending the same key.
 
     GET  /health                 200 {"ok": true}; 503 once the database file was deleted,
-                                 or once a request met damage in it
+                                 or once the receiver met damage in it
     GET  /metrics                200, the Prometheus text format: tickets created, replays,
                                  key conflicts, keys pruned, answers by status, durations
     GET  /tickets[?key=KEY]      200 {"tickets": [{"ticket_id", "key", "payload"}]}, in id order
@@ -317,7 +317,8 @@ class TicketStore:
     def check_usable(self):
         """Raise StoreGone once the path names another file, or none: a deleted database stays
         readable and writable through an open connection, and would answer from the dead.
-        Raise StoreDamaged once a request met damage in the file: it is not read again."""
+        Raise StoreDamaged once a request (or the pruner) met damage in the file: it is not
+        read again."""
         if self.damage is not None:
             raise StoreDamaged(self.path, self.damage, first=False)
         if file_identity(self.path) == self.identity:

@@ -317,7 +317,7 @@ class RequestReader(io.BufferedReader):
         line = super().readline(size)
         if not self.checking or self.refusal:
             return line
-        content = line.removesuffix(b"\n").removesuffix(b"\r")  # the line's own ending
+        content = line[:-2] if line.endswith(b"\r\n") else line.removesuffix(b"\n")  # its end
         if bad := CONTROL.search(content):
             name = content.partition(b":")[0][:40].decode("latin-1")
             what = "a bare CR" if bad[0] == b"\r" else "a control character"

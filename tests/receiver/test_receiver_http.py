@@ -745,7 +745,10 @@ ANSWERS = {  # (path, method, status) documented in openapi.yaml -> a request th
         s, post_bytes(title_body("x" * 5000), target=b"/reservations")
     ),
     ("/reservations", "post", "503"): post_locked("/reservations"),
-    (ANY, "", "400"): lambda s: exchange(s, b"NONSENSE\r\n\r\n"),
+    (ANY, "", "400"): (
+        lambda s: exchange(s, b"NONSENSE\r\n\r\n"),
+        lambda s: exchange(s, b"GET /health HTTP/1.0\r\nX-Note: a\rIdempotency-Key: b\r\n\r\n"),
+    ),
     (ANY, "", "404"): lambda s: request(s, "GET", "/admin"),
     (ANY, "", "405"): lambda s: request(s, "DELETE", "/tickets"),
     (ANY, "", "414"): lambda s: exchange(s, b"GET /" + b"a" * 65536 + b" HTTP/1.0\r\n\r\n"),
