@@ -363,7 +363,7 @@ def test_a_damaged_database_is_503_with_no_retry_advice_and_one_log_line(lab, tm
     the route; /health turns 503 too, and the log says it once."""
     log = tmp_path / "receiver.log"
     server = ReceiverProcess(lab, log).start()
-    for n in range(60):  # 60 tickets of 200 characters: many pages beyond the first
+    for n in range(10):  # tickets of 200 characters, on pages beyond the first
         post(server, "x" * 200, key=f"case-{n}:ticket")
     server.stop()
     assert garble(lab["RECEIVER_DB"]) > 3
