@@ -15,8 +15,9 @@ where a lab is about time passing (lab 14 waits out the receiver's key retention
 types it as is: bash, zsh and PowerShell all have `sleep N`.
 
 A backend (labs.tools.backends) turns the learner's command into programs; the README's
-"Without Docker" section shows the native mapping. For up, restart, down and logs only the
-exit code is compared: Compose's own messages and log prefixes differ between versions.
+"Without Docker" section shows the native mapping. For up, restart and down only the exit code
+is compared: Compose's own messages differ between versions. `logs` is compared without the
+name Compose puts before each line (`api-1  | ` in v2, `api_1  | ` in v1; natively none).
 `make demo` (labs.tools.demo) tells the same guides to a room; the tests run every guide
 through every backend.
 """
@@ -30,7 +31,8 @@ from labs.tools.backends import parse_command
 
 BLOCK = re.compile(r"^```console\n(.*?)^```", re.M | re.S)
 EXIT_LINE = re.compile(r"^\[exit (\d+)\]$")
-LIFECYCLE = ("up", "restart", "down", "logs")  # output shown, not compared
+LIFECYCLE = ("up", "restart", "down")  # Compose's own progress: not compared, not shown
+COMPOSE_PREFIX = re.compile(r"^[\w.-]+\s+\| ?")  # "api-1  | " (v2) or "api_1  | " (v1)
 
 
 @dataclass
@@ -116,7 +118,11 @@ def check(step, stdout, exit_code):
     if exit_code != step.exit_code:
         problems.append(f"exit code {exit_code}, the guide says {step.exit_code}")
     shown = [line for line in stdout.splitlines() if line.strip()]  # blank lines, as parse_block
-    if parse_command(step.command).verb not in LIFECYCLE and not lines_match(step.expected, shown):
+    expected, verb = step.expected, parse_command(step.command).verb
+    if verb == "logs":  # the receiver's own lines, whichever Compose (or none) prefixed them
+        expected = [COMPOSE_PREFIX.sub("", line) for line in expected]
+        shown = [COMPOSE_PREFIX.sub("", line) for line in shown]
+    if verb not in LIFECYCLE and not lines_match(expected, shown):
         problems.append("output differs from the guide")
     return problems
 

@@ -46,7 +46,7 @@ def test_the_story_comes_from_the_guide_itself():
     assert first.heading == "Start the receiver" and first.after == "The receiver starts empty."
     assert crash.steps[0].exit_code == 137 and crash.after.startswith("Exit code 137 is 128 + 9")
     reset = story.chapters[-1]
-    assert reset.heading == "Reset" and reset.steps[0].command.endswith("down -v")
+    assert reset.heading == "Reset" and reset.steps[0].command.endswith("down -v --remove-orphans")
     assert len(reset.notice) == 3 and reset.notice[0].startswith("`prepare` did not run again")
 
 

@@ -91,7 +91,7 @@ def test_native_lines_are_the_commands_a_learner_pastes_from_the_readme(tmp_path
     table = dict(re.findall(r"^\| `([^`]+)` \| `([^`]+)`", readme, re.M))
     backend = LocalBackend(tmp_path)
     prefix = "docker compose -p stateful-lab "
-    for verb in ("up -d --build api", "restart api", "logs api", "down -v"):
+    for verb in ("up -d --build api", "restart api", "logs api", "down -v --remove-orphans"):
         assert backend.native(prefix + verb) == table[verb], verb
     up = f"docker compose -p stateful-lab -f compose.yaml -f {LOST_ACK} up -d --build api"
     assert backend.native(up) == table["up -d --build api"].replace(

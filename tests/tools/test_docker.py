@@ -152,8 +152,9 @@ def test_compose_file_shape():
         assert config["networks"] == ["lab"], service
     assert set(spec["volumes"]) == {*owners.values(), "postgres-data"}  # postgres-data: scale
     assert spec["networks"]["lab"]["internal"] is True
-    # The workflow does not wait for a health check: its client retries a refused connection.
-    assert services["workflow"]["depends_on"] == ["api"]
+    # Only `up` starts or recreates the api: no `run` of the workflow or the drill touches it
+    # (tests/guides/test_guides.py, test_a_run_without_the_override_leaves_the_receiver_alone).
+    assert "depends_on" not in services["workflow"] and "depends_on" not in services["drill"]
     assert services["workflow"]["entrypoint"] == ["python", "lab.py"]
     assert services["workflow"]["profiles"], "a plain `up` must not start the workflow"
     assert services["api"]["restart"] == "unless-stopped"
