@@ -31,7 +31,7 @@ from pathlib import Path
 import lab
 from labs.tools.backends import LabError, LocalBackend, choose_backend, parse_command
 from labs.tools.local import ROOT
-from labs.tools.runner import LIFECYCLE, parse_block, run_step
+from labs.tools.runner import LIFECYCLE, TERMINAL_CODES, parse_block, run_step
 from labs.tools.tally import events_in, summary, tally
 from workflow import Parser
 
@@ -351,7 +351,7 @@ class Demo:
         lifecycle = verb in LIFECYCLE  # Compose's own output (build steps, progress): not the story
         #                                 (`logs api` is: the receiver's side, lab 02's `replayed`)
         for line in [] if lifecycle else result.stdout.splitlines():
-            print(s.figures(line))
+            print(s.figures(TERMINAL_CODES.sub("", line)))  # `logs`: Compose 2 erases each line
         said = result.stderr.strip().splitlines()
         if lifecycle:  # only when it failed, and only its last words
             said = (

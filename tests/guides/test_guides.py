@@ -120,6 +120,8 @@ def test_guide_local(guide, tmp_path):
         outcomes = [run_step(step, backend) for step in steps[:-1]]
         assert all(o.ok for o in outcomes), f"{guide.name} differs:\n{describe(outcomes)}"
         assert_the_ledger_counts_the_tickets(guide, steps, backend)
+        if guide.name.startswith("11-"):
+            assert_the_drills_stderr_is_the_graphs_own_lines(outcomes)
         last = run_step(steps[-1], backend)  # the reset
         assert last.ok, f"{guide.name} differs:\n{describe([last])}"
     finally:
@@ -141,6 +143,29 @@ def assert_the_ledger_counts_the_tickets(guide, steps, backend):
         assert created.value == held, guide.name
     else:
         assert created.value <= held, guide.name
+
+
+def assert_the_drills_stderr_is_the_graphs_own_lines(outcomes):
+    """Lab 11 says what its drills print besides the table: the ticket graph's own JSON lines
+    (prepare, effect_ack), once for the clean run and again for each crash run, on stderr; the
+    shop and the approval graph print nothing."""
+    import json
+
+    drills = [
+        o for o in outcomes if " run --rm drill " in o.step.command and not o.step.exit_code == 2
+    ]
+    assert drills
+    for outcome in drills:
+        lines = outcome.stderr.splitlines()
+        if "labs.graphs.ticket:graph" not in outcome.step.command:
+            assert lines == [], outcome.step.command
+            continue
+        events = {json.loads(line)["event"] for line in lines}
+        assert events == {"prepare", "effect_ack"}, lines
+        points = int(
+            outcome.stdout.split(": ", 1)[1].split()[0]
+        )  # "durability sync: 7 crash points"
+        assert len(lines) > points, lines  # the clean run's, then the crash runs'
 
 
 @pytest.mark.docker
