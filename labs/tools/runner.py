@@ -19,7 +19,8 @@ A backend (labs.tools.backends) turns the learner's command into programs; the R
 "Without Docker" section shows the native mapping. For up, restart and down only the exit code
 is compared: Compose's own messages differ between versions. `logs` is compared without the
 name Compose puts before each line (`api-1  | ` in v2, `api_1  | ` in v1; natively none) and
-without the erase-line code Compose 2.26 puts before it even when no terminal reads it.
+without the terminal codes it adds even when no terminal reads them (2.26 erases each line
+first, 1.29 colours the name).
 `make demo` (labs.tools.demo) tells the same guides to a room; the tests run every guide
 through every backend.
 """
@@ -35,7 +36,7 @@ BLOCK = re.compile(r"^```console\n(.*?)^```", re.M | re.S)
 EXIT_LINE = re.compile(r"^\[exit (\d+)\]$")
 LIFECYCLE = ("up", "restart", "down")  # Compose's own progress: not compared, not shown
 COMPOSE_PREFIX = re.compile(r"^[\w.-]+\s+\| ?")  # "api-1  | " (v2) or "api_1  | " (v1)
-TERMINAL_CODES = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")  # v2 `logs` erases each line first
+TERMINAL_CODES = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")  # `logs`: v2 erase-line, v1 colours
 
 
 @dataclass
