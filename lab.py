@@ -185,9 +185,13 @@ def run(args, settings, graph_input):
     ):
         approval = graph_input.get("approval") if starting else saved(saver, args, "approval")
         graph = build_graph(saver, approval, args.graph_version)
-        contract = None if args.no_contract else workflow.contract(graph, args.graph_version)
-        if contract and not starting and saver.get_tuple(workflow.thread_config(args.thread)):
-            workflow.require_contract(graph, args.thread, contract)  # before the graph is read
+        contract = workflow.contract(graph, args.graph_version)  # what its checkpoints record
+        saved_head = saver.get_tuple(workflow.thread_config(args.thread))
+        if saved_head and (line := owner(saved_head)):  # another command's thread, checked or not
+            raise UserError(line, EXIT_THREAD)
+        if saved_head and not starting and not args.no_contract:  # before the graph is read
+            renames = RENAMES.get(args.graph_version)
+            workflow.require_contract(graph, args.thread, contract, renames)
         check_approval(args, graph.get_state(workflow.thread_config(args.thread)))
         workflow.require_thread(
             graph,
@@ -223,7 +227,8 @@ def migrate(args, settings):
     with workflow.open_checkpointer(settings.checkpoint_db) as saver:
         graph = build_graph(saver, saved(saver, args, "approval"), args.graph_version)
         current = workflow.contract(graph, args.graph_version)
-        workflow.migrate_thread(graph, args.thread, current, RENAMES.get(args.graph_version))
+        renames = RENAMES.get(args.graph_version)
+        workflow.migrate_thread(graph, args.thread, current, renames, owner)
 
 
 # helpers
@@ -239,6 +244,20 @@ def saver_for(args, settings):
 def saved(saver, args, field):
     """A value the thread was started with (its graph must be built the same way)."""
     return build_graph(saver).get_state(workflow.thread_config(args.thread)).values.get(field)
+
+
+def owner(saved):
+    """The line for a thread that another command runs (a CheckpointTuple), or None: lab 13's
+    saga (its values hold seats), or a thread of worker.py, which records no contract."""
+    thread = saved.config["configurable"]["thread_id"]
+    if "seats" in saved.checkpoint["channel_values"]:
+        return f"thread {thread!r} is a saga (lab 13): saga resume --thread {thread}"
+    if "contract" not in saved.metadata:
+        return (
+            f"thread {thread!r} records no contract: worker.py saves its threads so and runs "
+            f"them from its queue (lab 10): worker.py state --thread {thread}"
+        )
+    return None
 
 
 def check_approval(args, snapshot):
@@ -320,17 +339,28 @@ def charge(state: SagaState, runtime):
 
 
 def reserve(state: SagaState, runtime):
-    """The step that can be refused: a 409 (no seats left) reserved nothing, so it is an
-    outcome, not a failure: the run goes on to undo the charge."""
+    """The step that can be refused: a 409 "no_capacity" (no seats left) reserved nothing, so it
+    is an outcome, not a failure: the run goes on to undo the charge. Any other 409 is not: a
+    "key_conflict" means a reservation already exists under this key (for another body), and
+    refunding its charge would undo a booking that stands. The run stops there, exit 1."""
     body = {"ticket_id": state["ticket_id"], "seats": state["seats"]}
+    key = saga_key(state, "reserve")
     try:
-        result = runtime.context.client.call("/reservations", body, saga_key(state, "reserve"))
+        result = runtime.context.client.call("/reservations", body, key)
     except urllib.error.HTTPError as error:
         if error.code != 409:
             raise
-        reason = json.load(error)["error"]
-        emit("refused", error=reason)
-        return {"refused": reason}
+        answer = json.load(error)
+        if answer.get("code") != "no_capacity":  # a protocol error, not a business refusal
+            raise UserError(
+                f"reservation refused 409 {answer.get('code')}: a reservation under the key "
+                f"{key} exists for another body (an earlier saga with this --operation?), so "
+                f"ticket {state['ticket_id']} is not refunded; look at that saga's state "
+                "(saga state --thread ITS-THREAD)",
+                workflow.EXIT_HTTP_ERROR,
+            ) from None
+        emit("refused", error=answer["error"])
+        return {"refused": answer["error"]}
     emit("reserved", created=result["created"], reservation_id=result["reservation_id"])
     fail("after-reserve-ack")
     return {"reservation_id": result["reservation_id"]}

@@ -190,17 +190,18 @@ def test_migrate_names_a_node_the_new_graph_does_not_have_and_changes_nothing(
 
 def test_approve_under_another_contract_refuses_instead_of_swallowing(lab, receiver, capsys):
     """In-node approval (lab 07), then version 2 renames the waiting node: the contract refuses
-    the answer; migrate makes the renamed node ask again (it runs from its first line, keyed)."""
+    the answer; migrate carries the question over to the renamed node, and the answer runs it
+    from its first line (lab 07's trap, keyed: the same ticket)."""
     assert lab_py.main(["start", "--thread", "a", "--approval"], lab) == 0
     v2 = {**lab, "LAB_GRAPH_VERSION": "2"}
     assert lab_py.main(["approve", "--thread", "a"], v2) == workflow.EXIT_CONTRACT
     assert lab_py.main(["migrate", "--thread", "a"], v2) == 0
     capsys.readouterr()
-    assert lab_py.main(["resume", "--thread", "a"], v2) == 0
-    events = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
-    assert events == [
-        {"event": "effect_ack", "created": False, "ticket_id": 1},
-        {"event": "awaiting_approval", "ticket_id": 1},
-    ]
     assert lab_py.main(["approve", "--thread", "a"], v2) == 0
+    events = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert events[:2] == [
+        {"event": "effect_ack", "created": False, "ticket_id": 1},
+        {"event": "approval", "approved": True},
+    ]
+    assert events[-1]["event"] == "done" and events[-1]["approved"] is True
     assert len(workflow.TicketClient(lab["API_URL"]).tickets()) == 1
