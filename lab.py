@@ -29,8 +29,19 @@ The saga (lab 13), a graph of its own: `saga start|resume|state|refunds`, see ad
     after-refund-ack kills the run there
 """
 
+if __name__ == "__main__":  # a Ctrl-C while the imports below run: one line, not a traceback
+    import os
+    import signal
+
+    def interrupted_while_importing(*_):
+        os.write(2, b"lab.py: interrupted\n")
+        os._exit(130)  # workflow.EXIT_INTERRUPTED: nothing has run yet
+
+    signal.signal(signal.SIGINT, interrupted_while_importing)
+
 import json
 import os
+import signal
 import sys
 import threading
 import urllib.error
@@ -162,6 +173,8 @@ def resume(args, settings):
 def approve(args, settings):
     from langgraph.types import Command
 
+    if not args.approve:  # a stop below names this answer, not the other one
+        args.resume = "approve --reject"
     return run(args, settings, Command(resume=args.approve))
 
 
@@ -220,6 +233,11 @@ def state(args, settings):
     if not snapshot.values:
         raise UserError(f"no thread {args.thread!r}; check --thread", EXIT_THREAD)
     emit("state", values=snapshot.values, next=list(snapshot.next))
+    if snapshot.values.get("mode") == "naive" and "key" in snapshot.values:
+        print(
+            "lab.py: --mode naive: the key is what prepare computed; create_ticket sends none",
+            file=sys.stderr,
+        )
 
 
 def migrate(args, settings):
@@ -442,10 +460,10 @@ def seats(text):
 def add_saga_parser(actions):
     saga = actions.add_parser("saga", help="lab 13: charge, reserve, refund when refused")
     steps = saga.add_subparsers(dest="saga_action", required=True, parser_class=workflow.Parser)
-    thread = dict(default="saga", help="checkpoint thread id (default: saga)")
+    thread = dict(default=workflow.Defaulted("saga"), help="checkpoint thread id (default: saga)")
     for name, action in [("start", saga_start), ("resume", saga_resume)]:
         sub = steps.add_parser(name, help=f"{name} a saga")
-        sub.set_defaults(run=action, graph_command=True)
+        sub.set_defaults(run=action, graph_command=True, resume="saga resume")
         sub.add_argument("--thread", **thread)
         sub.add_argument("--crash-at", choices=SAGA_POINTS, help="where the run dies (SIGKILL)")
     start = steps.choices["start"]
@@ -493,7 +511,10 @@ def build_parser():
     )
     sub = actions.add_parser("approve", help="answer a run that waits for approval (lab 07)")
     sub.set_defaults(run=approve, graph_command=True)
-    sub.add_argument("--thread", default="demo", help="checkpoint thread id (default: demo)")
+    sub.set_defaults(resume="approve")  # what goes on after a stop: the answer, again
+    sub.add_argument(
+        "--thread", default=workflow.Defaulted("demo"), help="checkpoint thread id (default: demo)"
+    )
     sub.add_argument("--reject", dest="approve", action="store_false", help="answer no")
     add_saga_parser(actions)
     return parser
@@ -511,6 +532,7 @@ def main(argv=None, environ=None):
 
 
 if __name__ == "__main__":
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # main() has its own line for Ctrl-C
     try:
         sys.exit(main())
     except KeyboardInterrupt:  # Ctrl-C before main() took over (while Python was importing)

@@ -174,3 +174,16 @@ def test_the_exit_65_line_offers_migrate_only_toward_a_graph_it_can_move_to(lab,
     assert "migrate cannot move it (this graph has no node ['open_ticket'])" in err
     assert run(capsys, lab, "migrate", "--thread", "new")[0] == workflow.EXIT_CONTRACT
     assert tickets(lab) == []
+
+
+def test_the_state_of_a_naive_thread_says_its_key_was_never_sent(lab, receiver, capsys):
+    """Lab 01 says naive sends no key, and state shows one: prepare's, computed, not sent."""
+    assert run(capsys, lab, "start", "--thread", "n", "--mode", "naive")[0] == 0
+    code, events, err = run(capsys, lab, "state", "--thread", "n")
+    assert code == 0 and events[0]["values"]["key"] == "case-001:open-ticket:v1"
+    assert (
+        err == "lab.py: --mode naive: the key is what prepare computed; create_ticket sends none\n"
+    )
+    assert tickets(lab)[0]["key"] is None  # the receiver got none
+    assert run(capsys, lab, "start", "--thread", "s")[0] == 0
+    assert run(capsys, lab, "state", "--thread", "s")[2] == ""  # safe: the key was sent
