@@ -742,8 +742,9 @@ class Defaulted(str):
 
 
 def default_thread(args, error):
-    """ " (no --thread given: 'demo' is its default)", for an error line that names it."""
-    if args.thread_defaulted and repr(args.thread) in str(error):
+    """ " (no --thread given: 'demo' is its default)", for a line that finds no such thread: a
+    name the user never typed. (One that exists, they made with that default.)"""
+    if args.thread_defaulted and str(error).startswith(f"no thread {args.thread!r}"):
         return f" (no --thread given: {args.thread!r} is its default)"
     return ""
 
