@@ -261,7 +261,10 @@ def saved(saver, args, field):
 def exists_hint(saved):
     """What to do about a start of a thread that exists: a naive one sends no key, so its
     resume would repeat a request that may have taken effect."""
-    reset = "reset the lab: docker compose -p stateful-lab down -v --remove-orphans (natively: make reset)"
+    reset = (
+        "reset the lab: docker compose -p stateful-lab down -v --remove-orphans "
+        "(natively: make reset)"
+    )
     values = saved.checkpoint["channel_values"] if saved else {}
     if values.get("mode") == "naive" and any(c.startswith(workflow.BRANCH) for c in values):
         return f"it sends no key (--mode naive), so a resume repeats its request; or {reset}"
