@@ -452,8 +452,9 @@ class TicketClient:
         return self.call("/tickets" + query)["tickets"]
 
     def call(self, path, payload=None, key=None):
-        """One request, tried again after a refused connection (attempts tries) or a 503 (twice
-        as many: the receiver is there, waiting for its database): neither committed."""
+        """One request, tried again after a refused connection (attempts tries) or a 503 that
+        says when to retry (twice as many: the receiver is there, waiting for its database):
+        neither committed. A 503 without Retry-After (a damaged database) is not retried."""
         delays, refused, busy = retry_delays(), 0, 0
         while True:
             try:
@@ -464,7 +465,8 @@ class TicketClient:
                     raise
             except urllib.error.HTTPError as error:  # 503: busy, the transaction rolled back
                 busy += 1
-                if error.code != 503 or busy >= self.attempts * BUSY_TRIES_PER_ATTEMPT:
+                retry = error.code == 503 and error.headers.get("Retry-After") is not None
+                if not retry or busy >= self.attempts * BUSY_TRIES_PER_ATTEMPT:
                     raise
             time.sleep(next(delays))
 
