@@ -377,12 +377,13 @@ class Plan:
         self.expect_nothing_yet(thread)
         reached = self.run_child(db, mode, state, thread, killer)
         saved, ran, error = "?", [], None
+        self.saved = "?"
         try:
             saved, ran = self.run(db, None, thread, mode, fresh=False)
         except DrillError:
             raise
         except Exception as failure:  # the resume itself failed: a finding, not a usage error
-            error = task_error(failure)
+            saved, error = self.saved, task_error(failure)
         if not reached:
             saved = "point not reached"
         return Run(reached, saved, ran, self.counts(thread), error, thread)
@@ -445,7 +446,7 @@ class Plan:
                 state = None
             else:
                 state = graph.get_state(config, subgraphs=True)
-            saved = describe_saved(state) if saved is None else saved
+            saved = self.saved = describe_saved(state) if saved is None else saved
             step = self.next_input(state, thread, fresh)
             if step is DONE:
                 return saved, in_steps(ran)
@@ -468,7 +469,7 @@ class Plan:
                     state = None
                 else:
                     state = await graph.aget_state(config, subgraphs=True)
-                saved = describe_saved(state) if saved is None else saved
+                saved = self.saved = describe_saved(state) if saved is None else saved
                 step = self.next_input(state, thread, fresh)
                 if step is DONE:
                     return saved, in_steps(ran)
@@ -576,8 +577,10 @@ class Plan:
             and isinstance(error, AttributeError | TypeError | KeyError)
         ):
             name = getattr(self.graph.context_schema, "__name__", "a context")
-            return f" (the graph takes a runtime context, {name}: give it with --context "
-            "MODULE:FUNC, or context= in the library)"
+            return (
+                f" (the graph takes a runtime context, {name}: give it with --context "
+                "MODULE:FUNC, or context= in the library)"
+            )
         return ""
 
 
@@ -1213,6 +1216,7 @@ def hide_password(url):
 TABLE_WIDTH = 120  # columns a table fits in, where its effect columns leave room
 SHRINKABLE = (0, 1, 2)  # point, saved, ran on recovery: wrapped first, the widest first
 MIN_CELL = 18  # a wrapped column keeps at least this many characters
+MIN_VERDICT = 26  # the verdict's: "DUPLICATE charge in 3 of 5" on one line
 
 
 def columns(lines, width=TABLE_WIDTH):
@@ -1221,12 +1225,12 @@ def columns(lines, width=TABLE_WIDTH):
         max(len(part) for line in lines for part in line[i].split("\n"))
         for i in range(len(lines[0]))
     ]
-    shrinkable = [*SHRINKABLE, len(widths) - 1]  # and the verdict
+    least = {i: MIN_CELL for i in SHRINKABLE} | {len(widths) - 1: MIN_VERDICT}
     while sum(widths) + 2 * (len(widths) - 1) > width:
-        widest = max(shrinkable, key=lambda i: widths[i])
-        if widths[widest] <= MIN_CELL:
+        shrinkable = [i for i in least if widths[i] > least[i]]
+        if not shrinkable:
             break
-        widths[widest] -= 1
+        widths[max(shrinkable, key=lambda i: widths[i] - least[i])] -= 1
     out = []
     for line in lines:
         cells = [wrap(cell, w) for cell, w in zip(line, widths, strict=True)]
