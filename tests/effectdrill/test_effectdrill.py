@@ -14,7 +14,6 @@ import sqlite3
 import subprocess
 import sys
 import tempfile
-import zipfile
 from importlib.metadata import entry_points
 
 import pytest
@@ -493,25 +492,41 @@ def test_the_fixture_drills_a_graph_in_three_lines(pytester, tmp_path, monkeypat
     result.stdout.fnmatch_lines(["*put_writes charge *DUPLICATE charge*", "*summary: 9 crash*"])
 
 
-def test_the_package_builds_with_only_effectdrill_and_its_plugin(tmp_path):
+def test_a_read_only_checkout_installs_effectdrill_its_plugin_and_command(tmp_path):
+    """pip install from a checkout that cannot be written: nothing is written into it, and
+    the installed `effectdrill` command runs."""
     source = tmp_path / "src"
     source.mkdir()
     (source / "pyproject.toml").write_bytes((ROOT / "pyproject.toml").read_bytes())
     subprocess.run(["cp", "-r", str(ROOT / "effectdrill"), str(source)], check=True)
-    done = run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps"]
-        + ["-w", str(tmp_path / "dist"), str(source)],
+    subprocess.run(
+        ["find", str(source), "-name", "__pycache__", "-prune", "-exec", "rm", "-r", "{}", "+"]
     )
-    assert done.returncode == 0, done.stderr
-    (wheel,) = (tmp_path / "dist").glob("effectdrill-*.whl")
-    with zipfile.ZipFile(wheel) as archive:
-        names = archive.namelist()
-        meta = next(n for n in names if n.endswith(".dist-info/METADATA"))
-        metadata = archive.read(meta).decode()
-        points = archive.read(meta.replace("METADATA", "entry_points.txt")).decode()
-    assert {n.split("/")[0] for n in names if not n.startswith("effectdrill-")} == {"effectdrill"}
-    assert "Requires-Dist: langgraph<2,>=1.2" in metadata
-    assert "[pytest11]\neffect_drill = effectdrill.plugin" in points
+    before = sorted(p.relative_to(source) for p in source.rglob("*"))
+    subprocess.run(["chmod", "-R", "a-w", str(source)], check=True)
+    try:
+        installed = run(
+            [sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--no-compile"]
+            + ["--target", str(tmp_path / "site"), str(source)],
+            cwd=tmp_path,
+        )
+        assert installed.returncode == 0, installed.stderr
+        assert sorted(p.relative_to(source) for p in source.rglob("*")) == before
+    finally:
+        subprocess.run(["chmod", "-R", "u+w", str(source)], check=True)
+    site = tmp_path / "site"
+    (info,) = site.glob("effectdrill-*.dist-info")
+    metadata = (info / "METADATA").read_text()
+    points = (info / "entry_points.txt").read_text()
+    assert {p.name for p in site.iterdir()} == {"effectdrill", info.name, "bin"}
+    assert (site / "effectdrill" / "README.md").is_file()
+    assert "Requires-Dist: langgraph-checkpoint-sqlite" in metadata
+    assert "[pytest11]\neffect_drill=effectdrill.plugin" in points
+    assert "[console_scripts]\neffectdrill=effectdrill.__main__:main" in points
+    command = run(
+        [str(site / "bin" / "effectdrill"), "--help"], env=os.environ | {"PYTHONPATH": str(site)}
+    )
+    assert command.returncode == 0 and command.stdout.startswith("usage: effectdrill ")
 
 
 # helpers
