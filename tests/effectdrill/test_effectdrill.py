@@ -538,21 +538,15 @@ def assert_no_children():
         os.waitpid(-1, os.WNOHANG)
 
 
-def test_the_benchmark_prints_its_medians():
-    done = run(
-        [sys.executable, "-m", "labs.tools.bench_drill", "--runs", "1", "--all-runs", "1"]
-        + ["--repeat", "1", "--calls", "20"]
-    )
+def test_the_benchmark_prints_this_tree_and_the_last_commit_side_by_side():
+    done = run([sys.executable, "-m", "labs.tools.bench_drill", "--runs", "1"])
 
     assert (done.returncode, done.stderr) == (0, "")
     lines = done.stdout.splitlines()
-    assert re.fullmatch(
-        r"one mode \(sync\), 9 crash points: median \d+\.\d\d s over 1 drills", lines[0]
+    assert re.fullmatch(r"# bench_drill: this tree against HEAD \(\w+\); load [\d. ]+", lines[0])
+    assert re.match(r"  whole CLI drill, s +[\d.]+ +[\d.]+ +[\d.]+x  <= 1.5 (ok|OVER)$", lines[2])
+    assert re.match(
+        r"  crash run \(median\), ms +[\d.]+ +[\d.]+ +[\d.]+x  <= 50 (ok|OVER)$", lines[4]
     )
-    assert lines[1].startswith("--durability all --repeat 1, 19 crash points, 19 crash runs: ")
-    assert re.fullmatch(
-        r"saver call \(put and put_writes of a clean run\): median [\d.]+ us on SqliteSaver, "
-        r"[\d.]+ us through the drill's wrapper \([-+][\d.]+ us\)",
-        lines[2],
-    )
-    assert lines[3].startswith("clean run of the shop (9 saver calls): median ")
+    figures = json.loads(lines[-1])
+    assert figures["in_process"]["this_tree"]["points"] == 11  # 3 for the input, 2 per node
