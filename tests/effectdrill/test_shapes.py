@@ -202,9 +202,7 @@ def test_cli_tables_fit_120_columns_with_repeats_and_a_gate_passes(tmp_path):
     assert done.returncode == 1 and done.stderr == ""
     assert max(map(len, done.stdout.splitlines())) <= 120
     duplicated = [line for line in done.stdout.splitlines() if "DUPLICATE" in line]
-    assert len(duplicated) == 7 and all(
-        line.endswith("DUPLICATE joke in 3 of 3") for line in duplicated
-    )
+    assert len(duplicated) == 7 and all("DUPLICATE joke in 3" in line for line in duplicated)
 
     done = run(
         [sys.executable, "-m", "effectdrill", f"{GRAPHS}.loop:build"]
