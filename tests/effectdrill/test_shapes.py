@@ -224,11 +224,15 @@ def test_the_fixture_passes_a_graph_whose_clean_run_counts_more_than_one(pyteste
 
         def test_the_unkeyed_loop(effect_drill):
             effect_drill(loop.build, {"thread": "{thread}"}, loop.observe).assert_clean()
+
+        def test_the_keyed_loop_calls_its_model_twice(effect_drill):
+            effect_drill(loop.build, {"thread": "{thread}", "keyed": True}, loop.observe,
+                expect={"model_call": 2}).assert_clean()
         """
     )
     installed = any(e.name == "effect_drill" for e in entry_points(group="pytest11"))
     result = pytester.runpytest_inprocess(*([] if installed else ["-p", "effectdrill.plugin"]))
-    result.assert_outcomes(passed=1, failed=1)
+    result.assert_outcomes(passed=2, failed=1)
     result.stdout.fnmatch_lines(["*DUPLICATE model_call*"])
 
 
