@@ -2,12 +2,13 @@
 
 A crashed LangGraph run resumes from its last checkpoint and runs the node in flight again, so
 an effect that node already sent (a charge, an email, a row) happens twice unless it carries a
-stable idempotency key. The drill finds where: it kills a forked run with SIGKILL just before
-each distinct saver call of a clean run, resumes it from a fresh saver on the same database,
-and compares the effects your observer counts with the clean run's.
+stable idempotency key that the receiving service honours. The drill finds where: it kills a
+forked run with SIGKILL just before each distinct saver call of a clean run, resumes it from a
+fresh saver on the same database, and compares the effects your observer counts with the clean
+run's (the baseline).
 
     report = effectdrill.drill(graph, {"order": "{thread}"}, observe)
-    report.assert_clean()  # or: python -m effectdrill MODULE:GRAPH --input ... --observe ...
+    report.assert_clean()  # or: effectdrill MODULE:GRAPH --input ... --observe ...
 
 Checked on LangGraph 1.2.24 (the saver calls, the durability modes, get_state().tasks). POSIX
 only (fork, SIGKILL). Dependencies: langgraph (the graphs it drills, Command, Pregel.copy) and
