@@ -171,7 +171,9 @@ class TicketStore:
             taken = self.db.execute("SELECT TOTAL(seats) FROM reservations").fetchone()[0]
             if seats > (left := SEATS - int(taken)):
                 raise ClientError(
-                    409, f"no capacity: {seats} seats asked for, {left} of {SEATS} left"
+                    409,
+                    f"no capacity: {seats} seats asked for, {left} of {SEATS} left",
+                    code="no_capacity",
                 )
 
         columns = {"ticket_id": ticket_id, "seats": seats}
@@ -430,6 +432,8 @@ def main(argv=None):
 
 class KeyConflict(ClientError):
     """A key sent again with another body (409): counted as key_conflicts."""
+
+    code = "key_conflict"
 
 
 class StoreGone(sqlite3.OperationalError):

@@ -52,9 +52,12 @@ FULL_ANSWER = (  # written by the accepting thread itself, so it is prepared onc
 class ClientError(Exception):
     """A request we refuse: the status and a message that tells the client what to do."""
 
-    def __init__(self, status, message, headers=None):
+    code = None  # a subclass may name its kind of refusal for programs: the body's "code"
+
+    def __init__(self, status, message, headers=None, code=None):
         super().__init__(message)
         self.status, self.message, self.headers = status, message, headers or {}
+        self.code = code or self.code
 
 
 class Body(NamedTuple):
@@ -91,6 +94,8 @@ class GuardedHandler(BaseHTTPRequestHandler):
             status, value = action(path)
         except ClientError as error:
             status, value = error.status, {"error": error.message}
+            if error.code:
+                value["code"] = error.code
             self.extra_headers.update(error.headers)
             self.refused(error)
         except self.unavailable_errors as error:  # locked past a timeout, disk full, I/O error...
