@@ -90,12 +90,12 @@ EFFECTS = {  # the event that says a request was answered, and the field its res
     "refunded": "refund_id",
 }
 # A command that a hint on stderr names: `resume --thread X`, `saga resume --thread X`,
-# `migrate --thread X` (maybe after LAB_GRAPH_VERSION=N), `approve (or --reject)`, and
-# "resume it without saga". A hint without --thread means the thread of the command that printed it.
+# `approve [--reject] --thread X`, `migrate --thread X` (maybe after LAB_GRAPH_VERSION=N), and,
+# for the thread of the command that printed it, "approve (or --reject)", "resume it without saga".
 HINT = re.compile(
-    r"(?:LAB_GRAPH_VERSION=(?P<version>\d) )?(?:python )?(?:lab\.py )?"
-    r"(?P<command>(?:saga )?(?:resume|migrate|approve)(?= --thread| \(or --reject\)| it without)"
-    r"(?: --thread (?P<thread>[^\s;,)'\"]+))?)"
+    r"(?:LAB_GRAPH_VERSION=(?P<version>\d) )?"
+    r"(?P<command>(?:saga )?(?:resume|migrate|approve)(?: --reject)?)"
+    r"(?: --thread (?P<thread>[^\s;,)'\"]+)| (?=\(or --reject\))| (?=it without saga))"
 )
 FINISH_ATTEMPTS = 6  # commands to finish one thread at the end: resume, a hint, resume, ...
 
@@ -442,13 +442,8 @@ class Outcome:
         """The commands stderr names, as (argv, LAB_GRAPH_VERSION) to type them with."""
         found = []
         for match in HINT.finditer(self.err):
-            words = match["command"].split()
-            if words[:2] == ["resume", "it"]:  # "resume it without saga"
-                words = ["resume"]
-            words = [w for w in words if w not in ("(or", "--reject)")]
-            if "--thread" not in words:
-                words += ["--thread", self.thread]
-            found.append((tuple(words), match["version"] or self.version))
+            words = (*match["command"].split(), "--thread", match["thread"] or self.thread)
+            found.append((words, match["version"] or self.version))
         return found
 
 
