@@ -337,8 +337,7 @@ class Learner(RuleBasedStateMachine):
         if ctrl_c_after or any(arg in SIGNALS_ITSELF for arg in argv):
             code, out, err, interrupted = lab_process(argv, env, ctrl_c_after)
         else:
-            done = run_workflow_here(argv, env)
-            code, out, err = shell_exit_code(done.returncode), done.stdout, done.stderr
+            code, out, err = in_process(argv, env)
             interrupted = False
         typed = " ".join(map(shlex.quote, argv))
         held = f"FAILPOINTS={ctrl_c_after}=sleep(60) " if ctrl_c_after else ""
@@ -511,6 +510,16 @@ def lab_process(argv, env, ctrl_c_after=None):
         raise
     code = shell_exit_code(os.waitstatus_to_exitcode(status))
     return code, printed, complaints, ctrl_c_after is not None and held is None
+
+
+def in_process(argv, env):
+    """`lab.py ARGV` as lab.main in this process (tests/conftest.py's `workflow` fixture); an
+    exception that escapes it is what Python prints for one: a traceback, exit 1."""
+    try:
+        done = run_workflow_here(argv, env)
+    except Exception:  # the check after it flags the traceback
+        return 1, "", traceback.format_exc()
+    return shell_exit_code(done.returncode), done.stdout, done.stderr
 
 
 def import_what_lab_imports_when_it_runs():
