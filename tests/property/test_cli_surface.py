@@ -25,7 +25,7 @@ tests/conftest.py's `workflow` fixture does.
 
 A failure prints the sequence of steps and every command it typed, with what each printed.
 The examples are derandomized (the same ones every run). To explore: LAB_PROPERTY_SEED=N (or
-=random: a new seed, printed on failure), LAB_PROPERTY_EXAMPLES=N (default 20) and
+=random: a new seed, printed on failure), LAB_PROPERTY_EXAMPLES=N (default 12) and
 LAB_PROPERTY_SHRINK=1 (shrink a failure to its shortest sequence: minutes).
 """
 
@@ -181,7 +181,7 @@ class Learner(RuleBasedStateMachine):
     @rule(
         thread=st.sampled_from(THREADS),
         stop=st.none() | st.sampled_from(STOPS["saga"]),
-        default=st.booleans(),
+        default=st.sampled_from([True, True, True, False]),  # mostly lab 13's --operation
         seats=st.sampled_from(SEATS),
     )
     @step
@@ -546,8 +546,8 @@ def seeded(factory):
 
 
 SETTINGS = settings(
-    max_examples=int(os.environ.get("LAB_PROPERTY_EXAMPLES", "20")),
-    stateful_step_count=12,
+    max_examples=int(os.environ.get("LAB_PROPERTY_EXAMPLES", "12")),
+    stateful_step_count=20,
     deadline=None,
     print_blob=True,
     report_multiple_bugs=False,
