@@ -206,13 +206,7 @@ def run(args, settings, graph_input):
             renames = RENAMES.get(args.graph_version)
             workflow.require_contract(graph, args.thread, contract, renames)
         check_approval(args, graph.get_state(workflow.thread_config(args.thread)))
-        workflow.require_thread(
-            graph,
-            args.thread,
-            starting,
-            "resume it or pick a new --thread; or reset the lab: docker compose -p stateful-lab "
-            "down -v (natively: make reset)",
-        )
+        workflow.require_thread(graph, args.thread, starting, exists_hint(saved_head))
         final = workflow.run_graph(
             graph, graph_input, args.thread, client, args.durability, contract
         )
@@ -262,6 +256,16 @@ def saver_for(args, settings):
 def saved(saver, args, field):
     """A value the thread was started with (its graph must be built the same way)."""
     return build_graph(saver).get_state(workflow.thread_config(args.thread)).values.get(field)
+
+
+def exists_hint(saved):
+    """What to do about a start of a thread that exists: a naive one sends no key, so its
+    resume would repeat a request that may have taken effect."""
+    reset = "reset the lab: docker compose -p stateful-lab down -v (natively: make reset)"
+    values = saved.checkpoint["channel_values"] if saved else {}
+    if values.get("mode") == "naive" and any(c.startswith(workflow.BRANCH) for c in values):
+        return f"it sends no key (--mode naive), so a resume repeats its request; or {reset}"
+    return f"resume it or pick a new --thread; or {reset}"
 
 
 def owner(saved):
@@ -480,6 +484,7 @@ def add_saga_parser(actions):
 def build_parser():
     parser = workflow.build_parser(prog="lab.py")
     parser.set_defaults(crash_at=None, term_at=None, durability="sync", no_contract=False)
+    parser.set_defaults(unkeyed=lambda values: values.get("mode") == "naive")  # for the hints
     actions = parser.actions
     for name, action in [("start", start), ("resume", resume), ("state", state)]:
         actions.choices[name].set_defaults(run=action)

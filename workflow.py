@@ -1,5 +1,5 @@
 """A two-node LangGraph workflow that opens a ticket in another service, once, as long as the
-receiver honours the idempotency key (lab 14 shows one that forgot it).
+receiver honours the idempotency key (one that forgets a key too soon makes a second ticket).
 
     START -> prepare -> create_ticket -> END
 
@@ -636,7 +636,7 @@ class Parser(argparse.ArgumentParser):
 def build_parser(prog="workflow.py"):
     """The CLI's parser; parser.actions holds its subcommands, for a caller to extend."""
     parser = Parser(prog=prog, description=__doc__.split("\n")[0])
-    parser.set_defaults(prog=prog, graph_command=False, resume="resume")
+    parser.set_defaults(prog=prog, graph_command=False, resume="resume", unkeyed=lambda _: False)
     parser.actions = parser.add_subparsers(dest="action", required=True, parser_class=Parser)
     thread = dict(default=Defaulted("demo"), help="checkpoint thread id (default: demo)")
     operation = dict(default="case-001:open-ticket:v1", help="operation id, used as the key")
@@ -702,9 +702,12 @@ def main(argv=None, environ=None, parser=None, points=POINTS):
     except sqlite3.DatabaseError as error:  # not a database, read-only, a locked file, ...
         where = f"{args.prog}: CHECKPOINT_DB {settings.checkpoint_db!r}: {error}"
         if (getattr(error, "sqlite_errorcode", 0) & 0xFF) in UNWRITABLE:
-            hint = "; its request may have taken effect before the save failed"
-            hint = hint if args.graph_command else ""
-            hint += resume_hint(args, settings, "once CHECKPOINT_DB can be written")
+            hint = ""
+            if args.graph_command and (found := saved(args, settings)) is not None:
+                hint = "; its request may have taken effect before the save failed"
+                hint += (
+                    f"; once CHECKPOINT_DB can be written, {goes_on(args, found)}" if found else ""
+                )
             print(f"{where}{hint}", file=sys.stderr)
             return EXIT_CHECKPOINT_WRITE
         print(where, file=sys.stderr)
@@ -739,19 +742,21 @@ class Defaulted(str):
 
 
 def default_thread(args, error):
-    """ " (no --thread given: 'demo' is its default)", for an error line that names it."""
-    if args.thread_defaulted and repr(args.thread) in str(error):
+    """ " (no --thread given: 'demo' is its default)", for a line that finds no such thread: a
+    name the user never typed. (One that exists, they made with that default.)"""
+    if args.thread_defaulted and str(error).startswith(f"no thread {args.thread!r}"):
         return f" (no --thread given: {args.thread!r} is its default)"
     return ""
 
 
 def saved(args, settings):
-    """Whether the thread has a checkpoint; None when that cannot be told."""
+    """The thread's saved values ({} when it has no checkpoint); None when that cannot be told."""
     try:
         with open_checkpointer(settings.checkpoint_db) as saver:
-            return saver.get_tuple(thread_config(args.thread)) is not None
+            found = saver.get_tuple(thread_config(args.thread))
     except Exception:  # noqa: BLE001 (a second failure must not hide the first)
         return None
+    return found.checkpoint["channel_values"] if found else {}
 
 
 def interrupted_hint(args, settings):
@@ -763,8 +768,16 @@ def interrupted_hint(args, settings):
     if found is None:
         return hint
     if found:
-        return f"{hint}; resume it with: {args.resume} --thread {args.thread}"
+        return f"{hint}; {goes_on(args, found)}"
     return f"{hint}; thread {args.thread!r} has no checkpoint yet: start it again"
+
+
+def goes_on(args, values):
+    """The command that goes on from a checkpoint whose request may have taken effect, or, for
+    a run that sends it without a key (args.unkeyed), why none does so safely."""
+    if args.unkeyed(values):  # a resume sends it again, and nothing tells it from a new one
+        return f"it sends no key, so {args.resume} would send it again: look at the receiver first"
+    return f"resume it with: {args.resume} --thread {args.thread}"
 
 
 if __name__ == "__main__":

@@ -187,3 +187,25 @@ def test_the_state_of_a_naive_thread_says_its_key_was_never_sent(lab, receiver, 
     assert tickets(lab)[0]["key"] is None  # the receiver got none
     assert run(capsys, lab, "start", "--thread", "s")[0] == 0
     assert run(capsys, lab, "state", "--thread", "s")[2] == ""  # safe: the key was sent
+
+
+def test_the_lines_after_a_naive_run_stopped_in_its_window_do_not_offer_resume(
+    lab, receiver, capsys
+):
+    """Naive sends no key: typed as printed, a resume would repeat the request. A start typed
+    again and a Ctrl-C line say so instead of naming resume; a safe thread's lines name it."""
+    env = {**lab, "FAILPOINTS": "after-prepare=term"}
+    assert run(capsys, env, "start", "--thread", "n", "--mode", "naive")[0] == 75
+    code, _, err = run(capsys, lab, "start", "--thread", "n", "--mode", "naive")
+    assert code == workflow.EXIT_THREAD and "a resume repeats its request" in err, err
+    assert "resume it" not in err and "pick a new --thread" not in err
+    args = lab_py.build_parser().parse_args(["resume", "--thread", "n"])
+    hint = workflow.interrupted_hint(args, workflow.Settings.from_environ(lab))
+    assert hint.endswith(
+        "it sends no key, so resume would send it again: look at the receiver first"
+    )
+    assert run(capsys, env, "start", "--thread", "s")[0] == 75
+    args = lab_py.build_parser().parse_args(["resume", "--thread", "s"])
+    hint = workflow.interrupted_hint(args, workflow.Settings.from_environ(lab))
+    assert hint.endswith("resume it with: resume --thread s")
+    assert "resume it or pick a new --thread" in run(capsys, lab, "start", "--thread", "s")[2]

@@ -104,7 +104,7 @@ def test_ctrl_c_mid_request_exits_130_and_names_the_thread_to_resume(tmp_path):
 
 
 def test_a_receiver_that_starts_late_is_waited_for_within_the_attempts(tmp_path):
-    env = lab_env(tmp_path / "data", free_port(), API_ATTEMPTS="8")  # ~32 s of retries
+    env = lab_env(tmp_path / "data", free_port(), API_ATTEMPTS="20")  # ~36 s of retries
     proc = subprocess.Popen(
         [sys.executable, str(ROOT / "workflow.py"), "post", "--operation", "late-1"],
         env=env,
@@ -261,7 +261,7 @@ def test_a_read_only_or_full_checkpoint_db_has_its_own_exit_and_names_the_resume
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and words in err, err
     assert "may have taken effect" in err and err.endswith(
-        "once CHECKPOINT_DB can be written, resume --thread t\n"
+        "; once CHECKPOINT_DB can be written, resume it with: resume --thread t\n"
     )
     assert workflow.main(["resume", "--thread", "t"]) == 0
     assert [t["ticket_id"] for t in workflow.TicketClient(receiver.url).tickets()] == [1]
