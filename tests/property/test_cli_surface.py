@@ -1,7 +1,7 @@
 """What learners type, in random orders: the whole lab.py surface against a real receiver.
 
 A hypothesis state machine (the generative idea of Jepsen: random operations, then check what
-the outside world holds) types the lab's commands for a few threads in safe mode: `start` killed
+the outside world holds) types the lab's commands for three threads in safe mode: `start` killed
 at any failpoint, `resume`, `state`, own-node approval and `approve [--reject]`, a deploy of
 graph version 2 and `migrate`, the saga (`saga start` killed at any of its points, more seats
 than the receiver has, `saga resume`, `saga state`), the wrong resume for a thread (`resume` on a
@@ -12,16 +12,19 @@ thread the way a learner would: the thread's resume, then whatever the CLI says 
 What must hold (the receiver's own answers decide, GET /tickets and GET /refunds):
 - every ticket carries the key of an operation that was started (the operation's id, or a saga's
   OPERATION:charge), and each finished thread names the one ticket its key made;
-- at most one refund per charge, and only for a saga whose reservation was refused for capacity;
+- at most one refund per charge, and only for a saga whose reservation was refused for capacity
+  (its `refused` line says "no capacity": the receiver lists no reservations);
 - an effect whose result the checkpoint holds is never sent again (the lab's promise: a resume
-  repeats only the node whose result was not saved); `migrate` says where the thread goes on,
-  and `state` then agrees;
-- no traceback anywhere, and every exit code is one of the README's table.
+  repeats only the node whose result was not saved); `migrate` moves only a ticket's thread, says
+  where it goes on, and `state` then agrees;
+- no traceback anywhere, every exit code is one of the README's table, Ctrl-C is exit 130 and one
+  line.
 
-Real processes where a signal is the point: a crash failpoint is a SIGKILL of a real lab.py
-(FIELD-NOTES: an exception raised in the saver is not a faithful crash), Ctrl-C is a SIGINT to a
-real lab.py held at a failpoint. The other commands run in this process (lab.main), as
-tests/conftest.py's `workflow` fixture does.
+Real processes where a signal is the point: a crash failpoint SIGKILLs a real lab.py process,
+and Ctrl-C is a SIGINT to one held at a failpoint (FIELD-NOTES: an exception raised in the saver
+is not a faithful crash). That process is lab.main in a fork of this one, as effectdrill forks:
+LangGraph is imported already, so it starts in milliseconds, not a second. The other commands
+run in this process (lab.main), as tests/conftest.py's `workflow` fixture does.
 
 A failure prints the sequence of steps and every command it typed, with what each printed.
 The examples are derandomized (the same ones every run). To explore: LAB_PROPERTY_SEED=N (or
