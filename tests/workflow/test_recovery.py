@@ -3,13 +3,13 @@
 `migrate` writes a thread's new position as the node that wrote the saved one, checks the
 result in a copy before anything is written, and refuses threads of other programs; every
 exit-65 line names `migrate` only when migrate would move the thread. In-process (lab.main,
-workflow.main) against a real receiver and a real SqliteSaver file (one test on Postgres too).
+workflow.main) against a real receiver and a real SqliteSaver file (test_recovery_postgres.py:
+the same refusal on Postgres).
 """
 
 import json
 
 import pytest
-from conftest import require_postgres
 
 import lab as lab_py  # `lab` is the fixture: the lab's environment
 import workflow
@@ -78,32 +78,6 @@ def test_a_move_whose_next_would_differ_is_refused_and_nothing_is_written(
     assert (code, events) == (workflow.EXIT_CONTRACT, []) and err.count("\n") == 1, err
     assert "its next would be ['open_ticket'], not []" in err and "nothing written" in err
     assert history(lab, "f") == before
-
-
-@pytest.fixture(scope="module")
-def postgres_url():
-    require_postgres()
-    from labs.tools.pg import TempPostgres
-
-    cluster = TempPostgres()
-    cluster.start()
-    yield cluster.url
-    cluster.stop()
-
-
-def test_on_postgres_a_refused_move_writes_nothing_and_a_good_one_moves(
-    lab, receiver, capsys, monkeypatch, postgres_url
-):
-    env = {**lab, "CHECKPOINT_DB": postgres_url}
-    assert run(capsys, env, "start", "--thread", "pg", "--approval", "own-node")[0] == 0
-    before = history(env, "pg")
-    monkeypatch.setitem(lab_py.RENAMES, "2", {"create_ticket": "prepare"})
-    assert run(capsys, v2(env), "migrate", "--thread", "pg")[0] == workflow.EXIT_CONTRACT
-    assert history(env, "pg") == before
-    monkeypatch.undo()
-    assert run(capsys, v2(env), "migrate", "--thread", "pg")[1][0]["next"] == ["approval"]
-    assert run(capsys, v2(env), "approve", "--thread", "pg")[1][-1]["event"] == "done"
-    assert len(tickets(lab)) == 1
 
 
 def test_migrate_to_the_contract_the_thread_has_writes_nothing_and_says_so(lab, receiver, capsys):
