@@ -540,6 +540,6 @@ if __name__ == "__main__":
     signal.signal(signal.SIGINT, signal.default_int_handler)  # main() has its own line for Ctrl-C
     try:
         sys.exit(main())
-    except KeyboardInterrupt:  # Ctrl-C before main() took over (while Python was importing)
+    except KeyboardInterrupt:  # Ctrl-C before main() took over (while it parsed the arguments)
         print("lab.py: interrupted", file=sys.stderr)
         sys.exit(workflow.EXIT_INTERRUPTED)

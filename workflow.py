@@ -149,13 +149,10 @@ def contract(graph, version=None):
     return f"v{version or VERSION} graph:{digest}"
 
 
-def require_contract(graph, thread, current, renames=None, owner=None):
+def require_contract(graph, thread, current, renames=None):
     """Refuse, changing nothing, to resume a thread saved under another contract. The line says
-    whether `migrate` can move it here (tried in a copy, as migrate does) or why it cannot.
-    owner(saved): a line naming the command a thread of another program belongs to, or None."""
+    whether `migrate` can move it here (tried in a copy, as migrate does) or why it cannot."""
     saved = graph.checkpointer.get_tuple(thread_config(thread))
-    if owner and (line := owner(saved)):
-        raise UserError(line, EXIT_THREAD)
     if saved.metadata.get("contract") == current:
         return
     was = saved.metadata.get("contract")
@@ -164,14 +161,16 @@ def require_contract(graph, thread, current, renames=None, owner=None):
     try:
         plan_migration(graph, saved, current, renames)
     except CannotMigrate as error:  # no migrate hint that would be refused, or undo the thread
-        raise UserError(f"{why}; migrate cannot move it ({error})", EXIT_CONTRACT) from None
+        why += f"; migrate cannot move it ({error}): resume it with the code that saved it"
+        raise UserError(why, EXIT_CONTRACT) from None
     raise UserError(f"{why}; migrate --thread {thread} moves it here", EXIT_CONTRACT)
 
 
 def migrate_thread(graph, thread, current, renames=None, owner=None):
     """Move a thread to the current contract: its values kept, its saved next run next, by this
     graph's names (renames: old name -> new). Nothing runs. The move is made in a copy of the
-    thread first (plan_migration), and written only when its next is what this prints."""
+    thread first (plan_migration), and written only when its next is what this prints.
+    owner(saved): the line for a thread another command runs, or None."""
     saved = graph.checkpointer.get_tuple(thread_config(thread))
     if saved is None:
         raise UserError(f"no thread {thread!r}; check --thread", EXIT_THREAD)
@@ -784,6 +783,6 @@ if __name__ == "__main__":
     signal.signal(signal.SIGINT, signal.default_int_handler)  # main() has its own line for Ctrl-C
     try:
         sys.exit(main())
-    except KeyboardInterrupt:  # Ctrl-C before main() took over (while Python was importing)
+    except KeyboardInterrupt:  # Ctrl-C before main() took over (while it parsed the arguments)
         print("workflow.py: interrupted", file=sys.stderr)
         sys.exit(EXIT_INTERRUPTED)
