@@ -24,6 +24,8 @@ from contextlib import contextmanager, redirect_stdout
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit, urlunsplit
 
+from effectdrill import outbound
+
 DURABILITIES = ("sync", "async", "exit")  # LangGraph's durability modes, in the order drilled
 THREAD_MARK = "{thread}"  # replaced by the run's thread id everywhere in the input
 MAX_INVOKES = 50  # invokes one run may take (one per interrupt answered); more means a loop
@@ -48,29 +50,35 @@ def drill(
     resume_with=None,
     context=None,
     checkpoint_db=None,
+    http_ignore=(),
 ):
     """Drill `graph` (compiled, or a no-argument callable returning one) and return a Report.
 
     input: the run's input; every "{thread}" in its strings becomes the run's thread id.
-    observe: observe(thread_id) -> {effect: count} for that run, from the outside world.
+    observe: observe(thread_id) -> {effect: count} for that run, from the outside world; or
+    "http": the POST and PATCH requests the run sends are the effects (effectdrill/outbound.py).
     durability: "sync", "async", "exit" or "all". repeat: runs per crash point (async varies).
     resume_with: the value of Command(resume=...) whenever a run stops at interrupt().
     context: LangGraph's runtime context, given to every invoke.
     checkpoint_db: a SQLite file or a postgresql:// URL; by default a temporary SQLite file.
+    http_ignore: hosts or host/path prefixes the HTTP observer leaves out (a model API, say).
     """
     require_posix()
     modes = durability_modes(durability)
     if isinstance(repeat, bool) or not isinstance(repeat, int) or repeat < 1:
         raise DrillError(f"repeat must be a whole number of 1 or more, not {repeat!r}")
     graph = compiled(graph)
-    if not callable(observe):
+    if not callable(observe) and observe != "http":
         raise DrillError(f"the observer must be callable as observe(thread_id), not {observe!r}")
-    plan = Plan(graph, input, observe, resume_with, context, uuid.uuid4().hex[:8])
-    with database(checkpoint_db) as db:
-        report = Report()
+    # The HTTP observer records every run's requests (effectdrill/outbound.py).
+    with database(checkpoint_db) as db, outbound.recording(http_ignore) as requests:
+        observe = requests.observe if observe == "http" else observe
+        plan = Plan(graph, input, observe, resume_with, context, uuid.uuid4().hex[:8])
+        report, clean_threads = Report(), {}
         for mode in modes:
             clean = plan.clean_run(db, mode)
             report.clean[mode] = clean.counts
+            clean_threads[mode] = clean.thread
             for index, point in enumerate(clean.points):
                 row = Row(mode, point, clean.counts)
                 for attempt in range(repeat):
@@ -78,6 +86,7 @@ def drill(
                     killer = Killer(point, mode == "sync", clean.writes_before(point))
                     row.runs.append(plan.crash_run(db, mode, point, thread, killer))
                 report.rows.append(row)
+        requests.annotate(report, clean_threads)
     return report
 
 
@@ -90,6 +99,7 @@ class Run:
     ran: list
     counts: dict
     error: str | None = None
+    thread: str = ""
 
 
 @dataclass
@@ -100,6 +110,7 @@ class Row:
     point: str
     clean: dict
     runs: list = field(default_factory=list)
+    requests: list = field(default_factory=list)  # sent again: effectdrill/outbound.py
 
     def effects(self):
         names = dict.fromkeys(self.clean)
@@ -144,6 +155,7 @@ class Row:
             "clean": self.clean,
             "errors": self.failures(),
             "verdict": self.verdict,
+            "requests": self.requests,
         }
 
 
@@ -153,6 +165,7 @@ class Report:
     def __init__(self):
         self.rows = []
         self.clean = {}  # durability -> the clean run's counts
+        self.requests = None  # the HTTP observer's totals (effectdrill/outbound.py)
 
     @property
     def duplicates(self):
@@ -177,7 +190,11 @@ class Report:
 
     @property
     def ok(self):
-        return not (self.duplicates or self.missing or self.failed or self.repeated_in_clean_run)
+        uncounted = bool(self.requests and self.requests["not counted"])
+        return (
+            not (self.duplicates or self.missing or self.failed or self.repeated_in_clean_run)
+            and not uncounted
+        )
 
     def summary(self):
         return {
@@ -188,6 +205,7 @@ class Report:
             "missing": self.missing,
             "repeated_in_clean_run": self.repeated_in_clean_run,
             "failed": self.failed,
+            "requests": self.requests,
         }
 
     def table(self):
@@ -214,7 +232,8 @@ class Report:
             runs = f", {len(rows[0].runs)} runs each" if rows and len(rows[0].runs) > 1 else ""
             blocks.append(f"durability {mode}: {plural(len(rows), 'crash point')}{runs}\n")
             blocks[-1] += columns(lines)
-        return "\n\n".join(blocks + [self.summary_line()])
+        requests = outbound.table(self)
+        return "\n\n".join(blocks + ([requests] if requests else []) + [self.summary_line()])
 
     def summary_line(self):
         parts = [plural(len(self.rows), "crash point")]
@@ -226,7 +245,7 @@ class Report:
         parts.append(
             f"the clean run repeated {', '.join(repeated)}" if repeated else "clean run ok"
         )
-        return "summary: " + ", ".join(parts)
+        return "summary: " + ", ".join(parts) + outbound.summary_words(self.requests)
 
     def assert_clean(self):
         """Raise AssertionError with the table when an effect repeated or went missing."""
@@ -255,6 +274,7 @@ class CleanRun:
     counts: dict
     points: list
     writes_before: object  # point -> put_writes calls of the step it closes
+    thread: str = ""
 
 
 @dataclass
@@ -279,7 +299,7 @@ class Plan:
             raise
         except Exception as error:
             raise DrillError(f"the graph failed in its clean run: {task_error(error)}") from None
-        return CleanRun(self.counts(thread), recorder.points, recorder.writes_before)
+        return CleanRun(self.counts(thread), recorder.points, recorder.writes_before, thread)
 
     def crash_run(self, db, mode, point, thread, killer):
         self.expect_nothing_yet(thread)
@@ -295,7 +315,7 @@ class Plan:
             error = task_error(failure)
         if not reached:
             saved = "point not reached"
-        return Run(reached, saved, ran, self.counts(thread), error)
+        return Run(reached, saved, ran, self.counts(thread), error, thread)
 
     def run_child(self, db, mode, point, thread, killer):
         """Fork a child that runs the graph and SIGKILLs itself before `point`: was it reached?"""
