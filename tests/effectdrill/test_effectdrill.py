@@ -492,7 +492,7 @@ def test_the_package_builds_with_only_effectdrill_and_its_plugin(tmp_path):
         metadata = archive.read(meta).decode()
         points = archive.read(meta.replace("METADATA", "entry_points.txt")).decode()
     assert {n.split("/")[0] for n in names if not n.startswith("effectdrill-")} == {"effectdrill"}
-    assert "Requires-Dist: langgraph<2,>=1.2" in metadata
+    assert "Requires-Dist: langgraph<2,>=1.0.1" in metadata
     assert "[pytest11]\neffect_drill = effectdrill.plugin" in points
 
 
