@@ -68,6 +68,10 @@ def test_an_observer_that_counts_them_makes_them_duplicates(api):
 
     unkeyed = {node for node, repeat in resent_at().items() if repeat != SAME_KEY}
     assert {writes_of(f["point"]) for f in report.duplicates} == unkeyed
+    resent = {writes_of(row.point): [r["repeat"] for r in row.requests] for row in report.rows}
+    assert {node: kinds for node, kinds in resent.items() if kinds} == {
+        node: [repeat] for node, repeat in resent_at().items()
+    }
     assert report.requests["not counted"] == 0
     assert all(r["counted"] for row in report.rows for r in row.requests)
 

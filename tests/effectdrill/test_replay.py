@@ -86,6 +86,7 @@ def test_under_version_2_every_unfinished_thread_is_lost_and_the_original_is_unt
 
 def test_under_version_1_each_thread_resumes_once_and_the_unkeyed_one_repeats(saved):
     """The only test here whose replay sends requests: the counts before are lab.py's."""
+    before = files_of(saved)
     outcomes = replay.replay(ticket.graph, saved, observe=ticket.observe, context=ticket.context())
 
     found = {o.thread: o for o in outcomes}
@@ -108,6 +109,7 @@ def test_under_version_1_each_thread_resumes_once_and_the_unkeyed_one_repeats(sa
     }
     assert again["naive-crash"].verdict == replay.RESENT
     assert again["safe-crash"].verdict == again["drained"].verdict == "ok"
+    assert files_of(saved) == before  # resumed twice, on copies
 
 
 def test_commits_only_in_the_write_ahead_log_are_replayed(tmp_path):
