@@ -12,6 +12,7 @@ clean run itself repeated one, or a resume failed), 2 for a usage mistake (one l
 import argparse
 import importlib
 import json
+import re
 import sys
 
 from effectdrill.core import DURABILITIES, DrillError, drill, require_posix
@@ -37,11 +38,10 @@ def main(argv=None):
             "http" if args.observe == "http" else load(args.observe, "--observe"),
             durability=args.durability,
             repeat=args.repeat,
-            resume_with=None
-            if args.resume_with is None
-            else parse_json(args.resume_with, "--resume-with"),
+            resume_with=None if args.resume_with is None else answers(args.resume_with),
             context=None if args.context is None else make_context(args.context),
             checkpoint_db=args.checkpoint_db,
+            expect=None if args.expect is None else parse_json(args.expect, "--expect"),
             http_ignore=args.http_ignore,
         )
     except DrillError as error:
@@ -69,7 +69,7 @@ class Parser(argparse.ArgumentParser):
 
 def build_parser():
     parser = Parser(
-        prog="python -m effectdrill",
+        prog="effectdrill",
         description="Kill a LangGraph graph just before each saver call of a clean run, resume "
         "it, and report the effects that repeated or went missing.",
     )
@@ -89,7 +89,15 @@ def build_parser():
     )
     parser.add_argument("--durability", choices=[*DURABILITIES, "all"], default="sync")
     parser.add_argument("--repeat", type=positive, default=1, help="runs per crash point")
-    parser.add_argument("--resume-with", help="JSON value for Command(resume=...) at interrupt()")
+    parser.add_argument(
+        "--resume-with",
+        help="JSON value for Command(resume=...) at interrupt(), or MODULE:FUNC called with the "
+        "pending interrupts, returning the answer or {interrupt id: answer}",
+    )
+    parser.add_argument(
+        "--expect",
+        help='JSON {"effect": count} the clean run must count (default: its own counts)',
+    )
     parser.add_argument("--context", help="MODULE:FUNC returning the runtime context")
     parser.add_argument("--checkpoint-db", help="SQLite path or postgresql:// URL (default: temp)")
     parser.add_argument("--json", action="store_true", help="JSON lines, then a summary object")
@@ -133,6 +141,22 @@ def make_context(name):
         return factory()
     except Exception as error:
         raise DrillError(f"--context {name} raised {type(error).__name__}: {error}") from None
+
+
+def answers(text):
+    """--resume-with: a JSON value, else MODULE:FUNC (a function of the interrupts)."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        if not re.fullmatch(r"[\w.]+:[\w.]+", text):
+            raise DrillError(
+                f"--resume-with is neither JSON nor MODULE:FUNC: {text!r} (a JSON string needs "
+                "its quotes: '\"ok\"')"
+            ) from None
+    function = load(text, "--resume-with")
+    if not callable(function):
+        raise DrillError(f"--resume-with {text} is not callable (a function of the interrupts)")
+    return function
 
 
 def parse_json(text, option):
