@@ -334,7 +334,7 @@ def resume_in_child(graph, copy, thread, resume_with, context):
         try:
             signal.pthread_sigmask(signal.SIG_SETMASK, mask)
             os.close(write_end)
-            status = wait_child(pid)
+            status = wait_child(pid, read_end)
         except BaseException:
             kill_and_reap(pid)
             raise
