@@ -49,8 +49,9 @@ lint: $(VENV)/.installed
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 
-bench: $(VENV)/.installed  ## receiver and CLI speed of this tree against git ref BASELINE (HEAD)
+bench: $(VENV)/.installed  ## receiver, CLI and drill speed of this tree against git ref BASELINE (HEAD)
 	@$(PY) -m labs.tools.bench --baseline $(BASELINE)
+	@$(PY) -m labs.tools.bench_drill --baseline $(BASELINE)
 
 drill: $(VENV)/.installed  ## every crash boundary x mode (JSON=1 for JSON lines)
 	@$(PY) -m labs.tools.drill --backend $(if $(filter auto,$(BACKEND)),local,$(BACKEND)) $(if $(JSON),--json)

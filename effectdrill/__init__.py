@@ -2,12 +2,13 @@
 
 A crashed LangGraph run resumes from its last checkpoint and runs the node in flight again, so
 an effect that node already sent (a charge, an email, a row) happens twice unless it carries a
-stable idempotency key. The drill finds where: it kills a forked run with SIGKILL just before
-each distinct saver call of a clean run, resumes it from a fresh saver on the same database,
-and compares the effects your observer counts with the clean run's.
+stable idempotency key that the receiving service honours. The drill finds where: it kills a
+forked run with SIGKILL just before each distinct saver call of a clean run, resumes it from a
+fresh saver on the same database, and compares the effects your observer counts with the clean
+run's (the baseline).
 
     report = effectdrill.drill(graph, {"order": "{thread}"}, observe)
-    report.assert_clean()  # or: python -m effectdrill MODULE:GRAPH --input ... --observe ...
+    report.assert_clean()  # or: effectdrill MODULE:GRAPH --input ... --observe ...
 
 It also records the HTTP requests each run sends (outbound.py), and `python -m effectdrill
 replay` resumes a copy of real checkpoints under the graph as it is now (replay.py).

@@ -345,7 +345,8 @@ class CleanRun:
         for call in self.calls:
             step = [c for c in self.calls if same_step(c, call)]
             if mode == "sync" and len(step) > 1:
-                if call is step[-1]:
+                if call is step[-1]:  # in the order of their names: the same every run
+                    step.sort(key=lambda c: c.label)
                     states += [held_state(unsaved, step) for unsaved in unsaved_sets(step)]
                 continue
             earlier = self.calls[: self.calls.index(call)]
@@ -1233,8 +1234,8 @@ def hide_password(url):
 
 TABLE_WIDTH = 120  # columns a table fits in, where its effect columns leave room
 SHRINKABLE = (0, 1, 2)  # point, saved, ran on recovery: wrapped first, the widest first
-MIN_CELL = 18  # a wrapped column keeps at least this many characters
-MIN_VERDICT = 26  # the verdict's: "DUPLICATE charge in 3 of 5" on one line
+MIN_CELLS = (28, 18, 18)  # a wrapped point, saved, ran column keeps at least this many
+MIN_VERDICT = 20  # and the verdict
 
 
 def columns(lines, width=TABLE_WIDTH):
@@ -1243,7 +1244,7 @@ def columns(lines, width=TABLE_WIDTH):
         max(len(part) for line in lines for part in line[i].split("\n"))
         for i in range(len(lines[0]))
     ]
-    least = {i: MIN_CELL for i in SHRINKABLE} | {len(widths) - 1: MIN_VERDICT}
+    least = dict(zip(SHRINKABLE, MIN_CELLS, strict=True)) | {len(widths) - 1: MIN_VERDICT}
     while sum(widths) + 2 * (len(widths) - 1) > width:
         shrinkable = [i for i in least if widths[i] > least[i]]
         if not shrinkable:

@@ -1,6 +1,8 @@
-"""The functional API: an @entrypoint that charges (an @task, no key) and then emails (an
-@task keyed on the thread), as LangGraph's functional-API guide writes workflows
-(docs/docs/concepts/functional_api.md). `workflow_async` is the same, all `async def`."""
+"""The functional API in the shape of the first workflow of LangGraph's guide ("Creating a
+simple workflow", docs.langchain.com/oss/python/langgraph/use-functional-api: an @entrypoint
+taking one dict, calling @task functions and resolving their futures): it charges (an @task,
+no key) and then emails (an @task keyed on the thread). `workflow_async` is the same, all
+`async def`."""
 
 from langgraph.func import entrypoint, task
 

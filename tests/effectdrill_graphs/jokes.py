@@ -1,7 +1,8 @@
-"""LangGraph's map-reduce how-to, small: generate_topics makes three subjects, a Send per
-subject runs generate_joke (an unkeyed effect each, as a model call is), best_joke picks one
-(keyed on the thread). docs: langchain-ai/langgraph, docs/docs/how-tos/graph-api.md
-("Map-Reduce and the Send API"). {"keyed": true} keys each joke on its subject.
+"""The map-reduce example of LangGraph's Graph API guide ("Map-Reduce and the Send API",
+docs.langchain.com/oss/python/langgraph/use-graph-api), its nodes and subjects as there:
+generate_topics makes three subjects, a Send per subject runs generate_joke, best_joke picks
+one. Added: each joke is an effect without a key (as a model call is), the pick is keyed;
+{"keyed": true} keys each joke on its subject.
 """
 
 import operator
