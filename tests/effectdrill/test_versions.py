@@ -33,13 +33,11 @@ DRIVER = """
 import json, os, sys
 from importlib.metadata import version
 import effectdrill
-from effectdrill_graphs import nested, orders, outbound, review
+from effectdrill_graphs import nested, orders, outbound
 
-review.DB_PATH = os.environ["REVIEW_DB"]
 print(json.dumps({name: version(name) for name in sys.argv[1:]}))
 for name, graph, run, observe, options in (
     ("orders", orders.build, {"order": "{thread}"}, orders.observe, {}),
-    ("review", review.build, {"post": "{thread}"}, review.observe, {"resume_with": "ok"}),
     ("nested", nested.build, {"order": "{thread}"}, nested.observe, {}),
     ("outbound", outbound.build, {"trip": "{thread}"}, "http", {}),
 ):
@@ -75,7 +73,7 @@ def test_the_oldest_and_newest_langgraph_drill_the_test_graphs_alike(receiver, t
             "PYTHONPATH": str(ROOT / "tests"),
             "API_URL": receiver.url,
             "TMPDIR": str(data),
-            **{f"{g}_DB": str(data / f"{g}.sqlite") for g in ("ORDERS", "REVIEW", "NESTED")},
+            **{f"{g}_DB": str(data / f"{g}.sqlite") for g in ("ORDERS", "NESTED")},
         }
         runs[which] = subprocess.Popen(
             [str(python), "-c", DRIVER, *DRILLED],
@@ -96,8 +94,6 @@ def test_the_oldest_and_newest_langgraph_drill_the_test_graphs_alike(receiver, t
     assert new_versions == pins("requirements.txt", DRILLED)
     for rows in (old["orders"], new["orders"]):  # an unkeyed effect repeats at its node's writes
         assert duplicated(rows) == {(writes(node), e) for e, node in orders.UNKEYED.items()}
-    for rows in (old["review"], new["review"]):  # publish has no key; draft and the review do
-        assert {e for _, e in duplicated(rows)} == {"post"}
     for rows in (old["outbound"], new["outbound"]):  # the requests notify and remind resend
         assert {p for p, _ in duplicated(rows)} == {
             writes(node) for node, key in trips.KEYS.items() if key != "thread"
@@ -107,7 +103,7 @@ def test_the_oldest_and_newest_langgraph_drill_the_test_graphs_alike(receiver, t
     assert in_child in duplicated(old["nested"]) and duplicated(new["nested"]) == {in_child}
     # ...and on LangGraph before 1.2.16 after too: a resumed subgraph re-ran its saved nodes.
     assert duplicated(old["nested"]) - {in_child} == {("put step 1 in child", "sent")}
-    for graph in ("orders", "review", "outbound"):
+    for graph in ("orders", "outbound"):
         assert shape(old[graph]) == shape(new[graph]), graph
 
 

@@ -1,10 +1,10 @@
-"""A graph whose effects are HTTP requests to the receiver (api.py at API_URL), sent by urllib,
-requests or httpx (CLIENT), and an observer that counts only some of them.
+"""A graph whose effects are HTTP requests to the receiver (api.py at API_URL), each node's sent
+by another client, and an observer that counts only some of them.
 
 book -> notify -> remind, each a POST /tickets:
-    book    keyed on the thread: a resend is answered with the same ticket
-    notify  no key: every send is a new ticket
-    remind  a fresh uuid4 key each time (lab 05's trap): every send is a new ticket
+    book    urllib (http.client), keyed on the thread: a resend gets the same ticket
+    notify  requests (urllib3, http.client), no key: every send is a new ticket
+    remind  httpx, a fresh uuid4 key each time (lab 05's trap): every send is a new ticket
 observe_booked(thread) counts the booked ticket only: the notices and reminders it never sees.
 """
 
@@ -17,7 +17,7 @@ from typing import TypedDict
 from langgraph.graph import END, START, StateGraph
 
 KEYS = {"book": "thread", "notify": None, "remind": "fresh"}  # node -> the key it sends
-CLIENTS = ("urllib", "requests", "httpx")
+CLIENTS = {"book": "urllib", "notify": "requests", "remind": "httpx"}  # node -> its client
 
 
 class Trip(TypedDict, total=False):
@@ -28,15 +28,15 @@ class Trip(TypedDict, total=False):
 
 
 def book(state: Trip):
-    return {"booked": post(state["trip"], state["trip"])}
+    return {"booked": post("urllib", state["trip"], state["trip"])}
 
 
 def notify(state: Trip):
-    return {"notified": post(f"{state['trip']}/notice", None)}
+    return {"notified": post("requests", f"{state['trip']}/notice", None)}
 
 
 def remind(state: Trip):
-    return {"reminded": post(f"{state['trip']}/reminder", str(uuid.uuid4()))}
+    return {"reminded": post("httpx", f"{state['trip']}/reminder", str(uuid.uuid4()))}
 
 
 def build():
@@ -68,10 +68,9 @@ def observe_all(thread):
 # helpers
 
 
-def post(title, key):
+def post(client, title, key):
     url = os.environ["API_URL"] + "/tickets"
     headers = {"Content-Type": "application/json"} | ({"Idempotency-Key": key} if key else {})
-    client = os.environ.get("CLIENT", "urllib")
     if client == "requests":
         import requests
 
