@@ -13,6 +13,7 @@ nodes are drilled through LangGraph's async API and async savers. Checked on Lan
 """
 
 import asyncio
+import gc
 import itertools
 import os
 import re
@@ -94,13 +95,13 @@ def drill(
             report.clean[mode] = clean.counts
             report.reruns[mode] = clean.reruns
             clean_threads[mode] = clean.thread
+            jobs = []
             for index, state in enumerate(clean.states(mode)):
                 row = Row(mode, state.label, clean.counts)
-                for attempt in range(repeat):
-                    thread = f"drill-{plan.run_id}-{mode}-{index}-{attempt}"
-                    killer = Killer(state, settle=mode == "sync")
-                    row.runs.append(plan.crash_run(db, mode, state, thread, killer))
                 report.rows.append(row)
+                for attempt in range(repeat):
+                    jobs.append((row, state, f"drill-{plan.run_id}-{mode}-{index}-{attempt}"))
+            crash_all(plan, db, mode, jobs)
         requests.annotate(report, clean_threads)
     return report
 
@@ -393,8 +394,16 @@ class Plan:
         return CleanRun(self.counts(thread), recorder.calls, trace.reruns(), thread)
 
     def crash_run(self, db, mode, state, thread, killer):
+        return self.end_crash(db, mode, self.start_crash(db, mode, state, thread, killer), thread)
+
+    def start_crash(self, db, mode, state, thread, killer):
+        """The first half of a crash run: the child forked, running to its kill."""
         self.expect_nothing_yet(thread)
-        reached = self.run_child(db, mode, state, thread, killer)
+        return self.fork_child(db, mode, state, thread, killer)
+
+    def end_crash(self, db, mode, child, thread):
+        """The second half: the child reaped, the thread resumed and observed."""
+        reached = child.reached()
         saved, ran, error = "?", [], None
         self.saved = "?"
         try:
@@ -417,6 +426,10 @@ class Plan:
 
     def run_child(self, db, mode, state, thread, killer):
         """Fork a child that runs the graph and SIGKILLs itself at `state`: was it reached?"""
+        return self.fork_child(db, mode, state, thread, killer).reached()
+
+    def fork_child(self, db, mode, state, thread, killer):
+        """Fork a child that runs the graph and SIGKILLs itself at `state`: its Child."""
         sys.stdout.flush()
         sys.stderr.flush()
         read_end, write_end = os.pipe()
@@ -427,6 +440,7 @@ class Plan:
         if pid == 0:  # the child: never returns into the caller's code
             code = 0
             try:
+                gc.disable()  # it lives for one run: no collection touching the parent's pages
                 signal.pthread_sigmask(signal.SIG_SETMASK, mask)
                 os.close(read_end)
                 os.dup2(2, 1)  # the graph's prints go to stderr: stdout is the report's
@@ -437,22 +451,14 @@ class Plan:
                 code = CHILD_FAILED
             finally:
                 os._exit(code)
-        try:
-            try:  # a Ctrl-C held back lands here, where the child is killed and reaped with it
-                signal.pthread_sigmask(signal.SIG_SETMASK, mask)
-                os.close(write_end)
-                status = wait_child(pid, read_end)
-            except BaseException:
-                kill_and_reap(pid)
-                raise
-            message = read_all(read_end)
-        finally:
-            os.close(read_end)
-        if os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL:
-            return True
-        if os.WIFEXITED(status) and os.WEXITSTATUS(status) in (0, CHILD_UNREACHED):
-            return False  # the run ended without that call (async saves vary)
-        raise DrillError(f"the graph failed in the crash run at {state.label} ({mode}): {message}")
+        child = Child(pid, read_end, f"{state.label} ({mode})")
+        try:  # a Ctrl-C held back lands here, where the child is killed and reaped with it
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+            os.close(write_end)
+        except BaseException:
+            child.kill()
+            raise
+        return child
 
     def finish(self, saver, thread, mode, fresh, trace=None):
         """Run the thread to its end: the input first if fresh, else resume it. Returns what
@@ -604,6 +610,60 @@ class Plan:
 
 
 DONE = object()  # next_input: nothing left to run
+
+
+class Child:
+    """A forked crash child: reached() waits for it (True when it died by its SIGKILL)."""
+
+    def __init__(self, pid, pipe, where):
+        self.pid, self.pipe, self.where = pid, pipe, where
+
+    def reached(self):
+        try:
+            status = wait_child(self.pid, self.pipe)
+            message = read_all(self.pipe)
+        except BaseException:
+            self.kill()
+            raise
+        self.close()
+        if os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL:
+            return True
+        if os.WIFEXITED(status) and os.WEXITSTATUS(status) in (0, CHILD_UNREACHED):
+            return False  # the run ended without that call (async saves vary)
+        raise DrillError(f"the graph failed in the crash run at {self.where}: {message}")
+
+    def kill(self):
+        kill_and_reap(self.pid)
+        self.close()
+
+    def close(self):
+        if self.pipe is not None:
+            os.close(self.pipe)
+            self.pipe = None
+
+
+def crash_all(plan, db, mode, jobs):
+    """Each (row, state, thread) job's crash run, appended to its row: the next child is forked
+    before the last one is resumed, so that one runs while the other resumes (two cores)."""
+    waiting = None  # (row, child, thread) of the run forked and not yet resumed
+    forked = None
+    try:
+        for row, state, thread in jobs:
+            forked = None
+            killer = Killer(state, settle=mode == "sync")
+            forked = (row, plan.start_crash(db, mode, state, thread, killer), thread)
+            if waiting is not None:
+                last, waiting = waiting, None
+                last[0].runs.append(plan.end_crash(db, mode, last[1], last[2]))
+            waiting, forked = forked, None
+        if waiting is not None:
+            last, waiting = waiting, None
+            last[0].runs.append(plan.end_crash(db, mode, last[1], last[2]))
+    except BaseException:
+        for job in (waiting, forked):
+            if job is not None:
+                job[1].kill()
+        raise
 
 
 class Trace:
@@ -1150,23 +1210,18 @@ class Sqlite:
 
     @asynccontextmanager
     async def asaver(self, recorder=None):
-        try:
-            import aiosqlite
+        try:  # on aiosqlite, a dependency of langgraph-checkpoint-sqlite
             from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
         except ImportError:
             raise DrillError(
                 "a graph of async nodes needs aiosqlite for its SQLite checkpoints: "
                 "pip install aiosqlite"
             ) from None
-        conn = await aiosqlite.connect(self.path)
-        try:
-            await conn.execute("PRAGMA synchronous=OFF")  # as saver() above
-            saver = recording(AsyncSqliteSaver)(conn)
+        async with recording(AsyncSqliteSaver).from_conn_string(self.path) as saver:
+            await saver.conn.execute("PRAGMA synchronous=OFF")  # as saver() above
             saver.is_setup = True
             saver.recorder = recorder
             yield saver
-        finally:
-            await conn.close()
 
 
 class Postgres:
@@ -1232,7 +1287,7 @@ def hide_password(url):
     return urlunsplit(parts._replace(netloc=netloc))
 
 
-TABLE_WIDTH = 120  # columns a table fits in, where its effect columns leave room
+TABLE_WIDTH = 120  # columns a table fits in, where its effect columns leave space
 SHRINKABLE = (0, 1, 2)  # point, saved, ran on recovery: wrapped first, the widest first
 MIN_CELLS = (28, 18, 18)  # a wrapped point, saved, ran column keeps at least this many
 MIN_VERDICT = 20  # and the verdict

@@ -18,7 +18,7 @@ from importlib.metadata import entry_points
 
 import pytest
 from conftest import require_postgres
-from effectdrill_graphs import broken, contextual, nested, orders, review
+from effectdrill_graphs import asyncgraph, broken, contextual, nested, orders, review
 from langgraph.checkpoint.sqlite import SqliteSaver
 
 import effectdrill
@@ -195,7 +195,8 @@ def test_a_resume_that_fails_is_a_failed_row_not_a_usage_error(tmp_path, monkeyp
     assert row.failures()[0].startswith("node book: IntegrityError: UNIQUE constraint failed")
     assert not report.ok and report.duplicates == []
     (line,) = [line for line in report.table().splitlines() if "FAILED" in line]
-    assert line.startswith("put_writes book") and "FAILED: node book: IntegrityError" in line
+    assert line.startswith("put_writes book") and "FAILED: node book:" in line
+    assert "IntegrityError: UNIQUE" in report.table()
     assert row.runs[0].saved == "step 0: book"
 
 
@@ -244,10 +245,17 @@ def test_cli_json_on_the_approval_graph_reports_the_clean_run_repeating(tmp_path
     assert all(r["counts"]["notice"] == [1] for r in rows)
 
 
-def test_cli_with_context_and_postgres_checkpoints(tmp_path):
+def test_cli_with_context_and_postgres_checkpoints_and_an_async_graph_on_them(
+    tmp_path, monkeypatch
+):
     require_postgres()
     env = os.environ | {"CONTEXT_DB": str(tmp_path / "context.sqlite"), "PYTHONPATH": TESTS}
+    monkeypatch.setenv("EFFECTS_DB", str(tmp_path / "effects.sqlite"))
     with TempPostgres() as pg:
+        # async nodes: AsyncPostgresSaver, killed before aput / aput_writes
+        async_report = effectdrill.drill(
+            asyncgraph.build, {"thread": "{thread}"}, asyncgraph.observe, checkpoint_db=pg.url
+        )
         done = run(
             [sys.executable, "-m", "effectdrill", f"{GRAPHS}.contextual:build", "--json"]
             + ["--input", '{"to": "{thread}"}', "--observe", f"{GRAPHS}.contextual:observe"]
@@ -263,7 +271,11 @@ def test_cli_with_context_and_postgres_checkpoints(tmp_path):
     summary = json.loads(done.stdout.splitlines()[-1])
     duplicated = [(f["point"], f["effect"]) for f in summary["duplicates"]]
     assert duplicated == [("put_writes notify [sent]", "sent")]
-    assert threads[0] == summary["points"] + 1  # the clean run and one per crash point
+    assert threads[0] == summary["points"] + 1 + len(async_report.rows) + 1  # clean, crashes
+    assert [f["point"] for f in async_report.duplicates] == [
+        "put_writes charge [branch:to:receipt, charged]"
+    ]
+    assert all(row.runs[0].reached for row in async_report.rows)
 
 
 def test_the_library_and_cli_agree_on_a_clean_graph(tmp_path, monkeypatch):
@@ -436,11 +448,11 @@ def test_ctrl_c_exits_130_and_reaps_the_child(tmp_path, temp_root):
         "import effectdrill.core as d\n"
         "d.CHILD_POLL_S = 0.01\n"
         "ready = open(sys.argv[1], 'w')\n"
-        "real = d.Plan.run_child\n"
-        "def run_child(self, *a):\n"
+        "real = d.Plan.fork_child\n"
+        "def fork_child(self, *a):\n"
         "    ready.write('forking'); ready.flush()\n"
         "    return real(self, *a)\n"
-        "d.Plan.run_child = run_child\n"
+        "d.Plan.fork_child = fork_child\n"
         "sys.exit(m.main(sys.argv[2:]))\n"
     )
     ready = tmp_path / "ready"
