@@ -36,7 +36,7 @@ $(VENV)/.installed: requirements.txt requirements-dev.txt
 demo: $(VENV)/.installed  ## labs 01-03 told to a room (STEP=1 waits for Enter before each command)
 	@$(PY) -m labs.tools.demo --backend $(BACKEND) $(if $(STEP),--step) $(GUIDES)
 
-reset: $(VENV)/.installed  ## your own lab: `down -v` of project stateful-lab, the native data/ (.venv stays)
+reset: $(VENV)/.installed  ## your own lab: `down -v --remove-orphans` of project stateful-lab, the native data/ (.venv stays)
 	@$(PY) -m labs.tools.reset
 
 test: $(VENV)/.installed lint  ## the whole suite; the Docker tier runs when an engine answers

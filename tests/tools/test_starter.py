@@ -165,7 +165,7 @@ def test_the_starters_docker_commands_work_and_survive_a_kill_in_the_window(buil
         )  # fmt: skip
         assert suite.returncode == 0 and "\nOK" in suite.stderr, suite.stderr[-3000:]
     finally:
-        down = run("down", "-v")
+        down = run("down", "-v", "--remove-orphans")
         # Not `down --rmi all`: Compose deletes the image but not its untagged parent layers,
         # which stay behind as dangling images. The CLI's `image rm` deletes them too.
         removed = run_command(["docker", "image", "rm", f"{tag}:local"])
