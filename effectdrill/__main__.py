@@ -1,12 +1,13 @@
-"""The CLI: python -m effectdrill MODULE:GRAPH --input JSON --observe MODULE:FUNC|http [options].
+"""The CLI: effectdrill (or python -m effectdrill) MODULE:GRAPH --input JSON --observe
+MODULE:FUNC|http [options].
 
-`python -m effectdrill replay ...` resumes the unfinished threads of a copy of a checkpoint
-database under the graph as it is now (effectdrill/replay.py).
+`effectdrill replay ...` resumes the unfinished threads of a copy of a checkpoint database
+under the graph as it is now (effectdrill/replay.py).
 
 Prints a table per durability mode and a summary line (--json: one JSON object per crash point,
 then a summary object). Exit 0 when no effect repeated or went missing, 1 when one did (or the
-clean run itself repeated one, or a resume failed), 2 for a usage mistake (one line on stderr),
-130 on Ctrl-C.
+clean run was flagged: a node re-run after an interrupt repeated an effect, or --expect's count
+differs; or a resume failed), 2 for a usage mistake (one line on stderr), 130 on Ctrl-C.
 """
 
 import argparse

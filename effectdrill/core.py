@@ -37,8 +37,8 @@ DURABILITIES = ("sync", "async", "exit")  # LangGraph's durability modes, in the
 THREAD_MARK = "{thread}"  # replaced by the run's thread id everywhere in the input
 MAX_INVOKES = 50  # invokes one run may take (one per interrupt answered); more means a loop
 CHILD_DEADLINE_S = 300.0  # seconds a crash child may run: a graph that hangs is an error
-SETTLE_DEADLINE_S = 5.0  # seconds a sync kill waits for the calls it lets finish (see Killer)
-HOLD_DEADLINE_S = 10.0  # seconds a child holding writes waits for the rest of their step
+SETTLE_DEADLINE_S = 30.0  # seconds a sync kill waits for the calls it lets finish (Killer)
+HOLD_DEADLINE_S = 30.0  # seconds a child holding writes waits for the rest of their step
 CHILD_FAILED = 3  # a crash child's exit code when the graph raised (the message is piped)
 CHILD_UNREACHED = 4  # a crash child's exit code when LangGraph waited on a held write
 MAX_HELD = 4  # steps with more writes than this get fewer unsaved sets (see CleanRun.states)
@@ -350,12 +350,9 @@ class CleanRun:
                     step.sort(key=lambda c: c.label)
                     states += [held_state(unsaved, step) for unsaved in unsaved_sets(step)]
                 continue
-            earlier = self.calls[: self.calls.index(call)]
+            earlier = self.calls[: self.calls.index(call)]  # a put: the writes of its step
             wait = frozenset(
-                c.key
-                for c in earlier
-                if c.kind == "put_writes"
-                and c.group == (call.group[0], call.group[1], call.group[2])
+                c.key for c in earlier if c.kind == "put_writes" and c.group == call.group
             )
             states.append(
                 CrashState(call.label, call.key, wait, parent_put=call.kind == "put_writes")

@@ -93,7 +93,8 @@ def test_a_kill_before_the_first_checkpoint_leaves_no_next_node_but_a_task(order
     db = Sqlite(str(tmp_path / "checkpoints.sqlite"))
     db.check()  # makes the tables, as drill() does first
     plan = Plan(orders.build(), {"order": "o-1"}, orders.observe, None, None, "t")
-    state = CrashState("put step 0", "put step 0", frozenset({"put_writes __start__ [order]"}))
+    writes = "put_writes __start__ [branch:to:validate, order]"  # the input's, saved first
+    state = CrashState("put step 0", "put step 0", frozenset({writes}))
     assert plan.run_child(db, "sync", state, "thread-1", Killer(state, settle=True))
 
     with db.saver() as saver:
@@ -446,7 +447,6 @@ def test_ctrl_c_exits_130_and_reaps_the_child(tmp_path, temp_root):
         "import effectdrill.__main__ as m, sys, time\n"
         "from effectdrill_graphs import orders\n"
         "import effectdrill.core as d\n"
-        "d.CHILD_POLL_S = 0.01\n"
         "ready = open(sys.argv[1], 'w')\n"
         "real = d.Plan.fork_child\n"
         "def fork_child(self, *a):\n"
