@@ -10,10 +10,14 @@ run's (the baseline).
     report = effectdrill.drill(graph, {"order": "{thread}"}, observe)
     report.assert_clean()  # or: effectdrill MODULE:GRAPH --input ... --observe ...
 
-Checked on LangGraph 1.2.24 (the saver calls, the durability modes, get_state().tasks). POSIX
-only (fork, SIGKILL). Dependencies: langgraph (the graphs it drills, Command, Pregel.copy) and
-langgraph-checkpoint-sqlite (the default saver, a SQLite file: it survives a kill); the
-`postgres` extra adds langgraph-checkpoint-postgres and psycopg for a postgresql:// database.
+It also records the HTTP requests each run sends (outbound.py), and `python -m effectdrill
+replay` resumes a copy of real checkpoints under the graph as it is now (replay.py).
+
+Checked on LangGraph 1.2.24 (the saver calls, the durability modes, get_state().tasks), its
+rows on 1.0.1 too. POSIX only (fork, SIGKILL). Dependencies: langgraph (the graphs it drills,
+Command, Pregel.copy) and langgraph-checkpoint-sqlite (the default saver, a SQLite file: it
+survives a kill); the `postgres` extra adds langgraph-checkpoint-postgres and psycopg for a
+postgresql:// database.
 """
 
 from effectdrill.core import DURABILITIES, DrillError, Report, Row, Run, drill

@@ -1,5 +1,8 @@
 """The CLI: effectdrill (or python -m effectdrill) MODULE:GRAPH --input JSON --observe
-MODULE:FUNC [options].
+MODULE:FUNC|http [options].
+
+`effectdrill replay ...` resumes the unfinished threads of a copy of a checkpoint database
+under the graph as it is now (effectdrill/replay.py).
 
 Prints a table per durability mode and a summary line (--json: one JSON object per crash point,
 then a summary object). Exit 0 when no effect repeated or went missing, 1 when one did (or the
@@ -19,6 +22,11 @@ EXIT_CLEAN, EXIT_FOUND, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 
 def main(argv=None):
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["replay"]:  # never a MODULE:GRAPH: that has a colon
+        from effectdrill import replay
+
+        return replay.main(argv[1:])
     try:
         args = build_parser().parse_args(argv)
     except SystemExit as stop:  # --help (0) or a usage mistake (2), already printed
@@ -28,13 +36,14 @@ def main(argv=None):
         report = drill(
             load(args.graph, "MODULE:GRAPH"),
             parse_json(args.input, "--input"),
-            load(args.observe, "--observe"),
+            "http" if args.observe == "http" else load(args.observe, "--observe"),
             durability=args.durability,
             repeat=args.repeat,
             resume_with=None if args.resume_with is None else answers(args.resume_with),
             context=None if args.context is None else make_context(args.context),
             checkpoint_db=args.checkpoint_db,
             expect=None if args.expect is None else parse_json(args.expect, "--expect"),
+            http_ignore=args.http_ignore,
         )
     except DrillError as error:
         print(f"effectdrill: {error}", file=sys.stderr)
@@ -68,7 +77,16 @@ def build_parser():
     parser.add_argument("graph", help="MODULE:NAME of a compiled graph or a function returning one")
     parser.add_argument("--input", required=True, help="the run's input as JSON ({thread} = id)")
     parser.add_argument(
-        "--observe", required=True, help="MODULE:FUNC, FUNC(thread_id) -> {effect: count}"
+        "--observe",
+        required=True,
+        help="MODULE:FUNC, FUNC(thread_id) -> {effect: count}; or http (the requests)",
+    )
+    parser.add_argument(
+        "--http-ignore",
+        action="append",
+        default=[],
+        metavar="HOST[/PATH]",
+        help="requests the HTTP observer leaves out (a model API, say); repeatable",
     )
     parser.add_argument("--durability", choices=[*DURABILITIES, "all"], default="sync")
     parser.add_argument("--repeat", type=positive, default=1, help="runs per crash point")

@@ -31,6 +31,8 @@ from contextlib import asynccontextmanager, contextmanager, redirect_stdout
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit, urlunsplit
 
+from effectdrill import outbound
+
 DURABILITIES = ("sync", "async", "exit")  # LangGraph's durability modes, in the order drilled
 THREAD_MARK = "{thread}"  # replaced by the run's thread id everywhere in the input
 MAX_INVOKES = 50  # invokes one run may take (one per interrupt answered); more means a loop
@@ -59,11 +61,13 @@ def drill(
     context=None,
     checkpoint_db=None,
     expect=None,
+    http_ignore=(),
 ):
     """Drill `graph` (compiled, or a no-argument callable returning one) and return a Report.
 
     input: the run's input; every "{thread}" in its strings becomes the run's thread id.
-    observe: observe(thread_id) -> {effect: count} for that run, from the outside world.
+    observe: observe(thread_id) -> {effect: count} for that run, from the outside world; or
+    "http": the POST and PATCH requests the run sends are the effects (effectdrill/outbound.py).
     durability: "sync", "async", "exit" or "all". repeat: runs per crash point (async varies).
     resume_with: the value of Command(resume=...) whenever a run stops at interrupt(), or a
       function called with the pending interrupts that returns it (or {interrupt id: value}).
@@ -71,6 +75,7 @@ def drill(
     checkpoint_db: a SQLite file or a postgresql:// URL; by default a temporary SQLite file.
     expect: {effect: count} the clean run must count (by default its own counts are the
       baseline, and only a repeat of a node re-run after an interrupt is flagged).
+    http_ignore: hosts or host/path prefixes the HTTP observer leaves out (a model API, say).
     """
     require_posix()
     modes = durability_modes(durability)
@@ -78,15 +83,18 @@ def drill(
         raise DrillError(f"repeat must be a whole number of 1 or more, not {repeat!r}")
     expect = expected_counts(expect)
     graph = compiled(graph)
-    if not callable(observe):
+    if not callable(observe) and observe != "http":
         raise DrillError(f"the observer must be callable as observe(thread_id), not {observe!r}")
-    plan = Plan(graph, input, observe, resume_with, context, uuid.uuid4().hex[:8])
-    with database(checkpoint_db) as db:
-        report = Report(expect)
+    # The HTTP observer records every run's requests (effectdrill/outbound.py).
+    with database(checkpoint_db) as db, outbound.recording(http_ignore) as requests:
+        observe = requests.observe if observe == "http" else observe
+        plan = Plan(graph, input, observe, resume_with, context, uuid.uuid4().hex[:8])
+        report, clean_threads = Report(expect), {}
         for mode in modes:
             clean = plan.clean_run(db, mode)
             report.clean[mode] = clean.counts
             report.reruns[mode] = clean.reruns
+            clean_threads[mode] = clean.thread
             jobs = []
             for index, state in enumerate(clean.states(mode)):
                 row = Row(mode, state.label, clean.counts)
@@ -94,6 +102,7 @@ def drill(
                 for attempt in range(repeat):
                     jobs.append((row, state, f"drill-{plan.run_id}-{mode}-{index}-{attempt}"))
             crash_all(plan, db, mode, jobs)
+        requests.annotate(report, clean_threads)
     return report
 
 
@@ -117,6 +126,7 @@ class Row:
     point: str
     clean: dict
     runs: list = field(default_factory=list)
+    requests: list = field(default_factory=list)  # sent again: effectdrill/outbound.py
 
     def effects(self):
         names = dict.fromkeys(self.clean)
@@ -161,6 +171,7 @@ class Row:
             "clean": self.clean,
             "errors": self.failures(),
             "verdict": self.verdict,
+            "requests": self.requests,
         }
 
 
@@ -172,6 +183,7 @@ class Report:
         self.clean = {}  # durability -> the clean run's counts
         self.reruns = {}  # durability -> {effect: (times, node)} an interrupt's re-run repeated
         self.expect = expect or {}
+        self.requests = None  # the HTTP observer's totals (effectdrill/outbound.py)
 
     @property
     def duplicates(self):
@@ -207,7 +219,11 @@ class Report:
 
     @property
     def ok(self):
-        return not (self.duplicates or self.missing or self.failed or self.repeated_in_clean_run)
+        uncounted = bool(self.requests and self.requests["not counted"])
+        return (
+            not (self.duplicates or self.missing or self.failed or self.repeated_in_clean_run)
+            and not uncounted
+        )
 
     def summary(self):
         return {
@@ -218,6 +234,7 @@ class Report:
             "missing": self.missing,
             "repeated_in_clean_run": self.repeated_in_clean_run,
             "failed": self.failed,
+            "requests": self.requests,
         }
 
     def table(self, width=None):
@@ -245,7 +262,8 @@ class Report:
             runs = f", {len(rows[0].runs)} runs each" if rows and len(rows[0].runs) > 1 else ""
             blocks.append(f"durability {mode}: {plural(len(rows), 'crash point')}{runs}\n")
             blocks[-1] += columns(lines, width or TABLE_WIDTH)
-        return "\n\n".join(blocks + [self.summary_line()])
+        requests = outbound.table(self)
+        return "\n\n".join(blocks + ([requests] if requests else []) + [self.summary_line()])
 
     def summary_line(self):
         parts = [plural(len(self.rows), "crash point")]
@@ -260,7 +278,7 @@ class Report:
             if wrong
             else "clean run ok"
         )
-        return "summary: " + ", ".join(parts)
+        return "summary: " + ", ".join(parts) + outbound.summary_words(self.requests)
 
     def assert_clean(self):
         """Raise AssertionError with the table when an effect repeated or went missing."""

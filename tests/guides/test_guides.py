@@ -157,6 +157,10 @@ def assert_the_drills_stderr_is_the_graphs_own_lines(outcomes):
     assert drills
     for outcome in drills:
         lines = outcome.stderr.splitlines()
+        if " drill replay " in outcome.step.command:  # a resume: the resumed node's lines only
+            resumed = set() if "graph_v2" in outcome.step.command else {"effect_ack"}  # nothing
+            assert {json.loads(line)["event"] for line in lines} == resumed, lines  # runs in v2
+            continue
         if "labs.graphs.ticket:graph" not in outcome.step.command:
             assert lines == [], outcome.step.command
             continue
