@@ -22,7 +22,7 @@ TEST_WORKERS ?= 4  # pytest-xdist processes: most of a test waits on a receiver,
 GUIDES ?= labs/01-the-duplicate.md labs/02-the-keyed-fix.md labs/03-a-retry-is-not-a-new-request.md
 UV := $(abspath $(PY)) -m uv pip compile --quiet --universal --python-version 3.11 --generate-hashes --no-header
 
-.PHONY: demo reset test test-fast lint bench bench-workers bench-docker drill chaos scale-chaos starter lock clean
+.PHONY: demo reset test test-fast lint bench bench-workers bench-docker drill drill-oldest chaos scale-chaos starter lock clean
 
 $(VENV)/.installed: requirements.txt requirements-dev.txt
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' \
@@ -32,6 +32,16 @@ $(VENV)/.installed: requirements.txt requirements-dev.txt
 	@$(PY) -m pip install --quiet --disable-pip-version-check --require-hashes \
 		-r requirements.txt -r requirements-dev.txt >&2
 	@touch $@
+
+DRILL_OLDEST := .venv-drill-oldest
+$(DRILL_OLDEST)/.installed: requirements-drill-oldest.txt
+	@echo "make: installing the oldest LangGraph effectdrill supports into $(DRILL_OLDEST)" >&2
+	@$(PYTHON) -m venv $(DRILL_OLDEST) >&2
+	@$(DRILL_OLDEST)/bin/python -m pip install --quiet --disable-pip-version-check --require-hashes \
+		-r requirements-drill-oldest.txt >&2
+	@touch $@
+
+drill-oldest: $(DRILL_OLDEST)/.installed  ## the oldest LangGraph effectdrill supports, in a second venv (tests/effectdrill/test_versions.py)
 
 demo: $(VENV)/.installed  ## labs 01-03 told to a room (STEP=1 waits for Enter before each command)
 	@$(PY) -m labs.tools.demo --backend $(BACKEND) $(if $(STEP),--step) $(GUIDES)
@@ -75,7 +85,8 @@ scale-chaos: $(VENV)/.installed  ## WORKERS workers on a throwaway Postgres; FAU
 lock: $(VENV)/.installed  ## regenerate the hashed lock files (the starter's too) from the .in files
 	$(UV) -o requirements.txt requirements.in
 	$(UV) -o requirements-dev.txt requirements-dev.in
+	$(UV) -o requirements-drill-oldest.txt requirements-drill-oldest.in  # effectdrill's oldest LangGraph
 	cd labs/tools/starter && $(UV) -o requirements.txt requirements.in  # what the starter imports
 
 clean:  ## the native lab's data and the venv (Docker: make reset)
-	rm -rf data $(VENV) .pytest_cache .ruff_cache .hypothesis
+	rm -rf data $(VENV) $(DRILL_OLDEST) .pytest_cache .ruff_cache .hypothesis

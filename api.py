@@ -289,7 +289,7 @@ class TicketStore:
                 if self.db.in_transaction:  # a failed COMMIT may have rolled back already
                     self.db.execute("ROLLBACK")
                 raise
-            self.full = False  # it committed: there is room again
+            self.full = False  # it committed: the disk has space again
             self.ledger.add("keys_pruned", self.pruned_here)
 
     @contextmanager
@@ -505,7 +505,7 @@ class StoreDamaged(sqlite3.DatabaseError):
 
 
 class DiskFull(sqlite3.OperationalError):
-    """The disk (or SQLite's max_page_count) leaves the database no room (SQLITE_FULL)."""
+    """The disk (or SQLite's max_page_count) leaves the database no space to grow (SQLITE_FULL)."""
 
     def __init__(self, path, reason, first):
         super().__init__(

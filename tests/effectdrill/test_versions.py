@@ -23,10 +23,7 @@ from packaging.version import Version
 from labs.tools.local import ROOT
 
 OLDEST = ROOT / ".venv-drill-oldest" / "bin" / "python"
-MAKE_OLDEST = (
-    "python3 -m venv .venv-drill-oldest && .venv-drill-oldest/bin/python -m pip install "
-    "--require-hashes -r requirements-drill-oldest.txt"
-)
+MAKE_OLDEST = "make drill-oldest"
 DRILLED = ("langgraph", "langgraph-checkpoint-sqlite")  # what effectdrill imports
 # Run by each venv's Python: the versions, then each graph's rows, as one JSON line apiece.
 DRIVER = """
