@@ -412,7 +412,10 @@ def copy_saver(real, saved):
 
 
 def emit(event, **values):
-    print(json.dumps({"event": event, **values}, sort_keys=True), flush=True)
+    """One JSON line, in one write: print() writes the text and its newline apart when output is
+    unbuffered, and two processes on one pipe (the drill's child and its resume) could splice."""
+    sys.stdout.write(json.dumps({"event": event, **values}, sort_keys=True) + "\n")
+    sys.stdout.flush()
 
 
 def announce(name, action):

@@ -134,3 +134,30 @@ def test_receiver_refusal_is_http_error_exit_1(receiver, workflow):
     (event,) = events(done.stdout)
     assert event["event"] == "http_error" and event["status"] == 409
     assert "different body" in event["body"]["error"]
+
+
+@pytest.mark.fast
+def test_each_event_line_is_one_write(monkeypatch):
+    """Unbuffered (PYTHONUNBUFFERED, as the lab runs), print() writes a line's text and its
+    newline apart; the drill's crash child and the resume before it share one stderr pipe, and
+    lab 11 showed two events spliced on one line. emit() hands the whole line to one write."""
+    import workflow
+
+    class Writes:
+        def __init__(self):
+            self.calls = []
+
+        def write(self, text):
+            self.calls.append(text)
+
+        def flush(self):
+            pass
+
+    writes = Writes()
+    monkeypatch.setattr(sys, "stdout", writes)
+    workflow.emit("prepare", operation="op")
+    workflow.emit("effect_ack", created=True, ticket_id=1)
+    assert writes.calls == [
+        '{"event": "prepare", "operation": "op"}\n',
+        '{"created": true, "event": "effect_ack", "ticket_id": 1}\n',
+    ]
