@@ -316,9 +316,10 @@ class LostAckClient(workflow.TicketClient):
         result = super().create(title, key)
         if first:  # an answer came to the request that was to lose it: no fault happened
             print(
-                "lab.py: --crash-at lost-ack: the receiver answered anyway (its FAILPOINTS has no "
-                "before-answer=drop-answer, or this thread's token was used; lab 06 names -f "
-                "compose.yaml -f labs/lost-ack.compose.yaml on each command)",
+                "lab.py: --crash-at lost-ack: the receiver answered anyway: its FAILPOINTS has no "
+                "before-answer=drop-answer (lab 06's up line sets it: docker compose -p "
+                "stateful-lab -f compose.yaml -f labs/lost-ack.compose.yaml up -d --build api), "
+                "or it already dropped an answer for this thread",
                 file=sys.stderr,
             )
         return result
