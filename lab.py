@@ -222,6 +222,12 @@ def run(args, settings, graph_input):
 def state(args, settings):
     version = getattr(args, "graph_version", "1")  # worker.py's state passes its own args
     with workflow.open_checkpointer(settings.checkpoint_db) as saver:
+        head = saver.get_tuple(workflow.thread_config(args.thread))
+        if head and "seats" in head.checkpoint["channel_values"]:  # the ticket graph misreads it
+            raise UserError(
+                f"thread {args.thread!r} is a saga (lab 13): saga state --thread {args.thread}",
+                EXIT_THREAD,
+            )
         graph = build_graph(saver, saved(saver, args, "approval"), version)
         snapshot = graph.get_state(workflow.thread_config(args.thread))
     if not snapshot.values:
