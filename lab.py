@@ -280,9 +280,15 @@ def exists_hint(saved):
 def owner(saved):
     """The line for a thread that another command runs (a CheckpointTuple), or None: lab 13's
     saga (its values hold seats), or a thread of worker.py, which records no contract."""
-    thread = saved.config["configurable"]["thread_id"]
-    if "seats" in saved.checkpoint["channel_values"]:
-        return f"thread {thread!r} is a saga (lab 13): saga resume --thread {thread}"
+    thread, values = saved.config["configurable"]["thread_id"], saved.checkpoint["channel_values"]
+    if "seats" in values:
+        line = f"thread {thread!r} is a saga (lab 13): saga resume --thread {thread}"
+        if values.get("mode") == "naive" and workflow.BRANCH + "refund" in values:
+            line += (
+                "; its refund sends no key (--mode naive): see saga refunds first, "
+                "a resume sends it again"
+            )
+        return line
     if "contract" not in saved.metadata:
         return (
             f"thread {thread!r} records no contract: worker.py saves its threads so and runs "
