@@ -222,6 +222,12 @@ def run(args, settings, graph_input):
 def state(args, settings):
     version = getattr(args, "graph_version", "1")  # worker.py's state passes its own args
     with workflow.open_checkpointer(settings.checkpoint_db) as saver:
+        head = saver.get_tuple(workflow.thread_config(args.thread))
+        if head and "seats" in head.checkpoint["channel_values"]:  # the ticket graph misreads it
+            raise UserError(
+                f"thread {args.thread!r} is a saga (lab 13): saga state --thread {args.thread}",
+                EXIT_THREAD,
+            )
         graph = build_graph(saver, saved(saver, args, "approval"), version)
         snapshot = graph.get_state(workflow.thread_config(args.thread))
     if not snapshot.values:
@@ -258,13 +264,15 @@ def saved(saver, args, field):
     return build_graph(saver).get_state(workflow.thread_config(args.thread)).values.get(field)
 
 
+RESET_HINT = (
+    "reset the lab: docker compose -p stateful-lab down -v --remove-orphans (natively: make reset)"
+)
+
+
 def exists_hint(saved):
     """What to do about a start of a thread that exists: a naive one sends no key, so its
     resume would repeat a request that may have taken effect."""
-    reset = (
-        "reset the lab: docker compose -p stateful-lab down -v --remove-orphans "
-        "(natively: make reset)"
-    )
+    reset = RESET_HINT
     values = saved.checkpoint["channel_values"] if saved else {}
     if values.get("mode") == "naive" and any(c.startswith(workflow.BRANCH) for c in values):
         return f"it sends no key (--mode naive), so a resume repeats its request; or {reset}"
@@ -274,15 +282,23 @@ def exists_hint(saved):
 def owner(saved):
     """The line for a thread that another command runs (a CheckpointTuple), or None: lab 13's
     saga (its values hold seats), or a thread of worker.py, which records no contract."""
-    thread = saved.config["configurable"]["thread_id"]
-    if "seats" in saved.checkpoint["channel_values"]:
-        return f"thread {thread!r} is a saga (lab 13): saga resume --thread {thread}"
+    thread, values = saved.config["configurable"]["thread_id"], saved.checkpoint["channel_values"]
+    if "seats" in values:
+        return f"thread {thread!r} is a saga (lab 13): {saga_resume_hint(thread, values)}"
     if "contract" not in saved.metadata:
         return (
             f"thread {thread!r} records no contract: worker.py saves its threads so and runs "
             f"them from its queue (lab 10): worker.py state --thread {thread}"
         )
     return None
+
+
+def saga_resume_hint(thread, values):
+    """saga resume, and a warning where it would repeat a refund sent without a key."""
+    hint = f"saga resume --thread {thread}"
+    if values.get("mode") == "naive" and workflow.BRANCH + "refund" in values:
+        hint += " (its refund sends no key: see saga refunds first, a resume sends it again)"
+    return hint
 
 
 def check_approval(args, snapshot):
@@ -316,9 +332,10 @@ class LostAckClient(workflow.TicketClient):
         result = super().create(title, key)
         if first:  # an answer came to the request that was to lose it: no fault happened
             print(
-                "lab.py: --crash-at lost-ack: the receiver answered anyway (its FAILPOINTS has no "
-                "before-answer=drop-answer, or this thread's token was used; lab 06 names -f "
-                "compose.yaml -f labs/lost-ack.compose.yaml on each command)",
+                "lab.py: --crash-at lost-ack: the receiver answered anyway: its FAILPOINTS has no "
+                "before-answer=drop-answer (lab 06's up line sets it: docker compose -p "
+                "stateful-lab -f compose.yaml -f labs/lost-ack.compose.yaml up -d --build api), "
+                "or it already dropped an answer for this thread",
                 file=sys.stderr,
             )
         return result
@@ -431,7 +448,8 @@ def saga_run(args, settings, graph_input):
     points = {args.crash_at: "kill"} if args.crash_at else {}
     with failpoints.scoped(points), workflow.open_checkpointer(settings.checkpoint_db) as saver:
         graph = build_saga(saver)
-        snapshot = workflow.require_thread(graph, args.thread, graph_input is not None)
+        hint = saga_exists_hint(saver.get_tuple(workflow.thread_config(args.thread)))
+        snapshot = workflow.require_thread(graph, args.thread, graph_input is not None, hint)
         if graph_input is None and "seats" not in snapshot.values:
             raise UserError(
                 f"thread {args.thread!r} is not a saga; resume it without saga", EXIT_THREAD
@@ -441,6 +459,14 @@ def saga_run(args, settings, graph_input):
         return workflow.EXIT_DRAINED
     emit("done", **final)
     return 0
+
+
+def saga_exists_hint(saved):
+    """What to do about a saga start on a thread that exists: a saga's own resume, or none."""
+    values = saved.checkpoint["channel_values"] if saved else {}
+    thread = saved.config["configurable"]["thread_id"] if saved else ""
+    goes_on = f"{saga_resume_hint(thread, values)} goes on with it" if "seats" in values else ""
+    return (goes_on or "it is no saga") + "; or pick a new --thread; or " + RESET_HINT
 
 
 def saga_state(args, settings):

@@ -138,6 +138,9 @@ def test_lost_ack_without_the_fault_switch_says_so(receiver, workflow):
     done = workflow("start", "--mode", "safe", "--crash-at", "lost-ack")
     assert done.returncode == 0 and names(done) == ["prepare", "effect_ack", "done"]
     assert "its FAILPOINTS has no before-answer=drop-answer" in done.stderr
+    # the way out is lab 06's up line, the only one that names the override file
+    assert "-f compose.yaml -f labs/lost-ack.compose.yaml up -d --build api" in done.stderr
+    assert "each command" not in done.stderr
 
 
 def test_unreachable_receiver_is_no_unknown_outcome(lab, workflow):

@@ -118,6 +118,16 @@ def test_a_saga_thread_is_refused_by_the_plain_commands_which_name_saga_resume(
     assert (*after, tickets(lab)) == before
 
 
+def test_plain_state_of_a_saga_thread_names_saga_state(lab, receiver, capsys):
+    """The ticket graph reads a saga as its own: lab 13's `state --thread naive` (saga
+    forgotten) showed a saga stopped before its refund as next [] and without `refused`."""
+    saved = saga(capsys, lab, "naive")
+    code, events, err = run(capsys, lab, "state", "--thread", "naive")
+    assert (code, events) == (workflow.EXIT_THREAD, [])
+    assert err == "lab.py: thread 'naive' is a saga (lab 13): saga state --thread naive\n"
+    assert run(capsys, lab, "saga", "state", "--thread", "naive")[1] == saved
+
+
 def test_a_worker_thread_is_refused_with_the_command_that_owns_it(lab, receiver, capsys):
     """A thread saved by worker.py's run_thread (no contract in its checkpoints)."""
     from langgraph.runtime import RunControl

@@ -72,6 +72,14 @@ def test_a_crash_after_the_refunds_answer_then_resume(receiver, lab, mode, made)
         {"event": "refunded", "created": True, "refund_id": 1},
         {"event": "crash", "at": "after-refund-ack"},
     ]
+    plain = run_workflow_here(["resume", "--thread", "t"], lab)  # `saga` forgotten
+    assert plain.returncode == 4 and plain.stderr.count("\n") == 1, plain.stderr
+    assert "saga resume --thread t" in plain.stderr
+    # the hint warns where following it repeats the refund: naive sends it without a key
+    assert ("see saga refunds first, a resume sends it again" in plain.stderr) == (mode == "naive")
+    twice = run_workflow_here([*start, "--seats", str(REFUSED)], lab)  # no reset between
+    assert twice.returncode == 4 and "saga resume --thread t" in twice.stderr, twice.stderr
+    assert ("see saga refunds first" in twice.stderr) == (mode == "naive")
     resumed = run_workflow_here(["saga", "resume", "--thread", "t"], lab)
 
     assert resumed.returncode == 0, resumed.stderr
