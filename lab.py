@@ -222,6 +222,12 @@ def run(args, settings, graph_input):
 def state(args, settings):
     version = getattr(args, "graph_version", "1")  # worker.py's state passes its own args
     with workflow.open_checkpointer(settings.checkpoint_db) as saver:
+        head = saver.get_tuple(workflow.thread_config(args.thread))
+        if head and is_saga(head):  # read by the ticket graph, its refund would not show
+            raise UserError(
+                f"thread {args.thread!r} is a saga (lab 13): saga state --thread {args.thread}",
+                EXIT_THREAD,
+            )
         graph = build_graph(saver, saved(saver, args, "approval"), version)
         snapshot = graph.get_state(workflow.thread_config(args.thread))
     if not snapshot.values:
@@ -275,14 +281,32 @@ def owner(saved):
     """The line for a thread that another command runs (a CheckpointTuple), or None: lab 13's
     saga (its values hold seats), or a thread of worker.py, which records no contract."""
     thread = saved.config["configurable"]["thread_id"]
-    if "seats" in saved.checkpoint["channel_values"]:
-        return f"thread {thread!r} is a saga (lab 13): saga resume --thread {thread}"
+    if is_saga(saved):
+        return f"thread {thread!r} is a saga (lab 13): {saga_goes_on(saved)}"
     if "contract" not in saved.metadata:
         return (
             f"thread {thread!r} records no contract: worker.py saves its threads so and runs "
             f"them from its queue (lab 10): worker.py state --thread {thread}"
         )
     return None
+
+
+def is_saga(saved):
+    """Whether a saved thread (a CheckpointTuple) is lab 13's: only its state holds seats."""
+    return "seats" in saved.checkpoint["channel_values"]
+
+
+def saga_goes_on(saved):
+    """The saga command that goes on from a saved saga thread: a naive one waiting at its refund
+    sends that refund without a key, so its resume refunds again if the first went through."""
+    thread = saved.config["configurable"]["thread_id"]
+    values = saved.checkpoint["channel_values"]
+    if values.get("mode") == "naive" and f"{workflow.BRANCH}refund" in values:
+        return (
+            "its refund goes without a key (--mode naive), so saga resume --thread "
+            f"{thread} refunds again if the first refund went through: look at saga refunds first"
+        )
+    return f"saga resume --thread {thread}"
 
 
 def check_approval(args, snapshot):
@@ -431,7 +455,9 @@ def saga_run(args, settings, graph_input):
     points = {args.crash_at: "kill"} if args.crash_at else {}
     with failpoints.scoped(points), workflow.open_checkpointer(settings.checkpoint_db) as saver:
         graph = build_saga(saver)
-        snapshot = workflow.require_thread(graph, args.thread, graph_input is not None)
+        head = saver.get_tuple(workflow.thread_config(args.thread))
+        hint = saga_goes_on(head) if head and is_saga(head) else "pick a new --thread"
+        snapshot = workflow.require_thread(graph, args.thread, graph_input is not None, hint)
         if graph_input is None and "seats" not in snapshot.values:
             raise UserError(
                 f"thread {args.thread!r} is not a saga; resume it without saga", EXIT_THREAD
@@ -448,6 +474,11 @@ def saga_state(args, settings):
         snapshot = build_saga(saver).get_state(workflow.thread_config(args.thread))
     if not snapshot.values:
         raise UserError(f"no thread {args.thread!r}; check --thread", EXIT_THREAD)
+    if "seats" not in snapshot.values:  # a ticket thread: the saga's graph would misread it
+        raise UserError(
+            f"thread {args.thread!r} is not a saga; state --thread {args.thread} (without saga)",
+            EXIT_THREAD,
+        )
     emit("state", values=snapshot.values, next=list(snapshot.next))
 
 
