@@ -223,7 +223,7 @@ def state(args, settings):
     version = getattr(args, "graph_version", "1")  # worker.py's state passes its own args
     with workflow.open_checkpointer(settings.checkpoint_db) as saver:
         head = saver.get_tuple(workflow.thread_config(args.thread))
-        if head and "seats" in head.checkpoint["channel_values"]:  # the ticket graph misreads it
+        if head and is_saga(head):  # read by the ticket graph, its refund would not show
             raise UserError(
                 f"thread {args.thread!r} is a saga (lab 13): saga state --thread {args.thread}",
                 EXIT_THREAD,
@@ -282,9 +282,9 @@ def exists_hint(saved):
 def owner(saved):
     """The line for a thread that another command runs (a CheckpointTuple), or None: lab 13's
     saga (its values hold seats), or a thread of worker.py, which records no contract."""
-    thread, values = saved.config["configurable"]["thread_id"], saved.checkpoint["channel_values"]
-    if "seats" in values:
-        return f"thread {thread!r} is a saga (lab 13): {saga_resume_hint(thread, values)}"
+    thread = saved.config["configurable"]["thread_id"]
+    if is_saga(saved):
+        return f"thread {thread!r} is a saga (lab 13): {saga_goes_on(saved)}"
     if "contract" not in saved.metadata:
         return (
             f"thread {thread!r} records no contract: worker.py saves its threads so and runs "
@@ -293,12 +293,22 @@ def owner(saved):
     return None
 
 
-def saga_resume_hint(thread, values):
-    """saga resume, and a warning where it would repeat a refund sent without a key."""
-    hint = f"saga resume --thread {thread}"
-    if values.get("mode") == "naive" and workflow.BRANCH + "refund" in values:
-        hint += " (its refund sends no key: see saga refunds first, a resume sends it again)"
-    return hint
+def is_saga(saved):
+    """Whether a saved thread (a CheckpointTuple) is lab 13's: only its state holds seats."""
+    return "seats" in saved.checkpoint["channel_values"]
+
+
+def saga_goes_on(saved):
+    """The saga command that goes on from a saved saga thread: a naive one waiting at its refund
+    sends that refund without a key, so its resume refunds again if the first went through."""
+    thread = saved.config["configurable"]["thread_id"]
+    values = saved.checkpoint["channel_values"]
+    if values.get("mode") == "naive" and f"{workflow.BRANCH}refund" in values:
+        return (
+            "its refund goes without a key (--mode naive), so saga resume --thread "
+            f"{thread} refunds again if the first refund went through: look at saga refunds first"
+        )
+    return f"saga resume --thread {thread}"
 
 
 def check_approval(args, snapshot):
@@ -462,11 +472,9 @@ def saga_run(args, settings, graph_input):
 
 
 def saga_exists_hint(saved):
-    """What to do about a saga start on a thread that exists: a saga's own resume, or none."""
-    values = saved.checkpoint["channel_values"] if saved else {}
-    thread = saved.config["configurable"]["thread_id"] if saved else ""
-    goes_on = f"{saga_resume_hint(thread, values)} goes on with it" if "seats" in values else ""
-    return (goes_on or "it is no saga") + "; or pick a new --thread; or " + RESET_HINT
+    """What to do about a saga start on a thread that exists: the saga's own way on, or none."""
+    goes_on = saga_goes_on(saved) if saved and is_saga(saved) else "it is no saga"
+    return goes_on + "; or pick a new --thread; or " + RESET_HINT
 
 
 def saga_state(args, settings):
@@ -474,6 +482,11 @@ def saga_state(args, settings):
         snapshot = build_saga(saver).get_state(workflow.thread_config(args.thread))
     if not snapshot.values:
         raise UserError(f"no thread {args.thread!r}; check --thread", EXIT_THREAD)
+    if "seats" not in snapshot.values:  # a ticket thread: the saga's graph would misread it
+        raise UserError(
+            f"thread {args.thread!r} is not a saga; state --thread {args.thread} (without saga)",
+            EXIT_THREAD,
+        )
     emit("state", values=snapshot.values, next=list(snapshot.next))
 
 

@@ -692,6 +692,14 @@ def main(argv=None, environ=None, parser=None, points=POINTS):
         except ValueError:
             body = body.decode("utf-8", "replace")
         emit("http_error", status=error.code, body=body)
+        if not isinstance(body, dict):  # api.py answers every error in JSON: another server
+            hint = resume_hint(args, settings, "once API_URL names the receiver")
+            print(
+                f"{args.prog}: the server at {settings.api_url} answered {error.code} without "
+                f"the receiver's JSON: API_URL (its port) names another program{hint}",
+                file=sys.stderr,
+            )
+            return EXIT_HTTP_ERROR
         if error.code == 503:  # busy past every try: rolled back each time, so nothing committed
             tries = settings.attempts * BUSY_TRIES_PER_ATTEMPT
             why = f"the receiver stayed busy (503) for {tries} tries; nothing was committed"

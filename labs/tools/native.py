@@ -22,6 +22,9 @@ from labs.tools.native_workers import HEARTBEAT_S
 PID_FILE = "data/receiver.pid"  # where the native commands we show keep the receiver's pid
 PYTHON_IN_THE_IMAGE = ["--rm", "--entrypoint", "python", "workflow"]  # run ... -c CODE
 WORKERS = "python -m labs.tools.native_workers"  # the workers it started (pid files in data/)
+# Lab 10's `up -d postgres` exports the cluster's URL as CHECKPOINT_DB: its reset puts back the
+# README's SQLite file, or every later lab in that shell would ask a cluster that is gone (exit 3).
+SQLITE_AGAIN = "export CHECKPOINT_DB=data/workflow/checkpoints.sqlite; unset WORKER_HEARTBEAT_S"
 
 
 def line(cmd, faults, running, postgres_up):
@@ -47,8 +50,9 @@ def line(cmd, faults, running, postgres_up):
         return f"{stop}; {serve}"
     if cmd.verb == "down":
         stop = "kill %1 2>/dev/null; wait"  # a guide's first line: there may be no job yet
-        if postgres_up:  # lab 10: the workers and the cluster too
+        if postgres_up:  # lab 10: the workers and the cluster too, and the SQLite file again
             stop = f"{WORKERS} stop; {stop}"  # the workers, then the pg tool (data/pg.pid)
+            return f"{stop}; rm -rf data; {SQLITE_AGAIN}"
         return f"{stop}; rm -rf data"
     if cmd.verb == "logs":
         return "cat data/receiver.log"

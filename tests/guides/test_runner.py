@@ -144,8 +144,11 @@ def test_lab_10_native_lines_name_the_worker_and_the_cluster(tmp_path):
     assert backend.native(prefix + "run --rm workflow tickets") == "python lab.py tickets"
     down = parse_command(prefix + "down -v --remove-orphans")
     assert native.line(down, {}, running=False, postgres_up=True) == (
-        "python -m labs.tools.native_workers stop; kill %1 2>/dev/null; wait; rm -rf data"
+        "python -m labs.tools.native_workers stop; kill %1 2>/dev/null; wait; rm -rf data; "
+        "export CHECKPOINT_DB=data/workflow/checkpoints.sqlite; unset WORKER_HEARTBEAT_S"
     )
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert "CHECKPOINT_DB=data/workflow/checkpoints.sqlite" in readme  # the README's export
     assert backend.native(prefix + "down -v") == "kill %1 2>/dev/null; wait; rm -rf data"
 
 

@@ -118,14 +118,38 @@ def test_a_saga_thread_is_refused_by_the_plain_commands_which_name_saga_resume(
     assert (*after, tickets(lab)) == before
 
 
-def test_plain_state_of_a_saga_thread_names_saga_state(lab, receiver, capsys):
-    """The ticket graph reads a saga as its own: lab 13's `state --thread naive` (saga
-    forgotten) showed a saga stopped before its refund as next [] and without `refused`."""
-    saved = saga(capsys, lab, "naive")
+def test_state_and_saga_state_each_refuse_the_others_thread(lab, receiver, capsys):
+    """`state --thread naive` in lab 13 (saga forgotten) read the saga with the ticket graph:
+    `next: []` for a saga that waits at its refund. `saga state` of a ticket thread, the same."""
+    saga(capsys, lab, "naive")
     code, events, err = run(capsys, lab, "state", "--thread", "naive")
     assert (code, events) == (workflow.EXIT_THREAD, [])
     assert err == "lab.py: thread 'naive' is a saga (lab 13): saga state --thread naive\n"
-    assert run(capsys, lab, "saga", "state", "--thread", "naive")[1] == saved
+    assert run(capsys, lab, "start", "--thread", "plain")[0] == 0
+    code, events, err = run(capsys, lab, "saga", "state", "--thread", "plain")
+    assert (code, events) == (workflow.EXIT_THREAD, [])
+    assert err == "lab.py: thread 'plain' is not a saga; state --thread plain (without saga)\n"
+
+
+def test_a_naive_saga_waiting_at_its_refund_is_not_offered_a_plain_saga_resume(
+    lab, receiver, capsys
+):
+    """A naive saga killed after its refund's answer waits at the refund, which goes without a
+    key: `saga resume` refunds again (lab 13's duplicate). The lines that name it say so, and a
+    line typed as printed before the colon changes nothing."""
+    with workflow.open_checkpointer(lab["CHECKPOINT_DB"]) as saver:  # refused, refund pending
+        values = {"operation_id": "o", "title": "t", "seats": 11, "mode": "naive"}
+        graph = lab_py.build_saga(saver)
+        config = workflow.thread_config("n")
+        graph.update_state(config, {**values, "ticket_id": 1}, as_node="charge")
+        graph.update_state(config, {"refused": "no capacity"}, as_node="reserve")
+        assert graph.get_state(config).next == ("refund",)
+    for command in (["resume"], ["migrate"], ["saga", "start"]):
+        code, events, err = run(capsys, lab, *command, "--thread", "n")
+        assert (code, events) == (workflow.EXIT_THREAD, []) and err.count("\n") == 1, err
+        assert "without a key (--mode naive)" in err and "refunds again" in err, err
+        assert "look at saga refunds first" in err
+    assert run(capsys, lab, "saga", "refunds")[1][0]["refunds"] == []
 
 
 def test_a_worker_thread_is_refused_with_the_command_that_owns_it(lab, receiver, capsys):

@@ -322,3 +322,32 @@ def test_ctrl_c_while_python_imports_the_script_is_one_line(lab, script):
     said = [line for line in err.splitlines() if not line.startswith("import time:")]
     assert proc.returncode == workflow.EXIT_INTERRUPTED, "".join(seen) + err
     assert said == [f"{script}: interrupted"] and out == "", said
+
+
+@pytest.mark.fast
+def test_an_api_url_naming_another_server_is_one_line_naming_api_url(env, monkeypatch, capsys):
+    """A wrong port where another HTTP server listens: its HTML error page came as http_error
+    and nothing on stderr. The receiver answers every error in JSON, so a body that is not JSON
+    is another server's: one line names API_URL, and a run saved by then is named to resume."""
+    import http.server
+
+    class Other(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *_):  # its own log is not the line under test
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Other)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        monkeypatch.setenv("API_URL", f"http://127.0.0.1:{server.server_port}")
+        returned = workflow.main(["tickets"])
+        assert json.loads(capsys.readouterr().out.splitlines()[-1])["status"] == 501
+        capsys.readouterr()
+        code = workflow.main(["start", "--thread", "w"])
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert returned == workflow.EXIT_HTTP_ERROR
+    out, err = capsys.readouterr()
+    assert code == workflow.EXIT_HTTP_ERROR and err.count("\n") == 1, err
+    assert "without the receiver's JSON: API_URL (its port) names another program" in err, err
+    assert err.endswith("the run is saved: once API_URL names the receiver, resume --thread w\n")
