@@ -8,7 +8,8 @@ column, and the ticket is committed before the answer is written. A caller that 
 the commit and before it reads the answer (the crash window) can only find its ticket again
 by sending the same key.
 
-    GET  /health                 200 {"ok": true}; 503 once the database file was deleted
+    GET  /health                 200 {"ok": true}; 503 once the database file was deleted,
+                                 or once the receiver met damage in it
     GET  /metrics                200, the Prometheus text format: tickets created, replays,
                                  key conflicts, keys pruned, answers by status, durations
     GET  /tickets[?key=KEY]      200 {"tickets": [{"ticket_id", "key", "payload"}]}, in id order
@@ -16,23 +17,31 @@ by sending the same key.
                                  Idempotency-Key (1-200 visible ASCII characters):
                                  201 {"ticket_id", "created": true}   a new ticket
                                  200 {"ticket_id", "created": false}  the same key and body again
-                                 409 the key was used for another body: send a new key
+                                 409 {"code": "key_conflict"} the key was used for another
+                                 body: send a new key
     GET  /refunds[?key=KEY]      200 {"refunds": [{"refund_id", "ticket_id", "key"}]}
     POST /refunds                body {"ticket_id": N}, optional Idempotency-Key: a refund of
                                  ticket N (a saga's compensation), keyed like a ticket: 201,
                                  200, 409 as above; 404 no ticket N. Without a key every
                                  request is one more refund.
     POST /reservations           body {"ticket_id": N, "seats": S}, optional Idempotency-Key:
-                                 201, 200, 409 as above; 404 no ticket N; 409 no capacity:
-                                 more seats than the SEATS left, nothing reserved
+                                 201, 200, 409 as above; 404 no ticket N; 409 {"code":
+                                 "no_capacity"}: more seats than the SEATS left, nothing reserved
 Every answer but /metrics is JSON, HEAD is GET without the body, and every refusal has an
-"error" field that says what to do: 400 (malformed), 404, 405, 408 (request not sent in time),
-411 (no Content-Length), 413 (body over 4096 bytes), 500 (a bug: nothing was committed), and 503
-with Retry-After: 1 (database busy, too many connections: retry the same request with the same
-key; database deleted while running: restart the receiver).
+"error" field that says what to do (a 409 also a "code" for programs): 400 (malformed, or a
+header line holding a bare CR or another control character but tab), 404, 405, 408 (a body
+not received within RECEIVER_REQUEST_TIMEOUT_S; a request line or headers that late get no
+answer: the connection is closed), 411 (no Content-Length), 413 (body over 4096 bytes), 500 (a
+bug: nothing was committed), and 503 with Retry-After: 1 (database busy, too many connections,
+disk full: retry the same request with the same key; database deleted while running: restart
+the receiver), or without Retry-After (the database file is damaged: an operator must restore
+or move it; the receiver answers so from then on, and logs it once). Every answer is counted in
+/metrics before its first byte is written.
 
 Configuration (environment, read in main()):
-    RECEIVER_DB                  data/receiver/receiver.sqlite
+    RECEIVER_DB                  data/receiver/receiver.sqlite: missing, empty, or a receiver's
+                                 own; a file with other tables (another program's, LangGraph's
+                                 checkpoints) is refused before anything is written to it
     HOST                         127.0.0.1 (compose sets 0.0.0.0)
     PORT                         8000
     RECEIVER_BUSY_TIMEOUT_S      2 (seconds to wait for the database before a 503)
@@ -45,8 +54,10 @@ Configuration (environment, read in main()):
                                  caller may wait before it retries (a crash, an approval).
     FAILPOINTS                   "" (none). Fault points for tests, never for a real service:
                                  after-commit=kill dies between the commit and the answer;
-                                 before-answer=drop-answer commits, then hangs up unanswered,
-                                 once for each Failpoint-Token request header value.
+                                 before-answer=drop-answer commits, then hangs up unanswered;
+                                 before-body=sleep(S) writes the status line and headers (the
+                                 answer is counted already), then waits S seconds before the
+                                 body; both once for each Failpoint-Token request header value.
 """
 
 import argparse
@@ -60,7 +71,7 @@ import sys
 import threading
 import time
 from collections import Counter
-from contextlib import contextmanager
+from contextlib import closing, contextmanager
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
@@ -105,8 +116,8 @@ SEATS = 10  # seats for all reservations together: few, so a caller can ask for 
 BUSY_TIMEOUT_S = 2.0  # seconds to wait for the database before answering 503; twice this is
 #                       still under the workflow's 5 s request timeout, so the client hears
 #                       "busy, retry" instead of timing out with the outcome unknown.
-POINTS = ("after-commit", "before-answer")  # this program's failpoints (FAILPOINTS)
-TOKEN_HEADER = "Failpoint-Token"  # before-answer fires once for each value a client sends
+POINTS = ("after-commit", "before-answer", "before-body")  # this program's failpoints
+TOKEN_HEADER = "Failpoint-Token"  # before-answer and before-body fire once for each value
 PRUNE_EVERY_S = 60.0  # seconds between prunes at most (less when the retention is shorter)
 PRUNE_BATCH = 500  # keys forgotten per transaction; requests take their turn between batches
 EXPIRED = "IFNULL(created_at < ?, 0)"  # SQL: the row's key is past the retention (? = cutoff)
@@ -171,7 +182,9 @@ class TicketStore:
             taken = self.db.execute("SELECT TOTAL(seats) FROM reservations").fetchone()[0]
             if seats > (left := SEATS - int(taken)):
                 raise ClientError(
-                    409, f"no capacity: {seats} seats asked for, {left} of {SEATS} left"
+                    409,
+                    f"no capacity: {seats} seats asked for, {left} of {SEATS} left",
+                    code="no_capacity",
                 )
 
         columns = {"ticket_id": ticket_id, "seats": seats}
@@ -212,11 +225,14 @@ class TicketStore:
     def __init__(self, path, busy_timeout_s=BUSY_TIMEOUT_S, retention_s=None, ledger=None):
         self.path, self.lock, self.busy_timeout_s = Path(path), threading.Lock(), busy_timeout_s
         self.retention_s, self.ledger = retention_s, ledger or Ledger()
+        refuse_another_programs_file(self.path)  # read-only: opening it below writes to it
         self.db = sqlite3.connect(
             path, timeout=busy_timeout_s, isolation_level=None, check_same_thread=False
         )
         # WAL with synchronous=FULL: an acknowledged ticket survives a power cut, at one
-        # sync of the WAL file per commit (the rollback journal needs four: see the README).
+        # sync of the WAL file per commit. `strace -f -e trace=fsync,fdatasync` over ten
+        # commits (SQLite 3.40, Linux ext4) counted 10 fdatasync calls in WAL mode and 40 in
+        # SQLite's default rollback-journal mode: the journal twice, its folder, the database.
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA synchronous=FULL")
         if sys.platform == "darwin":  # macOS fsync() does not reach the platter; F_FULLFSYNC does
@@ -230,6 +246,7 @@ class TicketStore:
             self.db.execute(KEY_AGE_INDEX.format(table=table))
         self.identity = file_identity(self.path)  # the file the connection has open
         self.gone, self.pruned_here = False, 0
+        self.damage, self.full = None, False  # SQLite's word for the damage met; disk full now
 
     def cutoff(self):
         """Keys made before this Unix time are past the retention (-inf: kept for ever)."""
@@ -272,6 +289,7 @@ class TicketStore:
                 if self.db.in_transaction:  # a failed COMMIT may have rolled back already
                     self.db.execute("ROLLBACK")
                 raise
+            self.full = False  # it committed: there is room again
             self.ledger.add("keys_pruned", self.pruned_here)
 
     @contextmanager
@@ -287,14 +305,22 @@ class TicketStore:
         if not self.lock.acquire(timeout=self.busy_timeout_s):
             raise sqlite3.OperationalError("waited too long for the ticket store")
         try:
-            self.check_file()
+            self.check_usable()
             yield
+        except sqlite3.Error as error:
+            if (told := self.told_apart(error)) is error:
+                raise
+            raise told from error
         finally:
             self.lock.release()
 
-    def check_file(self):
+    def check_usable(self):
         """Raise StoreGone once the path names another file, or none: a deleted database stays
-        readable and writable through an open connection, and would answer from the dead."""
+        readable and writable through an open connection, and would answer from the dead.
+        Raise StoreDamaged once a request (or the pruner) met damage in the file: it is not
+        read again."""
+        if self.damage is not None:
+            raise StoreDamaged(self.path, self.damage, first=False)
         if file_identity(self.path) == self.identity:
             return
         first, self.gone = not self.gone, True
@@ -303,6 +329,18 @@ class TicketStore:
             "restart the receiver to serve from a fresh one",
             first,
         )
+
+    def told_apart(self, error):
+        """SQLite's error as what the client must hear: StoreDamaged for a damaged file,
+        DiskFull for a full disk, else the error itself (busy, locked, ...)."""
+        code = (getattr(error, "sqlite_errorcode", None) or 0) & 0xFF  # the primary result code
+        if code in DAMAGED:
+            first, self.damage = self.damage is None, str(error)
+            return StoreDamaged(self.path, self.damage, first)
+        if code == sqlite3.SQLITE_FULL:
+            first, self.full = not self.full, True
+            return DiskFull(self.path, str(error), first)
+        return error
 
     def close(self, wait_s=0.2):
         """Close unless a request holds the connection; the process is exiting either way."""
@@ -353,7 +391,7 @@ class Handler(GuardedHandler):
     def get(self, path):
         query = parse_qs(urlsplit(self.path).query, keep_blank_values=True)
         if path == "/health":
-            self.server.store.check_file()  # up, and serving the database at RECEIVER_DB
+            self.server.store.check_usable()  # up, serving RECEIVER_DB, no damage met in it
             return 200, {"ok": True}
         if path == "/metrics":
             return 200, Body(PROMETHEUS_TEXT, self.server.ledger.render().encode())
@@ -374,16 +412,25 @@ class Handler(GuardedHandler):
     unavailable_errors = (sqlite3.Error,)  # locked past the busy timeout, disk full, deleted...
 
     def unavailable(self, error):
-        if isinstance(error, StoreGone):
+        if isinstance(error, StoreGone | StoreDamaged | DiskFull):
             if error.first:  # one line in the log, however many requests meet it
                 self.log_line(f"unavailable: {error}")
             return str(error)
         self.log_line(f"unavailable: {error}")
         return "ticket store busy or unavailable; retry with the same Idempotency-Key"
 
+    def retryable(self, error):
+        return not isinstance(error, StoreDamaged)  # no retry mends a damaged file
+
     def refused(self, error):
         if self.command == "POST" and not isinstance(error, KeyConflict):  # post() logs those
             self.log_line(f"rejected {error.status}: {error.message}")
+
+    def head_written(self):
+        headers = getattr(self, "headers", None)  # none yet: a malformed request line
+        token = headers.get(TOKEN_HEADER) if headers else None
+        if token:  # the status and headers are out (and counted); the body waits
+            fail("before-body", once_per=token)
 
 
 def main(argv=None):
@@ -431,6 +478,8 @@ def main(argv=None):
 class KeyConflict(ClientError):
     """A key sent again with another body (409): counted as key_conflicts."""
 
+    code = "key_conflict"
+
 
 class StoreGone(sqlite3.OperationalError):
     """RECEIVER_DB no longer names the file the receiver has open (deleted, or replaced)."""
@@ -440,6 +489,33 @@ class StoreGone(sqlite3.OperationalError):
         self.first = first  # the first request to notice: it logs the line
 
 
+DAMAGED = {sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB}  # SQLite's codes for a damaged file
+
+
+class StoreDamaged(sqlite3.DatabaseError):
+    """SQLite found the database file damaged (SQLITE_CORRUPT, SQLITE_NOTADB): no retry helps."""
+
+    def __init__(self, path, damage, first):
+        super().__init__(
+            f"the ticket database {path} is damaged ({damage}); nothing was committed. An "
+            "operator must act: restore the file from a backup or move it away, then restart "
+            "the receiver"
+        )
+        self.first = first  # the first request to meet it: it logs the line
+
+
+class DiskFull(sqlite3.OperationalError):
+    """The disk (or SQLite's max_page_count) leaves the database no room (SQLITE_FULL)."""
+
+    def __init__(self, path, reason, first):
+        super().__init__(
+            f"the disk holding the ticket database {path} is full ({reason}); nothing was "
+            "committed: free space there, then retry the same request with the same "
+            "Idempotency-Key"
+        )
+        self.first = first  # the first request since the last commit: it logs the line
+
+
 def prune_forever(store, every_s, stop):
     """The pruner's thread: prune now and then until stop is set; a failure is one log line."""
     while not stop.wait(every_s):
@@ -447,7 +523,7 @@ def prune_forever(store, every_s, stop):
             if pruned := store.prune():
                 keys = "key" if pruned == 1 else "keys"
                 print(f"receiver: pruned {pruned} {keys} past the retention", file=sys.stderr)
-        except StoreGone as error:  # no retry can help: the requests say so, one line here
+        except (StoreGone, StoreDamaged, DiskFull) as error:  # the requests say so; one line
             if error.first:
                 print(f"receiver: unavailable: {error}", file=sys.stderr)
         except sqlite3.Error as error:  # busy, say: the next round tries again
@@ -456,8 +532,8 @@ def prune_forever(store, every_s, stop):
 
 PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"  # the text exposition format
 DURATION_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
-#                     seconds, from accepting a connection to its answer written: a loopback
-#                     request takes about a millisecond, a busy database up to 2 x 2 s
+#                     seconds, from accepting a connection to its answer ready to be written:
+#                     a loopback request takes about a millisecond, a busy database up to 2 x 2 s
 
 
 class Ledger:
@@ -500,12 +576,14 @@ class Ledger:
             for name, text in self.COUNTERS.items():
                 lines += metric(f"receiver_{name}_total", "counter", text)
                 lines.append(f"receiver_{name}_total {self.counts[name]}")
-            lines += metric("receiver_requests_total", "counter", "Answers sent, by status.")
+            text = "Answers, by status (each counted just before it is written)."
+            lines += metric("receiver_requests_total", "counter", text)
             lines += [
                 f'receiver_requests_total{{code="{c}"}} {n}' for c, n in sorted(self.codes.items())
             ]
             name = "receiver_request_duration_seconds"
-            lines += metric(name, "histogram", "Seconds from a connection accepted to its answer.")
+            text = "Seconds from a connection accepted to its answer, ready to be written."
+            lines += metric(name, "histogram", text)
             total = 0
             for le, count in zip(
                 [*map(str, DURATION_BUCKETS_S), "+Inf"], self.buckets, strict=True
@@ -518,6 +596,65 @@ class Ledger:
 
 def metric(name, kind, text):
     return [f"# HELP {name} {text}", f"# TYPE {name} {kind}"]
+
+
+RECEIVER_COLUMNS = {  # table -> its columns, as this receiver makes them
+    "tickets": {"id", "operation_key", "payload", "created_at"},
+    "refunds": {"id", "operation_key", "payload", "ticket_id", "created_at"},
+    "reservations": {"id", "operation_key", "payload", "ticket_id", "seats", "created_at"},
+}
+OLDER_COLUMNS = {"tickets": {"id", "operation_key", "payload"}}  # before created_at was kept
+
+
+class NotTheReceivers(ValueError):
+    """RECEIVER_DB names a database another program made (or a table the receiver cannot use)."""
+
+
+def refuse_another_programs_file(path):
+    """Raise NotTheReceivers unless path is missing, empty, or holds only the receiver's tables
+    (an older receiver's too); read-only (mode=ro): the file is not changed, whatever it holds.
+
+    Opening it for the receiver would write to it (journal_mode=WAL, CREATE TABLE) and then
+    serve another program's data, or, in LangGraph's checkpoint file, mix two programs' state.
+    """
+    if not path.exists() or path.stat().st_size == 0:
+        return
+    # With no WAL beside it the file holds it all: immutable=1 reads it without creating the
+    # -shm and -wal files a read-only connection to a WAL database would leave next to it.
+    wal = path.with_name(path.name + "-wal").exists()
+    uri = path.resolve().as_uri() + ("?mode=ro" if wal else "?mode=ro&immutable=1")
+    with closing(sqlite3.connect(uri, uri=True)) as db:
+        tables = [
+            name
+            for (name,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
+            if not name.startswith("sqlite_")  # SQLite's own (sqlite_sequence, sqlite_stat1)
+        ]
+        if foreign := [name for name in tables if name not in RECEIVER_COLUMNS]:
+            whose = (
+                ": LangGraph's checkpoint tables (this is a CHECKPOINT_DB file?)"
+                if {"checkpoints", "writes"} <= set(foreign)
+                else ""
+            )
+            raise NotTheReceivers(
+                f"it holds tables that are not the receiver's ({', '.join(sorted(foreign)[:5])}"
+                f"{whose}); set RECEIVER_DB to the receiver's own file or a new one. "
+                "Nothing was written to it"
+            )
+        for table in tables:
+            columns = {row[1] for row in db.execute(f'PRAGMA table_info("{table}")')}
+            unique = [  # the indexes that keep one row per key
+                index
+                for index in db.execute(f'PRAGMA index_list("{table}")')
+                if index[2]
+                and [c[2] for c in db.execute(f'PRAGMA index_info("{index[1]}")')]
+                == ["operation_key"]
+            ]
+            if columns not in (RECEIVER_COLUMNS[table], OLDER_COLUMNS.get(table)) or not unique:
+                raise NotTheReceivers(
+                    f"its {table} table is not the receiver's (columns {', '.join(sorted(columns))}"
+                    f"{'' if unique else ', no UNIQUE operation_key'}); set RECEIVER_DB to the "
+                    "receiver's own file or a new one. Nothing was written to it"
+                )
 
 
 def file_identity(path):
@@ -673,7 +810,7 @@ def open_server(environ):
     try:
         Path(db_path).parent.mkdir(parents=True, exist_ok=True)
         store = TicketStore(db_path, busy_timeout_s, retention_s)
-    except (OSError, sqlite3.Error) as error:
+    except (OSError, sqlite3.Error, NotTheReceivers) as error:
         raise ConfigError(f"RECEIVER_DB {db_path!r} cannot be used: {error}") from None
     try:
         server = GuardedServer(

@@ -1,9 +1,10 @@
 """A hardened http.server for small JSON services: standard library only.
 
 Python's http.server trusts its client: a client that trickles its request a byte at a time
-holds a thread for ever, an unread body turns the answer into a connection reset, and a burst of
-connections starts a thread each without bound. This module closes those holes and leaves the
-routes to the service:
+holds a thread for ever, an unread body turns the answer into a connection reset, a burst of
+connections starts a thread each without bound, and a bare CR inside a header line starts a new
+header (its parser, email.parser, takes CR for a line break). This module closes those holes and
+leaves the routes to the service:
 
     class Handler(GuardedHandler):
         routes = {"/things": "GET, HEAD, POST"}
@@ -13,10 +14,11 @@ routes to the service:
     GuardedServer((host, port), Handler, request_timeout_s, max_connections).serve_forever()
 
 Every answer is JSON, unless a route returns a Body of another content type. A route refuses a
-request by raising ClientError(status, message), whose message tells the client what to do; an
+request by raising ClientError(status, message, code=...), whose message tells the client what
+to do (and whose code, when given, lets a program tell refusals of one status apart); an
 exception type listed in the handler's `unavailable_errors` (a database that is locked or gone)
-becomes a 503 with Retry-After; any other exception a 500. Nothing here knows what the service
-stores.
+becomes a 503, with Retry-After unless the handler's `retryable(error)` says a retry cannot help;
+any other exception a 500. Nothing here knows what the service stores.
 """
 
 import io
@@ -41,6 +43,9 @@ REFUSE_READ_BYTES = 65536  # bytes of it read at most before the 503 (one recv)
 LINGER_S = 1.0  # seconds to drain an unread oversized body after its 413 before closing
 MAX_LINGER_BYTES = 1 << 20  # bytes drained at most; a client sending more is cut off
 DIGITS = re.compile(r"[0-9]+")  # a Content-Length; str.isdigit() would also accept "²" or "٣".
+CONTROL = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")  # a header line's control characters but tab
+#         (RFC 9110 5.5: a field value is visible characters, spaces and tabs); CR and LF among
+#         them once the line's own ending is cut off: a bare CR must not start a header
 RETRY_HINT = "retry the same request, with the same Idempotency-Key"
 FULL_BODY = json.dumps({"error": f"too many connections; {RETRY_HINT}, in a moment"}).encode()
 FULL_ANSWER = (  # written by the accepting thread itself, so it is prepared once
@@ -52,9 +57,12 @@ FULL_ANSWER = (  # written by the accepting thread itself, so it is prepared onc
 class ClientError(Exception):
     """A request we refuse: the status and a message that tells the client what to do."""
 
-    def __init__(self, status, message, headers=None):
+    code = None  # a subclass may name its kind of refusal for programs: the body's "code"
+
+    def __init__(self, status, message, headers=None, code=None):
         super().__init__(message)
         self.status, self.message, self.headers = status, message, headers or {}
+        self.code = code or self.code
 
 
 class Body(NamedTuple):
@@ -70,12 +78,16 @@ class GuardedHandler(BaseHTTPRequestHandler):
     routes = {}  # path -> the methods it accepts, e.g. "GET, HEAD, POST"
     log_prefix = "server"  # log_line's first word
     max_body_bytes = 4096  # a longer Content-Length is refused (413) before it is read
-    unavailable_errors = ()  # exception types answered 503 with Retry-After: 1
+    unavailable_errors = ()  # exception types answered 503 (with Retry-After: 1 if retryable)
 
     def unavailable(self, error):
         """Log one of unavailable_errors; return the 503's "error": what the client should do."""
         self.log_line(f"unavailable: {error}")
         return f"service busy or unavailable; {RETRY_HINT}"
+
+    def retryable(self, error):
+        """Whether a retry of the same request may succeed: the 503 then has Retry-After: 1."""
+        return True
 
     def handle_request(self, action):
         """One place maps every outcome to an HTTP answer."""
@@ -91,11 +103,14 @@ class GuardedHandler(BaseHTTPRequestHandler):
             status, value = action(path)
         except ClientError as error:
             status, value = error.status, {"error": error.message}
+            if error.code:
+                value["code"] = error.code
             self.extra_headers.update(error.headers)
             self.refused(error)
         except self.unavailable_errors as error:  # locked past a timeout, disk full, I/O error...
             status, value = 503, {"error": self.unavailable(error)}
-            self.extra_headers["Retry-After"] = "1"
+            if self.retryable(error):
+                self.extra_headers["Retry-After"] = "1"
         except TimeoutError:
             status, value = 408, {"error": f"request not received within {self.timeout_s:g} s"}
             self.close_connection = True
@@ -134,6 +149,11 @@ class GuardedHandler(BaseHTTPRequestHandler):
     def log_line(self, text):
         sys.stderr.write(f"{self.log_prefix}: {text}\n")
 
+    def head_written(self):
+        """Called once an answer's status line and headers are written, before its body; the
+        answer is counted already (on_answer). A service may hold here (a test's failpoint):
+        a client that has the status then finds it counted."""
+
     # helpers
 
     # http.server assumes HTTP/0.9 until it has parsed a version, and 0.9 answers have no
@@ -147,7 +167,7 @@ class GuardedHandler(BaseHTTPRequestHandler):
         # One deadline for the whole request, not per read: a client trickling a byte a
         # second would otherwise hold its thread for ever.
         raw = DeadlineReader(self.connection, time.monotonic() + self.timeout_s)
-        self.rfile = io.BufferedReader(raw)
+        self.rfile = RequestReader(raw)
         self.extra_headers, self.body_read, self.linger = {}, False, False
         self.began = time.monotonic()
 
@@ -160,10 +180,27 @@ class GuardedHandler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(value.data)))
         for name, header in self.extra_headers.items():
             self.send_header(name, header)
+        # Counted before a byte of it is written: a client that has its answer and then asks
+        # for the counts finds this answer among them.
+        self.server.on_answer(status, time.monotonic() - self.began)
         self.end_headers()
+        self.head_written()
         if self.command != "HEAD":
             self.wfile.write(value.data)
-        self.server.on_answer(status, time.monotonic() - self.began)
+
+    def parse_request(self):
+        # http.server reads the header lines here; RequestReader checks each line as it is
+        # read, and ends the header block at a bad one, so it never reaches the parser.
+        self.rfile.checking = True
+        try:
+            parsed = super().parse_request()
+        finally:
+            self.rfile.checking = False
+        if parsed and self.rfile.refusal:
+            self.linger = True  # the rest of the request is unread: drain it after the 400
+            self.send_error(400, self.rfile.refusal)
+            return False
+        return parsed
 
     def do_GET(self):
         self.handle_request(self.get)
@@ -228,8 +265,9 @@ class GuardedHandler(BaseHTTPRequestHandler):
 class GuardedServer(ThreadingHTTPServer):
     """A thread per connection, at most max_connections of them; one more gets a quick 503.
 
-    on_answer(status, seconds), if given, is called after each answer is written, with the time
-    since the connection was accepted: a service counts its answers there.
+    on_answer(status, seconds), if given, is called for each answer just before its first byte is
+    written, with the time since the connection was accepted: a service counts its answers there,
+    so a client never holds an answer that the counts do not include yet.
     """
 
     request_queue_size = LISTEN_BACKLOG
@@ -249,10 +287,10 @@ class GuardedServer(ThreadingHTTPServer):
             request.settimeout(REFUSE_READ_S)
             with suppress(OSError):  # nothing sent yet (a timeout), or the client left
                 request.recv(REFUSE_READ_BYTES)
+            self.on_answer(503, time.monotonic() - began)  # counted before it is sent
             with suppress(OSError):
                 request.sendall(FULL_ANSWER)  # small: it fits the socket's send buffer
             self.shutdown_request(request)
-            self.on_answer(503, time.monotonic() - began)
             return
         super().process_request(request, client_address)
 
@@ -266,6 +304,29 @@ class GuardedServer(ThreadingHTTPServer):
         if isinstance(sys.exception(), ConnectionError):
             return  # the client hung up before reading its answer: no traceback for that
         super().handle_error(request, client_address)
+
+
+class RequestReader(io.BufferedReader):
+    """The request's bytes; while `checking` (the header lines), a line with a control character
+    other than tab (a bare CR among them) is not handed on: readline returns the end of the
+    header block instead, and `refusal` says why, for a 400 (RFC 9112, 2.2)."""
+
+    checking, refusal = False, None
+
+    def readline(self, size=-1):
+        line = super().readline(size)
+        if not self.checking or self.refusal:
+            return line
+        content = line[:-2] if line.endswith(b"\r\n") else line.removesuffix(b"\n")  # its end
+        if bad := CONTROL.search(content):
+            name = content.partition(b":")[0][:40].decode("latin-1")
+            what = "a bare CR" if bad[0] == b"\r" else "a control character"
+            self.refusal = (
+                f"header {name!r} holds {what} (0x{bad[0][0]:02x}); send each header on a line "
+                "of its own, ended by CRLF, with no control character but tab"
+            )
+            return b"\r\n"
+        return line
 
 
 class DeadlineReader(io.RawIOBase):

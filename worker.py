@@ -17,13 +17,16 @@ the README's "Past one machine"). pgqueuer because:
     dequeue also takes `picked` jobs whose heartbeat is older than heartbeat_timeout. procrastinate
     3.10 leaves a dead worker's job `doing` until a periodic reaper you run yourself retries it.
   - one job per thread: enqueue's dedupe_key is unique over queued and picked jobs, so a second
-    job for a thread that has one is refused at submit. procrastinate's lock= instead queues both
-    and runs them one after the other.
+    job for a thread that has one is refused at submit. procrastinate's queueing_lock refuses a
+    second job only while the first still waits (a unique index over `todo` jobs), and its lock
+    runs jobs of one lock one after the other.
   - a retry is a row update in the database (RetryRequested: the job is queued again with a later
     execute_after), so any worker may take the retry, and it survives the worker that asked for it.
-  Neither installs its schema idempotently: pgqueuer's Queries.install() run twice raises
-  DuplicateObjectError (CREATE TYPE without IF NOT EXISTS), and procrastinate's `schema --apply`
-  fails too. open_queue() checks schema_is_installed() under schema_lock() first.
+  pgqueuer 1.6's Queries.install() is not idempotent: run twice it raises DuplicateObjectError
+  (CREATE TYPE without IF NOT EXISTS: pgqueuer/adapters/persistence/schema_ddl.py,
+  render_install). Its Queries.upgrade() is (it applies only what the live schema lacks:
+  apply_upgrade in pgqueuer/adapters/persistence/queries.py). open_queue() calls install() only
+  when schema_is_installed() finds nothing, under schema_lock().
   The price: pgqueuer 1.6 takes async entrypoints only, so the sync graph.invoke runs in
   asyncio.to_thread. Run in the event loop, it would block the loop, stop the job's heartbeat, and
   another worker would take a job that is still running; so would LangGraph's first import, which
@@ -38,13 +41,13 @@ What a worker survives:
     checkpoint, so its effect is keyed as always. A job that used them all is dead: `status` shows
     its last error, and `wait` names its operation and exits 5.
   - a deploy: SIGTERM asks every running graph to drain at its next step boundary (RunControl,
-    LangGraph 1.1 and later); its checkpoint is saved and its job is queued again at once for
+    LangGraph 1.2.0 and later); its checkpoint is saved and its job is queued again at once for
     another worker. The worker exits 0 once its graphs have stopped.
 
 Neither queue can stop a worker that froze (a long GC pause, SIGSTOP, a paused VM) for longer than
 its heartbeat and then wakes up: by then its job is another worker's, and the woken worker still
 finishes its run. Two runs of one thread: only the receiver's idempotency key keeps the second
-effect harmless (lab 10).
+effect harmless (lab 10), and only while the receiver still holds that key (lab 14).
 
 Output is one JSON object per line (workflow.py's emit). Exit codes: workflow.py's (3 also when
 CHECKPOINT_DB does not answer within WORKER_DB_WAIT_S), 4 when a thread already has a job queued
@@ -496,10 +499,11 @@ def warm_up(saver):
 
     A job's heartbeat beats in the event loop, first at half of WORKER_HEARTBEAT_S after the pick,
     and the job goes to another worker once its last beat is WORKER_HEARTBEAT_S old. The first job
-    used to import LangGraph there (handle's RunControl: about 1 s on an idle machine, several
-    with three workers starting at once on a busy one), which stopped the loop past the heartbeat:
-    another worker took a job that was still running. In lab 10 the held job changed hands before
-    the freeze, its hold let go, and the run it held finished before `pause`."""
+    used to import LangGraph there (handle's RunControl: about 1 s on an idle machine, as
+    `time python -c 'import langgraph.runtime'` shows; longer with three workers starting at
+    once), which stopped the loop past the heartbeat: another worker took a job that was still
+    running. In lab 10 the held job changed hands before the freeze, its hold let go, and the run
+    it held finished before `pause`."""
     for module in ("langgraph.errors", "langgraph.runtime"):
         importlib.import_module(module)
     workflow.build_graph(saver)  # the graph run_thread builds
@@ -618,8 +622,7 @@ async def connect(url, deadline=None):
     LISTEN and the queries and waits for notifications 1 s at a time
     (pgqueuer/adapters/drivers/psycopg.py, watch_notifies), and psycopg's AsyncConnection.notifies()
     holds the connection's lock while it waits (psycopg/connection_async.py; psycopg PR #760), so
-    each query of a running worker could wait up to a second. Measured in lab 10: taking over a dead
-    worker's job and draining took 9 s with psycopg, 3 s with asyncpg."""
+    each query of a running worker could wait up to a second behind it."""
     import asyncpg
 
     delay = RECONNECT_FIRST_S
@@ -643,7 +646,8 @@ async def connect(url, deadline=None):
 
 async def open_queue(url, deadline=None):
     """pgqueuer's Queries on a new connection, its tables and worker.py's installed once, under
-    pgqueuer's schema lock: Queries.install() is not idempotent (see the docstring)."""
+    pgqueuer's schema lock: Queries.install() is not idempotent, so it runs only on a database
+    that has none of pgqueuer's objects yet (see the module's docstring)."""
     from pgqueuer import Queries
 
     queries = Queries.from_asyncpg_connection(await connect(url, deadline))

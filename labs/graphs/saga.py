@@ -6,8 +6,9 @@
 
 11 seats are more than the receiver has (api.py's SEATS, 10), so every run's reservation is
 refused and its charge refunded. observe(thread) counts the charges (tickets whose title is the
-thread id) and the refunds of those tickets: --mode naive refunds twice where the drill kills
-the run after the refund's answer and before its result is saved; safe refunds once everywhere.
+thread id) and the refunds of those tickets. With "mode": "naive" in the input the run refunds
+twice where the drill kills it after the refund's answer and before its result is saved; with
+"safe" it refunds once everywhere.
 """
 
 import contextlib

@@ -15,9 +15,14 @@ each fault of FAULTS once, in a random order, then with faults picked at random:
     receiver-outage  the receiver killed, started again 3-5 s later: longer than the client's own
                      retries (~1.75 s), so jobs fail and the queue retries them
     deploy           a rolling deploy: SIGTERM to every worker in turn, a replacement started for
-                     each; each must exit within compose's grace period (10 s) or is SIGKILLed
+                     each; each must exit within Compose's default grace period (10 s, less
+                     than the 30 s compose.yaml gives the worker) or is SIGKILLed
 Workers pause ACK_DELAY_S after each receiver answer (FAILPOINTS="after-ack=sleep(S)"), inside
-the crash window, so the chaos usually catches them there.
+the crash window, so the chaos usually catches them there. The seed (printed first, on stderr;
+--seed N to reuse one) fixes the random draws: which fault strikes next, which worker, how long.
+How many strikes a run needs depends on how fast the jobs go, so a replay with the same seed need
+not give the same counts; the invariant holds every time (safe: no duplicate, nothing
+unfinished).
 
 The last line on stdout is one JSON object:
     operations        submitted

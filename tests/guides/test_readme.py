@@ -267,3 +267,40 @@ def test_the_worker_benchmark_is_described_as_it_runs():
 
     text = " ".join(README.split())
     assert f"medians of {bench_workers.ROUNDS} rounds of {bench_workers.OPERATIONS}" in text
+
+
+ASYNC_GRAPH = """
+from typing import TypedDict
+from langgraph.graph import END, START, StateGraph
+class State(TypedDict, total=False):
+    order: str
+async def charge(state):
+    return {"order": state["order"]}
+builder = StateGraph(State)
+builder.add_node("charge", charge)
+builder.add_edge(START, "charge")
+builder.add_edge("charge", END)
+graph = builder.compile()
+def observe(thread):
+    return {"charge": 0}
+"""
+
+
+@pytest.mark.fast
+def test_the_drill_refuses_a_graph_with_async_nodes_with_exit_2(tmp_path, monkeypatch, capsys):
+    """README's "Drill your own graph": an `async def` node fails the clean run, exit 2."""
+    from effectdrill.__main__ import main
+
+    (tmp_path / "async_shop.py").write_text(ASYNC_GRAPH, encoding="utf-8")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    args = [
+        "async_shop:graph",
+        "--observe",
+        "async_shop:observe",
+        "--input",
+        '{"order": "{thread}"}',
+    ]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "failed in its clean run" in err and "No synchronous function" in err, err

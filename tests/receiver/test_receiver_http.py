@@ -20,6 +20,7 @@ import subprocess
 import sys
 import textwrap
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from http import HTTPStatus
 
 import pytest
@@ -28,7 +29,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from jsonschema import Draft202012Validator, ValidationError
 from prometheus_client.parser import text_string_to_metric_families
-from receiver_helpers import TITLE, assert_error, exchange, post, request, tickets
+from receiver_helpers import TITLE, assert_error, exchange, garble, post, request, tickets
 from referencing import Registry
 from referencing.jsonschema import DRAFT202012
 
@@ -123,8 +124,16 @@ BAD_REQUESTS = {  # id -> (raw request, status, words the error must use)
     "key with a control character": (
         post_bytes(headers=[b"Idempotency-Key: case\x01one"]),
         400,
-        ["visible ASCII"],
+        ["'Idempotency-Key'", "control character (0x01)"],
     ),
+    "bare CR in a header": (
+        post_bytes(headers=[b"X-Note: hello\rIdempotency-Key: injected"]),
+        400,
+        ["'X-Note'", "bare CR (0x0d)"],
+    ),
+    "NUL in a header": (post_bytes(headers=[b"X-Note: a\x00b"]), 400, ["control character"]),
+    "DEL in a header": (post_bytes(headers=[b"X-Note: a\x7fb"]), 400, ["control character"]),
+    "bare CR ending a header": (post_bytes(headers=[b"X-Note: a\r"]), 400, ["bare CR"]),
     "key sent twice": (
         post_bytes(headers=[b"Idempotency-Key: k1", b"Idempotency-Key: k1"]),
         400,
@@ -181,6 +190,24 @@ def test_a_known_path_refuses_other_methods_with_405_and_allow(server, method, p
     assert len(tickets(server)) == before
 
 
+def test_a_bare_cr_in_a_header_starts_no_header(server):
+    """http.server's parser (email.parser) takes a bare CR for a line break: the injected key
+    would make a ticket. RFC 9112 2.2: refused, before any header is read as a key."""
+    key = fresh_key()
+    raw = post_bytes(headers=[b"X-Note: hello\rIdempotency-Key: " + key.encode()])
+    assert_error(exchange(server, raw), 400, "bare CR")
+    assert tickets(server, key) == []
+    assert request(server, "GET", "/health").json() == {"ok": True}
+
+
+def test_a_tab_and_bytes_past_ascii_in_a_header_value_are_allowed(server):
+    """RFC 9110 5.5: a field value may hold tabs and obs-text (0x80-0xff); only controls are out."""
+    key = fresh_key()
+    raw = post_bytes(headers=[b"X-Note: a\tb\xe9", f"Idempotency-Key: {key}".encode()])
+    assert exchange(server, raw).status == 201
+    assert len(tickets(server, key)) == 1
+
+
 def test_an_unknown_method_gets_501_as_json(server):
     # RFC 9110: a method the server does not know at all is 501, not 405.
     assert_error(exchange(server, b"BREW /tickets HTTP/1.0\r\n\r\n"), 501, "BREW")
@@ -201,6 +228,21 @@ def test_a_stalled_upload_is_answered_408_and_creates_nothing(server):
     assert_error(exchange(server, raw, half_close=False), 408, f"within {STALL_TIMEOUT_S:g} s")
     assert tickets(server, key) == []
     assert request(server, "GET", "/health").status == 200
+
+
+def test_a_late_request_line_or_header_block_gets_no_answer_only_a_close(server):
+    """Only a late body gets the 408: http.server reads the request line and the headers itself
+    and, when a read times out, closes the connection without a word
+    (BaseHTTPRequestHandler.handle_one_request)."""
+
+    def first_bytes(raw):
+        with socket.create_connection(("127.0.0.1", int(server.env["PORT"])), timeout=10) as sock:
+            sock.sendall(raw)  # then silence, the socket still open for writing
+            return sock.recv(65536)  # b"": the receiver closed the connection, unanswered
+
+    late = [b"POST /tickets HTT", post_bytes(headers=[b"X-Note: not end"])[: -4 - len(VALID)]]
+    with ThreadPoolExecutor(len(late)) as pool:  # both wait out the timeout at once
+        assert list(pool.map(first_bytes, late)) == [b""] * len(late)
 
 
 def test_first_post_creates_and_the_same_request_returns_the_same_ticket(server):
@@ -238,7 +280,7 @@ def test_the_same_key_with_another_body_is_409_and_changes_nothing(server):
     ticket_id = post(server, key=key).json()["ticket_id"]
     before = len(tickets(server))
     reply = post(server, "Another title", key=key)
-    assert_error(reply, 409, key, f"ticket {ticket_id}", "new key")
+    assert_error(reply, 409, key, f"ticket {ticket_id}", "new key", code="key_conflict")
     assert len(tickets(server)) == before
     assert tickets(server, key)[0]["payload"] == {"title": TITLE}
     assert post(server, key=key).status == 200  # the original request still replays
@@ -368,7 +410,8 @@ def test_any_bytes_body_gets_an_answer_and_a_ticket_only_if_201(server, body):
     assert len(tickets(server, key)) == (reply.status == 201)
 
 
-header_values = st.binary(max_size=210).map(lambda v: v.replace(b"\r", b"").replace(b"\n", b""))
+header_values = st.binary(max_size=210).map(lambda v: v.replace(b"\n", b""))  # one line each
+CONTROL = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")  # RFC 9110 5.5: not in a header value
 header_names = st.text(
     st.sampled_from([chr(c) for c in range(0x21, 0x7F) if c != ord(":")]), min_size=1
 )
@@ -382,6 +425,8 @@ def test_any_key_header_is_accepted_exactly_when_1_to_200_visible_ascii(server, 
     reply = exchange(server, post_bytes(title_body(title), [b"Idempotency-Key: " + value]))
     if valid:
         assert reply.status in (201, 409), reply
+    elif CONTROL.search(value):
+        assert_error(reply, 400, "'Idempotency-Key'", "control character but tab")
     else:
         assert_error(reply, 400, "Idempotency-Key")
         assert not [t for t in tickets(server) if t["payload"]["title"] == title]
@@ -399,8 +444,12 @@ def test_any_extra_header_leaves_a_valid_post_valid(server, name, value):
     reply = exchange(
         server, post_bytes(headers=[f"Idempotency-Key: {key}".encode(), name + b": " + value])
     )
-    assert reply.status == 201, reply
-    assert len(tickets(server, key)) == 1
+    if CONTROL.search(value):  # a bare CR, or another control character but tab
+        assert_error(reply, 400, "control character but tab")
+        assert tickets(server, key) == []
+    else:
+        assert reply.status == 201, reply
+        assert len(tickets(server, key)) == 1
 
 
 @PROPERTY
@@ -536,6 +585,12 @@ def on_a_receiver_of_its_own(provoke):
     return provoked
 
 
+def reservation_key_reused(server):
+    key, ticket_id = fresh_key(), a_ticket(server)
+    reserve(server, ticket_id, 2, key)
+    return reserve(server, ticket_id, 3, key)
+
+
 def reserved_twice(server):
     key, ticket_id = fresh_key(), a_ticket(server)
     reserve(server, ticket_id, 2, key)
@@ -586,6 +641,29 @@ def past_the_connection_cap(server):
         capped.stop()
 
 
+def with_the_database_damaged(method, path):
+    """A receiver of its own whose database pages were garbled before it started: the first
+    request meets the damage (503 without Retry-After), and so does every one after it."""
+
+    def provoke(server):
+        env = dict(server.env, PORT=str(free_port()))
+        env["RECEIVER_DB"] = env["RECEIVER_DB"].replace(".sqlite", f"-{uuid.uuid4()}.sqlite")
+        env["API_URL"] = f"http://127.0.0.1:{env['PORT']}"
+        damaged = ReceiverProcess(env).start()  # makes the database: a root page per table
+        try:
+            damaged.stop()
+            garble(env["RECEIVER_DB"])
+            damaged.start()
+            post(damaged, key="case-1")  # meets the damage; /health says so from then on
+            if method == "POST":
+                return post(damaged, key="case-new")
+            return request(damaged, method, path)
+        finally:
+            damaged.stop()
+
+    return provoke
+
+
 def with_the_database_deleted(method, path):
     """A receiver of its own whose data folder is removed while it runs: 503, restart it."""
 
@@ -603,9 +681,13 @@ def with_the_database_deleted(method, path):
     return provoke
 
 
-ANSWERS = {  # (path, method, status) documented in openapi.yaml -> a request that gets it
+ANSWERS = {  # (path, method, status) documented in openapi.yaml -> a request that gets it (or
+    #          a tuple of such requests, one for each kind of that answer)
     ("/health", "get", "200"): lambda s: request(s, "GET", "/health"),
-    ("/health", "get", "503"): with_the_database_deleted("GET", "/health"),
+    ("/health", "get", "503"): (
+        with_the_database_deleted("GET", "/health"),
+        with_the_database_damaged("GET", "/health"),
+    ),
     ("/health", "head", "200"): lambda s: request(s, "HEAD", "/health"),
     ("/health", "head", "503"): with_the_database_deleted("HEAD", "/health"),
     ("/metrics", "get", "200"): lambda s: request(s, "GET", "/metrics"),
@@ -623,7 +705,7 @@ ANSWERS = {  # (path, method, status) documented in openapi.yaml -> a request th
     ("/tickets", "post", "409"): reused_key,
     ("/tickets", "post", "411"): lambda s: exchange(s, post_bytes(length=None)),
     ("/tickets", "post", "413"): lambda s: exchange(s, post_bytes(title_body("x" * 5000))),
-    ("/tickets", "post", "503"): while_locked,
+    ("/tickets", "post", "503"): (while_locked, with_the_database_damaged("POST", "/tickets")),
     ("/refunds", "get", "200"): lambda s: request(s, "GET", "/refunds"),
     ("/refunds", "get", "400"): lambda s: request(s, "GET", "/refunds?key=a%20b"),
     ("/refunds", "get", "503"): without_the_table("GET", "refunds"),
@@ -652,7 +734,10 @@ ANSWERS = {  # (path, method, status) documented in openapi.yaml -> a request th
     ("/reservations", "post", "408"): lambda s: exchange(
         s, post_bytes(target=b"/reservations")[:-5], half_close=False
     ),
-    ("/reservations", "post", "409"): lambda s: reserve(s, a_ticket(s), 11),
+    ("/reservations", "post", "409"): (  # "code": no_capacity, then key_conflict
+        lambda s: reserve(s, a_ticket(s), 11),
+        on_a_receiver_of_its_own(reservation_key_reused),
+    ),
     ("/reservations", "post", "411"): lambda s: exchange(
         s, post_bytes(length=None, target=b"/reservations")
     ),
@@ -660,7 +745,10 @@ ANSWERS = {  # (path, method, status) documented in openapi.yaml -> a request th
         s, post_bytes(title_body("x" * 5000), target=b"/reservations")
     ),
     ("/reservations", "post", "503"): post_locked("/reservations"),
-    (ANY, "", "400"): lambda s: exchange(s, b"NONSENSE\r\n\r\n"),
+    (ANY, "", "400"): (
+        lambda s: exchange(s, b"NONSENSE\r\n\r\n"),
+        lambda s: exchange(s, b"GET /health HTTP/1.0\r\nX-Note: a\rIdempotency-Key: b\r\n\r\n"),
+    ),
     (ANY, "", "404"): lambda s: request(s, "GET", "/admin"),
     (ANY, "", "405"): lambda s: request(s, "DELETE", "/tickets"),
     (ANY, "", "414"): lambda s: exchange(s, b"GET /" + b"a" * 65536 + b" HTTP/1.0\r\n\r\n"),
@@ -733,6 +821,15 @@ def test_the_validator_refuses_what_the_spec_forbids():
             validate(wrong, schema_ref)
     with pytest.raises(ValidationError):
         validate({"ok": False}, pointer("components", "schemas", "Health"))
+    conflict = pointer("components", "schemas", "KeyConflict")
+    validate({"error": "used", "code": "key_conflict"}, conflict)
+    for wrong in [{"error": "used"}, {"error": "used", "code": "no_capacity"}]:
+        with pytest.raises(ValidationError):
+            validate(wrong, conflict)
+    with pytest.raises(ValidationError):  # a 409's code where no code is documented
+        validate(
+            {"error": "used", "code": "key_conflict"}, pointer("components", "schemas", "Error")
+        )
 
 
 @pytest.mark.parametrize(
@@ -744,12 +841,18 @@ def test_the_validator_refuses_what_the_spec_forbids():
     ],
 )
 def test_the_receiver_answers_as_openapi_documents(server, path, method, status, ref):
-    reply = ANSWERS[path, method, status](server)
+    provokers = ANSWERS[path, method, status]
+    for provoke in provokers if isinstance(provokers, tuple) else [provokers]:
+        answers_as_documented(provoke(server), method, status, ref)
+
+
+def answers_as_documented(reply, method, status, ref):
     assert reply.status == int(status), reply
     response, ref = documented_response(ref)
-    for name in response.get("headers", {}):
-        assert name.lower() in reply.headers, f"{name} missing"
-        validate(reply.headers[name.lower()], pointer_join(ref, "headers", name, "schema"))
+    for name, header in response.get("headers", {}).items():
+        assert name.lower() in reply.headers or not header["required"], f"{name} missing"
+        if name.lower() in reply.headers:
+            validate(reply.headers[name.lower()], pointer_join(ref, "headers", name, "schema"))
     if "text/plain" in response.get("content", {}):  # /metrics: Prometheus must parse it
         assert reply.headers["content-type"].startswith("text/plain; version=0.0.4"), reply
         assert list(text_string_to_metric_families(reply.body.decode())), reply

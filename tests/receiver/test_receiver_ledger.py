@@ -13,7 +13,18 @@ import time
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from receiver_helpers import assert_error, port_of, post, read_reply, request, run_api, tickets
+from receiver_helpers import (
+    TITLE,
+    assert_error,
+    port_of,
+    post,
+    read_head,
+    read_reply,
+    request,
+    request_bytes,
+    run_api,
+    tickets,
+)
 
 from labs.tools.local import ReceiverProcess, wait_until
 
@@ -22,6 +33,15 @@ pytestmark = pytest.mark.fast  # make test-fast: in-process, or one receiver ove
 CLIENTS = 32  # posting one key at the same moment
 HOUR_S = 3600.0  # a retention no test outlives: its first prune is a minute away
 PRUNE_DEADLINE_S = 10.0  # seconds for a short retention's pruner to have run
+COUNTERS = (  # receiver_NAME_total
+    "tickets_created",
+    "refunds_created",
+    "reservations_created",
+    "idempotent_replays",
+    "key_conflicts",
+    "keys_pruned",
+)
+HELD_BODY_S = 120  # before-body holds a tokened answer's body longer than the test runs
 
 
 def metrics(server):
@@ -68,13 +88,13 @@ def test_the_counters_match_the_tickets_really_made(receiver):
     assert_error(request(receiver, "POST", "/tickets", b"{"), 400)
     made = tickets(receiver)  # the seventh answer, a GET
 
-    values = metrics(receiver)  # its own answer is counted after it is sent
+    values = metrics(receiver)  # its own answer is counted once this page is rendered
     assert counter(values, "tickets_created") == len(made) == 4
     assert counter(values, "idempotent_replays") == 2
     assert counter(values, "key_conflicts") == 1
     assert counter(values, "keys_pruned") == 0
     sent = answers(values)
-    # 200: two replays, the GET, and the first /metrics (counted once its answer was sent)
+    # 200: two replays, the GET, and the first /metrics (counted after its page was rendered)
     assert {code: sent[code] - before.get(code, 0) for code in sent} == {
         201: 4,
         200: 4,
@@ -91,6 +111,58 @@ def test_the_counters_match_the_tickets_really_made(receiver):
     assert [v for _, v in buckets] == sorted(v for _, v in buckets)  # cumulative
     assert values["receiver_request_duration_seconds_sum", ()] > 0
     assert answers(metrics(receiver))[200] == sent[200] + 1  # the last /metrics counted too
+
+
+COUNTED = [  # (method, target, body, Idempotency-Key, status, the counter it adds to)
+    ("POST", "/tickets", {"title": TITLE}, "counted:1", 201, "tickets_created"),
+    ("POST", "/tickets", {"title": TITLE}, "counted:1", 200, "idempotent_replays"),
+    ("POST", "/tickets", {"title": "Another title"}, "counted:1", 409, "key_conflicts"),
+    ("POST", "/refunds", {"ticket_id": 1}, "counted:2", 201, "refunds_created"),
+    (
+        "POST",
+        "/reservations",
+        {"ticket_id": 1, "seats": 2},
+        "counted:3",
+        201,
+        "reservations_created",
+    ),
+    ("POST", "/reservations", {"ticket_id": 1, "seats": 11}, "counted:4", 409, None),
+    ("POST", "/tickets", b"{", None, 400, None),
+    ("GET", "/tickets", None, None, 200, None),
+    ("HEAD", "/health", None, None, 200, None),
+    ("GET", "/nowhere", None, None, 404, None),
+]
+
+
+def test_a_client_that_has_its_answer_finds_it_counted(lab, tmp_path):
+    """before-body writes a tokened answer's status line and headers, then holds its body: a
+    count made after the answer is written (or as its body is) would be missing from /metrics
+    for as long as the client holds the head, with no race to lose."""
+    server = started(lab, tmp_path, FAILPOINTS=f"before-body=sleep({HELD_BODY_S})")
+    try:
+        for n, (method, target, body, key, status, name) in enumerate(COUNTED):
+            headers = [("Failpoint-Token", f"counted-{n}")] + (
+                [("Idempotency-Key", key)] * bool(key)
+            )
+            before = metrics(server)
+            with socket.create_connection(("127.0.0.1", port_of(server)), timeout=10) as sock:
+                sock.sendall(request_bytes(method, target, body, headers))
+                assert read_head(sock)[0] == status, (method, target, body)  # the body waits
+                after = metrics(server)
+            sent = answers(after)
+            grew = {code: sent[code] - answers(before).get(code, 0) for code in sent}
+            # this answer, and the first /metrics (counted after its page was rendered)
+            assert {code: n for code, n in grew.items() if n} == (
+                {200: 2} if status == 200 else {status: 1, 200: 1}
+            ), (method, target, body)
+            for counted in COUNTERS:
+                assert counter(after, counted) - counter(before, counted) == (counted == name), (
+                    counted,
+                    method,
+                    target,
+                )
+    finally:
+        server.stop()
 
 
 def test_no_label_carries_a_key_or_a_thread(receiver):

@@ -13,10 +13,21 @@ import subprocess
 import sys
 import threading
 import time
+from contextlib import closing
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
-from receiver_helpers import assert_error, port_of, post, read_reply, request, run_api, tickets
+from receiver_helpers import (
+    assert_error,
+    garble,
+    port_of,
+    post,
+    read_reply,
+    request,
+    run_api,
+    tickets,
+)
 
 from labs.tools.local import ROOT, ReceiverProcess, wait_until
 
@@ -177,6 +188,88 @@ def test_a_receiver_db_that_is_not_sqlite_is_one_line_and_exit_2(lab, tmp_path):
     assert not_a_db.read_text() == "my notes, not a database\n" * 100
 
 
+def another_programs_file(path):
+    with closing(sqlite3.connect(path)) as db:
+        db.execute("CREATE TABLE orders (id INTEGER PRIMARY KEY, total REAL)")
+        db.execute("INSERT INTO orders (total) VALUES (9.5)")
+        db.commit()
+
+
+def langgraph_checkpoints(path):
+    """The workflow's checkpoint file, as LangGraph's SqliteSaver makes it (in WAL mode)."""
+    from langgraph.checkpoint.sqlite import SqliteSaver
+
+    with closing(sqlite3.connect(path, check_same_thread=False)) as db:
+        SqliteSaver(db).setup()
+
+
+def a_tickets_table_of_its_own(path):
+    with closing(sqlite3.connect(path)) as db:
+        db.execute("CREATE TABLE tickets (id INTEGER PRIMARY KEY, title TEXT NOT NULL)")
+        db.commit()
+
+
+def tickets_with_no_unique_key(path):
+    """The receiver's columns, without the UNIQUE that keeps one ticket per key."""
+    with closing(sqlite3.connect(path)) as db:
+        db.execute(
+            "CREATE TABLE tickets (id INTEGER PRIMARY KEY, operation_key TEXT, "
+            "payload TEXT NOT NULL, created_at REAL)"
+        )
+        db.commit()
+
+
+@pytest.mark.parametrize(
+    "make,words",
+    [
+        (another_programs_file, ["not the receiver's (orders)"]),
+        (langgraph_checkpoints, ["checkpoints, writes", "LangGraph", "CHECKPOINT_DB"]),
+        (a_tickets_table_of_its_own, ["tickets table is not the receiver's", "title"]),
+        (tickets_with_no_unique_key, ["tickets table", "no UNIQUE operation_key"]),
+    ],
+    ids=["another program's", "LangGraph's checkpoints", "its own tickets", "no UNIQUE key"],
+)
+def test_a_receiver_db_of_another_program_is_refused_before_anything_is_written(lab, make, words):
+    db = Path(lab["RECEIVER_DB"])
+    db.parent.mkdir(parents=True)
+    make(db)
+    before = db.read_bytes(), db.stat().st_mtime_ns, sorted(db.parent.iterdir())
+    done = run_api(lab)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert done.stderr.startswith(f"receiver: RECEIVER_DB {str(db)!r} cannot be used: ")
+    assert all(word in done.stderr for word in words), done.stderr
+    assert "Nothing was written to it" in done.stderr
+    # byte for byte, never rewritten, and no -wal or -shm file left beside it
+    assert (db.read_bytes(), db.stat().st_mtime_ns, sorted(db.parent.iterdir())) == before
+
+
+def test_a_checkpoint_file_in_use_is_refused_though_its_tables_are_only_in_its_wal(lab):
+    """A workflow that has the file open: LangGraph's tables are in the WAL, not yet in the
+    file itself (no checkpoint has copied them), and the read-only look still sees them."""
+    from langgraph.checkpoint.sqlite import SqliteSaver
+
+    db = Path(lab["RECEIVER_DB"])
+    db.parent.mkdir(parents=True)
+    with closing(sqlite3.connect(db, check_same_thread=False)) as in_use:
+        SqliteSaver(in_use).setup()
+        before = db.read_bytes(), db.stat().st_mtime_ns
+        assert b"checkpoints" not in before[0]  # the file itself: a header, no tables yet
+        done = run_api(lab)
+        assert (db.read_bytes(), db.stat().st_mtime_ns) == before
+    assert done.returncode == 2 and "checkpoints, writes" in done.stderr, done.stderr
+
+
+def test_an_empty_receiver_db_file_is_a_new_database(lab, tmp_path):
+    db = Path(lab["RECEIVER_DB"])
+    db.parent.mkdir(parents=True)
+    db.touch()  # `touch`ed by hand, or left by a tool that creates before it writes
+    server = ReceiverProcess(lab, tmp_path / "receiver.log").start()
+    try:
+        assert post(server, key="into-an-empty-file").status == 201
+    finally:
+        server.stop()
+
+
 def test_a_taken_port_is_one_line_naming_it_and_exit_3(lab):
     with socket.socket() as other:  # anything at all on the port, not only another receiver
         other.bind(("127.0.0.1", 0))
@@ -267,6 +360,69 @@ def test_a_database_replaced_under_the_receiver_is_noticed_too(lab, tmp_path):
         assert_error(request(server, "GET", "/tickets?key=old"), 503, "deleted or replaced")
     finally:
         server.stop()
+
+
+def test_a_damaged_database_is_503_with_no_retry_advice_and_one_log_line(lab, tmp_path):
+    """A disk fault garbles the database: not busy, so no Retry-After and no "retry", whatever
+    the route; /health turns 503 too, and the log says it once."""
+    log = tmp_path / "receiver.log"
+    server = ReceiverProcess(lab, log).start()
+    for n in range(10):  # tickets of 200 characters, on pages beyond the first
+        post(server, "x" * 200, key=f"case-{n}:ticket")
+    server.stop()
+    assert garble(lab["RECEIVER_DB"]) > 3
+    server.start()  # the schema on the first page is whole: it starts, /health says 200
+    try:
+        replies = [
+            post(server, "x" * 200, key="case-1:ticket"),  # a replay: its lookup meets the damage
+            request(server, "GET", "/health"),  # the damage was met: not healthy
+            post(server, key="case-new:ticket"),
+            request(server, "GET", "/tickets"),
+            request(server, "POST", "/refunds", {"ticket_id": 1}),
+        ]
+        for reply in replies:
+            assert_error(reply, 503, "is damaged", "operator must act", "restore", "restart")
+            assert "retry" not in reply.json()["error"].lower(), reply
+            assert "retry-after" not in reply.headers, reply
+        assert "malformed" in replies[0].json()["error"]  # SQLite's own word, passed on
+    finally:
+        server.stop()
+    noticed = [line for line in log.read_text().splitlines() if "is damaged" in line]
+    assert len(noticed) == 1 and noticed[0].startswith("receiver: unavailable: "), noticed
+
+
+def test_a_full_disk_is_503_that_says_so_and_the_same_request_succeeds_with_room(lab, capsys):
+    """SQLITE_FULL, from a max_page_count the size of the file (a full disk, without filling
+    one): "disk is full", Retry-After, one log line; once there is room the retry is a 201."""
+    import api  # in this process: the test reaches the store's connection to set its limit
+
+    server, _, _ = api.open_server(dict(lab, PORT="0"))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    served = SimpleNamespace(url=f"http://127.0.0.1:{server.server_port}")
+    try:
+        with server.store.lock:
+            pages = server.store.db.execute("PRAGMA page_count").fetchone()[0]
+            server.store.db.execute(f"PRAGMA max_page_count = {pages}")
+        replies = []
+        for n in range(200):  # the tables' pages fill up within a few dozen tickets
+            replies.append(post(served, "x" * 200, key=f"full-{n}"))
+            if replies[-1].status != 201:
+                break
+        full, key = replies[-1], f"full-{len(replies) - 1}"
+        assert_error(full, 503, "disk holding the ticket database", "is full", "free space")
+        assert full.headers["retry-after"] == "1"
+        assert_error(post(served, "x" * 200, key=key), 503, "is full")
+        with server.store.lock:
+            server.store.db.execute(f"PRAGMA max_page_count = {pages * 100}")  # space freed
+        retry = post(served, "x" * 200, key=key)
+        assert retry.status == 201, retry
+        assert tickets(served, key)[0]["ticket_id"] == retry.json()["ticket_id"]
+    finally:
+        server.shutdown()
+        server.server_close()
+        server.store.close()
+    logged = [line for line in capsys.readouterr().err.splitlines() if "is full" in line]
+    assert len(logged) == 1, logged
 
 
 def test_ctrl_c_stops_the_receiver_with_130_and_one_line(receiver, tmp_path):

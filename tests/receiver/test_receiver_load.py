@@ -9,6 +9,8 @@ import signal
 import socket
 import sqlite3
 import threading
+from collections import Counter
+from contextlib import closing
 from pathlib import Path
 
 import pytest
@@ -22,7 +24,7 @@ from receiver_helpers import (
     tickets,
 )
 
-from labs.tools.local import ReceiverProcess, wait_until
+from labs.tools.local import ReceiverProcess, free_port, wait_until
 
 CLIENTS = 64  # a workshop room posting at the same moment; more than a default backlog (5)
 BUSY_TIMEOUT_S = 0.3  # the receiver's wait for a locked database in the 503 test (default 2 s)
@@ -33,6 +35,9 @@ HANG_GUARD_S = 60.0  # a wait only a hang reaches, however busy the machine: not
 FD_SETTLE_DEADLINE_S = HANG_GUARD_S  # for the receiver to close the sockets of finished requests
 ROUNDS_OF_TRAFFIC = 60  # x 5 requests of every kind: 300 requests for the handle count
 STALLERS = 16  # clients that send half a request and go quiet
+PAIR_KEYS = 150  # keys that two receivers on one file get at once
+PAIR_CLIENTS = 4  # threads posting to each of the two
+PAIR_BUSY_TIMEOUT_S = 10  # a wait for the other process's commit must not become a 503 here
 
 
 def at_once(count, work):
@@ -100,6 +105,44 @@ def test_a_locked_database_gets_503_json_and_the_same_request_succeeds_later(lab
         assert len(tickets(server)) == 8
     finally:
         server.stop()
+
+
+def test_two_receivers_on_one_file_make_one_ticket_per_key(lab, tmp_path):
+    """Two api.py processes share a database file (WAL serves several processes) and get the
+    same keys at the same moments. BEGIN IMMEDIATE takes the write lock before the lookup, so
+    one process waits for the other's commit and then finds its ticket. A deferred BEGIN
+    reads first: both processes can miss the lookup, and SQLite then refuses the write of
+    the one whose snapshot is stale (SQLITE_BUSY: a 503 here, dozens of them a run)."""
+    env = dict(lab, RECEIVER_BUSY_TIMEOUT_S=str(PAIR_BUSY_TIMEOUT_S))
+    port = free_port()
+    other = dict(env, PORT=str(port), API_URL=f"http://127.0.0.1:{port}")
+    pair = [
+        ReceiverProcess(env, tmp_path / "first.log").start(),
+        ReceiverProcess(other, tmp_path / "second.log").start(),
+    ]
+    try:
+        keys = [f"pair:{n}" for n in range(PAIR_KEYS)]
+        # Thread i of each receiver posts keys i, i + PAIR_CLIENTS, ...: each key reaches both
+        # processes at about the same moment, from one thread of each.
+        walks = at_once(
+            2 * PAIR_CLIENTS,
+            lambda i: [(key, post(pair[i % 2], key=key)) for key in keys[i // 2 :: PAIR_CLIENTS]],
+        )
+        no_errors(walks)
+    finally:
+        for server in pair:
+            server.stop()
+    answers = [answer for walk in walks for answer in walk]
+    assert len(answers) == 2 * PAIR_KEYS
+    statuses = Counter(reply.status for _, reply in answers)
+    assert set(statuses) == {200, 201} and statuses[201] == PAIR_KEYS, statuses  # no 503, no 500
+    named = {}
+    for key, reply in answers:
+        named.setdefault(key, set()).add(reply.json()["ticket_id"])
+    assert all(len(ids) == 1 for ids in named.values()), named  # both answers, one ticket
+    with closing(sqlite3.connect(lab["RECEIVER_DB"])) as db:
+        rows = db.execute("SELECT operation_key, id FROM tickets").fetchall()
+    assert sorted(rows) == sorted((key, ids.pop()) for key, ids in named.items())
 
 
 def test_every_acknowledged_ticket_survives_a_sigkill_under_load(lab, tmp_path):

@@ -69,7 +69,8 @@ def test_a_refund_key_sent_for_another_ticket_is_409_and_refunds_nothing(receive
     first, second = a_ticket(receiver), a_ticket(receiver, "Another charge")
     refund(receiver, first, "case-13:refund")
 
-    assert_error(refund(receiver, second, "case-13:refund"), 409, "already used for refund 1")
+    reply = refund(receiver, second, "case-13:refund")
+    assert_error(reply, 409, "already used for refund 1", code="key_conflict")
     assert [r["ticket_id"] for r in refunds(receiver)] == [first]
     assert refunds(receiver, "case-13:refund")[0]["ticket_id"] == first
 
@@ -112,13 +113,14 @@ def test_reservations_share_the_seats_and_one_asking_for_too_many_reserves_nothi
     assert reserve(receiver, ticket_id, 6, "case-a:reserve").status == 201
     assert reserve(receiver, ticket_id, 4, "case-b:reserve").status == 201
 
-    assert_error(reserve(receiver, ticket_id, 1, "case-c:reserve"), 409, "no capacity", "0 of 10")
+    reply = reserve(receiver, ticket_id, 1, "case-c:reserve")
+    assert_error(reply, 409, "no capacity", "0 of 10", code="no_capacity")
     # A replay of a reservation already made still answers with it, seats or none left
     again = reserve(receiver, ticket_id, 6, "case-a:reserve")
     assert (again.status, again.json()) == (200, {"reservation_id": 1, "created": False})
     # The refused key reserved nothing: it is still free for another body
-    assert_error(reserve(receiver, ticket_id, 1, "case-c:reserve"), 409, "no capacity")
-    assert_error(reserve(receiver, ticket_id, 6, "case-a:reserve-x"), 409, "no capacity")
+    assert_error(reserve(receiver, ticket_id, 1, "case-c:reserve"), 409, code="no_capacity")
+    assert_error(reserve(receiver, ticket_id, 6, "case-a:reserve-x"), 409, code="no_capacity")
 
 
 def test_more_seats_than_there_are_is_refused_on_an_empty_receiver(receiver):
@@ -129,7 +131,12 @@ def test_more_seats_than_there_are_is_refused_on_an_empty_receiver(receiver):
 def test_a_reservation_key_reused_for_other_seats_is_a_key_conflict(receiver):
     ticket_id = a_ticket(receiver)
     reserve(receiver, ticket_id, 2, "case-13:reserve")
-    assert_error(reserve(receiver, ticket_id, 3, "case-13:reserve"), 409, "reservation 1")
+    reply = reserve(receiver, ticket_id, 3, "case-13:reserve")
+    assert_error(reply, 409, "reservation 1", code="key_conflict")
+    # more seats than are left, under a key that made a reservation: a key conflict still (a
+    # reservation exists, and a saga that refunded on this 409 would undo a reserved step)
+    reply = reserve(receiver, ticket_id, SEATS + 1, "case-13:reserve")
+    assert_error(reply, 409, "reservation 1", code="key_conflict")
     assert_error(reserve(receiver, 99, 1), 404, "no ticket 99")
 
 

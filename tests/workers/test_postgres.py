@@ -253,3 +253,39 @@ def test_a_second_ctrl_c_stops_a_worker_whose_job_does_not_finish(database, lab,
     assert worker("run", "--drain").returncode == 0
     assert worker("submit", *hold).returncode == 0  # a finished thread: nothing will hold
     assert worker("wait", "--for", "hold", "--thread", "h", "--timeout", "1").returncode == 3
+
+
+def test_pgqueuer_install_is_not_idempotent_and_upgrade_and_open_queue_are(postgres, database):
+    """README's setup sentence: pgqueuer 1.6's Queries.install() fails on a second run, its
+    Queries.upgrade() creates the schema in an empty database and runs again without error, and
+    worker.py's open_queue() (install only where nothing is installed) opens the queue twice."""
+    import asyncio
+
+    import asyncpg
+    import psycopg
+    from pgqueuer import Queries
+
+    import worker
+
+    empty = database + "_upgrade"
+    with psycopg.connect(postgres.url, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{empty.rsplit("/", 1)[1]}"')
+        conn.execute(f'CREATE DATABASE "{empty.rsplit("/", 1)[1]}"')
+
+    async def check():
+        installed = Queries.from_asyncpg_connection(await asyncpg.connect(database))
+        await installed.install()
+        with pytest.raises(asyncpg.exceptions.DuplicateObjectError):
+            await installed.install()
+        upgraded = Queries.from_asyncpg_connection(await asyncpg.connect(empty))
+        assert not await upgraded.schema_is_installed()
+        await upgraded.upgrade()
+        assert await upgraded.schema_is_installed()
+        await upgraded.upgrade()  # a second run: nothing to do, no error
+        opened = [await worker.open_queue(database) for _ in range(2)]  # install()ed already
+        opened += [await worker.open_queue(empty) for _ in range(2)]  # upgrade()d already
+        assert all([await queries.schema_is_installed() for queries in opened])
+        for queries in (installed, upgraded, *opened):
+            await queries.driver._connection.close()  # asyncpg's; Queries has no close()
+
+    asyncio.run(check())

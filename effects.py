@@ -1,0 +1,389 @@
+"""The effect ledger: write down what you are about to do to the outside world before doing it.
+
+A node that changes another system (opens a ticket, charges a card, sends an email) calls
+Effect.perform instead of the provider. Each effect is one row, keyed by its idempotency key, in
+the workflow's own database, and it moves through these states:
+
+    requested -> confirmed   the answer came back: a receipt is kept, never overwritten
+              -> failed      the provider refused it (a business answer: nothing was done)
+              -> unknown     sent, and no answer: done or not, nobody here can tell
+              -> released    provably never left (the connection was refused): send again
+    proposed -> authorized -> requested   an effect that waits for a person first
+
+`requested` is committed before the request leaves. A process that dies after the provider
+committed and before the answer was recorded (the crash window) leaves that row behind, and the
+next attempt does not send blindly:
+
+    confirmed            the receipt's answer is returned; the provider is not called at all
+    requested, unknown   the provider is asked by key (Effect.lookup) and what it made is adopted;
+                         it made nothing: the request goes again with the same key. A provider
+                         with no lookup: Unsettled, and a person settles it (Ledger.settle)
+    another request under the same key: Conflict, never a second effect
+
+The ledger's row and LangGraph's checkpoint are two commits, even in one SQLite file: the ledger
+has its own connection, as SqliteSaver has its own. A crash between the receipt and the checkpoint
+re-runs the node; the node finds the receipt and the provider hears nothing.
+
+Standard library only (Postgres through a connection the caller opens); importing it changes
+nothing.
+"""
+
+import dataclasses
+import hashlib
+import json
+import sqlite3
+import time
+from collections.abc import Callable
+from contextlib import contextmanager
+
+STATES = ("proposed", "authorized", "requested", "confirmed", "failed", "unknown", "released")
+SETTLED = ("confirmed", "failed")  # final: a later attempt returns (or raises) what they say
+OPEN = ("requested", "unknown")  # a request may be out there: never send blindly
+
+
+@dataclasses.dataclass(frozen=True)
+class Effect:
+    """One kind of effect, declared once: what it sends, how it is looked up, what it answers.
+
+    send(client, request, key) -> the provider's answer (a dict); raise one of not_sent when the
+    request provably never left, and let refused(error) say which errors are a business "no".
+    lookup(client, key) -> the answer the key made, or None when it made nothing; None (the
+    attribute) for a provider that offers no lookup (an email, an SMS).
+    external_id(answer) -> the provider's id for what it made, kept in the receipt.
+    """
+
+    name: str
+    send: Callable
+    external_id: Callable
+    lookup: Callable | None = None
+    not_sent: tuple = ()
+    refused: Callable = lambda error: False
+
+    def perform(self, ledger, key, request, client, thread=None):
+        """The effect's answer, made at most once per key: from the receipt when there is one."""
+        record = ledger.claim(key, self.name, request, thread)
+        if record.state == "confirmed":
+            return record.answer  # a replay: the provider is not called
+        if record.state == "failed":
+            raise Refused(f"effect {key!r} was refused before: {record.note}")
+        if record.reopened:  # an earlier attempt claimed it and did not record how it ended
+            if self.lookup is None:
+                ledger.move(key, "unknown", "no lookup: a person must settle it")
+                raise Unsettled(key, self.name)
+            found = self.lookup(client, key)
+            if found is not None:
+                return ledger.confirm(key, found, self.external_id(found), "adopted by lookup")
+            # The provider holds nothing under the key: nothing was made. Send again, same key.
+        try:
+            answer = self.send(client, request, key)
+        except self.not_sent as error:
+            ledger.move(key, "released", f"not sent: {error}")
+            raise
+        except Exception as error:
+            if self.refused(error):
+                ledger.move(key, "failed", f"refused: {error}")
+            else:
+                ledger.move(key, "unknown", f"no answer: {type(error).__name__}: {error}")
+            raise
+        except BaseException:  # Ctrl-C, a drain: the request may have left
+            ledger.move(key, "unknown", "interrupted while the request was out")
+            raise
+        return ledger.confirm(key, answer, self.external_id(answer), "answered")
+
+
+class LedgerError(Exception):
+    """A ledger refusal: one line that says what to do."""
+
+
+class Conflict(LedgerError):
+    """The key was claimed for another request: a new operation needs a new key."""
+
+
+class Unsettled(LedgerError):
+    """An earlier attempt may have made the effect and the provider cannot be asked."""
+
+    def __init__(self, key, effect):
+        super().__init__(
+            f"effect {effect} {key!r} may have happened (an earlier attempt sent it and no "
+            f"answer was recorded) and its provider has no lookup; settle it with reconcile "
+            f"--confirmed {key} or --not-sent {key}"
+        )
+        self.key = key
+
+
+class Refused(LedgerError):
+    """The provider said no, and the ledger recorded it as failed."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Record:
+    key: str
+    effect: str
+    state: str
+    request_hash: str
+    note: str
+    answer: dict | None = None  # the receipt's, once confirmed
+    reopened: bool = False  # claim found it requested or unknown: an earlier attempt's
+
+
+class Ledger:
+    """The effects of one workflow database (a SQLite file or a Postgres connection)."""
+
+    def claim(self, key, effect, request, thread=None):
+        """Record the intent before the request leaves: a Record in state requested, or the
+        row the key already has. One transaction under a write lock (SQLite BEGIN IMMEDIATE;
+        Postgres INSERT ... ON CONFLICT, then the row locked FOR UPDATE), so two attempts
+        cannot both take a fresh claim."""
+        canonical, digest = request_hash(request)
+        with self.transaction():
+            row = self.row(key, lock=True)
+            if (
+                row is None
+                and self.sql(
+                    "INSERT INTO effects (key, effect, thread, request, request_hash, state, "
+                    "updated_at) VALUES (?, ?, ?, ?, ?, 'requested', ?) ON CONFLICT DO NOTHING",
+                    (key, effect, thread, canonical, digest, time.time()),
+                ).rowcount
+            ):
+                self.transition(key, None, "requested", "claimed")
+                return Record(key, effect, "requested", digest, "claimed")
+            row = row or self.row(key, lock=True)  # another attempt inserted it first
+            if row["request_hash"] != digest or row["effect"] != effect:
+                raise Conflict(
+                    f"key {key!r} was claimed for another {row['effect']} request; "
+                    "use a new key for a new operation"
+                )
+            if row["state"] in ("authorized", "released", "proposed"):
+                self.move_locked(key, row["state"], "requested", "claimed")
+                return Record(key, effect, "requested", digest, "claimed")
+            return self.record(row, reopened=row["state"] in OPEN)
+
+    def confirm(self, key, answer, external_id, how):
+        """The receipt: kept once, never overwritten; the answer it holds."""
+        with self.transaction():
+            row = self.row(key, lock=True)
+            if row["state"] == "confirmed":  # confirmed meanwhile: the first receipt stands
+                return self.receipt(key)["answer"]
+            answer_json = json.dumps(answer, sort_keys=True, separators=(",", ":"))
+            fields = [key, row["effect"], row["request_hash"], str(external_id), answer_json]
+            self.sql(
+                "INSERT INTO effect_receipts (key, external_id, answer, request_hash, "
+                "integrity, at) VALUES (?, ?, ?, ?, ?, ?)",
+                (
+                    key,
+                    str(external_id),
+                    answer_json,
+                    row["request_hash"],
+                    digest_of(fields),
+                    time.time(),
+                ),
+            )
+            self.move_locked(key, row["state"], "confirmed", how)
+        return answer
+
+    def move(self, key, state, how):
+        """A transition recorded with its time and why."""
+        with self.transaction():
+            row = self.row(key, lock=True)
+            self.move_locked(key, row["state"], state, how)
+
+    def settle(self, key, how, answer=None, external_id=None):
+        """A person's answer where no lookup can tell: confirmed (with the provider's answer and
+        id they found), or, with answer None, not sent (released: the next attempt sends it)."""
+        if answer is None:
+            return self.move(key, "released", f"settled: not sent ({how})")
+        return self.confirm(key, answer, external_id, f"settled: confirmed ({how})")
+
+    def unsettled(self, older_than_s=0.0):
+        """The rows a person may have to look at: unknown, or requested longer than that."""
+        cutoff = time.time() - older_than_s
+        rows = self.sql(
+            "SELECT * FROM effects WHERE state = 'unknown' OR (state = 'requested' AND "
+            "updated_at <= ?) ORDER BY updated_at",
+            (cutoff,),
+        ).fetchall()
+        return [self.record(row) for row in rows]
+
+    def stuck(self):
+        """(how many effects are unknown, seconds since the oldest of them became so)."""
+        row = self.sql(
+            "SELECT COUNT(*) AS n, MIN(updated_at) AS oldest FROM effects WHERE state = 'unknown'"
+        ).fetchone()
+        return row["n"], (0.0 if row["oldest"] is None else time.time() - row["oldest"])
+
+    def history(self, key):
+        """[(from, to, how)] of key, oldest first."""
+        rows = self.sql(
+            "SELECT from_state, to_state, how FROM effect_transitions WHERE key = ? ORDER BY id",
+            (key,),
+        )
+        return [(row["from_state"], row["to_state"], row["how"]) for row in rows.fetchall()]
+
+    def receipt(self, key):
+        """The receipt of key (its integrity checked), or None."""
+        row = self.sql("SELECT * FROM effect_receipts WHERE key = ?", (key,)).fetchone()
+        if row is None:
+            return None
+        effect = self.row(key)
+        fields = [key, effect["effect"], row["request_hash"], row["external_id"], row["answer"]]
+        if digest_of(fields) != row["integrity"]:
+            raise LedgerError(f"the receipt of {key!r} does not match its integrity hash")
+        return {**dict(row), "answer": json.loads(row["answer"])}
+
+    # helpers
+
+    def __init__(self, path, busy_timeout_s=5.0):
+        self.db = sqlite3.connect(path, timeout=busy_timeout_s, isolation_level=None)
+        self.db.row_factory = sqlite3.Row
+        self.db.execute("PRAGMA journal_mode=WAL")  # as SqliteSaver sets it on the same file
+        self.db.execute("PRAGMA synchronous=FULL")  # a receipt survives a power cut
+        with self.transaction():
+            for statement in SCHEMA:
+                self.db.execute(statement)
+
+    def close(self):
+        self.db.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    @contextmanager
+    def transaction(self):
+        """BEGIN IMMEDIATE: the write lock first, so a lookup and its insert cannot interleave
+        with another process's."""
+        self.db.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+            self.db.execute("COMMIT")
+        except BaseException:
+            if self.db.in_transaction:
+                self.db.execute("ROLLBACK")
+            raise
+
+    def sql(self, statement, args=()):
+        return self.db.execute(statement, args)
+
+    def row(self, key, lock=False):  # SQLite's BEGIN IMMEDIATE already holds the lock
+        return self.sql("SELECT * FROM effects WHERE key = ?", (key,)).fetchone()
+
+    def move_locked(self, key, was, state, how):
+        if state not in STATES:
+            raise ValueError(f"no state {state!r}")
+        self.sql(
+            "UPDATE effects SET state = ?, note = ?, updated_at = ?, attempts = attempts + ? "
+            "WHERE key = ?",
+            (state, how, time.time(), int(state == "requested"), key),
+        )
+        self.transition(key, was, state, how)
+
+    def transition(self, key, was, state, how):
+        self.sql(
+            "INSERT INTO effect_transitions (key, from_state, to_state, how, at) "
+            "VALUES (?, ?, ?, ?, ?)",
+            (key, was, state, how, time.time()),
+        )
+
+    def record(self, row, reopened=False):
+        answer = None
+        if row["state"] == "confirmed":
+            answer = self.receipt(row["key"])["answer"]
+        return Record(
+            row["key"],
+            row["effect"],
+            row["state"],
+            row["request_hash"],
+            row["note"] or "",
+            answer,
+            reopened,
+        )
+
+
+class PostgresLedger(Ledger):
+    """The same ledger in Postgres, on a connection the caller opened (psycopg 3, dict rows).
+
+    A claim inserts with ON CONFLICT DO NOTHING and then locks the row FOR UPDATE: a SELECT ...
+    FOR UPDATE alone locks no row that does not exist yet, so two workers could both miss it."""
+
+    def __init__(self, conn):
+        self.db = conn
+        with self.transaction():
+            self.sql("SELECT pg_advisory_xact_lock(hashtext('effect ledger schema'))")
+            for statement in POSTGRES_SCHEMA:
+                self.sql(statement)
+
+    def close(self):
+        pass  # the caller's connection: the caller closes it
+
+    @contextmanager
+    def transaction(self):
+        with self.db.transaction():
+            yield
+
+    def sql(self, statement, args=()):
+        return self.db.execute(statement.replace("?", "%s"), args)
+
+    def row(self, key, lock=False):
+        lock_it = " FOR UPDATE" if lock else ""
+        return self.sql("SELECT * FROM effects WHERE key = ?" + lock_it, (key,)).fetchone()
+
+
+SCHEMA = (
+    """CREATE TABLE IF NOT EXISTS effects (
+    key TEXT PRIMARY KEY,  -- the idempotency key: one row per effect
+    effect TEXT NOT NULL,  -- its declaration's name (ticket, refund, email, ...)
+    thread TEXT,  -- the LangGraph thread that asked for it
+    request TEXT NOT NULL,  -- canonical JSON of what is sent
+    request_hash TEXT NOT NULL,
+    state TEXT NOT NULL,
+    note TEXT,  -- why it is in this state
+    attempts INTEGER NOT NULL DEFAULT 1,
+    updated_at REAL NOT NULL
+)""",
+    """CREATE TABLE IF NOT EXISTS effect_transitions (
+    id INTEGER PRIMARY KEY,
+    key TEXT NOT NULL REFERENCES effects (key),
+    from_state TEXT,
+    to_state TEXT NOT NULL,
+    how TEXT NOT NULL,
+    at REAL NOT NULL
+)""",
+    """CREATE TABLE IF NOT EXISTS effect_receipts (
+    key TEXT PRIMARY KEY REFERENCES effects (key),
+    external_id TEXT NOT NULL,  -- the provider's id for what it made
+    answer TEXT NOT NULL,  -- the provider's answer, canonical JSON
+    request_hash TEXT NOT NULL,
+    integrity TEXT NOT NULL,  -- sha256 over key, effect, request hash, external id, answer
+    at REAL NOT NULL
+)""",
+    """CREATE TRIGGER IF NOT EXISTS receipts_are_kept BEFORE UPDATE ON effect_receipts
+BEGIN SELECT RAISE(ABORT, 'a receipt is never overwritten'); END""",
+    """CREATE TRIGGER IF NOT EXISTS receipts_stay BEFORE DELETE ON effect_receipts
+BEGIN SELECT RAISE(ABORT, 'a receipt is never deleted'); END""",
+)
+
+
+def request_hash(request):
+    """(canonical JSON, its sha256): the same request however it was spelled."""
+    canonical = json.dumps(request, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return canonical, hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def digest_of(fields):
+    return hashlib.sha256(json.dumps(fields, separators=(",", ":")).encode()).hexdigest()
+
+
+POSTGRES_SCHEMA = (
+    *(
+        statement.replace("REAL", "DOUBLE PRECISION").replace(
+            "id INTEGER PRIMARY KEY", "id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY"
+        )
+        for statement in SCHEMA[:3]
+    ),
+    """CREATE OR REPLACE FUNCTION effect_receipts_are_kept() RETURNS trigger LANGUAGE plpgsql
+AS $$ BEGIN RAISE EXCEPTION 'a receipt is never overwritten or deleted'; END $$""",
+    """CREATE OR REPLACE TRIGGER receipts_are_kept BEFORE UPDATE OR DELETE ON effect_receipts
+FOR EACH STATEMENT EXECUTE FUNCTION effect_receipts_are_kept()""",
+)

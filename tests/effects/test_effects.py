@@ -1,0 +1,223 @@
+"""The effect ledger against the real receiver: intent before the request, receipts, UNKNOWN.
+
+A crash is a real SIGKILL of a forked child in the window (after the receiver answered, before
+the answer was recorded); the parent then resumes with a ledger of its own on the same file.
+"""
+
+import os
+import re
+import signal
+import urllib.request
+
+import pytest
+
+import effects
+import workflow
+
+
+def sends(client, request, key):
+    return client.create(request["title"], key)
+
+
+def looks_up(client, key):
+    found = client.tickets(key)
+    return {"ticket_id": found[0]["ticket_id"], "created": False} if found else None
+
+
+TICKET = effects.Effect(
+    "ticket",
+    send=sends,
+    external_id=lambda answer: answer["ticket_id"],
+    lookup=looks_up,
+    not_sent=(workflow.Unreachable,),
+)
+KEYLESS = effects.Effect(  # a provider that offers no lookup (an email service, say)
+    "ticket", send=sends, external_id=lambda answer: answer["ticket_id"]
+)
+
+
+@pytest.fixture(scope="module")
+def postgres():
+    from labs.tools.pg import TempPostgres
+    from tests.conftest import require_postgres
+
+    require_postgres()
+    with TempPostgres() as pg:
+        yield pg
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def open_ledger(request, tmp_path):
+    """A function that opens a new ledger on this test's database, as a new process would."""
+    if request.param == "sqlite":
+        path = tmp_path / "checkpoints.sqlite"
+        yield lambda **settings: effects.Ledger(path, **settings)
+        return
+    import psycopg
+    from psycopg.rows import dict_row
+
+    pg = request.getfixturevalue("postgres")
+    name = f"ledger_{os.getpid()}_{abs(hash(request.node.name))}"
+    with psycopg.connect(pg.url, autocommit=True) as admin:
+        admin.execute(f"CREATE DATABASE {name}")
+    url = pg.url.rsplit("/", 1)[0] + "/" + name
+
+    def opened(**_):
+        conn = psycopg.connect(url, autocommit=True, row_factory=dict_row)
+        ledger = effects.PostgresLedger(conn)
+        ledger.close = conn.close
+        return ledger
+
+    yield opened
+
+
+@pytest.fixture
+def client(receiver):
+    return workflow.TicketClient(receiver.url, attempts=1)
+
+
+def posts(receiver):
+    """POSTs the receiver answered with a ticket (created or replayed), from GET /metrics."""
+    with urllib.request.urlopen(receiver.url + "/metrics") as response:
+        text = response.read().decode()
+    names = ("tickets_created", "idempotent_replays")
+    return sum(int(re.search(rf"^receiver_{n}_total (\d+)$", text, re.M)[1]) for n in names)
+
+
+def die_in_the_window(open_ledger, effect, key, request, client):
+    """A forked child performs the effect and is SIGKILLed after the answer, before confirm."""
+
+    def send_then_die(client, request, key):
+        effect.send(client, request, key)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    pid = os.fork()
+    if pid == 0:  # the child: its own connection, as a new process would have
+        try:
+            with open_ledger() as ledger:
+                dataclass_copy(effect, send=send_then_die).perform(ledger, key, request, client)
+        finally:
+            os._exit(1)  # not reached when the kill lands
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
+
+
+def dataclass_copy(effect, **changes):
+    import dataclasses
+
+    return dataclasses.replace(effect, **changes)
+
+
+@pytest.mark.fast
+def test_a_confirmed_effect_returns_its_receipt_and_the_receiver_hears_nothing(
+    open_ledger, receiver, client
+):
+    with open_ledger() as ledger:
+        first = TICKET.perform(ledger, "op-1", {"title": "t"}, client)
+        before = posts(receiver)
+        again = TICKET.perform(ledger, "op-1", {"title": "t"}, client)
+        assert again == first and first["created"] is True
+        assert posts(receiver) == before  # the provider was not called
+        assert ledger.history("op-1") == [
+            (None, "requested", "claimed"),
+            ("requested", "confirmed", "answered"),
+        ]
+
+
+@pytest.mark.fast
+def test_a_kill_after_the_answer_is_adopted_by_lookup_not_sent_again(open_ledger, receiver, client):
+    die_in_the_window(open_ledger, TICKET, "op-2", {"title": "t"}, client)
+    before = posts(receiver)
+    with open_ledger() as ledger:
+        assert [r.key for r in ledger.unsettled()] == ["op-2"]  # requested, no answer recorded
+        answer = TICKET.perform(ledger, "op-2", {"title": "t"}, client)
+        assert ledger.history("op-2")[-1] == ("requested", "confirmed", "adopted by lookup")
+        assert ledger.receipt("op-2")["external_id"] == str(answer["ticket_id"])
+    assert posts(receiver) == before  # looked up, not sent again
+    assert len(client.tickets()) == 1
+
+
+@pytest.mark.fast
+def test_without_a_lookup_the_window_ends_in_unknown_not_in_a_second_request(
+    open_ledger, receiver, client
+):
+    die_in_the_window(open_ledger, KEYLESS, "op-3", {"title": "t"}, client)
+    before = posts(receiver)
+    with open_ledger() as ledger:
+        with pytest.raises(effects.Unsettled, match="reconcile --confirmed op-3"):
+            KEYLESS.perform(ledger, "op-3", {"title": "t"}, client)
+        assert ledger.stuck()[0] == 1
+        assert posts(receiver) == before
+        # A person finds the ticket and settles it; the next attempt returns the receipt.
+        ticket = client.tickets()[0]
+        ledger.settle("op-3", "found in the receiver", {"ticket_id": ticket["ticket_id"]}, 1)
+        assert KEYLESS.perform(ledger, "op-3", {"title": "t"}, client)["ticket_id"] == 1
+        assert ledger.stuck()[0] == 0
+    assert posts(receiver) == before
+
+
+@pytest.mark.fast
+def test_a_request_that_never_left_releases_its_claim(open_ledger, lab):
+    down = workflow.TicketClient(lab["API_URL"], attempts=1)  # nothing listens there
+    with open_ledger() as ledger:
+        with pytest.raises(workflow.Unreachable):
+            TICKET.perform(ledger, "op-4", {"title": "t"}, down)
+        assert ledger.history("op-4")[-1][1] == "released"
+        assert ledger.unsettled() == []  # nothing to reconcile: provably not sent
+
+
+@pytest.mark.fast
+def test_the_same_key_with_another_request_is_a_conflict_and_sends_nothing(
+    open_ledger, receiver, client
+):
+    with open_ledger() as ledger:
+        TICKET.perform(ledger, "op-5", {"title": "one"}, client)
+        before = posts(receiver)
+        with pytest.raises(effects.Conflict, match="new key"):
+            TICKET.perform(ledger, "op-5", {"title": "two"}, client)
+    assert posts(receiver) == before
+
+
+@pytest.mark.fast
+def test_a_receipt_is_never_overwritten_and_a_tampered_one_is_caught(open_ledger, receiver, client):
+    with open_ledger() as ledger:
+        TICKET.perform(ledger, "op-6", {"title": "t"}, client)
+        with pytest.raises(Exception, match="never overwritten"):
+            with ledger.transaction():
+                ledger.sql("UPDATE effect_receipts SET answer = '{}'")
+        postgres = isinstance(ledger, effects.PostgresLedger)
+        with ledger.transaction():  # someone goes around the ledger
+            ledger.sql("DROP TRIGGER receipts_are_kept" + " ON effect_receipts" * postgres)
+            ledger.sql("""UPDATE effect_receipts SET answer = '{"ticket_id":99}'""")
+        with pytest.raises(effects.LedgerError, match="integrity"):
+            ledger.receipt("op-6")
+
+
+def test_two_processes_claiming_the_same_keys_take_one_fresh_claim_each(open_ledger):
+    """The lookup and the insert of a claim are one step for other processes (SQLite's BEGIN
+    IMMEDIATE; Postgres's INSERT ... ON CONFLICT, then FOR UPDATE). The two processes meet
+    before every key (a byte each way through pipes), so their claims of it really overlap."""
+    keys = [f"k{i}" for i in range(200)]
+    open_ledger().close()  # the tables, before the race
+    results, done = os.pipe()
+    a_to_b, b_to_a = os.pipe(), os.pipe()
+    children = []
+    for me in range(2):
+        send, recv = (a_to_b[1], b_to_a[0]) if me == 0 else (b_to_a[1], a_to_b[0])
+        pid = os.fork()
+        if pid == 0:
+            fresh = 0
+            with open_ledger(busy_timeout_s=30) as ledger:
+                for key in keys:
+                    os.write(send, b"."), os.read(recv, 1)  # both at this key now
+                    fresh += not ledger.claim(key, "ticket", {"k": key}).reopened
+            os.write(done, f"{fresh}\n".encode())
+            os._exit(0)
+        children.append(pid)
+    for fd in (done, *a_to_b, *b_to_a):
+        os.close(fd)
+    for pid in children:
+        assert os.waitpid(pid, 0)[1] == 0
+    with os.fdopen(results) as pipe:
+        counts = [int(line) for line in pipe]
+    assert sum(counts) == len(keys), counts  # each key claimed fresh exactly once
