@@ -18,7 +18,8 @@ Actions:
     hold         wait until release(name) is called (from another thread), then go on
     pause(PATH)  another process's hold: create the file PATH (so a test sees the point reached),
                  then wait until unpause(PATH) writes "go" into it, then go on; a caller that
-                 arrives once it says go passes (the pause of tikv/fail-rs, released by a file)
+                 arrives once it says go passes, until PATH is deleted (the pause of tikv/fail-rs,
+                 released by a file)
     drop-answer  returned to the caller, which acts on it (a server drops its answer)
 
 A program names its points and turns them on in main():
@@ -30,6 +31,7 @@ A test holds a process it started at a point, looks at it there, then lets it go
     env["FAILPOINTS"] = f"after-ack=pause({path})"    ... start the process with env
     wait_until(path.exists, ...)                       it is at after-ack, and stays there
     failpoints.unpause(path)                           it goes on
+    path.unlink()                  once it has gone on: the next caller waits there again
 Standard library only; importing this module changes nothing.
 """
 
