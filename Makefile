@@ -36,7 +36,7 @@ $(VENV)/.installed: requirements.txt requirements-dev.txt
 demo: $(VENV)/.installed  ## labs 01-03 told to a room (STEP=1 waits for Enter before each command)
 	@$(PY) -m labs.tools.demo --backend $(BACKEND) $(if $(STEP),--step) $(GUIDES)
 
-reset: $(VENV)/.installed  ## your own lab: `down -v` of project stateful-lab, the native data/ (.venv stays)
+reset: $(VENV)/.installed  ## your own lab: `down -v --remove-orphans` of project stateful-lab, the native data/ (.venv stays)
 	@$(PY) -m labs.tools.reset
 
 test: $(VENV)/.installed lint  ## the whole suite; the Docker tier runs when an engine answers
@@ -49,8 +49,9 @@ lint: $(VENV)/.installed
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 
-bench: $(VENV)/.installed  ## receiver and CLI speed of this tree against git ref BASELINE (HEAD)
+bench: $(VENV)/.installed  ## receiver, CLI and drill speed of this tree against git ref BASELINE (HEAD)
 	@$(PY) -m labs.tools.bench --baseline $(BASELINE)
+	@$(PY) -m labs.tools.bench_drill --baseline $(BASELINE)
 
 drill: $(VENV)/.installed  ## every crash boundary x mode (JSON=1 for JSON lines)
 	@$(PY) -m labs.tools.drill --backend $(if $(filter auto,$(BACKEND)),local,$(BACKEND)) $(if $(JSON),--json)

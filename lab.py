@@ -29,8 +29,19 @@ The saga (lab 13), a graph of its own: `saga start|resume|state|refunds`, see ad
     after-refund-ack kills the run there
 """
 
+if __name__ == "__main__":  # a Ctrl-C while the imports below run: one line, not a traceback
+    import os
+    import signal
+
+    def interrupted_while_importing(*_):
+        os.write(2, b"lab.py: interrupted\n")
+        os._exit(130)  # workflow.EXIT_INTERRUPTED: nothing has run yet
+
+    signal.signal(signal.SIGINT, interrupted_while_importing)
+
 import json
 import os
+import signal
 import sys
 import threading
 import urllib.error
@@ -162,6 +173,8 @@ def resume(args, settings):
 def approve(args, settings):
     from langgraph.types import Command
 
+    if not args.approve:  # a stop below names this answer, not the other one
+        args.resume = "approve --reject"
     return run(args, settings, Command(resume=args.approve))
 
 
@@ -185,17 +198,15 @@ def run(args, settings, graph_input):
     ):
         approval = graph_input.get("approval") if starting else saved(saver, args, "approval")
         graph = build_graph(saver, approval, args.graph_version)
-        contract = None if args.no_contract else workflow.contract(graph, args.graph_version)
-        if contract and not starting and saver.get_tuple(workflow.thread_config(args.thread)):
-            workflow.require_contract(graph, args.thread, contract)  # before the graph is read
+        contract = workflow.contract(graph, args.graph_version)  # what its checkpoints record
+        saved_head = saver.get_tuple(workflow.thread_config(args.thread))
+        if saved_head and (line := owner(saved_head)):  # another command's thread, checked or not
+            raise UserError(line, EXIT_THREAD)
+        if saved_head and not starting and not args.no_contract:  # before the graph is read
+            renames = RENAMES.get(args.graph_version)
+            workflow.require_contract(graph, args.thread, contract, renames)
         check_approval(args, graph.get_state(workflow.thread_config(args.thread)))
-        workflow.require_thread(
-            graph,
-            args.thread,
-            starting,
-            "resume it or pick a new --thread; or reset the lab: docker compose -p stateful-lab "
-            "down -v (natively: make reset)",
-        )
+        workflow.require_thread(graph, args.thread, starting, exists_hint(saved_head))
         final = workflow.run_graph(
             graph, graph_input, args.thread, client, args.durability, contract
         )
@@ -216,6 +227,11 @@ def state(args, settings):
     if not snapshot.values:
         raise UserError(f"no thread {args.thread!r}; check --thread", EXIT_THREAD)
     emit("state", values=snapshot.values, next=list(snapshot.next))
+    if snapshot.values.get("mode") == "naive" and "key" in snapshot.values:
+        print(
+            "lab.py: --mode naive: the key is what prepare computed; create_ticket sends none",
+            file=sys.stderr,
+        )
 
 
 def migrate(args, settings):
@@ -223,7 +239,8 @@ def migrate(args, settings):
     with workflow.open_checkpointer(settings.checkpoint_db) as saver:
         graph = build_graph(saver, saved(saver, args, "approval"), args.graph_version)
         current = workflow.contract(graph, args.graph_version)
-        workflow.migrate_thread(graph, args.thread, current, RENAMES.get(args.graph_version))
+        renames = RENAMES.get(args.graph_version)
+        workflow.migrate_thread(graph, args.thread, current, renames, owner)
 
 
 # helpers
@@ -239,6 +256,33 @@ def saver_for(args, settings):
 def saved(saver, args, field):
     """A value the thread was started with (its graph must be built the same way)."""
     return build_graph(saver).get_state(workflow.thread_config(args.thread)).values.get(field)
+
+
+def exists_hint(saved):
+    """What to do about a start of a thread that exists: a naive one sends no key, so its
+    resume would repeat a request that may have taken effect."""
+    reset = (
+        "reset the lab: docker compose -p stateful-lab down -v --remove-orphans "
+        "(natively: make reset)"
+    )
+    values = saved.checkpoint["channel_values"] if saved else {}
+    if values.get("mode") == "naive" and any(c.startswith(workflow.BRANCH) for c in values):
+        return f"it sends no key (--mode naive), so a resume repeats its request; or {reset}"
+    return f"resume it or pick a new --thread; or {reset}"
+
+
+def owner(saved):
+    """The line for a thread that another command runs (a CheckpointTuple), or None: lab 13's
+    saga (its values hold seats), or a thread of worker.py, which records no contract."""
+    thread = saved.config["configurable"]["thread_id"]
+    if "seats" in saved.checkpoint["channel_values"]:
+        return f"thread {thread!r} is a saga (lab 13): saga resume --thread {thread}"
+    if "contract" not in saved.metadata:
+        return (
+            f"thread {thread!r} records no contract: worker.py saves its threads so and runs "
+            f"them from its queue (lab 10): worker.py state --thread {thread}"
+        )
+    return None
 
 
 def check_approval(args, snapshot):
@@ -320,17 +364,28 @@ def charge(state: SagaState, runtime):
 
 
 def reserve(state: SagaState, runtime):
-    """The step that can be refused: a 409 (no seats left) reserved nothing, so it is an
-    outcome, not a failure: the run goes on to undo the charge."""
+    """The step that can be refused: a 409 "no_capacity" (no seats left) reserved nothing, so it
+    is an outcome, not a failure: the run goes on to undo the charge. Any other 409 is not: a
+    "key_conflict" means a reservation already exists under this key (for another body), and
+    refunding its charge would undo a booking that stands. The run stops there, exit 1."""
     body = {"ticket_id": state["ticket_id"], "seats": state["seats"]}
+    key = saga_key(state, "reserve")
     try:
-        result = runtime.context.client.call("/reservations", body, saga_key(state, "reserve"))
+        result = runtime.context.client.call("/reservations", body, key)
     except urllib.error.HTTPError as error:
         if error.code != 409:
             raise
-        reason = json.load(error)["error"]
-        emit("refused", error=reason)
-        return {"refused": reason}
+        answer = json.load(error)
+        if answer.get("code") != "no_capacity":  # a protocol error, not a business refusal
+            raise UserError(
+                f"reservation refused 409 {answer.get('code')}: a reservation under the key "
+                f"{key} exists for another body (an earlier saga with this --operation?), so "
+                f"ticket {state['ticket_id']} is not refunded; look at that saga's state "
+                "(saga state --thread ITS-THREAD)",
+                workflow.EXIT_HTTP_ERROR,
+            ) from None
+        emit("refused", error=answer["error"])
+        return {"refused": answer["error"]}
     emit("reserved", created=result["created"], reservation_id=result["reservation_id"])
     fail("after-reserve-ack")
     return {"reservation_id": result["reservation_id"]}
@@ -412,10 +467,10 @@ def seats(text):
 def add_saga_parser(actions):
     saga = actions.add_parser("saga", help="lab 13: charge, reserve, refund when refused")
     steps = saga.add_subparsers(dest="saga_action", required=True, parser_class=workflow.Parser)
-    thread = dict(default="saga", help="checkpoint thread id (default: saga)")
+    thread = dict(default=workflow.Defaulted("saga"), help="checkpoint thread id (default: saga)")
     for name, action in [("start", saga_start), ("resume", saga_resume)]:
         sub = steps.add_parser(name, help=f"{name} a saga")
-        sub.set_defaults(run=action, graph_command=True)
+        sub.set_defaults(run=action, graph_command=True, resume="saga resume")
         sub.add_argument("--thread", **thread)
         sub.add_argument("--crash-at", choices=SAGA_POINTS, help="where the run dies (SIGKILL)")
     start = steps.choices["start"]
@@ -432,6 +487,7 @@ def add_saga_parser(actions):
 def build_parser():
     parser = workflow.build_parser(prog="lab.py")
     parser.set_defaults(crash_at=None, term_at=None, durability="sync", no_contract=False)
+    parser.set_defaults(unkeyed=lambda values: values.get("mode") == "naive")  # for the hints
     actions = parser.actions
     for name, action in [("start", start), ("resume", resume), ("state", state)]:
         actions.choices[name].set_defaults(run=action)
@@ -463,7 +519,10 @@ def build_parser():
     )
     sub = actions.add_parser("approve", help="answer a run that waits for approval (lab 07)")
     sub.set_defaults(run=approve, graph_command=True)
-    sub.add_argument("--thread", default="demo", help="checkpoint thread id (default: demo)")
+    sub.set_defaults(resume="approve")  # what goes on after a stop: the answer, again
+    sub.add_argument(
+        "--thread", default=workflow.Defaulted("demo"), help="checkpoint thread id (default: demo)"
+    )
     sub.add_argument("--reject", dest="approve", action="store_false", help="answer no")
     add_saga_parser(actions)
     return parser
@@ -481,8 +540,9 @@ def main(argv=None, environ=None):
 
 
 if __name__ == "__main__":
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # main() has its own line for Ctrl-C
     try:
         sys.exit(main())
-    except KeyboardInterrupt:  # Ctrl-C before main() took over (while Python was importing)
+    except KeyboardInterrupt:  # Ctrl-C before main() took over (while it parsed the arguments)
         print("lab.py: interrupted", file=sys.stderr)
         sys.exit(workflow.EXIT_INTERRUPTED)

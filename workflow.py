@@ -1,4 +1,5 @@
-"""A two-node LangGraph workflow that opens a ticket in another service, exactly once.
+"""A two-node LangGraph workflow that opens a ticket in another service, once, as long as the
+receiver honours the idempotency key (one that forgets a key too soon makes a second ticket).
 
     START -> prepare -> create_ticket -> END
 
@@ -36,6 +37,16 @@ Configuration (environment, read in main()):
     FAILPOINTS       "" (all off); e.g. "after-ack=kill" (see failpoints.py and POINTS)
 """
 
+if __name__ == "__main__":  # a Ctrl-C while the imports below run: one line, not a traceback
+    import os
+    import signal
+
+    def interrupted_while_importing(*_):
+        os.write(2, b"workflow.py: interrupted\n")
+        os._exit(130)  # EXIT_INTERRUPTED: nothing has run yet
+
+    signal.signal(signal.SIGINT, interrupted_while_importing)
+
 import argparse
 import contextlib
 import dataclasses
@@ -58,8 +69,8 @@ from failpoints import FailpointSpecError, fail
 
 POINTS = ("after-prepare", "before-request", "after-ack", "after-checkpoint")  # see fail(...)
 VERSION = "1"  # the code's; bump it for a change that saved threads must not meet silently
-KEYS_VERSION = 1  # how prepare derives the key: a change to it is such a change
 BRANCH = "branch:to:"  # the channel that sends a run to a node (LangGraph's graph/state.py)
+INTERRUPT = "__interrupt__"  # the write of a node waiting in interrupt() (_internal/_constants.py)
 
 
 class State(TypedDict):
@@ -128,45 +139,107 @@ def build_graph(checkpointer):
     return builder.compile(checkpointer=checkpointer)
 
 
-def contract(graph, version=VERSION):
-    """What a run's checkpoints are made under: the version, the graph's shape, the keys'."""
+def contract(graph, version=None):
+    """What a run's checkpoints are made under: the code's version (VERSION unless given) and the
+    graph's shape. Not how prepare derives the key: the key is prepare's output, saved in the
+    checkpoint, so a resumed thread sends the key it saved whatever prepare would derive now."""
     shape = graph.get_graph()
     edges = sorted([edge.source, edge.target, edge.conditional] for edge in shape.edges)
     digest = hashlib.sha256(json.dumps([sorted(shape.nodes), edges]).encode()).hexdigest()[:8]
-    return f"v{version} graph:{digest} keys:{KEYS_VERSION}"
+    return f"v{version or VERSION} graph:{digest}"
 
 
-def require_contract(graph, thread, current):
-    """Refuse, changing nothing, to resume a thread saved under another contract."""
-    saved = graph.checkpointer.get_tuple(thread_config(thread)).metadata.get("contract")
-    if saved != current:
-        emit("contract_mismatch", current=current, saved=saved, thread=thread)
-        why = f"thread {thread!r} was saved under {saved!r}, this code is {current!r}"
-        raise UserError(f"{why}; migrate --thread {thread} moves it here", EXIT_CONTRACT)
+def require_contract(graph, thread, current, renames=None):
+    """Refuse, changing nothing, to resume a thread saved under another contract. The line says
+    whether `migrate` can move it here (tried in a copy, as migrate does) or why it cannot."""
+    saved = graph.checkpointer.get_tuple(thread_config(thread))
+    if saved.metadata.get("contract") == current:
+        return
+    was = saved.metadata.get("contract")
+    emit("contract_mismatch", current=current, saved=was, thread=thread)
+    why = f"thread {thread!r} was saved under {was!r}, this code is {current!r}"
+    try:
+        plan_migration(graph, saved, current, renames)
+    except CannotMigrate as error:  # no migrate hint that would be refused, or undo the thread
+        why += f"; migrate cannot move it ({error}): resume it with the code that saved it"
+        raise UserError(why, EXIT_CONTRACT) from None
+    raise UserError(f"{why}; migrate --thread {thread} moves it here", EXIT_CONTRACT)
 
 
-def migrate_thread(graph, thread, current, renames=None):
+def migrate_thread(graph, thread, current, renames=None, owner=None):
     """Move a thread to the current contract: its values kept, its saved next run next, by this
-    graph's names (renames: old name -> new). Nothing runs."""
+    graph's names (renames: old name -> new). Nothing runs. The move is made in a copy of the
+    thread first (plan_migration), and written only when its next is what this prints.
+    owner(saved): the line for a thread another command runs, or None."""
+    saved = graph.checkpointer.get_tuple(thread_config(thread))
+    if saved is None:
+        raise UserError(f"no thread {thread!r}; check --thread", EXIT_THREAD)
+    if owner and (line := owner(saved)):
+        raise UserError(line, EXIT_THREAD)
+    if saved.metadata.get("contract") == current:  # nothing to move: write nothing
+        emit("unchanged", contract=current, next=list(graph.get_state(saved.config).next))
+        return
+    try:
+        was, moved, writes = plan_migration(graph, saved, current, renames)
+    except CannotMigrate as error:
+        raise UserError(f"thread {thread!r}: {error}; nothing written", EXIT_CONTRACT) from None
+    for write in writes:  # the copy's new checkpoint (one put), then the question it waits on
+        write(graph.checkpointer)
+    emit("migrated", contract=current, next=moved, saved=saved.metadata["contract"], was=was)
+
+
+def plan_migration(graph, saved, current, renames=None):
+    """The move of a saved thread (a CheckpointTuple) to this graph, made in a copy of it:
+    (was, next, the writes to replay on the real saver). CannotMigrate says why it would not do.
+
+    The new checkpoint is written as the node that wrote the saved one (its name here): LangGraph's
+    update_state, given no as_node, credits the write to the last writer that still exists
+    (Pregel._infer_as_node, pregel/main.py), and that node's edges fire too, so a finished thread
+    would be sent back to its effect. The copy is an InMemorySaver holding the thread's head; the
+    real saver gets its one put only once the copy's next is the saved one, so a refusal leaves
+    SQLite and Postgres alike untouched."""
     from langgraph.types import Command
 
-    require_thread(graph, thread, starting=False)
-    saved = graph.checkpointer.get_tuple(thread_config(thread))
-    was = [c[len(BRANCH) :] for c in saved.checkpoint["channel_values"] if c.startswith(BRANCH)]
-    goto = [(renames or {}).get(name, name) for name in was]
-    if missing := [name for name in goto if name not in graph.nodes]:
-        raise UserError(f"thread {thread!r}: no node {missing} in this graph", EXIT_CONTRACT)
-    config = {**thread_config(thread), "metadata": {"contract": current}}
-    graph.update_state(config, Command(goto=goto))  # a new checkpoint, stamped `current`
-    emit("migrated", contract=current, next=goto, saved=saved.metadata.get("contract"), was=was)
+    renames = renames or {}
+    if "contract" not in saved.metadata:
+        raise CannotMigrate("it has no contract: the program that saved it records none")
+    values = saved.checkpoint["channel_values"]
+    if strays := sorted(c for c in values if c not in graph.channels and not c.startswith(BRANCH)):
+        raise CannotMigrate(f"it holds {strays}, which this graph has no place for")
+    was = [c[len(BRANCH) :] for c in values if c.startswith(BRANCH)]
+    goto = [renames.get(name, name) for name in was]
+    if (writer := last_writer(saved.checkpoint)) is None:
+        raise CannotMigrate("no node has run on it yet")
+    writer = renames.get(writer, writer)
+    if missing := [name for name in [writer, *goto] if name not in graph.nodes]:
+        raise CannotMigrate(f"this graph has no node {missing}")
+    copy = copy_saver(graph.checkpointer, saved)
+    mover = graph.copy({"checkpointer": copy})
+    config = {
+        **thread_config(saved.config["configurable"]["thread_id"]),
+        "metadata": {"contract": current},
+    }
+    copy.recording = True
+    mover.update_state(config, Command(goto=goto), as_node=writer)
+    moved = mover.get_state(config)
+    asked = [value for _, channel, value in saved.pending_writes or [] if channel == INTERRUPT]
+    if asked and len(was) == 1 == len(moved.tasks):  # it waited in interrupt(): it still does
+        copy.put_writes(moved.config, [(INTERRUPT, asked[0])], moved.tasks[0].id)
+        moved = mover.get_state(config)
+    if sorted(moved.next) != sorted(goto):
+        raise CannotMigrate(
+            f"written as {writer}, its next would be {list(moved.next)}, not {goto}"
+        )
+    return was, list(moved.next), copy.replay
 
 
 def run_graph(graph, graph_input, thread, client, durability="sync", contract=None):
     """Start a run (graph_input) or resume one (None); its final values, or None if it drained.
     contract: recorded in each checkpoint the run saves (LangGraph copies config["metadata"]).
 
-    SIGTERM asks LangGraph to drain (RunControl.request_drain, LangGraph 1.1 and later): the node
-    in flight finishes, its result is saved, and the run stops at the next step boundary.
+    SIGTERM asks LangGraph to drain (RunControl.request_drain, LangGraph 1.2.0 and later: it came
+    with langgraph#7274): the node in flight finishes, its result is saved, and the run stops at
+    the next step boundary.
     """
     from langgraph.errors import GraphDrained
     from langgraph.runtime import RunControl
@@ -244,13 +317,22 @@ def post(args, settings):
 # --- helpers -------------------------------------------------------------------------------
 
 API_TIMEOUT_S = 5.0  # seconds; the receiver answers in milliseconds, so 5 s means it is gone
-API_ATTEMPTS = 4  # tries of a request refused or answered 503: 0.25, 0.5, 1 s apart, enough
-RETRY_DELAY_S = 0.25  # for a receiver that is starting, restarting or briefly busy
+API_ATTEMPTS = 4  # tries of a request whose connection was refused: 0.25, 0.5, 1 s apart,
+RETRY_DELAY_S = 0.25  # enough for a receiver that is starting or restarting
+MAX_RETRY_DELAY_S = 2.0  # the delays double up to this
+BUSY_TRIES_PER_ATTEMPT = 2  # a 503 (busy) gets twice API_ATTEMPTS tries: 8, about 26 s. Each one
+#   costs the receiver's busy timeout (api.py BUSY_TIMEOUT_S, 2 s) before its 503, plus the delay
+#   (0.25 s doubling to 2 s): 8 x 2 + 9.75 s. That outlasts a lock another program holds on the
+#   receiver's file (a backup, an sqlite3 shell: the review held one 10 s, past the old 9.75 s
+#   budget) by more than the lock itself lasted: a load spike can stretch each try. Past it the
+#   receiver is down in effect, nothing was committed, and the line names the resume.
 EXIT_HTTP_ERROR = 1  # the receiver answered with an error (http_error shows it)
 EXIT_USAGE = 2  # a usage or configuration mistake: one line on stderr
 EXIT_NO_ANSWER = 3  # the receiver (or a Postgres CHECKPOINT_DB) could not be reached
 EXIT_THREAD = 4  # resume or state of an unknown thread, or start of one that exists
 EXIT_CONTRACT = 65  # resume of a thread saved under another contract: migrate it (EX_DATAERR)
+EXIT_CHECKPOINT_WRITE = 74  # the SQLite CHECKPOINT_DB cannot be written: read-only, or its disk
+#                             is full (EX_IOERR); resume once it can be
 EXIT_DRAINED = 75  # stopped cleanly on SIGTERM, checkpoint saved: resume it (EX_TEMPFAIL)
 EXIT_INTERRUPTED = 130  # Ctrl-C (128 + SIGINT)
 EXIT_KILLED = 137  # a `kill` failpoint: SIGKILL is signal 9, and a shell reports 128 + 9
@@ -270,6 +352,63 @@ class Unreachable(UserError):
 
 class NoAnswer(UserError):
     """The request was sent and no answer came back: it may or may not have taken effect."""
+
+
+class CannotMigrate(Exception):
+    """Why a saved thread cannot be moved to this graph."""
+
+
+def last_writer(checkpoint):
+    """The node that wrote a saved checkpoint, by its saved name: the one that read the newest
+    channel version (versions_seen), as Pregel._infer_as_node picks it, but over every name the
+    checkpoint knows, not only those of the graph reading it."""
+    seen = [
+        (version, node)
+        for node, versions in checkpoint["versions_seen"].items()
+        if node != "__input__" and not node.startswith("__snapshot")
+        for version in versions.values()
+    ]
+    return max(seen)[1] if seen else None
+
+
+def copy_saver(real, saved):
+    """A copy of a thread's head in memory, for plan_migration to write into: an InMemorySaver
+    holding the saved checkpoint and its pending writes, with the real saver's version format.
+    Once `recording` is set, the checkpoint it is given and the writes on that checkpoint are
+    kept in `replay`, to replay on the real saver; the update's record of itself on the saved
+    checkpoint (history only) is not replayed, so the saved checkpoint stays as it was."""
+    from langgraph.checkpoint.memory import InMemorySaver
+
+    class Copy(InMemorySaver):
+        recording, replay, new_id = False, [], None
+
+        def get_next_version(self, current, channel):
+            return real.get_next_version(current, channel)
+
+        def put(self, config, checkpoint, metadata, new_versions):
+            if self.recording:
+                self.new_id = checkpoint["id"]
+                self.replay.append(lambda to: to.put(config, checkpoint, metadata, new_versions))
+            return super().put(config, checkpoint, metadata, new_versions)
+
+        def put_writes(self, config, writes, task_id, task_path=""):
+            if self.recording and config["configurable"]["checkpoint_id"] == self.new_id:
+                self.replay.append(lambda to: to.put_writes(config, writes, task_id, task_path))
+            return super().put_writes(config, writes, task_id, task_path)
+
+    copy = Copy(serde=real.serde)
+    copy.replay = []
+    where = saved.config["configurable"]
+    parent = (saved.parent_config or {"configurable": {}})["configurable"].get("checkpoint_id")
+    head = {"configurable": {**where, "checkpoint_id": parent}}
+    head["configurable"].setdefault("checkpoint_ns", "")
+    copy.put(head, saved.checkpoint, saved.metadata, saved.checkpoint["channel_versions"])
+    tasks = {}
+    for task_id, channel, value in saved.pending_writes or []:
+        tasks.setdefault(task_id, []).append((channel, value))
+    for task_id, writes in tasks.items():
+        copy.put_writes(saved.config, writes, task_id)
+    return copy
 
 
 def emit(event, **values):
@@ -313,19 +452,23 @@ class TicketClient:
         return self.call("/tickets" + query)["tickets"]
 
     def call(self, path, payload=None, key=None):
-        """One request, tried again after a refused connection or a 503: neither committed."""
-        delay = RETRY_DELAY_S
-        for attempt in range(1, self.attempts + 1):
+        """One request, tried again after a refused connection (attempts tries) or a 503 that
+        says when to retry (twice as many: the receiver is there, waiting for its database):
+        neither committed. A 503 without Retry-After (a damaged database) is not retried."""
+        delays, refused, busy = retry_delays(), 0, 0
+        while True:
             try:
                 return self.send(path, payload, key)
             except Unreachable:
-                if attempt == self.attempts:
+                refused += 1
+                if refused >= self.attempts:
                     raise
             except urllib.error.HTTPError as error:  # 503: busy, the transaction rolled back
-                if attempt == self.attempts or error.code != 503:
+                busy += 1
+                retry = error.code == 503 and error.headers.get("Retry-After") is not None
+                if not retry or busy >= self.attempts * BUSY_TRIES_PER_ATTEMPT:
                     raise
-            time.sleep(delay)
-            delay *= 2
+            time.sleep(next(delays))
 
     def send(self, path, payload, key):
         request = urllib.request.Request(self.api_url + path, headers=self.headers)
@@ -354,6 +497,14 @@ class TicketClient:
             ) from error
 
 
+def retry_delays():
+    """The waits between tries: RETRY_DELAY_S, doubling, at most MAX_RETRY_DELAY_S."""
+    delay = RETRY_DELAY_S
+    while True:
+        yield delay
+        delay = min(delay * 2, MAX_RETRY_DELAY_S)
+
+
 @contextlib.contextmanager
 def open_checkpointer(checkpoint_db, saver_class=None):
     """LangGraph's saver for CHECKPOINT_DB, closed on exit: PostgresSaver for a postgresql://
@@ -369,8 +520,33 @@ def open_checkpointer(checkpoint_db, saver_class=None):
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as error:
         raise UserError(f"CHECKPOINT_DB {str(path)!r}: {error.strerror}", EXIT_USAGE) from None
+    require_checkpoint_file(path)
     with (saver_class or SqliteSaver).from_conn_string(str(path)) as saver:
         yield saver
+
+
+CHECKPOINT_TABLES = {"checkpoints", "writes"}  # what SqliteSaver.setup creates (checkpoint/sqlite)
+
+
+def require_checkpoint_file(path):
+    """Refuse, before SqliteSaver writes a byte (its setup switches the file to WAL and adds its
+    tables), a file that holds tables of another program: the receiver's, or anyone's."""
+    if not path.is_file() or path.stat().st_size == 0:
+        return  # a new file: SqliteSaver makes it
+    conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
+    try:
+        tables = {
+            row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")
+        }
+    finally:
+        conn.close()
+    if foreign := sorted(t for t in tables - CHECKPOINT_TABLES if not t.startswith("sqlite_")):
+        raise UserError(
+            f"CHECKPOINT_DB {str(path)!r} holds tables that are not LangGraph's checkpoints "
+            f"({', '.join(foreign)}): another program's database; nothing was written to it. "
+            "Point CHECKPOINT_DB at a file of its own",
+            EXIT_USAGE,
+        )
 
 
 def is_postgres(checkpoint_db):
@@ -461,9 +637,9 @@ class Parser(argparse.ArgumentParser):
 def build_parser(prog="workflow.py"):
     """The CLI's parser; parser.actions holds its subcommands, for a caller to extend."""
     parser = Parser(prog=prog, description=__doc__.split("\n")[0])
-    parser.set_defaults(prog=prog, graph_command=False)
+    parser.set_defaults(prog=prog, graph_command=False, resume="resume", unkeyed=lambda _: False)
     parser.actions = parser.add_subparsers(dest="action", required=True, parser_class=Parser)
-    thread = dict(default="demo", help="checkpoint thread id (default: demo)")
+    thread = dict(default=Defaulted("demo"), help="checkpoint thread id (default: demo)")
     operation = dict(default="case-001:open-ticket:v1", help="operation id, used as the key")
     title = dict(default="Check supplier configuration", help="ticket title")
     for name, action in [("start", start), ("resume", resume)]:
@@ -495,6 +671,9 @@ def main(argv=None, environ=None, parser=None, points=POINTS):
     import failpoints
 
     args = (parser or build_parser()).parse_args(argv)
+    args.thread_defaulted = isinstance(getattr(args, "thread", None), Defaulted)
+    if args.thread_defaulted:
+        args.thread = str(args.thread)  # a plain str for the savers' drivers
     settings = Settings()
     try:
         settings = Settings.from_environ(os.environ if environ is None else environ)
@@ -510,13 +689,29 @@ def main(argv=None, environ=None, parser=None, points=POINTS):
         except ValueError:
             body = body.decode("utf-8", "replace")
         emit("http_error", status=error.code, body=body)
+        if error.code == 503:  # busy past every try: rolled back each time, so nothing committed
+            tries = settings.attempts * BUSY_TRIES_PER_ATTEMPT
+            why = f"the receiver stayed busy (503) for {tries} tries; nothing was committed"
+            hint = resume_hint(args, settings, "once the receiver can write")
+            print(f"{args.prog}: {why}{hint}", file=sys.stderr)
         return EXIT_HTTP_ERROR
     except UserError as error:
-        hint = started_hint(args, settings) if isinstance(error, Unreachable) else ""
-        print(f"{args.prog}: {error}{hint}", file=sys.stderr)
+        unreachable = isinstance(error, Unreachable)
+        hint = resume_hint(args, settings, "once the receiver answers") if unreachable else ""
+        print(f"{args.prog}: {error}{default_thread(args, error)}{hint}", file=sys.stderr)
         return error.exit_code
     except sqlite3.DatabaseError as error:  # not a database, read-only, a locked file, ...
-        print(f"{args.prog}: CHECKPOINT_DB {settings.checkpoint_db!r}: {error}", file=sys.stderr)
+        where = f"{args.prog}: CHECKPOINT_DB {settings.checkpoint_db!r}: {error}"
+        if (getattr(error, "sqlite_errorcode", 0) & 0xFF) in UNWRITABLE:
+            hint = ""
+            if args.graph_command and (found := saved(args, settings)) is not None:
+                hint = "; its request may have taken effect before the save failed"
+                hint += (
+                    f"; once CHECKPOINT_DB can be written, {goes_on(args, found)}" if found else ""
+                )
+            print(f"{where}{hint}", file=sys.stderr)
+            return EXIT_CHECKPOINT_WRITE
+        print(where, file=sys.stderr)
         return EXIT_USAGE
     except ModuleNotFoundError as error:  # a Python without requirements.txt's packages
         print(
@@ -531,21 +726,38 @@ def main(argv=None, environ=None, parser=None, points=POINTS):
     return exit_code or 0
 
 
-def started_hint(args, settings):
-    """A start that found no receiver has saved its thread already (prepare ran): typed again,
-    start would say the thread exists. Name the command that goes on from the checkpoint."""
-    if getattr(args, "action", None) != "start" or not saved(args, settings):
-        return ""  # not a start, no checkpoint, or none that can be read
-    return f"; the run is saved: once the receiver answers, resume --thread {args.thread}"
+UNWRITABLE = {8, 13}  # SQLite's primary result codes SQLITE_READONLY and SQLITE_FULL
+
+
+def resume_hint(args, settings, when):
+    """A run that stopped before its effect was saved (no receiver, a receiver busy past every
+    try, a checkpoint that could not be written) has saved its thread already (prepare ran):
+    typed again, start would say the thread exists. Name the command that goes on from it."""
+    if not args.graph_command or not saved(args, settings):
+        return ""  # not a run, no checkpoint, or none that can be read
+    return f"; the run is saved: {when}, {args.resume} --thread {args.thread}"
+
+
+class Defaulted(str):
+    """A --thread the user did not type: its default, which an error line then says it is."""
+
+
+def default_thread(args, error):
+    """ " (no --thread given: 'demo' is its default)", for a line that finds no such thread: a
+    name the user never typed. (One that exists, they made with that default.)"""
+    if args.thread_defaulted and str(error).startswith(f"no thread {args.thread!r}"):
+        return f" (no --thread given: {args.thread!r} is its default)"
+    return ""
 
 
 def saved(args, settings):
-    """Whether the thread has a checkpoint; None when that cannot be told."""
+    """The thread's saved values ({} when it has no checkpoint); None when that cannot be told."""
     try:
         with open_checkpointer(settings.checkpoint_db) as saver:
-            return saver.get_tuple(thread_config(args.thread)) is not None
+            found = saver.get_tuple(thread_config(args.thread))
     except Exception:  # noqa: BLE001 (a second failure must not hide the first)
         return None
+    return found.checkpoint["channel_values"] if found else {}
 
 
 def interrupted_hint(args, settings):
@@ -557,13 +769,22 @@ def interrupted_hint(args, settings):
     if found is None:
         return hint
     if found:
-        return f"{hint}; resume it with: resume --thread {args.thread}"
+        return f"{hint}; {goes_on(args, found)}"
     return f"{hint}; thread {args.thread!r} has no checkpoint yet: start it again"
 
 
+def goes_on(args, values):
+    """The command that goes on from a checkpoint whose request may have taken effect, or, for
+    a run that sends it without a key (args.unkeyed), why none does so safely."""
+    if args.unkeyed(values):  # a resume sends it again, and nothing tells it from a new one
+        return f"it sends no key, so {args.resume} would send it again: look at the receiver first"
+    return f"resume it with: {args.resume} --thread {args.thread}"
+
+
 if __name__ == "__main__":
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # main() has its own line for Ctrl-C
     try:
         sys.exit(main())
-    except KeyboardInterrupt:  # Ctrl-C before main() took over (while Python was importing)
+    except KeyboardInterrupt:  # Ctrl-C before main() took over (while it parsed the arguments)
         print("workflow.py: interrupted", file=sys.stderr)
         sys.exit(EXIT_INTERRUPTED)

@@ -1,14 +1,19 @@
-"""The CLI: python -m effectdrill MODULE:GRAPH --input JSON --observe MODULE:FUNC [options].
+"""The CLI: effectdrill (or python -m effectdrill) MODULE:GRAPH --input JSON --observe
+MODULE:FUNC|http [options].
+
+`effectdrill replay ...` resumes the unfinished threads of a copy of a checkpoint database
+under the graph as it is now (effectdrill/replay.py).
 
 Prints a table per durability mode and a summary line (--json: one JSON object per crash point,
 then a summary object). Exit 0 when no effect repeated or went missing, 1 when one did (or the
-clean run itself repeated one, or a resume failed), 2 for a usage mistake (one line on stderr),
-130 on Ctrl-C.
+clean run was flagged: a node re-run after an interrupt repeated an effect, or --expect's count
+differs; or a resume failed), 2 for a usage mistake (one line on stderr), 130 on Ctrl-C.
 """
 
 import argparse
 import importlib
 import json
+import re
 import sys
 
 from effectdrill.core import DURABILITIES, DrillError, drill, require_posix
@@ -17,6 +22,11 @@ EXIT_CLEAN, EXIT_FOUND, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 
 def main(argv=None):
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["replay"]:  # never a MODULE:GRAPH: that has a colon
+        from effectdrill import replay
+
+        return replay.main(argv[1:])
     try:
         args = build_parser().parse_args(argv)
     except SystemExit as stop:  # --help (0) or a usage mistake (2), already printed
@@ -26,14 +36,14 @@ def main(argv=None):
         report = drill(
             load(args.graph, "MODULE:GRAPH"),
             parse_json(args.input, "--input"),
-            load(args.observe, "--observe"),
+            "http" if args.observe == "http" else load(args.observe, "--observe"),
             durability=args.durability,
             repeat=args.repeat,
-            resume_with=None
-            if args.resume_with is None
-            else parse_json(args.resume_with, "--resume-with"),
+            resume_with=None if args.resume_with is None else answers(args.resume_with),
             context=None if args.context is None else make_context(args.context),
             checkpoint_db=args.checkpoint_db,
+            expect=None if args.expect is None else parse_json(args.expect, "--expect"),
+            http_ignore=args.http_ignore,
         )
     except DrillError as error:
         print(f"effectdrill: {error}", file=sys.stderr)
@@ -60,18 +70,35 @@ class Parser(argparse.ArgumentParser):
 
 def build_parser():
     parser = Parser(
-        prog="python -m effectdrill",
+        prog="effectdrill",
         description="Kill a LangGraph graph just before each saver call of a clean run, resume "
         "it, and report the effects that repeated or went missing.",
     )
     parser.add_argument("graph", help="MODULE:NAME of a compiled graph or a function returning one")
     parser.add_argument("--input", required=True, help="the run's input as JSON ({thread} = id)")
     parser.add_argument(
-        "--observe", required=True, help="MODULE:FUNC, FUNC(thread_id) -> {effect: count}"
+        "--observe",
+        required=True,
+        help="MODULE:FUNC, FUNC(thread_id) -> {effect: count}; or http (the requests)",
+    )
+    parser.add_argument(
+        "--http-ignore",
+        action="append",
+        default=[],
+        metavar="HOST[/PATH]",
+        help="requests the HTTP observer leaves out (a model API, say); repeatable",
     )
     parser.add_argument("--durability", choices=[*DURABILITIES, "all"], default="sync")
     parser.add_argument("--repeat", type=positive, default=1, help="runs per crash point")
-    parser.add_argument("--resume-with", help="JSON value for Command(resume=...) at interrupt()")
+    parser.add_argument(
+        "--resume-with",
+        help="JSON value for Command(resume=...) at interrupt(), or MODULE:FUNC called with the "
+        "pending interrupts, returning the answer or {interrupt id: answer}",
+    )
+    parser.add_argument(
+        "--expect",
+        help='JSON {"effect": count} the clean run must count (default: its own counts)',
+    )
     parser.add_argument("--context", help="MODULE:FUNC returning the runtime context")
     parser.add_argument("--checkpoint-db", help="SQLite path or postgresql:// URL (default: temp)")
     parser.add_argument("--json", action="store_true", help="JSON lines, then a summary object")
@@ -115,6 +142,22 @@ def make_context(name):
         return factory()
     except Exception as error:
         raise DrillError(f"--context {name} raised {type(error).__name__}: {error}") from None
+
+
+def answers(text):
+    """--resume-with: a JSON value, else MODULE:FUNC (a function of the interrupts)."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        if not re.fullmatch(r"[\w.]+:[\w.]+", text):
+            raise DrillError(
+                f"--resume-with is neither JSON nor MODULE:FUNC: {text!r} (a JSON string needs "
+                "its quotes: '\"ok\"')"
+            ) from None
+    function = load(text, "--resume-with")
+    if not callable(function):
+        raise DrillError(f"--resume-with {text} is not callable (a function of the interrupts)")
+    return function
 
 
 def parse_json(text, option):

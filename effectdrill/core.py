@@ -5,12 +5,19 @@ distinct saver call (`put step N`, `put_writes NODE [channels]`). For each point
 runs the graph on a new thread and SIGKILLs itself just before that call; the parent opens a
 fresh saver on the same database, finishes the thread the way an operator would (resume it
 when it has tasks, submit the input again when nothing was saved) and asks the observer how
-many times each effect happened. A count above the clean run's is a duplicate, below a missing
-effect. Checked on LangGraph 1.2.24 (see README.md).
+many times each effect happened. The clean run is the baseline: a count above it is a
+duplicate, below it a missing effect. Under sync, a step whose writes are saved side by side
+also gets a row for each other set of them a kill can leave unsaved. Graphs of `async def`
+nodes are drilled through LangGraph's async API and async savers. Checked on LangGraph 1.2.24
+(see README.md).
 """
 
+import asyncio
+import gc
+import itertools
 import os
 import re
+import select
 import shutil
 import signal
 import sqlite3
@@ -20,19 +27,24 @@ import threading
 import time
 import uuid
 from collections.abc import Mapping
-from contextlib import contextmanager, redirect_stdout
+from contextlib import asynccontextmanager, contextmanager, redirect_stdout
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit, urlunsplit
+
+from effectdrill import outbound
 
 DURABILITIES = ("sync", "async", "exit")  # LangGraph's durability modes, in the order drilled
 THREAD_MARK = "{thread}"  # replaced by the run's thread id everywhere in the input
 MAX_INVOKES = 50  # invokes one run may take (one per interrupt answered); more means a loop
 CHILD_DEADLINE_S = 300.0  # seconds a crash child may run: a graph that hangs is an error
-CHILD_POLL_S = 0.001  # seconds between checks on a running crash child
-SETTLE_DEADLINE_S = 5.0  # seconds a sync kill waits for calls started before it (see Killer)
+SETTLE_DEADLINE_S = 30.0  # seconds a sync kill waits for the calls it lets finish (Killer)
+HOLD_DEADLINE_S = 30.0  # seconds a child holding writes waits for the rest of their step
 CHILD_FAILED = 3  # a crash child's exit code when the graph raised (the message is piped)
+CHILD_UNREACHED = 4  # a crash child's exit code when LangGraph waited on a held write
+MAX_HELD = 4  # steps with more writes than this get fewer unsaved sets (see CleanRun.states)
 MEMORY_DATABASES = ("", ":memory:", "memory")  # names of an in-memory SQLite database
 PULL_PREFIX = "~__pregel_pull, "  # LangGraph's task_path of a node's task (_algo.task_path_str)
+PUSH_PREFIX = "~__pregel_push, "  # of a Send's task or an @task call (_algo.task_path_str)
 
 
 class DrillError(Exception):
@@ -48,36 +60,49 @@ def drill(
     resume_with=None,
     context=None,
     checkpoint_db=None,
+    expect=None,
+    http_ignore=(),
 ):
     """Drill `graph` (compiled, or a no-argument callable returning one) and return a Report.
 
     input: the run's input; every "{thread}" in its strings becomes the run's thread id.
-    observe: observe(thread_id) -> {effect: count} for that run, from the outside world.
+    observe: observe(thread_id) -> {effect: count} for that run, from the outside world; or
+    "http": the POST and PATCH requests the run sends are the effects (effectdrill/outbound.py).
     durability: "sync", "async", "exit" or "all". repeat: runs per crash point (async varies).
-    resume_with: the value of Command(resume=...) whenever a run stops at interrupt().
+    resume_with: the value of Command(resume=...) whenever a run stops at interrupt(), or a
+      function called with the pending interrupts that returns it (or {interrupt id: value}).
     context: LangGraph's runtime context, given to every invoke.
     checkpoint_db: a SQLite file or a postgresql:// URL; by default a temporary SQLite file.
+    expect: {effect: count} the clean run must count (by default its own counts are the
+      baseline, and only a repeat of a node re-run after an interrupt is flagged).
+    http_ignore: hosts or host/path prefixes the HTTP observer leaves out (a model API, say).
     """
     require_posix()
     modes = durability_modes(durability)
     if isinstance(repeat, bool) or not isinstance(repeat, int) or repeat < 1:
         raise DrillError(f"repeat must be a whole number of 1 or more, not {repeat!r}")
+    expect = expected_counts(expect)
     graph = compiled(graph)
-    if not callable(observe):
+    if not callable(observe) and observe != "http":
         raise DrillError(f"the observer must be callable as observe(thread_id), not {observe!r}")
-    plan = Plan(graph, input, observe, resume_with, context, uuid.uuid4().hex[:8])
-    with database(checkpoint_db) as db:
-        report = Report()
+    # The HTTP observer records every run's requests (effectdrill/outbound.py).
+    with database(checkpoint_db) as db, outbound.recording(http_ignore) as requests:
+        observe = requests.observe if observe == "http" else observe
+        plan = Plan(graph, input, observe, resume_with, context, uuid.uuid4().hex[:8])
+        report, clean_threads = Report(expect), {}
         for mode in modes:
             clean = plan.clean_run(db, mode)
             report.clean[mode] = clean.counts
-            for index, point in enumerate(clean.points):
-                row = Row(mode, point, clean.counts)
-                for attempt in range(repeat):
-                    thread = f"drill-{plan.run_id}-{mode}-{index}-{attempt}"
-                    killer = Killer(point, mode == "sync", clean.writes_before(point))
-                    row.runs.append(plan.crash_run(db, mode, point, thread, killer))
+            report.reruns[mode] = clean.reruns
+            clean_threads[mode] = clean.thread
+            jobs = []
+            for index, state in enumerate(clean.states(mode)):
+                row = Row(mode, state.label, clean.counts)
                 report.rows.append(row)
+                for attempt in range(repeat):
+                    jobs.append((row, state, f"drill-{plan.run_id}-{mode}-{index}-{attempt}"))
+            crash_all(plan, db, mode, jobs)
+        requests.annotate(report, clean_threads)
     return report
 
 
@@ -90,6 +115,7 @@ class Run:
     ran: list
     counts: dict
     error: str | None = None
+    thread: str = ""
 
 
 @dataclass
@@ -100,6 +126,7 @@ class Row:
     point: str
     clean: dict
     runs: list = field(default_factory=list)
+    requests: list = field(default_factory=list)  # sent again: effectdrill/outbound.py
 
     def effects(self):
         names = dict.fromkeys(self.clean)
@@ -144,15 +171,19 @@ class Row:
             "clean": self.clean,
             "errors": self.failures(),
             "verdict": self.verdict,
+            "requests": self.requests,
         }
 
 
 class Report:
     """The drill's findings: rows, duplicates, missing effects, a table, assert_clean()."""
 
-    def __init__(self):
+    def __init__(self, expect=None):
         self.rows = []
         self.clean = {}  # durability -> the clean run's counts
+        self.reruns = {}  # durability -> {effect: (times, node)} an interrupt's re-run repeated
+        self.expect = expect or {}
+        self.requests = None  # the HTTP observer's totals (effectdrill/outbound.py)
 
     @property
     def duplicates(self):
@@ -170,14 +201,29 @@ class Report:
             for error in row.failures()
         ]
 
+    def clean_findings(self):
+        """{effect: why} for each effect the clean run itself got wrong."""
+        found = {}
+        for mode, counts in self.clean.items():
+            for effect, expected in self.expect.items():
+                if counts.get(effect, 0) != expected and effect not in found:
+                    found[effect] = f"counted {counts.get(effect, 0)}, expected {expected}"
+            for effect, (_, node) in self.reruns.get(mode, {}).items():
+                if effect not in self.expect and effect not in found:
+                    found[effect] = f"{node} re-ran it after an interrupt"
+        return found
+
     @property
     def repeated_in_clean_run(self):
-        repeated = {e: None for counts in self.clean.values() for e, n in counts.items() if n > 1}
-        return list(repeated)
+        return list(self.clean_findings())
 
     @property
     def ok(self):
-        return not (self.duplicates or self.missing or self.failed or self.repeated_in_clean_run)
+        uncounted = bool(self.requests and self.requests["not counted"])
+        return (
+            not (self.duplicates or self.missing or self.failed or self.repeated_in_clean_run)
+            and not uncounted
+        )
 
     def summary(self):
         return {
@@ -188,10 +234,12 @@ class Report:
             "missing": self.missing,
             "repeated_in_clean_run": self.repeated_in_clean_run,
             "failed": self.failed,
+            "requests": self.requests,
         }
 
-    def table(self):
-        """One table per durability mode, then a summary line."""
+    def table(self, width=None):
+        """One table per durability mode, then a summary line; lines fit `width` (120) where
+        the columns allow (long cells are cut with '…')."""
         blocks = []
         for mode, clean in self.clean.items():
             rows = [row for row in self.rows if row.durability == mode]
@@ -199,22 +247,23 @@ class Report:
             for row in rows:
                 effects += [e for e in row.effects() if e not in effects]
             header = ["point", "saved", "ran on recovery"]
-            header += [f"{e} (clean {clean.get(e, 0)})" for e in effects] + ["verdict"]
+            header += [f"{e}\n(clean {clean.get(e, 0)})" for e in effects] + ["verdict"]
             lines = [header]
             for row in rows:
                 lines.append(
                     [
                         row.point,
                         distinct(run.saved for run in row.runs),
-                        distinct(", ".join(run.ran) or "-" for run in row.runs),
-                        *(" ".join(map(str, row.counts(e))) or "-" for e in effects),
+                        distinct(ran_cell(run.ran) for run in row.runs),
+                        *(counts_cell(row.counts(e)) for e in effects),
                         verdict_cell(row),
                     ]
                 )
             runs = f", {len(rows[0].runs)} runs each" if rows and len(rows[0].runs) > 1 else ""
             blocks.append(f"durability {mode}: {plural(len(rows), 'crash point')}{runs}\n")
-            blocks[-1] += columns(lines)
-        return "\n\n".join(blocks + [self.summary_line()])
+            blocks[-1] += columns(lines, width or TABLE_WIDTH)
+        requests = outbound.table(self)
+        return "\n\n".join(blocks + ([requests] if requests else []) + [self.summary_line()])
 
     def summary_line(self):
         parts = [plural(len(self.rows), "crash point")]
@@ -222,11 +271,14 @@ class Report:
             effects = ", ".join(sorted({f["effect"] for f in found}))
             parts.append(f"{len(found)} {name}" + (f" ({effects})" if found else ""))
         parts.append(f"{len(self.failed)} failed resume" + ("" if len(self.failed) == 1 else "s"))
-        repeated = self.repeated_in_clean_run
+        wrong = self.clean_findings()
         parts.append(
-            f"the clean run repeated {', '.join(repeated)}" if repeated else "clean run ok"
+            "the clean run repeated "
+            + ", ".join(f"{effect} ({why})" for effect, why in wrong.items())
+            if wrong
+            else "clean run ok"
         )
-        return "summary: " + ", ".join(parts)
+        return "summary: " + ", ".join(parts) + outbound.summary_words(self.requests)
 
     def assert_clean(self):
         """Raise AssertionError with the table when an effect repeated or went missing."""
@@ -250,11 +302,62 @@ class Report:
         }
 
 
+@dataclass(frozen=True)
+class CrashState:
+    """Where a crash child dies: just before the call `key`, after the calls in `wait` are
+    saved; or, with `hold`, once every call of `group` started, those in `hold` unsaved."""
+
+    label: str
+    key: str | None
+    wait: frozenset = frozenset()
+    hold: frozenset = frozenset()
+    group: frozenset = frozenset()
+    parent_put: bool = False  # a put_writes: its checkpoint's put must be saved first
+
+
+@dataclass
+class Call:
+    """One saver call of the clean run."""
+
+    key: str  # the recorded label, numbered when it recurs: what a crash child matches
+    kind: str  # "put" or "put_writes"
+    group: tuple  # (invoke, namespace, checkpoint id it builds on): the calls saved side by side
+    task_id: str = ""
+    path: str = ""
+    channels: str = ""
+    ns: str = ""
+    label: str = ""  # what the table shows (set once the clean run's task names are known)
+
+
 @dataclass
 class CleanRun:
     counts: dict
-    points: list
-    writes_before: object  # point -> put_writes calls of the step it closes
+    calls: list
+    reruns: dict  # {effect: (times, node)}: repeats made by a node re-run after an interrupt
+    thread: str = ""
+
+    def states(self, mode):
+        """The crash states of this run: one per call, killed just before it. Under sync, a
+        step that saves several put_writes side by side (a Send's tasks, parallel nodes, an
+        entrypoint's @task calls) gets instead one state per set of them a kill can leave
+        unsaved, all its tasks having run and the rest of its writes saved: every set for
+        MAX_HELD writes or fewer, else each one alone and all of them."""
+        states = []
+        for call in self.calls:
+            step = [c for c in self.calls if same_step(c, call)]
+            if mode == "sync" and len(step) > 1:
+                if call is step[-1]:  # in the order of their names: the same every run
+                    step.sort(key=lambda c: c.label)
+                    states += [held_state(unsaved, step) for unsaved in unsaved_sets(step)]
+                continue
+            earlier = self.calls[: self.calls.index(call)]  # a put: the writes of its step
+            wait = frozenset(
+                c.key for c in earlier if c.kind == "put_writes" and c.group == call.group
+            )
+            states.append(
+                CrashState(call.label, call.key, wait, parent_put=call.kind == "put_writes")
+            )
+        return states
 
 
 @dataclass
@@ -268,37 +371,62 @@ class Plan:
     context: object
     run_id: str
 
+    def __post_init__(self):
+        self.is_async = needs_async(self.graph)
+
     def clean_run(self, db, mode):
         thread = f"drill-{self.run_id}-{mode}-clean"
         self.expect_nothing_yet(thread)
         recorder = Recorder()
+        trace = Trace(self, thread, recorder)
         try:
-            with db.saver(recorder) as saver:
-                self.finish(saver, thread, mode, fresh=True)
+            self.run(db, recorder, thread, mode, fresh=True, trace=trace)
         except DrillError:
             raise
         except Exception as error:
-            raise DrillError(f"the graph failed in its clean run: {task_error(error)}") from None
-        return CleanRun(self.counts(thread), recorder.points, recorder.writes_before)
+            raise DrillError(
+                f"the graph failed in its clean run: {task_error(error)}{self.hint(error)}"
+            ) from None
+        name_calls(recorder.calls, trace.names)
+        return CleanRun(self.counts(thread), recorder.calls, trace.reruns(), thread)
 
-    def crash_run(self, db, mode, point, thread, killer):
+    def crash_run(self, db, mode, state, thread, killer):
+        return self.end_crash(db, mode, self.start_crash(db, mode, state, thread, killer), thread)
+
+    def start_crash(self, db, mode, state, thread, killer):
+        """The first half of a crash run: the child forked, running to its kill."""
         self.expect_nothing_yet(thread)
-        reached = self.run_child(db, mode, point, thread, killer)
+        return self.fork_child(db, mode, state, thread, killer)
+
+    def end_crash(self, db, mode, child, thread):
+        """The second half: the child reaped, the thread resumed and observed."""
+        reached = child.reached()
         saved, ran, error = "?", [], None
+        self.saved = "?"
         try:
-            with db.saver() as saver:
-                saved = describe_saved(self.graph.copy(update={"checkpointer": saver}), thread)
-                ran = self.finish(saver, thread, mode, fresh=False)
+            saved, ran = self.run(db, None, thread, mode, fresh=False)
         except DrillError:
             raise
         except Exception as failure:  # the resume itself failed: a finding, not a usage error
-            error = task_error(failure)
+            saved, error = self.saved, task_error(failure)
         if not reached:
             saved = "point not reached"
-        return Run(reached, saved, ran, self.counts(thread), error)
+        return Run(reached, saved, ran, self.counts(thread), error, thread)
 
-    def run_child(self, db, mode, point, thread, killer):
-        """Fork a child that runs the graph and SIGKILLs itself before `point`: was it reached?"""
+    def run(self, db, recorder, thread, mode, fresh, trace=None):
+        """Finish the thread on a saver of db; returns (what was saved at the start, the tasks
+        that ran). Async graphs through asyncio and the async saver."""
+        if self.is_async:
+            return asyncio.run(self.afinish(db, recorder, thread, mode, fresh, trace))
+        with db.saver(recorder) as saver:
+            return self.finish(saver, thread, mode, fresh, trace)
+
+    def run_child(self, db, mode, state, thread, killer):
+        """Fork a child that runs the graph and SIGKILLs itself at `state`: was it reached?"""
+        return self.fork_child(db, mode, state, thread, killer).reached()
+
+    def fork_child(self, db, mode, state, thread, killer):
+        """Fork a child that runs the graph and SIGKILLs itself at `state`: its Child."""
         sys.stdout.flush()
         sys.stderr.flush()
         read_end, write_end = os.pipe()
@@ -309,65 +437,132 @@ class Plan:
         if pid == 0:  # the child: never returns into the caller's code
             code = 0
             try:
+                gc.disable()  # it lives for one run: no collection touching the parent's pages
                 signal.pthread_sigmask(signal.SIG_SETMASK, mask)
                 os.close(read_end)
                 os.dup2(2, 1)  # the graph's prints go to stderr: stdout is the report's
-                with db.saver(killer) as saver:
-                    self.finish(saver, thread, mode, fresh=True)
+                self.run(db, killer, thread, mode, fresh=True)
+                code = CHILD_UNREACHED if killer.holding else 0
             except BaseException as error:
                 os.write(write_end, task_error(error).encode()[:4000])
                 code = CHILD_FAILED
             finally:
                 os._exit(code)
-        try:
-            try:  # a Ctrl-C held back lands here, where the child is killed and reaped with it
-                signal.pthread_sigmask(signal.SIG_SETMASK, mask)
-                os.close(write_end)
-                status = wait_child(pid)
-            except BaseException:
-                kill_and_reap(pid)
-                raise
-            message = read_all(read_end)
-        finally:
-            os.close(read_end)
-        if os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL:
-            return True
-        if os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0:
-            return False  # the run ended without that call (async saves vary)
-        raise DrillError(f"the graph failed in the crash run before {point} ({mode}): {message}")
+        child = Child(pid, read_end, f"{state.label} ({mode})")
+        try:  # a Ctrl-C held back lands here, where the child is killed and reaped with it
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+            os.close(write_end)
+        except BaseException:
+            child.kill()
+            raise
+        return child
 
-    def finish(self, saver, thread, mode, fresh):
-        """Run the thread to its end: the input first if fresh, else resume it; the nodes run."""
-        from langgraph.types import Command
-
+    def finish(self, saver, thread, mode, fresh, trace=None):
+        """Run the thread to its end: the input first if fresh, else resume it. Returns what
+        was saved when it started and the tasks that ran."""
         graph = self.graph.copy(update={"checkpointer": saver})
         config = {"configurable": {"thread_id": thread}}
-        ran = []
+        ran, saved = [], None
         for _ in range(MAX_INVOKES):
-            if fresh:
-                step, fresh = with_thread(self.input, thread), False
-            elif saver.get_tuple(config) is None:  # nothing saved: submit the input again
-                step = with_thread(self.input, thread)
+            if fresh or saver.get_tuple(config) is None:
+                state = None
             else:
-                tasks = graph.get_state(config).tasks  # tasks, not next: see README.md
-                if not tasks:
-                    return ran
-                waiting = [t.name for t in tasks if t.interrupts]
-                if waiting and self.resume_with is None:
-                    raise DrillError(
-                        f"the graph stopped at interrupt() in {', '.join(waiting)}: give the "
-                        "answer to resume with (--resume-with JSON, or resume_with=)"
-                    )
-                step = Command(resume=self.resume_with) if waiting else None
+                state = graph.get_state(config, subgraphs=True)
+            saved = self.saved = describe_saved(state) if saved is None else saved
+            step = self.next_input(state, thread, fresh)
+            if step is DONE:
+                return saved, in_steps(ran)
+            fresh = False
+            if trace:
+                trace.invoke_starts()
             with redirect_stdout(sys.stderr):  # the graph's own prints: stdout is the report's
-                for chunk in graph.stream(
-                    step, config, durability=mode, context=self.context, stream_mode="tasks"
-                ):
-                    # A task's result, sent only for a task that ran: one whose writes were saved
-                    # before is replayed without it (PregelLoop.output_writes, cached=True).
-                    if "input" not in chunk:
-                        ran.append(chunk["name"])
+                for chunk in graph.stream(step, config, **self.stream_options(mode)):
+                    self.seen(chunk, ran, state, trace)
         raise DrillError(f"the graph did not finish in {MAX_INVOKES} invokes (a loop?)")
+
+    async def afinish(self, db, recorder, thread, mode, fresh, trace=None):
+        """finish() for a graph of async nodes: astream, aget_state, an async saver."""
+        async with db.asaver(recorder) as saver:
+            graph = self.graph.copy(update={"checkpointer": saver})
+            config = {"configurable": {"thread_id": thread}}
+            ran, saved = [], None
+            for _ in range(MAX_INVOKES):
+                if fresh or await saver.aget_tuple(config) is None:
+                    state = None
+                else:
+                    state = await graph.aget_state(config, subgraphs=True)
+                saved = self.saved = describe_saved(state) if saved is None else saved
+                step = self.next_input(state, thread, fresh)
+                if step is DONE:
+                    return saved, in_steps(ran)
+                fresh = False
+                if trace:
+                    trace.invoke_starts()
+                with redirect_stdout(sys.stderr):
+                    async for chunk in graph.astream(step, config, **self.stream_options(mode)):
+                        self.seen(chunk, ran, state, trace)
+            raise DrillError(f"the graph did not finish in {MAX_INVOKES} invokes (a loop?)")
+
+    def stream_options(self, mode):
+        # debug: each task's start and result, with its id (a task whose writes were saved
+        # before is replayed without a result: PregelLoop.output_writes, cached=True).
+        return dict(durability=mode, context=self.context, stream_mode="debug", subgraphs=True)
+
+    def seen(self, chunk, ran, state, trace):
+        namespace, event = chunk
+        if event["type"] != "task_result":
+            return
+        payload = event["payload"]
+        where = "/".join(part.split(":")[0] for part in namespace)
+        if trace:
+            trace.task_result(namespace, payload)
+        name = task_label(payload["id"], payload["name"], state)
+        ran.append((len(namespace), event["step"], f"{where}/{name}" if where else name))
+
+    def next_input(self, state, thread, fresh):
+        """The input of the next invoke: the input (fresh, or nothing saved), None to resume,
+        Command(resume=...) at an interrupt, or DONE when no task is left."""
+        from langgraph.types import Command
+
+        if fresh or state is None:
+            return with_thread(self.input, thread)
+        tasks = state.tasks  # tasks, not next: see README.md
+        if not tasks:
+            return DONE
+        waiting = [t for t in tasks if t.interrupts]
+        if not waiting:
+            return None
+        if self.resume_with is None:
+            raise DrillError(
+                f"the graph stopped at interrupt() in {', '.join(t.name for t in waiting)}: "
+                "give the answer to resume with (--resume-with JSON or MODULE:FUNC, or "
+                "resume_with=)"
+            )
+        interrupts = [i for t in waiting for i in t.interrupts]
+        return Command(resume=self.answer(interrupts))
+
+    def answer(self, interrupts):
+        if not callable(self.resume_with):
+            if len(interrupts) > 1:
+                raise DrillError(
+                    f"{len(interrupts)} interrupts are pending at once and --resume-with is one "
+                    "value: give MODULE:FUNC, called with the interrupts, returning "
+                    "{interrupt id: answer}"
+                )
+            return self.resume_with
+        try:
+            answer = self.resume_with(interrupts)
+        except Exception as error:
+            raise DrillError(f"--resume-with raised {one_line(error)}") from None
+        ids = {i.id for i in interrupts}
+        if isinstance(answer, Mapping) and answer and set(answer) <= ids:
+            return dict(answer)
+        if len(interrupts) > 1:
+            raise DrillError(
+                f"--resume-with must answer {len(interrupts)} pending interrupts with "
+                f"{{interrupt id: answer}} (ids {', '.join(sorted(ids))}), not {answer!r:.100}"
+            )
+        return answer
 
     def counts(self, thread):
         try:
@@ -386,10 +581,136 @@ class Plan:
     def expect_nothing_yet(self, thread):
         counts = self.counts(thread)
         if any(counts.values()):
-            raise DrillError(
-                f"the observer counted effects for thread {thread} before it ran ({counts}): it "
-                "must count only the effects of the thread it is given (put {thread} in the input)"
+            fix = (
+                "fix the observer: count only the effects tagged with the thread id it is given"
+                if THREAD_MARK in repr(self.input)
+                else "put {thread} in the input where the effects take their id from, and "
+                "count by it in the observer"
             )
+            raise DrillError(
+                f"the observer counted effects for thread {thread} before it ran ({counts}): " + fix
+            )
+
+    def hint(self, error):
+        """What to do about a clean run that failed, where the drill can tell."""
+        if (
+            self.context is None
+            and getattr(self.graph, "context_schema", None) is not None
+            and isinstance(error, AttributeError | TypeError | KeyError)
+        ):
+            name = getattr(self.graph.context_schema, "__name__", "a context")
+            return (
+                f" (the graph takes a runtime context, {name}: give it with --context "
+                "MODULE:FUNC, or context= in the library)"
+            )
+        return ""
+
+
+DONE = object()  # next_input: nothing left to run
+
+
+class Child:
+    """A forked crash child: reached() waits for it (True when it died by its SIGKILL)."""
+
+    def __init__(self, pid, pipe, where):
+        self.pid, self.pipe, self.where = pid, pipe, where
+
+    def reached(self):
+        try:
+            status = wait_child(self.pid, self.pipe)
+            message = read_all(self.pipe)
+        except BaseException:
+            self.kill()
+            raise
+        self.close()
+        if os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL:
+            return True
+        if os.WIFEXITED(status) and os.WEXITSTATUS(status) in (0, CHILD_UNREACHED):
+            return False  # the run ended without that call (async saves vary)
+        raise DrillError(f"the graph failed in the crash run at {self.where}: {message}")
+
+    def kill(self):
+        kill_and_reap(self.pid)
+        self.close()
+
+    def close(self):
+        if self.pipe is not None:
+            os.close(self.pipe)
+            self.pipe = None
+
+
+def crash_all(plan, db, mode, jobs):
+    """Each (row, state, thread) job's crash run, appended to its row: the next child is forked
+    before the last one is resumed, so that one runs while the other resumes (two cores)."""
+    waiting = None  # (row, child, thread) of the run forked and not yet resumed
+    forked = None
+    try:
+        for row, state, thread in jobs:
+            forked = None
+            killer = Killer(state, settle=mode == "sync")
+            forked = (row, plan.start_crash(db, mode, state, thread, killer), thread)
+            if waiting is not None:
+                last, waiting = waiting, None
+                last[0].runs.append(plan.end_crash(db, mode, last[1], last[2]))
+            waiting, forked = forked, None
+        if waiting is not None:
+            last, waiting = waiting, None
+            last[0].runs.append(plan.end_crash(db, mode, last[1], last[2]))
+    except BaseException:
+        for job in (waiting, forked):
+            if job is not None:
+                job[1].kill()
+        raise
+
+
+class Trace:
+    """The clean run's tasks: their names by id, and which effects each made, so that a
+    repeat made by a node re-run after an interrupt can be told from counts that are simply
+    more than one. Each effect counted after a stream event is given to the next task whose
+    result arrives (LangGraph emits the events in its own thread after the tasks ran)."""
+
+    def __init__(self, plan, thread, recorder):
+        self.plan = plan
+        self.thread = thread
+        self.recorder = recorder
+        self.names = {}  # task id -> name
+        self.invokes = []  # per invoke: {task id: {effect: count}} and the interrupted ids
+        self.last = {}
+
+    def invoke_starts(self):
+        self.last = self.plan.counts(self.thread)
+        self.recorder.invoke = len(self.invokes)
+        self.invokes.append({"own": {}, "interrupted": set(), "names": {}})
+
+    def task_result(self, namespace, payload):
+        self.names[payload["id"]] = payload["name"]
+        if namespace:  # a subgraph's task: its effects go to the parent's task holding it
+            return
+        now = self.plan.counts(self.thread)
+        made = {e: n - self.last.get(e, 0) for e, n in now.items() if n > self.last.get(e, 0)}
+        self.last = now
+        invoke = self.invokes[-1]
+        own = invoke["own"].setdefault(payload["id"], {})
+        for effect, count in made.items():
+            own[effect] = own.get(effect, 0) + count
+        invoke["names"][payload["id"]] = payload["name"]
+        if payload.get("interrupts"):
+            invoke["interrupted"].add(payload["id"])
+
+    def reruns(self):
+        """{effect: (times, node)}: what a task made before its interrupt and again when the
+        resume re-ran it from its first line."""
+        found = {}
+        for before, after in itertools.pairwise(self.invokes):
+            for task in before["interrupted"]:
+                if task not in after["own"]:
+                    continue
+                for effect, count in before["own"].get(task, {}).items():
+                    again = min(count, after["own"][task].get(effect, 0))
+                    if again:
+                        times = found.get(effect, (0, ""))[0] + again
+                        found[effect] = (times, before["names"][task])
+        return found
 
 
 # helpers
@@ -403,98 +724,186 @@ class Recording:
     def put(self, config, checkpoint, metadata, new_versions):
         if self.recorder is None:
             return super().put(config, checkpoint, metadata, new_versions)
-        self.recorder.before(put_label(config, metadata), "put", parent(config))
+        key = self.recorder.before(put_call(config, metadata))
         saved = super().put(config, checkpoint, metadata, new_versions)
-        self.recorder.after_put((parent(config)[0], checkpoint["id"]))
+        self.recorder.after(key, (parent(config)[0], checkpoint["id"]))
         return saved
 
     def put_writes(self, config, writes, task_id, task_path=""):
         if self.recorder is None:
             return super().put_writes(config, writes, task_id, task_path)
-        self.recorder.before(writes_label(config, writes, task_path), "put_writes", parent(config))
+        key = self.recorder.before(writes_call(config, writes, task_id, task_path))
         super().put_writes(config, writes, task_id, task_path)
-        self.recorder.after_writes(parent(config))
+        self.recorder.after(key)
+
+    async def aput(self, config, checkpoint, metadata, new_versions):
+        if self.recorder is None:
+            return await super().aput(config, checkpoint, metadata, new_versions)
+        key = await self.recorder.abefore(put_call(config, metadata))
+        saved = await super().aput(config, checkpoint, metadata, new_versions)
+        self.recorder.after(key, (parent(config)[0], checkpoint["id"]))
+        return saved
+
+    async def aput_writes(self, config, writes, task_id, task_path=""):
+        if self.recorder is None:
+            return await super().aput_writes(config, writes, task_id, task_path)
+        key = await self.recorder.abefore(writes_call(config, writes, task_id, task_path))
+        await super().aput_writes(config, writes, task_id, task_path)
+        self.recorder.after(key)
 
 
-class Recorder:
-    """Collects the distinct saver calls of a clean run: a label, numbered when it recurs.
-
-    It also counts, for each `put`, the run's put_writes calls on the same parent checkpoint:
-    the writes of the step that checkpoint closes (see Killer).
-    """
+class Counter:
+    """Numbers a recurring label: `put step 2`, then `put step 2 #2` (a loop)."""
 
     def __init__(self):
-        self.points = []
         self.seen = {}
-        self.parent_of = {}  # put point -> (namespace, checkpoint id) it builds on
-        self.writes_on = {}  # (namespace, checkpoint id) -> put_writes calls on it
+
+    def number(self, call):
+        self.seen[call.key] = self.seen.get(call.key, 0) + 1
+        call.key = numbered(call.key, self.seen[call.key])
+        return call.key
+
+
+class Recorder(Counter):
+    """Collects the saver calls of a clean run, in order, each with its invoke (Trace)."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+        self.invoke = 0
         self.lock = threading.Lock()  # async durability saves from LangGraph's worker threads
 
-    def before(self, label, kind, parent):
+    def before(self, call):
         with self.lock:
-            self.seen[label] = self.seen.get(label, 0) + 1
-            point = numbered(label, self.seen[label])
-            self.points.append(point)
-            if kind == "put":
-                self.parent_of[point] = parent
-            else:
-                self.writes_on[parent] = self.writes_on.get(parent, 0) + 1
+            key = self.number(call)
+            call.group = (self.invoke, *call.group[1:])
+            self.calls.append(call)
+            return key
 
-    def after_put(self, checkpoint):
+    async def abefore(self, call):
+        return self.before(call)
+
+    def after(self, key, checkpoint=None):
         pass
 
-    def after_writes(self, parent):
-        pass
 
-    def writes_before(self, point):
-        """How many put_writes calls the step closed by `point` made (0 for put_writes)."""
-        return self.writes_on.get(self.parent_of.get(point), 0)
-
-
-class Killer:
-    """In a crash child: SIGKILL this process just before the saver call named `point`.
+class Killer(Counter):
+    """In a crash child: SIGKILL this process at its CrashState.
 
     Under sync (settle=True) it first lets the calls finish that LangGraph started earlier
     on other threads and does not wait for (PregelLoop.put_writes and _put_checkpoint submit
-    them to the run's background executor, langgraph/pregel/_loop.py): before a `put`, the
-    `writes` put_writes calls of the step it closes; before a put_writes, the put of the
-    checkpoint it is for. Otherwise the kill would land before or after them at random, and
-    the state it left would be the one a neighbouring point already shows.
+    them to the run's BackgroundExecutor, langgraph/pregel/_loop.py and _executor.py): the
+    put_writes calls of the same step, and before a put_writes, the put of the checkpoint it
+    is for. Any other call that starts meanwhile is held: it never finishes. A held state
+    (CrashState.hold) holds those calls and dies once the rest of their step is saved.
     """
 
-    def __init__(self, point, settle=False, writes=0):
-        self.point = point
+    def __init__(self, state, settle=False):
+        super().__init__()
+        self.state = state
         self.settle = settle
-        self.writes = writes
-        self.seen = {}
+        self.armed = False  # about to kill: calls it does not wait for are held
+        self.holding = False
+        self.step_of = None  # (namespace, checkpoint id) the held step's writes are for
+        self.done = set()  # keys of the calls finished
+        self.started = set()
         self.puts = set()  # (namespace, checkpoint id) of every put finished
-        self.stored = {}  # (namespace, checkpoint id) -> put_writes calls finished on it
         self.changed = threading.Condition()
+        self.async_changed = None
 
-    def before(self, label, kind, parent):
+    def before(self, call):
         with self.changed:
-            self.seen[label] = self.seen.get(label, 0) + 1
-            if numbered(label, self.seen[label]) != self.point:
-                return
-            self.changed.wait_for(lambda: self.settled(kind, parent), SETTLE_DEADLINE_S)
-            os.kill(os.getpid(), signal.SIGKILL)
+            key, action = self.decide(call)
+            if action == "go":
+                return key
+            if action == "kill":
+                self.changed.wait_for(lambda: self.settled(call), SETTLE_DEADLINE_S)
+                die()
+        threading.Event().wait()  # held: this call never finishes (the process dies first)
 
-    def settled(self, kind, parent):
-        if not self.settle:
+    async def abefore(self, call):
+        with self.changed:
+            key, action = self.decide(call)
+        if action == "go":
+            return key
+        if action == "kill":
+            deadline = time.monotonic() + SETTLE_DEADLINE_S
+            self.async_changed = self.async_changed or asyncio.Event()
+            while not self.settled(call) and time.monotonic() < deadline:
+                self.async_changed.clear()
+                try:
+                    await asyncio.wait_for(self.async_changed.wait(), SETTLE_DEADLINE_S)
+                except TimeoutError:
+                    break
+            die()
+        await asyncio.Event().wait()  # held: this call never finishes
+
+    def decide(self, call):
+        """ "go", "kill" (once settled) or "hold" for this call; kills at once unsettled."""
+        key = self.number(call)
+        self.started.add(key)
+        state = self.state
+        if key == state.key:
+            self.armed = True
+            if not self.settle:
+                die()
+            self.parent = call.group[1:]
+            return key, "kill"
+        if self.armed and key not in state.wait and not self.parent_pending(call):
+            return key, "hold"
+        if key in state.hold:
+            self.step_of = call.group[1:]
+            self.start_holding()
+            return key, "hold"
+        if self.holding and key not in state.group and self.step_of in self.puts:
+            return key, "hold"  # a later call: the state is the step's, nothing after it
+        return key, "go"
+
+    def parent_pending(self, call):
+        """A put while the put_writes about to be killed waits for its checkpoint's put."""
+        return call.kind == "put" and self.state.parent_put and self.parent not in self.puts
+
+    def start_holding(self):
+        if not self.holding:
+            self.holding = True
+            timer = threading.Timer(HOLD_DEADLINE_S, os._exit, (CHILD_UNREACHED,))
+            timer.daemon = True
+            timer.start()
+        self.check_step()
+
+    def check_step(self):
+        """A held state dies once every call of its step started, the unheld ones and the
+        step's checkpoint saved."""
+        state = self.state
+        if (
+            state.group <= self.started
+            and state.group - state.hold <= self.done
+            and (self.step_of[1] is None or self.step_of in self.puts)
+        ):
+            die()
+
+    def settled(self, call):
+        if not self.state.wait <= self.done:
+            return False
+        _, namespace, checkpoint = call.group
+        if not self.state.parent_put or checkpoint is None:
             return True
-        if kind == "put":
-            return self.stored.get(parent, 0) >= self.writes
-        return parent[1] is None or parent in self.puts
+        return (namespace, checkpoint) in self.puts
 
-    def after_put(self, checkpoint):
+    def after(self, key, checkpoint=None):
         with self.changed:
-            self.puts.add(checkpoint)
+            self.done.add(key)
+            if checkpoint is not None:
+                self.puts.add(checkpoint)
             self.changed.notify_all()
+            if self.holding:
+                self.check_step()
+        if self.async_changed is not None:
+            self.async_changed.set()
 
-    def after_writes(self, parent):
-        with self.changed:
-            self.stored[parent] = self.stored.get(parent, 0) + 1
-            self.changed.notify_all()
+
+def die():
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 def numbered(label, occurrence):
@@ -507,14 +916,93 @@ def parent(config):
     return configurable.get("checkpoint_ns", ""), configurable.get("checkpoint_id")
 
 
-def put_label(config, metadata):
-    return f"put step {metadata.get('step')}{namespace(config)}"
+def put_call(config, metadata):
+    key = f"put step {metadata.get('step')}{namespace(config)}"
+    return Call(key, "put", (0, *parent(config)), ns=namespace(config))
 
 
-def writes_label(config, writes, task_path):
-    node = task_path.removeprefix(PULL_PREFIX)
+def writes_call(config, writes, task_id, task_path):
     channels = ", ".join(sorted({channel for channel, _ in writes}))
-    return f"put_writes {node} [{channels}]".replace("  ", " ") + namespace(config)
+    node = task_path.removeprefix(PULL_PREFIX)
+    key = f"put_writes {node} [{channels}]".replace("  ", " ") + namespace(config)
+    group = (0, *parent(config))
+    return Call(key, "put_writes", group, task_id, task_path, channels, namespace(config))
+
+
+def same_step(a, b):
+    """put_writes calls of one step of one invoke: LangGraph saves them side by side."""
+    return a.kind == b.kind == "put_writes" and a.group == b.group
+
+
+def held_state(unsaved, step):
+    return CrashState(
+        held_label(unsaved, step),
+        None,
+        hold=frozenset(c.key for c in unsaved),
+        group=frozenset(c.key for c in step),
+    )
+
+
+def unsaved_sets(step):
+    """The sets of a step's writes a kill can leave unsaved with the others saved: each
+    non-empty set (MAX_HELD writes or fewer), else each one alone and all of them."""
+    if len(step) <= MAX_HELD:
+        sets = [s for n in range(1, len(step) + 1) for s in itertools.combinations(step, n)]
+    else:
+        sets = [(c,) for c in step] + [tuple(step)]
+    return sets
+
+
+def held_label(unsaved, step):
+    if len(unsaved) == 1:
+        names = unsaved[0].label.removeprefix("put_writes ")
+    else:
+        names = " + ".join(c.label.removeprefix("put_writes ").split(" [")[0] for c in unsaved)
+    if len(unsaved) == len(step):
+        return f"put_writes {names} (none saved)"
+    return f"put_writes {names} (others saved)"
+
+
+def name_calls(calls, names):
+    """Each call's label: `put_writes NODE [channels]`, or for a Send's task or an @task call
+    `put_writes NAME (Send 2 of 3) [channels]` / `(call 1 of 2)`, numbered when it recurs."""
+    kinds = {}
+    for call in calls:
+        if call.kind == "put_writes" and call.path.startswith(PUSH_PREFIX):
+            parts = call.path.split(", ")
+            kind = "call" if parts[1].startswith("~") else "Send"
+            index = int(parts[-2] if kind == "call" else parts[1])
+            name = names.get(call.task_id, "?")
+            kinds[call.key] = (kind, index, name)
+    seen = {}
+    for call in calls:
+        label = call.key.split(" #")[0]
+        if call.key in kinds:
+            kind, index, name = kinds[call.key]
+            siblings = sorted(
+                kinds[c.key][1]
+                for c in calls
+                if c.key in kinds and c.group == call.group and kinds[c.key][::2] == (kind, name)
+            )
+            nth = (
+                kind
+                if len(siblings) == 1
+                else f"{kind} {siblings.index(index) + 1} of {len(siblings)}"
+            )
+            nth = "@task" if nth == "call" else nth
+            label = f"put_writes {name} ({nth}) [{call.channels}]{call.ns}"
+        seen[label] = seen.get(label, 0) + 1
+        call.label = numbered(label, seen[label])
+
+
+def task_label(task_id, name, state):
+    """A task's name, with its Send's index among its node's Sends in `state` when known."""
+    tasks = [t for t in (state.tasks if state else ()) if t.name == name]
+    sends = sorted(t.path[1] for t in tasks if len(t.path) >= 2 and isinstance(t.path[1], int))
+    mine = [t for t in tasks if t.id == task_id and len(t.path) >= 2 and isinstance(t.path[1], int)]
+    if not mine or len(sends) < 2:
+        return name
+    return f"{name} (Send {sends.index(mine[0].path[1]) + 1} of {len(sends)})"
 
 
 def namespace(config):
@@ -523,13 +1011,24 @@ def namespace(config):
     return f" in {'/'.join(part.split(':')[0] for part in ns.split('|'))}" if ns else ""
 
 
-def describe_saved(graph, thread):
-    config = {"configurable": {"thread_id": thread}}
-    if graph.checkpointer.get_tuple(config) is None:
+def describe_saved(state):
+    """'nothing', or 'step N: TASK, ...', a subgraph's own saved step in brackets."""
+    if state is None:
         return "nothing"
-    state = graph.get_state(config)
-    tasks = [f"{t.name} (writes saved)" if t.result is not None else t.name for t in state.tasks]
-    return f"step {state.metadata.get('step')}: " + (", ".join(tasks) or "done")
+    return f"step {state.metadata.get('step')}: " + (describe_tasks(state) or "done")
+
+
+def describe_tasks(state):
+    cells = []
+    for task in state.tasks:
+        cell = task_label(task.id, task.name, state)
+        if task.result is not None:
+            cell += " (writes saved)"
+        inner = getattr(task, "state", None)
+        if inner is not None and hasattr(inner, "metadata") and inner.metadata:
+            cell += f" [{describe_saved(inner)}]"
+        cells.append(cell)
+    return ", ".join(cells)
 
 
 def with_thread(value, thread):
@@ -570,6 +1069,17 @@ def durability_modes(durability):
     return (durability,)
 
 
+def expected_counts(expect):
+    if expect is None:
+        return {}
+    if not isinstance(expect, Mapping) or not all(
+        isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) and v >= 0
+        for k, v in expect.items()
+    ):
+        raise DrillError(f"expect must be a dict of effect name -> count, not {expect!r:.200}")
+    return dict(expect)
+
+
 def compiled(graph):
     from langgraph.pregel import Pregel
 
@@ -586,16 +1096,37 @@ def compiled(graph):
     return graph
 
 
-def wait_child(pid):
-    """The child's wait status, or DrillError past the deadline (the caller kills it then)."""
+def needs_async(graph):
+    """Whether a node (or a subgraph's) is `async def` only: LangGraph's RunnableCallable
+    then has no func, and invoke() raises 'No synchronous function provided'."""
+    from langgraph.pregel import Pregel
+
+    pending, seen = [graph], set()
+    while pending:
+        runnable = pending.pop()
+        if id(runnable) in seen:
+            continue
+        seen.add(id(runnable))
+        if isinstance(runnable, Pregel):
+            pending += [node.bound for node in runnable.nodes.values()]
+            continue
+        if hasattr(runnable, "afunc") and getattr(runnable, "func", True) is None:
+            return True
+        pending += [s for s in getattr(runnable, "steps", ()) if s is not None]
+    return False
+
+
+def wait_child(pid, pipe):
+    """The child's wait status, or DrillError past the deadline (the caller kills it then).
+    The child holds the pipe's other end: its end of file is the child's end."""
     deadline = time.monotonic() + CHILD_DEADLINE_S
     while True:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            return status
-        if time.monotonic() > deadline:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
             raise DrillError(f"a crash run took more than {CHILD_DEADLINE_S:.0f} s")
-        time.sleep(CHILD_POLL_S)
+        ready, _, _ = select.select([pipe], [], [], remaining)
+        if ready:
+            return os.waitpid(pid, 0)[1]
 
 
 def kill_and_reap(pid):
@@ -645,20 +1176,20 @@ def database(target):
 
 
 class Sqlite:
-    """LangGraph's SqliteSaver on a file: each saver() is a new connection."""
+    """LangGraph's SqliteSaver (AsyncSqliteSaver) on a file: each saver() is a new connection."""
 
     def __init__(self, path):
         self.path = path
 
     def check(self):
         try:
-            with self.saver() as saver:
+            with self.saver(setup_done=False) as saver:
                 saver.setup()
         except sqlite3.Error as error:
             raise DrillError(f"cannot open the SQLite database {self.path}: {error}") from None
 
     @contextmanager
-    def saver(self, recorder=None):
+    def saver(self, recorder=None, setup_done=True):
         from langgraph.checkpoint.sqlite import SqliteSaver
 
         conn = sqlite3.connect(self.path, check_same_thread=False)
@@ -668,14 +1199,30 @@ class Sqlite:
         conn.execute("PRAGMA synchronous=OFF")
         try:
             saver = recording(SqliteSaver)(conn)
+            saver.is_setup = setup_done  # check() made the tables: once is enough
             saver.recorder = recorder
             yield saver
         finally:
             conn.close()
 
+    @asynccontextmanager
+    async def asaver(self, recorder=None):
+        try:  # on aiosqlite, a dependency of langgraph-checkpoint-sqlite
+            from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
+        except ImportError:
+            raise DrillError(
+                "a graph of async nodes needs aiosqlite for its SQLite checkpoints: "
+                "pip install aiosqlite"
+            ) from None
+        async with recording(AsyncSqliteSaver).from_conn_string(self.path) as saver:
+            await saver.conn.execute("PRAGMA synchronous=OFF")  # as saver() above
+            saver.is_setup = True
+            saver.recorder = recorder
+            yield saver
+
 
 class Postgres:
-    """LangGraph's PostgresSaver: each saver() is a new connection."""
+    """LangGraph's PostgresSaver (AsyncPostgresSaver): each saver() is a new connection."""
 
     def __init__(self, url):
         self.url = url
@@ -694,6 +1241,15 @@ class Postgres:
     @contextmanager
     def saver(self, recorder=None):
         with recording(saver_class()).from_conn_string(self.url) as saver:
+            saver.recorder = recorder
+            yield saver
+
+    @asynccontextmanager
+    async def asaver(self, recorder=None):
+        saver_class()
+        from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
+
+        async with recording(AsyncPostgresSaver).from_conn_string(self.url) as saver:
             saver.recorder = recorder
             yield saver
 
@@ -728,17 +1284,80 @@ def hide_password(url):
     return urlunsplit(parts._replace(netloc=netloc))
 
 
-def columns(lines):
-    widths = [max(len(line[i]) for line in lines) for i in range(len(lines[0]))]
-    return "\n".join(
-        "  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip()
-        for line in lines
-    )
+TABLE_WIDTH = 120  # columns a table fits in, where its effect columns leave space
+SHRINKABLE = (0, 1, 2)  # point, saved, ran on recovery: wrapped first, the widest first
+MIN_CELLS = (28, 18, 18)  # a wrapped point, saved, ran column keeps at least this many
+MIN_VERDICT = 20  # and the verdict
+
+
+def columns(lines, width=TABLE_WIDTH):
+    """Align the cells; a row too wide wraps its longest text cells onto more lines."""
+    widths = [
+        max(len(part) for line in lines for part in line[i].split("\n"))
+        for i in range(len(lines[0]))
+    ]
+    least = dict(zip(SHRINKABLE, MIN_CELLS, strict=True)) | {len(widths) - 1: MIN_VERDICT}
+    while sum(widths) + 2 * (len(widths) - 1) > width:
+        shrinkable = [i for i in least if widths[i] > least[i]]
+        if not shrinkable:
+            break
+        widths[max(shrinkable, key=lambda i: widths[i] - least[i])] -= 1
+    out = []
+    for line in lines:
+        cells = [wrap(cell, w) for cell, w in zip(line, widths, strict=True)]
+        for parts in itertools.zip_longest(*cells, fillvalue=""):
+            out.append("  ".join(p.ljust(w) for p, w in zip(parts, widths, strict=True)).rstrip())
+    return "\n".join(out)
+
+
+def wrap(cell, width):
+    """The cell in lines of `width` or fewer, broken after a space where it can be."""
+    if "\n" in cell:
+        return [part for piece in cell.split("\n") for part in wrap(piece, width)]
+    lines = []
+    while len(cell) > width:
+        start = len(cell) - len(cell.lstrip())  # a continuation's indent is no place to break
+        cut_at = cell.rfind(" ", start + 1, width + 1)
+        if cut_at <= start:
+            cut_at = width
+        lines.append(cell[:cut_at].rstrip())
+        cell = "  " + cell[cut_at:].lstrip()  # a continuation, indented
+    return [*lines, cell]
 
 
 def distinct(values):
     """The different values of a row's runs, in order: 'a | b' when the runs differ."""
     return " | ".join(dict.fromkeys(values))
+
+
+def in_steps(ran):
+    """The names of (depth, step, name) in order of steps, by name within one (the tasks of a
+    step finish in any order)."""
+    return [
+        name
+        for _, group in itertools.groupby(ran, key=lambda r: r[:2])
+        for name in sorted(r[2] for r in group)
+    ]
+
+
+def ran_cell(ran):
+    """'a, b ×3, c': the tasks a recovery ran, a run of one name counted."""
+    if not ran:
+        return "-"
+    cells = []
+    for name, group in itertools.groupby(ran):
+        times = len(list(group))
+        cells.append(name if times == 1 else f"{name} ×{times}")
+    return ", ".join(cells)
+
+
+def counts_cell(counts):
+    """'1 2 1' for a few runs; '1×3 2×2' when that is shorter."""
+    if not counts:
+        return "-"
+    plain = " ".join(map(str, counts))
+    tallied = " ".join(f"{c}×{counts.count(c)}" for c in dict.fromkeys(counts))
+    return plain if len(plain) <= len(tallied) else tallied
 
 
 def plural(count, noun):

@@ -8,6 +8,8 @@ The nodes take the receiver's client from the run's context (workflow.Context); 
 it from API_URL, as workflow.py does. observe(thread) counts the receiver's tickets whose title
 is the thread id: the drill puts each crash run's thread id into the input, so each run's
 tickets are its own, whether the run sent a key (safe) or none (naive).
+
+graph_v2 is lab 12's deployed version 2, for `python -m effectdrill replay` (lab 11).
 """
 
 import contextlib
@@ -21,6 +23,11 @@ import workflow
 def graph():
     """lab.py's graph, without a checkpointer: the drill gives it its own."""
     return lab.build_graph(None)
+
+
+def graph_v2():
+    """Version 2 of it (lab 12's deploy, LAB_GRAPH_VERSION=2): create_ticket is open_ticket."""
+    return lab.build_graph(None, version="2")
 
 
 def context():

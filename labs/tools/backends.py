@@ -11,10 +11,10 @@ Backend. A guide command names the learner's Compose project, then optional Comp
                                                              environment X sets)
     run --rm workflow ARGS   as written                      python lab.py ARGS
     run --rm -e K=V workflow as written                      K=V python lab.py ARGS (lab 12)
-    run --rm --entrypoint python workflow ARGS               python ARGS (labs 07-08: read
+    run --rm --entrypoint python workflow ARGS               python ARGS (labs 07, 08, 12: read
                              as written                      LangGraph's installed source)
     restart api              as written                      SIGTERM, wait for the exit, start again
-    down -v                  as written                      stop the receiver, delete both data
+    down -v --remove-orphans as written                      stop the receiver, delete both data
                                                              folders
     sleep N (no prefix)      a real sleep of N seconds       the same (lab 14 waits out a setting)
 
@@ -50,6 +50,7 @@ from labs.tools.local import (
     run_workflow,
     run_workflow_here,
     shell_exit_code,
+    wait_until,
 )
 from labs.tools.native import PYTHON_IN_THE_IMAGE, override_environment
 from labs.tools.native import line as native_line
@@ -66,6 +67,9 @@ COMPOSE_NOISE = re.compile(
 )
 SLEEP = re.compile(r"sleep (\d+)")  # `sleep N`: whole seconds, as bash, zsh and PowerShell read it
 MAX_SLEEP_S = 60  # seconds: a guide waits out a short setting, not the room's patience
+PROJECT_LABEL = "label=com.docker.compose.project"  # Compose 1 and 2 both set it
+RESOURCES = ("container", "volume", "network")  # what `down -v` removes
+DOWN_DEADLINE_S = 30  # seconds for the engine to remove an interrupted `run --rm` container
 TICKETS_SCRIPT = (  # run inside the api container: ask the receiver itself, on its loopback
     "import sys, urllib.request; "
     "sys.stdout.write(urllib.request.urlopen('http://127.0.0.1:8000/tickets', timeout=5)"
@@ -141,6 +145,7 @@ class Backend:
     up(overrides)   start the receiver (with lab 06's override files); down() removes the lab
     workflow(args)  `run --rm workflow ARGS`; tickets(): every ticket the receiver holds
     close()         stop what this backend started
+    leftovers()     what of it is still there after close() (the demo says so): [] for nothing
 
     Only LocalBackend has native(command): the command as a learner pastes it natively (the
     demo prints it under each step), written by labs/tools/native.py.
@@ -165,6 +170,9 @@ class Backend:
 
     def close(self):
         pass
+
+    def leftovers(self):
+        return []
 
     def __enter__(self):
         return self
@@ -321,6 +329,13 @@ class LocalBackend(Backend):
         if self.owned:
             shutil.rmtree(self.data_dir, ignore_errors=True)
 
+    def leftovers(self):
+        left = [f"the receiver (pid {self.receiver.proc.pid})"] if self.receiver.running else []
+        left += [f"a worker (pid {proc.pid})" for proc in self.workers.live()]
+        if self.owned and self.data_dir.exists():
+            left.append(f"the folder {self.data_dir}")
+        return left
+
 
 def wait(seconds):
     """A guide's `sleep N`: the wait really happens, in either backend (nothing to poll: the
@@ -371,8 +386,7 @@ class DockerBackend(Backend):
             raise LabError("no Docker engine with Compose answers; BACKEND=local runs it natively")
 
     def compose_run(self, args, timeout=WORKFLOW_TIMEOUT_S):
-        """Compose in our project, with the files up() named: without them, `run` in Compose 2.26
-        recreates a running api whose configuration differs (lab 06's fault would be lost)."""
+        """Compose in our project, with the -f files the last command named (or up())."""
         files = [word for name in self.files for word in ("-f", name)]
         done = run([*self.compose, "-p", self.project, *files, *args], timeout=timeout)
         return Result(
@@ -399,8 +413,35 @@ class DockerBackend(Backend):
         return self.compose_run(["restart", "api"])
 
     def down(self):
+        """The guides' reset, `down -v --remove-orphans`, until nothing of the project is left.
+
+        An interrupted `run --rm` (the demo's Ctrl-C kills its Compose client) leaves its
+        container running; Compose 2 made it with AutoRemove, so the engine removes it when it
+        stops, and `down` stops it but does not wait for that: the volume it mounts is then
+        "still in use" (exit 0). Once no container of the project is left, a second `down`
+        removes the volume."""
         self.files = []  # with -f files, Compose 2.26 removes only the default services' volumes
-        return self.compose_run(["down", "-v", "--remove-orphans"])
+        done = self.compose_run(["down", "-v", "--remove-orphans"])
+        if done.exit_code == 0 and self.leftovers():
+            try:
+                wait_until(
+                    lambda: not self.listed("container"), DOWN_DEADLINE_S, "containers removed"
+                )
+            except TimeoutError:
+                return done  # leftovers() says what stayed
+            done = self.compose_run(["down", "-v", "--remove-orphans"])
+        return done
+
+    def listed(self, kind):
+        """The names of the project's containers (running or not), volumes or networks, found by
+        the label Compose 1 and 2 both put on them."""
+        field = "{{.Names}}" if kind == "container" else "{{.Name}}"
+        listing = ["docker", kind, "ls", "--filter", f"{PROJECT_LABEL}={self.project}"]
+        listing += ["--format", field, *(["-a"] if kind == "container" else [])]
+        return run(listing, timeout=30).stdout.split()
+
+    def leftovers(self):
+        return [f"{kind} {name}" for kind in RESOURCES for name in self.listed(kind)]
 
     def workflow(self, args, timeout=WORKFLOW_TIMEOUT_S, env=None):
         options = [word for k, v in (env or {}).items() for word in ("-e", f"{k}={v}")]

@@ -1,165 +1,201 @@
-"""Benchmark effectdrill on the three-node shop graph (labs/graphs/shop.py): medians.
+"""Benchmark effectdrill against a git ref (default HEAD): the whole CLI drill of a 4-node sync
+graph, and the median crash run, this tree and the baseline side by side (part of make bench).
 
-1. one durability mode (sync), the whole drill: about 10 crash points (target < 2 s);
-2. --durability all --repeat 5 (target < 15 s);
-3. the drill's saver wrapper, per saver call: the same put and put_writes calls, captured from
-   a clean run, replayed on LangGraph's SqliteSaver and on the drill's recording subclass of
-   it, side by side; and a whole clean run through each.
+1. `effectdrill GRAPH ...` as a user types it (a fresh interpreter: imports, the clean run,
+   every crash run), wall seconds, median of --runs, alternating the trees;
+2. per crash run (fork, the killed child, a fresh saver, the resume, the observer): the time
+   of an in-process drill after its clean run, over its crash runs, the median of --runs
+   drills in each tree (wall time: this tree resumes one run while the next child runs).
 
-    python -m labs.tools.bench_drill [--runs N] [--all-runs N] [--repeat N] [--calls N]
+    python -m labs.tools.bench_drill [--runs N] [--baseline REF]
 
-Everything lives in a temporary folder (the shop's SHOP_DB and the checkpoints), removed after.
+Targets (the issue's, on a quiet 2-core machine): at most 1.5 s for the whole CLI drill, 50 ms
+per crash run. The load average is printed with the figures: a busy machine is slower. The
+graph (below) and its effects live in a temporary folder, removed after; the baseline is
+`git archive REF` unpacked there (labs/tools/bench.py's export_commit). Exit codes: 0 measured,
+2 bad arguments, 4 no baseline, 130 Ctrl-C.
 """
 
-import argparse
+import json
 import os
-import shutil
-import sqlite3
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 
-from workflow import Parser
+from labs.tools.bench import NoBaseline, baseline_commit, export_commit
+from labs.tools.local import ROOT
+from workflow import EXIT_INTERRUPTED, Parser
 
-RUNS = 10  # drills of one mode: their median
-ALL_RUNS = 3  # drills of every mode with --repeat: their median (each takes seconds)
-REPEAT = 5  # runs per crash point in the every-mode drill, as the issue's target says
-CALLS = 2000  # replays of each captured saver call per saver: enough for a stable median
+RUNS = 5  # CLI drills per tree, and in-process drills per tree: their medians
+EXIT_NO_BASELINE = 4
+
+GRAPH = '''
+"""prepare -> reserve -> charge -> notify: four sync nodes, one unkeyed effect (charge)."""
+import os, sqlite3
+from contextlib import closing
+from typing import TypedDict
+from langgraph.graph import END, START, StateGraph
+
+
+class Order(TypedDict, total=False):
+    order: str
+    step: int
+
+
+def effect(name, order, key=None):
+    with closing(sqlite3.connect(os.environ["BENCH_EFFECTS"])) as db, db:
+        db.execute("CREATE TABLE IF NOT EXISTS e (name, ord, key, UNIQUE (name, ord, key))")
+        db.execute("INSERT OR IGNORE INTO e VALUES (?, ?, ?)", (name, order, key))
+
+
+def node(name, key):
+    def run(state: Order):
+        effect(name, state["order"], key)
+        return {"step": state.get("step", 0) + 1}
+    run.__name__ = name
+    return run
+
+
+def build():
+    builder = StateGraph(Order)
+    names = [("prepare", "k"), ("reserve", "k"), ("charge", None), ("notify", "k")]
+    for name, key in names:
+        builder.add_node(name, node(name, key))
+    builder.add_edge(START, "prepare")
+    for (a, _), (b, _) in zip(names, names[1:]):
+        builder.add_edge(a, b)
+    builder.add_edge("notify", END)
+    return builder.compile()
+
+
+def observe(thread):
+    with closing(sqlite3.connect(os.environ["BENCH_EFFECTS"])) as db:
+        db.execute("CREATE TABLE IF NOT EXISTS e (name, ord, key, UNIQUE (name, ord, key))")
+        rows = db.execute("SELECT name, COUNT(*) FROM e WHERE ord = ? GROUP BY name", (thread,))
+        return dict(rows.fetchall())
+'''
+
+IN_PROCESS = """
+import json, sys, time
+import effectdrill, effectdrill.core as core
+import bench_graph
+clean = []
+real = core.Plan.clean_run
+def clean_run(self, *args):
+    start = time.perf_counter()
+    try:
+        return real(self, *args)
+    finally:
+        clean.append(time.perf_counter() - start)
+core.Plan.clean_run = clean_run
+whole, per_run = [], []
+for _ in range(int(sys.argv[1])):
+    start = time.perf_counter()
+    report = effectdrill.drill(bench_graph.build, {"order": "{thread}"}, bench_graph.observe)
+    whole.append(time.perf_counter() - start)
+    per_run.append((whole[-1] - clean[-1]) / len(report.rows))
+print(json.dumps({"per_run": per_run, "whole": whole, "points": len(report.rows)}))
+"""
 
 
 def main(argv=None):
-    args = parse_args(argv)
-    folder = tempfile.mkdtemp(prefix="bench-drill-")
-    os.environ["SHOP_DB"] = os.path.join(folder, "shop.sqlite")
+    parser = Parser(prog="python -m labs.tools.bench_drill", description=__doc__.split("\n")[0])
+    parser.add_argument("--runs", type=int, default=RUNS, help="drills per tree (default 5)")
+    parser.add_argument("--baseline", default="HEAD", metavar="REF")
+    args = parser.parse_args(argv)
+    if args.runs < 1:
+        parser.error(f"--runs must be 1 or more, not {args.runs}")
     try:
-        bench(args, folder)
+        sha, short = baseline_commit(args.baseline)
+        with tempfile.TemporaryDirectory(prefix="bench-drill-") as tmp:
+            figures = bench(Path(tmp), args.baseline, sha, short, args.runs)
+    except NoBaseline as error:
+        print(f"bench_drill: {error}", file=sys.stderr)
+        return EXIT_NO_BASELINE
     except KeyboardInterrupt:
         print("bench_drill: interrupted", file=sys.stderr)
-        return 130
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
+        return EXIT_INTERRUPTED
+    report(figures)
     return 0
 
 
-def bench(args, folder):
-    import effectdrill
-    from labs.graphs import shop
-
-    order = {"order": "{thread}"}
-    times, report = timed(args.runs, lambda: effectdrill.drill(shop.graph, order, shop.observe))
-    print(
-        f"one mode (sync), {len(report.rows)} crash points: median {median_s(times)} "
-        f"over {args.runs} drills"
-    )
-    if args.all_runs:
-        times, report = timed(
-            args.all_runs,
-            lambda: effectdrill.drill(
-                shop.graph, order, shop.observe, durability="all", repeat=args.repeat
-            ),
+def bench(tmp, ref, sha, short, runs):
+    baseline = export_commit(sha, tmp / "baseline", f"{ref} ({short})")
+    (tmp / "bench_graph.py").write_text(GRAPH)
+    trees = {"this_tree": ROOT, "baseline": baseline}
+    figures = {"baseline": {"ref": ref, "short": short}, "runs": runs, "cli_s": {}}
+    figures["load_before"] = os.getloadavg()
+    times = {tree: [] for tree in trees}
+    for attempt in range(runs):  # alternate the trees: a busy moment hits both alike
+        for tree, folder in trees.items():
+            times[tree].append(cli_seconds(folder, tmp, f"{tree}-{attempt}"))
+    figures["cli_s"] = {tree: statistics.median(t) for tree, t in times.items()}
+    figures["in_process"] = {}
+    for tree, folder in trees.items():
+        done = subprocess.run(
+            [sys.executable, "-c", IN_PROCESS, str(runs)],
+            cwd=folder,
+            env=env_for(folder, tmp, f"{tree}-lib"),
+            capture_output=True,
+            text=True,
+            check=True,
         )
-        print(
-            f"--durability all --repeat {args.repeat}, {len(report.rows)} crash points, "
-            f"{sum(len(r.runs) for r in report.rows)} crash runs: median {median_s(times)} "
-            f"over {args.all_runs} drills"
-        )
-    plain, wrapped, per_run = saver_calls(shop.graph, folder, args.calls)
+        got = json.loads(done.stdout.splitlines()[-1])
+        figures["in_process"][tree] = {
+            "points": got["points"],
+            "crash_run_ms": 1000 * statistics.median(got["per_run"]),
+            "fastest_crash_run_ms": 1000 * min(got["per_run"]),  # the drill least disturbed
+            "drill_s": statistics.median(got["whole"]),
+        }
+    figures["load_after"] = os.getloadavg()
+    return figures
+
+
+def cli_seconds(folder, tmp, name):
+    start = time.perf_counter()
+    subprocess.run(
+        [sys.executable, "-m", "effectdrill", "bench_graph:build"]
+        + ["--input", '{"order": "{thread}"}', "--observe", "bench_graph:observe"],
+        cwd=folder,
+        env=env_for(folder, tmp, name),
+        capture_output=True,
+        check=False,  # exit 1: the unkeyed charge repeats, as it should
+    )
+    return time.perf_counter() - start
+
+
+def env_for(folder, tmp, name):
+    return os.environ | {
+        "PYTHONPATH": os.pathsep.join([str(folder), str(tmp)]),
+        "BENCH_EFFECTS": str(tmp / f"{name}.sqlite"),
+    }
+
+
+def report(figures):
+    short = figures["baseline"]["short"]
+    load = " ".join(f"{x:.2f}" for x in figures["load_before"])
+    print(f"# bench_drill: this tree against {figures['baseline']['ref']} ({short}); load {load}")
+    mine, theirs = figures["in_process"]["this_tree"], figures["in_process"]["baseline"]
+    print(f"{'4-node sync graph':<40}{'this tree':>11}{short:>11}{'ratio':>9}  target")
+    rows = [
+        ("whole CLI drill, s", figures["cli_s"]["this_tree"], figures["cli_s"]["baseline"], 1.5),
+        ("in-process drill, s", mine["drill_s"], theirs["drill_s"], None),
+        ("crash run (median), ms", mine["crash_run_ms"], theirs["crash_run_ms"], 50),
+    ]
+    for name, ours, base, target in rows:
+        mark = "" if target is None else f"  <= {target:g}" + (" ok" if ours <= target else " OVER")
+        print(f"  {name:<38}{ours:>11.3f}{base:>11.3f}{ours / base:>8.2f}x{mark}")
     print(
-        f"saver call (put and put_writes of a clean run): median {plain:.1f} us on "
-        f"SqliteSaver, {wrapped:.1f} us through the drill's wrapper ({wrapped - plain:+.1f} us)"
+        f"  crash run (fastest drill), ms{'':<9}{mine['fastest_crash_run_ms']:>11.3f}"
+        f"{theirs['fastest_crash_run_ms']:>11.3f}"
     )
-    print(
-        f"clean run of the shop ({per_run['calls']} saver calls): median "
-        f"{per_run['plain']:.2f} ms on SqliteSaver, {per_run['wrapped']:.2f} ms wrapped"
-    )
-
-
-# helpers
-
-
-def timed(runs, action):
-    times, result = [], None
-    for _ in range(runs):
-        start = time.perf_counter()
-        result = action()
-        times.append(time.perf_counter() - start)
-    return times, result
-
-
-def median_s(times):
-    return f"{statistics.median(times):.2f} s"
-
-
-def saver_calls(graph, folder, calls):
-    """Median microseconds per saver call, plain and wrapped, and per clean run (ms)."""
-    from langgraph.checkpoint.sqlite import SqliteSaver
-
-    from effectdrill.core import Recorder, recording
-
-    captured = []
-
-    class Capture(SqliteSaver):
-        def put(self, *args):
-            captured.append(("put", args))
-            return super().put(*args)
-
-        def put_writes(self, *args):
-            captured.append(("put_writes", args))
-            return super().put_writes(*args)
-
-    def saver(cls, name):
-        conn = sqlite3.connect(os.path.join(folder, name), check_same_thread=False)
-        conn.execute("PRAGMA synchronous=OFF")  # as the drill opens its own
-        made = cls(conn)
-        made.setup()
-        return made
-
-    graph.copy(update={"checkpointer": saver(Capture, "capture.sqlite")}).invoke(
-        {"order": "bench"}, {"configurable": {"thread_id": "bench"}}, durability="sync"
-    )
-    plain = saver(SqliteSaver, "plain.sqlite")
-    wrapped = saver(recording(SqliteSaver), "wrapped.sqlite")
-    wrapped.recorder = Recorder()
-    per_call = {"plain": [], "wrapped": []}
-    for _ in range(calls):
-        for name, target in (("plain", plain), ("wrapped", wrapped)):  # side by side
-            for method, args in captured:
-                start = time.perf_counter()
-                getattr(target, method)(*args)
-                per_call[name].append(time.perf_counter() - start)
-        wrapped.recorder = Recorder()  # its list of labels would grow without end
-    per_run = {"plain": [], "wrapped": []}
-    for i in range(max(10, calls // 20)):
-        for name, target in (("plain", plain), ("wrapped", wrapped)):  # side by side
-            config = {"configurable": {"thread_id": f"{name}-{i}"}}
-            copy = graph.copy(update={"checkpointer": target})
-            start = time.perf_counter()
-            copy.invoke({"order": f"{name}-{i}"}, config, durability="sync")
-            per_run[name].append(time.perf_counter() - start)
-        wrapped.recorder = Recorder()
-    per_run = {name: statistics.median(values) * 1000 for name, values in per_run.items()}
-    per_run["calls"] = len(captured)
-    micro = {name: statistics.median(values) * 1e6 for name, values in per_call.items()}
-    return micro["plain"], micro["wrapped"], per_run
-
-
-def count(minimum):
-    def parse(text):
-        if not text.isdigit() or int(text) < minimum:
-            raise argparse.ArgumentTypeError(f"must be a whole number >= {minimum}: {text!r}")
-        return int(text)
-
-    return parse
-
-
-def parse_args(argv):
-    parser = Parser(prog="python -m labs.tools.bench_drill")
-    parser.add_argument("--runs", type=count(1), default=RUNS)
-    parser.add_argument("--all-runs", type=count(0), default=ALL_RUNS, help="0: skip")
-    parser.add_argument("--repeat", type=count(1), default=REPEAT)
-    parser.add_argument("--calls", type=count(1), default=CALLS)
-    return parser.parse_args(argv)
+    print(f"  crash points: {mine['points']} here, {theirs['points']} in {short}")
+    after = " ".join(f"{x:.2f}" for x in figures["load_after"])
+    print(f"# load average after: {after} (2 cores: above 2 the figures are the machine's)")
+    print(json.dumps(figures))
 
 
 if __name__ == "__main__":

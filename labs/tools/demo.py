@@ -31,7 +31,7 @@ from pathlib import Path
 import lab
 from labs.tools.backends import LabError, LocalBackend, choose_backend, parse_command
 from labs.tools.local import ROOT
-from labs.tools.runner import LIFECYCLE, parse_block, run_step
+from labs.tools.runner import LIFECYCLE, TERMINAL_CODES, parse_block, run_step
 from labs.tools.tally import events_in, summary, tally
 from workflow import Parser
 
@@ -349,8 +349,9 @@ class Demo:
             print(s.dim(f" {time.monotonic() - began:.1f} s"))
         self.outcomes.append(outcome)
         lifecycle = verb in LIFECYCLE  # Compose's own output (build steps, progress): not the story
+        #                                 (`logs api` is: the receiver's side, lab 02's `replayed`)
         for line in [] if lifecycle else result.stdout.splitlines():
-            print(s.figures(line))
+            print(s.figures(TERMINAL_CODES.sub("", line)))  # `logs`: Compose 2 erases each line
         said = result.stderr.strip().splitlines()
         if lifecycle:  # only when it failed, and only its last words
             said = (
@@ -471,11 +472,19 @@ def main(argv=None):
         code = EXIT_NO_LAB
     finally:
         previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # clean up uninterrupted
+        left = []
         if backend is not None:
             backend.close()
+            left = backend.leftovers()  # looked at, not assumed: see DockerBackend.down
         signal.signal(signal.SIGINT, previous)
+    if left:
+        how = f" (docker compose -p {backend.project} down -v --remove-orphans)"
+        print(
+            f"demo: left behind: {', '.join(left)}{how if backend.name == 'docker' else ''}",
+            file=sys.stderr,
+        )
     if code is None:
-        print("demo stopped; nothing left behind", file=sys.stderr)
+        print(f"demo stopped; {'see above' if left else 'nothing left behind'}", file=sys.stderr)
         return EXIT_STOPPED
     return code
 

@@ -25,6 +25,8 @@ CORE = (  # copied unchanged; effectdrill without its pytest plugin (the starter
     "effectdrill/__init__.py",
     "effectdrill/__main__.py",
     "effectdrill/core.py",
+    "effectdrill/outbound.py",
+    "effectdrill/replay.py",
 )
 OWN = ROOT / "labs" / "tools" / "starter"  # the starter's own files, copied as they are
 EXIT_USAGE = 2

@@ -42,19 +42,6 @@ def observe_text_counts(thread_id):
     return {"charge": "1"}
 
 
-async def pick_later(state: Pick):
-    return {"item": state["item"]}
-
-
-def build_async():
-    """A graph of async nodes: invoke (the drill's) cannot run them."""
-    builder = StateGraph(Pick)
-    builder.add_node(pick_later)
-    builder.add_edge(START, "pick_later")
-    builder.add_edge("pick_later", END)
-    return builder.compile()
-
-
 def book(state: Pick):
     """A UNIQUE insert without OR IGNORE: the effect does not repeat, the resume fails."""
     with closing(sqlite3.connect(os.environ["STRICT_DB"])) as db, db:

@@ -19,6 +19,7 @@ import pytest
 from conftest import require_postgres
 
 from labs.tools import demo
+from labs.tools.backends import compose_command
 from labs.tools.local import ROOT, wait_until
 from labs.tools.runner import parse_guide
 
@@ -46,7 +47,7 @@ def test_the_story_comes_from_the_guide_itself():
     assert first.heading == "Start the receiver" and first.after == "The receiver starts empty."
     assert crash.steps[0].exit_code == 137 and crash.after.startswith("Exit code 137 is 128 + 9")
     reset = story.chapters[-1]
-    assert reset.heading == "Reset" and reset.steps[0].command.endswith("down -v")
+    assert reset.heading == "Reset" and reset.steps[0].command.endswith("down -v --remove-orphans")
     assert len(reset.notice) == 3 and reset.notice[0].startswith("`prepare` did not run again")
 
 
@@ -60,6 +61,10 @@ def test_demo_tells_labs_01_and_02_with_a_verdict_per_operation(capsys):
     assert "case-naive:open-ticket:v1: 2 tickets for one operation (duplicate)" in out
     assert "case-safe:open-ticket:v1: 1 ticket, resume got created: false" in out
     assert out.index("What to notice") < out.index("Verdict") < out.index("-- Reset")
+    # `logs api` shows the receiver's side: lab 02's proof is its `replayed` line
+    logs = out.split("$ docker compose -p stateful-lab logs api\n")
+    assert len(logs) == 3 and "receiver: created key=None ticket=2\n" in logs[1], logs[1][:300]
+    assert "\nreceiver: replayed key=case-safe:open-ticket:v1 ticket=1\n" in logs[2]
     last = out.strip().splitlines()[-3:]
     assert last[0] == (
         "What the labs showed: naive: 1 of 1 operation duplicated; "
@@ -279,6 +284,8 @@ def test_the_docker_demo_runs_in_its_own_project_and_leaves_nothing(capsys):
     assert "$ docker compose -p stateful-lab run --rm workflow tickets" in out  # as written
     assert "case-naive:open-ticket:v1: 2 tickets for one operation (duplicate)" in out
     assert re.search(r"  building the image\.\.\. \d+\.\d s\n", out)
+    # `logs api`, as Compose prints it (v2 `api-1  |`, v1 `api_1  |`): the receiver's own lines
+    assert re.search(r"^api[-_]1 +\| receiver: created key=None ticket=2$", out, re.M), out
     assert "Step 1/" not in out  # no build output in the story
     label = f"label=com.docker.compose.project={project}"
     for kind in ("container", "volume", "network"):
@@ -292,3 +299,84 @@ def test_a_guide_that_does_not_exist_is_one_line_and_exit_2(capsys):
     assert demo.main(["--backend", "local", "labs/99-no-such-guide.md"]) == demo.EXIT_USAGE
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "no such guide labs/99-no-such-guide.md" in err
+
+
+HOLDING = "import time; print('holding', flush=True); time.sleep(300)"
+HOLD = f"""# Lab 99: a command still running
+
+**What it shows.** The demo stopped while a command runs in its container.
+
+## Start
+
+```console
+$ docker compose -p stateful-lab down -v --remove-orphans
+$ docker compose -p stateful-lab up -d --build api
+$ docker compose -p stateful-lab run --rm workflow tickets
+{{"event": "tickets", "tickets": []}}
+$ docker compose -p stateful-lab run --rm --entrypoint python workflow -c "{HOLDING}"
+holding
+```
+"""
+
+
+@pytest.mark.docker
+def test_ctrl_c_while_a_docker_command_runs_leaves_nothing_behind(tmp_path):
+    """Ctrl-C while a `run --rm` container runs (it mounts the checkpoint volume): the demo's
+    Compose client dies, the engine removes the container only once it has stopped, and a
+    `down -v` in between keeps the volume ("Resource is still in use", exit 0). The demo must
+    remove everything, and say so only when the engine lists nothing of its project."""
+    from labs.tools.local import run
+
+    project = os.environ.get("LAB_DOCKER_PROJECT", "stateful-lab-test") + "-demo-stop"
+    guide = tmp_path / "99-hold.md"
+    guide.write_text(HOLD, encoding="utf-8")
+    label = f"label=com.docker.compose.project={project}"
+    one_off = [
+        "docker",
+        "ps",
+        "-q",
+        "--filter",
+        label,
+        "--filter",
+        "label=com.docker.compose.oneoff=True",
+    ]
+
+    def left(kind):
+        listing = ["docker", kind, "ls", "-q", "--filter", label]
+        return run(listing + (["-a"] if kind == "container" else []), timeout=30).stdout.split()
+
+    def holding():  # its container runs, and Python in it has printed its line
+        ids = run(one_off, timeout=30).stdout.split()
+        return bool(ids) and "holding" in run(["docker", "logs", ids[0]], timeout=30).stdout
+
+    demo_command = [
+        "-m",
+        "labs.tools.demo",
+        "--backend",
+        "docker",
+        "--project",
+        project,
+        str(guide),
+    ]
+    proc = subprocess.Popen(
+        [sys.executable, *demo_command],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,  # its own process group, as a terminal gives it
+    )
+    try:
+        read_until(proc, HOLDING)  # the demo has started the holding command
+        wait_until(holding, 120, "the holding command running in its container")
+        os.killpg(proc.pid, signal.SIGINT)
+        out, err = proc.communicate(timeout=120)
+        leftovers = {kind: left(kind) for kind in ("container", "volume", "network")}
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        run([*compose_command(), "-p", project, "down", "-v", "--remove-orphans"], timeout=120)
+    assert proc.returncode == 130, err
+    assert err.decode() == "demo stopped; nothing left behind\n"
+    assert leftovers == {"container": [], "volume": [], "network": []}

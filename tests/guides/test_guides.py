@@ -37,7 +37,9 @@ def each_guide():
 
 PROJECT_PREFIX = os.environ.get("LAB_DOCKER_PROJECT", "stateful-lab-test")
 UP = "docker compose -p stateful-lab up -d --build api"
-DOWN = "docker compose -p stateful-lab down -v"
+# The reset: --remove-orphans also removes a stopped container that a `run` typed without --rm
+# left, which Compose 2's `down -v` keeps, and with it the checkpoints ("Resource is still in use").
+DOWN = "docker compose -p stateful-lab down -v --remove-orphans"
 UP_LOST_ACK = f"docker compose -p stateful-lab -f compose.yaml -f {LOST_ACK} up -d --build api"
 KEY_RETENTION = "labs/key-retention.compose.yaml"  # lab 14: keys honoured for 2 s
 KEY_RETENTION_24H = "labs/key-retention-24h.compose.yaml"  # lab 14's fix: for 24 hours
@@ -79,21 +81,17 @@ def test_there_are_guides_and_each_starts_and_ends_with_the_reset():
     for guide in GUIDES:
         commands = [s.command for s in parse_guide(guide.read_text(encoding="utf-8"))]
         compose = [c for c in commands if parse_command(c).verb != "sleep"]  # lab 14 waits
-        # Lab 10 adds --remove-orphans: a `run --rm worker` still attached would keep the network.
-        assert compose[0] == DOWN, guide.name
-        assert compose[-1] in (DOWN, DOWN + " --remove-orphans"), guide.name
+        assert compose[0] == compose[-1] == DOWN, guide.name
         # An override file only where a lab turns a setting on (lab 06 its fault, lab 14 its key
-        # retention), on its own `up` line, and named on every command until the next `up`:
-        # Compose computes each command's services from the files that command names, and `run`
-        # may recreate a running api that differs. The resets name none: with -f, `down -v` in
-        # Compose 2.26 leaves the checkpoints.
+        # retention), and only on an `up` line: the api container keeps the setting until the
+        # next `up`, and no other command touches it (the workflow does not depend on the api,
+        # so no `run` recreates it: test_a_run_without_the_override_leaves_the_receiver_alone).
+        # The resets name none: with -f, `down -v` in Compose 2.26 leaves the checkpoints.
         assert compose[1].endswith(" up -d --build api"), guide.name
-        files = parse_command(compose[1]).files
         for command in compose[1:-1]:
             cmd = parse_command(command)
-            if cmd.verb == "up" and "api" in cmd.args:
-                files = cmd.files
-            assert cmd.files == files, f"{guide.name}: {command}"
+            if cmd.verb != "up":
+                assert cmd.files == [], f"{guide.name}: {command}"
             assert set(cmd.overrides) <= set(OVERRIDES.get(guide.name[:2], ())), guide.name
 
 
@@ -122,6 +120,8 @@ def test_guide_local(guide, tmp_path):
         outcomes = [run_step(step, backend) for step in steps[:-1]]
         assert all(o.ok for o in outcomes), f"{guide.name} differs:\n{describe(outcomes)}"
         assert_the_ledger_counts_the_tickets(guide, steps, backend)
+        if guide.name.startswith("11-"):
+            assert_the_drills_stderr_is_the_graphs_own_lines(outcomes)
         last = run_step(steps[-1], backend)  # the reset
         assert last.ok, f"{guide.name} differs:\n{describe([last])}"
     finally:
@@ -143,6 +143,33 @@ def assert_the_ledger_counts_the_tickets(guide, steps, backend):
         assert created.value == held, guide.name
     else:
         assert created.value <= held, guide.name
+
+
+def assert_the_drills_stderr_is_the_graphs_own_lines(outcomes):
+    """Lab 11 says what its drills print besides the table: the ticket graph's own JSON lines
+    (prepare, effect_ack), once for the clean run and again for each crash run, on stderr; the
+    shop and the approval graph print nothing."""
+    import json
+
+    drills = [
+        o for o in outcomes if " run --rm drill " in o.step.command and not o.step.exit_code == 2
+    ]
+    assert drills
+    for outcome in drills:
+        lines = outcome.stderr.splitlines()
+        if " drill replay " in outcome.step.command:  # a resume: the resumed node's lines only
+            resumed = set() if "graph_v2" in outcome.step.command else {"effect_ack"}  # nothing
+            assert {json.loads(line)["event"] for line in lines} == resumed, lines  # runs in v2
+            continue
+        if "labs.graphs.ticket:graph" not in outcome.step.command:
+            assert lines == [], outcome.step.command
+            continue
+        events = {json.loads(line)["event"] for line in lines}
+        assert events == {"prepare", "effect_ack"}, lines
+        points = int(
+            outcome.stdout.split(": ", 1)[1].split()[0]
+        )  # "durability sync: 7 crash points"
+        assert len(lines) > points, lines  # the clean run's, then the crash runs'
 
 
 @pytest.mark.docker
@@ -200,3 +227,87 @@ def test_guide_directory_has_only_guides_and_the_compose_files_they_name():
         if path.is_file() and path.suffix != ".md":
             assert path.name.endswith(".compose.yaml"), path.name
             assert f"labs/{path.name}" in text, f"no guide names {path.name}"
+
+
+COMPOSES = [
+    pytest.param(("docker", "compose"), id="compose-v2"),
+    pytest.param(("docker-compose",), id="compose-v1"),
+]
+
+
+def compose_backend(compose, name):
+    """A docker backend driving this Compose (v2 plugin or v1 docker-compose), or a loud skip."""
+    version = which(compose[0]) and run([*compose, "version", "--short"], timeout=30)
+    wanted = "1." if compose == ("docker-compose",) else "2."
+    if not version or version.returncode or not version.stdout.lstrip("v").startswith(wanted):
+        reason = f"COMPOSE {wanted[0]} NOT CHECKED: no `{' '.join(compose)}` {wanted}x here"
+        if os.environ.get("LAB_REQUIRE_DOCKER") == "1":
+            pytest.fail(reason + " (LAB_REQUIRE_DOCKER=1 requires it)")
+        pytest.skip(reason)
+    return DockerBackend(f"{PROJECT_PREFIX}-{name}-v{wanted[0]}", compose=compose)
+
+
+def project_left(backend, kind):
+    label = f"label=com.docker.compose.project={backend.project}"
+    listing = ["docker", kind, "ls", "-q", "--filter", label] + (
+        ["-a"] if kind == "container" else []
+    )
+    return run(listing, timeout=30).stdout.split()
+
+
+@pytest.mark.docker
+@pytest.mark.parametrize("compose", COMPOSES)
+def test_the_reset_survives_a_run_typed_without_rm(compose):
+    """A learner forgets --rm once: its stopped container mounts the checkpoint volume, which
+    Compose 2's plain `down -v` then keeps ("Resource is still in use", exit 0), and lab 01's
+    start finds its old thread (exit 4, "reset the lab"). The guides' reset removes both, and
+    lab 01 starts as it says."""
+    backend = compose_backend(compose, "no-rm")
+    lab_01 = parse_guide((ROOT / "labs" / "01-the-duplicate.md").read_text(encoding="utf-8"))
+    crash = next(i for i, step in enumerate(lab_01) if step.command.endswith(" --crash"))
+    try:
+        assert backend.down().exit_code == 0
+        first = [run_step(step, backend) for step in lab_01[: crash + 1]]
+        assert all(o.ok for o in first), describe(first)
+        forgot = lab_01[crash + 1].command.replace(" run --rm ", " run ", 1)  # `state`, no --rm
+        assert backend.run(forgot).exit_code == 0
+        assert len(project_left(backend, "container")) == 2  # the api and the stopped run
+
+        reset = run_step(lab_01[-1], backend)  # the guide's own reset line, as typed
+        assert reset.ok and lab_01[-1].command == DOWN, describe([reset])
+        for kind in ("container", "volume"):
+            assert project_left(backend, kind) == [], kind
+        again = [run_step(step, backend) for step in lab_01[: crash + 1]]
+        assert all(o.ok for o in again), describe(again)  # the crash makes ticket 1 again
+    finally:
+        backend.close()
+
+
+@pytest.mark.docker
+def test_a_run_without_the_override_leaves_the_receiver_alone():
+    """Lab 14 names its retention file on its `up` only. A `run` typed without it must not
+    recreate the api without the setting (with `depends_on: [api]`, Compose 2.26's `run`
+    recreates a running api whose configuration differs from that command's files; 1.29's
+    leaves it alone either way, so v1 is not run here)."""
+    backend = compose_backend(("docker", "compose"), "keep-api")
+    lab_14 = parse_guide((ROOT / "labs" / "14-the-key-that-expired.md").read_text("utf-8"))
+    up = lab_14[1]  # a Step: its command names the 2 s file
+    assert parse_command(up.command).files == ["compose.yaml", KEY_RETENTION]
+
+    def api():
+        (container,) = backend.compose_run(["ps", "-q", "api"]).stdout.split()
+        env = run(["docker", "inspect", "-f", "{{json .Config.Env}}", container], timeout=30)
+        return container, "RECEIVER_KEY_RETENTION_S=2" in env.stdout
+
+    try:
+        assert backend.down().exit_code == 0
+        assert run_step(up, backend).ok
+        before = api()
+        assert before[1], "the up did not set the retention"
+        assert (
+            backend.run("docker compose -p stateful-lab run --rm workflow tickets").exit_code == 0
+        )
+        assert backend.run("docker compose -p stateful-lab logs api").exit_code == 0
+        assert api() == before  # the same container, still with the 2 s retention
+    finally:
+        backend.close()

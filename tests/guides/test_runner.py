@@ -91,7 +91,7 @@ def test_native_lines_are_the_commands_a_learner_pastes_from_the_readme(tmp_path
     table = dict(re.findall(r"^\| `([^`]+)` \| `([^`]+)`", readme, re.M))
     backend = LocalBackend(tmp_path)
     prefix = "docker compose -p stateful-lab "
-    for verb in ("up -d --build api", "restart api", "logs api", "down -v"):
+    for verb in ("up -d --build api", "restart api", "logs api", "down -v --remove-orphans"):
         assert backend.native(prefix + verb) == table[verb], verb
     up = f"docker compose -p stateful-lab -f compose.yaml -f {LOST_ACK} up -d --build api"
     assert backend.native(up) == table["up -d --build api"].replace(
@@ -236,3 +236,31 @@ def test_a_second_up_with_another_override_restarts_the_local_receiver_with_it(t
         assert [t["ticket_id"] for t in backend.tickets()] == [1]
     finally:
         backend.close()
+
+
+@pytest.mark.fast
+def test_logs_are_compared_without_composes_prefix_and_codes_and_tables_word_by_word():
+    """`logs api` as Compose 2.26 prints it (an erase-line code, `api-1  | `) and as 1.29 does
+    (the name in colour) matches the guide's lines; a table matches whatever its column widths,
+    and a changed word still fails."""
+    from labs.tools.runner import Step, check, line_matches
+
+    step = Step(
+        "docker compose -p stateful-lab logs api",
+        ["...", "api-1  | receiver: replayed key=k ticket=1"],
+    )
+    v2 = (
+        "\x1b[2Kapi-1  | receiver: created key=k ticket=1\n"
+        "\x1b[2Kapi-1  | receiver: replayed key=k ticket=1\n"
+    )
+    v1 = "Attaching to p_api_1\n\x1b[36mp_api_1 |\x1b[0m receiver: replayed key=k ticket=1\n"
+    native = "receiver: listening\nreceiver: replayed key=k ticket=1\n"
+    for stdout in (v2, v1, native):
+        assert check(step, stdout, 0) == [], stdout
+    assert check(step, native.replace("replayed", "created"), 0) == [
+        "output differs from the guide"
+    ]
+    assert line_matches("put step 1   step 0: charge    1  ok", "put step 1 step 0: charge 1 ok")
+    assert not line_matches(
+        "put step 1   step 0: charge    1  ok", "put step 1 step 0: charge 2 ok"
+    )

@@ -385,10 +385,25 @@ def test_a_damaged_database_is_503_with_no_retry_advice_and_one_log_line(lab, tm
             assert "retry" not in reply.json()["error"].lower(), reply
             assert "retry-after" not in reply.headers, reply
         assert "malformed" in replies[0].json()["error"]  # SQLite's own word, passed on
+        # The workflow's client hears it once: a 503 without Retry-After is not retried.
+        import workflow
+
+        before = answers_503(server)
+        assert workflow.main(["post", "--operation", "case-new:ticket"], dict(lab)) == 1
+        assert answers_503(server) == before + 1
     finally:
         server.stop()
     noticed = [line for line in log.read_text().splitlines() if "is damaged" in line]
     assert len(noticed) == 1 and noticed[0].startswith("receiver: unavailable: "), noticed
+
+
+def answers_503(server):
+    """The 503 answers the receiver counted, from GET /metrics."""
+    text = request(server, "GET", "/metrics").body.decode()
+    found = [
+        line for line in text.splitlines() if line.startswith('receiver_requests_total{code="503"}')
+    ]
+    return int(found[0].split()[-1]) if found else 0
 
 
 def test_a_full_disk_is_503_that_says_so_and_the_same_request_succeeds_with_room(lab, capsys):

@@ -5,9 +5,9 @@ The lint and `config` tests need no engine: hadolint comes with the dev requirem
 needs only a Compose binary.
 
 The engine tests drive the lab with the learner's own commands (`docker compose -p PROJECT
-...`, or `docker-compose` where the v2 plugin is missing) and end with `down -v`, in a project
-of their own (stateful-lab-test-docker[-gwN] per pytest-xdist worker; LAB_DOCKER_PROJECT=name
-replaces stateful-lab-test), never a learner's stateful-lab.
+...`, or `docker-compose` where the v2 plugin is missing) and end with the guides' reset, in a
+project of their own (stateful-lab-test-docker[-gwN] per pytest-xdist worker;
+LAB_DOCKER_PROJECT=name replaces stateful-lab-test), never a learner's stateful-lab.
 
 Where the Dockerfile's pinned python:3.13-slim cannot be pulled (CI has no registry), set
 BASE_IMAGE to a local image and DOCKER_BUILDKIT=0 where BuildKit is missing: see
@@ -98,7 +98,7 @@ def json_lines(text):
 
 @pytest.fixture(scope="module")
 def project(engine):
-    """The lab, up as a learner brings it up; `down -v` afterwards, whatever happened."""
+    """The lab, up as a learner brings it up; the guides' reset afterwards, whatever happened."""
     lab(engine, "down", "-v", "--remove-orphans")
     lab(engine, "up", "-d", "--build", "api", timeout=BUILD_TIMEOUT_S)
     wait_answering(engine)
@@ -152,8 +152,9 @@ def test_compose_file_shape():
         assert config["networks"] == ["lab"], service
     assert set(spec["volumes"]) == {*owners.values(), "postgres-data"}  # postgres-data: scale
     assert spec["networks"]["lab"]["internal"] is True
-    # The workflow does not wait for a health check: its client retries a refused connection.
-    assert services["workflow"]["depends_on"] == ["api"]
+    # Only `up` starts or recreates the api: no `run` of the workflow or the drill touches it
+    # (tests/guides/test_guides.py, test_a_run_without_the_override_leaves_the_receiver_alone).
+    assert "depends_on" not in services["workflow"] and "depends_on" not in services["drill"]
     assert services["workflow"]["entrypoint"] == ["python", "lab.py"]
     assert services["workflow"]["profiles"], "a plain `up` must not start the workflow"
     assert services["api"]["restart"] == "unless-stopped"
@@ -283,12 +284,13 @@ def test_restart_api_keeps_the_receivers_data(project):
 
 
 @pytest.mark.docker
-def test_down_v_removes_containers_network_and_volumes(project):
-    lab(project, "down", "-v")
+def test_the_reset_removes_containers_network_and_volumes(project):
+    lab(project, "run", "workflow", "tickets")  # a `run` typed without --rm: its container stays
+    lab(project, "down", "-v", "--remove-orphans")  # the guides' reset
     label = f"label=com.docker.compose.project={PROJECT}"
     for kind in ("container", "volume", "network"):
         listing = ["docker", kind, "ls", "-q", "--filter", label]
         if kind == "container":
             listing.insert(3, "-a")
         left = run(listing).stdout.split()
-        assert left == [], f"{kind}s left after down -v: {left}"
+        assert left == [], f"{kind}s left after the reset: {left}"

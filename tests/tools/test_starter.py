@@ -57,8 +57,10 @@ def test_no_starter_file_speaks_of_the_teaching_around_it(built):
 
 
 def test_the_lock_holds_what_the_core_imports_and_leaves_postgres_out(built):
-    """Outside the standard library, the core imports langgraph (the lock) and, only for a
-    postgresql:// CHECKPOINT_DB, psycopg (left out: the README says to install it)."""
+    """Outside the standard library, the core imports langgraph (the lock), httpx where it is
+    installed (effectdrill's HTTP observer patches it; langgraph's own dependencies lock it)
+    and, only for a postgresql:// CHECKPOINT_DB, psycopg (left out: the README says to install
+    it)."""
     imported = set()
     for name in starter.CORE:
         for node in ast.walk(ast.parse((built / name).read_text(encoding="utf-8"))):
@@ -67,14 +69,18 @@ def test_the_lock_holds_what_the_core_imports_and_leaves_postgres_out(built):
             elif isinstance(node, ast.ImportFrom) and node.level == 0:
                 imported.add(node.module.split(".")[0])
     core_modules = {Path(name).parts[0].removesuffix(".py") for name in starter.CORE}
-    assert imported - set(sys.stdlib_module_names) - core_modules == {"langgraph", "psycopg"}
+    assert imported - set(sys.stdlib_module_names) - core_modules == {
+        "langgraph",
+        "psycopg",
+        "httpx",
+    }
     wanted = [
         line for line in (built / "requirements.in").read_text().splitlines() if line[:1].isalpha()
     ]
     assert [line.split("==")[0] for line in wanted] == ["langgraph", "langgraph-checkpoint-sqlite"]
     lock = (built / "requirements.txt").read_text(encoding="utf-8")
     pinned = re.findall(r"^([a-z0-9._-]+)==", lock, re.MULTILINE)
-    assert {"langgraph", "langgraph-checkpoint-sqlite"} <= set(pinned)
+    assert {"langgraph", "langgraph-checkpoint-sqlite", "httpx"} <= set(pinned)
     assert not {"psycopg", "langgraph-checkpoint-postgres", "pgqueuer"} & set(pinned)
     assert "pip install langgraph-checkpoint-postgres psycopg[binary]" in (
         built / "README.md"
@@ -159,7 +165,7 @@ def test_the_starters_docker_commands_work_and_survive_a_kill_in_the_window(buil
         )  # fmt: skip
         assert suite.returncode == 0 and "\nOK" in suite.stderr, suite.stderr[-3000:]
     finally:
-        down = run("down", "-v")
+        down = run("down", "-v", "--remove-orphans")
         # Not `down --rmi all`: Compose deletes the image but not its untagged parent layers,
         # which stay behind as dangling images. The CLI's `image rm` deletes them too.
         removed = run_command(["docker", "image", "rm", f"{tag}:local"])

@@ -105,15 +105,15 @@ def test_config_metadata_is_saved_in_every_checkpoint(saver):
 # --- the contract --------------------------------------------------------------------------
 
 
-def test_the_contract_names_the_version_the_shape_and_the_keys(saver, monkeypatch):
+def test_the_contract_names_the_version_and_the_shape(saver, monkeypatch):
     core = workflow.contract(workflow.build_graph(saver))
     assert core == workflow.contract(workflow.build_graph(saver))  # the same code, the same
-    assert core.startswith("v1 graph:") and core.endswith(" keys:1")
+    assert core.startswith("v1 graph:") and len(core) == len("v1 graph:") + 8
     assert workflow.contract(lab_py.build_graph(saver)) == core  # the same nodes and edges
     assert workflow.contract(lab_py.build_graph(saver, version="2"), "2") != core
     assert workflow.contract(lab_py.build_graph(saver, "own-node")) != core
-    monkeypatch.setattr(workflow, "KEYS_VERSION", 2)  # a deploy that derives keys differently
-    assert workflow.contract(workflow.build_graph(saver)) == core.replace("keys:1", "keys:2")
+    monkeypatch.setattr(workflow, "VERSION", "2")  # a deploy that bumps the code's version
+    assert workflow.contract(workflow.build_graph(saver)) == core.replace("v1 ", "v2 ")
 
 
 def core_main(capsys, env, *argv):
@@ -137,7 +137,7 @@ def test_resume_under_another_contract_refuses_changes_nothing_and_migrate_moves
 
     before = head()
     assert before.metadata["contract"] == old
-    monkeypatch.setattr(workflow, "KEYS_VERSION", 2)  # the deploy: keys are made another way
+    monkeypatch.setattr(workflow, "VERSION", "2")  # the deploy: a change saved threads must see
     new = workflow.contract(workflow.build_graph(None))
     code, events, err = core_main(capsys, lab, "resume", "--thread", "t")
     assert code == workflow.EXIT_CONTRACT == 65
@@ -190,17 +190,35 @@ def test_migrate_names_a_node_the_new_graph_does_not_have_and_changes_nothing(
 
 def test_approve_under_another_contract_refuses_instead_of_swallowing(lab, receiver, capsys):
     """In-node approval (lab 07), then version 2 renames the waiting node: the contract refuses
-    the answer; migrate makes the renamed node ask again (it runs from its first line, keyed)."""
+    the answer; migrate carries the question over to the renamed node, and the answer runs it
+    from its first line (lab 07's trap, keyed: the same ticket)."""
     assert lab_py.main(["start", "--thread", "a", "--approval"], lab) == 0
     v2 = {**lab, "LAB_GRAPH_VERSION": "2"}
     assert lab_py.main(["approve", "--thread", "a"], v2) == workflow.EXIT_CONTRACT
     assert lab_py.main(["migrate", "--thread", "a"], v2) == 0
     capsys.readouterr()
-    assert lab_py.main(["resume", "--thread", "a"], v2) == 0
-    events = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
-    assert events == [
-        {"event": "effect_ack", "created": False, "ticket_id": 1},
-        {"event": "awaiting_approval", "ticket_id": 1},
-    ]
     assert lab_py.main(["approve", "--thread", "a"], v2) == 0
+    events = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert events[:2] == [
+        {"event": "effect_ack", "created": False, "ticket_id": 1},
+        {"event": "approval", "approved": True},
+    ]
+    assert events[-1]["event"] == "done" and events[-1]["approved"] is True
     assert len(workflow.TicketClient(lab["API_URL"]).tickets()) == 1
+
+
+def test_a_resumed_thread_sends_the_key_it_saved_whatever_prepare_derives_now(
+    lab, receiver, capsys, monkeypatch
+):
+    """Lab 12's reason keys are not in the contract: the key is prepare's output, in the
+    checkpoint. Killed in the window (a real SIGKILL), then a deploy whose prepare derives keys
+    another way (same graph, same contract): the resume sends the saved key, one ticket."""
+    from labs.tools.local import run_workflow
+
+    crashed = run_workflow(["start", "--thread", "k", "--operation", "op-k", "--crash"], lab)
+    assert crashed.returncode == -9, crashed.stderr
+    monkeypatch.setattr(workflow, "prepare", lambda state: {"key": "derived:another:way"})
+    assert lab_py.main(["resume", "--thread", "k"], lab) == 0
+    events = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert events[0] == {"event": "effect_ack", "created": False, "ticket_id": 1}
+    assert [t["key"] for t in workflow.TicketClient(lab["API_URL"]).tickets()] == ["op-k"]

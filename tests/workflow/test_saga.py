@@ -122,3 +122,20 @@ def test_saga_resume_refuses_a_thread_that_is_not_a_saga(receiver, lab):
     assert run_workflow_here(["start", "--thread", "plain"], lab).returncode == 0
     done = run_workflow_here(["saga", "resume", "--thread", "plain"], lab)
     assert done.returncode == 4 and "is not a saga" in done.stderr, done.stderr
+
+
+def test_only_a_no_capacity_refusal_is_compensated_a_key_conflict_stops_the_run(receiver, lab):
+    """A 409 "no_capacity" reserved nothing: refund the charge, once. A 409 "key_conflict" says
+    a reservation exists under the key (here the same --operation booked 2 seats, then asks for
+    3): a protocol error, exit 1, one line, and the standing booking's charge is not refunded."""
+    saga = ["saga", "start", "--operation", "case-k:book:v1"]
+    assert run_workflow_here([*saga, "--thread", "a", "--seats", "2"], lab).returncode == 0
+    conflict = run_workflow_here([*saga, "--thread", "b", "--seats", "3"], lab)
+    assert conflict.returncode == 1 and conflict.stderr.count("\n") == 1, conflict.stderr
+    assert "409 key_conflict" in conflict.stderr and "not refunded" in conflict.stderr
+    assert events(conflict) == [{"event": "charged", "created": False, "ticket_id": 1}]
+    assert refunds(lab) == []
+
+    refused = run_workflow_here(["saga", "start", "--thread", "c", "--seats", "9"], lab)
+    assert [e["event"] for e in events(refused)] == ["charged", "refused", "refunded", "done"]
+    assert [r["ticket_id"] for r in refunds(lab)] == [2]

@@ -11,6 +11,7 @@ import sqlite3
 import subprocess
 import sys
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -103,7 +104,7 @@ def test_ctrl_c_mid_request_exits_130_and_names_the_thread_to_resume(tmp_path):
 
 
 def test_a_receiver_that_starts_late_is_waited_for_within_the_attempts(tmp_path):
-    env = lab_env(tmp_path / "data", free_port(), API_ATTEMPTS="8")  # ~32 s of retries
+    env = lab_env(tmp_path / "data", free_port(), API_ATTEMPTS="20")  # ~36 s of retries
     proc = subprocess.Popen(
         [sys.executable, str(ROOT / "workflow.py"), "post", "--operation", "late-1"],
         env=env,
@@ -171,3 +172,153 @@ def test_the_step_boundary_switch_refuses_a_postgres_checkpointer(env, capsys):
     err = capsys.readouterr().err
     assert code == workflow.EXIT_USAGE and err.count("\n") == 1, err
     assert "needs the SQLite checkpointer" in err and "unset CHECKPOINT_DB" in err
+
+
+def test_ctrl_c_in_a_saga_names_saga_resume(env):
+    import lab
+
+    args = lab.build_parser().parse_args(["saga", "start", "--thread", "s"])
+    settings = workflow.Settings.from_environ(env)
+    with workflow.open_checkpointer(env["CHECKPOINT_DB"]) as saver:  # a saved saga thread
+        lab.build_saga(saver).update_state(workflow.thread_config("s"), {"seats": 2}, "charge")
+    hint = workflow.interrupted_hint(args, settings)
+    assert hint.endswith("; resume it with: saga resume --thread s"), hint
+
+
+@pytest.mark.parametrize("command", [["resume"], ["state"], ["migrate"]])
+def test_a_thread_not_given_is_named_as_the_default(env, capsys, command):
+    """`resume` alone looked up a thread 'demo' the learner never typed: the line says why."""
+    returned = workflow.main(command)
+    one_line(capsys, workflow.EXIT_THREAD, returned, "(no --thread given: 'demo' is its default)")
+    assert workflow.main([*command, "--thread", "demo"]) == workflow.EXIT_THREAD
+    assert "default" not in capsys.readouterr().err  # typed: no note
+
+
+def foreign_files(tmp_path, receiver):
+    """A receiver's SQLite file with a ticket in it, and another program's small database."""
+    workflow.TicketClient(receiver.url).create("A ticket", "k-1")
+    other = tmp_path / "notes.sqlite"
+    with sqlite3.connect(other) as conn:
+        conn.execute("CREATE TABLE notes (text TEXT)")
+        conn.execute("INSERT INTO notes VALUES ('keep me')")
+    conn.close()
+    return [Path(receiver.env["RECEIVER_DB"]), other]
+
+
+def snapshot(path):
+    """The database file and its write-ahead log, byte for byte."""
+    names = [path, Path(f"{path}-wal")]  # not -shm: an index every reader writes to
+    return {str(p): p.read_bytes() for p in names if p.exists()}
+
+
+@pytest.mark.parametrize("command", [["state", "--thread", "x"], ["start", "--thread", "x"]])
+def test_a_checkpoint_db_holding_another_programs_tables_is_refused_untouched(
+    env, receiver, capsys, tmp_path, command
+):
+    """The review's D: CHECKPOINT_DB naming the receiver's file, start exited 0 and wrote
+    LangGraph's tables into it (and switched it to WAL)."""
+    for path in foreign_files(tmp_path, receiver):
+        before = snapshot(path)
+        returned = workflow.main(command, {**env, "CHECKPOINT_DB": str(path)})
+        one_line(capsys, workflow.EXIT_USAGE, returned, "not LangGraph's", "nothing was written")
+        assert snapshot(path) == before
+    assert workflow.TicketClient(receiver.url).tickets() == [
+        {"ticket_id": 1, "key": "k-1", "payload": {"title": "A ticket"}}
+    ]  # start sent nothing
+
+
+@pytest.mark.parametrize(
+    "pragma, words",
+    [("query_only = 1", "readonly database"), ("max_page_count = {pages}", "full")],
+)
+def test_a_read_only_or_full_checkpoint_db_has_its_own_exit_and_names_the_resume(
+    env, receiver, capsys, monkeypatch, pragma, words
+):
+    """Real SQLite refusals on the saver's own connection (a root test process can make no file
+    read-only, nor a disk full): read-only, or no page left to grow by (512-byte pages, so the
+    resume's checkpoint needs new ones). The resume's checkpoint is refused after its ticket."""
+    from langgraph.checkpoint.sqlite import SqliteSaver
+
+    Path(env["CHECKPOINT_DB"]).parent.mkdir(parents=True)
+    with sqlite3.connect(env["CHECKPOINT_DB"]) as conn:
+        conn.execute("PRAGMA page_size = 512")
+        conn.execute("VACUUM")  # an empty database, written with that page size
+    conn.close()
+    drained = workflow.main(["start", "--thread", "t"], {**env, "FAILPOINTS": "after-prepare=term"})
+    assert drained == workflow.EXIT_DRAINED
+    capsys.readouterr()
+    setup = SqliteSaver.setup
+
+    def unwritable_after_setup(self):
+        setup(self)
+        pages = self.conn.execute("PRAGMA page_count").fetchone()[0]
+        self.conn.execute(f"PRAGMA {pragma.format(pages=pages)}")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(SqliteSaver, "setup", unwritable_after_setup)
+        returned = workflow.main(["resume", "--thread", "t"])
+    assert returned == workflow.EXIT_CHECKPOINT_WRITE != workflow.EXIT_USAGE
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and words in err, err
+    assert "may have taken effect" in err and err.endswith(
+        "; once CHECKPOINT_DB can be written, resume it with: resume --thread t\n"
+    )
+    assert workflow.main(["resume", "--thread", "t"]) == 0
+    assert [t["ticket_id"] for t in workflow.TicketClient(receiver.url).tickets()] == [1]
+
+
+def test_the_busy_budget_outlasts_the_review_s_10_s_lock_by_more_than_the_lock():
+    import api
+
+    tries = workflow.API_ATTEMPTS * workflow.BUSY_TRIES_PER_ATTEMPT
+    delays = workflow.retry_delays()
+    waited = sum(next(delays) for _ in range(tries - 1)) + tries * api.BUSY_TIMEOUT_S
+    assert waited > 2 * 10.0, waited
+
+
+def test_a_receiver_busy_past_every_try_names_the_resume_that_goes_on(env, capsys, tmp_path):
+    """A write lock held by another program for the whole run: the 503s run out (API_ATTEMPTS=1:
+    two tries), the line says nothing was committed and names the resume; released, it works."""
+    receiver = ReceiverProcess(
+        dict(env, RECEIVER_BUSY_TIMEOUT_S="0.2"), tmp_path / "receiver.log"
+    ).start()
+    holder = sqlite3.connect(env["RECEIVER_DB"], isolation_level=None, check_same_thread=False)
+    try:
+        holder.execute("BEGIN EXCLUSIVE")
+        returned = workflow.main(["start", "--thread", "b"], {**env, "API_ATTEMPTS": "1"})
+        out, err = capsys.readouterr()
+        holder.execute("ROLLBACK")
+        resumed = workflow.main(["resume", "--thread", "b"])
+    finally:
+        holder.close()
+        receiver.stop()
+    assert returned == workflow.EXIT_HTTP_ERROR
+    assert json.loads(out.splitlines()[-1])["status"] == 503
+    assert err == (
+        "workflow.py: the receiver stayed busy (503) for 2 tries; nothing was committed; "
+        "the run is saved: once the receiver can write, resume --thread b\n"
+    )
+    assert resumed == 0 and json.loads(capsys.readouterr().out.splitlines()[-1])["ticket_id"] == 1
+
+
+@pytest.mark.parametrize("script", ["workflow.py", "lab.py"])
+def test_ctrl_c_while_python_imports_the_script_is_one_line(lab, script):
+    """SIGINT as soon as -X importtime reports the script's first import done (json): it lands in
+    the script's own imports or, on a slow machine, later in main(); one line either way."""
+    proc = subprocess.Popen(
+        [sys.executable, "-X", "importtime", str(ROOT / script), "state", "--thread", "x"],
+        env=lab,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    seen = []
+    for line in proc.stderr:  # the import times, one line as each module is done
+        seen.append(line)
+        if line.rstrip().endswith("| json"):
+            proc.send_signal(signal.SIGINT)
+            break
+    out, err = proc.communicate(timeout=60)
+    said = [line for line in err.splitlines() if not line.startswith("import time:")]
+    assert proc.returncode == workflow.EXIT_INTERRUPTED, "".join(seen) + err
+    assert said == [f"{script}: interrupted"] and out == "", said

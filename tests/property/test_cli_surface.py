@@ -1,0 +1,563 @@
+"""What learners type, in random orders: the whole lab.py surface against a real receiver.
+
+A hypothesis state machine (the generative idea of Jepsen: random operations, then check what
+the outside world holds) types the lab's commands for three threads in safe mode: `start` killed
+at any failpoint, `resume`, `state`, own-node approval and `approve [--reject]`, a deploy of
+graph version 2 and `migrate`, the saga (`saga start` killed at any of its points, more seats
+than the receiver has, `saga resume`, `saga state`), the wrong resume for a thread (`resume` on a
+saga, `saga resume` on a ticket), a receiver restart, Ctrl-C in the middle of a run, and every
+command a hint on stderr names, typed as printed. At the end of each sequence it finishes every
+thread the way a learner would: the thread's resume, then whatever the CLI says to type.
+
+What must hold (the receiver's own answers decide, GET /tickets and GET /refunds):
+- every ticket carries the key of an operation that was started (the operation's id, or a saga's
+  OPERATION:charge), and each finished thread names the one ticket its key made;
+- at most one refund per charge, and only for a saga whose reservation was refused for capacity
+  (its `refused` line says "no capacity": the receiver lists no reservations);
+- an effect whose result the checkpoint holds is never sent again (the lab's promise: a resume
+  repeats only the node whose result was not saved); `migrate` moves only a ticket's thread, says
+  where it goes on, and `state` then agrees;
+- no traceback anywhere, every exit code is one of the README's table, Ctrl-C is exit 130 and one
+  line.
+
+Real processes where a signal is the point: a crash failpoint SIGKILLs a real lab.py process,
+and Ctrl-C is a SIGINT to one held at a failpoint (FIELD-NOTES: an exception raised in the saver
+is not a faithful crash). That process is lab.main in a fork of this one, as effectdrill forks:
+LangGraph is imported already, so it starts in milliseconds, not a second. The other commands
+run in this process (lab.main), as tests/conftest.py's `workflow` fixture does.
+
+A failure prints the sequence of steps and every command it typed, with what each printed.
+The examples are derandomized (the same ones every run). To explore: LAB_PROPERTY_SEED=N (or
+=random: a new seed, printed on failure), LAB_PROPERTY_EXAMPLES=N (default 12) and
+LAB_PROPERTY_SHRINK=1 (shrink a failure to its shortest sequence: minutes).
+"""
+
+import collections
+import contextlib
+import functools
+import json
+import os
+import random
+import re
+import shlex
+import shutil
+import signal
+import sys
+import traceback
+import urllib.request
+
+import hypothesis
+import pytest
+from hypothesis import HealthCheck, Phase, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
+
+import lab
+import workflow
+from labs.tools.local import (
+    ROOT,
+    SIGNALS_ITSELF,
+    ReceiverProcess,
+    events,
+    free_port,
+    lab_env,
+    run_workflow_here,
+    shell_exit_code,
+)
+
+pytestmark = pytest.mark.long  # about half a minute: started first (conftest.py)
+
+THREADS = ("a", "b", "c")  # a start names its own operation (op-a, book-a) or the default one
+SEATS = (2, 4, 11)  # the receiver has 10 seats in all: 11 is refused, and so is a third 4
+STOPS = {  # how a run is stopped: --crash-at POINT (SIGKILL), --crash, or Ctrl-C at a point
+    "ticket": (*lab.CRASH_POINTS, "--crash", "ctrl-c after-prepare", "ctrl-c after-ack"),
+    "saga": (*lab.SAGA_POINTS, *(f"ctrl-c {point}" for point in lab.SAGA_POINTS)),
+}
+CTRL_C_AFTER = {  # where a Ctrl-C lands: the failpoint held, and the event printed just before it
+    "after-prepare": "prepare",
+    "after-ack": "effect_ack",
+    "after-charge-ack": "charged",
+    "after-reserve-ack": "reserved",
+    "after-refund-ack": "refunded",
+}
+EFFECTS = {  # the event that says a request was answered, and the field its result is saved in
+    "effect_ack": "ticket_id",
+    "charged": "ticket_id",
+    "reserved": "reservation_id",
+    "refunded": "refund_id",
+}
+# A command that a hint on stderr names: `resume --thread X`, `saga resume --thread X`,
+# `approve [--reject] --thread X`, `migrate --thread X` (maybe after LAB_GRAPH_VERSION=N), and,
+# for the thread of the command that printed it, "approve (or --reject)", "resume it without saga".
+HINT = re.compile(
+    r"(?:LAB_GRAPH_VERSION=(?P<version>\d) )?"
+    r"(?P<command>(?:saga )?(?:resume|migrate|approve)(?: --reject)?)"
+    r"(?: --thread (?P<thread>[^\s;,)'\"]+)| (?=\(or --reject\))| (?=it without saga))"
+)
+FINISH_ATTEMPTS = 6  # commands to finish one thread at the end: resume, a hint, resume, ...
+
+
+def exit_codes_in_the_readme():
+    """The codes the README's "Exit codes of workflow.py" table lists (not worker.py's)."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    table = text.split("## Exit codes of workflow.py", 1)[1].split("\n#", 1)[0]
+    return {int(code) for code in re.findall(r"^\| (\d+) \|", table, flags=re.MULTILINE)}
+
+
+EXIT_CODES = exit_codes_in_the_readme()
+
+
+@pytest.mark.fast
+def test_the_readme_exit_table_lists_every_exit_code_of_workflow_py():
+    constants = {v for k, v in vars(workflow).items() if k.startswith("EXIT_")}
+    assert EXIT_CODES == {0, *constants}
+
+
+def test_what_learners_type_keeps_every_ticket_and_refund_single(tmp_path):
+    import_what_lab_imports_when_it_runs()  # before the first fork: each child has it then
+    folders = (tmp_path / f"example-{n}" for n in range(10**6))
+    factory, how = seeded(lambda: Learner(next(folders)))
+    try:
+        run_state_machine_as_test(factory, settings=SETTINGS)
+    except BaseException as error:
+        error.add_note(f"to reproduce: {how}")
+        raise
+
+
+# --- the learner ---------------------------------------------------------------------------
+
+
+def step(method):
+    """A rule or invariant; when it raises, teardown does not finish the threads (the failure
+    to report is this one)."""
+
+    @functools.wraps(method)
+    def run(self, *args, **kwargs):
+        try:
+            return method(self, *args, **kwargs)
+        except BaseException:
+            self.failed = True
+            raise
+
+    return run
+
+
+class Learner(RuleBasedStateMachine):
+    """One lab: a receiver, a checkpoint file, and the commands typed into it."""
+
+    def __init__(self, folder):
+        super().__init__()
+        self.folder = folder
+        self.env = lab_env(folder / "data", free_port())
+        # lab 06's receiver: it drops the answer to a --crash-at lost-ack request, once per token
+        receiver_env = dict(self.env, FAILPOINTS="before-answer=drop-answer")
+        self.receiver = ReceiverProcess(receiver_env, log_path=folder / "receiver.log").start()
+        self.version = "1"  # LAB_GRAPH_VERSION: the deployed graph (only goes forward, 1 -> 2)
+        self.threads = {}  # thread -> Thread, once a start has made it
+        self.keys = set()  # the Idempotency-Keys of every operation started
+        self.capacity_refused = set()  # saga operations whose reservation had no seats
+        self.hints = {}  # (argv, version) -> False, True once typed
+        self.transcript = []  # what was typed and printed, for the failure message
+        self.failed = False
+
+    # --- what learners type ---
+
+    @rule(
+        thread=st.sampled_from(THREADS),
+        stop=st.none() | st.sampled_from(STOPS["ticket"]),
+        default=st.booleans(),
+        approval=st.booleans(),
+    )
+    @step
+    def start(self, thread, stop, default, approval):
+        operation = "case-001:open-ticket:v1" if default else f"op-{thread}"
+        argv = ["start", "--thread", thread, *([] if default else ["--operation", operation])]
+        argv += ["--approval", "own-node"] if approval else []
+        self.starting(Thread("ticket", operation, key=operation), thread, argv, stop)
+
+    @rule(
+        thread=st.sampled_from(THREADS),
+        stop=st.none() | st.sampled_from(STOPS["saga"]),
+        default=st.sampled_from([True, True, True, False]),  # mostly lab 13's --operation
+        seats=st.sampled_from(SEATS),
+    )
+    @step
+    def saga_start(self, thread, stop, default, seats):
+        operation = "case-013:book:v1" if default else f"book-{thread}"
+        argv = ["saga", "start", "--thread", thread]
+        argv += [*([] if default else ["--operation", operation]), "--seats", str(seats)]
+        self.starting(Thread("saga", operation, key=f"{operation}:charge"), thread, argv, stop)
+
+    @rule(thread=st.sampled_from(THREADS), stop=st.none() | st.sampled_from(STOPS["ticket"]))
+    @step
+    def resume(self, thread, stop):  # on any thread: a saga's too (the wrong command)
+        self.type(["resume", "--thread", thread], stop=stop)
+
+    @rule(thread=st.sampled_from(THREADS), stop=st.none() | st.sampled_from(STOPS["saga"]))
+    @step
+    def saga_resume(self, thread, stop):  # on any thread: a ticket's too (the wrong command)
+        self.type(["saga", "resume", "--thread", thread], stop=stop)
+
+    @rule(thread=st.sampled_from(THREADS), saga=st.booleans())
+    @step
+    def state(self, thread, saga):
+        self.type([*(["saga"] if saga else []), "state", "--thread", thread])
+
+    @rule(thread=st.sampled_from(THREADS), reject=st.booleans())
+    @step
+    def approve(self, thread, reject):
+        self.type(["approve", "--thread", thread, *(["--reject"] if reject else [])])
+
+    @precondition(lambda self: self.version == "1")
+    @rule()
+    @step
+    def deploy_version_2(self):
+        self.version = "2"
+        self.transcript.append("# deploy: LAB_GRAPH_VERSION=2 from here on")
+
+    @rule(thread=st.sampled_from(THREADS))
+    @step
+    def migrate(self, thread):
+        self.type(["migrate", "--thread", thread])
+
+    @rule()
+    @step
+    def restart_receiver(self):
+        self.receiver.stop()
+        self.receiver.start()
+        self.transcript.append("# the receiver restarted")
+
+    @precondition(lambda self: not all(self.hints.values()))
+    @rule(data=st.data())
+    @step
+    def type_a_hint(self, data):
+        """A command that a hint printed, typed as printed (in the shell it was printed in)."""
+        argv, version = data.draw(
+            st.sampled_from([h for h, typed in self.hints.items() if not typed])
+        )
+        self.hints[argv, version] = True
+        self.type(list(argv), version)
+
+    @invariant()
+    @step
+    def the_receiver_holds_nothing_unexplained(self):
+        if self.receiver.running:
+            self.check_the_receiver(finished={})
+
+    def teardown(self):
+        try:
+            if not self.failed:  # a step failed: that failure is the one to report
+                self.finish()
+        finally:
+            self.receiver.stop()
+            shutil.rmtree(self.folder, ignore_errors=True)
+
+    # --- the end: every thread finished the way the CLI says, then the receiver's ledger ---
+
+    def finish(self):
+        """Type every hint not typed yet, then drive each thread to its end: its own resume,
+        then whatever the CLI printed to type (approve, migrate, the other resume)."""
+        while pending := [hint for hint, typed in self.hints.items() if not typed]:
+            self.hints[pending[0]] = True
+            self.type(list(pending[0][0]), pending[0][1])
+        finished = {}
+        for thread, made in self.threads.items():
+            own = (("saga", "resume") if made.kind == "saga" else ("resume",)) + (
+                "--thread",
+                thread,
+            )
+            command = own, self.version
+            for _ in range(FINISH_ATTEMPTS):
+                outcome = self.type(list(command[0]), command[1])
+                if outcome.done is not None or outcome.key_conflict or outcome.no_thread:
+                    finished[thread] = outcome.done
+                    break
+                if outcome.awaiting_approval:  # `approve` answers it (README, lab 07)
+                    command = ("approve", "--thread", thread), outcome.version
+                elif outcome.hints:
+                    command = outcome.hints[0]
+                elif command[0] != own:  # a hint was typed (a migrate, say): resume again
+                    command = own, self.version
+                else:
+                    break
+            assert thread in finished, self.report(
+                f"thread {thread!r} ({made.kind}, {made.operation}) did not finish: its resume "
+                "and the commands the CLI named did not end it"
+            )
+        self.check_the_receiver(finished)
+
+    def check_the_receiver(self, finished):
+        """The receiver's ledger against what was started; finished: thread -> its done event."""
+        tickets = get(self.receiver.url + "/tickets")["tickets"]
+        refunds = get(self.receiver.url + "/refunds")["refunds"]
+        by_key = {t["key"]: t["ticket_id"] for t in tickets}
+        strays = [t for t in tickets if t["key"] not in self.keys]
+        assert not strays, self.report(f"tickets under no started operation's key: {strays}")
+        for thread, done in finished.items():
+            if done is None:  # refused for a reused key: nothing of its own to name
+                continue
+            key = self.threads[thread].key
+            assert key in by_key and done.get("ticket_id") == by_key[key], self.report(
+                f"thread {thread!r} finished with ticket {done.get('ticket_id')}, "
+                f"the receiver's ticket for {key!r} is {by_key.get(key)}"
+            )
+        per_ticket = collections.Counter(r["ticket_id"] for r in refunds)
+        twice = {ticket: n for ticket, n in per_ticket.items() if n > 1}
+        assert not twice, self.report(f"charges refunded more than once: {twice}")
+        charges = {by_key.get(f"{op}:charge"): op for op in self.capacity_refused}
+        unrefused = [r for r in refunds if r["ticket_id"] not in charges]
+        assert not unrefused, self.report(
+            "refunds of a charge whose reservation was never refused for capacity "
+            f"(refused so: {sorted(self.capacity_refused)}): {unrefused}"
+        )
+
+    # --- one command, and what every command must show ---
+
+    def starting(self, made, thread, argv, stop):
+        """A start: the thread it makes, unless the thread exists (exit 4: then unchanged)."""
+        self.keys.add(made.key)
+        before = self.threads.get(thread)  # a thread with no checkpoint yet: start makes it anew
+        self.threads[thread] = made
+        if self.type(argv, stop=stop).code == workflow.EXIT_THREAD:
+            self.threads[thread] = before
+            if before is None:
+                del self.threads[thread]
+
+    def type(self, argv, version=None, stop=None):
+        """Run `lab.py ARGV` as a learner types it, check what it printed, note its hints.
+        stop: a crash (a failpoint, or --crash), or "ctrl-c POINT" (see STOPS)."""
+        version = version or self.version
+        env = dict(self.env, LAB_GRAPH_VERSION=version)
+        ctrl_c_after = stop.removeprefix("ctrl-c ") if stop and stop.startswith("ctrl-c") else None
+        if stop and not ctrl_c_after:
+            argv = [*argv, *(["--crash"] if stop == "--crash" else ["--crash-at", stop])]
+        if ctrl_c_after or any(arg in SIGNALS_ITSELF for arg in argv):
+            code, out, err, interrupted = lab_process(argv, env, ctrl_c_after)
+        else:
+            code, out, err = in_process(argv, env)
+            interrupted = False
+        typed = " ".join(map(shlex.quote, argv))
+        held = f"FAILPOINTS={ctrl_c_after}=sleep(60) " if ctrl_c_after else ""
+        interrupt = " (Ctrl-C after its last line)" if ctrl_c_after else ""
+        line = f"$ LAB_GRAPH_VERSION={version} {held}lab.py {typed}{interrupt}"
+        self.transcript.append(f"{line}\n{out}{err}[exit {code}]")
+        thread = argv[argv.index("--thread") + 1]
+        outcome = Outcome(code, events(out), err, thread, version, interrupted)
+        self.check(outcome)
+        for hint in outcome.hints:
+            self.hints.setdefault(hint, False)
+        return outcome
+
+    def check(self, outcome):
+        """What every command must show: no traceback, a documented exit code, no effect sent
+        again whose result the thread's checkpoint already holds."""
+        assert "Traceback (most recent call last)" not in outcome.err, self.report("a traceback")
+        if outcome.interrupted:  # the standards: Ctrl-C exits 130 with one line
+            assert outcome.code == workflow.EXIT_INTERRUPTED, self.report("Ctrl-C: not exit 130")
+            assert outcome.err.count("\n") == 1, self.report("Ctrl-C: not one line on stderr")
+        assert outcome.code in EXIT_CODES, self.report(
+            f"exit {outcome.code} is not in the README's exit-code table {sorted(EXIT_CODES)}"
+        )
+        made = self.threads.get(outcome.thread)
+        saved = made.saved if made else set()
+        for event in outcome.events:
+            field = EFFECTS.get(event["event"])
+            assert field is None or field not in saved, self.report(
+                f"thread {outcome.thread!r} sent its {event['event']} request again: its "
+                f"checkpoint already held {field} (shown by an earlier done, state or approval)"
+            )
+            if event["event"] == "refused" and "no capacity" in event.get("error", ""):
+                op = (made.operation if made else None) or "?"
+                self.capacity_refused.add(op)
+            if made is not None:
+                made.saved |= saved_fields(event)
+        migrated = [e for e in outcome.events if e["event"] == "migrated"]
+        if migrated and outcome.code == 0:
+            assert made is None or made.kind == "ticket", self.report(
+                f"migrate moved thread {outcome.thread!r}, a saga, into the ticket graph "
+                "(a thread another graph saved is not migrate's to move)"
+            )
+            shown = self.type(["state", "--thread", outcome.thread], outcome.version)
+            states = [e for e in shown.events if e["event"] == "state"]
+            assert states and states[0]["next"] == migrated[0]["next"], self.report(
+                f"migrate said thread {outcome.thread!r} goes on at {migrated[0]['next']}, "
+                f"state says {states[0]['next'] if states else None}"
+            )
+
+    def report(self, what):
+        """The failure message: what broke, and every command this example typed."""
+        self.failed = True
+        typed = "\n".join(self.transcript)
+        return f"{what}\n--- what was typed (the receiver at {self.receiver.url}) ---\n{typed}"
+
+
+# helpers
+
+
+class Thread:
+    """A thread a start made: a ticket's or a saga's, its operation, the key of its ticket, and
+    the fields its checkpoint is known to hold."""
+
+    def __init__(self, kind, operation, key):
+        self.kind, self.operation, self.key = kind, operation, key
+        self.saved = set()
+
+
+class Outcome:
+    """One command's exit code, events and stderr, and what they say."""
+
+    def __init__(self, code, printed, err, thread, version, interrupted=False):
+        self.code, self.events, self.err = code, printed, err
+        self.thread, self.version, self.interrupted = thread, version, interrupted
+
+    @property
+    def done(self):
+        """The `done` event, or None."""
+        return next((e for e in self.events if e["event"] == "done"), None)
+
+    @property
+    def awaiting_approval(self):
+        return any(e["event"] == "awaiting_approval" for e in self.events)
+
+    @property
+    def no_thread(self):
+        """No checkpoint under this thread (a start stopped before its first one)."""
+        return self.code == workflow.EXIT_THREAD and "no thread" in self.err
+
+    @property
+    def key_conflict(self):
+        """Refused 409 for a key reused with another body (an http_error event, or a line that
+        names the 409): the thread cannot go on, rightly."""
+        return self.code == workflow.EXIT_HTTP_ERROR and (
+            any(e["event"] == "http_error" and e["status"] == 409 for e in self.events)
+            or "409" in self.err
+        )
+
+    @property
+    def hints(self):
+        """The commands stderr names, as (argv, LAB_GRAPH_VERSION) to type them with."""
+        found = []
+        for match in HINT.finditer(self.err):
+            words = (*match["command"].split(), "--thread", match["thread"] or self.thread)
+            found.append((words, match["version"] or self.version))
+        return found
+
+
+def saved_fields(event):
+    """The fields a thread's checkpoint is shown to hold: a done run's values, a state's, an
+    approval that waits (its ticket is saved: the approval is a node of its own)."""
+    if event["event"] == "done":
+        return set(event) - {"event"}
+    if event["event"] == "state":
+        return set(event["values"])
+    if event["event"] == "awaiting_approval":
+        return {"ticket_id"}
+    return set()
+
+
+def lab_process(argv, env, ctrl_c_after=None):
+    """`lab.py ARGV` as a real process: lab.main in a forked child of this one (LangGraph is
+    imported already: a fork costs milliseconds, a new interpreter a second or more). A crash
+    failpoint SIGKILLs that child; with ctrl_c_after (a failpoint, held by FAILPOINTS=sleep), the
+    child gets SIGINT once it has printed the event just before that point, or runs to its end
+    if it never gets there. (exit code as a shell shows it, stdout, stderr, whether SIGINT went)"""
+    if ctrl_c_after:
+        env = dict(env, FAILPOINTS=f"{ctrl_c_after}=sleep(60)")
+    out_read, out_write = os.pipe()
+    err_read, err_write = os.pipe()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})  # as effectdrill forks
+    pid = os.fork()
+    if pid == 0:  # the child: never returns into pytest
+        code = 1
+        try:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+            signal.signal(signal.SIGINT, signal.default_int_handler)  # Python's own, as lab.py's
+            os.dup2(out_write, 1)
+            os.dup2(err_write, 2)
+            sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115
+            sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
+            code = lab.main(list(argv), env)
+        except SystemExit as exit:  # argparse
+            code = exit.code if isinstance(exit.code, int) else 1
+        except BaseException:  # what an uncaught exception prints: the test flags it
+            traceback.print_exc()
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+    signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+    os.close(out_write)
+    os.close(err_write)
+    try:
+        with open(out_read) as out, open(err_read) as err:
+            lines, held = [], CTRL_C_AFTER.get(ctrl_c_after)
+            for line in out:
+                lines.append(line)
+                if held and line.startswith("{") and json.loads(line)["event"] == held:
+                    os.kill(pid, signal.SIGINT)
+                    held = None
+            printed, complaints = "".join(lines), err.read()
+        _, status = os.waitpid(pid, 0)
+    except BaseException:
+        with contextlib.suppress(ProcessLookupError, ChildProcessError):
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        raise
+    code = shell_exit_code(os.waitstatus_to_exitcode(status))
+    return code, printed, complaints, ctrl_c_after is not None and held is None
+
+
+def in_process(argv, env):
+    """`lab.py ARGV` as lab.main in this process (tests/conftest.py's `workflow` fixture); an
+    exception that escapes it is what Python prints for one: a traceback, exit 1."""
+    try:
+        done = run_workflow_here(argv, env)
+    except Exception:  # the check after it flags the traceback
+        return 1, "", traceback.format_exc()
+    return shell_exit_code(done.returncode), done.stdout, done.stderr
+
+
+def import_what_lab_imports_when_it_runs():
+    import langgraph.checkpoint.sqlite  # noqa: F401
+    import langgraph.errors  # noqa: F401
+    import langgraph.graph  # noqa: F401
+    import langgraph.runtime  # noqa: F401
+    import langgraph.types  # noqa: F401
+
+
+def get(url):
+    with urllib.request.urlopen(url, timeout=10) as answer:
+        return json.load(answer)
+
+
+def seeded(factory):
+    """LAB_PROPERTY_SEED: unset, the examples are derandomized (the same ones every run); a
+    number draws them from that seed, `random` from a new one. (factory, how to reproduce)."""
+    seed = os.environ.get("LAB_PROPERTY_SEED", "")
+    if not seed:
+        return factory, "run this test again (its examples are the same every run)"
+    seed = random.randrange(2**32) if seed == "random" else int(seed)
+    return hypothesis.seed(seed)(factory), f"LAB_PROPERTY_SEED={seed} and this test"
+
+
+SETTINGS = settings(
+    max_examples=int(os.environ.get("LAB_PROPERTY_EXAMPLES", "12")),
+    stateful_step_count=20,
+    deadline=None,
+    print_blob=True,
+    report_multiple_bugs=False,
+    # Shrinking a failure to its shortest sequence takes minutes here: LAB_PROPERTY_SHRINK=1.
+    # Without it the failure shows the sequence as found, and every command it typed.
+    phases=[p for p in Phase if p != Phase.shrink or os.environ.get("LAB_PROPERTY_SHRINK")],
+    derandomize=not os.environ.get("LAB_PROPERTY_SEED"),
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)

@@ -1,0 +1,39 @@
+"""migrate on Postgres: a refused move writes nothing there either, a good one moves the thread.
+
+A throwaway cluster of the machine's own PostgreSQL binaries (labs.tools.pg); without them the
+tier is skipped loudly (LAB_REQUIRE_POSTGRES=1 fails instead). Not in the fast loop: a cluster
+takes seconds to start.
+"""
+
+import pytest
+from conftest import require_postgres
+from test_recovery import history, run, tickets, v2
+
+import lab as lab_py  # `lab` is the fixture: the lab's environment
+import workflow
+
+
+@pytest.fixture(scope="module")
+def postgres_url():
+    require_postgres()
+    from labs.tools.pg import TempPostgres
+
+    cluster = TempPostgres()
+    cluster.start()
+    yield cluster.url
+    cluster.stop()
+
+
+def test_on_postgres_a_refused_move_writes_nothing_and_a_good_one_moves(
+    lab, receiver, capsys, monkeypatch, postgres_url
+):
+    env = {**lab, "CHECKPOINT_DB": postgres_url}
+    assert run(capsys, env, "start", "--thread", "pg", "--approval", "own-node")[0] == 0
+    before = history(env, "pg")
+    monkeypatch.setitem(lab_py.RENAMES, "2", {"create_ticket": "prepare"})
+    assert run(capsys, v2(env), "migrate", "--thread", "pg")[0] == workflow.EXIT_CONTRACT
+    assert history(env, "pg") == before
+    monkeypatch.undo()
+    assert run(capsys, v2(env), "migrate", "--thread", "pg")[1][0]["next"] == ["approval"]
+    assert run(capsys, v2(env), "approve", "--thread", "pg")[1][-1]["event"] == "done"
+    assert len(tickets(lab)) == 1
