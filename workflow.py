@@ -412,7 +412,10 @@ def copy_saver(real, saved):
 
 
 def emit(event, **values):
-    print(json.dumps({"event": event, **values}, sort_keys=True), flush=True)
+    # One write, the newline in it: print() writes the line and its newline in two, and a kill
+    # between them (a drill's, a crash failpoint's) glues the next process's line onto it.
+    sys.stdout.write(json.dumps({"event": event, **values}, sort_keys=True) + "\n")
+    sys.stdout.flush()
 
 
 def announce(name, action):
