@@ -7,6 +7,7 @@ exactly that window without patching anything.
 
     FAILPOINTS="after-ack=kill"                       one point
     FAILPOINTS="after-prepare=term;after-ack=sleep(0.3)"   several, separated by ";"
+    FAILPOINTS="after-ack=pause(/tmp/t1/after-ack)"   held there until a test says go
 
 Actions:
     off          nothing (the default for every point)
@@ -15,6 +16,10 @@ Actions:
     sleep(S)     wait S seconds, then go on
     raise        raise FailpointError here
     hold         wait until release(name) is called (from another thread), then go on
+    pause(PATH)  another process's hold: create the file PATH (so a test sees the point reached),
+                 then wait until unpause(PATH) writes "go" into it, then go on; a caller that
+                 arrives once it says go passes, until PATH is deleted (the pause of tikv/fail-rs,
+                 released by a file)
     drop-answer  returned to the caller, which acts on it (a server drops its answer)
 
 A program names its points and turns them on in main():
@@ -22,6 +27,11 @@ A program names its points and turns them on in main():
 A test turns them on for one block of code (in this thread and what it starts with its context):
     with failpoints.scoped({"after-ack": "raise"}):
         ...
+A test holds a process it started at a point, looks at it there, then lets it go on:
+    env["FAILPOINTS"] = f"after-ack=pause({path})"    ... start the process with env
+    wait_until(path.exists, ...)                       it is at after-ack, and stays there
+    failpoints.unpause(path)                           it goes on
+    path.unlink()                  once it has gone on: the next caller waits there again
 Standard library only; importing this module changes nothing.
 """
 
@@ -34,9 +44,12 @@ import sys
 import threading
 import time
 
-ACTIONS = ("off", "kill", "term", "sleep(S)", "raise", "hold", "drop-answer")
+ACTIONS = ("off", "kill", "term", "sleep(S)", "raise", "hold", "pause(PATH)", "drop-answer")
 RETURNED = ("drop-answer",)  # actions fail() hands back to its caller instead of doing them
 SLEEP = re.compile(r"sleep\((\d+(?:\.\d+)?)\)")
+PAUSE = re.compile(r"pause\((.+)\)")
+GO = "go"  # what unpause() writes into a pause's file
+PAUSE_POLL_S = 0.01  # how often a paused caller looks for its go
 
 
 class FailpointError(Exception):
@@ -76,6 +89,8 @@ def fail(name, once_per=None):
         _release_event(name).wait()
     elif match := SLEEP.fullmatch(action):
         time.sleep(float(match.group(1)))
+    elif match := PAUSE.fullmatch(action):
+        _pause(match.group(1))
     else:
         return action  # RETURNED: the caller acts
     return None
@@ -102,7 +117,7 @@ def parse(spec, known):
             raise FailpointSpecError(
                 f"FAILPOINTS: unknown point {name!r}; known points: {', '.join(known)}"
             )
-        if action not in ACTIONS and not SLEEP.fullmatch(action):
+        if action not in ACTIONS and not (SLEEP.fullmatch(action) or PAUSE.fullmatch(action)):
             raise FailpointSpecError(
                 f"FAILPOINTS: unknown action {action!r} for {name}; actions: {', '.join(ACTIONS)}"
             )
@@ -124,6 +139,12 @@ def scoped(points):
 def release(name):
     """Let every caller held at `name` go on (and any that arrives later, until reset())."""
     _release_event(name).set()
+
+
+def unpause(path):
+    """Let every process paused at pause(path) go on (and any that arrives there later)."""
+    with open(path, "w", encoding="utf-8") as file:
+        file.write(GO)
 
 
 def reset():
@@ -149,3 +170,20 @@ _announce = None
 def _release_event(name):
     with _lock:
         return _holds.setdefault(name, threading.Event())
+
+
+def _pause(path):
+    """The first caller creates the file (a test waits for it to exist); every caller then waits
+    for its go. O_EXCL: a caller never overwrites a go that is already there."""
+    with contextlib.suppress(FileExistsError):
+        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+    while _read(path) != GO:
+        time.sleep(PAUSE_POLL_S)
+
+
+def _read(path):
+    try:
+        with open(path, encoding="utf-8") as file:
+            return file.read().strip()
+    except FileNotFoundError:  # deleted under it: as if not yet told
+        return ""

@@ -17,6 +17,8 @@ learner types them), in both trees, medians of CLI_RUNS. A command the baseline'
 lacks or fails is reported in one line and left out of the ratios.
 Log line: what one decision line costs when the receiver writes it to a file, and this tree's
 receiver once more with stderr to /dev/null, end to end.
+SIGTERM: seconds from SIGTERM to the receiver's exit while a client is stalled mid-request, in
+both trees (the tests check that it exits without waiting for the stall; this is how fast).
 Workers: operations per second with 1, 2 and 4 workers on a throwaway Postgres
 (labs.tools.bench_workers, with its own ROUNDS and OPERATIONS, as `make bench-workers`);
 skipped with a note where PostgreSQL's binaries are missing. This tree only.
@@ -28,6 +30,7 @@ tree, or REF's tree has no api.py or workflow.py; 130 Ctrl-C.
 """
 
 import json
+import signal
 import socket
 import statistics
 import subprocess
@@ -54,6 +57,7 @@ LOG_LINES = 20_000  # decision lines written to time one: ~0.1 s, and far above 
 QUICK = dict(rounds=1, seconds=0.25, cli_runs=1)  # --quick: shows the script works, ~10 s
 REQUEST_TIMEOUT_S = 10.0  # seconds: a request slower than this is counted as an error
 GIT_TIMEOUT_S = 60  # seconds for one git command; they take milliseconds on this repository
+STOP_TIMEOUT_S = 60  # seconds for a receiver to exit on SIGTERM: under a second when it works
 TITLE = "Check supplier configuration"
 FIGURES = ("rps", "p50_ms", "p99_ms")  # per round; the report shows the median over rounds
 NEEDED = ("api.py", "workflow.py")  # what a ref must hold to be run: the receiver and the CLI
@@ -247,6 +251,19 @@ def log_line_seconds(folder):
     return float(done.stdout)
 
 
+def sigterm_seconds(server):
+    """Seconds from SIGTERM to exit for a running receiver with a client stalled mid-request
+    (its body never comes); the receiver is gone afterwards."""
+    port = urlsplit(server.url).port
+    with socket.create_connection(("127.0.0.1", port), timeout=REQUEST_TIMEOUT_S) as staller:
+        staller.sendall(b"POST /tickets HTTP/1.0\r\nContent-Length: 100\r\n\r\n{")
+        send(port, post_bytes("bench:sigterm"))  # served after the staller: its thread waits
+        start = time.perf_counter()
+        server.proc.send_signal(signal.SIGTERM)
+        server.proc.wait(STOP_TIMEOUT_S)
+        return time.perf_counter() - start
+
+
 def run_cli(script, args, env):
     """Wall seconds of `python script ARGS` (a fresh interpreter, as a learner runs it, in the
     script's folder), or the last line it wrote to stderr when it fails."""
@@ -332,6 +349,7 @@ def bench(tmp, ref, sha, short, size):
         ports = {tree: urlsplit(server.url).port for tree, server in servers.items()}
         figures["receiver"] = bench_receivers(ports, size["rounds"], size["seconds"])
         figures["log_line_s"] = log_line_seconds(tmp)
+        figures["sigterm_s"] = {tree: sigterm_seconds(servers[tree]) for tree in folders}
         figures["workers"] = worker_figures(quick=size is QUICK)
     finally:
         for server in started:
@@ -397,6 +415,11 @@ def report(figures):
     print(
         "  end to end, this tree's receiver with stderr to /dev/null instead of a file: "
         f"fresh {quiet['fresh']['rps']:.0f}, replay {quiet['replay']['rps']:.0f} POST/s"
+    )
+    sigterm = figures["sigterm_s"]
+    print(
+        f"\nSIGTERM -> exit, a client stalled mid-request: this tree {sigterm['this_tree']:.2f} s, "
+        f"{short} {sigterm['baseline']:.2f} s"
     )
     workers = figures["workers"]
     if isinstance(workers, str):

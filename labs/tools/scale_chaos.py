@@ -107,7 +107,13 @@ def tickets(api_url):
         return json.load(response)["tickets"]
 
 
-def chaos_run(workers_n, operations, mode, seed, work_dir, ack_delay_s=ACK_DELAY_S, faults=FAULTS):
+def chaos_run(
+    workers_n, operations, mode, seed, work_dir, ack_delay_s=ACK_DELAY_S, faults=FAULTS,
+    grace_s=GRACE_S, deadline_s=DEADLINE_S,
+):  # fmt: skip
+    """The run's figures (see the docstring). grace_s: a deploy's SIGKILL comes this long after
+    its SIGTERM; deadline_s: how long the workers may take to reach the window, then to drain the
+    queue (a test passes hang guards for both: how fast is the run's figure, not its verdict)."""
     rng = random.Random(seed)
     env = lab_env(work_dir / "data", free_port())
     receiver = [ReceiverProcess(env, log_path=work_dir / "receiver.log").start()]
@@ -137,7 +143,7 @@ def chaos_run(workers_n, operations, mode, seed, work_dir, ack_delay_s=ACK_DELAY
             answered = {t["payload"]["title"] for t in tickets(env["API_URL"])}  # title = thread
             return not jobs or (busy >= workers_n and picked <= answered)
 
-        wait_until(all_in_the_window, 60, "every worker to hold a job in the crash window")
+        wait_until(all_in_the_window, deadline_s, "every worker to hold a job in the crash window")
         if "kill" in faults:  # the first strike: every worker at once, then random faults
             for proc in workers.live():
                 proc.kill()
@@ -145,8 +151,8 @@ def chaos_run(workers_n, operations, mode, seed, work_dir, ack_delay_s=ACK_DELAY
                 struck["kill"] += 1
             say(f"SIGKILL all {workers_n} workers")
             workers.scale(workers_n)
-        deadline = time.monotonic() + DEADLINE_S
-        strike = Strike(rng, workers, workers_n, receiver, env, work_dir, exits)
+        deadline = time.monotonic() + deadline_s
+        strike = Strike(rng, workers, workers_n, receiver, env, work_dir, exits, grace_s)
         # Each fault once, in a random order, even if the queue drains first (a deploy or an
         # outage must not lose an idle worker's next job either); then any, until it drains.
         first = rng.sample(faults, len(faults))
@@ -160,7 +166,7 @@ def chaos_run(workers_n, operations, mode, seed, work_dir, ack_delay_s=ACK_DELAY
                 queries = loop.run_until_complete(worker.open_queue(url, time.monotonic() + 30))
                 continue
             if time.monotonic() > deadline:
-                raise TimeoutError(f"the queue did not drain within {DEADLINE_S:g} s")
+                raise TimeoutError(f"the queue did not drain within {deadline_s:g} s")
             fault = first.pop() if first else rng.choice(faults)
             if getattr(strike, fault.replace("-", "_"))():
                 struck[fault] += 1
@@ -189,9 +195,10 @@ def chaos_run(workers_n, operations, mode, seed, work_dir, ack_delay_s=ACK_DELAY
 class Strike:
     """One fault each; True when it struck (a worker already gone is not struck again)."""
 
-    def __init__(self, rng, workers, workers_n, receiver, env, work_dir, exits):
+    def __init__(self, rng, workers, workers_n, receiver, env, work_dir, exits, grace_s):
         self.rng, self.workers, self.workers_n = rng, workers, workers_n
         self.receiver, self.env, self.work_dir, self.exits = receiver, env, work_dir, exits
+        self.grace_s = grace_s
 
     def victim(self):
         index = self.rng.randrange(self.workers_n)
@@ -246,7 +253,7 @@ class Strike:
             old.send_signal(signal.SIGCONT)  # a frozen one would never see the SIGTERM
             old.terminate()
             try:
-                self.exits[f"exit {old.wait(GRACE_S)}"] += 1  # 0: drained and gone in time
+                self.exits[f"exit {old.wait(self.grace_s)}"] += 1  # 0: drained and gone in time
             except subprocess.TimeoutExpired:
                 old.kill()  # what compose does once the grace period is over
                 old.wait()

@@ -301,7 +301,7 @@ def test_a_guide_that_does_not_exist_is_one_line_and_exit_2(capsys):
     assert err.count("\n") == 1 and "no such guide labs/99-no-such-guide.md" in err
 
 
-HOLDING = "import time; print('holding', flush=True); time.sleep(300)"
+HOLDING = "import signal; print('holding', flush=True); signal.pause()"  # until stopped
 HOLD = f"""# Lab 99: a command still running
 
 **What it shows.** The demo stopped while a command runs in its container.

@@ -43,6 +43,7 @@ import shlex
 import shutil
 import signal
 import sys
+import tempfile
 import traceback
 import urllib.request
 
@@ -343,6 +344,7 @@ class Learner(RuleBasedStateMachine):
             code, out, err = in_process(argv, env)
             interrupted = False
         typed = " ".join(map(shlex.quote, argv))
+        # How a person holds the point to press Ctrl-C there (lab_process holds it with a pause):
         held = f"FAILPOINTS={ctrl_c_after}=sleep(60) " if ctrl_c_after else ""
         interrupt = " (Ctrl-C after its last line)" if ctrl_c_after else ""
         line = f"$ LAB_GRAPH_VERSION={version} {held}lab.py {typed}{interrupt}"
@@ -464,11 +466,19 @@ def saved_fields(event):
 def lab_process(argv, env, ctrl_c_after=None):
     """`lab.py ARGV` as a real process: lab.main in a forked child of this one (LangGraph is
     imported already: a fork costs milliseconds, a new interpreter a second or more). A crash
-    failpoint SIGKILLs that child; with ctrl_c_after (a failpoint, held by FAILPOINTS=sleep), the
-    child gets SIGINT once it has printed the event just before that point, or runs to its end
-    if it never gets there. (exit code as a shell shows it, stdout, stderr, whether SIGINT went)"""
-    if ctrl_c_after:
-        env = dict(env, FAILPOINTS=f"{ctrl_c_after}=sleep(60)")
+    failpoint SIGKILLs that child; with ctrl_c_after (a failpoint, held there by a pause nothing
+    releases: the SIGINT lands while it waits), the child gets SIGINT once it has printed the
+    event just before that point, or runs to its end if it never gets there. (exit code as a
+    shell shows it, stdout, stderr, whether SIGINT went)"""
+    if not ctrl_c_after:
+        return forked_lab(argv, env)
+    with tempfile.TemporaryDirectory() as folder:
+        held = os.path.join(folder, "held")
+        return forked_lab(argv, dict(env, FAILPOINTS=f"{ctrl_c_after}=pause({held})"), ctrl_c_after)
+
+
+def forked_lab(argv, env, ctrl_c_after=None):
+    """lab_process's fork, run and wait."""
     out_read, out_write = os.pipe()
     err_read, err_write = os.pipe()
     sys.stdout.flush()

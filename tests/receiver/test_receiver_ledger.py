@@ -26,6 +26,7 @@ from receiver_helpers import (
     tickets,
 )
 
+import failpoints
 from labs.tools.local import ReceiverProcess, wait_until
 
 pytestmark = pytest.mark.fast  # make test-fast: in-process, or one receiver over HTTP
@@ -33,6 +34,7 @@ pytestmark = pytest.mark.fast  # make test-fast: in-process, or one receiver ove
 CLIENTS = 32  # posting one key at the same moment
 HOUR_S = 3600.0  # a retention no test outlives: its first prune is a minute away
 PRUNE_DEADLINE_S = 10.0  # seconds for a short retention's pruner to have run
+HANG_GUARD_S = 60.0  # a wait only a hang reaches, however busy the machine: not a speed bound
 COUNTERS = (  # receiver_NAME_total
     "tickets_created",
     "refunds_created",
@@ -41,7 +43,6 @@ COUNTERS = (  # receiver_NAME_total
     "key_conflicts",
     "keys_pruned",
 )
-HELD_BODY_S = 120  # before-body holds a tokened answer's body longer than the test runs
 
 
 def metrics(server):
@@ -135,10 +136,11 @@ COUNTED = [  # (method, target, body, Idempotency-Key, status, the counter it ad
 
 
 def test_a_client_that_has_its_answer_finds_it_counted(lab, tmp_path):
-    """before-body writes a tokened answer's status line and headers, then holds its body: a
-    count made after the answer is written (or as its body is) would be missing from /metrics
-    for as long as the client holds the head, with no race to lose."""
-    server = started(lab, tmp_path, FAILPOINTS=f"before-body=sleep({HELD_BODY_S})")
+    """before-body writes a tokened answer's status line and headers, then holds its body (a
+    pause, until the test has read /metrics and lets it go): a count made after the answer is
+    written (or as its body is) would be missing from /metrics, with no race to lose."""
+    held = tmp_path / "before-body.pause"
+    server = started(lab, tmp_path, FAILPOINTS=f"before-body=pause({held})")
     try:
         for n, (method, target, body, key, status, name) in enumerate(COUNTED):
             headers = [("Failpoint-Token", f"counted-{n}")] + (
@@ -147,8 +149,13 @@ def test_a_client_that_has_its_answer_finds_it_counted(lab, tmp_path):
             before = metrics(server)
             with socket.create_connection(("127.0.0.1", port_of(server)), timeout=10) as sock:
                 sock.sendall(request_bytes(method, target, body, headers))
-                assert read_head(sock)[0] == status, (method, target, body)  # the body waits
+                assert read_head(sock)[0] == status, (method, target, body)
+                wait_until(held.exists, HANG_GUARD_S, "the answer at before-body")  # it waits
                 after = metrics(server)
+                failpoints.unpause(held)
+                while sock.recv(65536):  # the body, then the end: the answer has gone on
+                    pass
+            held.unlink()  # the next answer's body waits there again
             sent = answers(after)
             grew = {code: sent[code] - answers(before).get(code, 0) for code in sent}
             # this answer, and the first /metrics (counted after its page was rendered)

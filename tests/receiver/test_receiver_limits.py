@@ -35,7 +35,8 @@ pytestmark = pytest.mark.fast  # make test-fast: in-process, or one receiver ove
 
 REQUEST_TIMEOUT_S = 1.0  # the receiver's deadline for a whole request in these tests
 MAX_CONNECTIONS = 4  # the receiver's connection cap in these tests
-SIGTERM_DEADLINE_S = 1.0  # the promise: SIGTERM ends the receiver within a second
+HANG_GUARD_S = 60.0  # a wait only a hang reaches, however busy the machine: not a speed bound
+TRICKLE_BYTES = 1200  # at a byte each 50 ms: a minute, far past the request deadline
 LINUX_ONLY = pytest.mark.skipif(
     not Path("/proc/self/status").exists(), reason="reads thread counts from /proc (Linux)"
 )
@@ -58,11 +59,14 @@ def connect(server):
 
 
 def test_a_client_trickling_its_headers_is_cut_off_at_the_request_deadline(limited):
-    began, sent, closed = time.monotonic(), 0, False
+    """The deadline is for the whole request, not for each read: a client that sends a byte
+    now and then is cut off long before its request is complete (a minute of trickling)."""
+    sent, closed = 0, False
+    trickle = b"POST /tickets HTTP/1.0\r\nContent-Length: 2\r\nX-Slow: " + b"y" * TRICKLE_BYTES
     with connect(limited) as sock:
         try:
-            for byte in b"POST /tickets HTTP/1.0\r\nContent-Length: 2\r\nX-Slow: " + b"y" * 200:
-                sock.sendall(bytes([byte]))  # a byte every 50 ms: 12 s for the whole request
+            for byte in trickle:
+                sock.sendall(bytes([byte]))
                 sent += 1
                 time.sleep(0.05)  # the client's pace, not a wait for the server
                 if select.select([sock], [], [], 0)[0] and sock.recv(1024) == b"":
@@ -70,9 +74,7 @@ def test_a_client_trickling_its_headers_is_cut_off_at_the_request_deadline(limit
                     break
         except (BrokenPipeError, ConnectionResetError):
             closed = True
-    took = time.monotonic() - began
-    assert closed and sent < 200, f"the server read {sent} trickled bytes and kept listening"
-    assert took < REQUEST_TIMEOUT_S * 5, f"cut off only after {took:.1f} s"
+    assert closed and sent < len(trickle), f"the server read {sent} trickled bytes and listened on"
     assert post(limited).status == 201  # and it serves others
 
 
@@ -81,7 +83,7 @@ def test_past_the_connection_cap_a_client_gets_a_quick_503_not_a_thread(limited)
     try:
         for sock in held:  # each is being served: a thread waits for its request
             sock.sendall(b"GET /tickets HTTP/1.0\r\n")
-        wait_until(lambda: full(limited), 5, "the receiver to refuse one more connection")
+        wait_until(lambda: full(limited), HANG_GUARD_S, "the receiver to refuse one more")
         with connect(limited) as extra:
             reply = read_reply(extra)
         assert_error(reply, 503, "too many connections", "retry")
@@ -89,7 +91,7 @@ def test_past_the_connection_cap_a_client_gets_a_quick_503_not_a_thread(limited)
     finally:
         for sock in held:
             sock.close()
-    wait_until(lambda: not full(limited), 5, "the slots to be free again")
+    wait_until(lambda: not full(limited), HANG_GUARD_S, "the slots to be free again")
     assert tickets(limited) == []
 
 
@@ -115,25 +117,27 @@ def test_an_oversized_body_gets_its_413_read_in_full_not_a_reset(limited):
 
 
 @LINUX_ONLY
-def test_sigterm_ends_the_receiver_within_a_second_while_the_database_is_locked(lab, tmp_path):
-    env = dict(lab, RECEIVER_BUSY_TIMEOUT_S="30")  # the POST waits for the lock all along
+def test_sigterm_ends_the_receiver_while_the_database_is_locked(lab, tmp_path):
+    """A POST waits for a write lock another process holds; SIGTERM ends the receiver while
+    the lock is still held. The POST's wait (RECEIVER_BUSY_TIMEOUT_S) is set far past the hang
+    guard, so a receiver that waited for it could not exit in time: the exit comes first, an
+    order, not a speed (how fast it stops: make bench)."""
+    env = dict(lab, RECEIVER_BUSY_TIMEOUT_S=str(100 * HANG_GUARD_S))
     server = ReceiverProcess(env, tmp_path / "receiver.log").start()
     holder = sqlite3.connect(lab["RECEIVER_DB"], isolation_level=None)
     try:
         holder.execute("BEGIN EXCLUSIVE")  # another process holds the write lock
         pid = server.proc.pid
-        wait_until(lambda: threads(pid) == 1, 10, "the receiver idle (its main thread only)")
+        wait_until(lambda: threads(pid) == 1, HANG_GUARD_S, "the receiver idle (main thread only)")
         waiting = threading.Thread(target=lambda: exchange_quietly(server), daemon=True)
         waiting.start()  # a POST whose transaction now waits for the lock
-        wait_until(lambda: threads(pid) == 2, 10, "the POST's thread")
-        began = time.monotonic()
+        wait_until(lambda: threads(pid) == 2, HANG_GUARD_S, "the POST's thread")
         server.proc.send_signal(signal.SIGTERM)
-        assert server.proc.wait(SIGTERM_DEADLINE_S * 3) == 0
-        took = time.monotonic() - began
+        assert server.proc.wait(HANG_GUARD_S) == 0  # a hang guard (TimeoutExpired)
+        assert holder.in_transaction  # the lock was held all along: the exit did not wait for it
     finally:
         holder.close()
         server.stop()
-    assert took < SIGTERM_DEADLINE_S, f"SIGTERM took {took:.2f} s"
 
 
 def threads(pid):
@@ -282,7 +286,7 @@ def test_port_0_takes_a_free_port_and_says_which(lab, tmp_path):
     with open(log, "wb") as stderr:
         proc = subprocess.Popen([sys.executable, str(ROOT / "api.py")], env=env, stderr=stderr)
     try:
-        wait_until(lambda: "listening on" in log.read_text(), 10, "the listening line")
+        wait_until(lambda: "listening on" in log.read_text(), HANG_GUARD_S, "the listening line")
         line = log.read_text().splitlines()[0]
         port = int(line.split("listening on 127.0.0.1:")[1].split(",")[0])
         assert port != 0
@@ -291,7 +295,7 @@ def test_port_0_takes_a_free_port_and_says_which(lab, tmp_path):
             assert json.loads(read_reply(sock).body) == {"ok": True}
     finally:
         proc.terminate()
-        proc.wait(10)
+        proc.wait(HANG_GUARD_S)
 
 
 def test_killed_between_commit_and_answer_the_ticket_is_there_for_the_retry(lab, tmp_path):
@@ -302,7 +306,7 @@ def test_killed_between_commit_and_answer_the_ticket_is_there_for_the_retry(lab,
     dying = ReceiverProcess(dict(lab, FAILPOINTS="after-commit=kill"), log).start()
     with pytest.raises(ConnectionError):
         post(dying, key="case-window")
-    assert dying.proc.wait(10) == -signal.SIGKILL
+    assert dying.proc.wait(HANG_GUARD_S) == -signal.SIGKILL
     again = ReceiverProcess(lab, log).start()
     try:
         [ticket] = tickets(again, "case-window")
@@ -438,6 +442,6 @@ def test_a_full_disk_is_503_that_says_so_and_the_same_request_succeeds_with_room
 
 def test_ctrl_c_stops_the_receiver_with_130_and_one_line(receiver, tmp_path):
     receiver.proc.send_signal(signal.SIGINT)  # what Ctrl-C sends the foreground process
-    assert receiver.proc.wait(SIGTERM_DEADLINE_S * 5) == 130
+    assert receiver.proc.wait(HANG_GUARD_S) == 130  # a hang guard
     log = (tmp_path / "receiver.log").read_text()
     assert log.endswith("receiver: stopped\n") and "Traceback" not in log, log

@@ -31,8 +31,8 @@ BUSY_TIMEOUT_S = 0.3  # the receiver's wait for a locked database in the 503 tes
 ACKS_BEFORE_KILL = 150  # acknowledged tickets before the SIGKILL: the load is well under way
 MAX_POSTS_PER_CLIENT = 2000  # bound on the load loop if the kill never comes
 LOAD_DEADLINE_S = 30.0  # seconds for the load to reach ACKS_BEFORE_KILL (~0.2 s here)
-SIGTERM_DEADLINE_S = 1.0  # the promise: SIGTERM ends the receiver within a second
-FD_SETTLE_DEADLINE_S = 5.0  # seconds for the receiver to close the sockets of finished requests
+HANG_GUARD_S = 60.0  # a wait only a hang reaches, however busy the machine: not a speed bound
+FD_SETTLE_DEADLINE_S = HANG_GUARD_S  # for the receiver to close the sockets of finished requests
 ROUNDS_OF_TRAFFIC = 60  # x 5 requests of every kind: 300 requests for the handle count
 STALLERS = 16  # clients that send half a request and go quiet
 PAIR_KEYS = 150  # keys that two receivers on one file get at once
@@ -208,12 +208,26 @@ def test_keys_survive_a_restart(lab, tmp_path):
         again.stop()
 
 
-def test_sigterm_ends_the_receiver_within_a_second_despite_a_stalled_client(receiver, tmp_path):
-    with socket.create_connection(("127.0.0.1", port_of(receiver))) as staller:
-        staller.sendall(b"POST /tickets HTTP/1.0\r\nContent-Length: 100\r\n\r\n{")
-        post(receiver)  # accepted after the staller: the staller's thread is waiting now
-        receiver.proc.send_signal(signal.SIGTERM)
-        assert receiver.proc.wait(SIGTERM_DEADLINE_S) == 0  # TimeoutExpired if it is late
+def test_sigterm_ends_the_receiver_despite_a_stalled_client(lab, tmp_path):
+    """SIGTERM does not wait for a client stalled mid-request (its thread is a daemon). The
+    staller's request deadline is set far past the hang guard, so the receiver exits before the
+    stalled request could end: an order, not a speed (how fast it stops: make bench)."""
+    env = dict(lab, RECEIVER_REQUEST_TIMEOUT_S=str(100 * HANG_GUARD_S))
+    server = ReceiverProcess(env, tmp_path / "receiver.log").start()
+    try:
+        with socket.create_connection(("127.0.0.1", port_of(server))) as staller:
+            staller.sendall(b"POST /tickets HTTP/1.0\r\nContent-Length: 100\r\n\r\n{")
+            post(server)  # accepted after the staller: the staller's thread is waiting now
+            server.proc.send_signal(signal.SIGTERM)
+            assert server.proc.wait(HANG_GUARD_S) == 0  # a hang guard (TimeoutExpired)
+            staller.settimeout(HANG_GUARD_S)
+            try:
+                answer = staller.recv(1024)
+            except ConnectionResetError:
+                answer = b""
+            assert answer == b""  # its request never ended: closed unanswered by the exit
+    finally:
+        server.stop()
     assert (tmp_path / "receiver.log").read_text().endswith("receiver: stopped\n")
 
 

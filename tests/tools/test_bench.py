@@ -73,6 +73,9 @@ def test_quick_bench_against_head_names_the_commit_and_measures_both_trees(scrat
         for command in ("tickets", "post", "state"):
             assert figures["cli"][command][f"{tree}_s"] > 0
     assert figures["cli"]["failed"] == {}
+    assert set(figures["sigterm_s"]) == {"this_tree", "baseline"}
+    assert all(seconds > 0 for seconds in figures["sigterm_s"].values()), figures["sigterm_s"]
+    assert "SIGTERM -> exit, a client stalled mid-request: this tree " in done.stdout
     assert figures["ratios"]["fresh_rps"] == pytest.approx(
         figures["receiver"]["this_tree"]["fresh"]["rps"]
         / figures["receiver"]["baseline"]["fresh"]["rps"]

@@ -6,16 +6,20 @@ What only a real kill shows stays in the process tier (tests/tools/test_drill.py
 (an exception from a saver's put_writes surfaces only when the run ends) and SIGTERM's drain.
 The expected ticket counts come from the drill's one matrix (labs/tools/drill.py)."""
 
+import threading
+
 import pytest
 
 import failpoints
 import lab
 import workflow
 from labs.tools.drill import MATRIX
+from labs.tools.local import wait_until
 
 pytestmark = pytest.mark.fast  # make test-fast: in-process, or one receiver over HTTP
 
 IN_PROCESS = ("after-prepare", "before-request", "lost-ack", "after-ack", "after-checkpoint")
+HANG_GUARD_S = 60  # a wait that only a hang reaches: not a bound on how fast anything is
 ROWS = [r for r in MATRIX if r.durability == "sync" and r.boundary in IN_PROCESS]
 
 
@@ -76,10 +80,38 @@ def test_the_failpoint_raises_only_inside_its_block():
     assert failpoints.fail("after-ack") is None
 
 
+def test_a_pause_holds_every_caller_until_its_go_and_lets_later_callers_pass(tmp_path):
+    """pause(PATH): the first caller creates PATH (the test's event: the point is reached), and
+    no caller goes on before unpause(PATH); after it, one that arrives passes without waiting."""
+    path = tmp_path / "after-ack.pause"
+    failpoints.configure(f"after-ack=pause({path})", known=workflow.POINTS)
+    went_on = []
+
+    def caller():
+        failpoints.fail("after-ack")
+        went_on.append(path.read_text())  # what the file said when this caller went on
+
+    try:
+        held = [threading.Thread(target=caller, daemon=True) for _ in range(2)]
+        for thread in held:
+            thread.start()
+        wait_until(path.exists, HANG_GUARD_S, "the point reached (its file)")
+        assert went_on == []  # nobody went on: the file exists while they wait
+        failpoints.unpause(path)
+        late = threading.Thread(target=caller, daemon=True)
+        late.start()
+        for thread in [*held, late]:
+            thread.join(HANG_GUARD_S)  # a hang guard: each goes on once the file says go
+        assert went_on == [failpoints.GO] * 3, went_on
+    finally:
+        failpoints.reset()
+
+
 def test_an_unknown_failpoint_or_action_is_one_line_exit_2(capsys):
     for spec, words in [
         ("after-ak=kill", ["unknown point 'after-ak'", "after-ack"]),
-        ("after-ack=explode", ["unknown action 'explode'", "sleep(S)"]),
+        ("after-ack=explode", ["unknown action 'explode'", "sleep(S)", "pause(PATH)"]),
+        ("after-ack=pause()", ["unknown action 'pause()'", "pause(PATH)"]),
     ]:
         assert workflow.main(["tickets"], {"FAILPOINTS": spec}) == workflow.EXIT_USAGE
         err = capsys.readouterr().err

@@ -12,7 +12,7 @@ import urllib.request
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent.parent  # the folder with api.py and workflow.py
-START_DEADLINE_S = 15.0  # seconds for api.py to answer /health
+START_DEADLINE_S = 60.0  # a hang guard: api.py answers /health in under a second (unless busy)
 RUN_TIMEOUT_S = 120.0  # seconds for one workflow.py command (LangGraph imports in about 1 s)
 POLL_S = 0.05  # seconds between two /health polls
 
