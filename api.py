@@ -55,9 +55,10 @@ Configuration (environment, read in main()):
     FAILPOINTS                   "" (none). Fault points for tests, never for a real service:
                                  after-commit=kill dies between the commit and the answer;
                                  before-answer=drop-answer commits, then hangs up unanswered;
-                                 before-body=sleep(S) writes the status line and headers (the
-                                 answer is counted already), then waits S seconds before the
-                                 body; both once for each Failpoint-Token request header value.
+                                 before-body=pause(PATH) writes the status line and headers (the
+                                 answer is counted already), then holds the body until a test
+                                 releases PATH (failpoints.unpause); both once for each
+                                 Failpoint-Token request header value.
 """
 
 import argparse
