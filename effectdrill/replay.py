@@ -19,7 +19,6 @@ run had sent it), FAILED (the resume raised), waits (stopped at an interrupt wit
 mistake, 130 on Ctrl-C. The resumed nodes run for real: point the graph at a sandbox.
 """
 
-import argparse
 import json
 import os
 import shutil
@@ -215,12 +214,9 @@ def all_ok(outcomes):
     return all(o.ok for o in outcomes)
 
 
-class Parser(argparse.ArgumentParser):
-    def error(self, message):  # one line, not a usage dump
-        self.exit(EXIT_USAGE, f"effectdrill: {message} (see --help)\n")
-
-
 def build_parser():
+    from effectdrill.__main__ import Parser  # the drill's own: one line, not a usage dump
+
     parser = Parser(
         prog="python -m effectdrill replay",
         description="Resume the unfinished threads of a copy of a checkpoint database under "
