@@ -46,7 +46,7 @@ def postgres():
         yield pg
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
+@pytest.fixture(params=[pytest.param("sqlite", marks=pytest.mark.fast), "postgres"])
 def open_ledger(request, tmp_path):
     """A function that opens a new ledger on this test's database, as a new process would."""
     if request.param == "sqlite":
@@ -108,7 +108,6 @@ def dataclass_copy(effect, **changes):
     return dataclasses.replace(effect, **changes)
 
 
-@pytest.mark.fast
 def test_a_confirmed_effect_returns_its_receipt_and_the_receiver_hears_nothing(
     open_ledger, receiver, client
 ):
@@ -124,7 +123,6 @@ def test_a_confirmed_effect_returns_its_receipt_and_the_receiver_hears_nothing(
         ]
 
 
-@pytest.mark.fast
 def test_a_kill_after_the_answer_is_adopted_by_lookup_not_sent_again(open_ledger, receiver, client):
     die_in_the_window(open_ledger, TICKET, "op-2", {"title": "t"}, client)
     before = posts(receiver)
@@ -137,7 +135,6 @@ def test_a_kill_after_the_answer_is_adopted_by_lookup_not_sent_again(open_ledger
     assert len(client.tickets()) == 1
 
 
-@pytest.mark.fast
 def test_without_a_lookup_the_window_ends_in_unknown_not_in_a_second_request(
     open_ledger, receiver, client
 ):
@@ -156,7 +153,6 @@ def test_without_a_lookup_the_window_ends_in_unknown_not_in_a_second_request(
     assert posts(receiver) == before
 
 
-@pytest.mark.fast
 def test_a_request_that_never_left_releases_its_claim(open_ledger, lab):
     down = workflow.TicketClient(lab["API_URL"], attempts=1)  # nothing listens there
     with open_ledger() as ledger:
@@ -166,7 +162,6 @@ def test_a_request_that_never_left_releases_its_claim(open_ledger, lab):
         assert ledger.unsettled() == []  # nothing to reconcile: provably not sent
 
 
-@pytest.mark.fast
 def test_the_same_key_with_another_request_is_a_conflict_and_sends_nothing(
     open_ledger, receiver, client
 ):
@@ -178,7 +173,6 @@ def test_the_same_key_with_another_request_is_a_conflict_and_sends_nothing(
     assert posts(receiver) == before
 
 
-@pytest.mark.fast
 def test_a_receipt_is_never_overwritten_and_a_tampered_one_is_caught(open_ledger, receiver, client):
     with open_ledger() as ledger:
         TICKET.perform(ledger, "op-6", {"title": "t"}, client)
