@@ -153,6 +153,7 @@ def test_scale_chaos_in_naive_mode_prints_its_duplicates_as_the_finding_and_exit
          "--seed", "7", "--ack-delay", "2"]
     )  # fmt: skip
     out, err = capsys.readouterr()
+    assert out.strip(), f"scale chaos printed no result (exit {exit_code}): {err}"
     result = json.loads(out.splitlines()[-1])
     assert exit_code == 0, err
     assert result["duplicates"] >= 1 and result["unfinished"] == 0, result
