@@ -470,7 +470,8 @@ SPEC_URI = "urn:stateful-agent-lab:openapi.yaml"  # a name for the $ref resolver
 REGISTRY = Registry().with_resource(SPEC_URI, DRAFT202012.create_resource(OPENAPI))
 ANY = "x-answers-to-any-request"  # openapi.yaml: answers any request can get
 SCHEMATHESIS_EXAMPLES = 30  # per operation: about 140 requests in all, 7-12 s here
-SCHEMATHESIS_DEADLINE_S = 120  # seconds: a hung run fails instead of stalling the suite
+SCHEMATHESIS_DEADLINE_S = 600  # seconds: a hang guard (a hung run fails instead of stalling the
+#                             suite), not a speed bound: at load 18 a healthy run passed 120 s
 
 
 def pointer(*parts):

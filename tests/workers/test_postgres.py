@@ -118,7 +118,7 @@ def test_a_worker_with_a_bad_queue_url_says_so_in_one_line(url, code, says, tmp_
 def test_scale_chaos_kills_and_freezes_and_the_key_prevents_duplicates(postgres, tmp_path):
     result = scale_chaos.chaos_run(
         workers_n=2, operations=4, mode="safe", seed=7, work_dir=tmp_path, ack_delay_s=2.0,
-        faults=("kill", "freeze"),
+        faults=("kill", "freeze"), grace_s=HANG_GUARD_S, deadline_s=HANG_GUARD_S,
     )  # fmt: skip
     assert result["operations"] == 4
     assert result["unfinished"] == 0, result
