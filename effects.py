@@ -31,12 +31,17 @@ nothing.
 import dataclasses
 import hashlib
 import json
+import os
 import sqlite3
 import time
 from collections.abc import Callable
 from contextlib import contextmanager
+from typing import NamedTuple
+
+from failpoints import fail
 
 STATES = ("proposed", "authorized", "requested", "confirmed", "failed", "unknown", "released")
+TABLES = ("effects", "effect_transitions", "effect_receipts")
 SETTLED = ("confirmed", "failed")  # final: a later attempt returns (or raises) what they say
 OPEN = ("requested", "unknown")  # a request may be out there: never send blindly
 
@@ -45,8 +50,9 @@ OPEN = ("requested", "unknown")  # a request may be out there: never send blindl
 class Effect:
     """One kind of effect, declared once: what it sends, how it is looked up, what it answers.
 
-    send(client, request, key) -> the provider's answer (a dict); raise one of not_sent when the
-    request provably never left, and let refused(error) say which errors are a business "no".
+    send(client, request, key) -> the provider's answer (a dict); not_sent(error) is true for
+    an error that proves the request never left (a refused connection); refused(error) -> the
+    provider's refusal (a dict) when the error is a business "no" (nothing was done), else None.
     lookup(client, key) -> the answer the key made, or None when it made nothing; None (the
     attribute) for a provider that offers no lookup (an email, an SMS).
     external_id(answer) -> the provider's id for what it made, kept in the receipt.
@@ -56,39 +62,82 @@ class Effect:
     send: Callable
     external_id: Callable
     lookup: Callable | None = None
-    not_sent: tuple = ()
-    refused: Callable = lambda error: False
+    not_sent: Callable = lambda error: False
+    refused: Callable = lambda error: None
 
     def perform(self, ledger, key, request, client, thread=None):
-        """The effect's answer, made at most once per key: from the receipt when there is one."""
+        """The effect's Outcome, made at most once per key: from the receipt when there is one."""
         record = ledger.claim(key, self.name, request, thread)
         if record.state == "confirmed":
-            return record.answer  # a replay: the provider is not called
+            return Outcome(record.answer, "receipt")  # a replay: the provider is not called
         if record.state == "failed":
-            raise Refused(f"effect {key!r} was refused before: {record.note}")
-        if record.reopened:  # an earlier attempt claimed it and did not record how it ended
-            if self.lookup is None:
-                ledger.move(key, "unknown", "no lookup: a person must settle it")
-                raise Unsettled(key, self.name)
-            found = self.lookup(client, key)
-            if found is not None:
-                return ledger.confirm(key, found, self.external_id(found), "adopted by lookup")
-            # The provider holds nothing under the key: nothing was made. Send again, same key.
+            raise Refused(key, record.refusal)
+        if record.reopened and (found := self.look_up(ledger, key, client)) is not None:
+            return found  # an earlier attempt's request had taken effect: adopted
         try:
             answer = self.send(client, request, key)
-        except self.not_sent as error:
-            ledger.move(key, "released", f"not sent: {error}")
-            raise
         except Exception as error:
-            if self.refused(error):
-                ledger.move(key, "failed", f"refused: {error}")
-            else:
-                ledger.move(key, "unknown", f"no answer: {type(error).__name__}: {error}")
-            raise
+            if self.not_sent(error):
+                ledger.move(key, "released", f"not sent: {error}")
+                raise
+            if (refusal := self.refused(error)) is not None:
+                ledger.refuse(key, refusal)
+                raise Refused(key, refusal) from error
+            ledger.move(key, "unknown", f"no answer: {type(error).__name__}: {error}")
+            if self.lookup is None:
+                raise
+            # Sent, no answer: ask the provider by key at once; it made nothing: one more try,
+            # with the same key, which a keyed provider answers with what the first one made.
+            if (found := self.look_up(ledger, key, client)) is not None:
+                return found
+            answer = self.send(client, request, key)
         except BaseException:  # Ctrl-C, a drain: the request may have left
             ledger.move(key, "unknown", "interrupted while the request was out")
             raise
-        return ledger.confirm(key, answer, self.external_id(answer), "answered")
+        # The provider has committed it and the ledger does not know yet: the window a kill
+        # here leaves is closed by the lookup of the next attempt (or a person, without one).
+        fail("after-send")
+        return Outcome(ledger.confirm(key, answer, self.external_id(answer), "answered"), "sent")
+
+    def look_up(self, ledger, key, client):
+        """The Outcome adopted from the provider's answer under key, or None: it made nothing."""
+        if self.lookup is None:
+            ledger.move(key, "unknown", "no lookup: a person must settle it")
+            raise Unsettled(key, self.name)
+        if (found := self.lookup(client, key)) is None:
+            return None
+        return Outcome(
+            ledger.confirm(key, found, self.external_id(found), "adopted by lookup"), "adopted"
+        )
+
+
+class Outcome(NamedTuple):
+    answer: dict  # the provider's, or the receipt's on a replay
+    how: str  # sent, receipt (the provider was not called), adopted (found by lookup)
+
+
+def declared(namespace):
+    """The effects declared in a module's namespace (vars(module)), by name."""
+    return {v.name: v for v in namespace.values() if isinstance(v, Effect)}
+
+
+def reconcile(ledger, effects, client):
+    """[(Record, what happened)] for each effect that may be out there (requested, unknown):
+    asked by key where its provider has a lookup; effects: declared(...) of the program."""
+    done = []
+    for record in ledger.unsettled():
+        effect = effects.get(record.effect)
+        if effect is None or effect.lookup is None:
+            if record.state != "unknown":
+                ledger.move(record.key, "unknown", "reconcile: no lookup, a person must settle it")
+            done.append((record, "needs a person"))
+        elif (found := effect.lookup(client, record.key)) is not None:
+            ledger.confirm(record.key, found, effect.external_id(found), "reconcile: adopted")
+            done.append((record, "confirmed"))
+        else:
+            ledger.move(record.key, "released", "reconcile: the provider has nothing under it")
+            done.append((record, "not sent"))
+    return done
 
 
 class LedgerError(Exception):
@@ -105,14 +154,18 @@ class Unsettled(LedgerError):
     def __init__(self, key, effect):
         super().__init__(
             f"effect {effect} {key!r} may have happened (an earlier attempt sent it and no "
-            f"answer was recorded) and its provider has no lookup; settle it with reconcile "
+            f"answer was recorded) and its provider has no lookup: find out, then reconcile "
             f"--confirmed {key} or --not-sent {key}"
         )
         self.key = key
 
 
 class Refused(LedgerError):
-    """The provider said no, and the ledger recorded it as failed."""
+    """The provider said no (refusal: its answer), and the ledger recorded it as failed."""
+
+    def __init__(self, key, refusal):
+        super().__init__(f"effect {key!r} was refused: {refusal}")
+        self.key, self.refusal = key, refusal
 
 
 @dataclasses.dataclass(frozen=True)
@@ -124,6 +177,8 @@ class Record:
     note: str
     answer: dict | None = None  # the receipt's, once confirmed
     reopened: bool = False  # claim found it requested or unknown: an earlier attempt's
+    refusal: dict | None = None  # the provider's no, once failed
+    age_s: float = 0.0  # since its last transition
 
 
 class Ledger:
@@ -181,6 +236,13 @@ class Ledger:
             self.move_locked(key, row["state"], "confirmed", how)
         return answer
 
+    def refuse(self, key, refusal):
+        """Failed: the provider's refusal kept, final like a receipt."""
+        with self.transaction():
+            row = self.row(key, lock=True)
+            self.sql("UPDATE effects SET refusal = ? WHERE key = ?", (json.dumps(refusal), key))
+            self.move_locked(key, row["state"], "failed", "refused")
+
     def move(self, key, state, how):
         """A transition recorded with its time and why."""
         with self.transaction():
@@ -211,6 +273,11 @@ class Ledger:
         ).fetchone()
         return row["n"], (0.0 if row["oldest"] is None else time.time() - row["oldest"])
 
+    def get(self, key):
+        """The Record of key, or None."""
+        row = self.row(key)
+        return None if row is None else self.record(row)
+
     def history(self, key):
         """[(from, to, how)] of key, oldest first."""
         rows = self.sql(
@@ -233,16 +300,29 @@ class Ledger:
     # helpers
 
     def __init__(self, path, busy_timeout_s=5.0):
-        self.db = sqlite3.connect(path, timeout=busy_timeout_s, isolation_level=None)
-        self.db.row_factory = sqlite3.Row
-        self.db.execute("PRAGMA journal_mode=WAL")  # as SqliteSaver sets it on the same file
-        self.db.execute("PRAGMA synchronous=FULL")  # a receipt survives a power cut
-        with self.transaction():
-            for statement in SCHEMA:
-                self.db.execute(statement)
+        self.path, self.busy_timeout_s, self.conn, self.pid = path, busy_timeout_s, None, None
+
+    @property
+    def db(self):
+        """This process's connection, opened on first use: a forked child (effectdrill's crash
+        runs) opens its own rather than share its parent's, which SQLite forbids."""
+        if self.pid != os.getpid():
+            self.conn, self.pid = (
+                sqlite3.connect(self.path, timeout=self.busy_timeout_s, isolation_level=None),
+                os.getpid(),
+            )
+            self.conn.row_factory = sqlite3.Row
+            self.conn.execute("PRAGMA journal_mode=WAL")  # as SqliteSaver sets it on the file
+            self.conn.execute("PRAGMA synchronous=FULL")  # a receipt survives a power cut
+            with self.transaction():
+                for statement in SCHEMA:
+                    self.conn.execute(statement)
+        return self.conn
 
     def close(self):
-        self.db.close()
+        if self.conn is not None and self.pid == os.getpid():
+            self.conn.close()
+        self.conn = self.pid = None
 
     def __enter__(self):
         return self
@@ -298,6 +378,8 @@ class Ledger:
             row["note"] or "",
             answer,
             reopened,
+            None if row["refusal"] is None else json.loads(row["refusal"]),
+            time.time() - row["updated_at"],
         )
 
 
@@ -306,6 +388,8 @@ class PostgresLedger(Ledger):
 
     A claim inserts with ON CONFLICT DO NOTHING and then locks the row FOR UPDATE: a SELECT ...
     FOR UPDATE alone locks no row that does not exist yet, so two workers could both miss it."""
+
+    db = None  # the caller's connection, not opened here
 
     def __init__(self, conn):
         self.db = conn
@@ -330,6 +414,24 @@ class PostgresLedger(Ledger):
         return self.sql("SELECT * FROM effects WHERE key = ?" + lock_it, (key,)).fetchone()
 
 
+@contextmanager
+def open_ledger(target):
+    """The ledger in the workflow's own database: a SQLite file, or a postgresql:// URL (its own
+    autocommit connection, psycopg 3). Closed on exit."""
+    if not str(target).startswith(("postgresql://", "postgres://")):
+        ledger = Ledger(target)
+    else:
+        import psycopg
+        from psycopg.rows import dict_row
+
+        ledger = PostgresLedger(psycopg.connect(target, autocommit=True, row_factory=dict_row))
+        ledger.close = ledger.db.close
+    try:
+        yield ledger
+    finally:
+        ledger.close()
+
+
 SCHEMA = (
     """CREATE TABLE IF NOT EXISTS effects (
     key TEXT PRIMARY KEY,  -- the idempotency key: one row per effect
@@ -339,6 +441,7 @@ SCHEMA = (
     request_hash TEXT NOT NULL,
     state TEXT NOT NULL,
     note TEXT,  -- why it is in this state
+    refusal TEXT,  -- the provider's answer when it said no (state failed)
     attempts INTEGER NOT NULL DEFAULT 1,
     updated_at REAL NOT NULL
 )""",

@@ -48,12 +48,13 @@ import urllib.error
 import uuid
 from typing import NotRequired, TypedDict
 
+import effects
 import failpoints
 import workflow
 from failpoints import fail
 from workflow import EXIT_THREAD, EXIT_USAGE, UserError, emit
 
-MODES = ("naive", "safe", "node-uuid")
+MODES = ("naive", "safe", "node-uuid", "ledger")  # ledger: the core's; the others, lessons
 CRASH_POINTS = (
     "after-prepare",
     "before-request",
@@ -78,9 +79,39 @@ class State(workflow.State):
 
 
 def create_ticket(state: State, runtime):
-    """The core's create_ticket, with the key --mode picks: none, the run's, or a fresh one."""
+    """The core's create_ticket (--mode ledger), or a lesson's: the request sent with the key
+    --mode picks (none, the run's, a fresh one) and nothing recorded before it leaves."""
+    if state["mode"] == "ledger":
+        return workflow.create_ticket(state, runtime)
     key = {"naive": None, "safe": state["key"], "node-uuid": str(uuid.uuid4())}[state["mode"]]
-    return workflow.create_ticket({**state, "key": key}, runtime)
+    client = runtime.context.client
+    fail("before-request")
+    try:
+        result = client.create(state["title"], key)
+    except workflow.NoAnswer as error:
+        # Sent, and no answer: committed or not, nobody here can tell (lab 06). A refused
+        # connection or a 503 is not NoAnswer: nothing was committed, and the client tried again.
+        emit("effect_unknown", error=str(error.__cause__ or error))
+        if key is None:  # a request without a key cannot be looked up: the outcome stays unknown
+            raise
+        result = reconcile_by_key(client, state["title"], key)
+    emit("effect_ack", created=result["created"], ticket_id=result["ticket_id"])
+    # The receiver has committed the ticket and this node has not returned, so its result is
+    # not saved yet: a process that dies here is the crash window.
+    fail("after-ack")
+    return {"ticket_id": result["ticket_id"]}
+
+
+def reconcile_by_key(client, title, key):
+    """Settle an unknown outcome: adopt the ticket the key already made, or send again."""
+    found = client.tickets(key)
+    emit("reconcile", found=[t["ticket_id"] for t in found], key=key)
+    for ticket in found:
+        if ticket["payload"] == {"title": title}:  # this very request: adopt it
+            return {"ticket_id": ticket["ticket_id"], "created": False}
+    # Nothing, or the key made something else: send again with the same key and let the
+    # receiver decide (create it, or refuse a reused key with 409).
+    return client.create(title, key)
 
 
 def create_ticket_then_ask(state: State, runtime):
@@ -195,6 +226,7 @@ def run(args, settings, graph_input):
     with (
         failpoints.scoped(points),
         workflow.open_checkpointer(settings.checkpoint_db, saver_for(args, settings)) as saver,
+        effects.open_ledger(settings.checkpoint_db) as ledger,
     ):
         approval = graph_input.get("approval") if starting else saved(saver, args, "approval")
         graph = build_graph(saver, approval, args.graph_version)
@@ -208,7 +240,7 @@ def run(args, settings, graph_input):
         check_approval(args, graph.get_state(workflow.thread_config(args.thread)))
         workflow.require_thread(graph, args.thread, starting, exists_hint(saved_head))
         final = workflow.run_graph(
-            graph, graph_input, args.thread, client, args.durability, contract
+            graph, graph_input, args.thread, client, ledger, args.durability, contract
         )
     if final is None:
         return workflow.EXIT_DRAINED
@@ -456,7 +488,11 @@ def saga_resume(args, settings):
 
 def saga_run(args, settings, graph_input):
     points = {args.crash_at: "kill"} if args.crash_at else {}
-    with failpoints.scoped(points), workflow.open_checkpointer(settings.checkpoint_db) as saver:
+    with (
+        failpoints.scoped(points),
+        workflow.open_checkpointer(settings.checkpoint_db) as saver,
+        effects.open_ledger(settings.checkpoint_db) as ledger,
+    ):
         graph = build_saga(saver)
         hint = saga_exists_hint(saver.get_tuple(workflow.thread_config(args.thread)))
         snapshot = workflow.require_thread(graph, args.thread, graph_input is not None, hint)
@@ -464,7 +500,7 @@ def saga_run(args, settings, graph_input):
             raise UserError(
                 f"thread {args.thread!r} is not a saga; resume it without saga", EXIT_THREAD
             )
-        final = workflow.run_graph(graph, graph_input, args.thread, settings.client())
+        final = workflow.run_graph(graph, graph_input, args.thread, settings.client(), ledger)
     if final is None:
         return workflow.EXIT_DRAINED
     emit("done", **final)

@@ -602,7 +602,7 @@ def run_thread(saver, client, operation, job_id, control, lab_hold=None):
                 config,
                 durability="sync",
                 control=control,
-                context=workflow.Context(client),
+                context=workflow.Context(client, None),  # safe mode: keyed, no ledger yet
             )
     except GraphDrained:
         return None

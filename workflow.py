@@ -65,9 +65,16 @@ import urllib.request
 from pathlib import Path
 from typing import NotRequired, TypedDict
 
+import effects
 from failpoints import FailpointSpecError, fail
 
-POINTS = ("after-prepare", "before-request", "after-ack", "after-checkpoint")  # see fail(...)
+POINTS = (
+    "after-prepare",
+    "before-request",
+    "after-send",
+    "after-ack",
+    "after-checkpoint",
+)  # fail()
 VERSION = "1"  # the code's; bump it for a change that saved threads must not meet silently
 BRANCH = "branch:to:"  # the channel that sends a run to a node (LangGraph's graph/state.py)
 INTERRUPT = "__interrupt__"  # the write of a node waiting in interrupt() (_internal/_constants.py)
@@ -85,6 +92,7 @@ class Context:
     """What a run needs from outside, handed to every node as runtime.context."""
 
     client: "TicketClient"
+    ledger: "effects.Ledger"  # in the checkpoints' own database (effects.open_ledger)
 
 
 def prepare(state: State):
@@ -96,34 +104,33 @@ def prepare(state: State):
 
 
 def create_ticket(state: State, runtime):
-    client, key = runtime.context.client, state.get("key")
+    ledger, client = runtime.context.ledger, runtime.context.client
     fail("before-request")
-    try:
-        result = client.create(state["title"], key)
-    except NoAnswer as error:
-        # Sent, and no answer: committed or not, nobody here can tell. (A refused connection or
-        # a 503 is not NoAnswer: nothing was committed, and the client has tried again.)
-        emit("effect_unknown", error=str(error.__cause__ or error))
-        if key is None:  # a request without a key cannot be looked up: the outcome stays unknown
-            raise
-        result = reconcile(client, state["title"], key)
-    emit("effect_ack", created=result["created"], ticket_id=result["ticket_id"])
-    # The receiver has committed the ticket and this node has not returned, so its result is
-    # not saved yet: a process that dies here is the crash window.
+    # TICKET.perform records the intent in the ledger before the request leaves, and the answer
+    # (a receipt) once it comes back. A resumed run that finds the receipt returns it and sends
+    # nothing; one that finds only the intent asks the receiver by key (see effects.py).
+    done = TICKET.perform(ledger, state["key"], {"title": state["title"]}, client)
+    ticket_id = done.answer["ticket_id"]
+    if done.how == "sent":
+        emit("effect_ack", created=done.answer["created"], ticket_id=ticket_id)
+    else:  # nothing was sent: the ledger's receipt, or what the receiver holds under the key
+        emit(f"effect_{done.how}", key=state["key"], ticket_id=ticket_id)
+    # The receipt is in the ledger and this node has not returned, so its result is not in the
+    # checkpoint yet: a process that dies here re-runs the node, which finds the receipt.
     fail("after-ack")
-    return {"ticket_id": result["ticket_id"]}
+    return {"ticket_id": ticket_id}
 
 
-def reconcile(client, title, key):
-    """Settle an unknown outcome: adopt the ticket the key already made, or send again."""
-    found = client.tickets(key)
-    emit("reconcile", found=[t["ticket_id"] for t in found], key=key)
-    for ticket in found:
-        if ticket["payload"] == {"title": title}:  # this very request: adopt it
-            return {"ticket_id": ticket["ticket_id"], "created": False}
-    # Nothing, or the key made something else: send again with the same key and let the
-    # receiver decide (create it, or refuse a reused key with 409).
-    return client.create(title, key)
+# The effect, declared once: what it sends, how the receiver is asked what a key made, and
+# which answers say "no" (a 4xx: the receiver refused it and made nothing).
+TICKET = effects.Effect(
+    "ticket",
+    send=lambda client, request, key: client.create(request["title"], key),
+    lookup=lambda client, key: adopt(client.tickets(key)),
+    external_id=lambda answer: answer["ticket_id"],
+    not_sent=lambda error: isinstance(error, Unreachable),  # refused: nothing left this process
+    refused=lambda error: refusal(error),
+)
 
 
 def build_graph(checkpointer):
@@ -233,7 +240,7 @@ def plan_migration(graph, saved, current, renames=None):
     return was, list(moved.next), copy.replay
 
 
-def run_graph(graph, graph_input, thread, client, durability="sync", contract=None):
+def run_graph(graph, graph_input, thread, client, ledger, durability="sync", contract=None):
     """Start a run (graph_input) or resume one (None); its final values, or None if it drained.
     contract: recorded in each checkpoint the run saves (LangGraph copies config["metadata"]).
 
@@ -253,7 +260,11 @@ def run_graph(graph, graph_input, thread, client, durability="sync", contract=No
         previous = signal.signal(signal.SIGTERM, lambda *_: control.request_drain("SIGTERM"))
     try:
         final = graph.invoke(
-            graph_input, config, durability=durability, control=control, context=Context(client)
+            graph_input,
+            config,
+            durability=durability,
+            control=control,
+            context=Context(client, ledger),
         )
     except GraphDrained as drained:  # a clean stop, not a failure: say so, and where
         emit("drained", reason=drained.reason, next=list(graph.get_state(config).next))
@@ -278,13 +289,16 @@ def resume(args, settings):
 
 def run(args, settings, graph_input):
     client = settings.client()
-    with open_checkpointer(settings.checkpoint_db) as saver:
+    with (
+        open_checkpointer(settings.checkpoint_db) as saver,
+        effects.open_ledger(settings.checkpoint_db) as ledger,
+    ):
         graph = build_graph(saver)
         require_thread(graph, args.thread, starting=graph_input is not None)
         current = contract(graph)
         if graph_input is None:  # a resume: only under the contract the thread was saved with
             require_contract(graph, args.thread, current)
-        final = run_graph(graph, graph_input, args.thread, client, contract=current)
+        final = run_graph(graph, graph_input, args.thread, client, ledger, contract=current)
     if final is None:
         return EXIT_DRAINED
     emit("done", **final)
@@ -303,6 +317,37 @@ def migrate(args, settings):
     with open_checkpointer(settings.checkpoint_db) as saver:
         graph = build_graph(saver)
         migrate_thread(graph, args.thread, contract(graph))
+
+
+def reconcile(args, settings):
+    """The ledger's open effects: each asked by key where its provider has a lookup, or settled
+    as a person says (--confirmed, --not-sent); then how many are still unknown."""
+    with (
+        open_checkpointer(settings.checkpoint_db),
+        effects.open_ledger(settings.checkpoint_db) as ledger,
+    ):
+        for key in args.confirmed:
+            require_open(ledger, key)
+            ledger.settle(key, "a person: reconcile --confirmed", {"settled": "confirmed"}, "")
+            emit("settled", key=key, state="confirmed")
+        for key in args.not_sent:
+            require_open(ledger, key)
+            ledger.settle(key, "a person: reconcile --not-sent")
+            emit("settled", key=key, state="released")
+        if not (args.confirmed or args.not_sent):
+            for record, now in effects.reconcile(ledger, args.effects, settings.client()):
+                emit("reconciled", effect=record.effect, key=record.key, now=now, was=record.state)
+        unknown, oldest_s = ledger.stuck()
+        emit("effects_unknown", count=unknown, oldest_s=round(oldest_s))
+
+
+def require_open(ledger, key):
+    """Only an effect that may be out there is a person's to settle."""
+    if not (record := ledger.get(key)) or record.state not in effects.OPEN:
+        state = record.state if record else "no such key"
+        raise UserError(
+            f"effect {key!r} is not open ({state}); reconcile lists the open ones", EXIT_THREAD
+        )
 
 
 def tickets(args, settings):
@@ -333,6 +378,7 @@ EXIT_THREAD = 4  # resume or state of an unknown thread, or start of one that ex
 EXIT_CONTRACT = 65  # resume of a thread saved under another contract: migrate it (EX_DATAERR)
 EXIT_CHECKPOINT_WRITE = 74  # the SQLite CHECKPOINT_DB cannot be written: read-only, or its disk
 #                             is full (EX_IOERR); resume once it can be
+EXIT_UNSETTLED = 6  # an effect may have happened and no lookup can tell: reconcile it
 EXIT_DRAINED = 75  # stopped cleanly on SIGTERM, checkpoint saved: resume it (EX_TEMPFAIL)
 EXIT_INTERRUPTED = 130  # Ctrl-C (128 + SIGINT)
 EXIT_KILLED = 137  # a `kill` failpoint: SIGKILL is signal 9, and a shell reports 128 + 9
@@ -500,6 +546,23 @@ class TicketClient:
             ) from error
 
 
+def adopt(found):
+    """The lookup's answer: the ticket the key made (the receiver keeps one per key), or None."""
+    return {"ticket_id": found[0]["ticket_id"], "created": False} if found else None
+
+
+def refusal(error):
+    """A 4xx answer's JSON body: the receiver refused the request and made nothing. Else None
+    (a 5xx or no answer: the ledger cannot call that a refusal)."""
+    if not isinstance(error, urllib.error.HTTPError) or not 400 <= error.code < 500:
+        return None
+    try:
+        body = json.loads(error.read())
+    except ValueError:
+        return None  # not the receiver's JSON: another server; not a refusal we can read
+    return {"status": error.code, **body} if isinstance(body, dict) else None
+
+
 def retry_delays():
     """The waits between tries: RETRY_DELAY_S, doubling, at most MAX_RETRY_DELAY_S."""
     delay = RETRY_DELAY_S
@@ -529,6 +592,7 @@ def open_checkpointer(checkpoint_db, saver_class=None):
 
 
 CHECKPOINT_TABLES = {"checkpoints", "writes"}  # what SqliteSaver.setup creates (checkpoint/sqlite)
+OUR_TABLES = CHECKPOINT_TABLES | set(effects.TABLES)  # and the ledger, beside them
 
 
 def require_checkpoint_file(path):
@@ -543,7 +607,7 @@ def require_checkpoint_file(path):
         }
     finally:
         conn.close()
-    if foreign := sorted(t for t in tables - CHECKPOINT_TABLES if not t.startswith("sqlite_")):
+    if foreign := sorted(t for t in tables - OUR_TABLES if not t.startswith("sqlite_")):
         raise UserError(
             f"CHECKPOINT_DB {str(path)!r} holds tables that are not LangGraph's checkpoints "
             f"({', '.join(foreign)}): another program's database; nothing was written to it. "
@@ -641,6 +705,7 @@ def build_parser(prog="workflow.py"):
     """The CLI's parser; parser.actions holds its subcommands, for a caller to extend."""
     parser = Parser(prog=prog, description=__doc__.split("\n")[0])
     parser.set_defaults(prog=prog, graph_command=False, resume="resume", unkeyed=lambda _: False)
+    parser.set_defaults(effects=effects.declared(globals()))  # what reconcile can look up
     parser.actions = parser.add_subparsers(dest="action", required=True, parser_class=Parser)
     thread = dict(default=Defaulted("demo"), help="checkpoint thread id (default: demo)")
     operation = dict(default="case-001:open-ticket:v1", help="operation id, used as the key")
@@ -658,6 +723,10 @@ def build_parser(prog="workflow.py"):
     sub = parser.actions.add_parser("state", help="show a thread's checkpoint")
     sub.set_defaults(run=state)
     sub.add_argument("--thread", **thread)
+    sub = parser.actions.add_parser("reconcile", help="settle the ledger's open effects")
+    sub.set_defaults(run=reconcile)
+    sub.add_argument("--confirmed", nargs="+", default=[], metavar="KEY", help="it happened")
+    sub.add_argument("--not-sent", nargs="+", default=[], metavar="KEY", help="it did not")
     sub = parser.actions.add_parser("tickets", help="list the receiver's tickets")
     sub.set_defaults(run=tickets)
     sub.add_argument("--operation", default=None, help="only the ticket with this key")
@@ -706,6 +775,9 @@ def main(argv=None, environ=None, parser=None, points=POINTS):
             hint = resume_hint(args, settings, "once the receiver can write")
             print(f"{args.prog}: {why}{hint}", file=sys.stderr)
         return EXIT_HTTP_ERROR
+    except effects.LedgerError as error:
+        print(f"{args.prog}: {error}", file=sys.stderr)
+        return EXIT_UNSETTLED if isinstance(error, effects.Unsettled) else EXIT_HTTP_ERROR
     except UserError as error:
         unreachable = isinstance(error, Unreachable)
         hint = resume_hint(args, settings, "once the receiver answers") if unreachable else ""

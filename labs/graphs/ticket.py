@@ -15,7 +15,10 @@ graph_v2 is lab 12's deployed version 2, for `python -m effectdrill replay` (lab
 import contextlib
 import io
 import os
+import tempfile
+from pathlib import Path
 
+import effects
 import lab
 import workflow
 
@@ -31,7 +34,10 @@ def graph_v2():
 
 
 def context():
-    return workflow.Context(workflow.Settings.from_environ(os.environ).client())
+    """The receiver's client, and a ledger of the drill's own (a new temporary file): the drill's
+    crash runs are forked from one process, and each opens its own connection to it."""
+    ledger = effects.Ledger(Path(tempfile.mkdtemp(prefix="drill-ledger-")) / "ledger.sqlite")
+    return workflow.Context(workflow.Settings.from_environ(os.environ).client(), ledger)
 
 
 def observe(thread):

@@ -45,6 +45,8 @@ NODE_OF_EVENT = {  # workflow.py events -> the node that prints them
     "effect_unknown": "create_ticket",
     "reconcile": "create_ticket",
     "effect_ack": "create_ticket",
+    "effect_receipt": "create_ticket",  # --mode ledger: the receipt, nothing sent
+    "effect_adopted": "create_ticket",  # --mode ledger: found by key, nothing sent
 }
 
 
@@ -68,7 +70,7 @@ def each(value):
 @dataclass(frozen=True)
 class Row:
     """One row of the matrix: where the run dies, under which durability, and for each mode
-    (in MODES order: naive, safe, node-uuid) what a learner sees."""
+    (in MODES order: naive, safe, node-uuid, ledger) what a learner sees."""
 
     boundary: str  # workflow.py --crash-at BOUNDARY, or term-at:POINT for --term-at POINT
     durability: str
@@ -86,34 +88,34 @@ class Row:
 RESUME_BOTH = each("resume: prepare, create_ticket")
 RESUME_CREATE = each("resume: create_ticket")
 MATRIX = (  # the one statement of what the drill expects; tests and docs read it from here
-    Row("after-prepare", "sync", (1, 1, 1), recovery=RESUME_BOTH),  # nothing was sent
-    Row("before-request", "sync", (1, 1, 1), recovery=RESUME_CREATE),
+    Row("after-prepare", "sync", (1, 1, 1, 1), recovery=RESUME_BOTH),  # nothing was sent
+    Row("before-request", "sync", (1, 1, 1, 1), recovery=RESUME_CREATE),
     Row(  # committed, answer lost: only a stable key can find it again
         "lost-ack",
         "sync",
-        (2, 1, 1),
+        (2, 1, 1, 1),
         # a key settles it in the run itself: even node-uuid's, which the attempt still holds
-        crash_exit=(EXIT_NO_ANSWER, 0, 0),
-        recovery=("resume: create_ticket", "none", "none"),
+        crash_exit=(EXIT_NO_ANSWER, 0, 0, 0),
+        recovery=("resume: create_ticket", "none", "none", "none"),
     ),
-    Row("after-ack", "sync", (2, 1, 2), recovery=RESUME_CREATE),  # the rerun sends again
+    Row("after-ack", "sync", (2, 1, 2, 1), recovery=RESUME_CREATE),  # the rerun sends again
     # lab 08: the node returned, its result was not saved yet: the rerun sends again
-    Row("step-boundary", "sync", (2, 1, 2), recovery=RESUME_CREATE),
-    Row("after-checkpoint", "sync", (1, 1, 1), recovery=each("resume: nothing")),  # saved
+    Row("step-boundary", "sync", (2, 1, 2, 1), recovery=RESUME_CREATE),
+    Row("after-checkpoint", "sync", (1, 1, 1, 1), recovery=each("resume: nothing")),  # saved
     # lab 09: SIGTERM drains the run at the step boundary; nothing is redone in any mode
     Row(
         "term-at:after-prepare",
         "sync",
-        (1, 1, 1),
+        (1, 1, 1, 1),
         crash_exit=each(EXIT_DRAINED),  # stopped after prepare, its result saved
         recovery=RESUME_CREATE,
     ),
     Row(  # create_ticket was the last node: the run finishes
-        "term-at:after-ack", "sync", (1, 1, 1), crash_exit=each(0), recovery=each("none")
+        "term-at:after-ack", "sync", (1, 1, 1, 1), crash_exit=each(0), recovery=each("none")
     ),
     # The durability decides how much the recovery redoes, never the ticket count:
-    Row("after-ack", "async", (2, 1, 2)),  # what "async" had saved when the kill landed varies
-    Row("after-ack", "exit", (2, 1, 2), recovery=each("start again: prepare, create_ticket")),
+    Row("after-ack", "async", (2, 1, 2, 1)),  # what "async" had saved when the kill landed varies
+    Row("after-ack", "exit", (2, 1, 2, 1), recovery=each("start again: prepare, create_ticket")),
 )
 
 

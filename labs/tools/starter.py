@@ -21,6 +21,7 @@ CORE = (  # copied unchanged; effectdrill without its pytest plugin (the starter
     "failpoints.py",
     "httpguard.py",
     "api.py",
+    "effects.py",
     "workflow.py",
     "effectdrill/__init__.py",
     "effectdrill/__main__.py",

@@ -29,7 +29,7 @@ TICKET = effects.Effect(
     send=sends,
     external_id=lambda answer: answer["ticket_id"],
     lookup=looks_up,
-    not_sent=(workflow.Unreachable,),
+    not_sent=lambda error: isinstance(error, workflow.Unreachable),
 )
 KEYLESS = effects.Effect(  # a provider that offers no lookup (an email service, say)
     "ticket", send=sends, external_id=lambda answer: answer["ticket_id"]
@@ -115,7 +115,8 @@ def test_a_confirmed_effect_returns_its_receipt_and_the_receiver_hears_nothing(
         first = TICKET.perform(ledger, "op-1", {"title": "t"}, client)
         before = posts(receiver)
         again = TICKET.perform(ledger, "op-1", {"title": "t"}, client)
-        assert again == first and first["created"] is True
+        assert (first.how, again.how) == ("sent", "receipt")
+        assert again.answer == first.answer and first.answer["created"] is True
         assert posts(receiver) == before  # the provider was not called
         assert ledger.history("op-1") == [
             (None, "requested", "claimed"),
@@ -128,9 +129,10 @@ def test_a_kill_after_the_answer_is_adopted_by_lookup_not_sent_again(open_ledger
     before = posts(receiver)
     with open_ledger() as ledger:
         assert [r.key for r in ledger.unsettled()] == ["op-2"]  # requested, no answer recorded
-        answer = TICKET.perform(ledger, "op-2", {"title": "t"}, client)
+        done = TICKET.perform(ledger, "op-2", {"title": "t"}, client)
+        assert done.how == "adopted"
         assert ledger.history("op-2")[-1] == ("requested", "confirmed", "adopted by lookup")
-        assert ledger.receipt("op-2")["external_id"] == str(answer["ticket_id"])
+        assert ledger.receipt("op-2")["external_id"] == str(done.answer["ticket_id"])
     assert posts(receiver) == before  # looked up, not sent again
     assert len(client.tickets()) == 1
 
@@ -148,7 +150,7 @@ def test_without_a_lookup_the_window_ends_in_unknown_not_in_a_second_request(
         # A person finds the ticket and settles it; the next attempt returns the receipt.
         ticket = client.tickets()[0]
         ledger.settle("op-3", "found in the receiver", {"ticket_id": ticket["ticket_id"]}, 1)
-        assert KEYLESS.perform(ledger, "op-3", {"title": "t"}, client)["ticket_id"] == 1
+        assert KEYLESS.perform(ledger, "op-3", {"title": "t"}, client).answer["ticket_id"] == 1
         assert ledger.stuck()[0] == 0
     assert posts(receiver) == before
 

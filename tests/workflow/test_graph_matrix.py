@@ -10,6 +10,7 @@ import threading
 
 import pytest
 
+import effects
 import failpoints
 import lab
 import workflow
@@ -45,7 +46,7 @@ class FakeReceiver:
         return [t for t in self.tickets_made if key is None or t["key"] == key]
 
 
-def run_cell(boundary, mode, saver):
+def run_cell(boundary, mode, saver, ledger):
     receiver = FakeReceiver(lose_first=boundary == "lost-ack")
     graph = lab.build_graph(saver)
     first = {"operation_id": f"op-{boundary}-{mode}", "title": "t", "mode": mode}
@@ -53,21 +54,22 @@ def run_cell(boundary, mode, saver):
     point = {} if boundary == "lost-ack" else {boundary: "raise"}
     try:
         with failpoints.scoped(point):
-            workflow.run_graph(graph, first, thread, receiver)
+            workflow.run_graph(graph, first, thread, receiver, ledger)
     except (failpoints.FailpointError, workflow.NoAnswer):
         pass
     snapshot = graph.get_state(workflow.thread_config(thread))
     if snapshot.next:  # the run stopped in a node: resume it, as `resume` does
-        workflow.run_graph(graph, None, thread, receiver)
+        workflow.run_graph(graph, None, thread, receiver, ledger)
     return receiver.tickets_made, graph.get_state(workflow.thread_config(thread))
 
 
 @pytest.mark.parametrize("row", ROWS, ids=[r.boundary for r in ROWS])
-def test_every_mode_at_every_in_process_boundary(row, capsys):
+def test_every_mode_at_every_in_process_boundary(row, capsys, tmp_path):
     from langgraph.checkpoint.memory import InMemorySaver
 
     for mode in lab.MODES:
-        made, final = run_cell(row.boundary, mode, InMemorySaver())
+        with effects.open_ledger(tmp_path / f"{mode}.sqlite") as ledger:
+            made, final = run_cell(row.boundary, mode, InMemorySaver(), ledger)
         expected = row.tickets[lab.MODES.index(mode)]
         assert len(made) == expected, (row.boundary, mode, made)
         assert final.next == () and final.values["ticket_id"] == made[-1]["ticket_id"]

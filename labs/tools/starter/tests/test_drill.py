@@ -12,6 +12,7 @@ import io
 import unittest
 
 import effectdrill
+import effects
 import workflow
 from tests.service import ServiceTestCase
 
@@ -32,7 +33,7 @@ class DrillTest(ServiceTestCase):
                 {"operation_id": "{thread}", "title": "{thread}"},
                 observe,
                 durability="all",
-                context=workflow.Context(client),
+                context=workflow.Context(client, effects.Ledger(self.env["CHECKPOINT_DB"])),
             )
         self.assertEqual(set(report.clean), {"sync", "async", "exit"})
         self.assertTrue(all(counts == {"ticket": 1} for counts in report.clean.values()))
