@@ -110,6 +110,12 @@ SAGA_SCHEMA = (  # a refund undoes a ticket; a reservation may find no seats lef
     created_at REAL
 )""",
 )
+MESSAGES_SCHEMA = """CREATE TABLE IF NOT EXISTS messages (
+    id INTEGER PRIMARY KEY,  -- one row per POST /messages: this provider keeps no key
+    recipient TEXT NOT NULL,
+    text TEXT NOT NULL,
+    created_at REAL NOT NULL
+)"""  # lab 15's stand-in for an email or SMS service: irreversible, no key, no lookup
 KEYED = {"tickets": "ticket", "refunds": "refund", "reservations": "reservation"}  # table: noun
 KEY_AGE_INDEX = """CREATE INDEX IF NOT EXISTS {table}_keys_by_age ON {table} (created_at)
     WHERE operation_key IS NOT NULL"""
@@ -191,6 +197,26 @@ class TicketStore:
         columns = {"ticket_id": ticket_id, "seats": seats}
         return self.keyed("reservations", key, canonical, columns, seats_left)
 
+    def send_message(self, recipient, text):
+        """One more message, whatever was sent before: message_id. Like an email service, this
+        provider takes no Idempotency-Key and offers no lookup, so a repeat is a second message."""
+        with self.transaction():
+            return self.db.execute(
+                "INSERT INTO messages (recipient, text, created_at) VALUES (?, ?, ?)",
+                (recipient, text, time.time()),
+            ).lastrowid
+
+    def messages(self):
+        """Every message sent, in id order (a person's view: there is nothing to look up by)."""
+        with self.locked():
+            rows = self.db.execute("SELECT id, recipient, text FROM messages ORDER BY id")
+            return [{"message_id": i, "to": r, "text": t} for i, r, t in rows.fetchall()]
+
+    def reservations(self, key=None):
+        """All reservations, or the one made with key, as tickets() lists tickets."""
+        rows = self.listed("reservations", "ticket_id, seats", key)
+        return [{"reservation_id": i, "key": k, "ticket_id": t, "seats": n} for i, k, t, n in rows]
+
     def tickets(self, key=None):
         """All tickets, or the one made with key; a key past the retention shows as null."""
         rows = self.listed("tickets", "payload", key)
@@ -241,7 +267,7 @@ class TicketStore:
         self.db.execute(SCHEMA)
         if "created_at" not in {row[1] for row in self.db.execute("PRAGMA table_info(tickets)")}:
             self.db.execute("ALTER TABLE tickets ADD COLUMN created_at REAL")  # an older file
-        for table in SAGA_SCHEMA:
+        for table in (*SAGA_SCHEMA, MESSAGES_SCHEMA):
             self.db.execute(table)
         for table in KEYED:
             self.db.execute(KEY_AGE_INDEX.format(table=table))
@@ -357,12 +383,19 @@ class Handler(GuardedHandler):
         "/health": "GET, HEAD",
         "/tickets": "GET, HEAD, POST",
         "/refunds": "GET, HEAD, POST",
-        "/reservations": "POST",
+        "/reservations": "GET, HEAD, POST",
+        "/messages": "GET, HEAD, POST",
         "/metrics": "GET, HEAD",
     }
 
     def post(self, path):
         body = self.read_body()
+        if path == "/messages":  # no key is read: this provider cannot tell a repeat
+            message_id = self.server.store.send_message(*parse_message(body))
+            self.server.ledger.add("messages_sent")
+            self.log_line(f"sent message={message_id}")
+            fail("after-commit")
+            return 201, {"message_id": message_id}
         # Whitespace around a header value is not part of it (RFC 9110, 5.5).
         key = parse_key([v.strip(" \t") for v in self.headers.get_all("Idempotency-Key", [])])
         store, noun = self.server.store, KEYED[path.lstrip("/")]
@@ -396,11 +429,17 @@ class Handler(GuardedHandler):
             return 200, {"ok": True}
         if path == "/metrics":
             return 200, Body(PROMETHEUS_TEXT, self.server.ledger.render().encode())
+        if path == "/messages":
+            if query:
+                raise ClientError(400, "messages have no key to look up: GET /messages lists them")
+            return 200, {"messages": self.server.store.messages()}
         if set(query) - {"key"}:
             raise ClientError(400, "the only query parameter is ?key=IDEMPOTENCY-KEY")
         key = parse_key(query.get("key"), where="?key=")
         if path == "/refunds":
             return 200, {"refunds": self.server.store.refunds(key)}
+        if path == "/reservations":
+            return 200, {"reservations": self.server.store.reservations(key)}
         return 200, {"tickets": self.server.store.tickets(key)}
 
     # helpers
@@ -550,6 +589,7 @@ class Ledger:
         "reservations_created": "POST /reservations that created a reservation (answered 201).",
         "idempotent_replays": "POSTs answered 200 with what their key made before.",
         "key_conflicts": "POSTs refused 409: a key sent again with another body.",
+        "messages_sent": "POST /messages: each one a message (this provider takes no key).",
         "keys_pruned": "Keys forgotten past RECEIVER_KEY_RETENTION_S (their tickets stay).",
     }
 
@@ -603,8 +643,10 @@ RECEIVER_COLUMNS = {  # table -> its columns, as this receiver makes them
     "tickets": {"id", "operation_key", "payload", "created_at"},
     "refunds": {"id", "operation_key", "payload", "ticket_id", "created_at"},
     "reservations": {"id", "operation_key", "payload", "ticket_id", "seats", "created_at"},
+    "messages": {"id", "recipient", "text", "created_at"},
 }
 OLDER_COLUMNS = {"tickets": {"id", "operation_key", "payload"}}  # before created_at was kept
+KEYLESS = {"messages"}  # tables without an operation key
 
 
 class NotTheReceivers(ValueError):
@@ -650,6 +692,8 @@ def refuse_another_programs_file(path):
                 and [c[2] for c in db.execute(f'PRAGMA index_info("{index[1]}")')]
                 == ["operation_key"]
             ]
+            if table in KEYLESS:  # one row a request: no key column to be unique
+                unique = True
             if columns not in (RECEIVER_COLUMNS[table], OLDER_COLUMNS.get(table)) or not unique:
                 raise NotTheReceivers(
                     f"its {table} table is not the receiver's (columns {', '.join(sorted(columns))}"
@@ -713,6 +757,20 @@ def parse_reservation(body):
     payload = parse_object(body, '{"ticket_id": N, "seats": S}', "ticket_id", "seats")
     ticket_id, seats = whole(payload, "ticket_id", MAX_ID), whole(payload, "seats", MAX_SEATS)
     return canonical({"ticket_id": ticket_id, "seats": seats}), ticket_id, seats
+
+
+def parse_message(body):
+    """Validate a POST /messages body: (to, text)."""
+    payload = parse_object(body, '{"to": "...", "text": "..."}', "to", "text")
+    for field in ("to", "text"):
+        value = payload[field]
+        if not isinstance(value, str) or not 1 <= len(value) <= MAX_TITLE_CHARS:
+            raise ClientError(400, f"{field} must be a string of 1-{MAX_TITLE_CHARS} characters")
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ClientError(400, f"{field} has a lone surrogate escape") from None
+    return payload["to"], payload["text"]
 
 
 def parse_object(body, example, *fields):

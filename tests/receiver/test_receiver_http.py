@@ -606,8 +606,11 @@ def post_locked(target):
         holder = sqlite3.connect(server.env["RECEIVER_DB"], isolation_level=None)
         try:
             holder.execute("BEGIN EXCLUSIVE")
-            body = {"ticket_id": ticket_id, "seats": 1} if target == "/reservations" else None
-            return request(server, "POST", target, body or {"ticket_id": ticket_id})
+            body = {
+                "/reservations": {"ticket_id": ticket_id, "seats": 1},
+                "/messages": {"to": "someone", "text": "a message"},
+            }.get(target, {"ticket_id": ticket_id})
+            return request(server, "POST", target, body)
         finally:
             holder.close()
 
@@ -746,6 +749,32 @@ ANSWERS = {  # (path, method, status) documented in openapi.yaml -> a request th
         s, post_bytes(title_body("x" * 5000), target=b"/reservations")
     ),
     ("/reservations", "post", "503"): post_locked("/reservations"),
+    ("/reservations", "get", "200"): lambda s: request(s, "GET", "/reservations"),
+    ("/reservations", "get", "400"): lambda s: request(s, "GET", "/reservations?key=a%20b"),
+    ("/reservations", "get", "503"): without_the_table("GET", "reservations"),
+    ("/reservations", "head", "200"): lambda s: request(s, "HEAD", "/reservations"),
+    ("/reservations", "head", "400"): lambda s: request(s, "HEAD", "/reservations?key=a%20b"),
+    ("/reservations", "head", "503"): without_the_table("HEAD", "reservations"),
+    ("/messages", "get", "200"): lambda s: request(s, "GET", "/messages"),
+    ("/messages", "get", "400"): lambda s: request(s, "GET", "/messages?key=k"),
+    ("/messages", "get", "503"): without_the_table("GET", "messages"),
+    ("/messages", "head", "200"): lambda s: request(s, "HEAD", "/messages"),
+    ("/messages", "head", "400"): lambda s: request(s, "HEAD", "/messages?key=k"),
+    ("/messages", "head", "503"): without_the_table("HEAD", "messages"),
+    ("/messages", "post", "201"): lambda s: request(
+        s, "POST", "/messages", {"to": "a", "text": "b"}
+    ),
+    ("/messages", "post", "400"): lambda s: exchange(s, post_bytes(b"{", target=b"/messages")),
+    ("/messages", "post", "408"): lambda s: exchange(
+        s, post_bytes(target=b"/messages")[:-5], half_close=False
+    ),
+    ("/messages", "post", "411"): lambda s: exchange(
+        s, post_bytes(length=None, target=b"/messages")
+    ),
+    ("/messages", "post", "413"): lambda s: exchange(
+        s, post_bytes(title_body("x" * 5000), target=b"/messages")
+    ),
+    ("/messages", "post", "503"): post_locked("/messages"),
     (ANY, "", "400"): (
         lambda s: exchange(s, b"NONSENSE\r\n\r\n"),
         lambda s: exchange(s, b"GET /health HTTP/1.0\r\nX-Note: a\rIdempotency-Key: b\r\n\r\n"),

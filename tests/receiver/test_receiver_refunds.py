@@ -210,3 +210,37 @@ def test_the_pruner_forgets_refund_keys_too_and_keeps_the_refunds(lab, tmp_path)
         receiver.stop()
     with closing(sqlite3.connect(lab["RECEIVER_DB"])) as db:
         assert db.execute("SELECT id, operation_key FROM refunds").fetchall() == [(1, None)]
+
+
+def test_a_reservation_is_found_by_its_key_as_a_ticket_is(receiver):
+    """GET /reservations?key=: what the saga's ledger asks after a crash in its window."""
+    ticket_id = a_ticket(receiver, "Charge for a lookup")
+    made = reserve(receiver, ticket_id, 1, "case-lookup:reserve").json()["reservation_id"]
+    found = request(receiver, "GET", "/reservations?key=case-lookup:reserve").json()
+    assert found == {
+        "reservations": [
+            {
+                "reservation_id": made,
+                "key": "case-lookup:reserve",
+                "ticket_id": ticket_id,
+                "seats": 1,
+            }
+        ]
+    }
+    assert request(receiver, "GET", "/reservations?key=case-none").json() == {"reservations": []}
+
+
+def test_the_message_provider_takes_no_key_each_request_is_one_more_message(receiver):
+    """Lab 15's keyless provider: the same request, with the same Idempotency-Key, twice, is two
+    messages, and nothing can be looked up by key."""
+    body, key = {"to": "ops@example.com", "text": "ticket 1 opened"}, [("Idempotency-Key", "k")]
+    first = request(receiver, "POST", "/messages", body, key)
+    second = request(receiver, "POST", "/messages", body, key)
+    assert (first.status, second.status) == (201, 201)
+    assert second.json()["message_id"] == first.json()["message_id"] + 1
+    listed = request(receiver, "GET", "/messages").json()["messages"]
+    assert [m["message_id"] for m in listed if m["text"] == "ticket 1 opened"] == [
+        first.json()["message_id"],
+        second.json()["message_id"],
+    ]
+    assert_error(request(receiver, "GET", "/messages?key=k"), 400, "no key to look up")
