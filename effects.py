@@ -33,6 +33,7 @@ import hashlib
 import json
 import os
 import sqlite3
+import threading
 import time
 from collections.abc import Callable
 from contextlib import contextmanager
@@ -307,9 +308,17 @@ class Ledger:
         """This process's connection, opened on first use: a forked child (effectdrill's crash
         runs) opens its own rather than share its parent's, which SQLite forbids."""
         if self.pid != os.getpid():
-            self.conn, self.pid = (
-                sqlite3.connect(self.path, timeout=self.busy_timeout_s, isolation_level=None),
+            # One connection for the process's threads (effectdrill runs each of its runs on a
+            # thread of its own), one transaction at a time under the lock (transaction()).
+            self.conn, self.pid, self.lock = (
+                sqlite3.connect(
+                    self.path,
+                    timeout=self.busy_timeout_s,
+                    isolation_level=None,
+                    check_same_thread=False,
+                ),
                 os.getpid(),
+                threading.RLock(),
             )
             self.conn.row_factory = sqlite3.Row
             self.conn.execute("PRAGMA journal_mode=WAL")  # as SqliteSaver sets it on the file
@@ -333,15 +342,17 @@ class Ledger:
     @contextmanager
     def transaction(self):
         """BEGIN IMMEDIATE: the write lock first, so a lookup and its insert cannot interleave
-        with another process's."""
-        self.db.execute("BEGIN IMMEDIATE")
-        try:
-            yield
-            self.db.execute("COMMIT")
-        except BaseException:
-            if self.db.in_transaction:
-                self.db.execute("ROLLBACK")
-            raise
+        with another process's (or, under self.lock, another thread's)."""
+        db = self.db  # this process's connection and its lock, opened on first use
+        with self.lock:
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                yield
+                db.execute("COMMIT")
+            except BaseException:
+                if db.in_transaction:
+                    db.execute("ROLLBACK")
+                raise
 
     def sql(self, statement, args=()):
         return self.db.execute(statement, args)
