@@ -210,45 +210,17 @@ def approve(args, settings):
 
 
 def run(args, settings, graph_input):
-    """workflow.run with the lab's graph, client and failpoints."""
+    """workflow.run with the lab's failpoints, and its graph and client (LAB below)."""
     if args.crash_at == "step-boundary" and workflow.is_postgres(settings.checkpoint_db):
         raise UserError(
             "--crash-at step-boundary needs the SQLite checkpointer (its saver is a SqliteSaver); "
             "unset CHECKPOINT_DB",
             EXIT_USAGE,
         )
-    client = settings.client()
-    if args.crash_at == "lost-ack":
-        client = LostAckClient(client, args.thread)
     points = {args.crash_at: "kill"} if args.crash_at not in (None, "lost-ack") else {}
     points |= {args.term_at: "term"} if args.term_at else {}
-    starting = isinstance(graph_input, dict)
-    with (
-        failpoints.scoped(points),
-        workflow.open_checkpointer(settings.checkpoint_db, saver_for(args, settings)) as saver,
-        effects.open_ledger(settings.checkpoint_db) as ledger,
-    ):
-        approval = graph_input.get("approval") if starting else saved(saver, args, "approval")
-        graph = build_graph(saver, approval, args.graph_version)
-        contract = workflow.contract(graph, args.graph_version)  # what its checkpoints record
-        saved_head = saver.get_tuple(workflow.thread_config(args.thread))
-        if saved_head and (line := owner(saved_head)):  # another command's thread, checked or not
-            raise UserError(line, EXIT_THREAD)
-        if saved_head and not starting and not args.no_contract:  # before the graph is read
-            renames = RENAMES.get(args.graph_version)
-            workflow.require_contract(graph, args.thread, contract, renames)
-        check_approval(args, graph.get_state(workflow.thread_config(args.thread)))
-        workflow.require_thread(graph, args.thread, starting, exists_hint(saved_head))
-        final = workflow.run_graph(
-            graph, graph_input, args.thread, client, ledger, args.durability, contract
-        )
-    if final is None:
-        return workflow.EXIT_DRAINED
-    if "__interrupt__" in final:  # the run waits for a human: `approve` answers it
-        emit("awaiting_approval", **final["__interrupt__"][0].value)
-        return 0
-    emit("done", **final)
-    return 0
+    with failpoints.scoped(points):
+        return workflow.run(args, settings, graph_input)
 
 
 def state(args, settings):
@@ -272,16 +244,21 @@ def state(args, settings):
         )
 
 
-def migrate(args, settings):
-    """workflow.migrate with the lab's graph: a saved create_ticket continues as open_ticket."""
-    with workflow.open_checkpointer(settings.checkpoint_db) as saver:
-        graph = build_graph(saver, saved(saver, args, "approval"), args.graph_version)
-        current = workflow.contract(graph, args.graph_version)
-        renames = RENAMES.get(args.graph_version)
-        workflow.migrate_thread(graph, args.thread, current, renames, owner)
-
-
 # helpers
+
+
+def graph_for(saver, args, head):
+    """The lab's graph for a thread (its saved head, or None): built as the thread was started
+    (with its --approval), in the deployed version."""
+    values = head.checkpoint["channel_values"] if head else {}
+    approval = values.get("approval") if head else getattr(args, "approval", None)
+    return build_graph(saver, approval, args.graph_version)
+
+
+def client_for(args, settings):
+    """The receiver's client; --crash-at lost-ack's, whose request asks to lose its answer."""
+    client = settings.client()
+    return LostAckClient(client, args.thread) if args.crash_at == "lost-ack" else client
 
 
 def saver_for(args, settings):
@@ -559,6 +536,18 @@ def add_saga_parser(actions):
     steps.add_parser("refunds", help="list the receiver's refunds").set_defaults(run=saga_refunds)
 
 
+LAB = workflow.Program(  # what workflow.run and migrate do differently for the lab
+    graph=graph_for,
+    version=lambda args: args.graph_version,
+    renames=lambda args: RENAMES.get(args.graph_version),
+    owner=owner,
+    exists_hint=exists_hint,
+    saver_class=saver_for,
+    client=client_for,
+    check=check_approval,
+)
+
+
 def build_parser():
     parser = workflow.build_parser(prog="lab.py")
     parser.set_defaults(crash_at=None, term_at=None, durability="sync", no_contract=False)
@@ -566,7 +555,7 @@ def build_parser():
     actions = parser.actions
     for name, action in [("start", start), ("resume", resume), ("state", state)]:
         actions.choices[name].set_defaults(run=action)
-    actions.choices["migrate"].set_defaults(run=migrate)
+    parser.set_defaults(program=LAB)
     for name in ("start", "resume"):
         sub = actions.choices[name]
         crash = sub.add_mutually_exclusive_group()

@@ -95,6 +95,21 @@ class Context:
     ledger: "effects.Ledger"  # in the checkpoints' own database (effects.open_ledger)
 
 
+@dataclasses.dataclass(frozen=True)
+class Program:
+    """What a program wrapping this CLI changes of run and migrate (lab.py's lessons); the
+    defaults are this file's own graph and client. Each hook takes the parsed args."""
+
+    graph: object = lambda saver, args, head: build_graph(saver)  # head: the saved tuple or None
+    version: object = lambda args: None  # the contract's version: None for VERSION
+    renames: object = lambda args: None  # what migrate maps a saved next through
+    owner: object = lambda head: None  # the line for a thread another command runs
+    exists_hint: object = lambda head: "resume it or pick a new --thread"
+    saver_class: object = lambda args, settings: None  # a SqliteSaver subclass, or None
+    client: object = lambda args, settings: settings.client()
+    check: object = lambda args, snapshot: None  # raise UserError to refuse the run
+
+
 def prepare(state: State):
     emit("prepare", operation=state["operation_id"])
     fail("after-prepare")
@@ -289,19 +304,28 @@ def resume(args, settings):
 
 
 def run(args, settings, graph_input):
-    client = settings.client()
+    """Start (graph_input) or resume (None) args.thread, with args.program's graph."""
+    program, starting = args.program, isinstance(graph_input, dict)  # not a resume's Command
+    client = program.client(args, settings)
     with (
-        open_checkpointer(settings.checkpoint_db) as saver,
+        open_checkpointer(settings.checkpoint_db, program.saver_class(args, settings)) as saver,
         effects.open_ledger(settings.checkpoint_db) as ledger,
     ):
-        graph = build_graph(saver)
-        require_thread(graph, args.thread, starting=graph_input is not None)
-        current = contract(graph)
-        if graph_input is None:  # a resume: only under the contract the thread was saved with
-            require_contract(graph, args.thread, current)
-        final = run_graph(graph, graph_input, args.thread, client, ledger, contract=current)
+        head = saver.get_tuple(thread_config(args.thread))
+        graph = program.graph(saver, args, head)
+        current = contract(graph, program.version(args))
+        if head and (line := program.owner(head)):  # another command's thread
+            raise UserError(line, EXIT_THREAD)
+        if head and not starting and not args.no_contract:  # only under its saved contract
+            require_contract(graph, args.thread, current, program.renames(args))
+        program.check(args, graph.get_state(thread_config(args.thread)))
+        require_thread(graph, args.thread, starting, program.exists_hint(head))
+        final = run_graph(graph, graph_input, args.thread, client, ledger, args.durability, current)
     if final is None:
         return EXIT_DRAINED
+    if INTERRUPT in final:  # the run waits for a human (lab 07's approval)
+        emit("awaiting_approval", **final[INTERRUPT][0].value)
+        return 0
     emit("done", **final)
     return 0
 
@@ -315,9 +339,12 @@ def state(args, settings):
 
 
 def migrate(args, settings):
+    program = args.program
     with open_checkpointer(settings.checkpoint_db) as saver:
-        graph = build_graph(saver)
-        migrate_thread(graph, args.thread, contract(graph))
+        head = saver.get_tuple(thread_config(args.thread))
+        graph = program.graph(saver, args, head)
+        current = contract(graph, program.version(args))
+        migrate_thread(graph, args.thread, current, program.renames(args), program.owner)
 
 
 def reconcile(args, settings):
@@ -707,6 +734,7 @@ def build_parser(prog="workflow.py"):
     parser = Parser(prog=prog, description=__doc__.split("\n")[0])
     parser.set_defaults(prog=prog, graph_command=False, resume="resume", unkeyed=lambda _: False)
     parser.set_defaults(effects=effects.declared(globals()))  # what reconcile can look up
+    parser.set_defaults(program=Program(), durability="sync", no_contract=False)
     parser.actions = parser.add_subparsers(dest="action", required=True, parser_class=Parser)
     thread = dict(default=Defaulted("demo"), help="checkpoint thread id (default: demo)")
     operation = dict(default="case-001:open-ticket:v1", help="operation id, used as the key")

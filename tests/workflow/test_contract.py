@@ -191,7 +191,7 @@ def test_migrate_names_a_node_the_new_graph_does_not_have_and_changes_nothing(
 def test_approve_under_another_contract_refuses_instead_of_swallowing(lab, receiver, capsys):
     """In-node approval (lab 07), then version 2 renames the waiting node: the contract refuses
     the answer; migrate carries the question over to the renamed node, and the answer runs it
-    from its first line (lab 07's trap, keyed: the same ticket)."""
+    from its first line (lab 07's trap), where the ledger's receipt answers: nothing is sent."""
     assert lab_py.main(["start", "--thread", "a", "--approval"], lab) == 0
     v2 = {**lab, "LAB_GRAPH_VERSION": "2"}
     assert lab_py.main(["approve", "--thread", "a"], v2) == workflow.EXIT_CONTRACT
@@ -200,7 +200,7 @@ def test_approve_under_another_contract_refuses_instead_of_swallowing(lab, recei
     assert lab_py.main(["approve", "--thread", "a"], v2) == 0
     events = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert events[:2] == [
-        {"event": "effect_ack", "created": False, "ticket_id": 1},
+        {"event": "effect_receipt", "key": "case-001:open-ticket:v1", "ticket_id": 1},
         {"event": "approval", "approved": True},
     ]
     assert events[-1]["event"] == "done" and events[-1]["approved"] is True
@@ -215,7 +215,8 @@ def test_a_resumed_thread_sends_the_key_it_saved_whatever_prepare_derives_now(
     another way (same graph, same contract): the resume sends the saved key, one ticket."""
     from labs.tools.local import run_workflow
 
-    crashed = run_workflow(["start", "--thread", "k", "--operation", "op-k", "--crash"], lab)
+    start = ["start", "--thread", "k", "--operation", "op-k", "--mode", "safe", "--crash"]
+    crashed = run_workflow(start, lab)  # safe: the key alone, so the resume sends it
     assert crashed.returncode == -9, crashed.stderr
     monkeypatch.setattr(workflow, "prepare", lambda state: {"key": "derived:another:way"})
     assert lab_py.main(["resume", "--thread", "k"], lab) == 0
