@@ -1,0 +1,126 @@
+"""The workers' effect ledger, in Postgres beside their checkpoints and queue: two processes on
+one key send one request, reconcile and status on the workers' ledger, a graph of one's own.
+
+Real parts: a throwaway Postgres cluster (labs.tools.pg, one for the module, a database per
+test), the receiver as a process (its POSTs counted from its /metrics), forked processes with a
+ledger connection each, and `python worker.py` processes.
+"""
+
+import dataclasses
+import json
+import os
+import re
+import subprocess
+import sys
+import urllib.request
+
+import pytest
+from conftest import require_postgres
+
+import effects
+import workflow
+from labs.tools.local import ROOT, ReceiverProcess, free_port, lab_env, run, wait_until
+from labs.tools.pg import TempPostgres
+
+HANG_GUARD_S = 300  # only a hang reaches it, however busy the machine
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    require_postgres()
+    with TempPostgres() as pg:
+        yield pg
+
+
+@pytest.fixture
+def env(cluster, tmp_path, request):
+    """The workers' environment, on a new database of this test's own."""
+    import psycopg
+
+    name = "w_" + re.sub(r"\W", "_", request.node.name).lower()[:50]
+    with psycopg.connect(cluster.url, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}"')
+        conn.execute(f'CREATE DATABASE "{name}"')
+    url = cluster.url.rsplit("/", 1)[0] + "/" + name
+    return lab_env(
+        tmp_path / "data", free_port(), CHECKPOINT_DB=url, WORKER_HEARTBEAT_S="2", FAILPOINTS=""
+    )
+
+
+@pytest.fixture
+def receiver(env, tmp_path):
+    proc = ReceiverProcess(env, log_path=tmp_path / "receiver.log").start()
+    yield proc
+    proc.stop()
+
+
+def posts(receiver):
+    """POSTs the receiver answered with a ticket (created or replayed), from GET /metrics."""
+    with urllib.request.urlopen(receiver.url + "/metrics") as response:
+        text = response.read().decode()
+    names = ("tickets_created", "idempotent_replays")
+    return sum(int(re.search(rf"^receiver_{n}_total (\d+)$", text, re.M)[1]) for n in names)
+
+
+def ledger_on(url):
+    """A ledger on a connection of its own: what each worker's job opens (worker.job_ledger)."""
+    import psycopg
+    from psycopg.rows import dict_row
+
+    conn = psycopg.connect(url, autocommit=True, row_factory=dict_row)
+    ledger = effects.PostgresLedger(conn)
+    ledger.close = conn.close
+    return ledger
+
+
+def worker(env, *args):
+    return run([sys.executable, str(ROOT / "worker.py"), *args], env, timeout=HANG_GUARD_S)
+
+
+def test_two_processes_performing_one_key_at_once_send_one_request(env, receiver):
+    """Two workers resuming one thread at once (a frozen one woke up, another took its job over):
+    the first has claimed the key and its request is about to leave; the second, in another
+    process, finds the claim. It must not send: a row in state requested cannot tell a live
+    sender from a dead one, and a lookup then finds nothing yet. It gets InFlight, the first
+    one's request is the only one the receiver sees, and the second's next try finds the
+    receipt. (Without the key's lock the second one looked up, found nothing and sent: two
+    POSTs.) The first one's send waits at a pipe, between its claim and its request."""
+    url, key, request = env["CHECKPOINT_DB"], "case-9:open-ticket:v1", {"title": "t"}
+    client = workflow.TicketClient(receiver.url, attempts=1)
+    ledger_on(url).close()  # the tables, before the race
+    claimed_r, claimed_w = os.pipe()
+    go_r, go_w = os.pipe()
+
+    def send_when_told(client, request, key):
+        os.write(claimed_w, b".")  # claimed: the ledger says requested
+        os.read(go_r, 1)
+        return workflow.TICKET.send(client, request, key)
+
+    first = os.fork()
+    if first == 0:  # the first worker: its own process, its own connection
+        code = 1
+        try:
+            ledger = ledger_on(url)
+            done = dataclasses.replace(workflow.TICKET, send=send_when_told).perform(
+                ledger, key, request, client
+            )
+            code = 0 if done.how == "sent" else 3
+        finally:
+            os._exit(code)
+    try:
+        os.read(claimed_r, 1)
+        second = ledger_on(url)
+        try:
+            outcome = workflow.TICKET.perform(second, key, request, client)
+        except effects.InFlight as error:
+            outcome = error
+    finally:
+        os.write(go_w, b".")
+        _, status = os.waitpid(first, 0)
+    assert os.waitstatus_to_exitcode(status) == 0  # the first one sent, and kept its receipt
+    assert posts(receiver) == 1, outcome  # one request reached the receiver
+    assert isinstance(outcome, effects.InFlight), outcome
+    assert workflow.TICKET.perform(second, key, request, client).how == "receipt"
+    assert posts(receiver) == 1
+    assert [to for _, to, _ in second.history(key)] == ["requested", "confirmed"]
+    second.close()
