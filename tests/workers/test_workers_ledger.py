@@ -10,7 +10,6 @@ import dataclasses
 import json
 import os
 import re
-import subprocess
 import sys
 import urllib.request
 
@@ -19,7 +18,7 @@ from conftest import require_postgres
 
 import effects
 import workflow
-from labs.tools.local import ROOT, ReceiverProcess, free_port, lab_env, run, wait_until
+from labs.tools.local import ROOT, ReceiverProcess, free_port, lab_env, run
 from labs.tools.pg import TempPostgres
 
 HANG_GUARD_S = 300  # only a hang reaches it, however busy the machine
@@ -124,3 +123,90 @@ def test_two_processes_performing_one_key_at_once_send_one_request(env, receiver
     assert posts(receiver) == 1
     assert [to for _, to, _ in second.history(key)] == ["requested", "confirmed"]
     second.close()
+
+
+def in_process(monkeypatch, capsys, env, *argv):
+    """worker.main(argv) in this process, with env: (exit code, its JSON lines, its stderr)."""
+    import worker as worker_py
+
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    code = worker_py.main(list(argv))
+    out, err = capsys.readouterr()
+    return code, [json.loads(line) for line in out.splitlines()], err
+
+
+def test_status_shows_what_is_stuck_and_reconcile_settles_it_on_the_workers_ledger(
+    env, receiver, monkeypatch, capsys
+):
+    """Two effects sent with no answer (state unknown): one the receiver made, one it never got.
+    status counts them; reconcile asks the receiver by key and settles both; a job of the first
+    operation then finds the receipt and sends nothing."""
+    client = workflow.TicketClient(receiver.url, attempts=1)
+    ledger = ledger_on(env["CHECKPOINT_DB"])
+    for key in ("made:op", "lost:op"):
+        ledger.claim(key, "ticket", {"title": "Check supplier configuration"})
+    client.create("Check supplier configuration", "made:op")  # it arrived; its answer did not
+    for key in ("made:op", "lost:op"):
+        ledger.move(key, "unknown", "no answer: the test")
+    code, lines, _ = in_process(monkeypatch, capsys, env, "status")
+    assert code == 0 and lines[0]["effects_unknown"] == 2 and lines[0]["oldest_unknown_s"] >= 0
+
+    code, lines, err = in_process(monkeypatch, capsys, env, "reconcile")
+    assert code == 0, err
+    assert lines == [
+        {"effect": "ticket", "event": "reconciled", "key": "made:op", "now": "confirmed",
+         "was": "unknown"},
+        {"effect": "ticket", "event": "reconciled", "key": "lost:op", "now": "not sent",
+         "was": "unknown"},
+        {"count": 0, "event": "effects_unknown", "oldest_s": 0},
+    ]  # fmt: skip
+    code, lines, _ = in_process(monkeypatch, capsys, env, "status")
+    assert (lines[0]["effects_unknown"], lines[0]["oldest_unknown_s"]) == (0, 0)
+    code, _, err = in_process(monkeypatch, capsys, env, "reconcile", "--not-sent", "made:op")
+    assert code == workflow.EXIT_THREAD and err.startswith("worker.py: effect 'made:op' is not")
+
+    sent_before = posts(receiver)
+    code, _, err = in_process(
+        monkeypatch, capsys, env, "submit", "--thread", "made", "--operation", "made:op"
+    )
+    assert code == 0, err
+    ran = worker(env, "run", "--drain")
+    assert ran.returncode == 0, ran.stderr
+    events = [json.loads(line) for line in ran.stdout.splitlines()]
+    assert {"event": "effect_receipt", "key": "made:op", "ticket_id": 1} in events
+    assert posts(receiver) == sent_before  # the job's ledger is the one reconcile settled
+    ledger.close()
+
+
+def test_reconcile_settles_what_no_lookup_can_as_a_person_says(env, monkeypatch, capsys):
+    """--confirmed and --not-sent on the workers' ledger, each recorded with how."""
+    ledger = ledger_on(env["CHECKPOINT_DB"])
+    for key in ("a", "b"):
+        ledger.claim(key, "ticket", {"title": key})
+        ledger.move(key, "unknown", "no answer: the test")
+    code, lines, err = in_process(
+        monkeypatch, capsys, env, "reconcile", "--confirmed", "a", "--not-sent", "b"
+    )
+    assert code == 0, err
+    assert [(e["event"], e.get("key"), e.get("state")) for e in lines] == [
+        ("settled", "a", "confirmed"),
+        ("settled", "b", "released"),
+        ("effects_unknown", None, None),
+    ]
+    assert ledger.history("a")[-1] == (
+        "unknown", "confirmed", "settled: confirmed (a person: reconcile --confirmed)"
+    )  # fmt: skip
+    assert ledger.get("b").state == "released"
+    ledger.close()
+
+
+@pytest.mark.fast
+def test_a_worker_graph_that_names_nothing_is_one_line_and_exit_2(monkeypatch, capsys):
+    monkeypatch.setenv("WORKER_GRAPH", "workflow:no_such_builder")
+    import worker as worker_py
+
+    assert worker_py.main(["status"]) == workflow.EXIT_USAGE
+    out, err = capsys.readouterr()
+    assert out == "" and len(err.splitlines()) == 1
+    assert err.startswith("worker.py: WORKER_GRAPH='workflow:no_such_builder' names no graph")
