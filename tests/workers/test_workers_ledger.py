@@ -10,6 +10,7 @@ import dataclasses
 import json
 import os
 import re
+import subprocess
 import sys
 import urllib.request
 
@@ -141,7 +142,8 @@ def test_status_shows_what_is_stuck_and_reconcile_settles_it_on_the_workers_ledg
 ):
     """Two effects sent with no answer (state unknown): one the receiver made, one it never got.
     status counts them; reconcile asks the receiver by key and settles both; a job of the first
-    operation then finds the receipt and sends nothing."""
+    operation then finds the receipt and sends nothing. The job runs the core's own graph
+    (WORKER_GRAPH=workflow:build_graph), which has no --mode: the lab's is only the default."""
     client = workflow.TicketClient(receiver.url, attempts=1)
     ledger = ledger_on(env["CHECKPOINT_DB"])
     for key in ("made:op", "lost:op"):
@@ -167,6 +169,7 @@ def test_status_shows_what_is_stuck_and_reconcile_settles_it_on_the_workers_ledg
     assert code == workflow.EXIT_THREAD and err.startswith("worker.py: effect 'made:op' is not")
 
     sent_before = posts(receiver)
+    env["WORKER_GRAPH"] = "workflow:build_graph"
     code, _, err = in_process(
         monkeypatch, capsys, env, "submit", "--thread", "made", "--operation", "made:op"
     )
@@ -176,6 +179,8 @@ def test_status_shows_what_is_stuck_and_reconcile_settles_it_on_the_workers_ledg
     events = [json.loads(line) for line in ran.stdout.splitlines()]
     assert {"event": "effect_receipt", "key": "made:op", "ticket_id": 1} in events
     assert posts(receiver) == sent_before  # the job's ledger is the one reconcile settled
+    (done,) = [e for e in events if e["event"] == "done"]
+    assert "mode" not in done  # the core's graph ran, not the lab's
     ledger.close()
 
 
@@ -199,6 +204,24 @@ def test_reconcile_settles_what_no_lookup_can_as_a_person_says(env, monkeypatch,
     )  # fmt: skip
     assert ledger.get("b").state == "released"
     ledger.close()
+
+
+@pytest.mark.fast
+def test_worker_py_imports_no_lab_and_offers_mode_only_with_a_graph_that_has_variants(
+    monkeypatch,
+):
+    """lab.py is WORKER_GRAPH's default, imported by name: `import worker` loads none of it, and
+    --mode (the lab's variants) is refused for the core's graph, which has none."""
+    looked = subprocess.run(
+        [sys.executable, "-c", "import sys, worker; sys.exit('lab' in sys.modules)"], cwd=ROOT
+    )
+    assert looked.returncode == 0
+    monkeypatch.setenv("WORKER_GRAPH", "workflow:build_graph")
+    import worker as worker_py
+
+    with pytest.raises(SystemExit) as refused:
+        worker_py.main(["submit", "--thread", "t", "--operation", "k", "--mode", "safe"])
+    assert refused.value.code == workflow.EXIT_USAGE
 
 
 @pytest.mark.fast
