@@ -343,9 +343,8 @@ async def work(args):
     emit("worker", heartbeat_s=args.heartbeat_s, drain=args.drain)
     with open_checkpoints(args.checkpoint_db) as (saver, pool):
         worker.saver, worker.pool = saver, pool
-        warm_up(
-            saver, args.build_graph
-        )  # before the first job: LangGraph's import would stop its heartbeat
+        # before the first job: LangGraph's import would stop its heartbeat
+        warm_up(saver, args.build_graph)
         while not worker.stopping:
             try:
                 await worker.serve()
@@ -635,9 +634,11 @@ def job_ledger(url):
     """The effect ledger on a connection of the job's own, in CHECKPOINT_DB beside the
     checkpoints; closed when the job ends.
 
-    Not one connection for the worker: its jobs run in threads at once, and a psycopg
-    connection runs one transaction at a time for all its users, so one job's statements would
-    land inside another job's claim. Nor the checkpoints' pool: a job holding one of its
+    Not one connection for the worker: its jobs run in threads at once, and psycopg 3 shares a
+    connection's transaction between every thread using it ("Concurrent operations" in its
+    docs: "if a thread starts a transaction, every cursor on the same connection will execute
+    their queries in the same transaction"), so one job's statements would land inside another
+    job's claim. Nor the checkpoints' pool: a job holding one of its
     connections for a whole run would leave its graph's saver short. And a claim is a session's
     advisory lock (effects.PostgresLedger.performing), which the same session would take again
     for a second job: two jobs of one worker on one key would both own it. A connection per job
