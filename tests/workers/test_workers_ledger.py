@@ -233,3 +233,13 @@ def test_a_worker_graph_that_names_nothing_is_one_line_and_exit_2(monkeypatch, c
     out, err = capsys.readouterr()
     assert out == "" and len(err.splitlines()) == 1
     assert err.startswith("worker.py: WORKER_GRAPH='workflow:no_such_builder' names no graph")
+
+
+@pytest.mark.fast
+def test_a_job_that_meets_a_key_another_worker_performs_is_tried_again_later():
+    """InFlight is no failure of the operation: the job goes back to the queue (job_retry), and
+    its next run finds the other worker's receipt; a Conflict (a reused key) is dead at once."""
+    import worker as worker_py
+
+    assert worker_py.retryable(effects.InFlight("k")) == "another worker is performing its effect"
+    assert worker_py.retryable(effects.Conflict("k was claimed for another request")) is None
