@@ -19,6 +19,7 @@ next attempt does not send blindly:
                          it made nothing: the request goes again with the same key. A provider
                          with no lookup: Unsettled, and a person settles it (Ledger.settle)
     another request under the same key: Conflict, never a second effect
+    a live process is performing it   InFlight (Postgres: it holds the key's advisory lock)
 
 The ledger's row and LangGraph's checkpoint are two commits, even in one SQLite file. The ledger
 has a connection of its own; so has SqliteSaver (SqliteSaver.from_conn_string opens one, and
@@ -42,7 +43,7 @@ import sqlite3
 import threading
 import time
 from collections.abc import Callable
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import NamedTuple
 
 from failpoints import fail
@@ -75,6 +76,10 @@ class Effect:
 
     def perform(self, ledger, key, request, client, thread=None):
         """The effect's Outcome, made at most once per key: from the receipt when there is one."""
+        with ledger.performing(key):  # Postgres: InFlight while a live process performs key
+            return self.perform_claimed(ledger, key, request, client, thread)
+
+    def perform_claimed(self, ledger, key, request, client, thread=None):
         record = ledger.claim(key, self.name, request, thread)
         if record.state == "confirmed":
             return Outcome(record.answer, "receipt")  # a replay: the provider is not called
@@ -168,6 +173,17 @@ class Unsettled(LedgerError):
         self.key = key
 
 
+class InFlight(LedgerError):
+    """Another live process is performing the key right now: its answer is not in yet."""
+
+    def __init__(self, key):
+        super().__init__(
+            f"effect {key!r} is being performed by another live process (it holds the key's "
+            "lock); try again once it has finished: its receipt will be there"
+        )
+        self.key = key
+
+
 class Refused(LedgerError):
     """The provider said no (refusal: its answer), and the ledger recorded it as failed."""
 
@@ -220,6 +236,11 @@ class Ledger:
                 self.move_locked(key, row["state"], "requested", "claimed")
                 return Record(key, effect, "requested", digest, "claimed")
             return self.record(row, reopened=row["state"] in OPEN)
+
+    @contextmanager
+    def performing(self, key):
+        """Held while this process performs key. SQLite: nothing more than claim's lock."""
+        yield
 
     def confirm(self, key, answer, external_id, how):
         """The receipt: kept once, never overwritten; the answer it holds."""
@@ -419,6 +440,23 @@ class PostgresLedger(Ledger):
 
     def close(self):
         pass  # the caller's connection: the caller closes it
+
+    @contextmanager
+    def performing(self, key):
+        """The key's session advisory lock, held from the claim to the receipt: a row found
+        requested does not say whether its sender is alive (a worker whose lease another one
+        took over may still be sending), the lock does: Postgres drops it with the session of a
+        process that died. Taken: InFlight, and nothing is sent. A session's own lock is
+        reentrant, so two performers need two connections."""
+        ids = ("effect ledger", key)
+        taken = "SELECT pg_try_advisory_lock(hashtext(?), hashtext(?)) AS taken"
+        if not self.sql(taken, ids).fetchone()["taken"]:
+            raise InFlight(key)
+        try:
+            yield
+        finally:
+            with suppress(Exception):  # a lost session has dropped the lock already
+                self.sql("SELECT pg_advisory_unlock(hashtext(?), hashtext(?))", ids)
 
     @contextmanager
     def transaction(self):

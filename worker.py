@@ -1,15 +1,19 @@
 """Workers that run workflow.py's graph from a job queue in Postgres: the lab on several machines.
 
-    python worker.py submit --thread T --operation K [--mode safe] [--title ...]
+    python worker.py submit --thread T --operation K [--mode ledger] [--title ...]
     python worker.py run [--drain]        a worker; --drain: exit once no job is queued or running
-    python worker.py status               every job: queued, running, stalled, retrying, dead, done
+    python worker.py status               every job: queued, running, stalled, retrying, dead,
+                                          done; and how many effects are unknown, the oldest's age
     python worker.py wait [--thread T]    until no job (of thread T) is queued or running
     python worker.py state --thread T     the thread's checkpoint, as `workflow.py state`
+    python worker.py reconcile [--confirmed KEY ...] [--not-sent KEY ...]   as workflow.py's
 
 Each job is one operation on one checkpoint thread. A worker takes a job and runs the thread:
 from the job's input when the thread has no checkpoint, else from its checkpoint (invoke(None)).
-The checkpoints and the queue live in the same Postgres database (CHECKPOINT_DB), so any worker
-on any machine can resume any thread.
+The checkpoints, the queue and the effect ledger (effects.py) live in the same Postgres database
+(CHECKPOINT_DB), so any worker on any machine can resume any thread, and finds what every other
+worker's runs sent. The graph is WORKER_GRAPH's (module:function, given a checkpointer); the
+lab's by default, whose --mode picks the lessons' variants (lab.MODES; ledger by default).
 
 The queue is pgqueuer 1.6, not procrastinate; both keep jobs in Postgres and both were tried (see
 the README's "Past one machine"). pgqueuer because:
@@ -46,8 +50,11 @@ What a worker survives:
 
 Neither queue can stop a worker that froze (a long GC pause, SIGSTOP, a paused VM) for longer than
 its heartbeat and then wakes up: by then its job is another worker's, and the woken worker still
-finishes its run. Two runs of one thread: only the receiver's idempotency key keeps the second
-effect harmless (lab 10), and only while the receiver still holds that key (lab 14).
+finishes its run. Two runs of one thread: the ledger is what the second one meets (lab 10). It
+finds the receipt and sends nothing; or, while the other worker's request is out, the key's lock
+(effects.InFlight: the job is tried again later, and then finds the receipt). Without the ledger
+(--mode safe) only the receiver's idempotency key keeps the second request harmless, and only
+while the receiver still holds that key (lab 14).
 
 Output is one JSON object per line (workflow.py's emit). Exit codes: workflow.py's (3 also when
 CHECKPOINT_DB does not answer within WORKER_DB_WAIT_S), 4 when a thread already has a job queued
@@ -56,6 +63,7 @@ or running, 5 when `wait` finds dead jobs; `run` exits 0 on SIGTERM once its gra
 running jobs go to another worker once their heartbeat is stale.
 
 Configuration (environment, read in main()):
+    WORKER_GRAPH         lab:build_graph: the module:function that compiles the graph the jobs run
     API_URL, API_TIMEOUT_S, API_ATTEMPTS   as for workflow.py (compose sets API_URL)
     CHECKPOINT_DB        postgresql://... (required: checkpoints and queue; compose sets it)
     WORKER_HEARTBEAT_S   10: a job whose worker has not beaten for this long goes to another one
@@ -89,8 +97,8 @@ import time
 import urllib.error
 from datetime import timedelta
 
+import effects
 import failpoints
-import lab  # lab-only: the lab's graph (--mode), built from the core's nodes
 import workflow
 from workflow import EXIT_NO_ANSWER, EXIT_THREAD, EXIT_USAGE, UserError, emit
 
@@ -107,6 +115,7 @@ RETRY_MAX_S = 60.0  # the longest delay between two runs of a job
 NO_WORKER_NOTICE_S = 3.0  # `wait` says nothing is running the queued jobs after this long
 EXIT_DEAD = 5  # `wait`: jobs used up their attempts; their operations did not finish
 DRAINED = "drained"  # the reason on a job that a deploy sent back to the queue
+GRAPH = "lab:build_graph"  # WORKER_GRAPH's default: the lab's graph, with its --mode variants
 
 # worker.py's own bookkeeping beside pgqueuer's tables: who runs (a worker's session is alive
 # while its queue connection is: pg_stat_activity), and what became of each job.
@@ -189,8 +198,25 @@ async def submit(args):
 
 
 async def status(args):
+    """The jobs, and what is stuck: how many effects are unknown (sent, no answer: reconcile
+    settles them) and the age of the oldest, in seconds."""
     queries = await open_queue(args.checkpoint_db, time.monotonic() + args.db_wait_s)
-    emit("jobs", jobs=await jobs(queries))
+    listed = await jobs(queries)
+    unknown, oldest_s = await asyncio.to_thread(stuck_effects, args.checkpoint_db)
+    emit("jobs", effects_unknown=unknown, jobs=listed, oldest_unknown_s=round(oldest_s))
+
+
+def stuck_effects(url):
+    with job_ledger(url) as ledger:
+        return ledger.stuck()
+
+
+def reconcile(args):
+    """workflow.py's reconcile, on the workers' ledger: the open effects asked by key, or
+    settled as a person says (--confirmed, --not-sent). It looks up the effects the graph's
+    module declares, and the core's."""
+    args.effects = effects.declared(vars(workflow)) | effects.declared(vars(args.graph_module))
+    workflow.reconcile(args, args.settings)
 
 
 async def wait(args):
@@ -317,7 +343,8 @@ async def work(args):
     emit("worker", heartbeat_s=args.heartbeat_s, drain=args.drain)
     with open_checkpoints(args.checkpoint_db) as (saver, pool):
         worker.saver, worker.pool = saver, pool
-        warm_up(saver)  # before the first job: LangGraph's import would stop its heartbeat
+        # before the first job: LangGraph's import would stop its heartbeat
+        warm_up(saver, args.build_graph)
         while not worker.stopping:
             try:
                 await worker.serve()
@@ -440,7 +467,9 @@ class Worker:
         hold = LabHold(operation, job_id, self.args) if operation.get("lab_hold") else None
         final = None
         try:
-            final = run_thread(self.saver, self.client, operation, job_id, control, hold)
+            with job_ledger(self.args.checkpoint_db) as ledger:
+                graph = self.args.build_graph(self.saver)
+                final = run_thread(graph, self.client, ledger, operation, job_id, control, hold)
         finally:
             if hold:  # lab-only
                 hold.finished(final)  # lab-only
@@ -494,7 +523,7 @@ class Worker:
                 told = True
 
 
-def warm_up(saver):
+def warm_up(saver, build_graph):
     """Import LangGraph and build the graph once, before the worker takes a job.
 
     A job's heartbeat beats in the event loop, first at half of WORKER_HEARTBEAT_S after the pick,
@@ -506,8 +535,7 @@ def warm_up(saver):
     it held finished before `pause`."""
     for module in ("langgraph.errors", "langgraph.runtime"):
         importlib.import_module(module)
-    workflow.build_graph(saver)  # the graph run_thread builds
-    lab.build_graph(saver)  # lab-only: the graph with --mode's key
+    build_graph(saver)  # the graph run_job builds
 
 
 class JobDead(Exception):
@@ -521,6 +549,8 @@ def retryable(error):
 
     if isinstance(error, workflow.NoAnswer | workflow.Unreachable):
         return "the receiver did not answer"
+    if isinstance(error, effects.InFlight):  # its receipt will be there for the next try
+        return "another worker is performing its effect"
     if isinstance(error, urllib.error.HTTPError) and error.code in (502, 503, 504):
         return f"the receiver answered {error.code}"
     if isinstance(error, psycopg.OperationalError | psycopg_pool.PoolTimeout):
@@ -539,7 +569,30 @@ def jittered(delay):
 
 
 def state(args):
-    lab.state(args, workflow.Settings(checkpoint_db=args.checkpoint_db))
+    """The thread's newest checkpoint, read through the graph the workers run."""
+    with workflow.open_checkpointer(args.checkpoint_db) as saver:
+        snapshot = args.build_graph(saver).get_state(workflow.thread_config(args.thread))
+    if not snapshot.values:
+        raise UserError(f"no thread {args.thread!r}; check --thread", EXIT_THREAD)
+    emit("state", values=snapshot.values, next=list(snapshot.next))
+
+
+def load_graph(spec):
+    """WORKER_GRAPH=module:function: (the module, its function that compiles the graph on a
+    checkpointer). The module is imported, not run: its main() does not start."""
+    name, _, function = spec.partition(":")
+    try:
+        module = importlib.import_module(name)
+        builder = getattr(module, function)
+    except (ImportError, AttributeError, ValueError) as error:
+        raise UserError(
+            f"WORKER_GRAPH={spec!r} names no graph builder ({error}); use module:function, "
+            f"like {GRAPH}",
+            EXIT_USAGE,
+        ) from None
+    if not callable(builder):
+        raise UserError(f"WORKER_GRAPH={spec!r}: {function} is not a function", EXIT_USAGE)
+    return module, builder
 
 
 # --- the one place worker.py calls into workflow.py's graph ----------------------------------
@@ -576,20 +629,43 @@ def ticket_client(args):
     return workflow.TicketClient(args.api_url, args.timeout_s, args.attempts)
 
 
-def run_thread(saver, client, operation, job_id, control, lab_hold=None):
-    """One job's run: start the thread from the job's input, or resume it from its checkpoint.
-    The final values, or None when control drained the run at a step boundary."""
+@contextlib.contextmanager
+def job_ledger(url):
+    """The effect ledger on a connection of the job's own, in CHECKPOINT_DB beside the
+    checkpoints; closed when the job ends.
+
+    Not one connection for the worker: its jobs run in threads at once, and psycopg 3 shares a
+    connection's transaction between every thread using it ("Concurrent operations" in its
+    docs: "if a thread starts a transaction, every cursor on the same connection will execute
+    their queries in the same transaction"), so one job's statements would land inside another
+    job's claim. Nor the checkpoints' pool: a job holding one of its
+    connections for a whole run would leave its graph's saver short. And a claim is a session's
+    advisory lock (effects.PostgresLedger.performing), which the same session would take again
+    for a second job: two jobs of one worker on one key would both own it. A connection per job
+    costs one connect per run, and a database that went away breaks no connection of the next
+    job."""
+    import psycopg
+    from psycopg.rows import dict_row
+
+    settings = {"autocommit": True, "row_factory": dict_row, "connect_timeout": CONNECT_TIMEOUT_S}
+    with psycopg.connect(url, **settings) as conn:
+        yield effects.PostgresLedger(conn)
+
+
+def run_thread(graph, client, ledger, operation, job_id, control, lab_hold=None):
+    """One job's run: start the thread from the job's input, or resume it from its checkpoint,
+    its effects through ledger. The final values, or None when control drained the run at a
+    step boundary."""
     from langgraph.errors import GraphDrained
 
     config = {"configurable": {"thread_id": operation["thread"]}}
-    graph = workflow.build_graph(saver)
-    graph = lab.build_graph(saver)  # lab-only: the graph with --mode's key
     resume = bool(graph.get_state(config).values)
     emit("job", job=job_id, resume=resume, thread=operation["thread"])
     first_input = None
     if not resume:
         first_input = {"operation_id": operation["operation_id"], "title": operation["title"]}
-        first_input["mode"] = operation["mode"]  # lab-only
+        if "mode" in operation:  # lab-only
+            first_input["mode"] = operation["mode"]  # lab-only
     points = {}
     if lab_hold and not resume:  # lab-only: only the run that starts the thread holds
         client, points = lab_hold.client(client), {lab_hold.at: "hold"}  # lab-only
@@ -602,7 +678,7 @@ def run_thread(saver, client, operation, job_id, control, lab_hold=None):
                 config,
                 durability="sync",
                 control=control,
-                context=workflow.Context(client, None),  # safe mode: keyed, no ledger yet
+                context=workflow.Context(client, ledger),
             )
     except GraphDrained:
         return None
@@ -694,7 +770,7 @@ def say(message):
     print(f"worker.py: {message}", file=sys.stderr, flush=True)
 
 
-def parse_args(argv):
+def parse_args(argv, graph_module):
     parser = workflow.Parser(prog="worker.py", description=__doc__.split("\n")[0])
     actions = parser.add_subparsers(dest="action", required=True, parser_class=workflow.Parser)
     sub = actions.add_parser("submit", help="queue one operation for the workers")
@@ -702,7 +778,7 @@ def parse_args(argv):
     sub.add_argument("--thread", required=True, help="checkpoint thread id (one job at a time)")
     sub.add_argument("--operation", required=True, help="operation id, used as the key")
     sub.add_argument("--title", default="Check supplier configuration", help="ticket title")
-    lab_submit_arguments(sub)  # lab-only
+    lab_submit_arguments(sub, graph_module)  # lab-only
     sub = actions.add_parser("run", help="run queued operations until SIGTERM or Ctrl-C")
     sub.set_defaults(run=work)
     sub.add_argument("--drain", action="store_true", help="exit once no job is queued or running")
@@ -716,11 +792,21 @@ def parse_args(argv):
     sub = actions.add_parser("state", help="show a thread's checkpoint")
     sub.set_defaults(run=state)
     sub.add_argument("--thread", required=True)
+    sub = actions.add_parser("reconcile", help="settle the ledger's open effects")
+    sub.set_defaults(run=reconcile)
+    sub.add_argument("--confirmed", nargs="+", default=[], metavar="KEY", help="it happened")
+    sub.add_argument("--not-sent", nargs="+", default=[], metavar="KEY", help="it did not")
     return parser.parse_args(argv)
 
 
 def main(argv=None):
-    args = parse_args(argv)
+    try:
+        graph_module, build_graph = load_graph(os.environ.get("WORKER_GRAPH", GRAPH))
+    except UserError as error:
+        print(f"worker.py: {error}", file=sys.stderr)
+        return error.exit_code
+    args = parse_args(argv, graph_module)
+    args.graph_module, args.build_graph = graph_module, build_graph
     # pgqueuer logs each failed job and flush with its traceback; the worker says what happened
     # in its own lines (job_retry, job_dead, "lost the database"), so those loggers stay quiet;
     # psycopg's pool logs each failed reconnect the same way.
@@ -728,7 +814,7 @@ def main(argv=None):
         logging.getLogger(name).setLevel(logging.CRITICAL)
     try:
         settings = workflow.Settings.from_environ(os.environ)  # API_URL, CHECKPOINT_DB, ...
-        vars(args).update(dataclasses.asdict(settings))
+        vars(args).update(dataclasses.asdict(settings), settings=settings)
         try:  # the core's points (FAILPOINTS="after-ack=sleep(0.2)": every job of this worker)
             failpoints.configure(settings.failpoints, known=workflow.POINTS, announce=announce)
         except failpoints.FailpointSpecError as error:
@@ -766,8 +852,13 @@ LAB_HOLDS = """CREATE TABLE IF NOT EXISTS lab_holds (
     state text NOT NULL DEFAULT 'holding', outcome jsonb)"""
 
 
-def lab_submit_arguments(sub):
-    sub.add_argument("--mode", choices=lab.MODES, default="safe")
+def lab_submit_arguments(sub, graph_module):
+    """--mode: the variants of a graph module that has them (lab.MODES); ledger, the core's,
+    unless a lesson asks for another."""
+    if modes := getattr(graph_module, "MODES", ()):
+        sub.add_argument(
+            "--mode", choices=modes, default="ledger" if "ledger" in modes else modes[0]
+        )
     sub.add_argument("--lab-hold", choices=HOLD_POINTS, help="lab 10: where the first run waits")
 
 
@@ -776,7 +867,10 @@ def lab_wait_arguments(sub):
 
 
 def lab_operation_fields(args):
-    return {"mode": args.mode, **({"lab_hold": args.lab_hold} if args.lab_hold else {})}
+    fields = {"lab_hold": args.lab_hold} if args.lab_hold else {}
+    if getattr(args, "mode", None):
+        fields["mode"] = args.mode
+    return fields
 
 
 async def lab_forget_hold(queries, args):
@@ -875,8 +969,10 @@ class LabHold:
     def finished(self, final):
         if self.conn is None:
             return
-        if final is not None and self.recorder.result:
-            outcome = {k: self.recorder.result[k] for k in ("created", "ticket_id")}
+        if final is not None:  # sent: what the receiver answered; not sent: the ledger's receipt
+            answer = self.recorder.result
+            outcome = {"sent": answer is not None, "ticket_id": final["ticket_id"]}
+            outcome.update({"created": answer["created"]} if answer else {})
             self.conn.execute(
                 "UPDATE lab_holds SET state = 'finished', outcome = %s WHERE thread = %s",
                 (json.dumps(outcome), self.thread),

@@ -232,7 +232,7 @@ class Ledger:
         background workers' tickets."""
         action, thread = words[0], option(words, "--thread")
         if action == "submit":
-            self.declare(option(words, "--operation"), option(words, "--mode", "safe"), thread)
+            self.declare(option(words, "--operation"), option(words, "--mode", "ledger"), thread)
             return None
         if action not in WORKER_EFFECTS:
             return None

@@ -1,0 +1,245 @@
+"""The workers' effect ledger, in Postgres beside their checkpoints and queue: two processes on
+one key send one request, reconcile and status on the workers' ledger, a graph of one's own.
+
+Real parts: a throwaway Postgres cluster (labs.tools.pg, one for the module, a database per
+test), the receiver as a process (its POSTs counted from its /metrics), forked processes with a
+ledger connection each, and `python worker.py` processes.
+"""
+
+import dataclasses
+import json
+import os
+import re
+import subprocess
+import sys
+import urllib.request
+
+import pytest
+from conftest import require_postgres
+
+import effects
+import workflow
+from labs.tools.local import ROOT, ReceiverProcess, free_port, lab_env, run
+from labs.tools.pg import TempPostgres
+
+HANG_GUARD_S = 300  # only a hang reaches it, however busy the machine
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    require_postgres()
+    with TempPostgres() as pg:
+        yield pg
+
+
+@pytest.fixture
+def env(cluster, tmp_path, request):
+    """The workers' environment, on a new database of this test's own."""
+    import psycopg
+
+    name = "w_" + re.sub(r"\W", "_", request.node.name).lower()[:50]
+    with psycopg.connect(cluster.url, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}"')
+        conn.execute(f'CREATE DATABASE "{name}"')
+    url = cluster.url.rsplit("/", 1)[0] + "/" + name
+    return lab_env(
+        tmp_path / "data", free_port(), CHECKPOINT_DB=url, WORKER_HEARTBEAT_S="2", FAILPOINTS=""
+    )
+
+
+@pytest.fixture
+def receiver(env, tmp_path):
+    proc = ReceiverProcess(env, log_path=tmp_path / "receiver.log").start()
+    yield proc
+    proc.stop()
+
+
+def posts(receiver):
+    """POSTs the receiver answered with a ticket (created or replayed), from GET /metrics."""
+    with urllib.request.urlopen(receiver.url + "/metrics") as response:
+        text = response.read().decode()
+    names = ("tickets_created", "idempotent_replays")
+    return sum(int(re.search(rf"^receiver_{n}_total (\d+)$", text, re.M)[1]) for n in names)
+
+
+def ledger_on(url):
+    """A ledger on a connection of its own: what each worker's job opens (worker.job_ledger)."""
+    import psycopg
+    from psycopg.rows import dict_row
+
+    conn = psycopg.connect(url, autocommit=True, row_factory=dict_row)
+    ledger = effects.PostgresLedger(conn)
+    ledger.close = conn.close
+    return ledger
+
+
+def worker(env, *args):
+    return run([sys.executable, str(ROOT / "worker.py"), *args], env, timeout=HANG_GUARD_S)
+
+
+def test_two_processes_performing_one_key_at_once_send_one_request(env, receiver):
+    """Two workers resuming one thread at once (a frozen one woke up, another took its job over):
+    the first has claimed the key and its request is about to leave; the second, in another
+    process, finds the claim. It must not send: a row in state requested cannot tell a live
+    sender from a dead one, and a lookup then finds nothing yet. It gets InFlight, the first
+    one's request is the only one the receiver sees, and the second's next try finds the
+    receipt. (Without the key's lock the second one looked up, found nothing and sent: two
+    POSTs.) The first one's send waits at a pipe, between its claim and its request."""
+    url, key, request = env["CHECKPOINT_DB"], "case-9:open-ticket:v1", {"title": "t"}
+    client = workflow.TicketClient(receiver.url, attempts=1)
+    ledger_on(url).close()  # the tables, before the race
+    claimed_r, claimed_w = os.pipe()
+    go_r, go_w = os.pipe()
+
+    def send_when_told(client, request, key):
+        os.write(claimed_w, b".")  # claimed: the ledger says requested
+        os.read(go_r, 1)
+        return workflow.TICKET.send(client, request, key)
+
+    first = os.fork()
+    if first == 0:  # the first worker: its own process, its own connection
+        code = 1
+        try:
+            ledger = ledger_on(url)
+            done = dataclasses.replace(workflow.TICKET, send=send_when_told).perform(
+                ledger, key, request, client
+            )
+            code = 0 if done.how == "sent" else 3
+        finally:
+            os._exit(code)
+    try:
+        os.read(claimed_r, 1)
+        second = ledger_on(url)
+        try:
+            outcome = workflow.TICKET.perform(second, key, request, client)
+        except effects.InFlight as error:
+            outcome = error
+    finally:
+        os.write(go_w, b".")
+        _, status = os.waitpid(first, 0)
+    assert os.waitstatus_to_exitcode(status) == 0  # the first one sent, and kept its receipt
+    assert posts(receiver) == 1, outcome  # one request reached the receiver
+    assert isinstance(outcome, effects.InFlight), outcome
+    assert workflow.TICKET.perform(second, key, request, client).how == "receipt"
+    assert posts(receiver) == 1
+    assert [to for _, to, _ in second.history(key)] == ["requested", "confirmed"]
+    second.close()
+
+
+def in_process(monkeypatch, capsys, env, *argv):
+    """worker.main(argv) in this process, with env: (exit code, its JSON lines, its stderr)."""
+    import worker as worker_py
+
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    code = worker_py.main(list(argv))
+    out, err = capsys.readouterr()
+    return code, [json.loads(line) for line in out.splitlines()], err
+
+
+def test_status_shows_what_is_stuck_and_reconcile_settles_it_on_the_workers_ledger(
+    env, receiver, monkeypatch, capsys
+):
+    """Two effects sent with no answer (state unknown): one the receiver made, one it never got.
+    status counts them; reconcile asks the receiver by key and settles both; a job of the first
+    operation then finds the receipt and sends nothing. The job runs the core's own graph
+    (WORKER_GRAPH=workflow:build_graph), which has no --mode: the lab's is only the default."""
+    client = workflow.TicketClient(receiver.url, attempts=1)
+    ledger = ledger_on(env["CHECKPOINT_DB"])
+    for key in ("made:op", "lost:op"):
+        ledger.claim(key, "ticket", {"title": "Check supplier configuration"})
+    client.create("Check supplier configuration", "made:op")  # it arrived; its answer did not
+    for key in ("made:op", "lost:op"):
+        ledger.move(key, "unknown", "no answer: the test")
+    code, lines, _ = in_process(monkeypatch, capsys, env, "status")
+    assert code == 0 and lines[0]["effects_unknown"] == 2 and lines[0]["oldest_unknown_s"] >= 0
+
+    code, lines, err = in_process(monkeypatch, capsys, env, "reconcile")
+    assert code == 0, err
+    assert lines == [
+        {"effect": "ticket", "event": "reconciled", "key": "made:op", "now": "confirmed",
+         "was": "unknown"},
+        {"effect": "ticket", "event": "reconciled", "key": "lost:op", "now": "not sent",
+         "was": "unknown"},
+        {"count": 0, "event": "effects_unknown", "oldest_s": 0},
+    ]  # fmt: skip
+    code, lines, _ = in_process(monkeypatch, capsys, env, "status")
+    assert (lines[0]["effects_unknown"], lines[0]["oldest_unknown_s"]) == (0, 0)
+    code, _, err = in_process(monkeypatch, capsys, env, "reconcile", "--not-sent", "made:op")
+    assert code == workflow.EXIT_THREAD and err.startswith("worker.py: effect 'made:op' is not")
+
+    sent_before = posts(receiver)
+    env["WORKER_GRAPH"] = "workflow:build_graph"
+    code, _, err = in_process(
+        monkeypatch, capsys, env, "submit", "--thread", "made", "--operation", "made:op"
+    )
+    assert code == 0, err
+    ran = worker(env, "run", "--drain")
+    assert ran.returncode == 0, ran.stderr
+    events = [json.loads(line) for line in ran.stdout.splitlines()]
+    assert {"event": "effect_receipt", "key": "made:op", "ticket_id": 1} in events
+    assert posts(receiver) == sent_before  # the job's ledger is the one reconcile settled
+    (done,) = [e for e in events if e["event"] == "done"]
+    assert "mode" not in done  # the core's graph ran, not the lab's
+    ledger.close()
+
+
+def test_reconcile_settles_what_no_lookup_can_as_a_person_says(env, monkeypatch, capsys):
+    """--confirmed and --not-sent on the workers' ledger, each recorded with how."""
+    ledger = ledger_on(env["CHECKPOINT_DB"])
+    for key in ("a", "b"):
+        ledger.claim(key, "ticket", {"title": key})
+        ledger.move(key, "unknown", "no answer: the test")
+    code, lines, err = in_process(
+        monkeypatch, capsys, env, "reconcile", "--confirmed", "a", "--not-sent", "b"
+    )
+    assert code == 0, err
+    assert [(e["event"], e.get("key"), e.get("state")) for e in lines] == [
+        ("settled", "a", "confirmed"),
+        ("settled", "b", "released"),
+        ("effects_unknown", None, None),
+    ]
+    assert ledger.history("a")[-1] == (
+        "unknown", "confirmed", "settled: confirmed (a person: reconcile --confirmed)"
+    )  # fmt: skip
+    assert ledger.get("b").state == "released"
+    ledger.close()
+
+
+@pytest.mark.fast
+def test_worker_py_imports_no_lab_and_offers_mode_only_with_a_graph_that_has_variants(
+    monkeypatch,
+):
+    """lab.py is WORKER_GRAPH's default, imported by name: `import worker` loads none of it, and
+    --mode (the lab's variants) is refused for the core's graph, which has none."""
+    looked = subprocess.run(
+        [sys.executable, "-c", "import sys, worker; sys.exit('lab' in sys.modules)"], cwd=ROOT
+    )
+    assert looked.returncode == 0
+    monkeypatch.setenv("WORKER_GRAPH", "workflow:build_graph")
+    import worker as worker_py
+
+    with pytest.raises(SystemExit) as refused:
+        worker_py.main(["submit", "--thread", "t", "--operation", "k", "--mode", "safe"])
+    assert refused.value.code == workflow.EXIT_USAGE
+
+
+@pytest.mark.fast
+def test_a_worker_graph_that_names_nothing_is_one_line_and_exit_2(monkeypatch, capsys):
+    monkeypatch.setenv("WORKER_GRAPH", "workflow:no_such_builder")
+    import worker as worker_py
+
+    assert worker_py.main(["status"]) == workflow.EXIT_USAGE
+    out, err = capsys.readouterr()
+    assert out == "" and len(err.splitlines()) == 1
+    assert err.startswith("worker.py: WORKER_GRAPH='workflow:no_such_builder' names no graph")
+
+
+@pytest.mark.fast
+def test_a_job_that_meets_a_key_another_worker_performs_is_tried_again_later():
+    """InFlight is no failure of the operation: the job goes back to the queue (job_retry), and
+    its next run finds the other worker's receipt; a Conflict (a reused key) is dead at once."""
+    import worker as worker_py
+
+    assert worker_py.retryable(effects.InFlight("k")) == "another worker is performing its effect"
+    assert worker_py.retryable(effects.Conflict("k was claimed for another request")) is None
