@@ -33,6 +33,7 @@ import hashlib
 import json
 import os
 import sqlite3
+import threading
 import time
 from collections.abc import Callable
 from contextlib import contextmanager
@@ -42,6 +43,7 @@ from failpoints import fail
 
 STATES = ("proposed", "authorized", "requested", "confirmed", "failed", "unknown", "released")
 TABLES = ("effects", "effect_transitions", "effect_receipts")
+OPENING = threading.RLock()  # a Ledger's first connection in a process is opened under it
 SETTLED = ("confirmed", "failed")  # final: a later attempt returns (or raises) what they say
 OPEN = ("requested", "unknown")  # a request may be out there: never send blindly
 
@@ -306,18 +308,25 @@ class Ledger:
     def db(self):
         """This process's connection, opened on first use: a forked child (effectdrill's crash
         runs) opens its own rather than share its parent's, which SQLite forbids."""
-        if self.pid != os.getpid():
-            self.conn, self.pid = (
-                sqlite3.connect(self.path, timeout=self.busy_timeout_s, isolation_level=None),
-                os.getpid(),
-            )
-            self.conn.row_factory = sqlite3.Row
-            self.conn.execute("PRAGMA journal_mode=WAL")  # as SqliteSaver sets it on the file
-            self.conn.execute("PRAGMA synchronous=FULL")  # a receipt survives a power cut
-            with self.transaction():
-                for statement in SCHEMA:
-                    self.conn.execute(statement)
+        with OPENING:  # two threads meeting a new process here open one connection, not two
+            if self.pid != os.getpid():
+                self.open()
         return self.conn
+
+    def open(self):
+        """One connection for the process's threads (LangGraph runs sync nodes in a pool), used
+        by one thread at a time, under self.lock; the tables made if they are not there."""
+        self.lock = threading.RLock()
+        self.conn = sqlite3.connect(
+            self.path, timeout=self.busy_timeout_s, isolation_level=None, check_same_thread=False
+        )
+        self.pid = os.getpid()
+        self.conn.row_factory = sqlite3.Row
+        self.conn.execute("PRAGMA journal_mode=WAL")  # as SqliteSaver sets it on the same file
+        self.conn.execute("PRAGMA synchronous=FULL")  # a receipt survives a power cut
+        with self.transaction():
+            for statement in SCHEMA:
+                self.conn.execute(statement)
 
     def close(self):
         if self.conn is not None and self.pid == os.getpid():
@@ -333,18 +342,22 @@ class Ledger:
     @contextmanager
     def transaction(self):
         """BEGIN IMMEDIATE: the write lock first, so a lookup and its insert cannot interleave
-        with another process's."""
-        self.db.execute("BEGIN IMMEDIATE")
-        try:
-            yield
-            self.db.execute("COMMIT")
-        except BaseException:
-            if self.db.in_transaction:
-                self.db.execute("ROLLBACK")
-            raise
+        with another process's (nor, under self.lock, with another thread's)."""
+        db = self.db
+        with self.lock:
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                yield
+                db.execute("COMMIT")
+            except BaseException:
+                if db.in_transaction:
+                    db.execute("ROLLBACK")
+                raise
 
     def sql(self, statement, args=()):
-        return self.db.execute(statement, args)
+        db = self.db
+        with self.lock:
+            return db.execute(statement, args)
 
     def row(self, key, lock=False):  # SQLite's BEGIN IMMEDIATE already holds the lock
         return self.sql("SELECT * FROM effects WHERE key = ?", (key,)).fetchone()

@@ -654,7 +654,7 @@ def build_parser():
         "--no-contract", action="store_true", help="skip the contract check (lab 12)"
     )
     start_parser = actions.choices["start"]
-    start_parser.add_argument("--mode", choices=MODES, default="safe")
+    start_parser.add_argument("--mode", choices=MODES, default="ledger")
     start_parser.add_argument(
         "--approval",
         nargs="?",
