@@ -3,7 +3,8 @@
     naive: quote -> set_plan -> add_seats -> open_ticket -> ask_and_email -> END
     fixed: quote -> set_plan -> add_seats -> open_ticket -> approve -> send_email -> END
 
-The classes, by call site (the same library can be any of them: sqlite3 below is three):
+The classes, by call site (one library can be any of them: sqlite3 below is harmless in one
+node and a duplicate in the next):
     quote        pure: computes the order and drafts the email from the input; re-runs harmlessly
     set_plan     an idempotent write: the same UPDATE twice leaves the same row
     add_seats    an "update" that is really an increment (seats = seats + n): naive runs it again
