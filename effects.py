@@ -20,12 +20,18 @@ next attempt does not send blindly:
                          with no lookup: Unsettled, and a person settles it (Ledger.settle)
     another request under the same key: Conflict, never a second effect
 
-The ledger's row and LangGraph's checkpoint are two commits, even in one SQLite file: the ledger
-has its own connection, as SqliteSaver has its own. A crash between the receipt and the checkpoint
-re-runs the node; the node finds the receipt and the provider hears nothing.
+The ledger's row and LangGraph's checkpoint are two commits, even in one SQLite file. The ledger
+has a connection of its own; so has SqliteSaver (SqliteSaver.from_conn_string opens one, and
+SqliteSaver.cursor commits on it: langgraph/checkpoint/sqlite/__init__.py), and LangGraph hands
+each node's writes to it from a background executor (PregelLoop.put_writes calls self.submit:
+langgraph/pregel/_loop.py). PostgresSaver's connection is autocommit (PostgresSaver.
+from_conn_string, langgraph/checkpoint/postgres/__init__.py; workflow.open_postgres does the
+same), the ledger's another. A crash between the receipt and the checkpoint (failpoint
+after-ack) re-runs the node; the node finds the receipt and the provider hears nothing. A crash
+between the provider's answer and the receipt (after-send) leaves `requested`: the lookup's case.
 
-Standard library only (Postgres through a connection the caller opens); importing it changes
-nothing.
+Standard library only, and psycopg for a Postgres ledger (open_ledger imports it only for a
+postgresql:// URL); importing this module changes nothing.
 """
 
 import dataclasses

@@ -133,16 +133,17 @@ TICKET = effects.Effect(
 )
 
 
+STEPS = (prepare, create_ticket)  # the graph: START -> each node in turn -> END
+
+
 def build_graph(checkpointer):
     """The compiled graph: prepare derives the key, create_ticket sends it with the request."""
     from langgraph.graph import END, START, StateGraph  # slow import: only graph commands pay
 
     builder = StateGraph(State, context_schema=Context)
-    builder.add_node("prepare", prepare)
-    builder.add_node("create_ticket", create_ticket)
-    builder.add_edge(START, "prepare")
-    builder.add_edge("prepare", "create_ticket")
-    builder.add_edge("create_ticket", END)
+    builder.add_sequence(STEPS)  # each node named after its function, an edge to the next
+    builder.add_edge(START, STEPS[0].__name__)
+    builder.add_edge(STEPS[-1].__name__, END)
     return builder.compile(checkpointer=checkpointer)
 
 

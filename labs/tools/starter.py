@@ -5,7 +5,8 @@
 DEST gets CORE byte for byte (what the tests of this repository run is what a copier gets) and
 every file under labs/tools/starter/: a README, a Dockerfile and compose.yaml with their own image
 and project names, requirements.in and its hashed lock with only what the core imports, and a
-unittest suite that crashes a run in its window, drills its graph and counts the tickets.
+unittest suite that crashes a run in the window of every effect workflow.py declares, drills its
+graph and counts the tickets.
 Exit codes: 0 written; 2 DEST exists and is not an empty folder, or a core file is missing
 (nothing is written).
 """
@@ -20,7 +21,7 @@ from labs.tools.local import ROOT
 CORE = (  # copied unchanged; effectdrill without its pytest plugin (the starter has no pytest)
     "failpoints.py",
     "httpguard.py",
-    "api.py",
+    "receiver.py",  # the core receiver: api.py is the lab's, which extends it
     "effects.py",
     "workflow.py",
     "effectdrill/__init__.py",

@@ -1,8 +1,9 @@
 """What learners type, in random orders: the whole lab.py surface against a real receiver.
 
 A hypothesis state machine (the generative idea of Jepsen: random operations, then check what
-the outside world holds) types the lab's commands for three threads in safe mode: `start` killed
-at any failpoint, `resume`, `state`, own-node approval and `approve [--reject]`, a deploy of
+the outside world holds) types the lab's commands for three threads, in the default mode (the
+ledger) or lab 02's safe mode (the key alone): `start` killed at any failpoint, `resume`, `state`,
+`reconcile`, own-node approval and `approve [--reject]`, a deploy of
 graph version 2 and `migrate`, the saga (`saga start` killed at any of its points, more seats
 than the receiver has, `saga resume`, `saga state`), the wrong resume for a thread (`resume` on a
 saga, `saga resume` on a ticket), a receiver restart, Ctrl-C in the middle of a run, and every
@@ -15,8 +16,10 @@ What must hold (the receiver's own answers decide, GET /tickets and GET /refunds
 - at most one refund per charge, and only for a saga whose reservation was refused for capacity
   (its `refused` line says "no capacity": the receiver lists no reservations);
 - an effect whose result the checkpoint holds is never sent again (the lab's promise: a resume
-  repeats only the node whose result was not saved); `migrate` moves only a ticket's thread, says
-  where it goes on, and `state` then agrees;
+  repeats only the node whose result was not saved); an operation run only through the ledger
+  reaches the receiver once: the receiver's log shows no replay of its key (a receipt or a lookup
+  answered every later attempt), and `reconcile` sends nothing; `migrate` moves only a ticket's
+  thread, says where it goes on, and `state` then agrees;
 - no traceback anywhere, every exit code is one of the README's table, Ctrl-C is exit 130 and one
   line.
 
@@ -101,6 +104,7 @@ HINT = re.compile(
     r"(?P<command>(?:saga )?(?:resume|migrate|approve)(?: --reject)?)"
     r"(?: --thread (?P<thread>[^\s;,)'\"]+)| (?=\(or --reject\))| (?=it without saga))"
 )
+REPLAYED = re.compile(r"^receiver: replayed key=(\S+) ", re.M)  # api.py's log line for a repeat
 FINISH_ATTEMPTS = 6  # commands to finish one thread at the end: resume, a hint, resume, ...
 
 
@@ -163,6 +167,8 @@ class Learner(RuleBasedStateMachine):
         self.threads = {}  # thread -> Thread, once a start has made it
         self.keys = set()  # the Idempotency-Keys of every operation started
         self.capacity_refused = set()  # saga operations whose reservation had no seats
+        self.keyed_only = set()  # operations some start ran in --mode safe (no ledger)
+        self.all_made = []  # every Thread a start was typed for
         self.hints = {}  # (argv, version) -> False, True once typed
         self.transcript = []  # what was typed and printed, for the failure message
         self.failed = False
@@ -174,12 +180,16 @@ class Learner(RuleBasedStateMachine):
         stop=st.none() | st.sampled_from(STOPS["ticket"]),
         default=st.booleans(),
         approval=st.booleans(),
+        safe=st.booleans(),
     )
     @step
-    def start(self, thread, stop, default, approval):
+    def start(self, thread, stop, default, approval, safe):
         operation = "case-001:open-ticket:v1" if default else f"op-{thread}"
         argv = ["start", "--thread", thread, *([] if default else ["--operation", operation])]
         argv += ["--approval", "own-node"] if approval else []
+        argv += ["--mode", "safe"] if safe else []  # lab 02's key, no ledger: replays allowed
+        if safe:
+            self.keyed_only.add(operation)
         self.starting(Thread("ticket", operation, key=operation), thread, argv, stop)
 
     @rule(
@@ -209,6 +219,15 @@ class Learner(RuleBasedStateMachine):
     @step
     def state(self, thread, saga):
         self.type([*(["saga"] if saga else []), "state", "--thread", thread])
+
+    @rule()
+    @step
+    def reconcile(self):
+        """The ledger's open effects asked for by key: it settles them and sends nothing."""
+        before = self.requests_to_the_receiver()
+        outcome = self.type(["reconcile"])
+        assert outcome.code == 0, self.report(f"reconcile exited {outcome.code}")
+        assert self.requests_to_the_receiver() == before, self.report("reconcile sent a POST")
 
     @rule(thread=st.sampled_from(THREADS), reject=st.booleans())
     @step
@@ -308,6 +327,13 @@ class Learner(RuleBasedStateMachine):
                 f"thread {thread!r} finished with ticket {done.get('ticket_id')}, "
                 f"the receiver's ticket for {key!r} is {by_key.get(key)}"
             )
+        ledger_only = {made.key for made in self.all_made if made.kind == "ticket"}
+        ledger_only -= self.keyed_only
+        replayed = set(REPLAYED.findall(self.receiver_log())) & ledger_only
+        assert not replayed, self.report(
+            f"operations run only through the ledger whose key reached the receiver again "
+            f"(its log says replayed): {sorted(replayed)}"
+        )
         per_ticket = collections.Counter(r["ticket_id"] for r in refunds)
         twice = {ticket: n for ticket, n in per_ticket.items() if n > 1}
         assert not twice, self.report(f"charges refunded more than once: {twice}")
@@ -320,9 +346,21 @@ class Learner(RuleBasedStateMachine):
 
     # --- one command, and what every command must show ---
 
+    def receiver_log(self):
+        return (self.folder / "receiver.log").read_text(errors="replace")
+
+    def requests_to_the_receiver(self):
+        """POSTs the receiver answered (created, replayed or refused), from its log."""
+        return len(
+            re.findall(
+                r"^receiver: (?:created|replayed|conflict|rejected) ", self.receiver_log(), re.M
+            )
+        )
+
     def starting(self, made, thread, argv, stop):
         """A start: the thread it makes, unless the thread exists (exit 4: then unchanged)."""
         self.keys.add(made.key)
+        self.all_made.append(made)
         before = self.threads.get(thread)  # a thread with no checkpoint yet: start makes it anew
         self.threads[thread] = made
         if self.type(argv, stop=stop).code == workflow.EXIT_THREAD:
@@ -349,7 +387,7 @@ class Learner(RuleBasedStateMachine):
         interrupt = " (Ctrl-C after its last line)" if ctrl_c_after else ""
         line = f"$ LAB_GRAPH_VERSION={version} {held}lab.py {typed}{interrupt}"
         self.transcript.append(f"{line}\n{out}{err}[exit {code}]")
-        thread = argv[argv.index("--thread") + 1]
+        thread = argv[argv.index("--thread") + 1] if "--thread" in argv else None
         outcome = Outcome(code, events(out), err, thread, version, interrupted)
         self.check(outcome)
         for hint in outcome.hints:

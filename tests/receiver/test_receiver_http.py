@@ -797,10 +797,12 @@ DOCUMENTED = [
 
 
 def statuses_api_py_sends():
-    """Every status literal api.py and httpguard.py answer with: ClientError(N, ...) and
-    `return/assign N, body`."""
+    """Every status literal api.py, receiver.py (its core) and httpguard.py answer with:
+    ClientError(N, ...) and `return/assign N, body`."""
     found = set()
-    source = (ROOT / "api.py").read_text() + (ROOT / "httpguard.py").read_text()
+    source = "".join(
+        (ROOT / name).read_text() for name in ("api.py", "receiver.py", "httpguard.py")
+    )
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "ClientError":
             found.add(node.args[0].value)

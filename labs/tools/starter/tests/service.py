@@ -1,4 +1,4 @@
-"""The service for the tests: api.py on a free loopback port, its data in a temporary folder."""
+"""The service for the tests: receiver.py on a free loopback port, its data in a temp folder."""
 
 import json
 import os
@@ -8,17 +8,18 @@ import sys
 import tempfile
 import time
 import unittest
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent.parent  # the folder with api.py and workflow.py
-START_DEADLINE_S = 60.0  # a hang guard: api.py answers /health in under a second (unless busy)
+HERE = Path(__file__).resolve().parent.parent  # the folder with receiver.py and workflow.py
+START_DEADLINE_S = 60.0  # a hang guard: receiver.py answers /health in under a second (unless busy)
 RUN_TIMEOUT_S = 120.0  # seconds for one workflow.py command (LangGraph imports in about 1 s)
 POLL_S = 0.05  # seconds between two /health polls
 
 
 class ServiceTestCase(unittest.TestCase):
-    """Each test gets its own api.py (self.url) and environment for workflow.py (self.env)."""
+    """Each test gets its own receiver.py (self.url) and environment for workflow.py (self.env)."""
 
     def setUp(self):
         folder = Path(self.enterContext(tempfile.TemporaryDirectory()))
@@ -32,13 +33,15 @@ class ServiceTestCase(unittest.TestCase):
             CHECKPOINT_DB=str(folder / "checkpoints.sqlite"),
         )
         log = self.enterContext(open(folder / "receiver.log", "wb"))
-        api = subprocess.Popen([sys.executable, str(HERE / "api.py")], env=self.env, stderr=log)
-        self.addCleanup(api.wait, 10)
-        self.addCleanup(api.terminate)
+        service = [sys.executable, str(HERE / "receiver.py")]
+        receiver = subprocess.Popen(service, env=self.env, stderr=log)
+        self.addCleanup(receiver.wait, 10)
+        self.addCleanup(receiver.terminate)
         deadline = time.monotonic() + START_DEADLINE_S
         while not self.healthy():
-            self.assertIsNone(api.poll(), f"api.py exited: {(folder / 'receiver.log').read_text()}")
-            self.assertLess(time.monotonic(), deadline, "api.py did not answer /health in time")
+            log_text = (folder / "receiver.log").read_text()
+            self.assertIsNone(receiver.poll(), f"receiver.py exited: {log_text}")
+            self.assertLess(time.monotonic(), deadline, "receiver.py did not answer /health")
             time.sleep(POLL_S)
 
     def healthy(self):
@@ -48,20 +51,19 @@ class ServiceTestCase(unittest.TestCase):
         except OSError:
             return False
 
-    def tickets(self):
-        """What the outside world holds: every ticket the receiver has."""
-        with urllib.request.urlopen(self.url + "/tickets", timeout=5) as response:
+    def tickets(self, key=None):
+        """What the outside world holds: every ticket the receiver has, or those of one key."""
+        query = "" if key is None else "?" + urllib.parse.urlencode({"key": key})
+        with urllib.request.urlopen(self.url + "/tickets" + query, timeout=5) as response:
             return json.load(response)["tickets"]
 
-    def final(self, operation, title="Check supplier configuration"):
-        """The done event's values for the only ticket there is (workflow.py's default title)."""
-        (ticket,) = self.tickets()
-        return {
-            "key": operation,
-            "operation_id": operation,
-            "ticket_id": ticket["ticket_id"],
-            "title": title,
-        }
+    def counted(self, name):
+        """One of the receiver's counters (GET /metrics): what it did since it started."""
+        with urllib.request.urlopen(self.url + "/metrics", timeout=5) as response:
+            for line in response.read().decode().splitlines():
+                if line.startswith(f"receiver_{name}_total "):
+                    return int(line.split()[1])
+        raise AssertionError(f"no counter {name} in /metrics")
 
     def workflow(self, *args, fail=""):
         env = dict(self.env, FAILPOINTS=fail) if fail else self.env
@@ -75,7 +77,9 @@ class ServiceTestCase(unittest.TestCase):
 
 
 def events(done):
-    return [json.loads(line) for line in done.stdout.splitlines()]
+    """The JSON lines a workflow.py run printed (a CompletedProcess, or its output)."""
+    text = done if isinstance(done, str) else done.stdout
+    return [json.loads(line) for line in text.splitlines()]
 
 
 def free_port():
