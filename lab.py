@@ -23,6 +23,8 @@ Variants, built here from the core's nodes (the core's State and build_graph kno
     LAB_GRAPH_VERSION the deployed graph (lab 12): 1 (the default), or 2, where create_ticket is
                       renamed open_ticket; `migrate` moves a thread saved by 1 to 2 (RENAMES)
     --no-contract     resume without checking the thread's contract, as LangGraph alone does
+    --notify          a message about the ticket after it, to a provider that takes no key (lab
+                      15): see the message section below; `messages` lists what it holds
 The saga (lab 13), a graph of its own: `saga start|resume|state|refunds`, see add_saga_parser:
     charge, reserve, and a refund when the reservation is refused; --mode naive sends the refund
     without a key, safe with OPERATION:refund; --crash-at after-charge-ack, after-reserve-ack or
@@ -58,6 +60,7 @@ MODES = ("naive", "safe", "node-uuid", "ledger")  # ledger: the core's; the othe
 CRASH_POINTS = (
     "after-prepare",
     "before-request",
+    "after-send",
     "lost-ack",
     "after-ack",
     "step-boundary",
@@ -76,6 +79,8 @@ class State(workflow.State):
     mode: NotRequired[str]
     approval: NotRequired[str]
     approved: NotRequired[bool]
+    notify: NotRequired[bool]  # --notify: the message section below
+    message_id: NotRequired[int | None]
 
 
 def create_ticket(state: State, runtime):
@@ -134,9 +139,10 @@ def ask_approval(ticket_id):
     return approved
 
 
-def build_graph(checkpointer, approval=None, version="1"):
+def build_graph(checkpointer, approval=None, version="1", notify=False):
     """The lab's graph: the core's prepare, create_ticket keyed by --mode, and the approval;
-    version 2 names create_ticket open_ticket, as a refactoring deploy would."""
+    version 2 names create_ticket open_ticket, as a refactoring deploy would; notify: the
+    message about the ticket, last (lab 15)."""
     from langgraph.graph import END, START, StateGraph
 
     builder = StateGraph(State, context_schema=workflow.Context)
@@ -148,12 +154,14 @@ def build_graph(checkpointer, approval=None, version="1"):
     builder.add_node(name, effect)
     builder.add_edge(START, "prepare")
     builder.add_edge("prepare", name)
+    last = name
     if approval == "own-node":  # the better shape: the effect's node has returned before the wait
         builder.add_node("approval", approval_node)
         builder.add_edge(name, "approval")
-        builder.add_edge("approval", END)
-    else:
-        builder.add_edge(name, END)
+        last = "approval"
+    if notify:
+        last = add_notify(builder, last)
+    builder.add_edge(last, END)
     return builder.compile(checkpointer=checkpointer)
 
 
@@ -187,6 +195,63 @@ def step_boundary_saver():
     return StepBoundarySaver
 
 
+# --- lab 15: a message about the ticket, to a provider that takes no key (--notify) ----------
+#
+#     ... -> create_ticket [-> approval] -> notify -> END
+#
+# The receiver's POST /messages stands in for an email or SMS service: every request is one more
+# message, it reads no Idempotency-Key, and nothing can be asked about a key afterwards. The
+# message goes through the ledger like the ticket: its intent is committed before the request
+# leaves, its receipt once the answer is back. A kill between the two (--crash-at after-send on
+# the run that sends it) leaves the intent alone, and the next attempt cannot look it up: the
+# ledger marks it unknown and the run stops (exit 6) instead of sending it again. A person looks
+# (`messages`) and settles it: reconcile --confirmed KEY (resume sends nothing) or --not-sent KEY
+# (resume sends it, once).
+
+MESSAGE_TO = "oncall@example.com"
+
+MESSAGE = effects.Effect(
+    "message",
+    send=lambda client, request, key: client.call("/messages", request),  # no key: none is read
+    external_id=lambda answer: answer["message_id"],
+    lookup=None,  # GET /messages lists them; no key finds one
+    not_sent=lambda error: isinstance(error, workflow.Unreachable),
+    refused=workflow.refusal,
+)
+
+
+def notify(state: State, runtime):
+    """Send the message once, through the ledger; its key is the operation's, for the message."""
+    key = f"{state['key']}:notify"
+    request = {"to": MESSAGE_TO, "text": f"ticket {state['ticket_id']} opened"}
+    done = MESSAGE.perform(runtime.context.ledger, key, request, runtime.context.client)
+    if done.how == "sent":
+        emit("message_sent", key=key, message_id=done.answer["message_id"])
+    else:  # the receipt: the provider is not called (settled by a person: no message id)
+        emit("effect_receipt", key=key, receipt=done.answer)
+    return {"message_id": done.answer.get("message_id")}
+
+
+def add_notify(builder, after):
+    builder.add_node("notify", notify)
+    builder.add_edge(after, "notify")
+    return "notify"
+
+
+def messages(args, settings):
+    emit("messages", messages=settings.client().call("/messages")["messages"])
+
+
+def add_message_parser(parser):
+    """--notify on start, `messages`, and the lab's effects for reconcile."""
+    parser.set_defaults(effects={**parser.get_default("effects"), MESSAGE.name: MESSAGE})
+    parser.actions.choices["start"].add_argument(
+        "--notify", action="store_true", help="send a message about the ticket after it (lab 15)"
+    )
+    sub = parser.actions.add_parser("messages", help="list the receiver's messages (lab 15)")
+    sub.set_defaults(run=messages)
+
+
 # --- the CLI: workflow.py's, with the switches ---------------------------------------------
 
 
@@ -194,6 +259,8 @@ def start(args, settings):
     first = {"operation_id": args.operation, "title": args.title, "mode": args.mode}
     if args.approval:
         first["approval"] = args.approval
+    if args.notify:
+        first["notify"] = True
     return run(args, settings, first)
 
 
@@ -232,7 +299,8 @@ def state(args, settings):
                 f"thread {args.thread!r} is a saga (lab 13): saga state --thread {args.thread}",
                 EXIT_THREAD,
             )
-        graph = build_graph(saver, saved(saver, args, "approval"), version)
+        notify = saved(saver, args, "notify")
+        graph = build_graph(saver, saved(saver, args, "approval"), version, notify)
         snapshot = graph.get_state(workflow.thread_config(args.thread))
     if not snapshot.values:
         raise UserError(f"no thread {args.thread!r}; check --thread", EXIT_THREAD)
@@ -252,7 +320,8 @@ def graph_for(saver, args, head):
     (with its --approval), in the deployed version."""
     values = head.checkpoint["channel_values"] if head else {}
     approval = values.get("approval") if head else getattr(args, "approval", None)
-    return build_graph(saver, approval, args.graph_version)
+    notify = values.get("notify") if head else getattr(args, "notify", None)
+    return build_graph(saver, approval, args.graph_version, notify)
 
 
 def client_for(args, settings):
@@ -581,6 +650,7 @@ def build_parser():
         choices=APPROVAL_SHAPES,
         help="wait for a human after the ticket: in-node (the default) or own-node",
     )
+    add_message_parser(parser)
     sub = actions.add_parser("approve", help="answer a run that waits for approval (lab 07)")
     sub.set_defaults(run=approve, graph_command=True)
     sub.set_defaults(resume="approve")  # what goes on after a stop: the answer, again

@@ -134,7 +134,11 @@ def parse_sleep(command):
     return int(match.group(1)) if match else None
 
 
-DRILL_DBS = {"SHOP_DB": "shop/shop.sqlite", "APPROVAL_DB": "approval/approval.sqlite"}  # lab 11
+DRILL_DBS = {
+    "SHOP_DB": "shop/shop.sqlite",  # lab 11
+    "APPROVAL_DB": "approval/approval.sqlite",  # lab 11
+    "CLASSIFY_DB": "classify/classify.sqlite",  # lab 16
+}
 DRILL_TIMEOUT_S = 120  # seconds for one drill: about 10 crash runs of 0.1-0.5 s each, loaded
 
 

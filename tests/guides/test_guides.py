@@ -122,6 +122,8 @@ def test_guide_local(guide, tmp_path):
         assert_the_ledger_counts_the_tickets(guide, steps, backend)
         if guide.name.startswith("11-"):
             assert_the_drills_stderr_is_the_graphs_own_lines(outcomes)
+        if guide.name.startswith("15-"):
+            assert_lab_15_quotes_its_stop_and_nothing_was_replayed(guide, outcomes, backend)
         last = run_step(steps[-1], backend)  # the reset
         assert last.ok, f"{guide.name} differs:\n{describe([last])}"
     finally:
@@ -143,6 +145,22 @@ def assert_the_ledger_counts_the_tickets(guide, steps, backend):
         assert created.value == held, guide.name
     else:
         assert created.value <= held, guide.name
+
+
+def assert_lab_15_quotes_its_stop_and_nothing_was_replayed(guide, outcomes, backend):
+    """Lab 15 quotes the one line its exit-6 resume prints on stderr, and says the receiver
+    answered no repeat (the receipts and the lookup sent nothing twice)."""
+    quoted = [
+        line
+        for line in guide.read_text(encoding="utf-8").splitlines()
+        if line.startswith("lab.py: effect message")
+    ]
+    stops = [o.stderr for o in outcomes if o.exit_code == 6]
+    assert len(quoted) == 1 and stops, guide.name
+    assert all(stop == quoted[0] + "\n" for stop in stops), stops
+    with urllib.request.urlopen(backend.env["API_URL"] + "/metrics", timeout=10) as answer:
+        text = answer.read().decode()
+    assert "receiver_idempotent_replays_total 0" in text.splitlines(), text
 
 
 def assert_the_drills_stderr_is_the_graphs_own_lines(outcomes):

@@ -1,0 +1,76 @@
+"""Lab 15's keyless effect: a message about the ticket (lab.py --notify) to a provider that reads
+no key and offers no lookup (api.py's POST /messages).
+
+A real SIGKILL in the message's window (after the provider answered, before the receipt was
+written): the resume must stop with exit 6 and one line naming reconcile, not send a second
+message; a person's --not-sent then lets it send once. The --confirmed path (the resume sends
+nothing) is lab 15's guide, which tests/guides runs in both backends. api.py on a loopback port;
+lab.py as a process where it is killed, in-process else.
+"""
+
+import urllib.request
+
+from prometheus_client.parser import text_string_to_metric_families
+from workflow_helpers import events, names
+
+import workflow as core
+from labs.tools.local import shell_exit_code
+
+KILLED = 137
+OP = "case-note:open-ticket:v1"
+KEY = f"{OP}:notify"  # lab.notify's key: the operation's, for the message
+
+
+def messages(workflow):
+    return events(workflow("messages"))[0]["messages"]
+
+
+def messages_sent(lab):
+    """The receiver's own count of POST /messages (its /metrics)."""
+    with urllib.request.urlopen(lab["API_URL"] + "/metrics", timeout=10) as answer:
+        text = answer.read().decode()
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    return families["receiver_messages_sent"].samples[0].value
+
+
+def killed_in_the_messages_window(workflow):
+    """A thread whose message was sent and whose run died before its receipt was written."""
+    first = workflow("start", "--operation", OP, "--mode", "ledger", "--notify", "--crash")
+    assert shell_exit_code(first.returncode) == KILLED  # after the ticket: before the message
+    second = workflow("resume", "--crash-at", "after-send")
+    assert shell_exit_code(second.returncode) == KILLED
+    assert names(second) == ["effect_receipt", "crash"]  # the ticket's receipt, then the kill
+    assert [m["text"] for m in messages(workflow)] == ["ticket 1 opened"]
+    assert events(workflow("state"))[0]["next"] == ["notify"]
+
+
+def test_a_kill_in_the_messages_window_stops_the_resume_until_a_person_settles_it(
+    receiver, workflow, lab
+):
+    killed_in_the_messages_window(workflow)
+    stopped = workflow("resume")
+    assert stopped.returncode == core.EXIT_UNSETTLED == 6
+    assert stopped.stdout == ""  # no message_sent: nothing went out
+    assert stopped.stderr.count("\n") == 1
+    assert f"reconcile --confirmed {KEY} or --not-sent {KEY}" in stopped.stderr
+    assert len(messages(workflow)) == messages_sent(lab) == 1  # no second message
+
+    listed = events(workflow("reconcile"))
+    assert listed[0] == {
+        "effect": "message",
+        "event": "reconciled",
+        "key": KEY,
+        "now": "needs a person",
+        "was": "unknown",
+    }
+    assert listed[1]["count"] == 1
+    assert workflow("resume").returncode == 6  # listing it settles nothing
+
+    settled = workflow("reconcile", "--not-sent", KEY)  # the person found no message
+    assert settled.returncode == 0 and events(settled)[-1]["count"] == 0
+    resumed = workflow("resume")
+    assert resumed.returncode == 0
+    assert names(resumed) == ["message_sent", "done"]  # sent again, once
+    assert len(messages(workflow)) == messages_sent(lab) == 2
+    assert names(workflow("resume")) == ["done"]  # finished: nothing more, whatever is typed
+    assert messages_sent(lab) == 2
