@@ -23,6 +23,9 @@ Variants, built here from the core's nodes (the core's State and build_graph kno
     LAB_GRAPH_VERSION the deployed graph (lab 12): 1 (the default), or 2, where create_ticket is
                       renamed open_ticket; `migrate` moves a thread saved by 1 to 2 (RENAMES)
     --no-contract     resume without checking the thread's contract, as LangGraph alone does
+    --retry-after-ack timeout|parse  start with a LangGraph RetryPolicy on the effect's node, and
+                      a line after the answer that fails once: LangGraph runs the node again in
+                      the same process (lab 17; see the section below)
 The saga (lab 13), a graph of its own: `saga start|resume|state|refunds`, see add_saga_parser:
     charge, reserve, and a refund when the reservation is refused; --mode naive sends the refund
     without a key, safe with OPERATION:refund; --crash-at after-charge-ack, after-reserve-ack or
@@ -134,9 +137,10 @@ def ask_approval(ticket_id):
     return approved
 
 
-def build_graph(checkpointer, approval=None, version="1"):
+def build_graph(checkpointer, approval=None, version="1", retry_after_ack=None):
     """The lab's graph: the core's prepare, create_ticket keyed by --mode, and the approval;
-    version 2 names create_ticket open_ticket, as a refactoring deploy would."""
+    version 2 names create_ticket open_ticket, as a refactoring deploy would. retry_after_ack:
+    lab 17's failure after the answer, under a RetryPolicy (failing_once_after)."""
     from langgraph.graph import END, START, StateGraph
 
     builder = StateGraph(State, context_schema=workflow.Context)
@@ -145,7 +149,8 @@ def build_graph(checkpointer, approval=None, version="1"):
         create_ticket_then_ask if approval == "in-node" else create_ticket,
         EFFECT_NODE[version],
     )
-    builder.add_node(name, effect)
+    effect, retry = failing_once_after(effect, retry_after_ack)  # (effect, None) when off
+    builder.add_node(name, effect, retry_policy=retry)
     builder.add_edge(START, "prepare")
     builder.add_edge("prepare", name)
     if approval == "own-node":  # the better shape: the effect's node has returned before the wait
@@ -229,7 +234,7 @@ def run(args, settings, graph_input):
         effects.open_ledger(settings.checkpoint_db) as ledger,
     ):
         approval = graph_input.get("approval") if starting else saved(saver, args, "approval")
-        graph = build_graph(saver, approval, args.graph_version)
+        graph = build_graph(saver, approval, args.graph_version, args.retry_after_ack)
         contract = workflow.contract(graph, args.graph_version)  # what its checkpoints record
         saved_head = saver.get_tuple(workflow.thread_config(args.thread))
         if saved_head and (line := owner(saved_head)):  # another command's thread, checked or not
@@ -381,6 +386,74 @@ class LostAckClient(workflow.TicketClient):
                 file=sys.stderr,
             )
         return result
+
+
+# --- lab 17: the retry LangGraph made for you ----------------------------------------------
+#
+# A node given a RetryPolicy is run again by LangGraph, in the same process, when it raises an
+# exception the policy retries: no crash, no checkpoint between the attempts, and the second
+# attempt starts from the node's first line, so a request the first attempt had sent goes out
+# again. --retry-after-ack gives the effect's node a policy and makes the line after the answer
+# (a model call that summarises the ticket, the parse of its reply) fail once in this process.
+#
+# Which exceptions LangGraph's default policy retries: default_retry_on in the installed
+# langgraph/_internal/_retry.py (RetryPolicy.retry_on's default, langgraph/types.py). It retries
+# any ConnectionError (ConnectionResetError, http.client.RemoteDisconnected, ...), httpx's
+# HTTPStatusError for a 5xx, requests' HTTPError, and every exception that is not a ValueError,
+# TypeError, ArithmeticError, ImportError, LookupError, NameError, SyntaxError, RuntimeError,
+# ReferenceError, StopIteration, StopAsyncIteration or OSError: httpx's timeouts are retried,
+# the standard library's TimeoutError (an OSError) and a JSONDecodeError (a ValueError) are not.
+# tests/workflow/test_retry.py runs it on each of them.
+
+RETRY_INTERVAL_S = 0.1  # the policy's wait before the second attempt (LangGraph's default: 0.5)
+
+
+def timeout_after_ack():
+    """What a model call made through httpx raises when its answer takes too long."""
+    import httpx
+
+    return httpx.ReadTimeout("The read operation timed out")
+
+
+def parse_error_after_ack():
+    """What json.loads raises for a reply that is not JSON (an empty one)."""
+    try:
+        json.loads("")
+    except json.JSONDecodeError as error:
+        return error
+    raise AssertionError("json.loads('') parsed")  # pragma: no cover
+
+
+# --retry-after-ack FAILURE -> (the exception the line raises, the policy's retry_on)
+RETRY_FAILURES = {
+    "timeout": (timeout_after_ack, None),  # None: LangGraph's default_retry_on retries it
+    "parse": (parse_error_after_ack, json.JSONDecodeError),  # the default would not
+}
+
+
+def failing_once_after(node, failure):
+    """The node, then a line that raises `failure`'s exception the first time it runs in this
+    process, and the RetryPolicy that retries it; (node, None) when failure is None."""
+    if failure is None:
+        return node, None
+    from langgraph.types import RetryPolicy
+
+    make_error, retry_on = RETRY_FAILURES[failure]
+    policy = RetryPolicy(initial_interval=RETRY_INTERVAL_S, jitter=False)
+    if retry_on is not None:
+        policy = policy._replace(retry_on=retry_on)
+    failed = threading.Event()  # once per graph built: once per command
+
+    def node_then_failing_line(state, runtime):
+        result = node(state, runtime)  # the request went out and its answer came back
+        if not failed.is_set():
+            failed.set()
+            error = make_error()
+            emit("after_ack_failed", error=f"{type(error).__name__}: {error}")
+            raise error  # LangGraph's retry runs this node again, from its first line
+        return result
+
+    return node_then_failing_line, policy
 
 
 # --- lab 13: the saga: charge, reserve, and a refund when the reservation is refused ---------
@@ -562,6 +635,7 @@ def add_saga_parser(actions):
 def build_parser():
     parser = workflow.build_parser(prog="lab.py")
     parser.set_defaults(crash_at=None, term_at=None, durability="sync", no_contract=False)
+    parser.set_defaults(retry_after_ack=None)  # lab 17: start only
     parser.set_defaults(unkeyed=lambda values: values.get("mode") == "naive")  # for the hints
     actions = parser.actions
     for name, action in [("start", start), ("resume", resume), ("state", state)]:
@@ -591,6 +665,12 @@ def build_parser():
         const="in-node",
         choices=APPROVAL_SHAPES,
         help="wait for a human after the ticket: in-node (the default) or own-node",
+    )
+    start_parser.add_argument(
+        "--retry-after-ack",
+        choices=RETRY_FAILURES,
+        help="lab 17: a RetryPolicy on the effect's node, and a line after the answer that "
+        "fails once (timeout: httpx's ReadTimeout; parse: a JSONDecodeError)",
     )
     sub = actions.add_parser("approve", help="answer a run that waits for approval (lab 07)")
     sub.set_defaults(run=approve, graph_command=True)

@@ -1,0 +1,157 @@
+"""Lab 17's claims about LangGraph's RetryPolicy, run on the installed LangGraph.
+
+The guide and lab.py's lab 17 section say which exceptions the default policy retries
+(default_retry_on, langgraph/_internal/_retry.py), that a retried node runs again from its
+first line in the same process, and that no checkpoint is saved between the attempts. Each test
+here runs the installed code: the function itself, then a real graph whose node raises once.
+The guide's own commands (the receiver's tickets and log in naive, safe and ledger mode) are
+run by tests/guides (`-k 17`).
+"""
+
+import http.client
+import socket
+import urllib.error
+
+import httpx
+import pytest
+import requests
+from langgraph._internal._retry import default_retry_on
+from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.graph import END, START, StateGraph
+from langgraph.types import RetryPolicy
+from typing_extensions import TypedDict
+
+import lab
+
+pytestmark = pytest.mark.fast
+
+
+def httpx_status(code):
+    request = httpx.Request("POST", "http://127.0.0.1/tickets")
+    return httpx.HTTPStatusError("status", request=request, response=httpx.Response(code))
+
+
+def requests_status(code):
+    response = requests.Response()
+    response.status_code = code
+    return requests.HTTPError("status", response=response)
+
+
+def parse_error():
+    return lab.parse_error_after_ack()
+
+
+RETRIED = {  # what the guide says the default policy retries
+    "ConnectionResetError": ConnectionResetError,
+    "RemoteDisconnected": lambda: http.client.RemoteDisconnected("closed"),
+    "BrokenPipeError": BrokenPipeError,
+    "httpx.ReadTimeout": lab.timeout_after_ack,
+    "httpx.ConnectError": lambda: httpx.ConnectError("refused"),
+    "httpx 503": lambda: httpx_status(503),
+    "requests HTTPError 503": lambda: requests_status(503),
+    # a requests Response is false for a 4xx (Response.__bool__ is .ok), so default_retry_on's
+    # `if exc.response` takes its else: True. The guide says "requests' HTTPError", any status.
+    "requests HTTPError 404": lambda: requests_status(404),
+    "http.client.IncompleteRead": lambda: http.client.IncompleteRead(b""),
+    "Exception": lambda: Exception("anything not on its list"),
+}
+NOT_RETRIED = {  # and what it does not
+    "TimeoutError": TimeoutError,
+    "socket.timeout": socket.timeout,
+    "OSError": OSError,
+    "urllib URLError": lambda: urllib.error.URLError("timed out"),
+    "urllib HTTPError 503": lambda: urllib.error.HTTPError("http://x", 503, "busy", {}, None),
+    "requests.Timeout": requests.Timeout,  # requests' own exceptions are OSErrors
+    "requests.ConnectionError": requests.ConnectionError,
+    "JSONDecodeError": parse_error,
+    "ValueError": ValueError,
+    "KeyError": KeyError,
+    "RuntimeError": RuntimeError,
+    "httpx 404": lambda: httpx_status(404),
+}
+
+
+def test_the_default_policy_is_default_retry_on_in_langgraph_internal_retry():
+    assert RetryPolicy().retry_on is default_retry_on
+    assert default_retry_on.__module__ == "langgraph._internal._retry"
+    assert RetryPolicy().max_attempts == 3 and RetryPolicy().initial_interval == 0.5
+
+
+@pytest.mark.parametrize("name", RETRIED)
+def test_default_retry_on_retries(name):
+    assert default_retry_on(RETRIED[name]()) is True
+
+
+@pytest.mark.parametrize("name", NOT_RETRIED)
+def test_default_retry_on_does_not_retry(name):
+    assert default_retry_on(NOT_RETRIED[name]()) is False
+
+
+class Count(TypedDict, total=False):
+    done: bool
+
+
+def failing_once_graph(make_error, policy):
+    """A node that records each attempt and raises make_error() on its first (None: never),
+    under policy; compiled with an InMemorySaver. -> (graph, attempts)"""
+    attempts = []
+
+    def node(state: Count):
+        attempts.append(len(attempts) + 1)
+        if make_error is not None and len(attempts) == 1:
+            raise make_error()
+        return {"done": True}
+
+    builder = StateGraph(Count)
+    builder.add_node("effect", node, retry_policy=policy)
+    builder.add_edge(START, "effect")
+    builder.add_edge("effect", END)
+    return builder.compile(checkpointer=InMemorySaver()), attempts
+
+
+FAST = RetryPolicy(initial_interval=0.01, jitter=False)  # the default retry_on, short waits
+
+
+@pytest.mark.parametrize(
+    "name, retried",
+    [("httpx.ReadTimeout", True), ("ConnectionResetError", True)]
+    + [("TimeoutError", False), ("JSONDecodeError", False), ("requests.Timeout", False)],
+)
+def test_a_graph_under_the_default_policy_runs_the_node_again_in_the_same_invoke(name, retried):
+    graph, attempts = failing_once_graph({**RETRIED, **NOT_RETRIED}[name], FAST)
+    config = {"configurable": {"thread_id": "t"}}
+    if retried:
+        assert graph.invoke({}, config) == {"done": True}
+        assert attempts == [1, 2]
+    else:
+        with pytest.raises(Exception) as raised:
+            graph.invoke({}, config)
+        assert default_retry_on(raised.value) is False and attempts == [1]
+
+
+def test_no_checkpoint_is_saved_between_the_attempts():
+    """The retry happens inside one step: the thread's history after a run whose node failed
+    once and was retried has the same checkpoints as that of a run that never failed."""
+    config = {"configurable": {"thread_id": "t"}}
+    retried, attempts = failing_once_graph(lab.timeout_after_ack, FAST)
+    retried.invoke({}, config)
+    never_failed, once = failing_once_graph(None, FAST)
+    never_failed.invoke({}, config)
+    assert attempts == [1, 2] and once == [1]
+
+    def steps(graph):
+        return [(c.metadata["step"], c.metadata["source"]) for c in graph.get_state_history(config)]
+
+    assert steps(retried) == steps(never_failed) == [(1, "loop"), (0, "loop"), (-1, "input")]
+
+
+@pytest.mark.parametrize("failure", lab.RETRY_FAILURES)
+def test_lab_17s_policies_retry_their_failure_and_the_default_would_not_retry_parse(failure):
+    """lab.py --retry-after-ack FAILURE: the node's policy retries the exception its line
+    raises. `parse` names json.JSONDecodeError: under the default policy it would fail the run."""
+    make_error, retry_on = lab.RETRY_FAILURES[failure]
+    _, policy = lab.failing_once_after(lambda state, runtime: {}, failure)
+    graph, attempts = failing_once_graph(make_error, policy)
+    assert graph.invoke({}, {"configurable": {"thread_id": "t"}}) == {"done": True}
+    assert attempts == [1, 2]
+    assert default_retry_on(make_error()) is (retry_on is None)
