@@ -33,6 +33,7 @@ import hashlib
 import json
 import os
 import sqlite3
+import threading
 import time
 from collections.abc import Callable
 from contextlib import contextmanager
@@ -300,16 +301,18 @@ class Ledger:
     # helpers
 
     def __init__(self, path, busy_timeout_s=5.0):
-        self.path, self.busy_timeout_s, self.conn, self.pid = path, busy_timeout_s, None, None
+        self.path, self.busy_timeout_s, self.conn, self.owner = path, busy_timeout_s, None, None
 
     @property
     def db(self):
-        """This process's connection, opened on first use: a forked child (effectdrill's crash
-        runs) opens its own rather than share its parent's, which SQLite forbids."""
-        if self.pid != os.getpid():
-            self.conn, self.pid = (
+        """This process's and thread's connection, opened on first use: a forked child
+        (effectdrill's crash runs) opens its own rather than share its parent's, which SQLite
+        forbids, and so does another thread, which sqlite3 refuses a connection made elsewhere
+        (effectdrill resumes its crash runs in threads of its own)."""
+        if self.owner != (owner := (os.getpid(), threading.get_ident())):
+            self.conn, self.owner = (
                 sqlite3.connect(self.path, timeout=self.busy_timeout_s, isolation_level=None),
-                os.getpid(),
+                owner,
             )
             self.conn.row_factory = sqlite3.Row
             self.conn.execute("PRAGMA journal_mode=WAL")  # as SqliteSaver sets it on the file
@@ -320,9 +323,9 @@ class Ledger:
         return self.conn
 
     def close(self):
-        if self.conn is not None and self.pid == os.getpid():
+        if self.conn is not None and self.owner == (os.getpid(), threading.get_ident()):
             self.conn.close()
-        self.conn = self.pid = None
+        self.conn = self.owner = None
 
     def __enter__(self):
         return self
