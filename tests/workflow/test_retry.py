@@ -9,6 +9,8 @@ run by tests/guides (`-k 17`).
 """
 
 import http.client
+import json
+import logging
 import socket
 import urllib.error
 
@@ -74,7 +76,17 @@ NOT_RETRIED = {  # and what it does not
 def test_the_default_policy_is_default_retry_on_in_langgraph_internal_retry():
     assert RetryPolicy().retry_on is default_retry_on
     assert default_retry_on.__module__ == "langgraph._internal._retry"
-    assert RetryPolicy().max_attempts == 3 and RetryPolicy().initial_interval == 0.5
+    default = RetryPolicy()
+    assert (default.max_attempts, default.initial_interval, default.backoff_factor) == (3, 0.5, 2)
+    assert default.jitter is True
+
+
+def test_what_the_guide_calls_a_value_error_and_an_os_error_is_one():
+    assert issubclass(json.JSONDecodeError, ValueError) and socket.timeout is TimeoutError
+    for kind in (TimeoutError, urllib.error.URLError, requests.Timeout, requests.ConnectionError):
+        assert issubclass(kind, OSError), kind
+    assert not issubclass(requests.ConnectionError, ConnectionError)  # not the built-in one
+    assert issubclass(http.client.RemoteDisconnected, ConnectionResetError)
 
 
 @pytest.mark.parametrize("name", RETRIED)
@@ -155,3 +167,35 @@ def test_lab_17s_policies_retry_their_failure_and_the_default_would_not_retry_pa
     assert graph.invoke({}, {"configurable": {"thread_id": "t"}}) == {"done": True}
     assert attempts == [1, 2]
     assert default_retry_on(make_error()) is (retry_on is None)
+
+
+def test_a_node_without_a_policy_is_not_retried():
+    graph, attempts = failing_once_graph(ConnectionResetError, None)
+    with pytest.raises(ConnectionResetError):
+        graph.invoke({}, {"configurable": {"thread_id": "t"}})
+    assert attempts == [1]
+
+
+def test_max_attempts_counts_the_first_attempt():
+    attempts = []
+
+    def node(state: Count):
+        attempts.append(len(attempts) + 1)
+        raise ConnectionResetError("every time")
+
+    builder = StateGraph(Count)
+    builder.add_node("effect", node, retry_policy=FAST)
+    builder.add_edge(START, "effect")
+    with pytest.raises(ConnectionResetError):
+        builder.compile().invoke({})
+    assert attempts == [1, 2, 3] and FAST.max_attempts == 3
+
+
+def test_the_retry_leaves_an_info_record_and_nothing_louder(caplog):
+    graph, attempts = failing_once_graph(lab.timeout_after_ack, FAST)
+    with caplog.at_level(logging.DEBUG, logger="langgraph"):
+        graph.invoke({}, {"configurable": {"thread_id": "t"}})
+    retried = [r for r in caplog.records if r.getMessage().startswith("Retrying task effect")]
+    assert [(r.name, r.levelno) for r in retried] == [("langgraph.pregel._retry", logging.INFO)]
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert attempts == [1, 2]
