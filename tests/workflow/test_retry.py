@@ -3,9 +3,9 @@
 The guide and lab.py's lab 17 section say which exceptions the default policy retries
 (default_retry_on, langgraph/_internal/_retry.py), that a retried node runs again from its
 first line in the same process, and that no checkpoint is saved between the attempts. Each test
-here runs the installed code: the function itself, then a real graph whose node raises once.
-The guide's own commands (the receiver's tickets and log in naive, safe and ledger mode) are
-run by tests/guides (`-k 17`).
+here runs the installed code: the function itself, then a real graph whose node raises once,
+then lab.py's switch against a real receiver, in this process. The guide's own commands are
+run by tests/guides (`-k 17`) in both backends.
 """
 
 import http.client
@@ -13,6 +13,7 @@ import json
 import logging
 import socket
 import urllib.error
+import urllib.request
 
 import httpx
 import pytest
@@ -22,6 +23,8 @@ from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import END, START, StateGraph
 from langgraph.types import RetryPolicy
 from typing_extensions import TypedDict
+from workflow_helpers import names
+from workflow_helpers import tickets as helpers_tickets
 
 import lab
 
@@ -199,3 +202,43 @@ def test_the_retry_leaves_an_info_record_and_nothing_louder(caplog):
     assert [(r.name, r.levelno) for r in retried] == [("langgraph.pregel._retry", logging.INFO)]
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
     assert attempts == [1, 2]
+
+
+@pytest.mark.parametrize(
+    "mode, tickets, posts, second",
+    [
+        ("naive", 2, 2, "effect_ack"),
+        ("safe", 1, 2, "effect_ack"),
+        ("ledger", 1, 1, "effect_receipt"),
+    ],
+)
+def test_lab_17_one_start_no_stderr_and_the_receivers_count(
+    mode, tickets, posts, second, receiver, workflow
+):
+    """lab.py start --retry-after-ack timeout, in this process: exit 0 and nothing on stderr (no
+    LangGraph line either), the request sent again by naive and safe, not by the ledger."""
+    done = workflow(
+        "start",
+        "--thread",
+        mode,
+        "--operation",
+        f"case-017-{mode}",
+        "--mode",
+        mode,
+        "--retry-after-ack",
+        "timeout",
+    )
+    assert (done.returncode, done.stderr) == (0, "")
+    assert names(done) == ["prepare", "effect_ack", "after_ack_failed", second, "done"]
+    assert len(helpers_tickets(workflow)) == tickets
+    assert receiver_counts(receiver.url) == {"created": tickets, "replayed": posts - tickets}
+
+
+def receiver_counts(url):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(url + "/metrics", timeout=10) as answer:
+        families = {f.name: f for f in text_string_to_metric_families(answer.read().decode())}
+    (created,) = families["receiver_tickets_created"].samples
+    (replayed,) = families["receiver_idempotent_replays"].samples
+    return {"created": created.value, "replayed": replayed.value}
