@@ -139,3 +139,20 @@ def test_every_graph_in_labs_graphs_is_drilled_through_the_ledger_and_in_its_les
     for name in graphs:
         drills = [d for d in DRILLS.values() if d.module.__name__.endswith("." + name)]
         assert any(d.ledger for d in drills) and any(d.duplicates for d in drills), name
+
+
+@pytest.mark.fast
+def test_the_shops_ledger_stops_a_charge_it_cannot_look_up(tmp_path, monkeypatch):
+    """labs/graphs/shop.py's docstring: a charge made and not yet recorded (the window the drill
+    does not reach: between the payment API's answer and the receipt) is not charged again by
+    the next attempt; its payment API has no lookup, so the ledger stops it for a person."""
+    import effects
+    import failpoints
+
+    monkeypatch.setenv("SHOP_DB", str(tmp_path / "shop.sqlite"))
+    state = {"order": "o-1", "mode": "ledger", "amount_cents": 1999}
+    with failpoints.scoped({"after-send": "raise"}), pytest.raises(failpoints.FailpointError):
+        shop.charge(state)
+    with pytest.raises(effects.Unsettled):
+        shop.charge(state)
+    assert shop.observe("o-1")["charge"] == 1
