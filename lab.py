@@ -25,6 +25,9 @@ Variants, built here from the core's nodes (the core's State and build_graph kno
     --no-contract     resume without checking the thread's contract, as LangGraph alone does
     --notify          a message about the ticket after it, to a provider that takes no key (lab
                       15): see the message section below; `messages` lists what it holds
+    --retry-after-ack timeout|parse  start with a LangGraph RetryPolicy on the effect's node, and
+                      a line after the answer that fails once: LangGraph runs the node again in
+                      the same process (lab 17; see the section below)
 The saga (lab 13), a graph of its own: `saga start|resume|state|refunds`, see add_saga_parser:
     charge, reserve, and a refund when the reservation is refused; --mode naive sends the refund
     without a key, safe with OPERATION:refund; --crash-at after-charge-ack, after-reserve-ack or
@@ -139,10 +142,11 @@ def ask_approval(ticket_id):
     return approved
 
 
-def build_graph(checkpointer, approval=None, version="1", notify=False):
+def build_graph(checkpointer, approval=None, version="1", notify=False, retry_after_ack=None):
     """The lab's graph: the core's prepare, create_ticket keyed by --mode, and the approval;
     version 2 names create_ticket open_ticket, as a refactoring deploy would; notify: the
-    message about the ticket, last (lab 15)."""
+    message about the ticket, last (lab 15); retry_after_ack: lab 17's failure after the
+    answer, under a RetryPolicy (failing_once_after)."""
     from langgraph.graph import END, START, StateGraph
 
     builder = StateGraph(State, context_schema=workflow.Context)
@@ -151,7 +155,8 @@ def build_graph(checkpointer, approval=None, version="1", notify=False):
         create_ticket_then_ask if approval == "in-node" else create_ticket,
         EFFECT_NODE[version],
     )
-    builder.add_node(name, effect)
+    effect, retry = failing_once_after(effect, retry_after_ack)  # (effect, None) when off
+    builder.add_node(name, effect, retry_policy=retry)
     builder.add_edge(START, "prepare")
     builder.add_edge("prepare", name)
     last = name
@@ -321,7 +326,7 @@ def graph_for(saver, args, head):
     values = head.checkpoint["channel_values"] if head else {}
     approval = values.get("approval") if head else getattr(args, "approval", None)
     notify = values.get("notify") if head else getattr(args, "notify", None)
-    return build_graph(saver, approval, args.graph_version, notify)
+    return build_graph(saver, approval, args.graph_version, notify, args.retry_after_ack)
 
 
 def client_for(args, settings):
@@ -427,6 +432,74 @@ class LostAckClient(workflow.TicketClient):
                 file=sys.stderr,
             )
         return result
+
+
+# --- lab 17: the retry LangGraph made for you ----------------------------------------------
+#
+# A node given a RetryPolicy is run again by LangGraph, in the same process, when it raises an
+# exception the policy retries: no crash, no checkpoint between the attempts, and the second
+# attempt starts from the node's first line, so a request the first attempt had sent goes out
+# again. --retry-after-ack gives the effect's node a policy and makes the line after the answer
+# (a model call that summarises the ticket, the parse of its reply) fail once in this process.
+#
+# Which exceptions LangGraph's default policy retries: default_retry_on in the installed
+# langgraph/_internal/_retry.py (RetryPolicy.retry_on's default, langgraph/types.py). It retries
+# any ConnectionError (ConnectionResetError, http.client.RemoteDisconnected, ...), httpx's
+# HTTPStatusError for a 5xx, requests' HTTPError, and every exception that is not a ValueError,
+# TypeError, ArithmeticError, ImportError, LookupError, NameError, SyntaxError, RuntimeError,
+# ReferenceError, StopIteration, StopAsyncIteration or OSError: httpx's timeouts are retried,
+# the standard library's TimeoutError (an OSError) and a JSONDecodeError (a ValueError) are not.
+# tests/workflow/test_retry.py runs it on each of them.
+
+RETRY_INTERVAL_S = 0.1  # the policy's wait before the second attempt (LangGraph's default: 0.5)
+
+
+def timeout_after_ack():
+    """What a model call made through httpx raises when its answer takes too long."""
+    import httpx
+
+    return httpx.ReadTimeout("The read operation timed out")
+
+
+def parse_error_after_ack():
+    """What json.loads raises for a reply that is not JSON (an empty one)."""
+    try:
+        json.loads("")
+    except json.JSONDecodeError as error:
+        return error
+    raise AssertionError("json.loads('') parsed")  # pragma: no cover
+
+
+# --retry-after-ack FAILURE -> (the exception the line raises, the policy's retry_on)
+RETRY_FAILURES = {
+    "timeout": (timeout_after_ack, None),  # None: LangGraph's default_retry_on retries it
+    "parse": (parse_error_after_ack, json.JSONDecodeError),  # the default would not
+}
+
+
+def failing_once_after(node, failure):
+    """The node, then a line that raises `failure`'s exception the first time it runs in this
+    process, and the RetryPolicy that retries it; (node, None) when failure is None."""
+    if failure is None:
+        return node, None
+    from langgraph.types import RetryPolicy
+
+    make_error, retry_on = RETRY_FAILURES[failure]
+    policy = RetryPolicy(initial_interval=RETRY_INTERVAL_S, jitter=False)
+    if retry_on is not None:
+        policy = policy._replace(retry_on=retry_on)
+    failed = threading.Event()  # once per graph built: once per command
+
+    def node_then_failing_line(state, runtime):
+        result = node(state, runtime)  # the request went out and its answer came back
+        if not failed.is_set():
+            failed.set()
+            error = make_error()
+            emit("after_ack_failed", error=f"{type(error).__name__}: {error}")
+            raise error  # LangGraph's retry runs this node again, from its first line
+        return result
+
+    return node_then_failing_line, policy
 
 
 # --- lab 13: the saga: charge, reserve, and a refund when the reservation is refused ---------
@@ -620,6 +693,7 @@ LAB = workflow.Program(  # what workflow.run and migrate do differently for the 
 def build_parser():
     parser = workflow.build_parser(prog="lab.py")
     parser.set_defaults(crash_at=None, term_at=None, durability="sync", no_contract=False)
+    parser.set_defaults(retry_after_ack=None)  # lab 17: start only
     parser.set_defaults(unkeyed=lambda values: values.get("mode") == "naive")  # for the hints
     actions = parser.actions
     for name, action in [("start", start), ("resume", resume), ("state", state)]:
@@ -651,6 +725,12 @@ def build_parser():
         help="wait for a human after the ticket: in-node (the default) or own-node",
     )
     add_message_parser(parser)
+    start_parser.add_argument(
+        "--retry-after-ack",
+        choices=RETRY_FAILURES,
+        help="lab 17: a RetryPolicy on the effect's node, and a line after the answer that "
+        "fails once (timeout: httpx's ReadTimeout; parse: a JSONDecodeError)",
+    )
     sub = actions.add_parser("approve", help="answer a run that waits for approval (lab 07)")
     sub.set_defaults(run=approve, graph_command=True)
     sub.set_defaults(resume="approve")  # what goes on after a stop: the answer, again

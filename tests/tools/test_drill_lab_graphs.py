@@ -1,0 +1,158 @@
+"""The drill (effectdrill: a real fork and SIGKILL before each saver call, then a resume) over
+every lab graph in labs/graphs/: through the ledger (and with lab 02's key) no effect repeats;
+in the lessons' naive variants exactly the lessons' duplicates do, and nothing else.
+
+The ticket graph's lesson is read from make drill's matrix (labs/tools/drill.py MATRIX, its
+after-ack row: the kill after the answer, before the node's result is saved), per mode. The
+other graphs' lessons are those their guides show: lab 11 (the shop, the approval) and lab 13
+(the saga). A ledger row also checks that nothing was sent again: effectdrill records every
+HTTP request of every run (effectdrill/outbound.py), and a ledger that replays its receipt sends
+none, where lab 02's key sends the request again and lets the receiver answer it.
+"""
+
+from dataclasses import dataclass
+
+import pytest
+
+import effectdrill
+import lab as lab_cli
+from labs.graphs import approval, saga, shop, ticket
+from labs.tools.drill import MATRIX
+from labs.tools.local import ROOT, ReceiverProcess, free_port, lab_env
+
+AFTER_ACK = next(row for row in MATRIX if (row.boundary, row.durability) == ("after-ack", "sync"))
+TICKET_AFTER_ACK = "put_writes create_ticket [ticket_id]"  # effectdrill's name for that moment
+SAGA = {"operation_id": "{thread}", "title": "{thread}", "seats": 11}  # 11: refused (lab 13)
+APPROVAL_REPEATS = (  # lab 11: the request before interrupt() runs again wherever it is re-run
+    "put_writes request_refund [__interrupt__]",
+    "put_writes request_refund [__resume__, approved, branch:to:notify] (others saved)",
+    "put_writes [__resume__] + request_refund (none saved)",
+)
+
+
+@dataclass(frozen=True)
+class Drill:
+    """One graph in one variant: what the drill must find (point, effect, count)."""
+
+    module: object
+    input: dict
+    duplicates: frozenset = frozenset()
+    repeated_in_clean_run: tuple = ()  # effects the clean run itself repeated (an interrupt)
+    ledger: bool = False  # through the ledger: no request is sent again anywhere
+    resume_with: object = None
+    needs: str = ""  # who makes this row pass, when it is not yet on main
+
+    @property
+    def graph(self):
+        return self.module.graph
+
+    @property
+    def context(self):
+        context = getattr(self.module, "context", None)
+        return context() if context else None
+
+
+def ticket_drill(mode):
+    """lab.py's graph in one of its modes, expected as make drill's after-ack row says."""
+    tickets = AFTER_ACK.tickets[lab_cli.MODES.index(mode)]
+    found = {(TICKET_AFTER_ACK, "ticket", tickets)} if tickets > 1 else set()
+    run = {"operation_id": "{thread}", "title": "{thread}", "mode": mode}
+    return Drill(ticket, run, frozenset(found), ledger=mode == "ledger")
+
+
+SAGA_HELPER = "the saga helper: the saga's and the approval's effects through the ledger"
+DRILLS = {
+    **{f"ticket-{mode}": ticket_drill(mode) for mode in lab_cli.MODES},
+    "saga-naive": Drill(
+        saga, {**SAGA, "mode": "naive"}, frozenset({("put_writes refund [refund_id]", "refund", 2)})
+    ),
+    "saga-safe": Drill(saga, {**SAGA, "mode": "safe"}),
+    "saga-ledger": Drill(saga, {**SAGA, "mode": "ledger"}, ledger=True, needs=SAGA_HELPER),
+    "shop-naive": Drill(
+        shop,
+        {"order": "{thread}"},
+        frozenset({("put_writes charge [branch:to:send_receipt, charged]", "charge", 2)}),
+    ),
+    "shop-ledger": Drill(shop, {"order": "{thread}", "mode": "ledger"}, ledger=True),
+    "approval-naive": Drill(
+        approval,
+        {"refund": "{thread}"},
+        frozenset((point, "request", 3) for point in APPROVAL_REPEATS),
+        repeated_in_clean_run=("request",),
+        resume_with=True,
+    ),
+    "approval-ledger": Drill(
+        approval,
+        {"refund": "{thread}", "mode": "ledger"},
+        ledger=True,
+        resume_with=True,
+        needs=SAGA_HELPER,
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    """One receiver for every drill here (each run's effects are its own: named by its thread)
+    and the shop's and the approval's SQLite files."""
+    folder = tmp_path_factory.mktemp("lab-graphs")
+    env = lab_env(folder / "data", free_port())
+    receiver = ReceiverProcess(env, log_path=folder / "receiver.log").start()
+    yield {
+        "API_URL": env["API_URL"],
+        "SHOP_DB": str(folder / "shop" / "shop.sqlite"),
+        "APPROVAL_DB": str(folder / "approval" / "approval.sqlite"),
+    }
+    receiver.stop()
+
+
+@pytest.mark.parametrize("name", DRILLS)
+def test_the_drill_over_every_lab_graph_finds_exactly_the_lessons_duplicates(
+    name, world, monkeypatch
+):
+    drill = DRILLS[name]
+    for variable, value in world.items():
+        monkeypatch.setenv(variable, value)
+    report = effectdrill.drill(
+        drill.graph,
+        drill.input,
+        drill.module.observe,
+        context=drill.context,
+        resume_with=drill.resume_with,
+    )
+    found = {(d["point"], d["effect"], d["count"]) for d in report.duplicates}
+    why = f"{drill.needs} (not on main yet)\n" if drill.needs else ""
+    assert found == drill.duplicates, why + report.table()
+    assert report.repeated_in_clean_run == list(drill.repeated_in_clean_run), why + report.table()
+    assert report.missing == [] and report.failed == [], why + report.table()
+    assert report.rows, "the drill found no crash point"
+    if drill.ledger:  # the receipt, not the receiver: no row sent anything a second time
+        again = {row.point: row.requests for row in report.rows if row.requests}
+        assert again == {}, why + report.table()
+
+
+def test_every_graph_in_labs_graphs_is_drilled_through_the_ledger_and_in_its_lesson():
+    """A graph added to labs/graphs/ needs its rows here: a lesson, and the ledger's."""
+    graphs = {p.stem for p in (ROOT / "labs" / "graphs").glob("*.py") if p.stem != "__init__"}
+    names = {d.module.__name__.rsplit(".", 1)[1] for d in DRILLS.values()}
+    assert names == graphs
+    for name in graphs:
+        drills = [d for d in DRILLS.values() if d.module.__name__.endswith("." + name)]
+        assert any(d.ledger for d in drills) and any(d.duplicates for d in drills), name
+
+
+@pytest.mark.fast
+def test_the_shops_ledger_stops_a_charge_it_cannot_look_up(tmp_path, monkeypatch):
+    """labs/graphs/shop.py's docstring: a charge made and not yet recorded (the window the drill
+    does not reach: between the payment API's answer and the receipt) is not charged again by
+    the next attempt; its payment API has no lookup, so the ledger stops it for a person."""
+    import effects
+    import failpoints
+
+    monkeypatch.setenv("SHOP_DB", str(tmp_path / "shop.sqlite"))
+    state = {"order": "o-1", "mode": "ledger", "amount_cents": 1999}
+    with failpoints.scoped({"after-send": "raise"}), pytest.raises(failpoints.FailpointError):
+        shop.charge(state)
+    with pytest.raises(effects.Unsettled):
+        shop.charge(state)
+    assert shop.observe("o-1")["charge"] == 1
