@@ -11,6 +11,7 @@ import json
 
 import pytest
 
+import effects
 import lab as lab_py  # `lab` is the fixture: the lab's environment
 import workflow
 
@@ -159,9 +160,14 @@ def test_a_worker_thread_is_refused_with_the_command_that_owns_it(lab, receiver,
     import worker
 
     operation = {"thread": "w", "operation_id": "w:open-ticket:v1", "title": "W", "mode": "safe"}
-    with workflow.open_checkpointer(lab["CHECKPOINT_DB"]) as saver:
+    with (
+        workflow.open_checkpointer(lab["CHECKPOINT_DB"]) as saver,
+        effects.open_ledger(lab["CHECKPOINT_DB"]) as ledger,
+    ):
         client = workflow.TicketClient(lab["API_URL"])
-        assert worker.run_thread(saver, client, operation, 1, RunControl())["ticket_id"] == 1
+        graph = lab_py.build_graph(saver)  # the graph worker.py runs by default (WORKER_GRAPH)
+        done = worker.run_thread(graph, client, ledger, operation, 1, RunControl())
+        assert done["ticket_id"] == 1
     capsys.readouterr()
     before = history(lab, "w")
     for command in ("migrate", "resume"):
