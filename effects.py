@@ -139,18 +139,25 @@ def reconcile(ledger, effects, client):
     asked by key where its provider has a lookup; effects: declared(...) of the program."""
     done = []
     for record in ledger.unsettled():
-        effect = effects.get(record.effect)
-        if effect is None or effect.lookup is None:
-            if record.state != "unknown":
-                ledger.move(record.key, "unknown", "reconcile: no lookup, a person must settle it")
-            done.append((record, "needs a person"))
-        elif (found := effect.lookup(client, record.key)) is not None:
-            ledger.confirm(record.key, found, effect.external_id(found), "reconcile: adopted")
-            done.append((record, "confirmed"))
-        else:
-            ledger.move(record.key, "released", "reconcile: the provider has nothing under it")
-            done.append((record, "not sent"))
+        try:
+            with ledger.performing(record.key):  # a live process's request may still be out
+                done.append(reconcile_one(ledger, record, effects.get(record.effect), client))
+        except InFlight:
+            done.append((record, "in flight"))
     return done
+
+
+def reconcile_one(ledger, record, effect, client):
+    """(record, what happened) for one open effect, asked by key where it has a lookup."""
+    if effect is None or effect.lookup is None:
+        if record.state != "unknown":
+            ledger.move(record.key, "unknown", "reconcile: no lookup, a person must settle it")
+        return record, "needs a person"
+    if (found := effect.lookup(client, record.key)) is not None:
+        ledger.confirm(record.key, found, effect.external_id(found), "reconcile: adopted")
+        return record, "confirmed"
+    ledger.move(record.key, "released", "reconcile: the provider has nothing under it")
+    return record, "not sent"
 
 
 class LedgerError(Exception):
@@ -167,8 +174,9 @@ class Unsettled(LedgerError):
     def __init__(self, key, effect):
         super().__init__(
             f"effect {effect} {key!r} may have happened (an earlier attempt sent it and no "
-            f"answer was recorded) and its provider has no lookup: find out, then reconcile "
-            f"--confirmed {key} or --not-sent {key}"
+            f"answer was recorded) and its provider has no lookup: look at what the provider "
+            f"holds first, then reconcile --confirmed {key} if it happened, --not-sent {key} if "
+            "it did not"
         )
         self.key = key
 
