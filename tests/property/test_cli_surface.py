@@ -13,6 +13,8 @@ thread the way a learner would: the thread's resume, then whatever the CLI says 
 What must hold (the receiver's own answers decide, GET /tickets and GET /refunds):
 - every ticket carries the key of an operation that was started (the operation's id, or a saga's
   OPERATION:charge), and each finished thread names the one ticket its key made;
+- at most one message about each ticket (lab 15's keyless provider: after exit 6 the learner
+  looks at GET /messages and settles it with reconcile, as lab 15 shows);
 - at most one refund per charge, and only for a saga whose reservation was refused for capacity
   (its `refused` line says "no capacity": the receiver lists no reservations);
 - an effect whose result the checkpoint holds is never sent again (the lab's promise: a resume
@@ -95,6 +97,7 @@ EFFECTS = {  # the event that says a request was answered, and the field its res
     "charged": "ticket_id",
     "reserved": "reservation_id",
     "refunded": "refund_id",
+    "message_sent": "message_id",
 }
 # A command that a hint on stderr names: `resume --thread X`, `saga resume --thread X`,
 # `approve [--reject] --thread X`, `migrate --thread X` (maybe after LAB_GRAPH_VERSION=N), and,
@@ -181,12 +184,14 @@ class Learner(RuleBasedStateMachine):
         default=st.booleans(),
         approval=st.booleans(),
         safe=st.booleans(),
+        notify=st.booleans(),
     )
     @step
-    def start(self, thread, stop, default, approval, safe):
+    def start(self, thread, stop, default, approval, safe, notify):
         operation = "case-001:open-ticket:v1" if default else f"op-{thread}"
         argv = ["start", "--thread", thread, *([] if default else ["--operation", operation])]
         argv += ["--approval", "own-node"] if approval else []
+        argv += ["--notify"] if notify else []  # lab 15's message: no key, no lookup
         argv += ["--mode", "safe"] if safe else []  # lab 02's key, no ledger: replays allowed
         if safe:
             self.keyed_only.add(operation)
@@ -298,7 +303,10 @@ class Learner(RuleBasedStateMachine):
                 if outcome.done is not None or outcome.key_conflict or outcome.no_thread:
                     finished[thread] = outcome.done
                     break
-                if outcome.awaiting_approval:  # `approve` answers it (README, lab 07)
+                if outcome.code == workflow.EXIT_UNSETTLED:  # a person looks, then settles
+                    self.settle(outcome)
+                    command = own, self.version
+                elif outcome.awaiting_approval:  # `approve` answers it (README, lab 07)
                     command = ("approve", "--thread", thread), outcome.version
                 elif outcome.hints:
                     command = outcome.hints[0]
@@ -311,6 +319,16 @@ class Learner(RuleBasedStateMachine):
                 "and the commands the CLI named did not end it"
             )
         self.check_the_receiver(finished)
+
+    def settle(self, outcome):
+        """What lab 15 asks of a person after exit 6: look at what the provider holds (GET
+        /messages), then reconcile --confirmed KEY if the message is there, --not-sent if not."""
+        key = re.search(r"effect message '([^']+)'", outcome.err)[1]
+        ticket = {t["key"]: t["ticket_id"] for t in get(self.receiver.url + "/tickets")["tickets"]}
+        text = f"ticket {ticket.get(key.removesuffix(':notify'))} opened"
+        sent = any(m["text"] == text for m in get(self.receiver.url + "/messages")["messages"])
+        settled = self.type(["reconcile", "--confirmed" if sent else "--not-sent", key])
+        assert settled.code == 0, self.report(f"reconcile of {key} exited {settled.code}")
 
     def check_the_receiver(self, finished):
         """The receiver's ledger against what was started; finished: thread -> its done event."""
@@ -334,6 +352,10 @@ class Learner(RuleBasedStateMachine):
             f"operations run only through the ledger whose key reached the receiver again "
             f"(its log says replayed): {sorted(replayed)}"
         )
+        sent = collections.Counter(
+            m["text"] for m in get(self.receiver.url + "/messages")["messages"]
+        )
+        assert all(n == 1 for n in sent.values()), self.report(f"a message sent twice: {sent}")
         per_ticket = collections.Counter(r["ticket_id"] for r in refunds)
         twice = {ticket: n for ticket, n in per_ticket.items() if n > 1}
         assert not twice, self.report(f"charges refunded more than once: {twice}")
