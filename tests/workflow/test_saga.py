@@ -177,6 +177,30 @@ def test_a_kill_in_the_window_of_the_charge_then_of_the_refund_is_adopted_by_loo
     assert [r["ticket_id"] for r in refunds(lab)] == [1]
 
 
+def test_reconcile_settles_a_saga_effect_killed_in_its_window(receiver, lab, tmp_path):
+    """`lab.py reconcile` knows the saga's effects: it asks the receiver by key, records what it
+    made as confirmed, and the resume takes the receipt (it does not even look up)."""
+    start = ["saga", "start", "--thread", "z", "--seats", str(REFUSED), "--crash-at", "after-send"]
+    assert killed(start, lab, tmp_path)[0] == -9
+    reconciled = run_workflow_here(["reconcile"], lab)
+
+    assert reconciled.returncode == 0, reconciled.stderr
+    key = "case-013:book:v1:charge"
+    assert events(reconciled) == [
+        {
+            "event": "reconciled",
+            "effect": "charge",
+            "key": key,
+            "now": "confirmed",
+            "was": "requested",
+        },
+        {"event": "effects_unknown", "count": 0, "oldest_s": 0},
+    ]
+    resumed = run_workflow_here(["saga", "resume", "--thread", "z"], lab)
+    assert events(resumed)[0] == {"event": "charged", "how": "receipt", "key": key, "ticket_id": 1}
+    assert posts(receiver) == {"made": 2, "replayed": 0, "refused": 0}
+
+
 def test_a_kill_in_the_window_of_the_reservation_is_adopted_in_naive_mode_too(
     receiver, lab, tmp_path
 ):
