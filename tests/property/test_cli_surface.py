@@ -86,12 +86,12 @@ STOPS = {  # how a run is stopped: --crash-at POINT (SIGKILL), --crash, or Ctrl-
     # after-send: the window of whichever saga effect sends first (no line is printed before it)
     "saga": (*lab.SAGA_POINTS, *(f"ctrl-c {point}" for point in lab.SAGA_ACKS)),
 }
-CTRL_C_AFTER = {  # where a Ctrl-C lands: the failpoint held, and the event printed just before it
-    "after-prepare": "prepare",
-    "after-ack": "effect_ack",
-    "after-charge-ack": "charged",
-    "after-reserve-ack": "reserved",
-    "after-refund-ack": "refunded",
+CTRL_C_AFTER = {  # where a Ctrl-C lands: the failpoint held, and the events printed just before
+    "after-prepare": ("prepare",),  # it (a ledger's receipt or lookup says effect_receipt or
+    "after-ack": ("effect_ack", "effect_receipt", "effect_adopted"),  # effect_adopted)
+    "after-charge-ack": ("charged",),
+    "after-reserve-ack": ("reserved",),
+    "after-refund-ack": ("refunded",),
 }
 EFFECTS = {  # the event that says a request was answered, and the field its result is saved in
     "effect_ack": "ticket_id",
@@ -562,7 +562,7 @@ def forked_lab(argv, env, ctrl_c_after=None):
             lines, held = [], CTRL_C_AFTER.get(ctrl_c_after)
             for line in out:
                 lines.append(line)
-                if held and line.startswith("{") and json.loads(line)["event"] == held:
+                if held and line.startswith("{") and json.loads(line)["event"] in held:
                     os.kill(pid, signal.SIGINT)
                     held = None
             printed, complaints = "".join(lines), err.read()
