@@ -15,8 +15,9 @@ Variants, built here from the core's nodes (the core's State and build_graph kno
     --mode naive      no key: every attempt is a new ticket
     --mode safe       the key from the run's input (the default; the core's only way)
     --mode node-uuid  a fresh key minted inside the node: looks keyed, still duplicates on resume
-    --approval [in-node|own-node], approve [--reject]  wait for a human after the ticket, inside
-                      the effect's node or in a node of its own (lab 07)
+    --approval [in-node|own-node], approve [--reject]  ask a human after the ticket (the ask:
+                      a ticket keyed OPERATION:approval, through the ledger in every mode) and
+                      wait, inside the effect's node or in a node of its own (lab 07)
     --durability      LangGraph's durability mode: sync (the core's), async, exit (lab 04)
     step-boundary     a SqliteSaver that dies as create_ticket's result is about to be saved
                       (lab 08)
@@ -29,9 +30,11 @@ Variants, built here from the core's nodes (the core's State and build_graph kno
                       a line after the answer that fails once: LangGraph runs the node again in
                       the same process (lab 17; see the section below)
 The saga (lab 13), a graph of its own: `saga start|resume|state|refunds`, see add_saga_parser:
-    charge, reserve, and a refund when the reservation is refused; --mode naive sends the refund
-    without a key, safe with OPERATION:refund; --crash-at after-charge-ack, after-reserve-ack or
-    after-refund-ack kills the run there
+    charge, reserve, and a refund when the reservation is refused, each through the ledger;
+    --mode naive sends the refund without a key and records nothing, safe performs it keyed
+    OPERATION:refund; --crash-at after-charge-ack, after-reserve-ack or after-refund-ack kills
+    the run once the receipt is kept, after-send before it (the window of whichever effect sends
+    first)
 """
 
 if __name__ == "__main__":  # a Ctrl-C while the imports below run: one line, not a traceback
@@ -44,12 +47,13 @@ if __name__ == "__main__":  # a Ctrl-C while the imports below run: one line, no
 
     signal.signal(signal.SIGINT, interrupted_while_importing)
 
+import dataclasses
 import json
 import os
 import signal
 import sys
 import threading
-import urllib.error
+import urllib.parse
 import uuid
 from typing import NotRequired, TypedDict
 
@@ -125,21 +129,46 @@ def reconcile_by_key(client, title, key):
 def create_ticket_then_ask(state: State, runtime):
     """Lab 07's trap: the node waits for a human after its effect, so the answer re-runs it."""
     result = create_ticket(state, runtime)
-    return {**result, "approved": ask_approval(result["ticket_id"])}
+    return {**result, "approved": ask_approval(state, runtime, result["ticket_id"])}
 
 
-def approval_node(state: State):
-    """The approval in a node of its own: on resume it runs again, and repeats only the wait."""
-    return {"approved": ask_approval(state["ticket_id"])}
+def approval_node(state: State, runtime):
+    """The approval in a node of its own: on the answer it runs again, and its ask, an effect
+    through the ledger, is answered by its receipt: only the wait repeats."""
+    return {"approved": ask_approval(state, runtime, state["ticket_id"])}
 
 
-def ask_approval(ticket_id):
-    """Wait for a human: the run stops here, and `approve` resumes it with the answer."""
+def ask_approval(state, runtime, ticket_id):
+    """Ask a human, then wait: the ask is a ticket on the receiver, keyed OPERATION:approval
+    and performed through the ledger in every --mode, before interrupt() stops the run. The
+    answer (`approve`) runs the node again from its first line: the ask finds its receipt and
+    sends nothing, and interrupt() returns the answer."""
     from langgraph.types import interrupt
 
+    key = f"{state['operation_id']}:approval"
+    # The ask names the operation's title, not the ticket: a naive in-node re-run makes another
+    # ticket, and the same key with another request is a conflict, never a second ask.
+    request = {"title": f"Approval wanted: {state['title']}"[:MAX_TITLE]}
+    done = APPROVAL.perform(runtime.context.ledger, key, request, runtime.context.client)
+    said("approval_requested", done, key, request_id=done.answer["ticket_id"])
     approved = interrupt({"ticket_id": ticket_id})
     emit("approval", approved=approved)
     return approved
+
+
+def said(event, done, key, **values):
+    """An effect's line, as workflow.create_ticket says it: the receiver's answer (created) when
+    the request was sent; else how it was answered without a request (how: receipt, the
+    ledger's; adopted, what the receiver holds under the key), and the key."""
+    if done.how == "sent":
+        emit(event, created=done.answer["created"], **values)
+    else:
+        emit(event, how=done.how, key=key, **values)
+
+
+# The ask for approval, declared once: a ticket on the receiver, under a name of its own.
+APPROVAL = dataclasses.replace(workflow.TICKET, name="approval")
+MAX_TITLE = 200  # characters in a ticket's title: api.py's MAX_TITLE_CHARS
 
 
 def build_graph(checkpointer, approval=None, version="1", notify=False, retry_after_ack=None):
@@ -508,12 +537,17 @@ def failing_once_after(node, failure):
 #                               \-> refund -> END   (refused: the compensation)
 #
 # LangGraph 1.2.24 has no saga or compensation feature: the compensation is a node like any
-# other, chosen by a conditional edge. Its request is an effect like the charge, so a crash
-# after the refund's acknowledgement runs it again on resume, as lab 01's ticket. The charge
-# and the reservation are keyed in both modes (lab 02's fix); --mode decides the refund's key.
+# other, chosen by a conditional edge. Each of the three requests is an effect, declared once
+# (CHARGE, RESERVATION, REFUND below) and performed through the ledger, as the core's
+# create_ticket performs TICKET: the intent is committed before the request leaves and the
+# answer kept as a receipt. A node that runs again finds the receipt and sends nothing; one
+# killed between the receiver's answer and the receipt (--crash-at after-send) finds only the
+# intent, and asks the receiver by key. --mode naive sends the refund without a key and records
+# nothing (the lesson's variant), so a crash after the refund's answer refunds twice on resume.
 
-SAGA_POINTS = ("after-charge-ack", "after-reserve-ack", "after-refund-ack")  # --crash-at
-SAGA_MODES = ("naive", "safe")  # the refund without a key, or keyed by op:refund
+SAGA_ACKS = ("after-charge-ack", "after-reserve-ack", "after-refund-ack")  # in the nodes
+SAGA_POINTS = ("after-send", *SAGA_ACKS)  # --crash-at; after-send: each effect's window
+SAGA_MODES = ("naive", "safe")  # the refund without a key (nor the ledger), or by op:refund
 MAX_SEATS = 1000  # seats in one reservation: api.py's MAX_SEATS
 
 
@@ -535,48 +569,79 @@ def saga_key(state, direction):
 
 def charge(state: SagaState, runtime):
     """The first effect: a ticket stands for the charge."""
-    result = runtime.context.client.create(state["title"], saga_key(state, "charge"))
-    emit("charged", created=result["created"], ticket_id=result["ticket_id"])
+    key = saga_key(state, "charge")
+    done = perform(CHARGE, runtime, key, {"title": state["title"]})
+    said("charged", done, key, ticket_id=done.answer["ticket_id"])
     fail("after-charge-ack")
-    return {"ticket_id": result["ticket_id"]}
+    return {"ticket_id": done.answer["ticket_id"]}
 
 
 def reserve(state: SagaState, runtime):
     """The step that can be refused: a 409 "no_capacity" (no seats left) reserved nothing, so it
-    is an outcome, not a failure: the run goes on to undo the charge. Any other 409 is not: a
-    "key_conflict" means a reservation already exists under this key (for another body), and
-    refunding its charge would undo a booking that stands. The run stops there, exit 1."""
-    body = {"ticket_id": state["ticket_id"], "seats": state["seats"]}
+    is an outcome, not a failure: the run goes on to undo the charge. The ledger records it as
+    failed, and answers every later attempt with that refusal. A "key_conflict" is no outcome:
+    a reservation exists under this key (for another body), and refunding its charge would undo
+    a booking that stands. The run stops there, exit 1; so it does when this ledger holds the
+    key for another reservation (an earlier saga with this --operation)."""
     key = saga_key(state, "reserve")
+    request = {"ticket_id": state["ticket_id"], "seats": state["seats"]}
     try:
-        result = runtime.context.client.call("/reservations", body, key)
-    except urllib.error.HTTPError as error:
-        if error.code != 409:
+        done = perform(RESERVATION, runtime, key, request)
+    except effects.Refused as refused:
+        code = refused.refusal.get("code")
+        if code == "key_conflict":  # a protocol error, not a business refusal
+            raise not_refunded(state, "refused 409 key_conflict: the receiver holds") from None
+        if code != "no_capacity":
             raise
-        answer = json.load(error)
-        if answer.get("code") != "no_capacity":  # a protocol error, not a business refusal
-            raise UserError(
-                f"reservation refused 409 {answer.get('code')}: a reservation under the key "
-                f"{key} exists for another body (an earlier saga with this --operation?), so "
-                f"ticket {state['ticket_id']} is not refunded; look at that saga's state "
-                "(saga state --thread ITS-THREAD)",
-                workflow.EXIT_HTTP_ERROR,
-            ) from None
-        emit("refused", error=answer["error"])
-        return {"refused": answer["error"]}
-    emit("reserved", created=result["created"], reservation_id=result["reservation_id"])
+        # Effect.perform raises Refused from the receiver's answer when it sent the request,
+        # and from the ledger's record (no cause) when an earlier attempt was refused.
+        how = {} if refused.__cause__ else {"how": "receipt", "key": key}
+        emit("refused", error=refused.refusal["error"], **how)
+        return {"refused": refused.refusal["error"]}
+    except effects.Conflict:
+        raise not_refunded(state, "not sent: the ledger holds") from None
+    said("reserved", done, key, reservation_id=done.answer["reservation_id"])
     fail("after-reserve-ack")
-    return {"reservation_id": result["reservation_id"]}
+    return {"reservation_id": done.answer["reservation_id"]}
 
 
 def refund(state: SagaState, runtime):
-    """The compensation, an effect like any other: naive sends it without a key, so a resumed
-    run refunds again; safe keys it by the operation and the direction (op:refund)."""
-    key = None if state["mode"] == "naive" else saga_key(state, "refund")
-    result = runtime.context.client.call("/refunds", {"ticket_id": state["ticket_id"]}, key)
-    emit("refunded", created=result["created"], refund_id=result["refund_id"])
+    """The compensation, an effect like any other. Naive sends it without a key and records
+    nothing, so a resumed run refunds again; safe keys it by the operation and the direction
+    (op:refund) and performs it through the ledger."""
+    request = {"ticket_id": state["ticket_id"]}
+    if state["mode"] == "naive":  # the lesson's variant: no key, no ledger
+        answer = runtime.context.client.call("/refunds", request)
+        emit("refunded", created=answer["created"], refund_id=answer["refund_id"])
+    else:
+        key = saga_key(state, "refund")
+        done = perform(REFUND, runtime, key, request)
+        said("refunded", done, key, refund_id=done.answer["refund_id"])
+        answer = done.answer
     fail("after-refund-ack")
-    return {"refund_id": result["refund_id"]}
+    return {"refund_id": answer["refund_id"]}
+
+
+# The saga's effects, declared once each: what is sent, how the receiver is asked what a key
+# made (GET ...?key=), the id in the receipt, and which answers are a "no" (a 4xx: the receiver
+# made nothing). The charge is a ticket, so it is the core's TICKET under its own name.
+CHARGE = dataclasses.replace(workflow.TICKET, name="charge")
+RESERVATION = effects.Effect(
+    "reservation",
+    send=lambda client, request, key: client.call("/reservations", request, key),
+    lookup=lambda client, key: looked_up(client, "reservations", key),
+    external_id=lambda answer: answer["reservation_id"],
+    not_sent=lambda error: isinstance(error, workflow.Unreachable),
+    refused=workflow.refusal,  # no_capacity (the saga's outcome) or key_conflict (it stops)
+)
+REFUND = effects.Effect(
+    "refund",
+    send=lambda client, request, key: client.call("/refunds", request, key),
+    lookup=lambda client, key: looked_up(client, "refunds", key),
+    external_id=lambda answer: answer["refund_id"],
+    not_sent=lambda error: isinstance(error, workflow.Unreachable),
+    refused=workflow.refusal,
+)
 
 
 def build_saga(checkpointer):
@@ -594,6 +659,28 @@ def build_saga(checkpointer):
     )
     builder.add_edge("refund", END)
     return builder.compile(checkpointer=checkpointer)
+
+
+def perform(effect, runtime, key, request):
+    """effect performed through the run's ledger: its Outcome (effects.py)."""
+    return effect.perform(runtime.context.ledger, key, request, runtime.context.client)
+
+
+def looked_up(client, table, key):
+    """What the receiver made under key (GET /TABLE?key=), as a replay answers it, or None."""
+    found = client.call(f"/{table}?" + urllib.parse.urlencode({"key": key}))[table]
+    noun = table.removesuffix("s")
+    return {f"{noun}_id": found[0][f"{noun}_id"], "created": False} if found else None
+
+
+def not_refunded(state, why):
+    """The line of a reservation key used for another body: the run stops, nothing refunded."""
+    return UserError(
+        f"reservation {why} the key {saga_key(state, 'reserve')} for another reservation (an "
+        f"earlier saga with this --operation?), so ticket {state['ticket_id']} is not refunded; "
+        "look at that saga's state (saga state --thread ITS-THREAD)",
+        workflow.EXIT_HTTP_ERROR,
+    )
 
 
 def saga_start(args, settings):
@@ -695,6 +782,7 @@ def build_parser():
     parser.set_defaults(crash_at=None, term_at=None, durability="sync", no_contract=False)
     parser.set_defaults(retry_after_ack=None)  # lab 17: start only
     parser.set_defaults(unkeyed=lambda values: values.get("mode") == "naive")  # for the hints
+    parser.set_defaults(effects={**effects.declared(vars(workflow)), **effects.declared(globals())})
     actions = parser.actions
     for name, action in [("start", start), ("resume", resume), ("state", state)]:
         actions.choices[name].set_defaults(run=action)
@@ -750,7 +838,7 @@ def main(argv=None, environ=None):
         return EXIT_USAGE
     parser = build_parser()
     parser.set_defaults(graph_version=version)
-    return workflow.main(argv, environ, parser=parser, points=(*POINTS, *SAGA_POINTS))
+    return workflow.main(argv, environ, parser=parser, points=(*POINTS, *SAGA_ACKS))
 
 
 if __name__ == "__main__":

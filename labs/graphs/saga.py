@@ -6,9 +6,11 @@
 
 11 seats are more than the receiver has (api.py's SEATS, 10), so every run's reservation is
 refused and its charge refunded. observe(thread) counts the charges (tickets whose title is the
-thread id) and the refunds of those tickets. With "mode": "naive" in the input the run refunds
-twice where the drill kills it after the refund's answer and before its result is saved; with
-"safe" it refunds once everywhere.
+thread id) and the refunds of those tickets. The charge and the reservation go through the
+ledger of context() (labs.graphs.ticket's: a temporary file of the drill's own) in both modes.
+With "mode": "naive" in the input the refund goes without a key and without the ledger, and the
+run refunds twice where the drill kills it after the refund's answer and before its result is
+saved; with "safe" the refund goes through the ledger too, and it refunds once everywhere.
 """
 
 import contextlib

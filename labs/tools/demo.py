@@ -187,6 +187,9 @@ class Operation:
         return ", ".join([line, *self.notes])
 
 
+ASK = ":approval"  # an operation's ask for approval (lab.py's ask_approval) is keyed OP:approval
+
+
 class Ledger:
     """Tickets per operation, counted on the receiver's own ledger: after each command that can
     make a ticket (a workflow's start, resume, approve or post; a worker's run or wait, which
@@ -260,6 +263,10 @@ class Ledger:
                 continue
             self.seen.add(ticket["ticket_id"])
             key = ticket["key"]
+            asking = (key or "").removesuffix(ASK)
+            if key != asking and asking in self.operations:  # lab 07's ask: not its ticket
+                self.operations[asking].notes.append("asked for approval once")
+                continue
             owner = (
                 key
                 if key in self.operations

@@ -132,18 +132,22 @@ def verdicts(out):
 
 @pytest.mark.long
 def test_lab_07s_approve_is_counted_on_its_own_operation(capsys):
-    """`approve` makes the in-node duplicate (ticket 2) and replays the keyed one: the verdict
-    puts each on its operation, as the guide's own ticket listing shows."""
+    """`approve` makes the in-node duplicate (ticket 3) and replays the keyed one: the verdict
+    puts each on its operation, as the guide's own ticket listing shows, and each run's ask for
+    approval (its own ticket, keyed OPERATION:approval) on the operation that asked."""
     code, out, err = run_demo(capsys, LAB07)
     assert code == 0, out + err
     assert verdicts(out) == [
-        "case-in-node:open-ticket:v1: 2 tickets for one operation (duplicate)",
-        "case-in-node-safe:open-ticket:v1: 1 ticket, approve got created: false",
-        "case-own-node:open-ticket:v1: 1 ticket",
+        "case-in-node:open-ticket:v1: 2 tickets for one operation (duplicate), "
+        "asked for approval once",
+        "case-in-node-safe:open-ticket:v1: 1 ticket, asked for approval once, "
+        "approve got created: false",
+        "case-in-node-ledger:open-ticket:v1: 1 ticket, asked for approval once",
+        "case-own-node:open-ticket:v1: 1 ticket, asked for approval once",
     ]
     assert (
         "What the labs showed: naive: 1 of 2 operations duplicated; "
-        "safe: 0 of 1 operation duplicated"
+        "safe: 0 of 1 operation duplicated; ledger: 0 of 1 operation duplicated"
     ) in out
 
 

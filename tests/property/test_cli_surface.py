@@ -11,16 +11,18 @@ command a hint on stderr names, typed as printed. At the end of each sequence it
 thread the way a learner would: the thread's resume, then whatever the CLI says to type.
 
 What must hold (the receiver's own answers decide, GET /tickets and GET /refunds):
-- every ticket carries the key of an operation that was started (the operation's id, or a saga's
-  OPERATION:charge), and each finished thread names the one ticket its key made;
+- every ticket carries the key of an operation that was started (the operation's id, its ask for
+  approval's OPERATION:approval, or a saga's OPERATION:charge), and each finished thread names the
+  one ticket its key made;
 - at most one message about each ticket (lab 15's keyless provider: after exit 6 the learner
   looks at GET /messages and settles it with reconcile, as lab 15 shows);
 - at most one refund per charge, and only for a saga whose reservation was refused for capacity
   (its `refused` line says "no capacity": the receiver lists no reservations);
 - an effect whose result the checkpoint holds is never sent again (the lab's promise: a resume
   repeats only the node whose result was not saved); an operation run only through the ledger
-  reaches the receiver once: the receiver's log shows no replay of its key (a receipt or a lookup
-  answered every later attempt), and `reconcile` sends nothing; `migrate` moves only a ticket's
+  (a saga's steps and an ask for approval always are) reaches the receiver once: the receiver's
+  log shows no replay of its key (a receipt or a lookup answered every later attempt), and
+  `reconcile` sends nothing; `migrate` moves only a ticket's
   thread, says where it goes on, and `state` then agrees;
 - no traceback anywhere, every exit code is one of the README's table, Ctrl-C is exit 130 and one
   line.
@@ -83,14 +85,15 @@ THREADS = ("a", "b", "c")  # a start names its own operation (op-a, book-a) or t
 SEATS = (2, 4, 11)  # the receiver has 10 seats in all: 11 is refused, and so is a third 4
 STOPS = {  # how a run is stopped: --crash-at POINT (SIGKILL), --crash, or Ctrl-C at a point
     "ticket": (*lab.CRASH_POINTS, "--crash", "ctrl-c after-prepare", "ctrl-c after-ack"),
-    "saga": (*lab.SAGA_POINTS, *(f"ctrl-c {point}" for point in lab.SAGA_POINTS)),
+    # after-send: the window of whichever saga effect sends first (no line is printed before it)
+    "saga": (*lab.SAGA_POINTS, *(f"ctrl-c {point}" for point in lab.SAGA_ACKS)),
 }
-CTRL_C_AFTER = {  # where a Ctrl-C lands: the failpoint held, and the event printed just before it
-    "after-prepare": "prepare",
-    "after-ack": "effect_ack",
-    "after-charge-ack": "charged",
-    "after-reserve-ack": "reserved",
-    "after-refund-ack": "refunded",
+CTRL_C_AFTER = {  # where a Ctrl-C lands: the failpoint held, and the events printed just before
+    "after-prepare": ("prepare",),  # it (a ledger's receipt or lookup says effect_receipt or
+    "after-ack": ("effect_ack", "effect_receipt", "effect_adopted"),  # effect_adopted)
+    "after-charge-ack": ("charged",),
+    "after-reserve-ack": ("reserved",),
+    "after-refund-ack": ("refunded",),
 }
 EFFECTS = {  # the event that says a request was answered, and the field its result is saved in
     "effect_ack": "ticket_id",
@@ -195,6 +198,8 @@ class Learner(RuleBasedStateMachine):
         argv += ["--mode", "safe"] if safe else []  # lab 02's key, no ledger: replays allowed
         if safe:
             self.keyed_only.add(operation)
+        if approval:  # the ask: a ticket of its own, keyed OPERATION:approval (lab 07)
+            self.keys.add(f"{operation}:approval")
         self.starting(Thread("ticket", operation, key=operation), thread, argv, stop)
 
     @rule(
@@ -347,6 +352,11 @@ class Learner(RuleBasedStateMachine):
             )
         ledger_only = {made.key for made in self.all_made if made.kind == "ticket"}
         ledger_only -= self.keyed_only
+        # a saga's three effects (safe mode: the refund too) and every ask for approval go
+        # through the ledger whatever the ticket's mode
+        sagas = {made.operation for made in self.all_made if made.kind == "saga"}
+        ledger_only |= {f"{op}:{step}" for op in sagas for step in ("charge", "reserve", "refund")}
+        ledger_only |= {key for key in self.keys if key.endswith(":approval")}
         replayed = set(REPLAYED.findall(self.receiver_log())) & ledger_only
         assert not replayed, self.report(
             f"operations run only through the ledger whose key reached the receiver again "
@@ -494,11 +504,14 @@ class Outcome:
 
     @property
     def key_conflict(self):
-        """Refused 409 for a key reused with another body (an http_error event, or a line that
-        names the 409): the thread cannot go on, rightly."""
+        """Refused for a key reused with another body: 409 by the receiver (an http_error event,
+        or a line that names the 409), or by the ledger, which holds the key for another request
+        and sent nothing. The thread cannot go on, rightly."""
         return self.code == workflow.EXIT_HTTP_ERROR and (
             any(e["event"] == "http_error" and e["status"] == 409 for e in self.events)
             or "409" in self.err
+            or "the ledger holds the key" in self.err
+            or "was claimed for another" in self.err
         )
 
     @property
@@ -571,7 +584,7 @@ def forked_lab(argv, env, ctrl_c_after=None):
             lines, held = [], CTRL_C_AFTER.get(ctrl_c_after)
             for line in out:
                 lines.append(line)
-                if held and line.startswith("{") and json.loads(line)["event"] == held:
+                if held and line.startswith("{") and json.loads(line)["event"] in held:
                     os.kill(pid, signal.SIGINT)
                     held = None
             printed, complaints = "".join(lines), err.read()

@@ -191,7 +191,8 @@ def test_migrate_names_a_node_the_new_graph_does_not_have_and_changes_nothing(
 def test_approve_under_another_contract_refuses_instead_of_swallowing(lab, receiver, capsys):
     """In-node approval (lab 07), then version 2 renames the waiting node: the contract refuses
     the answer; migrate carries the question over to the renamed node, and the answer runs it
-    from its first line (lab 07's trap), where the ledger's receipt answers: nothing is sent."""
+    from its first line (lab 07's trap, through the ledger: the ticket's and the ask's receipts,
+    nothing sent again)."""
     assert lab_py.main(["start", "--thread", "a", "--approval"], lab) == 0
     v2 = {**lab, "LAB_GRAPH_VERSION": "2"}
     assert lab_py.main(["approve", "--thread", "a"], v2) == workflow.EXIT_CONTRACT
@@ -199,12 +200,19 @@ def test_approve_under_another_contract_refuses_instead_of_swallowing(lab, recei
     capsys.readouterr()
     assert lab_py.main(["approve", "--thread", "a"], v2) == 0
     events = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
-    assert events[:2] == [
-        {"event": "effect_receipt", "key": "case-001:open-ticket:v1", "ticket_id": 1},
+    key = "case-001:open-ticket:v1"
+    assert events[:3] == [
+        {"event": "effect_receipt", "key": key, "ticket_id": 1},
+        {
+            "event": "approval_requested",
+            "how": "receipt",
+            "key": f"{key}:approval",
+            "request_id": 2,
+        },
         {"event": "approval", "approved": True},
     ]
     assert events[-1]["event"] == "done" and events[-1]["approved"] is True
-    assert len(workflow.TicketClient(lab["API_URL"]).tickets()) == 1
+    assert len(workflow.TicketClient(lab["API_URL"]).tickets()) == 2  # the ticket, the ask
 
 
 def test_a_resumed_thread_sends_the_key_it_saved_whatever_prepare_derives_now(

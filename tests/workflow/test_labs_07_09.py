@@ -6,10 +6,12 @@ itself, or from outside while its request is on the wire), SQLite files under tm
 """
 
 import json
+import re
 import signal
 import subprocess
 import sys
 import threading
+import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -28,39 +30,78 @@ def state(workflow, thread="demo"):
 # ------------------------------------------------------------------ lab 07: approval
 
 
+ASKED = ["effect_ack", "approval_requested", "awaiting_approval"]  # the ticket, the ask, the wait
+
+
+def asked_again(done, request_id, operation="case-001:open-ticket:v1"):
+    """The ask's line when the ledger's receipt answered it: nothing was sent."""
+    key = f"{operation}:approval"
+    return {"event": "approval_requested", "how": "receipt", "key": key, "request_id": request_id}
+
+
+def posts(receiver):
+    """POSTs the receiver answered with a ticket (created or replayed), from its /metrics."""
+    with urllib.request.urlopen(receiver.url + "/metrics") as response:
+        text = response.read().decode()
+    names = ("tickets_created", "idempotent_replays")
+    return sum(int(re.search(rf"^receiver_{n}_total (\d+)$", text, re.M)[1]) for n in names)
+
+
 def test_approval_inside_the_effect_node_sends_the_request_again(receiver, workflow):
+    """The answer re-runs the node: the naive ticket goes again (a second ticket); the ask,
+    an effect through the ledger, is answered by its receipt."""
     started = workflow("start", "--mode", "naive", "--approval")
     assert started.returncode == 0, started.stderr
-    assert names(started) == ["prepare", "effect_ack", "awaiting_approval"]
-    assert events(started)[-1]["ticket_id"] == 1
+    assert names(started) == ["prepare", *ASKED]
+    assert events(started)[1]["ticket_id"] == 1 and events(started)[-1]["ticket_id"] == 1
+    assert events(started)[2] == {"created": True, "event": "approval_requested", "request_id": 2}
     waiting = state(workflow)
     assert waiting["next"] == ["create_ticket"] and "ticket_id" not in waiting["values"]
     approved = workflow("approve")
     assert approved.returncode == 0, approved.stderr
-    assert names(approved) == ["effect_ack", "approval", "done"]
-    assert events(approved)[0]["created"] is True
-    assert events(approved)[-1]["ticket_id"] == 2 and events(approved)[-1]["approved"] is True
-    assert [t["ticket_id"] for t in tickets(workflow)] == [1, 2]
+    assert names(approved) == ["effect_ack", "approval_requested", "approval", "done"]
+    assert events(approved)[0] == {"created": True, "event": "effect_ack", "ticket_id": 3}
+    assert events(approved)[1] == asked_again(approved, 2)
+    assert events(approved)[-1]["ticket_id"] == 3 and events(approved)[-1]["approved"] is True
+    keys = [(t["ticket_id"], t["key"]) for t in tickets(workflow)]
+    assert keys == [(1, None), (2, "case-001:open-ticket:v1:approval"), (3, None)]
 
 
 def test_approval_inside_the_effect_node_with_the_key_is_one_ticket(receiver, workflow):
     assert workflow("start", "--mode", "safe", "--approval").returncode == 0
     approved = workflow("approve")
-    assert names(approved) == ["effect_ack", "approval", "done"]
+    assert names(approved) == ["effect_ack", "approval_requested", "approval", "done"]
     assert events(approved)[0] == {"created": False, "event": "effect_ack", "ticket_id": 1}
-    assert len(tickets(workflow)) == 1
+    assert events(approved)[1] == asked_again(approved, 2)
+    assert len(tickets(workflow)) == 2  # the ticket and the ask
+
+
+def test_approval_inside_the_effect_node_through_the_ledger_sends_nothing_again(receiver, workflow):
+    """--mode ledger: the re-run node finds both receipts, and the receiver hears nothing."""
+    started = workflow("start", "--mode", "ledger", "--approval")
+    assert names(started) == ["prepare", *ASKED]
+    before = posts(receiver)
+    approved = workflow("approve")
+
+    assert approved.returncode == 0, approved.stderr
+    assert events(approved)[:2] == [
+        {"event": "effect_receipt", "key": "case-001:open-ticket:v1", "ticket_id": 1},
+        asked_again(approved, 2),
+    ]
+    assert posts(receiver) == before == 2
 
 
 def test_approval_in_a_node_of_its_own_repeats_nothing(receiver, workflow):
     started = workflow("start", "--mode", "naive", "--approval", "own-node")
-    assert names(started) == ["prepare", "effect_ack", "awaiting_approval"]
+    assert names(started) == ["prepare", *ASKED]
     waiting = state(workflow)
     assert waiting["next"] == ["approval"] and waiting["values"]["ticket_id"] == 1
     rejected = workflow("approve", "--reject")
     assert rejected.returncode == 0, rejected.stderr
-    assert names(rejected) == ["approval", "done"]
+    assert names(rejected) == ["approval_requested", "approval", "done"]
+    assert events(rejected)[0] == asked_again(rejected, 2)  # the re-run ask: its receipt
     assert events(rejected)[-1]["approved"] is False
-    assert len(tickets(workflow)) == 1
+    assert len(tickets(workflow)) == 2  # the ticket and the ask, once each
     assert names(workflow("resume")) == ["done"]  # finished: nothing waits, nothing reruns
 
 
@@ -71,7 +112,7 @@ def test_a_waiting_run_is_answered_only_by_approve(receiver, workflow):
     assert resumed.stderr == (
         "lab.py: thread 'demo' waits for approval; answer with approve (or --reject)\n"
     )
-    assert len(tickets(workflow)) == 1  # the refused resume sent nothing
+    assert len(tickets(workflow)) == 2  # the refused resume sent nothing: the ticket, the ask
     assert workflow("approve").returncode == 0
     again = workflow("approve")
     assert again.returncode == NO_THREAD

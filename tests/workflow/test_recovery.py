@@ -63,8 +63,10 @@ def test_a_thread_waiting_at_its_own_node_approval_migrates_and_approve_answers_
     assert run(capsys, v2(lab), "state", "--thread", "a")[1][0]["next"] == ["approval"]
     code, events, err = run(capsys, v2(lab), "approve", "--thread", "a")
     assert code == 0, err
-    assert [e["event"] for e in events] == ["approval", "done"]  # the wait only, no effect
-    assert len(tickets(lab)) == 1
+    # the wait, and the ask answered by its receipt in the ledger: no effect sent again
+    assert [e["event"] for e in events] == ["approval_requested", "approval", "done"]
+    assert events[0]["how"] == "receipt"
+    assert len(tickets(lab)) == 2  # the ticket and the ask for approval
 
 
 def test_a_move_whose_next_would_differ_is_refused_and_nothing_is_written(

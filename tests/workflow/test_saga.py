@@ -3,15 +3,25 @@
 The drill (effectdrill, real forks and SIGKILLs) runs over the whole saga and an observer counts
 the receiver's refunds: without a key the refund repeats at exactly one crash point, the one
 after the refund's answer and before its result is saved; keyed by op:refund it never does.
-The CLI's own crash (--crash-at, a real process that gets its SIGKILL) shows the same.
+The CLI's own crash (--crash-at, a real process that gets its SIGKILL) shows the same, and a
+kill in each effect's window (--crash-at after-send: the receiver has answered, the ledger has
+no receipt yet) ends in the lookup adopting what the receiver made: its /metrics counts no
+second POST.
 """
+
+import os
+import re
+import sys
+import urllib.request
 
 import pytest
 from workflow_helpers import events
 
 import effectdrill
+import lab as lab_py
 from labs.graphs import saga
-from labs.tools.local import run_workflow, run_workflow_here
+from labs.tools.local import events as local_events
+from labs.tools.local import run_workflow_here
 
 REFUSED = 11  # seats: more than the receiver has (api.py's SEATS, 10), so the reservation fails
 AFTER_THE_REFUNDS_ANSWER = "put_writes refund [refund_id]"  # the drill's name for that point
@@ -58,17 +68,60 @@ def test_safe_refunds_once_at_every_crash_point(drill, durability):
     assert report.ok, report.table()
 
 
+def killed(args, env, tmp_path):
+    """`lab.py ARGS` for a run that its own --crash-at SIGKILLs: lab.main in a forked child of
+    this process, a real process that really dies (LangGraph imported already: a fork costs
+    milliseconds, a new interpreter seconds). (exit code, as os.waitpid tells it; stdout)."""
+    import langgraph.checkpoint.sqlite  # noqa: F401 (before the fork: the child has them)
+    import langgraph.graph  # noqa: F401
+
+    read, write = os.pipe()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns into pytest
+        code = 1
+        try:
+            os.dup2(write, 1)
+            sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115
+            sys.stderr = open(tmp_path / "killed.err", "a", buffering=1)  # noqa: SIM115
+            code = lab_py.main(list(args), env)
+        finally:
+            os._exit(code)
+    os.close(write)
+    with open(read) as out:
+        printed = out.read()
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status), local_events(printed)
+
+
 def refunds(lab):
     (listed,) = events(run_workflow_here(["saga", "refunds"], lab))
     return listed["refunds"]
 
 
+def posts(receiver):
+    """What the receiver's POSTs did, from its GET /metrics: made (created), replayed (a key it
+    knew: a second request), refused (a 409 key_conflict)."""
+    with urllib.request.urlopen(receiver.url + "/metrics") as response:
+        text = response.read().decode()
+    names = {
+        "made": ("tickets_created", "reservations_created", "refunds_created"),
+        "replayed": ("idempotent_replays",),
+        "refused": ("key_conflicts",),
+    }
+    count = lambda name: int(re.search(rf"^receiver_{name}_total (\d+)$", text, re.M)[1])  # noqa: E731
+    return {what: sum(map(count, counters)) for what, counters in names.items()}
+
+
 @pytest.mark.parametrize("mode,made", [("naive", [1, 2]), ("safe", [1])])
-def test_a_crash_after_the_refunds_answer_then_resume(receiver, lab, mode, made):
+def test_a_crash_after_the_refunds_answer_then_resume(receiver, lab, tmp_path, mode, made):
     start = ["saga", "start", "--thread", "t", "--operation", "case-13:book:v1", "--mode", mode]
-    crashed = run_workflow([*start, "--seats", str(REFUSED), "--crash-at", "after-refund-ack"], lab)
-    assert crashed.returncode == -9, crashed.stderr
-    assert events(crashed)[-2:] == [
+    code, crashed = killed(
+        [*start, "--seats", str(REFUSED), "--crash-at", "after-refund-ack"], lab, tmp_path
+    )
+    assert code == -9
+    assert crashed[-2:] == [
         {"event": "refunded", "created": True, "refund_id": 1},
         {"event": "crash", "at": "after-refund-ack"},
     ]
@@ -84,19 +137,111 @@ def test_a_crash_after_the_refunds_answer_then_resume(receiver, lab, mode, made)
 
     assert resumed.returncode == 0, resumed.stderr
     again = events(resumed)[0]
-    assert again == {"event": "refunded", "created": mode == "naive", "refund_id": made[-1]}
+    if mode == "naive":  # no key, no ledger: a second request, a second refund
+        assert again == {"event": "refunded", "created": True, "refund_id": 2}
+    else:  # the ledger's receipt answered: the receiver heard no second refund request
+        key = "case-13:book:v1:refund"
+        assert again == {"event": "refunded", "how": "receipt", "key": key, "refund_id": 1}
+        assert posts(receiver) == {"made": 2, "replayed": 0, "refused": 0}
     assert [r["refund_id"] for r in refunds(lab)] == made
     key = "case-13:book:v1:refund" if mode == "safe" else None
     assert {r["key"] for r in refunds(lab)} == {key}
 
 
-def test_a_crash_after_the_charge_repeats_nothing_in_naive_mode_either(receiver, lab):
-    start = ["saga", "start", "--thread", "c", "--mode", "naive", "--seats", str(REFUSED)]
-    crashed = run_workflow([*start, "--crash-at", "after-charge-ack"], lab)
-    assert crashed.returncode == -9, crashed.stderr
-    resumed = run_workflow_here(["saga", "resume", "--thread", "c"], lab)
+def test_a_kill_in_the_window_of_the_charge_then_of_the_refund_is_adopted_by_lookup(
+    receiver, lab, tmp_path
+):
+    """Killed after the receiver answered and before the ledger kept a receipt (after-send),
+    twice: in the charge, then in the refund. Each resume finds only the intent, asks the
+    receiver by key and adopts what it made: one POST each, no replay."""
+    start = ["saga", "start", "--thread", "w", "--operation", "case-w:book:v1"]
+    code, in_the_charge = killed(
+        [*start, "--seats", str(REFUSED), "--crash-at", "after-send"], lab, tmp_path
+    )
+    assert (code, in_the_charge) == (-9, [{"event": "crash", "at": "after-send"}])
+    resume = ["saga", "resume", "--thread", "w"]
+    code, in_the_refund = killed([*resume, "--crash-at", "after-send"], lab, tmp_path)
+    error = "no capacity: 11 seats asked for, 10 of 10 left"
+    assert code == -9 and in_the_refund == [
+        {"event": "charged", "how": "adopted", "key": "case-w:book:v1:charge", "ticket_id": 1},
+        {"event": "refused", "error": error},  # the reservation sends; a 409 has no window
+        {"event": "crash", "at": "after-send"},
+    ]
+    done = run_workflow_here(resume, lab)
 
-    assert events(resumed)[0] == {"event": "charged", "created": False, "ticket_id": 1}
+    assert done.returncode == 0, done.stderr
+    key = "case-w:book:v1:refund"
+    assert events(done)[0] == {"event": "refunded", "how": "adopted", "key": key, "refund_id": 1}
+    assert events(done)[-1]["refund_id"] == 1 and events(done)[-1]["ticket_id"] == 1
+    assert posts(receiver) == {"made": 2, "replayed": 0, "refused": 0}  # a ticket, a refund
+    assert [r["ticket_id"] for r in refunds(lab)] == [1]
+
+
+def test_reconcile_settles_a_saga_effect_killed_in_its_window(receiver, lab, tmp_path):
+    """`lab.py reconcile` knows the saga's effects: it asks the receiver by key, records what it
+    made as confirmed, and the resume takes the receipt (it does not even look up)."""
+    start = ["saga", "start", "--thread", "z", "--seats", str(REFUSED), "--crash-at", "after-send"]
+    assert killed(start, lab, tmp_path)[0] == -9
+    reconciled = run_workflow_here(["reconcile"], lab)
+
+    assert reconciled.returncode == 0, reconciled.stderr
+    key = "case-013:book:v1:charge"
+    assert events(reconciled) == [
+        {
+            "event": "reconciled",
+            "effect": "charge",
+            "key": key,
+            "now": "confirmed",
+            "was": "requested",
+        },
+        {"event": "effects_unknown", "count": 0, "oldest_s": 0},
+    ]
+    resumed = run_workflow_here(["saga", "resume", "--thread", "z"], lab)
+    assert events(resumed)[0] == {"event": "charged", "how": "receipt", "key": key, "ticket_id": 1}
+    assert posts(receiver) == {"made": 2, "replayed": 0, "refused": 0}
+
+
+def test_a_kill_in_the_window_of_the_reservation_is_adopted_in_naive_mode_too(
+    receiver, lab, tmp_path
+):
+    """--mode naive decides only the refund: the charge and the reservation go through the
+    ledger in both modes. Killed after the charge's receipt, the resume sends no charge; killed
+    in the reservation's window, the next one adopts the reservation."""
+    start = ["saga", "start", "--thread", "r", "--mode", "naive", "--seats", "2"]
+    assert killed([*start, "--crash-at", "after-charge-ack"], lab, tmp_path)[0] == -9
+    resume = ["saga", "resume", "--thread", "r"]
+    code, in_the_reservation = killed([*resume, "--crash-at", "after-send"], lab, tmp_path)
+    key = "case-013:book:v1"
+    assert code == -9 and in_the_reservation == [
+        {"event": "charged", "how": "receipt", "key": f"{key}:charge", "ticket_id": 1},
+        {"event": "crash", "at": "after-send"},
+    ]
+    done = run_workflow_here(resume, lab)
+
+    assert done.returncode == 0, done.stderr
+    adopted = {"event": "reserved", "how": "adopted", "key": f"{key}:reserve", "reservation_id": 1}
+    assert events(done)[0] == adopted
+    assert posts(receiver) == {"made": 2, "replayed": 0, "refused": 0}  # a ticket, 2 seats
+    assert refunds(lab) == []
+
+
+def test_a_refusal_is_kept_and_every_later_attempt_is_answered_from_the_ledger(receiver, lab):
+    """no_capacity is recorded as failed: another saga of the same operation (a second thread)
+    gets the refusal, the charge and the refund from the ledger, and the receiver hears nothing."""
+    saga = ["saga", "start", "--operation", "case-f:book:v1", "--seats", str(REFUSED)]
+    first = run_workflow_here([*saga, "--thread", "a"], lab)
+    assert [e["event"] for e in events(first)] == ["charged", "refused", "refunded", "done"]
+    before = posts(receiver)
+    again = run_workflow_here([*saga, "--thread", "b"], lab)
+
+    assert again.returncode == 0, again.stderr
+    key, error = "case-f:book:v1", events(first)[1]["error"]
+    assert events(again)[:3] == [
+        {"event": "charged", "how": "receipt", "key": f"{key}:charge", "ticket_id": 1},
+        {"event": "refused", "how": "receipt", "key": f"{key}:reserve", "error": error},
+        {"event": "refunded", "how": "receipt", "key": f"{key}:refund", "refund_id": 1},
+    ]
+    assert posts(receiver) == before == {"made": 2, "replayed": 0, "refused": 0}
     assert [r["ticket_id"] for r in refunds(lab)] == [1]
 
 
@@ -132,16 +277,28 @@ def test_saga_resume_refuses_a_thread_that_is_not_a_saga(receiver, lab):
     assert done.returncode == 4 and "is not a saga" in done.stderr, done.stderr
 
 
-def test_only_a_no_capacity_refusal_is_compensated_a_key_conflict_stops_the_run(receiver, lab):
-    """A 409 "no_capacity" reserved nothing: refund the charge, once. A 409 "key_conflict" says
-    a reservation exists under the key (here the same --operation booked 2 seats, then asks for
-    3): a protocol error, exit 1, one line, and the standing booking's charge is not refunded."""
+def test_only_a_no_capacity_refusal_is_compensated_a_key_conflict_stops_the_run(
+    receiver, lab, tmp_path
+):
+    """A 409 "no_capacity" reserved nothing: refund the charge, once. A reservation key used for
+    another body (here the same --operation booked 2 seats, then asks for 3) is a protocol
+    error: exit 1, one line, and the standing booking's charge is not refunded. The ledger knows
+    the key and sends nothing; a ledger that does not (another CHECKPOINT_DB) sends it, and the
+    receiver refuses it 409 key_conflict."""
     saga = ["saga", "start", "--operation", "case-k:book:v1"]
     assert run_workflow_here([*saga, "--thread", "a", "--seats", "2"], lab).returncode == 0
     conflict = run_workflow_here([*saga, "--thread", "b", "--seats", "3"], lab)
     assert conflict.returncode == 1 and conflict.stderr.count("\n") == 1, conflict.stderr
+    assert "not sent: the ledger holds" in conflict.stderr and "not refunded" in conflict.stderr
+    charged = {"event": "charged", "how": "receipt", "key": "case-k:book:v1:charge", "ticket_id": 1}
+    assert events(conflict) == [charged]
+    assert posts(receiver) == {"made": 2, "replayed": 0, "refused": 0}
+    elsewhere = dict(lab, CHECKPOINT_DB=str(tmp_path / "another" / "checkpoints.sqlite"))
+    conflict = run_workflow_here([*saga, "--thread", "b", "--seats", "3"], elsewhere)
+    assert conflict.returncode == 1 and conflict.stderr.count("\n") == 1, conflict.stderr
     assert "409 key_conflict" in conflict.stderr and "not refunded" in conflict.stderr
     assert events(conflict) == [{"event": "charged", "created": False, "ticket_id": 1}]
+    assert posts(receiver) == {"made": 2, "replayed": 1, "refused": 1}
     assert refunds(lab) == []
 
     refused = run_workflow_here(["saga", "start", "--thread", "c", "--seats", "9"], lab)
