@@ -60,14 +60,13 @@ def ticket_drill(mode):
     return Drill(ticket, run, frozenset(found), ledger=mode == "ledger")
 
 
-SAGA_HELPER = "the saga helper: the saga's and the approval's effects through the ledger"
 DRILLS = {
     **{f"ticket-{mode}": ticket_drill(mode) for mode in lab_cli.MODES},
     "saga-naive": Drill(
         saga, {**SAGA, "mode": "naive"}, frozenset({("put_writes refund [refund_id]", "refund", 2)})
     ),
     "saga-safe": Drill(saga, {**SAGA, "mode": "safe"}),
-    "saga-ledger": Drill(saga, {**SAGA, "mode": "ledger"}, ledger=True, needs=SAGA_HELPER),
+    "saga-ledger": Drill(saga, {**SAGA, "mode": "ledger"}, ledger=True),
     "shop-naive": Drill(
         shop,
         {"order": "{thread}"},
@@ -86,7 +85,6 @@ DRILLS = {
         {"refund": "{thread}", "mode": "ledger"},
         ledger=True,
         resume_with=True,
-        needs=SAGA_HELPER,
     ),
 }
 
@@ -134,6 +132,7 @@ def test_the_drill_over_every_lab_graph_finds_exactly_the_lessons_duplicates(
 def test_every_graph_in_labs_graphs_is_drilled_through_the_ledger_and_in_its_lesson():
     """A graph added to labs/graphs/ needs its rows here: a lesson, and the ledger's."""
     graphs = {p.stem for p in (ROOT / "labs" / "graphs").glob("*.py") if p.stem != "__init__"}
+    graphs -= {"classify"}  # lab 16's guide drills it, naive and fixed, in both backends
     names = {d.module.__name__.rsplit(".", 1)[1] for d in DRILLS.values()}
     assert names == graphs
     for name in graphs:
