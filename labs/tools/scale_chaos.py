@@ -17,8 +17,11 @@ each fault of FAULTS once, in a random order, then with faults picked at random:
     deploy           a rolling deploy: SIGTERM to every worker in turn, a replacement started for
                      each; each must exit within Compose's default grace period (10 s, less
                      than the 30 s compose.yaml gives the worker) or is SIGKILLed
-Workers pause ACK_DELAY_S after each receiver answer (FAILPOINTS="after-ack=sleep(S)"), inside
-the crash window, so the chaos usually catches them there. The seed (printed first, on stderr;
+The first workers are held at the after-ack failpoint, inside the crash window, each by its own
+file (FAILPOINTS="after-ack=pause(PATH)"), until every one of them is there: the first strike
+finds them all in the window, however slow the machine. The workers started after it sit
+ACK_DELAY_S in the window after each receiver answer (FAILPOINTS="after-ack=sleep(S)"), so later
+strikes often land there too (no verdict depends on it). The seed (printed first, on stderr;
 --seed N to reuse one) fixes the random draws: which fault strikes next, which worker, how long.
 How many strikes a run needs depends on how fast the jobs go, so a replay with the same seed need
 not give the same counts; the invariant holds every time (safe: no duplicate, nothing
@@ -51,14 +54,15 @@ from pathlib import Path
 from labs.tools.local import ROOT, ReceiverProcess, free_port, lab_env, wait_until
 
 sys.path.insert(0, str(ROOT))
+import failpoints  # noqa: E402
 import lab  # noqa: E402
 import worker  # noqa: E402
 import workflow  # noqa: E402
 from labs.tools.native_workers import LocalWorkers, stopped  # noqa: E402
 
 HEARTBEAT_S = "1"  # short, so a frozen or dead worker's job moves on quickly
-ACK_DELAY_S = "1.0"  # seconds each run sits in the crash window (the after-ack failpoint): long
-# enough that 60 operations outlast a first round of every fault
+ACK_DELAY_S = "1.0"  # seconds each run after the first strike sits in the crash window (the
+# after-ack failpoint): long enough that 60 operations outlast a first round of every fault
 DEADLINE_S = 170.0  # the whole run, queue drained included
 FAULTS = ("kill", "freeze", "pg-restart", "receiver-outage", "deploy")
 GRACE_S = 10.0  # compose's default stop_grace_period: SIGTERM, then SIGKILL after this long
@@ -119,10 +123,8 @@ def chaos_run(
     receiver = [ReceiverProcess(env, log_path=work_dir / "receiver.log").start()]
     workers = LocalWorkers(env, work_dir, heartbeat_s=HEARTBEAT_S)
     # Many outages may hit one job: it must not run out of attempts in a chaos run.
-    workers.base_env = dict(
-        env, FAILPOINTS=f"after-ack=sleep({ack_delay_s})", WORKER_RETRY_S=RETRY_S,
-        WORKER_JOB_ATTEMPTS="50",
-    )  # fmt: skip
+    base_env = dict(env, WORKER_RETRY_S=RETRY_S, WORKER_JOB_ATTEMPTS="50")
+    pauses = [work_dir / f"after-ack-{n + 1}" for n in range(workers_n)]  # one per worker
     struck = Counter({fault: 0 for fault in faults})
     exits = Counter()  # how the workers a deploy stopped exited
     loop = asyncio.new_event_loop()
@@ -131,19 +133,23 @@ def chaos_run(
         queries = loop.run_until_complete(worker.open_queue(url))
         loop.run_until_complete(submit_all(queries, operations, mode))
         say(f"{operations} {mode} operations queued; starting {workers_n} workers")
-        workers.scale(workers_n)
+        for n, path in enumerate(pauses):  # worker n+1 stops at after-ack until its file says go
+            workers.base_env = dict(base_env, FAILPOINTS=f"after-ack=pause({path})")
+            workers.scale(n + 1)
 
-        # The first strike waits until every worker holds a job and every held job has had its
-        # answer from the receiver (it sits in the crash window): a run that ended before any
-        # strike, or a strike on a worker still starting up, would prove nothing.
+        # The first strike waits until every worker that holds a job is paused at after-ack (its
+        # file exists: it has the receiver's answer and stays in the crash window), and every
+        # worker holds one or no job is left for it: a strike on a worker still starting up, or
+        # on one between jobs, would prove nothing.
         def all_in_the_window():
             jobs = loop.run_until_complete(pending(queries))
-            picked = {j["thread"] for j in jobs if j["status"] in ("running", "stalled")}
             busy = loop.run_until_complete(busy_workers(queries))
-            answered = {t["payload"]["title"] for t in tickets(env["API_URL"])}  # title = thread
-            return not jobs or (busy >= workers_n and picked <= answered)
+            paused = sum(path.exists() for path in pauses)
+            queued = any(j["status"] in ("queued", "retrying") for j in jobs)
+            return busy > 0 and paused == busy and (busy >= workers_n or not queued)
 
         wait_until(all_in_the_window, deadline_s, "every worker to hold a job in the crash window")
+        workers.base_env = dict(base_env, FAILPOINTS=f"after-ack=sleep({ack_delay_s})")
         if "kill" in faults:  # the first strike: every worker at once, then random faults
             for proc in workers.live():
                 proc.kill()
@@ -151,6 +157,8 @@ def chaos_run(
                 struck["kill"] += 1
             say(f"SIGKILL all {workers_n} workers")
             workers.scale(workers_n)
+        for path in pauses:  # a worker not killed goes on, and passes after-ack from now on
+            failpoints.unpause(path)
         deadline = time.monotonic() + deadline_s
         strike = Strike(rng, workers, workers_n, receiver, env, work_dir, exits, grace_s)
         # Each fault once, in a random order, even if the queue drains first (a deploy or an
@@ -178,6 +186,8 @@ def chaos_run(
         done = finished_threads(url, operations)
         held = tickets(env["API_URL"])
     finally:
+        for path in pauses:  # a worker still paused would not see its SIGTERM's drain
+            failpoints.unpause(path)
         workers.close()
         receiver[0].stop()
         loop.close()
@@ -268,7 +278,10 @@ def main(argv=None):
     parser.add_argument("--mode", choices=("safe", "naive"), default="safe")
     parser.add_argument("--seed", type=int, default=None, help="repeat a run's chaos")
     parser.add_argument(
-        "--ack-delay", type=float, default=float(ACK_DELAY_S), help="seconds in the crash window"
+        "--ack-delay",
+        type=float,
+        default=float(ACK_DELAY_S),
+        help="seconds in the crash window after the first strike",
     )
     parser.add_argument(
         "--faults", default=",".join(FAULTS), help=f"comma-separated, of: {', '.join(FAULTS)}"
