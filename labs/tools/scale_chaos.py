@@ -85,15 +85,6 @@ async def pending(queries):
     return [j for j in await worker.jobs(queries) if worker.unfinished(j)]
 
 
-async def busy_workers(queries):
-    """How many workers hold a picked job (pgqueuer records the picking queue manager)."""
-    table = queries.qbe.qualified.queue_table
-    (row,) = await queries.driver.fetch(
-        f"SELECT count(DISTINCT queue_manager_id) AS n FROM {table} WHERE status = 'picked'"  # noqa: S608
-    )
-    return row["n"]
-
-
 def finished_threads(url, operations):
     """How many threads have a ticket in their latest checkpoint."""
     done = 0
@@ -137,16 +128,18 @@ def chaos_run(
             workers.base_env = dict(base_env, FAILPOINTS=f"after-ack=pause({path})")
             workers.scale(n + 1)
 
-        # The first strike waits until every worker that holds a job is paused at after-ack (its
-        # file exists: it has the receiver's answer and stays in the crash window), and every
-        # worker holds one or no job is left for it: a strike on a worker still starting up, or
-        # on one between jobs, would prove nothing.
+        # The first strike waits until every worker (by pid) that holds a job is paused at
+        # after-ack (its file exists: it has the receiver's answer and stays in the crash window),
+        # and every worker holds one or no job is left for it: a strike on a worker still starting
+        # up, or on one between jobs, would prove nothing.
         def all_in_the_window():
             jobs = loop.run_until_complete(pending(queries))
-            busy = loop.run_until_complete(busy_workers(queries))
-            paused = sum(path.exists() for path in pauses)
-            queued = any(j["status"] in ("queued", "retrying") for j in jobs)
-            return busy > 0 and paused == busy and (busy >= workers_n or not queued)
+            holding = {j["worker"].rsplit(":", 1)[1] for j in jobs if j["status"] == "running"}
+            paused = {
+                str(p.pid) for p, path in zip(workers.procs, pauses, strict=True) if path.exists()
+            }
+            left = any(j["status"] != "running" for j in jobs)  # queued, stalled or retrying
+            return bool(holding) and holding <= paused and (len(holding) >= workers_n or not left)
 
         wait_until(all_in_the_window, deadline_s, "every worker to hold a job in the crash window")
         workers.base_env = dict(base_env, FAILPOINTS=f"after-ack=sleep({ack_delay_s})")
