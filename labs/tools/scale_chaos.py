@@ -8,7 +8,8 @@ Everything runs natively and throwaway: a Postgres cluster (labs.tools.pg), a re
 port, and `python worker.py run` processes (labs.tools.native_workers). It submits OPERATIONS
 operations, one thread each. Once every worker holds a job in its crash window, the first strike
 SIGKILLs them all (with `kill` among the faults); then, until the queue is empty, it strikes with
-each fault of FAULTS once, in a random order, then with faults picked at random:
+each fault of FAULTS once, in a random order, then with faults picked at random, each strike
+once an operation has finished since the last (paced by progress, so a busy machine still drains):
     kill             SIGKILL a random worker, and start it again (a restart policy)
     freeze           SIGSTOP a random worker for longer than the heartbeat, then SIGCONT
     pg-restart       Postgres stopped as a crash would (pg_ctl -m immediate), started 1-3 s later
@@ -67,6 +68,7 @@ DEADLINE_S = 170.0  # the whole run, queue drained included
 FAULTS = ("kill", "freeze", "pg-restart", "receiver-outage", "deploy")
 GRACE_S = 10.0  # compose's default stop_grace_period: SIGTERM, then SIGKILL after this long
 RETRY_S = "0.5"  # WORKER_RETRY_S: a job failed by the receiver's outage is tried again soon
+POLL_S = 0.1  # seconds between looks at the queue while the next strike waits for progress
 
 
 def say(message):
@@ -154,23 +156,40 @@ def chaos_run(
             failpoints.unpause(path)
         deadline = time.monotonic() + deadline_s
         strike = Strike(rng, workers, workers_n, receiver, env, work_dir, exits, grace_s)
-        # Each fault once, in a random order, even if the queue drains first (a deploy or an
-        # outage must not lose an idle worker's next job either); then any, until it drains.
-        first = rng.sample(faults, len(faults))
-        while True:
+
+        def look():
+            """Every job; our own connection again if a pg-restart broke it."""
+            nonlocal queries
             try:
-                if not first and not loop.run_until_complete(pending(queries)):
-                    break
-            except Exception as error:  # our own connection, after a pg-restart: a new one
+                return loop.run_until_complete(worker.jobs(queries))
+            except Exception as error:
                 if not worker.lost_connection(error):
                     raise
-                queries = loop.run_until_complete(worker.open_queue(url, time.monotonic() + 30))
-                continue
+            queries = loop.run_until_complete(worker.open_queue(url, time.monotonic() + 30))
+            return loop.run_until_complete(worker.jobs(queries))
+
+        # Each fault once, in a random order, even if the queue drains first (a deploy or an
+        # outage must not lose an idle worker's next job either); then any, until it drains.
+        # Strikes are paced by progress, not by the clock: each one after the first waits for an
+        # operation to finish since the last, so a slow machine sees fewer strikes per second,
+        # never a queue that cannot drain because every job is struck before it ends.
+        first = rng.sample(faults, len(faults))
+        done_at_strike = -1
+        while True:
+            jobs = look()
+            left = sum(worker.unfinished(j) for j in jobs)
+            if not first and not left:
+                break
             if time.monotonic() > deadline:
                 raise TimeoutError(f"the queue did not drain within {deadline_s:g} s")
+            done = sum(j["status"] == "done" for j in jobs)
+            if done <= done_at_strike and left:
+                time.sleep(POLL_S)  # no operation finished since the last strike: not yet
+                continue
             fault = first.pop() if first else rng.choice(faults)
             if getattr(strike, fault.replace("-", "_"))():
                 struck[fault] += 1
+            done_at_strike = done
             time.sleep(rng.uniform(0.5, 2.0))  # a random moment, not a synchronisation
         # A woken worker may still be in a run that another worker completed already: SIGTERM
         # lets every worker drain what it started before it exits.
