@@ -77,7 +77,8 @@ Configuration (environment, read in main()):
     WORKER_DB_WAIT_S     10: seconds submit, status and a starting worker wait for a database
                          that does not answer (wait uses its --timeout), then exit 3
     FAILPOINTS           the core's fault points (workflow.POINTS), for every job of this worker:
-                         scale chaos sets "after-ack=sleep(0.2)" to widen the crash window
+                         scale chaos holds its first workers in the crash window with
+                         "after-ack=pause(PATH)", then widens it with "after-ack=sleep(S)"
 """
 
 import asyncio
@@ -815,7 +816,7 @@ def main(argv=None):
     try:
         settings = workflow.Settings.from_environ(os.environ)  # API_URL, CHECKPOINT_DB, ...
         vars(args).update(dataclasses.asdict(settings), settings=settings)
-        try:  # the core's points (FAILPOINTS="after-ack=sleep(0.2)": every job of this worker)
+        try:  # the core's points (FAILPOINTS="after-ack=sleep(1)": every job of this worker)
             failpoints.configure(settings.failpoints, known=workflow.POINTS, announce=announce)
         except failpoints.FailpointSpecError as error:
             raise UserError(str(error), EXIT_USAGE) from None

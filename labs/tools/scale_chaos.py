@@ -8,7 +8,8 @@ Everything runs natively and throwaway: a Postgres cluster (labs.tools.pg), a re
 port, and `python worker.py run` processes (labs.tools.native_workers). It submits OPERATIONS
 operations, one thread each. Once every worker holds a job in its crash window, the first strike
 SIGKILLs them all (with `kill` among the faults); then, until the queue is empty, it strikes with
-each fault of FAULTS once, in a random order, then with faults picked at random:
+each fault of FAULTS once, in a random order, then with faults picked at random, each strike
+once an operation has finished since the last (paced by progress, so a busy machine still drains):
     kill             SIGKILL a random worker, and start it again (a restart policy)
     freeze           SIGSTOP a random worker for longer than the heartbeat, then SIGCONT
     pg-restart       Postgres stopped as a crash would (pg_ctl -m immediate), started 1-3 s later
@@ -17,8 +18,11 @@ each fault of FAULTS once, in a random order, then with faults picked at random:
     deploy           a rolling deploy: SIGTERM to every worker in turn, a replacement started for
                      each; each must exit within Compose's default grace period (10 s, less
                      than the 30 s compose.yaml gives the worker) or is SIGKILLed
-Workers pause ACK_DELAY_S after each receiver answer (FAILPOINTS="after-ack=sleep(S)"), inside
-the crash window, so the chaos usually catches them there. The seed (printed first, on stderr;
+The first workers are held at the after-ack failpoint, inside the crash window, each by its own
+file (FAILPOINTS="after-ack=pause(PATH)"), until every one of them is there: the first strike
+finds them all in the window, however slow the machine. The workers started after it sit
+ACK_DELAY_S in the window after each receiver answer (FAILPOINTS="after-ack=sleep(S)"), so later
+strikes often land there too (no verdict depends on it). The seed (printed first, on stderr;
 --seed N to reuse one) fixes the random draws: which fault strikes next, which worker, how long.
 How many strikes a run needs depends on how fast the jobs go, so a replay with the same seed need
 not give the same counts; the invariant holds every time (safe: no duplicate, nothing
@@ -51,18 +55,20 @@ from pathlib import Path
 from labs.tools.local import ROOT, ReceiverProcess, free_port, lab_env, wait_until
 
 sys.path.insert(0, str(ROOT))
+import failpoints  # noqa: E402
 import lab  # noqa: E402
 import worker  # noqa: E402
 import workflow  # noqa: E402
 from labs.tools.native_workers import LocalWorkers, stopped  # noqa: E402
 
 HEARTBEAT_S = "1"  # short, so a frozen or dead worker's job moves on quickly
-ACK_DELAY_S = "1.0"  # seconds each run sits in the crash window (the after-ack failpoint): long
-# enough that 60 operations outlast a first round of every fault
+ACK_DELAY_S = "1.0"  # seconds each run after the first strike sits in the crash window (the
+# after-ack failpoint): long enough that 60 operations outlast a first round of every fault
 DEADLINE_S = 170.0  # the whole run, queue drained included
 FAULTS = ("kill", "freeze", "pg-restart", "receiver-outage", "deploy")
 GRACE_S = 10.0  # compose's default stop_grace_period: SIGTERM, then SIGKILL after this long
 RETRY_S = "0.5"  # WORKER_RETRY_S: a job failed by the receiver's outage is tried again soon
+POLL_S = 0.1  # seconds between looks at the queue while the next strike waits for progress
 
 
 def say(message):
@@ -79,15 +85,6 @@ async def submit_all(queries, operations, mode):
 
 async def pending(queries):
     return [j for j in await worker.jobs(queries) if worker.unfinished(j)]
-
-
-async def busy_workers(queries):
-    """How many workers hold a picked job (pgqueuer records the picking queue manager)."""
-    table = queries.qbe.qualified.queue_table
-    (row,) = await queries.driver.fetch(
-        f"SELECT count(DISTINCT queue_manager_id) AS n FROM {table} WHERE status = 'picked'"  # noqa: S608
-    )
-    return row["n"]
 
 
 def finished_threads(url, operations):
@@ -119,10 +116,8 @@ def chaos_run(
     receiver = [ReceiverProcess(env, log_path=work_dir / "receiver.log").start()]
     workers = LocalWorkers(env, work_dir, heartbeat_s=HEARTBEAT_S)
     # Many outages may hit one job: it must not run out of attempts in a chaos run.
-    workers.base_env = dict(
-        env, FAILPOINTS=f"after-ack=sleep({ack_delay_s})", WORKER_RETRY_S=RETRY_S,
-        WORKER_JOB_ATTEMPTS="50",
-    )  # fmt: skip
+    base_env = dict(env, WORKER_RETRY_S=RETRY_S, WORKER_JOB_ATTEMPTS="50")
+    pauses = [work_dir / f"after-ack-{n + 1}" for n in range(workers_n)]  # one per worker
     struck = Counter({fault: 0 for fault in faults})
     exits = Counter()  # how the workers a deploy stopped exited
     loop = asyncio.new_event_loop()
@@ -131,19 +126,25 @@ def chaos_run(
         queries = loop.run_until_complete(worker.open_queue(url))
         loop.run_until_complete(submit_all(queries, operations, mode))
         say(f"{operations} {mode} operations queued; starting {workers_n} workers")
-        workers.scale(workers_n)
+        for n, path in enumerate(pauses):  # worker n+1 stops at after-ack until its file says go
+            workers.base_env = dict(base_env, FAILPOINTS=f"after-ack=pause({path})")
+            workers.scale(n + 1)
 
-        # The first strike waits until every worker holds a job and every held job has had its
-        # answer from the receiver (it sits in the crash window): a run that ended before any
-        # strike, or a strike on a worker still starting up, would prove nothing.
+        # The first strike waits until every worker (by pid) that holds a job is paused at
+        # after-ack (its file exists: it has the receiver's answer and stays in the crash window),
+        # and every worker holds one or no job is left for it: a strike on a worker still starting
+        # up, or on one between jobs, would prove nothing.
         def all_in_the_window():
             jobs = loop.run_until_complete(pending(queries))
-            picked = {j["thread"] for j in jobs if j["status"] in ("running", "stalled")}
-            busy = loop.run_until_complete(busy_workers(queries))
-            answered = {t["payload"]["title"] for t in tickets(env["API_URL"])}  # title = thread
-            return not jobs or (busy >= workers_n and picked <= answered)
+            holding = {j["worker"].rsplit(":", 1)[1] for j in jobs if j["status"] == "running"}
+            paused = {
+                str(p.pid) for p, path in zip(workers.procs, pauses, strict=True) if path.exists()
+            }
+            left = any(j["status"] != "running" for j in jobs)  # queued, stalled or retrying
+            return bool(holding) and holding <= paused and (len(holding) >= workers_n or not left)
 
         wait_until(all_in_the_window, deadline_s, "every worker to hold a job in the crash window")
+        workers.base_env = dict(base_env, FAILPOINTS=f"after-ack=sleep({ack_delay_s})")
         if "kill" in faults:  # the first strike: every worker at once, then random faults
             for proc in workers.live():
                 proc.kill()
@@ -151,25 +152,44 @@ def chaos_run(
                 struck["kill"] += 1
             say(f"SIGKILL all {workers_n} workers")
             workers.scale(workers_n)
+        for path in pauses:  # a worker not killed goes on, and passes after-ack from now on
+            failpoints.unpause(path)
         deadline = time.monotonic() + deadline_s
         strike = Strike(rng, workers, workers_n, receiver, env, work_dir, exits, grace_s)
-        # Each fault once, in a random order, even if the queue drains first (a deploy or an
-        # outage must not lose an idle worker's next job either); then any, until it drains.
-        first = rng.sample(faults, len(faults))
-        while True:
+
+        def look():
+            """Every job; our own connection again if a pg-restart broke it."""
+            nonlocal queries
             try:
-                if not first and not loop.run_until_complete(pending(queries)):
-                    break
-            except Exception as error:  # our own connection, after a pg-restart: a new one
+                return loop.run_until_complete(worker.jobs(queries))
+            except Exception as error:
                 if not worker.lost_connection(error):
                     raise
-                queries = loop.run_until_complete(worker.open_queue(url, time.monotonic() + 30))
-                continue
+            queries = loop.run_until_complete(worker.open_queue(url, time.monotonic() + 30))
+            return loop.run_until_complete(worker.jobs(queries))
+
+        # Each fault once, in a random order, even if the queue drains first (a deploy or an
+        # outage must not lose an idle worker's next job either); then any, until it drains.
+        # Strikes are paced by progress, not by the clock: each one after the first waits for an
+        # operation to finish since the last, so a slow machine sees fewer strikes per second,
+        # never a queue that cannot drain because every job is struck before it ends.
+        first = rng.sample(faults, len(faults))
+        done_at_strike = -1
+        while True:
+            jobs = look()
+            left = sum(worker.unfinished(j) for j in jobs)
+            if not first and not left:
+                break
             if time.monotonic() > deadline:
                 raise TimeoutError(f"the queue did not drain within {deadline_s:g} s")
+            done = sum(j["status"] == "done" for j in jobs)
+            if done <= done_at_strike and left:
+                time.sleep(POLL_S)  # no operation finished since the last strike: not yet
+                continue
             fault = first.pop() if first else rng.choice(faults)
             if getattr(strike, fault.replace("-", "_"))():
                 struck[fault] += 1
+            done_at_strike = done
             time.sleep(rng.uniform(0.5, 2.0))  # a random moment, not a synchronisation
         # A woken worker may still be in a run that another worker completed already: SIGTERM
         # lets every worker drain what it started before it exits.
@@ -178,6 +198,8 @@ def chaos_run(
         done = finished_threads(url, operations)
         held = tickets(env["API_URL"])
     finally:
+        for path in pauses:  # a worker still paused would not see its SIGTERM's drain
+            failpoints.unpause(path)
         workers.close()
         receiver[0].stop()
         loop.close()
@@ -268,7 +290,10 @@ def main(argv=None):
     parser.add_argument("--mode", choices=("safe", "naive"), default="safe")
     parser.add_argument("--seed", type=int, default=None, help="repeat a run's chaos")
     parser.add_argument(
-        "--ack-delay", type=float, default=float(ACK_DELAY_S), help="seconds in the crash window"
+        "--ack-delay",
+        type=float,
+        default=float(ACK_DELAY_S),
+        help="seconds in the crash window after the first strike",
     )
     parser.add_argument(
         "--faults", default=",".join(FAULTS), help=f"comma-separated, of: {', '.join(FAULTS)}"
