@@ -51,6 +51,7 @@ import shutil
 import signal
 import sys
 import tempfile
+import threading
 import traceback
 import urllib.request
 
@@ -112,6 +113,7 @@ HINT = re.compile(
 )
 REPLAYED = re.compile(r"^receiver: replayed key=(\S+) ", re.M)  # api.py's log line for a repeat
 FINISH_ATTEMPTS = 6  # commands to finish one thread at the end: resume, a hint, resume, ...
+HANG_GUARD_S = 300  # seconds for one forked command: only a hang (a point held for good) reaches it
 
 
 def exit_codes_in_the_readme():
@@ -579,6 +581,9 @@ def forked_lab(argv, env, ctrl_c_after=None):
     signal.pthread_sigmask(signal.SIG_SETMASK, mask)
     os.close(out_write)
     os.close(err_write)
+    hung = []  # a hang guard: a child held at its point for good (its line never came)
+    guard = threading.Timer(HANG_GUARD_S, lambda: hung.append(os.kill(pid, signal.SIGKILL)))
+    guard.start()
     try:
         with open(out_read) as out, open(err_read) as err:
             lines, held = [], CTRL_C_AFTER.get(ctrl_c_after)
@@ -594,6 +599,11 @@ def forked_lab(argv, env, ctrl_c_after=None):
             os.kill(pid, signal.SIGKILL)
             os.waitpid(pid, 0)
         raise
+    finally:
+        guard.cancel()
+    assert not hung, (
+        f"lab.py {argv} ran past the {HANG_GUARD_S} s hang guard: {printed}{complaints}"
+    )
     code = shell_exit_code(os.waitstatus_to_exitcode(status))
     return code, printed, complaints, ctrl_c_after is not None and held is None
 
