@@ -97,7 +97,7 @@ class Context:
 
 @dataclasses.dataclass(frozen=True)
 class Program:
-    """What a program wrapping this CLI changes of run and migrate (lab.py's lessons); the
+    """What a program wrapping this CLI changes of run and migrate (its own graph, say); the
     defaults are this file's own graph and client. Each hook takes the parsed args."""
 
     graph: object = lambda saver, args, head: build_graph(saver)  # head: the saved tuple or None
@@ -323,7 +323,7 @@ def run(args, settings, graph_input):
         final = run_graph(graph, graph_input, args.thread, client, ledger, args.durability, current)
     if final is None:
         return EXIT_DRAINED
-    if INTERRUPT in final:  # the run waits for a human (lab 07's approval)
+    if INTERRUPT in final:  # the run waits for a human (a graph with interrupt())
         emit("awaiting_approval", **final[INTERRUPT][0].value)
         return 0
     emit("done", **final)

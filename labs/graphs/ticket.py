@@ -36,7 +36,9 @@ def graph_v2():
 def context():
     """The receiver's client, and a ledger of the drill's own (a new temporary file): the drill's
     crash runs are forked from one process, and each opens its own connection to it."""
-    ledger = effects.Ledger(Path(tempfile.mkdtemp(prefix="drill-ledger-")) / "ledger.sqlite")
+    folder = tempfile.TemporaryDirectory(prefix="drill-ledger-")
+    ledger = effects.Ledger(Path(folder.name) / "ledger.sqlite")
+    ledger.folder = folder  # removed once the drill lets go of the context (at exit at the latest)
     return workflow.Context(workflow.Settings.from_environ(os.environ).client(), ledger)
 
 

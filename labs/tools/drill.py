@@ -98,6 +98,13 @@ MATRIX = (  # the one statement of what the drill expects; tests and docs read i
         crash_exit=(EXIT_NO_ANSWER, 0, 0, 0),
         recovery=("resume: create_ticket", "none", "none", "none"),
     ),
+    Row(  # lab 15: inside Effect.perform, answered and not yet recorded: only the ledger's run
+        "after-send",  # passes it (the lessons' nodes record nothing); its resume adopts by key
+        "sync",
+        (1, 1, 1, 1),
+        crash_exit=(0, 0, 0, KILLED),
+        recovery=("none", "none", "none", "resume: create_ticket"),
+    ),
     Row("after-ack", "sync", (2, 1, 2, 1), recovery=RESUME_CREATE),  # the rerun sends again
     # lab 08: the node returned, its result was not saved yet: the rerun sends again
     Row("step-boundary", "sync", (2, 1, 2, 1), recovery=RESUME_CREATE),

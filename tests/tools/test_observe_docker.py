@@ -49,7 +49,16 @@ def test_prometheus_scrapes_the_replay_a_resume_caused(lab):
     up = lab("up", "-d", "--build", "api", "prometheus", timeout=COMMAND_TIMEOUT_S)
     assert up.returncode == 0, up.stderr[-2000:]
     wait_until(lambda: scraped(lab, REPLAYS) == 0, SCRAPE_DEADLINE_S, "the first scrape")
-    start = ["start", "--thread", "seen", "--operation", "case-seen:open-ticket:v1", "--crash"]
+    start = [
+        "start",
+        "--thread",
+        "seen",
+        "--operation",
+        "case-seen:open-ticket:v1",
+        "--mode",
+        "safe",
+        "--crash",
+    ]  # safe: the resume is a replay
     assert lab("run", "--rm", "workflow", *start).returncode == 137
     resume = lab("run", "--rm", "workflow", "resume", "--thread", "seen")
     assert resume.returncode == 0 and '"created": false' in resume.stdout, resume.stderr
