@@ -21,7 +21,7 @@ from labs.tools.backends import (
     parse_command,
 )
 from labs.tools.local import ROOT, run
-from labs.tools.runner import parse_guide, run_guide, run_step
+from labs.tools.runner import COMPOSE_PREFIX, lines_match, parse_guide, run_guide, run_step
 
 GUIDES = sorted((ROOT / "labs").glob("[0-9][0-9]-*.md"))
 SCALE = {g for g in GUIDES if "up -d postgres" in g.read_text(encoding="utf-8")}  # lab 10
@@ -124,10 +124,30 @@ def test_guide_local(guide, tmp_path):
             assert_the_drills_stderr_is_the_graphs_own_lines(outcomes)
         if guide.name.startswith("15-"):
             assert_lab_15_quotes_its_stop_and_nothing_was_replayed(guide, outcomes, backend)
+        assert_the_log_lines_shown_are_the_receivers(outcomes)
         last = run_step(steps[-1], backend)  # the reset
         assert last.ok, f"{guide.name} differs:\n{describe([last])}"
     finally:
         backend.close()
+
+
+def assert_the_log_lines_shown_are_the_receivers(outcomes):
+    """The lines a guide shows under `logs api` are the receiver's own (`receiver: ...`), as its
+    log file holds them: the runner compares `logs` without the name Compose puts before each
+    line (`api-1  |` in v2, `api_1  |` in v1), natively against the native receiver's log."""
+    for outcome in (o for o in outcomes if o.step.command.endswith(" logs api")):
+        expected = [COMPOSE_PREFIX.sub("", line) for line in outcome.step.expected]
+        assert all(line == "..." or line.startswith("receiver: ") for line in expected), expected
+        assert lines_match(expected, outcome.stdout.splitlines()), outcome.stdout
+
+
+def test_the_guides_that_teach_from_the_log_show_it():
+    shown = {
+        guide.name[:2]
+        for guide in GUIDES
+        if any(s.command.endswith(" logs api") for s in parse_guide(guide.read_text("utf-8")))
+    }
+    assert shown >= {"01", "02", "06"}
 
 
 def assert_the_ledger_counts_the_tickets(guide, steps, backend):
