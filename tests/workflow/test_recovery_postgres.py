@@ -36,4 +36,5 @@ def test_on_postgres_a_refused_move_writes_nothing_and_a_good_one_moves(
     monkeypatch.undo()
     assert run(capsys, v2(env), "migrate", "--thread", "pg")[1][0]["next"] == ["approval"]
     assert run(capsys, v2(env), "approve", "--thread", "pg")[1][-1]["event"] == "done"
-    assert len(tickets(lab)) == 1
+    key = "case-001:open-ticket:v1"  # one ticket, and one ask for approval (lab 07's, a ticket)
+    assert [t["key"] for t in tickets(lab)] == [key, f"{key}:approval"]
