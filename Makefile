@@ -18,7 +18,7 @@ OPERATIONS ?= 60
 MODE ?= safe
 BASELINE ?= HEAD  # bench: the last commit, so a change shows its cost and a clean tree the noise
 SEED ?=  # chaos: empty draws a new seed, printed so the run can be replayed
-TEST_WORKERS ?= 5  # pytest-xdist processes: most of a test waits on a receiver, a workflow or Docker (CI: 62% of 2 cores busy with 4)
+TEST_WORKERS ?= 4  # pytest-xdist processes: most of a test waits on a receiver, a workflow or Docker
 GUIDES ?= labs/01-the-duplicate.md labs/02-the-keyed-fix.md labs/03-a-retry-is-not-a-new-request.md
 UV := $(abspath $(PY)) -m uv pip compile --quiet --universal --python-version 3.11 --generate-hashes --no-header
 
