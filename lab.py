@@ -626,22 +626,22 @@ def refund(state: SagaState, runtime):
 # made (GET ...?key=), the id in the receipt, and which answers are a "no" (a 4xx: the receiver
 # made nothing). The charge is a ticket, so it is the core's TICKET under its own name.
 CHARGE = dataclasses.replace(workflow.TICKET, name="charge")
-RESERVATION = effects.Effect(
-    "reservation",
-    send=lambda client, request, key: client.call("/reservations", request, key),
-    lookup=lambda client, key: looked_up(client, "reservations", key),
-    external_id=lambda answer: answer["reservation_id"],
-    not_sent=lambda error: isinstance(error, workflow.Unreachable),
-    refused=workflow.refusal,  # no_capacity (the saga's outcome) or key_conflict (it stops)
-)
-REFUND = effects.Effect(
-    "refund",
-    send=lambda client, request, key: client.call("/refunds", request, key),
-    lookup=lambda client, key: looked_up(client, "refunds", key),
-    external_id=lambda answer: answer["refund_id"],
-    not_sent=lambda error: isinstance(error, workflow.Unreachable),
-    refused=workflow.refusal,
-)
+
+
+def receiver_effect(name, path):
+    """An effect on one of the receiver's keyed POST routes, looked up by GET path?key=."""
+    return effects.Effect(
+        name,
+        send=lambda client, request, key: client.call(path, request, key),
+        lookup=lambda client, key: looked_up(client, path.strip("/"), key),
+        external_id=lambda answer: answer[f"{name}_id"],
+        not_sent=lambda error: isinstance(error, workflow.Unreachable),
+        refused=workflow.refusal,  # reservations: no_capacity (the saga's outcome), key_conflict
+    )
+
+
+RESERVATION = receiver_effect("reservation", "/reservations")
+REFUND = receiver_effect("refund", "/refunds")
 
 
 def build_saga(checkpointer):
