@@ -149,7 +149,9 @@ def test_compose_file_shape():
     assert services["prometheus"]["profiles"] == ["observe"]  # tests/tools/test_observe_docker.py
     assert services["relay"]["profiles"] == ["outbox"]  # lab 19
     owners = {"api": "receiver-data", "workflow": "checkpoint-data"}
-    assert services["relay"]["volumes"] == ["checkpoint-data:/data"]  # the workflow's outbox
+    relay = services["relay"]  # the workflow's outbox; rounds until stopped (relay.py's loop)
+    assert relay["volumes"] == ["checkpoint-data:/data"] and "command" not in relay
+    assert relay["entrypoint"] == ["python", "relay.py"]
     for service, volume in owners.items():
         config = services[service]
         assert config["volumes"] == [f"{volume}:/data"], service

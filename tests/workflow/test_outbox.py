@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 import effects
+import failpoints
 import relay
 from labs.tools.local import ROOT, events, run_workflow_here, shell_exit_code, wait_until
 
@@ -128,6 +129,37 @@ def test_the_relay_says_in_one_line_what_is_wrong(lab, tmp_path, capsys):
     assert row["state"] == "pending"  # sent nowhere: the next relay sends it
     assert relay.main(["--once"], {**lab, "FAILPOINTS": "after-ack=kill"}) == 2
     assert capsys.readouterr().err.startswith("relay.py: FAILPOINTS: unknown point 'after-ack'")
+
+
+def test_two_relays_at_once_send_one_message_twice_and_the_receiver_makes_one_ticket(
+    env, receiver, tmp_path, capsys
+):
+    """The guide's "two relays may both send one message": the first held between the
+    receiver's answer and its mark (a pause failpoint), the second delivers it meanwhile."""
+    typed(["outbox", "start", "--thread", "t", "--operation", OPERATION], env)
+    held = tmp_path / "held"
+    holding = {**env, "FAILPOINTS": f"after-publish=pause({held})"}
+    first = subprocess.Popen(
+        [sys.executable, "relay.py", "--once"], env=holding, cwd=ROOT, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )  # fmt: skip
+    try:
+        wait_until(held.exists, 60, "the first relay between the answer and its mark")
+        assert relay.main(["--once"], env) == 0  # the second: the row is still pending
+        (second, _) = events(capsys.readouterr().out)
+        failpoints.unpause(held)
+        out, err = first.communicate(timeout=60)
+    finally:
+        if first.poll() is None:
+            first.kill()
+    assert first.returncode == 0, err
+    assert [e.get("created") for e in events(out)] == [True, None]  # answered, then relayed
+    assert (second["event"], second["created"]) == ("answered", False)
+    (ticket,) = tickets(receiver)
+    assert posts(tmp_path) == [OPERATION, OPERATION] and replays(tmp_path) == [OPERATION]
+    (row,) = shown(env)
+    assert (row["state"], row["deliveries"]) == ("published", 2)
+    assert row["answer"] == {"created": False, "ticket_id": ticket["ticket_id"]}  # the first mark
 
 
 def test_the_relay_service_delivers_until_sigterm_and_waits_out_a_receiver_gone(
