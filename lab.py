@@ -35,6 +35,10 @@ The saga (lab 13), a graph of its own: `saga start|resume|state|refunds`, see ad
     OPERATION:refund; --crash-at after-charge-ack, after-reserve-ack or after-refund-ack kills
     the run once the receipt is kept, after-send before it (the window of whichever effect sends
     first)
+The outbox (lab 19), a graph of its own: `outbox start|resume|state`, see add_outbox_parser:
+    request_ticket writes the ticket as a message into the outbox (relay.py) and sends nothing;
+    --crash-at before-outbox or after-outbox kills the run around that write; `python relay.py`
+    delivers it
 """
 
 if __name__ == "__main__":  # a Ctrl-C while the imports below run: one line, not a traceback

@@ -1,5 +1,6 @@
-"""The outbox and its relay: a node's only effect is a row in its own database, and this
-process delivers it to the receiver, at least once.
+"""The outbox, and the relay that delivers its messages to the receiver at least once.
+
+A node's only effect is a row in its own database; this process sends it.
 
     the node    Outbox.put(message_id, "/tickets", body): one INSERT ... ON CONFLICT DO NOTHING
                 into the table `outbox`, in the workflow's database (CHECKPOINT_DB, beside the
