@@ -35,6 +35,10 @@ The saga (lab 13), a graph of its own: `saga start|resume|state|refunds`, see ad
     OPERATION:refund; --crash-at after-charge-ack, after-reserve-ack or after-refund-ack kills
     the run once the receipt is kept, after-send before it (the window of whichever effect sends
     first)
+The outbox (lab 19), a graph of its own: `outbox start|resume|state`, see add_outbox_parser:
+    request_ticket writes the ticket as a message into the outbox (relay.py) and sends nothing;
+    --crash-at before-outbox or after-outbox kills the run around that write; `python relay.py`
+    delivers it
 """
 
 if __name__ == "__main__":  # a Ctrl-C while the imports below run: one line, not a traceback
@@ -333,6 +337,12 @@ def state(args, settings):
                 f"thread {args.thread!r} is a saga (lab 13): saga state --thread {args.thread}",
                 EXIT_THREAD,
             )
+        if head and is_outbox(head):  # lab 19's graph: outbox state reads it
+            raise UserError(
+                f"thread {args.thread!r} is an outbox run (lab 19): outbox state --thread "
+                f"{args.thread}",
+                EXIT_THREAD,
+            )
         notify = saved(saver, args, "notify")
         graph = build_graph(saver, saved(saver, args, "approval"), version, notify)
         snapshot = graph.get_state(workflow.thread_config(args.thread))
@@ -397,6 +407,8 @@ def owner(saved):
     thread = saved.config["configurable"]["thread_id"]
     if is_saga(saved):
         return f"thread {thread!r} is a saga (lab 13): {saga_goes_on(saved)}"
+    if is_outbox(saved):
+        return f"thread {thread!r} is an outbox run (lab 19): outbox resume --thread {thread}"
     if "contract" not in saved.metadata:
         return (
             f"thread {thread!r} records no contract: worker.py saves its threads so and runs "
@@ -765,6 +777,124 @@ def add_saga_parser(actions):
     steps.add_parser("refunds", help="list the receiver's refunds").set_defaults(run=saga_refunds)
 
 
+# --- lab 19: the outbox: the node's only effect is a row in the workflow's own database ------
+#
+#     START -> prepare -> request_ticket -> END
+#
+# request_ticket writes the ticket it wants into the outbox (relay.Outbox, in CHECKPOINT_DB
+# beside the ledger), keyed by the operation's key, and returns: it sends nothing. relay.py, a
+# process of its own, delivers the row to the receiver's POST /tickets with that key as its
+# Idempotency-Key. A kill before the write leaves no row, one after it (--crash-at
+# before-outbox, after-outbox) the row, and the re-run node writes the same id again: nothing
+# changes. The run is done before the ticket exists, so its state holds the message id, never a
+# ticket id. "delivery": "direct" in the input (labs/graphs/outbox.py, for the drill) is the
+# naive variant: the node sends the ticket itself, without a key.
+
+OUTBOX_POINTS = ("before-outbox", "after-outbox")
+
+
+class OutboxState(workflow.State):
+    delivery: str  # "outbox" (the lab's), or "direct" (the drill's naive variant)
+    message_id: NotRequired[str]
+
+
+def request_ticket(state: OutboxState, runtime):
+    """The ticket as a message in the outbox (or, direct, sent from here without a key)."""
+    if state["delivery"] == "direct":
+        answer = runtime.context.client.create(state["title"])  # no key: a repeat is a ticket
+        emit("effect_ack", created=answer["created"], ticket_id=answer["ticket_id"])
+        return {"ticket_id": answer["ticket_id"]}
+    from langgraph.config import get_config
+
+    import relay
+
+    fail("before-outbox")
+    thread = get_config()["configurable"]["thread_id"]
+    outbox = relay.Outbox(runtime.context.ledger)  # the ledger's database and connection
+    written = outbox.put(state["key"], "/tickets", {"title": state["title"]}, thread)
+    emit("outbox", message_id=state["key"], written=written)
+    # Written and committed, and the node's result is not saved yet: a kill here re-runs the
+    # node, which writes the same message id again (written: false). Nothing has been sent.
+    fail("after-outbox")
+    return {"message_id": state["key"]}
+
+
+def build_outbox(checkpointer):
+    from langgraph.graph import END, START, StateGraph
+
+    builder = StateGraph(OutboxState, context_schema=workflow.Context)
+    builder.add_node("prepare", workflow.prepare)
+    builder.add_node("request_ticket", request_ticket)
+    builder.add_edge(START, "prepare")
+    builder.add_edge("prepare", "request_ticket")
+    builder.add_edge("request_ticket", END)
+    return builder.compile(checkpointer=checkpointer)
+
+
+def is_outbox(saved):
+    """Whether a saved thread (a CheckpointTuple) is lab 19's: only its state holds delivery."""
+    return "delivery" in saved.checkpoint["channel_values"]
+
+
+def outbox_start(args, settings):
+    first = {"operation_id": args.operation, "title": args.title, "delivery": "outbox"}
+    return outbox_run(args, settings, first)
+
+
+def outbox_resume(args, settings):
+    return outbox_run(args, settings, None)
+
+
+def outbox_run(args, settings, graph_input):
+    points = {args.crash_at: "kill"} if args.crash_at else {}
+    with (
+        failpoints.scoped(points),
+        workflow.open_checkpointer(settings.checkpoint_db) as saver,
+        effects.open_ledger(settings.checkpoint_db) as ledger,
+    ):
+        graph = build_outbox(saver)
+        head = saver.get_tuple(workflow.thread_config(args.thread))
+        if head and not is_outbox(head):
+            raise UserError(
+                f"thread {args.thread!r} is not an outbox run; {owner(head) or 'resume it'}",
+                EXIT_THREAD,
+            )
+        hint = f"outbox resume --thread {args.thread}; or pick a new --thread; or {RESET_HINT}"
+        workflow.require_thread(graph, args.thread, graph_input is not None, hint)
+        final = workflow.run_graph(graph, graph_input, args.thread, settings.client(), ledger)
+    if final is None:
+        return workflow.EXIT_DRAINED
+    emit("done", **final)
+    return 0
+
+
+def outbox_state(args, settings):
+    with workflow.open_checkpointer(settings.checkpoint_db) as saver:
+        snapshot = build_outbox(saver).get_state(workflow.thread_config(args.thread))
+    if not snapshot.values:
+        raise UserError(f"no thread {args.thread!r}; check --thread", EXIT_THREAD)
+    if "delivery" not in snapshot.values:
+        raise UserError(f"thread {args.thread!r} is not an outbox run", EXIT_THREAD)
+    emit("state", values=snapshot.values, next=list(snapshot.next))
+
+
+def add_outbox_parser(actions):
+    outbox = actions.add_parser("outbox", help="lab 19: the ticket as a message in an outbox")
+    steps = outbox.add_subparsers(dest="outbox_action", required=True, parser_class=workflow.Parser)
+    thread = dict(default=workflow.Defaulted("outbox"), help="thread id (default: outbox)")
+    for name, action in [("start", outbox_start), ("resume", outbox_resume)]:
+        sub = steps.add_parser(name, help=f"{name} a run")
+        sub.set_defaults(run=action, graph_command=True, resume="outbox resume")
+        sub.add_argument("--thread", **thread)
+        sub.add_argument("--crash-at", choices=OUTBOX_POINTS, help="where the run dies (SIGKILL)")
+    start = steps.choices["start"]
+    start.add_argument("--operation", default="case-019:open-ticket:v1", help="the message id")
+    start.add_argument("--title", default="Check supplier configuration", help="ticket title")
+    sub = steps.add_parser("state", help="show an outbox run's checkpoint")
+    sub.set_defaults(run=outbox_state)
+    sub.add_argument("--thread", **thread)
+
+
 LAB = workflow.Program(  # what workflow.run and migrate do differently for the lab
     graph=graph_for,
     version=lambda args: args.graph_version,
@@ -827,6 +957,7 @@ def build_parser():
     )
     sub.add_argument("--reject", dest="approve", action="store_false", help="answer no")
     add_saga_parser(actions)
+    add_outbox_parser(actions)
     return parser
 
 
@@ -838,7 +969,7 @@ def main(argv=None, environ=None):
         return EXIT_USAGE
     parser = build_parser()
     parser.set_defaults(graph_version=version)
-    return workflow.main(argv, environ, parser=parser, points=(*POINTS, *SAGA_ACKS))
+    return workflow.main(argv, environ, parser=parser, points=(*POINTS, *SAGA_ACKS, *OUTBOX_POINTS))
 
 
 if __name__ == "__main__":

@@ -620,7 +620,7 @@ def open_checkpointer(checkpoint_db, saver_class=None):
 
 
 CHECKPOINT_TABLES = {"checkpoints", "writes"}  # what SqliteSaver.setup creates (checkpoint/sqlite)
-OUR_TABLES = CHECKPOINT_TABLES | set(effects.TABLES)  # and the ledger, beside them
+OUR_TABLES = CHECKPOINT_TABLES | set(effects.TABLES) | {"outbox"}  # the ledger, relay.py's outbox
 
 
 def require_checkpoint_file(path):

@@ -11,6 +11,7 @@ Backend. A guide command names the learner's Compose project, then optional Comp
                                                              environment X sets)
     run --rm workflow ARGS   as written                      python lab.py ARGS
     run --rm -e K=V workflow as written                      K=V python lab.py ARGS (lab 12)
+    run --rm relay ARGS      as written                      python relay.py ARGS (lab 19)
     run --rm --entrypoint python workflow ARGS               python ARGS (labs 07, 08, 12: read
                              as written                      LangGraph's installed source)
     restart api              as written                      SIGTERM, wait for the exit, start again
@@ -138,6 +139,7 @@ DRILL_DBS = {
     "SHOP_DB": "shop/shop.sqlite",  # lab 11
     "APPROVAL_DB": "approval/approval.sqlite",  # lab 11
     "CLASSIFY_DB": "classify/classify.sqlite",  # lab 16
+    "OUTBOX_DB": "outbox/outbox.sqlite",  # lab 19
 }
 DRILL_TIMEOUT_S = 120  # seconds for one drill: about 10 crash runs of 0.1-0.5 s each, loaded
 
@@ -208,6 +210,8 @@ class LocalBackend(Backend):
             return self.drill(cmd.args[2:])
         if cmd.verb == "run" and cmd.args[:4] == PYTHON_IN_THE_IMAGE:
             return self.python(cmd.args[4:])
+        if cmd.verb == "run" and args[:2] == ["--rm", "relay"]:  # lab 19
+            return self.relay(args[2:], env)
         if cmd.verb == "logs" and cmd.args == ["api"]:
             return self.logs()
         if (scaled := self.scale_profile(cmd)) is not None:
@@ -280,6 +284,11 @@ class LocalBackend(Backend):
         """python -m effectdrill ARGS (lab 11), its example graphs' databases in the lab's data."""
         env = {**self.env, **{name: str(self.data_dir / path) for name, path in DRILL_DBS.items()}}
         done = run([sys.executable, "-m", "effectdrill", *args], env, DRILL_TIMEOUT_S)
+        return Result(done.stdout, done.stderr, shell_exit_code(done.returncode))
+
+    def relay(self, args, env=None):
+        """python relay.py ARGS (lab 19): a process, since a crash switch kills it."""
+        done = run([sys.executable, "relay.py", *args], {**self.env, **(env or {})})
         return Result(done.stdout, done.stderr, shell_exit_code(done.returncode))
 
     def python(self, args):

@@ -103,6 +103,7 @@ def test_native_lines_are_the_commands_a_learner_pastes_from_the_readme(tmp_path
         ("run --rm workflow ARGS", "tickets --operation a:op"),
         ("run --rm -e K=V workflow ARGS", "state"),
         ("run --rm drill ARGS", "labs.graphs.shop:graph --json"),
+        ("run --rm relay ARGS", "--once --crash-at after-publish"),  # lab 19
         ("run --rm --entrypoint python workflow -c CODE", "-c 'print(1)'"),
     ]:
 

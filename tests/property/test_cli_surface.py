@@ -5,7 +5,9 @@ the outside world holds) types the lab's commands for three threads, in the defa
 ledger) or lab 02's safe mode (the key alone): `start` killed at any failpoint, `resume`, `state`,
 `reconcile`, own-node approval and `approve [--reject]`, a deploy of
 graph version 2 and `migrate`, the saga (`saga start` killed at any of its points, more seats
-than the receiver has, `saga resume`, `saga state`), the wrong resume for a thread (`resume` on a
+than the receiver has, `saga resume`, `saga state`), lab 19's outbox (`outbox start` killed before
+or after its write, `outbox resume`, and `relay.py --once` killed before its POST or between the
+receiver's answer and its mark), the wrong resume for a thread (`resume` on a
 saga, `saga resume` on a ticket), a receiver restart, Ctrl-C in the middle of a run, and every
 command a hint on stderr names, typed as printed. At the end of each sequence it finishes every
 thread the way a learner would: the thread's resume, then whatever the CLI says to type.
@@ -16,6 +18,8 @@ What must hold (the receiver's own answers decide, GET /tickets and GET /refunds
   one ticket its key made;
 - at most one message about each ticket (lab 15's keyless provider: after exit 6 the learner
   looks at GET /messages and settles it with reconcile, as lab 15 shows);
+- one ticket per outbox message, delivered once the relay has run, and a message sent again only
+  by a relay killed between the receiver's answer and its mark (each such kill: one `replayed`);
 - at most one refund per charge, and only for a saga whose reservation was refused for capacity
   (its `refused` line says "no capacity": the receiver lists no reservations);
 - an effect whose result the checkpoint holds is never sent again (the lab's promise: a resume
@@ -42,6 +46,7 @@ LAB_PROPERTY_SHRINK=1 (shrink a failure to its shortest sequence: minutes).
 import collections
 import contextlib
 import functools
+import io
 import json
 import os
 import random
@@ -49,6 +54,7 @@ import re
 import shlex
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 import threading
@@ -68,6 +74,7 @@ from hypothesis.stateful import (
 )
 
 import lab
+import relay
 import workflow
 from labs.tools.local import (
     ROOT,
@@ -88,6 +95,7 @@ STOPS = {  # how a run is stopped: --crash-at POINT (SIGKILL), --crash, or Ctrl-
     "ticket": (*lab.CRASH_POINTS, "--crash", "ctrl-c after-prepare", "ctrl-c after-ack"),
     # after-send: the window of whichever saga effect sends first (no line is printed before it)
     "saga": (*lab.SAGA_POINTS, *(f"ctrl-c {point}" for point in lab.SAGA_ACKS)),
+    "outbox": lab.OUTBOX_POINTS,  # lab 19's node: before and after its write
 }
 CTRL_C_AFTER = {  # where a Ctrl-C lands: the failpoint held, and the events printed just before
     "after-prepare": ("prepare",),  # it (a ledger's receipt or lookup says effect_receipt or
@@ -108,7 +116,7 @@ EFFECTS = {  # the event that says a request was answered, and the field its res
 # for the thread of the command that printed it, "approve (or --reject)", "resume it without saga".
 HINT = re.compile(
     r"(?:LAB_GRAPH_VERSION=(?P<version>\d) )?"
-    r"(?P<command>(?:saga )?(?:resume|migrate|approve)(?: --reject)?)"
+    r"(?P<command>(?:saga |outbox )?(?:resume|migrate|approve)(?: --reject)?)"
     r"(?: --thread (?P<thread>[^\s;,)'\"]+)| (?=\(or --reject\))| (?=it without saga))"
 )
 REPLAYED = re.compile(r"^receiver: replayed key=(\S+) ", re.M)  # api.py's log line for a repeat
@@ -178,6 +186,7 @@ class Learner(RuleBasedStateMachine):
         self.keyed_only = set()  # operations some start ran in --mode safe (no ledger)
         self.all_made = []  # every Thread a start was typed for
         self.hints = {}  # (argv, version) -> False, True once typed
+        self.relay_window_kills = 0  # relays killed after the receiver's answer (lab 19)
         self.transcript = []  # what was typed and printed, for the failure message
         self.failed = False
 
@@ -265,6 +274,45 @@ class Learner(RuleBasedStateMachine):
         self.receiver.start()
         self.transcript.append("# the receiver restarted")
 
+    @rule(
+        thread=st.sampled_from(THREADS),
+        stop=st.none() | st.sampled_from(STOPS["outbox"]),
+        default=st.booleans(),
+    )
+    @step
+    def outbox_start(self, thread, stop, default):
+        """Lab 19: the ticket as a message in the outbox, its id the operation's."""
+        operation = "case-019:open-ticket:v1" if default else f"out-{thread}"
+        argv = [
+            "outbox",
+            "start",
+            "--thread",
+            thread,
+            *([] if default else ["--operation", operation]),
+        ]
+        self.starting(Thread("outbox", operation, key=operation), thread, argv, stop)
+
+    @rule(thread=st.sampled_from(THREADS), stop=st.none() | st.sampled_from(STOPS["outbox"]))
+    @step
+    def outbox_resume(self, thread, stop):  # on any thread: a ticket's or a saga's too
+        self.type(["outbox", "resume", "--thread", thread], stop=stop)
+
+    @rule(stop=st.none() | st.sampled_from(relay.POINTS))
+    @step
+    def relay_once(self, stop):
+        """relay.py --once, killed (a real SIGKILL) before its POST or after the answer."""
+        self.relay(["--once", *(["--crash-at", stop] if stop else [])])
+
+    @invariant()
+    @step
+    def an_outbox_message_is_sent_again_only_after_a_relay_died_in_its_window(self):
+        outbox_keys = {made.key for made in self.all_made if made.kind == "outbox"}
+        again = [k for k in REPLAYED.findall(self.receiver_log()) if k in outbox_keys]
+        assert len(again) <= self.relay_window_kills, self.report(
+            f"outbox messages sent again {again}, with {self.relay_window_kills} relays killed "
+            "between the receiver's answer and the mark"
+        )
+
     @precondition(lambda self: not all(self.hints.values()))
     @rule(data=st.data())
     @step
@@ -300,7 +348,9 @@ class Learner(RuleBasedStateMachine):
             self.type(list(pending[0][0]), pending[0][1])
         finished = {}
         for thread, made in self.threads.items():
-            own = (("saga", "resume") if made.kind == "saga" else ("resume",)) + (
+            own = {"saga": ("saga", "resume"), "outbox": ("outbox", "resume")}.get(
+                made.kind, ("resume",)
+            ) + (
                 "--thread",
                 thread,
             )
@@ -325,7 +375,43 @@ class Learner(RuleBasedStateMachine):
                 f"thread {thread!r} ({made.kind}, {made.operation}) did not finish: its resume "
                 "and the commands the CLI named did not end it"
             )
+        self.relay(["--once"])  # what the outbox holds, delivered (lab 19); a second relay
+        self.relay(["--once"])  # finds nothing to send: the invariant below counts on that
+        self.an_outbox_message_is_sent_again_only_after_a_relay_died_in_its_window()
         self.check_the_receiver(finished)
+        self.check_the_outbox(finished)
+
+    def relay(self, argv):
+        """`relay.py ARGV`: a forked child where it kills itself, else relay.main in this
+        process; no traceback, a documented exit code."""
+        if "--crash-at" in argv:
+            code, out, err, _ = forked_lab(argv, self.env, main=relay.main)
+        else:
+            code, out, err = in_process(argv, self.env, main=relay.main)
+        self.transcript.append(f"$ relay.py {' '.join(argv)}\n{out}{err}[exit {code}]")
+        assert "Traceback (most recent call last)" not in err, self.report("a traceback")
+        assert code in (0, workflow.EXIT_KILLED), self.report(f"relay.py exited {code}")
+        printed = [e["event"] for e in events(out)]
+        if argv[-1:] == ["after-publish"] and "answered" in printed:
+            self.relay_window_kills += 1
+
+    def check_the_outbox(self, finished):
+        """Each finished outbox thread's message: published, and its answer the receiver's one
+        ticket under the message id."""
+        by_key = {t["key"]: t for t in get(self.receiver.url + "/tickets")["tickets"]}
+        with relay.open_outbox(self.env["CHECKPOINT_DB"]) as outbox:
+            rows = {m.message_id: m for m in outbox.messages()}
+        for thread, done in finished.items():
+            if self.threads[thread].kind != "outbox" or done is None:
+                continue
+            key = done["message_id"]
+            assert key in by_key and rows[key].state == "published", self.report(
+                f"outbox thread {thread!r}: message {key!r} is {rows.get(key)}, the receiver "
+                f"holds {by_key.get(key)}"
+            )
+            assert rows[key].answer["ticket_id"] == by_key[key]["ticket_id"], self.report(
+                f"message {key!r} was answered {rows[key].answer}, the ticket is {by_key[key]}"
+            )
 
     def settle(self, outcome):
         """What lab 15 asks of a person after exit 6: look at what the provider holds (GET
@@ -345,8 +431,8 @@ class Learner(RuleBasedStateMachine):
         strays = [t for t in tickets if t["key"] not in self.keys]
         assert not strays, self.report(f"tickets under no started operation's key: {strays}")
         for thread, done in finished.items():
-            if done is None:  # refused for a reused key: nothing of its own to name
-                continue
+            if done is None or self.threads[thread].kind == "outbox":  # refused for a reused key,
+                continue  # or a message: the run ends before the relay delivers it
             key = self.threads[thread].key
             assert key in by_key and done.get("ticket_id") == by_key[key], self.report(
                 f"thread {thread!r} finished with ticket {done.get('ticket_id')}, "
@@ -552,8 +638,8 @@ def lab_process(argv, env, ctrl_c_after=None):
         return forked_lab(argv, dict(env, FAILPOINTS=f"{ctrl_c_after}=pause({held})"), ctrl_c_after)
 
 
-def forked_lab(argv, env, ctrl_c_after=None):
-    """lab_process's fork, run and wait."""
+def forked_lab(argv, env, ctrl_c_after=None, main=lab.main):
+    """lab_process's fork, run and wait (main: lab.main, or relay.main)."""
     out_read, out_write = os.pipe()
     err_read, err_write = os.pipe()
     sys.stdout.flush()
@@ -569,7 +655,7 @@ def forked_lab(argv, env, ctrl_c_after=None):
             os.dup2(err_write, 2)
             sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115
             sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
-            code = lab.main(list(argv), env)
+            code = main(list(argv), env)
         except SystemExit as exit:  # argparse
             code = exit.code if isinstance(exit.code, int) else 1
         except BaseException:  # what an uncaught exception prints: the test flags it
@@ -608,14 +694,22 @@ def forked_lab(argv, env, ctrl_c_after=None):
     return code, printed, complaints, ctrl_c_after is not None and held is None
 
 
-def in_process(argv, env):
-    """`lab.py ARGV` as lab.main in this process (tests/conftest.py's `workflow` fixture); an
-    exception that escapes it is what Python prints for one: a traceback, exit 1."""
+def in_process(argv, env, main=None):
+    """`lab.py ARGV` as lab.main in this process (tests/conftest.py's `workflow` fixture), or
+    main(ARGV, env) (relay.main); an exception that escapes it is what Python prints for one: a
+    traceback, exit 1."""
     try:
-        done = run_workflow_here(argv, env)
+        done = run_workflow_here(argv, env) if main is None else run_here(main, argv, env)
     except Exception:  # the check after it flags the traceback
         return 1, "", traceback.format_exc()
     return shell_exit_code(done.returncode), done.stdout, done.stderr
+
+
+def run_here(main, argv, env):
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(list(argv), env)
+    return subprocess.CompletedProcess(argv, code, out.getvalue(), err.getvalue())
 
 
 def import_what_lab_imports_when_it_runs():

@@ -135,11 +135,23 @@ def test_compose_file_shape():
     spec = yaml.safe_load((ROOT / "compose.yaml").read_text())
     assert "name" not in spec, "Compose 1.29 rejects a top-level name:; guides pass -p"
     services = spec["services"]
-    assert set(services) == {"api", "workflow", "drill", "postgres", "worker", "prometheus"}
+    assert set(services) == {
+        "api",
+        "workflow",
+        "drill",
+        "postgres",
+        "worker",
+        "prometheus",
+        "relay",
+    }
     assert services["postgres"]["profiles"] == services["worker"]["profiles"] == ["scale"]
     assert services["workflow"]["profiles"] == services["drill"]["profiles"] == ["cli"]
     assert services["prometheus"]["profiles"] == ["observe"]  # tests/tools/test_observe_docker.py
+    assert services["relay"]["profiles"] == ["outbox"]  # lab 19
     owners = {"api": "receiver-data", "workflow": "checkpoint-data"}
+    relay = services["relay"]  # the workflow's outbox; rounds until stopped (relay.py's loop)
+    assert relay["volumes"] == ["checkpoint-data:/data"] and "command" not in relay
+    assert relay["entrypoint"] == ["python", "relay.py"]
     for service, volume in owners.items():
         config = services[service]
         assert config["volumes"] == [f"{volume}:/data"], service
@@ -154,7 +166,7 @@ def test_compose_file_shape():
     assert spec["networks"]["lab"]["internal"] is True
     # Only `up` starts or recreates the api: no `run` of the workflow or the drill touches it
     # (tests/guides/test_guides.py, test_a_run_without_the_override_leaves_the_receiver_alone).
-    assert "depends_on" not in services["workflow"] and "depends_on" not in services["drill"]
+    assert not {"depends_on"} & {*services["workflow"], *services["drill"], *services["relay"]}
     assert services["workflow"]["entrypoint"] == ["python", "lab.py"]
     assert services["workflow"]["profiles"], "a plain `up` must not start the workflow"
     assert services["api"]["restart"] == "unless-stopped"

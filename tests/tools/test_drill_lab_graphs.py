@@ -16,13 +16,14 @@ import pytest
 
 import effectdrill
 import lab as lab_cli
-from labs.graphs import approval, saga, shop, ticket
+from labs.graphs import approval, outbox, saga, shop, ticket
 from labs.tools.drill import MATRIX
 from labs.tools.local import ROOT, ReceiverProcess, free_port, lab_env
 
 AFTER_ACK = next(row for row in MATRIX if (row.boundary, row.durability) == ("after-ack", "sync"))
 TICKET_AFTER_ACK = "put_writes create_ticket [ticket_id]"  # effectdrill's name for that moment
 SAGA = {"operation_id": "{thread}", "title": "{thread}", "seats": 11}  # 11: refused (lab 13)
+OUTBOX = {"operation_id": "{thread}", "title": "{thread}"}  # lab 19
 APPROVAL_REPEATS = (  # lab 11: the request before interrupt() runs again wherever it is re-run
     "put_writes request_refund [__interrupt__]",
     "put_writes request_refund [__resume__, approved, branch:to:notify] (others saved)",
@@ -80,6 +81,13 @@ DRILLS = {
         repeated_in_clean_run=("request",),
         resume_with=True,
     ),
+    "outbox-direct": Drill(  # lab 19's naive variant: the node sends, without a key
+        outbox,
+        {**OUTBOX, "delivery": "direct"},
+        frozenset({("put_writes request_ticket [ticket_id]", "ticket", 2)}),
+    ),
+    # The outbox: the node writes a keyed row and sends nothing; observe runs the relay
+    "outbox-outbox": Drill(outbox, {**OUTBOX, "delivery": "outbox"}, ledger=True),
     "approval-ledger": Drill(
         approval,
         {"refund": "{thread}", "mode": "ledger"},
@@ -100,6 +108,7 @@ def world(tmp_path_factory):
         "API_URL": env["API_URL"],
         "SHOP_DB": str(folder / "shop" / "shop.sqlite"),
         "APPROVAL_DB": str(folder / "approval" / "approval.sqlite"),
+        "OUTBOX_DB": str(folder / "outbox" / "outbox.sqlite"),
     }
     receiver.stop()
 

@@ -1,0 +1,267 @@
+"""Lab 19's outbox against the real receiver, on SQLite and Postgres: kill the node before and
+after its outbox write, kill the relay before its POST and between the receiver's answer and
+the mark, and count what the receiver made.
+
+The kills are real: lab.main or relay.main in a forked child of this test (LangGraph is imported
+already, so a child starts in milliseconds), SIGKILLed by its failpoint, so no finally and no
+atexit of the dying process writes anything. The rest runs in this process.
+"""
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import effects
+import failpoints
+import relay
+from labs.tools.local import ROOT, events, run_workflow_here, shell_exit_code, wait_until
+
+OPERATION = "case-outbox:open-ticket:v1"
+TITLE = "Check supplier configuration"
+STOPS = [  # (program, failpoint): where a real SIGKILL lands
+    ("node", None),
+    ("node", "before-outbox"),
+    ("node", "after-outbox"),
+    ("relay", "before-publish"),
+    ("relay", "after-publish"),
+]
+
+
+@pytest.fixture(scope="module")
+def postgres():
+    from conftest import require_postgres
+
+    from labs.tools.pg import TempPostgres
+
+    require_postgres()
+    with TempPostgres() as pg:
+        yield pg
+
+
+@pytest.fixture(params=[pytest.param("sqlite", marks=pytest.mark.fast), "postgres"])
+def env(request, lab, receiver):
+    """The lab's environment with CHECKPOINT_DB on this backend (a new Postgres database)."""
+    if request.param == "sqlite":
+        return lab
+    import psycopg
+
+    pg = request.getfixturevalue("postgres")
+    name = f"outbox_{os.getpid()}_{abs(hash(request.node.name))}"
+    with psycopg.connect(pg.url, autocommit=True) as admin:
+        admin.execute(f"CREATE DATABASE {name}")
+    return {**lab, "CHECKPOINT_DB": pg.url.rsplit("/", 1)[0] + "/" + name}
+
+
+@pytest.mark.parametrize(("program", "point"), STOPS, ids=[f"{p}-{s}" for p, s in STOPS])
+def test_a_kill_at_any_point_of_the_node_or_the_relay_makes_one_ticket(
+    env, receiver, tmp_path, program, point
+):
+    start = ["outbox", "start", "--thread", "t", "--operation", OPERATION]
+    if program == "node" and point:
+        code, out = forked(lab_main, [*start, "--crash-at", point], env)
+        assert (code, events(out)[-1]) == (137, {"event": "crash", "at": point})
+        resumed = typed(["outbox", "resume", "--thread", "t"], env)
+        written = [e["written"] for e in resumed if e["event"] == "outbox"]
+        assert written == [point == "before-outbox"]  # the re-run node: its row, or it writes it
+    else:
+        typed(start, env)
+    assert tickets(receiver) == []  # the run is done and nothing was sent
+
+    if program == "relay":
+        code, out = forked(relay.main, ["--once", "--crash-at", point], env)
+        assert (code, events(out)[-1]) == (137, {"event": "crash", "at": point})
+        (row,) = shown(env)
+        assert (row["state"], row["deliveries"]) == ("pending", 1)  # the window, in the outbox
+        assert len(tickets(receiver)) == (point == "after-publish")
+    code, out = forked(relay.main, ["--once"], env)
+    answered = [e for e in events(out) if e["event"] == "answered"]
+    assert code == 0 and len(answered) == 1, out
+
+    (ticket,) = tickets(receiver)  # one ticket, whatever was killed where
+    assert (ticket["key"], ticket["payload"]) == (OPERATION, {"title": TITLE})
+    (row,) = shown(env)
+    assert row["state"] == "published" and row["answer"]["ticket_id"] == ticket["ticket_id"]
+    # The relay's window is seen at the receiver: the redelivery, answered with the first outcome
+    redelivered = point == "after-publish"
+    assert answered[0]["created"] is not redelivered
+    assert replays(tmp_path) == ([OPERATION] if redelivered else [])
+    # Once marked, a message is not sent again
+    assert forked(relay.main, ["--once"], env) == (0, relayed(0) + "\n")
+    assert len(posts(tmp_path)) == 1 + redelivered
+
+
+@pytest.mark.fast
+def test_a_message_id_is_written_once_and_not_reused_for_another_message(tmp_path):
+    with relay.open_outbox(tmp_path / "c.sqlite") as outbox:
+        assert outbox.put("m-1", "/tickets", {"title": "a"}) is True
+        assert outbox.put("m-1", "/tickets", {"title": "a"}) is False  # a re-run: nothing new
+        with pytest.raises(effects.Conflict, match="another message"):
+            outbox.put("m-1", "/tickets", {"title": "b"})
+        assert [(m.message_id, m.payload) for m in outbox.messages()] == [("m-1", {"title": "a"})]
+
+
+@pytest.mark.fast
+def test_a_refused_message_is_kept_refused_and_not_sent_again(lab, receiver, tmp_path, capsys):
+    put(lab, "m-empty", {"title": ""})  # the receiver refuses it (400)
+    assert relay.main(["--once"], lab) == 1
+    (refused, summary) = events(capsys.readouterr().out)
+    assert refused["event"] == "refused" and refused["refusal"]["status"] == 400
+    assert summary == {"event": "relayed", "pending": 0, "published": 0}
+    assert relay.main(["--once"], lab) == 0
+    assert len(re.findall(r"rejected 400", (tmp_path / "receiver.log").read_text())) == 1
+    assert tickets(receiver) == []
+
+
+@pytest.mark.fast
+def test_the_relay_says_in_one_line_what_is_wrong(lab, tmp_path, capsys):
+    put(lab, "m-1", {"title": "a"})
+    nobody = {**lab, "API_URL": "http://127.0.0.1:9", "API_ATTEMPTS": "1"}  # nothing listens
+    assert relay.main(["--once"], nobody) == 3
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "cannot reach the receiver" in err, err
+    (row,) = shown(lab)
+    assert row["state"] == "pending"  # sent nowhere: the next relay sends it
+    assert relay.main(["--once"], {**lab, "FAILPOINTS": "after-ack=kill"}) == 2
+    assert capsys.readouterr().err.startswith("relay.py: FAILPOINTS: unknown point 'after-ack'")
+
+
+def test_two_relays_at_once_send_one_message_twice_and_the_receiver_makes_one_ticket(
+    env, receiver, tmp_path, capsys
+):
+    """The guide's "two relays may both send one message": the first held between the
+    receiver's answer and its mark (a pause failpoint), the second delivers it meanwhile."""
+    typed(["outbox", "start", "--thread", "t", "--operation", OPERATION], env)
+    held = tmp_path / "held"
+    holding = {**env, "FAILPOINTS": f"after-publish=pause({held})"}
+    first = subprocess.Popen(
+        [sys.executable, "relay.py", "--once"], env=holding, cwd=ROOT, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )  # fmt: skip
+    try:
+        wait_until(held.exists, 60, "the first relay between the answer and its mark")
+        assert relay.main(["--once"], env) == 0  # the second: the row is still pending
+        (second, _) = events(capsys.readouterr().out)
+        failpoints.unpause(held)
+        out, err = first.communicate(timeout=60)
+    finally:
+        if first.poll() is None:
+            first.kill()
+    assert first.returncode == 0, err
+    assert [e.get("created") for e in events(out)] == [True, None]  # answered, then relayed
+    assert (second["event"], second["created"]) == ("answered", False)
+    (ticket,) = tickets(receiver)
+    assert posts(tmp_path) == [OPERATION, OPERATION] and replays(tmp_path) == [OPERATION]
+    (row,) = shown(env)
+    assert (row["state"], row["deliveries"]) == ("published", 2)
+    assert row["answer"] == {"created": False, "ticket_id": ticket["ticket_id"]}  # the first mark
+
+
+def test_the_relay_service_delivers_until_sigterm_and_waits_out_a_receiver_gone(
+    lab, receiver, tmp_path
+):
+    """`python relay.py` (compose's relay service): a round every RELAY_POLL_S; a receiver
+    that is down is a line on stderr and a later round; SIGTERM ends it with exit 0."""
+    env = {**lab, "RELAY_POLL_S": "0.05", "API_ATTEMPTS": "1"}
+    err = tmp_path / "relay.err"
+    receiver.stop()
+    with open(err, "w") as stderr:
+        service = subprocess.Popen(
+            [sys.executable, "relay.py"], env=env, cwd=ROOT, stdout=subprocess.PIPE,
+            stderr=stderr, text=True, start_new_session=True,
+        )  # fmt: skip
+    try:
+        typed(["outbox", "start", "--thread", "gone", "--operation", "m-gone"], env)
+        wait_until(lambda: "cannot reach the receiver" in err.read_text(), 60, "a failed round")
+        receiver.start()
+        wait_until(lambda: len(tickets(receiver)) == 1, 60, "the pending message delivered")
+        typed(["outbox", "start", "--thread", "up", "--operation", "m-up"], env)
+        wait_until(lambda: len(tickets(receiver)) == 2, 60, "the next message delivered")
+        service.send_signal(signal.SIGTERM)
+        out, _ = service.communicate(timeout=30)
+    finally:
+        if service.poll() is None:
+            service.kill()
+    assert service.returncode == 0
+    assert [e["message_id"] for e in events(out)] == ["m-gone", "m-up"]
+    assert [t["key"] for t in tickets(receiver)] == ["m-gone", "m-up"]
+    assert [m["state"] for m in shown(env)] == ["published", "published"]
+
+
+# helpers
+
+
+def typed(argv, env):
+    done = run_workflow_here(argv, env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return events(done.stdout)
+
+
+def lab_main(argv, env):
+    import lab as lab_py
+
+    return lab_py.main(argv, env)
+
+
+def forked(main, argv, env):
+    """main(argv, env) in a forked child: (its exit code as a shell shows it, its stdout)."""
+    read, write = os.pipe()
+    sys.stdout.flush()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns into pytest
+        code = 1
+        try:
+            os.dup2(write, 1)
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, 2)
+            sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115
+            sys.stderr = open(2, "w", closefd=False)  # noqa: SIM115
+            code = main(list(argv), env)
+        finally:
+            sys.stdout.flush()
+            os._exit(code)
+    os.close(write)
+    with open(read) as out:
+        printed = out.read()
+    _, status = os.waitpid(pid, 0)
+    return shell_exit_code(os.waitstatus_to_exitcode(status)), printed
+
+
+def put(env, message_id, payload):
+    """A message written into the outbox as the node writes it."""
+    Path(env["CHECKPOINT_DB"]).parent.mkdir(parents=True, exist_ok=True)
+    with relay.open_outbox(env["CHECKPOINT_DB"]) as outbox:
+        outbox.put(message_id, "/tickets", payload)
+
+
+def shown(env):
+    """The outbox's rows, as `relay.py --show` prints them."""
+    code, out = forked(relay.main, ["--show"], env)
+    assert code == 0, out
+    return events(out)[0]["messages"]
+
+
+def relayed(published, pending=0):
+    return json.dumps({"event": "relayed", "pending": pending, "published": published})
+
+
+def tickets(receiver):
+    import workflow
+
+    return workflow.TicketClient(receiver.url).tickets()
+
+
+def posts(tmp_path):
+    """The keys of the POSTs the receiver answered, from its log."""
+    log = (tmp_path / "receiver.log").read_text()
+    return re.findall(r"^receiver: (?:created|replayed) key=(\S+) ", log, re.M)
+
+
+def replays(tmp_path):
+    log = (tmp_path / "receiver.log").read_text()
+    return re.findall(r"^receiver: replayed key=(\S+) ", log, re.M)
