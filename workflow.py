@@ -66,6 +66,7 @@ from pathlib import Path
 from typing import NotRequired, TypedDict
 
 import effects
+import inbox
 from failpoints import FailpointSpecError, fail
 
 POINTS = (
@@ -620,7 +621,7 @@ def open_checkpointer(checkpoint_db, saver_class=None):
 
 
 CHECKPOINT_TABLES = {"checkpoints", "writes"}  # what SqliteSaver.setup creates (checkpoint/sqlite)
-OUR_TABLES = CHECKPOINT_TABLES | set(effects.TABLES)  # and the ledger, beside them
+OUR_TABLES = CHECKPOINT_TABLES | set(effects.TABLES) | set(inbox.TABLES)  # the ledger, the inbox
 
 
 def require_checkpoint_file(path):
