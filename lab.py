@@ -804,7 +804,7 @@ def hooks(args, settings):
                 "set LISTEN_HOST to an address of this machine",
                 EXIT_USAGE,
             ) from None
-        serving = threading.Thread(target=server.serve_forever, daemon=True)
+        serving = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
         serving.start()
         try:
             client.call("/webhooks", {"url": hook_url(args.listen_host, server.server_port)})
