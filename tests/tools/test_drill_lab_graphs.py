@@ -6,8 +6,9 @@ The ticket graph's lesson is read from make drill's matrix (labs/tools/drill.py 
 after-ack row: the kill after the answer, before the node's result is saved), per mode. The
 other graphs' lessons are those their guides show: lab 11 (the shop, the approval), lab 13
 (the saga) and lab 18 (the webhook handler, whose re-run is a redelivery). A ledger row also
-checks that nothing was sent again: effectdrill records every HTTP request of every run (effectdrill/outbound.py), and a ledger that replays its receipt sends
-none, where lab 02's key sends the request again and lets the receiver answer it.
+checks that nothing was sent again: effectdrill records every HTTP request of every run
+(effectdrill/outbound.py), and a ledger that replays its receipt sends none, where lab 02's key
+sends the request again and lets the receiver answer it.
 """
 
 from dataclasses import dataclass
