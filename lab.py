@@ -51,6 +51,7 @@ import dataclasses
 import http.server
 import json
 import os
+import pathlib
 import signal
 import sys
 import threading
@@ -789,6 +790,13 @@ MAX_EVENT_BYTES = 4096  # a webhook's body: an event is a few dozen bytes
 def hooks(args, settings):
     """Subscribe, move the ticket if asked, take what is delivered; print where the ticket is."""
     client = settings.client()
+    if not workflow.is_postgres(settings.checkpoint_db):  # as open_checkpointer checks it
+        path = pathlib.Path(settings.checkpoint_db)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise UserError(f"CHECKPOINT_DB {str(path)!r}: {error.strerror}", EXIT_USAGE) from None
+        workflow.require_checkpoint_file(path)
     with (
         inbox.open_inbox(settings.checkpoint_db) as box,
         effects.open_ledger(settings.checkpoint_db) as ledger,

@@ -101,7 +101,7 @@ def endpoint(tmp_path):
         taker = lab.Taker("inbox", box, ledger, client=None)
         handler = type("Hook", (lab.HookHandler,), {"taker": taker, "points": {}})
         server = HTTPServer(("127.0.0.1", 0), handler)
-        threading.Thread(target=server.serve_forever, daemon=True).start()
+        threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
         yield f"http://127.0.0.1:{server.server_port}", box
         server.shutdown()
         server.server_close()
@@ -184,7 +184,7 @@ def test_the_sender_retries_a_delivery_without_a_2xx_and_keeps_it_pending_if_non
     call(receiver, "/tickets", {"title": "webhooks"})
     handler = type("Sub", (Subscriber,), {"answers": [503, 500], "got": []})
     server = HTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
     url = f"http://127.0.0.1:{server.server_port}/hook"
     try:
         assert call(receiver, "/webhooks", {"url": url}) == {"delivered": 0, "pending": 0}
@@ -249,3 +249,21 @@ def test_a_crash_after_the_commit_is_finished_by_the_redelivery_with_one_message
 
 def messages(receiver):
     return [m["text"] for m in call(receiver, "/messages", None)["messages"]]
+
+
+def test_a_kill_between_the_message_and_its_receipt_stops_the_next_delivery(receiver, tmp_path):
+    """The guide's last claim: the message is sent, its receipt not written (after-send=raise
+    in Effect.perform); the redelivery cannot ask this provider, so it stops (Unsettled: the
+    CLI's exit 6) and sends nothing a second time."""
+    resolved = {"event_id": "evt_1", "ticket_id": 1, "status": "resolved", "version": 1}
+    client = workflow.TicketClient(receiver.url)
+    with (
+        inbox.open_inbox(tmp_path / "c.sqlite") as box,
+        effects.open_ledger(tmp_path / "c.sqlite") as ledger,
+    ):
+        taker = lab.Taker("inbox", box, ledger, client)
+        with failpoints.scoped({"after-send": "raise"}), pytest.raises(failpoints.FailpointError):
+            taker.take(resolved)
+        with pytest.raises(effects.Unsettled):
+            taker.take(resolved)
+    assert messages(receiver) == ["ticket 1 resolved (evt_1)"]
