@@ -29,6 +29,10 @@ Variants, built here from the core's nodes (the core's State and build_graph kno
     --retry-after-ack timeout|parse  start with a LangGraph RetryPolicy on the effect's node, and
                       a line after the answer that fails once: LangGraph runs the node again in
                       the same process (lab 17; see the section below)
+Lab 18's `hooks`: the workflow's endpoint for the receiver's webhooks (see its section below):
+    --mode naive applies every delivery; inbox (the default) applies each event once (inbox.py);
+    --move STATUS,... moves --ticket through them; --crash-at after-inbox kills it after its
+    commit, before its answer
 The saga (lab 13), a graph of its own: `saga start|resume|state|refunds`, see add_saga_parser:
     charge, reserve, and a refund when the reservation is refused, each through the ledger;
     --mode naive sends the refund without a key and records nothing, safe performs it keyed

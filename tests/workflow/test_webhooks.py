@@ -42,6 +42,13 @@ def test_the_inbox_applies_an_event_once_and_never_an_older_one(tmp_path):
 
 
 @pytest.mark.fast
+def test_a_checkpoint_file_with_the_inbox_beside_it_is_the_workflows_own():
+    """workflow.py names the inbox's tables without importing inbox.py (the starter's core has
+    none): a start on a CHECKPOINT_DB that `hooks` wrote to is not refused as another program's."""
+    assert set(inbox.TABLES) <= workflow.OUR_TABLES
+
+
+@pytest.mark.fast
 def test_an_event_whose_transaction_failed_is_applied_by_its_redelivery(tmp_path):
     """A crash inside the transaction (before COMMIT) leaves neither the inbox row nor the
     status: the redelivery is the first delivery. In-process: an error raised between the two
