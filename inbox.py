@@ -147,9 +147,11 @@ class Inbox:
 class PostgresInbox(Inbox):
     """The same inbox in Postgres, on an autocommit connection the caller opened (psycopg 3).
 
-    The event's INSERT ... ON CONFLICT DO NOTHING waits for a concurrent insert of the same id
-    to commit or roll back, so only one delivery records it; the subject's upsert locks its row,
-    so two events of one subject compare their versions one after the other."""
+    The event's INSERT ... ON CONFLICT DO NOTHING waits for a concurrent, uncommitted insert of
+    the same id to commit or roll back (PostgreSQL's manual, "Index Uniqueness Checks"), so only
+    one delivery records it; the subject's upsert locks the conflicting row even where its WHERE
+    is false (the manual's INSERT, ON CONFLICT DO UPDATE), so two events of one subject compare
+    their versions one after the other."""
 
     def __init__(self, conn):
         self.db, self.lock = conn, threading.RLock()
