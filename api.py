@@ -113,7 +113,7 @@ WEBHOOK_SCHEMA = (  # lab 18: the provider's side of a webhook
 STATUSES = ("opened", "in_progress", "resolved")  # a ticket's progress, as webhooks tell it
 WEBHOOK_ATTEMPTS = 3  # tries of one delivery in a round, before it waits for the next round
 WEBHOOK_RETRY_S = 0.2  # seconds between them
-WEBHOOK_TIMEOUT_S = 3.0  # seconds for the subscriber to answer one delivery
+WEBHOOK_TIMEOUT_S = 2.0  # seconds for the subscriber to answer one delivery
 OLDER_TICKETS = {"id", "operation_key", "payload"}  # a tickets table before created_at was kept
 COUNTERS = {  # receiver.COUNTERS, and this file's routes' own
     "tickets_created": receiver.COUNTERS["tickets_created"],

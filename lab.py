@@ -789,11 +789,15 @@ HOOK_POINTS = ("after-inbox",)  # committed, not yet answered: the sender will d
 HOOK_STATUSES = ("opened", "in_progress", "resolved")  # api.py's STATUSES
 CUSTOMER = "customer@example.com"
 MAX_EVENT_BYTES = 4096  # a webhook's body: an event is a few dozen bytes
+HOOKS_TIMEOUT_S = 60.0  # seconds for the receiver's answer to /webhooks and /progress
 
 
 def hooks(args, settings):
     """Subscribe, move the ticket if asked, take what is delivered; print where the ticket is."""
     client = settings.client()
+    # The receiver answers /webhooks and /progress once its delivery round is over, after one
+    # before it (a round tries a silent subscriber 3 times, 2 s each): wait for that, not 5 s.
+    sender = workflow.TicketClient(settings.api_url, HOOKS_TIMEOUT_S, settings.attempts)
     if not workflow.is_postgres(settings.checkpoint_db):  # as open_checkpointer checks it
         path = pathlib.Path(settings.checkpoint_db)
         try:
@@ -819,9 +823,9 @@ def hooks(args, settings):
         serving = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
         serving.start()
         try:
-            client.call("/webhooks", {"url": hook_url(args.listen_host, server.server_port)})
+            sender.call("/webhooks", {"url": hook_url(args.listen_host, server.server_port)})
             if args.move:
-                client.call("/progress", {"ticket_id": args.ticket, "statuses": args.move})
+                sender.call("/progress", {"ticket_id": args.ticket, "statuses": args.move})
         finally:
             server.shutdown()
             server.server_close()
