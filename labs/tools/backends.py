@@ -138,6 +138,7 @@ DRILL_DBS = {
     "SHOP_DB": "shop/shop.sqlite",  # lab 11
     "APPROVAL_DB": "approval/approval.sqlite",  # lab 11
     "CLASSIFY_DB": "classify/classify.sqlite",  # lab 16
+    "WEBHOOK_DB": "webhook/webhook.sqlite",  # lab 18's handler graph
 }
 DRILL_TIMEOUT_S = 120  # seconds for one drill: about 10 crash runs of 0.1-0.5 s each, loaded
 
