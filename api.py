@@ -18,6 +18,19 @@ lookup by key); the starter takes it unchanged. This file extends it, by subclas
     POST /messages               body {"to": "...", "text": "..."}: 201 {"message_id"}, lab 15's
                                  stand-in for an email service: no key read, no lookup, so
                                  every request is one more message
+    POST /webhooks               body {"url": "http://HOST:PORT/PATH"}: the one subscriber to
+                                 tickets' progress (it replaces the last), then every event
+                                 not yet delivered is delivered to it: 200 {"delivered",
+                                 "pending"} (lab 18)
+    POST /progress               body {"ticket_id": N, "statuses": [...]} (opened, in_progress,
+                                 resolved): each status one event {"event_id", "ticket_id",
+                                 "status", "version"} (version: 1, 2, ... per ticket),
+                                 committed, then delivered with every pending one: 200
+                                 {"events", "delivered", "pending"}; 404 no ticket N
+A webhook is a POST of one event's JSON to the subscriber, delivered at least once: an answer
+that is not a 2xx (or none) is retried WEBHOOK_ATTEMPTS times, WEBHOOK_RETRY_S apart; an event
+still not delivered then stays pending, and so do the ones after it, until the next POST
+/webhooks or /progress. One delivery round at a time, in event order.
 The routes of receiver.py (/health, /metrics, /tickets) answer as it says; /metrics also counts
 refunds and reservations created and messages sent. A tickets table made before created_at was
 kept (an older lab's file) gets the column when the receiver opens it.
@@ -26,8 +39,12 @@ Run it as `python api.py` (compose.yaml's api service and every guide do); its s
 receiver.py's, and FAILPOINTS knows two more points (below).
 """
 
+import json
 import sys
+import threading
 import time
+import urllib.error
+import urllib.request
 from urllib.parse import parse_qs, urlsplit
 
 import receiver
@@ -35,13 +52,22 @@ from failpoints import fail
 from httpguard import ClientError
 from receiver import parse_object
 
-POINTS = (*receiver.POINTS, "before-answer", "before-body")  # this program's failpoints
+POINTS = (
+    *receiver.POINTS,
+    "before-answer",
+    "before-body",
+    "redeliver",
+    "reorder",
+)  # this program's failpoints
 FAILPOINTS_ADDED = """\
                                  api.py adds two (lab 06): before-answer=drop-answer commits,
                                  then hangs up unanswered; before-body=pause(PATH) writes the
                                  status line and headers (the answer is counted already), then
                                  holds the body until a test releases PATH (failpoints.unpause);
                                  both once for each Failpoint-Token request header value.
+                                 And two for webhooks (lab 18): redeliver=on delivers each
+                                 event a second time after its 2xx; reorder=on delivers the
+                                 pending events newest first.
 """
 TOKEN_HEADER = "Failpoint-Token"  # before-answer and before-body fire once for each value
 BUSY_TIMEOUT_S = receiver.BUSY_TIMEOUT_S  # the core's: workflow.py sizes its 503 retries by it
@@ -69,6 +95,25 @@ MESSAGES_SCHEMA = """CREATE TABLE IF NOT EXISTS messages (
     text TEXT NOT NULL,
     created_at REAL NOT NULL
 )"""  # lab 15's stand-in for an email or SMS service: irreversible, no key, no lookup
+WEBHOOK_SCHEMA = (  # lab 18: the provider's side of a webhook
+    """CREATE TABLE IF NOT EXISTS webhook_events (
+    id INTEGER PRIMARY KEY,  -- the event id is evt_ID
+    ticket_id INTEGER NOT NULL REFERENCES tickets (id),
+    status TEXT NOT NULL,
+    version INTEGER NOT NULL,  -- per ticket: 1, 2, ...
+    delivered_at REAL,  -- NULL: pending (no 2xx yet)
+    created_at REAL NOT NULL,
+    UNIQUE (ticket_id, version)
+)""",
+    """CREATE TABLE IF NOT EXISTS webhook_subscribers (
+    id INTEGER PRIMARY KEY CHECK (id = 1),  -- one subscriber: the workflow
+    url TEXT NOT NULL
+)""",
+)
+STATUSES = ("opened", "in_progress", "resolved")  # a ticket's progress, as webhooks tell it
+WEBHOOK_ATTEMPTS = 3  # tries of one delivery in a round, before it waits for the next round
+WEBHOOK_RETRY_S = 0.2  # seconds between them
+WEBHOOK_TIMEOUT_S = 2.0  # seconds for the subscriber to answer one delivery
 OLDER_TICKETS = {"id", "operation_key", "payload"}  # a tickets table before created_at was kept
 COUNTERS = {  # receiver.COUNTERS, and this file's routes' own
     "tickets_created": receiver.COUNTERS["tickets_created"],
@@ -77,6 +122,8 @@ COUNTERS = {  # receiver.COUNTERS, and this file's routes' own
     "idempotent_replays": receiver.COUNTERS["idempotent_replays"],
     "key_conflicts": receiver.COUNTERS["key_conflicts"],
     "messages_sent": "POST /messages: each one a message (this provider takes no key).",
+    "webhooks_delivered": "Webhook deliveries the subscriber answered with a 2xx.",
+    "webhooks_failed": "Webhook deliveries that got no 2xx (each is retried).",
     "keys_pruned": receiver.COUNTERS["keys_pruned"],
 }
 
@@ -84,12 +131,14 @@ COUNTERS = {  # receiver.COUNTERS, and this file's routes' own
 class LabStore(receiver.TicketStore):
     """The core's ticket store, with the saga's refunds and reservations and lab 15's messages."""
 
-    SCHEMA = (*receiver.TicketStore.SCHEMA, *SAGA_SCHEMA, MESSAGES_SCHEMA)
+    SCHEMA = (*receiver.TicketStore.SCHEMA, *SAGA_SCHEMA, MESSAGES_SCHEMA, *WEBHOOK_SCHEMA)
     COLUMNS = {
         **receiver.TicketStore.COLUMNS,
         "refunds": {"id", "operation_key", "payload", "ticket_id", "created_at"},
         "reservations": {"id", "operation_key", "payload", "ticket_id", "seats", "created_at"},
         "messages": {"id", "recipient", "text", "created_at"},
+        "webhook_events": {"id", "ticket_id", "status", "version", "delivered_at", "created_at"},
+        "webhook_subscribers": {"id", "url"},
     }
     KEYED = {**receiver.TicketStore.KEYED, "refunds": "refund", "reservations": "reservation"}
 
@@ -133,6 +182,48 @@ class LabStore(receiver.TicketStore):
             rows = self.db.execute("SELECT id, recipient, text FROM messages ORDER BY id")
             return [{"message_id": i, "to": r, "text": t} for i, r, t in rows.fetchall()]
 
+    def progress(self, ticket_id, statuses):
+        """One event per status, versions going on from the ticket's last: the events."""
+        events = []
+        with self.transaction():
+            self.need(ticket_id)
+            last = self.db.execute(
+                "SELECT MAX(version) FROM webhook_events WHERE ticket_id = ?", (ticket_id,)
+            ).fetchone()[0]
+            for version, status in enumerate(statuses, start=(last or 0) + 1):
+                event_id = self.db.execute(
+                    "INSERT INTO webhook_events (ticket_id, status, version, created_at) "
+                    "VALUES (?, ?, ?, ?)",
+                    (ticket_id, status, version, time.time()),
+                ).lastrowid
+                events.append(event(event_id, ticket_id, status, version))
+        return events
+
+    def subscribe(self, url):
+        with self.transaction():
+            self.db.execute(
+                "INSERT INTO webhook_subscribers (id, url) VALUES (1, ?) "
+                "ON CONFLICT (id) DO UPDATE SET url = excluded.url",
+                (url,),
+            )
+
+    def pending(self):
+        """(subscriber url or None, the events not delivered yet, oldest first)."""
+        with self.locked():
+            url = self.db.execute("SELECT url FROM webhook_subscribers").fetchone()
+            rows = self.db.execute(
+                "SELECT id, ticket_id, status, version FROM webhook_events "
+                "WHERE delivered_at IS NULL ORDER BY id"
+            ).fetchall()
+        return (url and url[0]), [event(*row) for row in rows]
+
+    def delivered(self, event_id):
+        with self.transaction():
+            self.db.execute(
+                "UPDATE webhook_events SET delivered_at = ? WHERE id = ?",
+                (time.time(), int(event_id.removeprefix("evt_"))),
+            )
+
     def reservations(self, key=None):
         """All reservations, or the one made with key, as tickets() lists tickets."""
         rows = self.listed("reservations", "ticket_id, seats", key)
@@ -154,7 +245,7 @@ class LabStore(receiver.TicketStore):
 
     @classmethod
     def ours(cls, table, columns, unique):
-        if table == "messages":  # one row a request: no key column to be unique
+        if table in ("messages", "webhook_events", "webhook_subscribers"):  # no key column
             return columns == cls.COLUMNS[table]
         if table == "tickets" and columns == OLDER_TICKETS:
             return unique
@@ -176,6 +267,8 @@ class LabHandler(receiver.Handler):
         "/reservations": "GET, HEAD, POST",
         "/messages": "GET, HEAD, POST",
         "/metrics": "GET, HEAD",
+        "/webhooks": "POST",
+        "/progress": "POST",
     }
     counters = COUNTERS
 
@@ -186,6 +279,17 @@ class LabHandler(receiver.Handler):
             self.log_line(f"sent message={message_id}")
             fail("after-commit")
             return 201, {"message_id": message_id}
+        if path == "/webhooks":
+            self.server.store.subscribe(parse_subscriber(self.read_body()))
+            return 200, self.deliver()
+        if path == "/progress":
+            events = self.server.store.progress(*parse_progress(self.read_body()))
+            for made in events:
+                self.log_line(
+                    f"event {made['event_id']} ticket={made['ticket_id']} "
+                    f"{made['status']} v{made['version']}"
+                )
+            return 200, {"events": events, **self.deliver()}
         answer = super().post(path)  # committed (and after-commit passed): now the answer
         token = self.headers.get(TOKEN_HEADER)
         if token and fail("before-answer", once_per=token) == "drop-answer":
@@ -211,6 +315,47 @@ class LabHandler(receiver.Handler):
             return 200, {"reservations": self.server.store.reservations(self.query_key())}
         return super().get(path)
 
+    def deliver(self):
+        """One delivery round: every pending event to the subscriber, in order (reorder: newest
+        first), each retried until a 2xx or WEBHOOK_ATTEMPTS tries; the first that gets none
+        ends the round (the subscriber is down: the rest wait too). {"delivered", "pending"}"""
+        delivered = 0
+        with DELIVERING:  # one round at a time: two would deliver the same events side by side
+            url, events = self.server.store.pending()
+            if fail("reorder") == "on":
+                events.reverse()
+            for each in events if url else ():
+                if not self.deliver_one(url, each):
+                    break
+                self.server.store.delivered(each["event_id"])
+                delivered += 1
+                if fail("redeliver") == "on":  # a sender that lost track of the 2xx it got
+                    self.deliver_one(url, each)
+            left = len(self.server.store.pending()[1])
+        return {"delivered": delivered, "pending": left}
+
+    def deliver_one(self, url, each):
+        """POST the event to url until a 2xx, at most WEBHOOK_ATTEMPTS times: whether one came."""
+        body = json.dumps(each).encode()
+        for attempt in range(1, WEBHOOK_ATTEMPTS + 1):
+            request = urllib.request.Request(url, body, {"Content-Type": "application/json"})
+            try:
+                with urllib.request.urlopen(request, timeout=WEBHOOK_TIMEOUT_S) as answer:
+                    answer.read()
+                self.server.metrics.add("webhooks_delivered")
+                self.log_line(f"webhook {each['event_id']} attempt {attempt}: {answer.status}")
+                return True
+            except urllib.error.HTTPError as error:  # answered, not with a 2xx: retried
+                why = str(error.code)
+            except OSError:  # refused, reset, timed out: no answer, retried
+                why = "no answer"
+            self.server.metrics.add("webhooks_failed")
+            self.log_line(f"webhook {each['event_id']} attempt {attempt}: {why}")
+            if attempt < WEBHOOK_ATTEMPTS:
+                time.sleep(WEBHOOK_RETRY_S)
+        self.log_line(f"webhook {each['event_id']} pending: no 2xx in {WEBHOOK_ATTEMPTS} tries")
+        return False
+
     # helpers
 
     def head_written(self):
@@ -218,6 +363,19 @@ class LabHandler(receiver.Handler):
         token = headers.get(TOKEN_HEADER) if headers else None
         if token:  # the status and headers are out (and counted); the body waits
             fail("before-body", once_per=token)
+
+
+DELIVERING = threading.Lock()  # held by the one delivery round at a time (LabHandler.deliver)
+
+
+def event(event_id, ticket_id, status, version):
+    """A webhook's body: what the workflow is told."""
+    return {
+        "event_id": f"evt_{event_id}",
+        "ticket_id": ticket_id,
+        "status": status,
+        "version": version,
+    }
 
 
 def open_server(environ):
@@ -263,6 +421,36 @@ def parse_message(body):
         except UnicodeEncodeError:
             raise ClientError(400, f"{field} has a lone surrogate escape") from None
     return payload["to"], payload["text"]
+
+
+def parse_subscriber(body):
+    """Validate a POST /webhooks body: the url (http or https, with a host)."""
+    url = parse_object(body, '{"url": "http://HOST:PORT/PATH"}', "url")["url"]
+    parts = urlsplit(url) if isinstance(url, str) and len(url) <= 500 else None
+    try:
+        parts and parts.port  # noqa: B018 (ValueError for a port that is not a number)
+    except ValueError:
+        parts = None
+    if not parts or parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ClientError(
+            400, "url must be an http:// or https:// URL with a host, at most 500 characters"
+        )
+    return url
+
+
+def parse_progress(body):
+    """Validate a POST /progress body: (ticket_id, statuses)."""
+    payload = parse_object(
+        body, '{"ticket_id": N, "statuses": ["resolved"]}', "ticket_id", "statuses"
+    )
+    statuses = payload["statuses"]
+    if (
+        not isinstance(statuses, list)
+        or not 1 <= len(statuses) <= 10
+        or not all(isinstance(s, str) and s in STATUSES for s in statuses)
+    ):
+        raise ClientError(400, f"statuses must be a list of 1-10 of {', '.join(STATUSES)}")
+    return whole(payload, "ticket_id", MAX_ID), statuses
 
 
 def whole(payload, field, high):

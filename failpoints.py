@@ -21,6 +21,8 @@ Actions:
                  arrives once it says go passes, until PATH is deleted (the pause of tikv/fail-rs,
                  released by a file)
     drop-answer  returned to the caller, which acts on it (a server drops its answer)
+    on           returned to the caller, which does the point's own fault (api.py's webhook
+                 sender: redeliver, reorder)
 
 A program names its points and turns them on in main():
     failpoints.configure(os.environ.get("FAILPOINTS", ""), known=POINTS)
@@ -44,8 +46,8 @@ import sys
 import threading
 import time
 
-ACTIONS = ("off", "kill", "term", "sleep(S)", "raise", "hold", "pause(PATH)", "drop-answer")
-RETURNED = ("drop-answer",)  # actions fail() hands back to its caller instead of doing them
+ACTIONS = ("off", "kill", "term", "sleep(S)", "raise", "hold", "pause(PATH)", "drop-answer", "on")
+RETURNED = ("drop-answer", "on")  # actions fail() hands back to its caller instead of doing them
 SLEEP = re.compile(r"sleep\((\d+(?:\.\d+)?)\)")
 PAUSE = re.compile(r"pause\((.+)\)")
 GO = "go"  # what unpause() writes into a pause's file

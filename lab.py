@@ -29,6 +29,10 @@ Variants, built here from the core's nodes (the core's State and build_graph kno
     --retry-after-ack timeout|parse  start with a LangGraph RetryPolicy on the effect's node, and
                       a line after the answer that fails once: LangGraph runs the node again in
                       the same process (lab 17; see the section below)
+Lab 18's `hooks`: the workflow's endpoint for the receiver's webhooks (see its section below):
+    --mode naive applies every delivery; inbox (the default) applies each event once (inbox.py);
+    --move STATUS,... moves --ticket through them; --crash-at after-inbox kills it after its
+    commit, before its answer
 The saga (lab 13), a graph of its own: `saga start|resume|state|refunds`, see add_saga_parser:
     charge, reserve, and a refund when the reservation is refused, each through the ledger;
     --mode naive sends the refund without a key and records nothing, safe performs it keyed
@@ -52,17 +56,21 @@ if __name__ == "__main__":  # a Ctrl-C while the imports below run: one line, no
     signal.signal(signal.SIGINT, interrupted_while_importing)
 
 import dataclasses
+import http.server
 import json
 import os
+import pathlib
 import signal
 import sys
 import threading
+import urllib.error
 import urllib.parse
 import uuid
 from typing import NotRequired, TypedDict
 
 import effects
 import failpoints
+import inbox
 import workflow
 from failpoints import fail
 from workflow import EXIT_THREAD, EXIT_USAGE, UserError, emit
@@ -895,6 +903,207 @@ def add_outbox_parser(actions):
     sub.add_argument("--thread", **thread)
 
 
+# --- lab 18: the webhook that came twice ---------------------------------------------------
+# The receiver (api.py) tells the workflow about a ticket's progress by webhook, at least once:
+# `hooks` is the workflow's endpoint for them, a standard-library HTTP server on LISTEN_HOST
+# (default 127.0.0.1; compose sets 0.0.0.0 and the container's address is the one given), for
+# as long as the command runs: it subscribes (POST /webhooks, which delivers what is pending),
+# moves the ticket if asked (POST /progress), and exits once the receiver has answered.
+# --mode naive applies every delivery; inbox (the default) records it in inbox.py's inbox in the
+# same transaction as the ticket's status, ignores an older version, and notifies through the
+# ledger keyed by the event id. --crash-at after-inbox kills it after that commit, before its
+# answer to the sender.
+
+HOOK_MODES = ("naive", "inbox")
+HOOK_POINTS = ("after-inbox",)  # committed, not yet answered: the sender will deliver it again
+HOOK_STATUSES = ("opened", "in_progress", "resolved")  # api.py's STATUSES
+CUSTOMER = "customer@example.com"
+MAX_EVENT_BYTES = 4096  # a webhook's body: an event is a few dozen bytes
+HOOKS_TIMEOUT_S = 60.0  # seconds for the receiver's answer to /webhooks and /progress
+
+
+def hooks(args, settings):
+    """Subscribe, move the ticket if asked, take what is delivered; print where the ticket is."""
+    client = settings.client()
+    # The receiver answers /webhooks and /progress once its delivery round is over, after one
+    # before it (a round tries a silent subscriber 3 times, 2 s each): wait for that, not 5 s.
+    sender = workflow.TicketClient(settings.api_url, HOOKS_TIMEOUT_S, settings.attempts)
+    if not workflow.is_postgres(settings.checkpoint_db):  # as open_checkpointer checks it
+        path = pathlib.Path(settings.checkpoint_db)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise UserError(f"CHECKPOINT_DB {str(path)!r}: {error.strerror}", EXIT_USAGE) from None
+        workflow.require_checkpoint_file(path)
+    with (
+        inbox.open_inbox(settings.checkpoint_db) as box,
+        effects.open_ledger(settings.checkpoint_db) as ledger,
+    ):
+        taker = Taker(args.mode, box, ledger, client)
+        points = {args.crash_at: "kill"} if args.crash_at else {}
+        handler = type("Hook", (HookHandler,), {"taker": taker, "points": points})
+        try:
+            server = http.server.HTTPServer((args.listen_host, 0), handler)
+        except OSError as error:
+            raise UserError(
+                f"cannot listen on LISTEN_HOST {args.listen_host!r} ({error.strerror or error}); "
+                "set LISTEN_HOST to an address of this machine",
+                EXIT_USAGE,
+            ) from None
+        serving = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
+        serving.start()
+        try:
+            sender.call("/webhooks", {"url": hook_url(args.listen_host, server.server_port)})
+            if args.move:
+                sender.call("/progress", {"ticket_id": args.ticket, "statuses": args.move})
+        finally:
+            server.shutdown()
+            server.server_close()
+        if taker.stopped is not None:
+            raise taker.stopped
+        status, version = box.state(str(args.ticket)) or (None, 0)
+        emit("ticket_status", ticket_id=args.ticket, status=status, version=version)
+
+
+class Taker:
+    """What the endpoint does with one valid event, in one mode."""
+
+    def __init__(self, mode, box, ledger, client):
+        self.mode, self.box, self.ledger, self.client = mode, box, ledger, client
+        self.stopped = None  # a LedgerError that stopped a notification: the command's exit
+
+    def take(self, event):
+        """Apply the event (or not); notify the customer of a resolved ticket."""
+        ticket, status, version = event["ticket_id"], event["status"], event["version"]
+        shown = {"event_id": event["event_id"], "status": status, "version": version}
+        if self.mode == "naive":  # every delivery applies, whatever came before it
+            with self.box.transaction():  # the same status row as the inbox's, overwritten
+                self.box.sql(OVERWRITE, (str(ticket), status, version, event["event_id"]))
+            emit("webhook", applied=True, **shown)
+            if status == "resolved":
+                sent = self.client.call("/messages", notice(event))
+                emit("message_sent", message_id=sent["message_id"])
+            return
+        seen = self.box.receive(event["event_id"], str(ticket), version, status)
+        emit("webhook", applied=seen.applied, duplicate=not seen.first, **shown)
+        fail("after-inbox")  # committed: a kill here leaves the sender without its 2xx
+        if seen.applied and status == "resolved":  # on a redelivery too: the ledger knows
+            key = f"{event['event_id']}:notify"
+            done = MESSAGE.perform(self.ledger, key, notice(event), self.client)
+            if done.how == "sent":
+                emit("message_sent", key=key, message_id=done.answer["message_id"])
+            else:
+                emit("effect_receipt", key=key, receipt=done.answer)
+
+
+OVERWRITE = (  # naive: the ticket's status is what the last delivery said, older or not
+    "INSERT INTO inbox_subjects (subject, status, version, event_id) VALUES (?, ?, ?, ?) "
+    "ON CONFLICT (subject) DO UPDATE SET status = excluded.status, "
+    "version = excluded.version, event_id = excluded.event_id"
+)
+
+
+def notice(event):
+    text = f"ticket {event['ticket_id']} resolved ({event['event_id']})"
+    return {"to": CUSTOMER, "text": text}
+
+
+def hook_url(host, port):
+    """The address the receiver posts to: this machine's, as the receiver can reach it."""
+    import socket
+
+    if host in ("0.0.0.0", ""):  # every interface (a container): its own address on the network
+        host = socket.gethostbyname(socket.gethostname())
+    return f"http://{host}:{port}/webhook"
+
+
+class HookHandler(http.server.BaseHTTPRequestHandler):
+    """POST /webhook: validate the event before trusting any of it, then take it."""
+
+    taker = None
+    points = {}
+
+    def do_POST(self):
+        if self.path != "/webhook":
+            return self.answer(404, {"error": "webhooks are POSTed to /webhook"})
+        try:
+            event = parse_event(self.headers.get("Content-Length"), self.rfile)
+        except ValueError as error:
+            return self.answer(400, {"error": str(error)})
+        try:
+            with failpoints.scoped(self.points):
+                self.taker.take(event)
+        except inbox.EventConflict as error:
+            return self.answer(409, {"error": str(error)})
+        except effects.LedgerError as error:  # the message may be out: a person settles it
+            self.taker.stopped = error
+            return self.answer(503, {"error": str(error)})
+        except (UserError, urllib.error.HTTPError) as error:  # the message was not sent
+            return self.answer(503, {"error": f"the notification failed: {error}; retry"})
+        return self.answer(200, {"ok": True})
+
+    def do_GET(self):
+        self.answer(405, {"error": "POST an event to /webhook"}, allow="POST")
+
+    def answer(self, status, body, allow=None):
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        if allow:
+            self.send_header("Allow", allow)
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args):  # stdout carries the events; no access log
+        pass
+
+
+def parse_event(length, body):
+    """The event in a webhook's body, checked field by field; ValueError says what is wrong."""
+    if length is None or not length.isdecimal():
+        raise ValueError("a webhook needs a Content-Length")
+    if int(length) > MAX_EVENT_BYTES:
+        raise ValueError(f"a webhook's body is at most {MAX_EVENT_BYTES} bytes")
+    try:
+        event = json.loads(body.read(int(length)))
+    except ValueError:
+        raise ValueError("the body is not JSON") from None
+    fields = {"event_id", "ticket_id", "status", "version"}
+    if not isinstance(event, dict) or set(event) != fields:
+        raise ValueError(f"the body must be an object with exactly {', '.join(sorted(fields))}")
+    event_id = event["event_id"]
+    if not isinstance(event_id, str) or not 1 <= len(event_id) <= 200 or not event_id.isprintable():
+        raise ValueError("event_id must be a string of 1-200 printable characters")
+    for field in ("ticket_id", "version"):
+        if type(event[field]) is not int or not 1 <= event[field] <= 2**63 - 1:
+            raise ValueError(f"{field} must be a whole number from 1")
+    if event["status"] not in HOOK_STATUSES:
+        raise ValueError(f"status must be one of {', '.join(HOOK_STATUSES)}")
+    return event
+
+
+def statuses(text):
+    """--move: a comma-separated list of statuses, each one api.py knows."""
+    import argparse
+
+    moves = text.split(",")
+    if not all(move in HOOK_STATUSES for move in moves):
+        raise argparse.ArgumentTypeError(f"each must be one of {', '.join(HOOK_STATUSES)}")
+    return moves
+
+
+def add_hooks_parser(actions):
+    sub = actions.add_parser("hooks", help="lab 18: take the receiver's webhooks")
+    sub.set_defaults(run=hooks)
+    sub.add_argument("--ticket", type=int, default=1, help="the ticket to move and show")
+    sub.add_argument(
+        "--move", type=statuses, help="statuses to move it through, like opened,resolved"
+    )
+    sub.add_argument("--mode", choices=HOOK_MODES, default="inbox", help="naive: apply them all")
+    sub.add_argument("--crash-at", choices=HOOK_POINTS, help="where the endpoint dies (SIGKILL)")
+
+
 LAB = workflow.Program(  # what workflow.run and migrate do differently for the lab
     graph=graph_for,
     version=lambda args: args.graph_version,
@@ -958,6 +1167,7 @@ def build_parser():
     sub.add_argument("--reject", dest="approve", action="store_false", help="answer no")
     add_saga_parser(actions)
     add_outbox_parser(actions)
+    add_hooks_parser(actions)
     return parser
 
 
@@ -968,8 +1178,9 @@ def main(argv=None, environ=None):
         print(f"lab.py: LAB_GRAPH_VERSION={version!r} must be 1 or 2", file=sys.stderr)
         return EXIT_USAGE
     parser = build_parser()
-    parser.set_defaults(graph_version=version)
-    return workflow.main(argv, environ, parser=parser, points=(*POINTS, *SAGA_ACKS, *OUTBOX_POINTS))
+    parser.set_defaults(graph_version=version, listen_host=environ.get("LISTEN_HOST", "127.0.0.1"))
+    points = (*POINTS, *SAGA_ACKS, *OUTBOX_POINTS, *HOOK_POINTS)
+    return workflow.main(argv, environ, parser=parser, points=points)
 
 
 if __name__ == "__main__":

@@ -620,7 +620,10 @@ def open_checkpointer(checkpoint_db, saver_class=None):
 
 
 CHECKPOINT_TABLES = {"checkpoints", "writes"}  # what SqliteSaver.setup creates (checkpoint/sqlite)
-OUR_TABLES = CHECKPOINT_TABLES | set(effects.TABLES) | {"outbox"}  # the ledger, relay.py's outbox
+OUR_TABLES = CHECKPOINT_TABLES | set(effects.TABLES)  # and the ledger, beside them
+# inbox.py's TABLES and relay.py's outbox, when they sit beside them (named, not imported: this
+# file runs without them)
+OUR_TABLES |= {"inbox", "inbox_subjects", "outbox"}
 
 
 def require_checkpoint_file(path):

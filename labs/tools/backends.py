@@ -140,6 +140,7 @@ DRILL_DBS = {
     "APPROVAL_DB": "approval/approval.sqlite",  # lab 11
     "CLASSIFY_DB": "classify/classify.sqlite",  # lab 16
     "OUTBOX_DB": "outbox/outbox.sqlite",  # lab 19
+    "WEBHOOK_DB": "webhook/webhook.sqlite",  # lab 18's handler graph
 }
 DRILL_TIMEOUT_S = 120  # seconds for one drill: about 10 crash runs of 0.1-0.5 s each, loaded
 

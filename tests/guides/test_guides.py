@@ -43,8 +43,9 @@ DOWN = "docker compose -p stateful-lab down -v --remove-orphans"
 UP_LOST_ACK = f"docker compose -p stateful-lab -f compose.yaml -f {LOST_ACK} up -d --build api"
 KEY_RETENTION = "labs/key-retention.compose.yaml"  # lab 14: keys honoured for 2 s
 KEY_RETENTION_24H = "labs/key-retention-24h.compose.yaml"  # lab 14's fix: for 24 hours
-OVERRIDES = {"06": {LOST_ACK}, "14": {KEY_RETENTION, KEY_RETENTION_24H}}  # the only guides with
-#                                                                           override files
+WEBHOOKS = "labs/webhooks.compose.yaml"  # lab 18: each webhook twice, the pending newest first
+OVERRIDES = {"06": {LOST_ACK}, "14": {KEY_RETENTION, KEY_RETENTION_24H}, "18": {WEBHOOKS}}  # the
+#                                                              only guides with override files
 
 
 def describe(outcomes):
@@ -102,6 +103,8 @@ def test_compose_yaml_turns_no_fault_on_and_the_override_does():
     override = yaml.safe_load((ROOT / LOST_ACK).read_text())
     env = {"FAILPOINTS": "before-answer=drop-answer"}
     assert override == {"services": {"api": {"environment": env}}}
+    webhooks = {"environment": {"FAILPOINTS": "redeliver=on;reorder=on"}}  # lab 18's
+    assert yaml.safe_load((ROOT / WEBHOOKS).read_text()) == {"services": {"api": webhooks}}
     for name, seconds in ((KEY_RETENTION, "2"), (KEY_RETENTION_24H, "86400")):  # lab 14's
         api = {"environment": {"RECEIVER_KEY_RETENTION_S": seconds}}
         assert yaml.safe_load((ROOT / name).read_text()) == {"services": {"api": api}}

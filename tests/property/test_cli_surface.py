@@ -7,8 +7,10 @@ ledger) or lab 02's safe mode (the key alone): `start` killed at any failpoint, 
 graph version 2 and `migrate`, the saga (`saga start` killed at any of its points, more seats
 than the receiver has, `saga resume`, `saga state`), lab 19's outbox (`outbox start` killed before
 or after its write, `outbox resume`, and `relay.py --once` killed before its POST or between the
-receiver's answer and its mark), the wrong resume for a thread (`resume` on a
-saga, `saga resume` on a ticket), a receiver restart, Ctrl-C in the middle of a run, and every
+receiver's answer and its mark), lab 18's `hooks` (the inbox's endpoint, killed after its commit
+or not, against a receiver that delivers every webhook twice and the pending ones newest first),
+the wrong resume for a thread (`resume` on a saga, `saga resume` on a ticket), a receiver restart,
+Ctrl-C in the middle of a run, and every
 command a hint on stderr names, typed as printed. At the end of each sequence it finishes every
 thread the way a learner would: the thread's resume, then whatever the CLI says to type.
 
@@ -17,7 +19,9 @@ What must hold (the receiver's own answers decide, GET /tickets and GET /refunds
   approval's OPERATION:approval, or a saga's OPERATION:charge), and each finished thread names the
   one ticket its key made;
 - at most one message about each ticket (lab 15's keyless provider: after exit 6 the learner
-  looks at GET /messages and settles it with reconcile, as lab 15 shows);
+  looks at GET /messages and settles it with reconcile, as lab 15 shows), and at most one
+  about each webhook event (lab 18: its text names the event);
+- a ticket's status, as `hooks` shows it, never goes back to an older version;
 - one ticket per outbox message, delivered once the relay has run, and a message sent again only
   by a relay killed between the receiver's answer and its mark (each such kill: one `replayed`);
 - at most one refund per charge, and only for a saga whose reservation was refused for capacity
@@ -177,7 +181,9 @@ class Learner(RuleBasedStateMachine):
         self.folder = folder
         self.env = lab_env(folder / "data", free_port())
         # lab 06's receiver: it drops the answer to a --crash-at lost-ack request, once per token
-        receiver_env = dict(self.env, FAILPOINTS="before-answer=drop-answer")
+        # and lab 18's webhook faults: every event delivered twice, the pending ones newest first
+        faults = "before-answer=drop-answer;redeliver=on;reorder=on"
+        receiver_env = dict(self.env, FAILPOINTS=faults)
         self.receiver = ReceiverProcess(receiver_env, log_path=folder / "receiver.log").start()
         self.version = "1"  # LAB_GRAPH_VERSION: the deployed graph (only goes forward, 1 -> 2)
         self.threads = {}  # thread -> Thread, once a start has made it
@@ -187,6 +193,7 @@ class Learner(RuleBasedStateMachine):
         self.all_made = []  # every Thread a start was typed for
         self.hints = {}  # (argv, version) -> False, True once typed
         self.relay_window_kills = 0  # relays killed after the receiver's answer (lab 19)
+        self.ticket_versions = {}  # lab 18: ticket -> the version `hooks` last showed it at
         self.transcript = []  # what was typed and printed, for the failure message
         self.failed = False
 
@@ -323,6 +330,25 @@ class Learner(RuleBasedStateMachine):
         )
         self.hints[argv, version] = True
         self.type(list(argv), version)
+
+    @rule(
+        ticket=st.sampled_from((1, 2, 9)),  # 9: no such ticket (404), as a typo would be
+        move=st.lists(st.sampled_from(lab.HOOK_STATUSES), max_size=3),
+        crash=st.booleans(),
+    )
+    @step
+    def hooks(self, ticket, move, crash):
+        """Lab 18's endpoint, the inbox (the default mode): the receiver delivers each event
+        twice and the pending ones newest first; --crash-at after-inbox kills it after its
+        commit, before its 2xx, so the receiver delivers that event again next time."""
+        argv = ["hooks", "--ticket", str(ticket), *(["--move", ",".join(move)] if move else [])]
+        outcome = self.type(argv, stop="after-inbox" if crash else None)
+        for shown in (e for e in outcome.events if e["event"] == "ticket_status"):
+            before = self.ticket_versions.get(ticket, 0)
+            assert shown["version"] >= before, self.report(
+                f"ticket {ticket}'s status went back: version {shown['version']} after {before}"
+            )
+            self.ticket_versions[ticket] = shown["version"]
 
     @invariant()
     @step

@@ -4,10 +4,11 @@ in the lessons' naive variants exactly the lessons' duplicates do, and nothing e
 
 The ticket graph's lesson is read from make drill's matrix (labs/tools/drill.py MATRIX, its
 after-ack row: the kill after the answer, before the node's result is saved), per mode. The
-other graphs' lessons are those their guides show: lab 11 (the shop, the approval) and lab 13
-(the saga). A ledger row also checks that nothing was sent again: effectdrill records every
-HTTP request of every run (effectdrill/outbound.py), and a ledger that replays its receipt sends
-none, where lab 02's key sends the request again and lets the receiver answer it.
+other graphs' lessons are those their guides show: lab 11 (the shop, the approval), lab 13
+(the saga) and lab 18 (the webhook handler, whose re-run is a redelivery). A ledger row also
+checks that nothing was sent again: effectdrill records every HTTP request of every run
+(effectdrill/outbound.py), and a ledger that replays its receipt sends none, where lab 02's key
+sends the request again and lets the receiver answer it.
 """
 
 from dataclasses import dataclass
@@ -16,12 +17,13 @@ import pytest
 
 import effectdrill
 import lab as lab_cli
-from labs.graphs import approval, outbox, saga, shop, ticket
+from labs.graphs import approval, outbox, saga, shop, ticket, webhook
 from labs.tools.drill import MATRIX
 from labs.tools.local import ROOT, ReceiverProcess, free_port, lab_env
 
 AFTER_ACK = next(row for row in MATRIX if (row.boundary, row.durability) == ("after-ack", "sync"))
 TICKET_AFTER_ACK = "put_writes create_ticket [ticket_id]"  # effectdrill's name for that moment
+EVENT = {"event_id": "{thread}", "ticket": "{thread}", "status": "resolved", "version": 1}  # lab 18
 SAGA = {"operation_id": "{thread}", "title": "{thread}", "seats": 11}  # 11: refused (lab 13)
 OUTBOX = {"operation_id": "{thread}", "title": "{thread}"}  # lab 19
 APPROVAL_REPEATS = (  # lab 11: the request before interrupt() runs again wherever it is re-run
@@ -94,6 +96,12 @@ DRILLS = {
         ledger=True,
         resume_with=True,
     ),
+    "webhook-naive": Drill(  # lab 18: the handler re-run is the event delivered twice
+        webhook,
+        EVENT,
+        frozenset({("put_writes take_event [applied, branch:to:close]", "notice", 2)}),
+    ),
+    "webhook-inbox": Drill(webhook, {**EVENT, "mode": "inbox"}, ledger=True),
 }
 
 
@@ -109,6 +117,7 @@ def world(tmp_path_factory):
         "SHOP_DB": str(folder / "shop" / "shop.sqlite"),
         "APPROVAL_DB": str(folder / "approval" / "approval.sqlite"),
         "OUTBOX_DB": str(folder / "outbox" / "outbox.sqlite"),
+        "WEBHOOK_DB": str(folder / "webhook" / "webhook.sqlite"),
     }
     receiver.stop()
 
