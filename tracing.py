@@ -16,8 +16,8 @@ trace context (the `traceparent` header):
 A resumed run is another process, so its spans are in another trace than the first attempt's:
 what joins the two attempts and the receiver's one ticket is the attribute idempotency.key.
 
-    LAB_TRACE=""                 off (the default): nothing here imports OpenTelemetry, and
-                                 receiver.py and api.py need nothing but the standard library
+    LAB_TRACE=""                 off (the default): nothing here imports OpenTelemetry, and the
+                                 receiver and the ledger need nothing but the standard library
     LAB_TRACE=otlp               spans sent by OTLP over HTTP to OTEL_EXPORTER_OTLP_ENDPOINT
                                  (the exporter's own variable; default http://localhost:4318),
                                  in batches, every 5 s (OTEL_BSP_SCHEDULE_DELAY, in ms)
@@ -73,7 +73,7 @@ def use(exporter, service, batch=False):
     global TRACER, PROVIDER
     PROVIDER = TracerProvider(resource=Resource.create({"service.name": service}))
     PROVIDER.add_span_processor((BatchSpanProcessor if batch else SimpleSpanProcessor)(exporter))
-    TRACER = PROVIDER.get_tracer("stateful-agent-lab")
+    TRACER = PROVIDER.get_tracer(__name__)
     return PROVIDER
 
 
