@@ -5,9 +5,11 @@ reach the test through the SDK's file exporter (LAB_TRACE=PATH, a JSON line per 
 the resume runs in this process, its spans in the SDK's InMemorySpanExporter.
 """
 
+import http.server
 import json
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -184,3 +186,51 @@ def test_tracing_off_the_receiver_and_the_ledger_need_only_the_standard_library(
         "receiver: LAB_TRACE is set and OpenTelemetry is not installed; install "
         "requirements.txt (opentelemetry-sdk), or unset LAB_TRACE"
     ]
+
+
+class Collector(http.server.ThreadingHTTPServer):
+    """An OTLP/HTTP endpoint on loopback: it keeps every span it is sent (POST /v1/traces)."""
+
+    def __init__(self):
+        super().__init__(("127.0.0.1", 0), CollectorHandler)
+        self.spans = []
+
+
+class CollectorHandler(http.server.BaseHTTPRequestHandler):
+    def do_POST(self):
+        from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+            ExportTraceServiceRequest,
+        )
+
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        request = ExportTraceServiceRequest.FromString(body)
+        for resource in request.resource_spans:
+            for scope in resource.scope_spans:
+                self.server.spans += [
+                    (span.name, {a.key: a.value for a in span.attributes}) for span in scope.spans
+                ]
+        self.send_response(200)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *_):
+        pass
+
+
+def test_otlp_sends_the_receivers_span_to_the_endpoint_it_is_given(lab, tmp_path):
+    """LAB_TRACE=otlp (the observe profile's setting): the receiver sends its batch by OTLP over
+    HTTP to OTEL_EXPORTER_OTLP_ENDPOINT, and flushes it when SIGTERM stops it."""
+    collector = Collector()
+    threading.Thread(target=collector.serve_forever, daemon=True).start()
+    endpoint = f"http://127.0.0.1:{collector.server_port}"
+    env = {**lab, "LAB_TRACE": "otlp", "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint}
+    server = ReceiverProcess(env, tmp_path / "receiver.log").start()
+    try:
+        workflow.TicketClient(lab["API_URL"]).create("Traced", key=OPERATION)
+    finally:
+        assert server.stop() == 0
+        collector.shutdown()
+    [(name, attributes)] = collector.spans
+    assert name == "POST /tickets"
+    assert attributes[KEY].string_value == OPERATION
+    assert attributes["receiver.replay"].bool_value is False
