@@ -64,7 +64,7 @@ running jobs go to another worker once their heartbeat is stale.
 
 Configuration (environment, read in main()):
     WORKER_GRAPH         lab:build_graph: the module:function that compiles the graph the jobs run
-    API_URL, API_TIMEOUT_S, API_ATTEMPTS   as for workflow.py (compose sets API_URL)
+    API_URL, API_TIMEOUT_S, API_ATTEMPTS, LAB_TRACE   as for workflow.py (compose sets API_URL)
     CHECKPOINT_DB        postgresql://... (required: checkpoints and queue; compose sets it)
     WORKER_HEARTBEAT_S   10: a job whose worker has not beaten for this long goes to another one
     WORKER_JOB_ATTEMPTS  6: runs of a job that fails for a retryable reason, before it is dead;
