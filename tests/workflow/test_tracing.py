@@ -70,6 +70,8 @@ def test_a_resumed_runs_two_attempts_and_the_receivers_replay_join_on_the_key(
     start = ["start", "--thread", "t", "--operation", OPERATION, "--mode", "safe", "--crash"]
     killed = run([sys.executable, "lab.py", *start], {**lab, "LAB_TRACE": str(first_spans)})
     assert killed.returncode == -9, killed.stderr
+    # A span is exported when it ends: the killed run's own span never did; its POST had.
+    assert [s["name"] for s in read(first_spans)] == ["POST /tickets"]
     assert lab_py.main(["resume", "--thread", "t"], lab) == 0
     assert '"created": false' in capsys.readouterr().out  # the replay, as the learner sees it
     first, resumed = (
@@ -84,6 +86,7 @@ def test_a_resumed_runs_two_attempts_and_the_receivers_replay_join_on_the_key(
         assert answered["kind"] == "SpanKind.SERVER" and sent["kind"] == "SpanKind.CLIENT"
         assert answered["context"]["trace_id"] == sent["context"]["trace_id"]  # traceparent
         assert answered["parent_id"] == sent["context"]["span_id"]
+    assert [s["name"] for s in exported(memory)][-1] == "run"  # the resume ended its own
     made, replayed = received
     assert made["attributes"]["receiver.replay"] is False
     assert replayed["attributes"]["receiver.replay"] is True
@@ -91,34 +94,25 @@ def test_a_resumed_runs_two_attempts_and_the_receivers_replay_join_on_the_key(
     assert len(workflow.TicketClient(lab["API_URL"]).tickets()) == 1
 
 
-def test_the_ledgers_two_attempts_join_on_the_key_and_the_killed_span_is_missing(
-    lab, traced_receiver, memory, tmp_path
-):
-    """The ledger (workflow.py, the core): killed between the answer and the receipt
-    (after-send). The killed process never ended its `effect ticket` span, so it was never
-    exported; its POST, which ended first, was. The resume asks by key (GET ?key=) and adopts."""
-    first_spans = tmp_path / "first-attempt.jsonl"
-    env = {**lab, "LAB_TRACE": str(first_spans), "FAILPOINTS": "after-send=kill"}
-    start = ["start", "--thread", "t", "--operation", OPERATION]
-    killed = run([sys.executable, "workflow.py", *start], env)
-    assert killed.returncode == -9, killed.stderr
-    assert workflow.main(["resume", "--thread", "t"], lab) == 0
-    first, resumed = read(first_spans), exported(memory)
-    assert keyed(first, "effect ticket") == []  # open at the kill: never ended, never exported
-    assert len(keyed(first, "POST /tickets")) == 1
-    [effect] = keyed(resumed, "effect ticket")
+@pytest.mark.fast
+def test_an_earlier_attempts_ticket_is_adopted_by_key_and_the_span_says_so(lab, receiver, memory):
+    """What a kill between the answer and the receipt (after-send) leaves: the ledger's row
+    requested, the receiver's ticket. The next attempt asks by key (GET ?key=) and adopts it."""
+    Path(lab["CHECKPOINT_DB"]).parent.mkdir(parents=True)
+    client = workflow.TicketClient(lab["API_URL"])
+    with workflow.effects.open_ledger(lab["CHECKPOINT_DB"]) as ledger:
+        ledger.claim(OPERATION, "ticket", {"title": "Trace"})  # the earlier attempt's intent
+        client.create("Trace", key=OPERATION)  # and its request, which took effect
+        memory.clear()
+        workflow.TICKET.perform(ledger, OPERATION, {"title": "Trace"}, client)
+    spans = exported(memory)
+    [effect] = keyed(spans, "effect ticket")
     assert effect["attributes"]["effect.how"] == "adopted"
     assert effect["attributes"]["effect.state"] == "confirmed"
     assert effect["status"]["status_code"] == "UNSET"
-    [lookup] = keyed(resumed, "GET /tickets")  # what the resume sent instead of a POST
-    assert parent_of(lookup, resumed) == effect
-    assert parent_of(effect, resumed)["name"] == "run"
-    assert keyed(resumed, "POST /tickets") == []
-    [received] = keyed(read(traced_receiver), "POST /tickets")  # the one ticket
-    assert received["attributes"]["receiver.replay"] is False
-    assert (
-        received["context"]["trace_id"] == keyed(first, "POST /tickets")[0]["context"]["trace_id"]
-    )
+    [lookup] = keyed(spans, "GET /tickets")  # what it sent instead of a second POST
+    assert parent_of(lookup, spans) == effect
+    assert keyed(spans, "POST /tickets") == []
 
 
 @pytest.mark.fast
