@@ -31,6 +31,7 @@ ended spans of the batch not sent yet.
 
 import contextlib
 import functools
+import os
 from urllib.parse import parse_qs
 
 KEY = "idempotency.key"  # the attribute every span of an effect carries: what joins them
@@ -47,7 +48,7 @@ def start(setting, service):
     if not setting:
         return
     try:
-        from opentelemetry.sdk.trace.export import ConsoleSpanExporter
+        import opentelemetry.sdk.trace  # noqa: F401 (installed?)
     except ImportError:
         raise TracingError(
             "LAB_TRACE is set and OpenTelemetry is not installed; install requirements.txt "
@@ -58,10 +59,9 @@ def start(setting, service):
 
         return use(OTLPSpanExporter(), service, batch=True)
     try:
-        out = open(setting, "a", encoding="utf-8")  # noqa: SIM115 (open while the process runs)
+        return use(JsonLines(setting), service)
     except OSError as error:
         raise TracingError(f"LAB_TRACE={setting!r} cannot be written: {error.strerror}") from None
-    return use(ConsoleSpanExporter(out=out, formatter=one_line), service)
 
 
 def use(exporter, service, batch=False):
@@ -71,6 +71,7 @@ def use(exporter, service, batch=False):
     from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
 
     global TRACER, PROVIDER
+    stop()  # a second start in one process (an in-process caller) replaces the first
     PROVIDER = TracerProvider(resource=Resource.create({"service.name": service}))
     PROVIDER.add_span_processor((BatchSpanProcessor if batch else SimpleSpanProcessor)(exporter))
     TRACER = PROVIDER.get_tracer(__name__)
@@ -186,5 +187,23 @@ class Quiet:
 QUIET = Quiet()
 
 
-def one_line(span):
-    return span.to_json(indent=None) + "\n"
+class JsonLines:
+    """The span exporter of LAB_TRACE=PATH: each span one JSON line (ReadableSpan.to_json),
+    appended in one write (O_APPEND), so that threads, and processes sharing the file, never
+    interleave two lines."""
+
+    def __init__(self, path):
+        self.fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+
+    def export(self, spans):
+        from opentelemetry.sdk.trace.export import SpanExportResult
+
+        for span in spans:
+            os.write(self.fd, (span.to_json(indent=None) + "\n").encode())
+        return SpanExportResult.SUCCESS
+
+    def force_flush(self, timeout_millis=None):
+        return True
+
+    def shutdown(self):
+        os.close(self.fd)

@@ -228,3 +228,13 @@ def test_otlp_sends_the_receivers_span_to_the_endpoint_it_is_given(lab, tmp_path
     assert name == "POST /tickets"
     assert attributes[KEY].string_value == OPERATION
     assert attributes["receiver.replay"].bool_value is False
+
+
+@pytest.mark.fast
+def test_a_trace_file_that_cannot_be_written_is_one_line_and_a_usage_error(lab, tmp_path, capsys):
+    env = {**lab, "LAB_TRACE": str(tmp_path / "no-such-folder" / "spans.jsonl")}
+    assert workflow.main(["start", "--thread", "t"], env) == workflow.EXIT_USAGE
+    assert capsys.readouterr().err.splitlines() == [
+        f"workflow.py: LAB_TRACE={env['LAB_TRACE']!r} cannot be written: No such file or directory"
+    ]
+    assert tracing.TRACER is None  # nothing half turned on
