@@ -3,8 +3,8 @@
 When LAB_TRACE is set, each program makes spans (OpenTelemetry's SDK) and joins them with W3C
 trace context (the `traceparent` header):
 
-    workflow   run                  one run of a thread; a drained run ends with a `drained`
-                                    event and run.drained=true, its status not ERROR
+    workflow,  run                  one run of a thread; a drained run ends with a `drained`
+    worker                          event and run.drained=true, its status not ERROR
                effect ticket        Effect.perform: idempotency.key, effect.state (the ledger's
                                     row when it returned: confirmed, unknown, ...) and effect.how
                                     (sent, receipt: nothing sent, adopted: found by lookup)

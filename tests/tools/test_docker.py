@@ -135,10 +135,13 @@ def test_compose_file_shape():
     spec = yaml.safe_load((ROOT / "compose.yaml").read_text())
     assert "name" not in spec, "Compose 1.29 rejects a top-level name:; guides pass -p"
     services = spec["services"]
-    assert set(services) == {"api", "workflow", "drill", "postgres", "worker", "prometheus"}
+    assert set(services) == {
+        "api", "workflow", "drill", "postgres", "worker", "prometheus", "jaeger"
+    }  # fmt: skip
     assert services["postgres"]["profiles"] == services["worker"]["profiles"] == ["scale"]
     assert services["workflow"]["profiles"] == services["drill"]["profiles"] == ["cli"]
     assert services["prometheus"]["profiles"] == ["observe"]  # tests/tools/test_observe_docker.py
+    assert services["jaeger"]["profiles"] == ["observe"]  # tests/tools/test_tracing_observe.py
     owners = {"api": "receiver-data", "workflow": "checkpoint-data"}
     for service, volume in owners.items():
         config = services[service]

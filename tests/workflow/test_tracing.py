@@ -187,7 +187,7 @@ class Collector(http.server.ThreadingHTTPServer):
 
     def __init__(self):
         super().__init__(("127.0.0.1", 0), CollectorHandler)
-        self.spans = []
+        self.spans, self.paths = [], []
 
 
 class CollectorHandler(http.server.BaseHTTPRequestHandler):
@@ -196,6 +196,7 @@ class CollectorHandler(http.server.BaseHTTPRequestHandler):
             ExportTraceServiceRequest,
         )
 
+        self.server.paths.append(self.path)  # the exporter's own: base URL + /v1/traces
         body = self.rfile.read(int(self.headers["Content-Length"]))
         request = ExportTraceServiceRequest.FromString(body)
         for resource in request.resource_spans:
@@ -224,6 +225,7 @@ def test_otlp_sends_the_receivers_span_to_the_endpoint_it_is_given(lab, tmp_path
     finally:
         assert server.stop() == 0
         collector.shutdown()
+    assert collector.paths == ["/v1/traces"]  # where Jaeger's OTLP/HTTP receiver listens
     [(name, attributes)] = collector.spans
     assert name == "POST /tickets"
     assert attributes[KEY].string_value == OPERATION
