@@ -50,6 +50,8 @@ Configuration (environment, read in main()):
                                  caller may wait before it retries (a crash, an approval).
     FAILPOINTS                   "" (none). Fault points for tests, never for a real service:
                                  after-commit=kill dies between the commit and the answer.
+    LAB_TRACE                    "" (off). otlp, or a file: a span per keyed POST, its parent
+                                 the caller's traceparent (tracing.py; needs OpenTelemetry)
 """
 
 import argparse
@@ -68,6 +70,7 @@ from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
 import failpoints
+import tracing
 from failpoints import fail
 from httpguard import (
     MAX_CONNECTIONS,
@@ -314,18 +317,22 @@ class Handler(GuardedHandler):
 
     routes = {"/health": "GET, HEAD", "/tickets": "GET, HEAD, POST", "/metrics": "GET, HEAD"}
 
+    @tracing.serves  # with LAB_TRACE: a span, joined to the caller's by its traceparent header
     def post(self, path):
         body = self.read_body()
         # Whitespace around a header value is not part of it (RFC 9110, 5.5).
         key = parse_key([v.strip(" \t") for v in self.headers.get_all("Idempotency-Key", [])])
         noun = self.server.store.KEYED[path.lstrip("/")]
+        tracing.note({tracing.KEY: key})
         try:
             made, created = self.make(path, key, body)
         except KeyConflict:
+            tracing.note({"receiver.conflict": True})
             self.server.metrics.add("key_conflicts")
             self.log_line(f"conflict key={key}")
             raise
         self.server.metrics.add(f"{noun}s_created" if created else "idempotent_replays")
+        tracing.note({"receiver.replay": not created, f"{noun}.id": made})
         self.log_line(f"{'created' if created else 'replayed'} key={key} {noun}={made}")
         # The ticket is committed BEFORE the answer is written. A crash from here on leaves
         # a ticket the caller never heard about: the effect gap. Only the key lets the
@@ -722,6 +729,10 @@ def open_server(environ, store_class=TicketStore, handler=Handler, known=POINTS)
     try:
         points = failpoints.parse(spec, known)
     except failpoints.FailpointSpecError as error:
+        raise ConfigError(str(error)) from None
+    try:
+        tracing.start(environ.get("LAB_TRACE", ""), "receiver")
+    except tracing.TracingError as error:
         raise ConfigError(str(error)) from None
     try:
         Path(db_path).parent.mkdir(parents=True, exist_ok=True)

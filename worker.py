@@ -64,7 +64,7 @@ running jobs go to another worker once their heartbeat is stale.
 
 Configuration (environment, read in main()):
     WORKER_GRAPH         lab:build_graph: the module:function that compiles the graph the jobs run
-    API_URL, API_TIMEOUT_S, API_ATTEMPTS   as for workflow.py (compose sets API_URL)
+    API_URL, API_TIMEOUT_S, API_ATTEMPTS, LAB_TRACE   as for workflow.py (compose sets API_URL)
     CHECKPOINT_DB        postgresql://... (required: checkpoints and queue; compose sets it)
     WORKER_HEARTBEAT_S   10: a job whose worker has not beaten for this long goes to another one
     WORKER_JOB_ATTEMPTS  6: runs of a job that fails for a retryable reason, before it is dead;
@@ -100,6 +100,7 @@ from datetime import timedelta
 
 import effects
 import failpoints
+import tracing
 import workflow
 from workflow import EXIT_NO_ANSWER, EXIT_THREAD, EXIT_USAGE, UserError, emit
 
@@ -126,6 +127,8 @@ WORKER_TABLES = (
     """CREATE TABLE IF NOT EXISTS worker_jobs (
         job bigint PRIMARY KEY, thread text NOT NULL, operation text NOT NULL,
         failures int NOT NULL DEFAULT 0, last_error text, ticket_id int, done timestamptz)""",
+    # drains apart from failures: a deploy's drain is a clean stop, not a failed run
+    "ALTER TABLE worker_jobs ADD COLUMN IF NOT EXISTS drains int NOT NULL DEFAULT 0",
 )
 
 
@@ -277,7 +280,8 @@ def no_worker(pending):
 
 
 async def jobs(queries, thread=None):
-    """Every job, oldest first, with what is happening to it:
+    """Every job, oldest first, with what is happening to it (and `drains`, how many times a deploy
+    drained it, when it was: a drain is no failure, it counts no attempt and leaves no error):
     queued     waiting for a worker
     running    on a live worker (`worker` names it: host:pid)
     stalled    picked by a worker that is gone; another takes it once its heartbeat is stale
@@ -288,7 +292,7 @@ async def jobs(queries, thread=None):
     rows = await queries.driver.fetch(
         f"""SELECT q.id AS job, q.status::text, q.dedupe_key AS thread,
             convert_from(q.payload, 'UTF8')::jsonb AS payload, j.failures, j.last_error,
-            j.ticket_id, s.name AS worker, a.pid IS NOT NULL AS alive,
+            j.ticket_id, j.drains, s.name AS worker, a.pid IS NOT NULL AS alive,
             greatest(0, extract(epoch FROM q.execute_after - now()))::float AS wait_s
         FROM {table} q LEFT JOIN worker_jobs j ON j.job = q.id
         LEFT JOIN worker_sessions s ON s.queue_manager_id = q.queue_manager_id
@@ -296,7 +300,7 @@ async def jobs(queries, thread=None):
         WHERE q.entrypoint = $1 AND ($2::text IS NULL OR q.dedupe_key = $2)
         UNION ALL
         SELECT j.job, 'done', j.thread, jsonb_build_object('operation_id', j.operation),
-            j.failures, j.last_error, j.ticket_id, NULL, false, 0
+            j.failures, j.last_error, j.ticket_id, j.drains, NULL, false, 0
         FROM worker_jobs j WHERE j.done IS NOT NULL AND ($2::text IS NULL OR j.thread = $2)
         ORDER BY job""",  # noqa: S608 (pgqueuer's own table name)
         ENTRYPOINT,
@@ -320,6 +324,8 @@ def describe(row):
         job.update(status="done", ticket_id=row["ticket_id"])
     else:
         job["status"] = "queued"
+    if row["drains"]:
+        job["drains"] = row["drains"]
     return job
 
 
@@ -457,7 +463,9 @@ class Worker:
         finally:
             self.running.pop(job.id, None)
         if final is None:  # drained: its checkpoint is saved; any worker resumes it now
-            await asyncio.to_thread(self.note, job.id, "last_error = %s", DRAINED)
+            await asyncio.to_thread(
+                self.note, job.id, "last_error = %s, drains = drains + 1", DRAINED
+            )
             emit("job_drained", job=job.id, thread=operation["thread"])
             raise RetryRequested(delay=timedelta(0), reason=DRAINED)
         await asyncio.to_thread(
@@ -670,19 +678,21 @@ def run_thread(graph, client, ledger, operation, job_id, control, lab_hold=None)
     points = {}
     if lab_hold and not resume:  # lab-only: only the run that starts the thread holds
         client, points = lab_hold.client(client), {lab_hold.at: "hold"}  # lab-only
-    try:
-        # sync: each node's result is saved before the next node starts, so a resume repeats at
-        # most the node that was running. control: a drain stops it at the next step boundary.
-        with failpoints.scoped(points), lab_hold_scope(lab_hold):  # lab-only
-            final = graph.invoke(
-                first_input,
-                config,
-                durability="sync",
-                control=control,
-                context=workflow.Context(client, ledger),
-            )
-    except GraphDrained:
-        return None
+    with tracing.run(operation["thread"]) as span:  # LAB_TRACE: a drain is an event, not an error
+        try:
+            # sync: each node's result is saved before the next node starts, so a resume repeats
+            # at most the node that was running. control: a drain stops it at the next step.
+            with failpoints.scoped(points), lab_hold_scope(lab_hold):  # lab-only
+                final = graph.invoke(
+                    first_input,
+                    config,
+                    durability="sync",
+                    control=control,
+                    context=workflow.Context(client, ledger),
+                )
+        except GraphDrained as drained:
+            tracing.drained(span, drained.reason)
+            return None
     emit("done", **final)
     return final
 
@@ -819,6 +829,10 @@ def main(argv=None):
         try:  # the core's points (FAILPOINTS="after-ack=sleep(1)": every job of this worker)
             failpoints.configure(settings.failpoints, known=workflow.POINTS, announce=announce)
         except failpoints.FailpointSpecError as error:
+            raise UserError(str(error), EXIT_USAGE) from None
+        try:
+            tracing.start(settings.trace, "worker")
+        except tracing.TracingError as error:
             raise UserError(str(error), EXIT_USAGE) from None
         args.heartbeat_s = workflow.number(os.environ, "WORKER_HEARTBEAT_S", 10.0, float)
         args.job_attempts = workflow.number(os.environ, "WORKER_JOB_ATTEMPTS", JOB_ATTEMPTS, int)

@@ -35,6 +35,8 @@ Configuration (environment, read in main()):
     API_TIMEOUT_S    5 (seconds to wait for one answer from the receiver)
     API_ATTEMPTS     4 (tries of a request that was refused or answered 503)
     FAILPOINTS       "" (all off); e.g. "after-ack=kill" (see failpoints.py and POINTS)
+    LAB_TRACE        "" (off); otlp, or a file: spans of each run, effect and request, with the
+                     idempotency key, and traceparent sent to the receiver (tracing.py)
 """
 
 if __name__ == "__main__":  # a Ctrl-C while the imports below run: one line, not a traceback
@@ -66,6 +68,7 @@ from pathlib import Path
 from typing import NotRequired, TypedDict
 
 import effects
+import tracing
 from failpoints import FailpointSpecError, fail
 
 POINTS = (
@@ -275,16 +278,19 @@ def run_graph(graph, graph_input, thread, client, ledger, durability="sync", con
     if main_thread:
         previous = signal.signal(signal.SIGTERM, lambda *_: control.request_drain("SIGTERM"))
     try:
-        final = graph.invoke(
-            graph_input,
-            config,
-            durability=durability,
-            control=control,
-            context=Context(client, ledger),
-        )
-    except GraphDrained as drained:  # a clean stop, not a failure: say so, and where
-        emit("drained", reason=drained.reason, next=list(graph.get_state(config).next))
-        return None
+        with tracing.run(thread) as span:
+            try:
+                final = graph.invoke(
+                    graph_input,
+                    config,
+                    durability=durability,
+                    control=control,
+                    context=Context(client, ledger),
+                )
+            except GraphDrained as drained:  # a clean stop, not a failure: say so, and where
+                tracing.drained(span, drained.reason)
+                emit("drained", reason=drained.reason, next=list(graph.get_state(config).next))
+                return None
     finally:
         if main_thread:
             signal.signal(signal.SIGTERM, previous)
@@ -555,7 +561,11 @@ class TicketClient:
         if key is not None:
             request.add_header("Idempotency-Key", key)
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
+            with (
+                tracing.outgoing(request, key) as span,  # LAB_TRACE: traceparent sent with it
+                urllib.request.urlopen(request, timeout=self.timeout_s) as response,
+            ):
+                span.set_attribute("http.response.status_code", response.status)
                 return json.load(response)
         except urllib.error.HTTPError:
             raise  # the receiver answered: main() prints http_error
@@ -688,6 +698,7 @@ class Settings:
     timeout_s: float = API_TIMEOUT_S
     attempts: int = API_ATTEMPTS
     failpoints: str = ""
+    trace: str = ""  # LAB_TRACE
 
     @classmethod
     def from_environ(cls, environ):
@@ -710,6 +721,7 @@ class Settings:
             timeout_s=number(environ, "API_TIMEOUT_S", API_TIMEOUT_S, float),
             attempts=number(environ, "API_ATTEMPTS", API_ATTEMPTS, int),
             failpoints=environ.get("FAILPOINTS", ""),
+            trace=environ.get("LAB_TRACE", ""),
         )
 
     def client(self, headers=None):
@@ -784,6 +796,10 @@ def main(argv=None, environ=None, parser=None, points=POINTS):
         try:
             failpoints.configure(settings.failpoints, known=points, announce=announce)
         except FailpointSpecError as error:
+            raise UserError(str(error), EXIT_USAGE) from None
+        try:
+            tracing.start(settings.trace, "workflow")
+        except tracing.TracingError as error:
             raise UserError(str(error), EXIT_USAGE) from None
         exit_code = args.run(args, settings)
     except urllib.error.HTTPError as error:

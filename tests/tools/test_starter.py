@@ -62,8 +62,8 @@ def test_no_starter_file_speaks_of_the_teaching_around_it(built):
 def test_the_lock_holds_what_the_core_imports_and_leaves_postgres_out(built):
     """Outside the standard library, the core imports langgraph (the lock), httpx where it is
     installed (effectdrill's HTTP observer patches it; langgraph's own dependencies lock it)
-    and, only for a postgresql:// CHECKPOINT_DB, psycopg (left out: the README says to install
-    it)."""
+    and, only for a postgresql:// CHECKPOINT_DB, psycopg, and only with LAB_TRACE set,
+    opentelemetry (both left out: the README says to install them)."""
     imported = set()
     for name in starter.CORE:
         for node in ast.walk(ast.parse((built / name).read_text(encoding="utf-8"))):
@@ -76,6 +76,7 @@ def test_the_lock_holds_what_the_core_imports_and_leaves_postgres_out(built):
         "langgraph",
         "psycopg",
         "httpx",
+        "opentelemetry",
     }
     wanted = [
         line for line in (built / "requirements.in").read_text().splitlines() if line[:1].isalpha()
@@ -85,9 +86,10 @@ def test_the_lock_holds_what_the_core_imports_and_leaves_postgres_out(built):
     pinned = re.findall(r"^([a-z0-9._-]+)==", lock, re.MULTILINE)
     assert {"langgraph", "langgraph-checkpoint-sqlite", "httpx"} <= set(pinned)
     assert not {"psycopg", "langgraph-checkpoint-postgres", "pgqueuer"} & set(pinned)
-    assert "pip install langgraph-checkpoint-postgres psycopg[binary]" in (
-        built / "README.md"
-    ).read_text(encoding="utf-8")
+    assert not {"opentelemetry-api", "opentelemetry-sdk"} & set(pinned)
+    readme = (built / "README.md").read_text(encoding="utf-8")
+    assert "pip install langgraph-checkpoint-postgres psycopg[binary]" in readme
+    assert "pip install opentelemetry-sdk" in readme
 
 
 def add_an_effect(dest):

@@ -386,9 +386,10 @@ def test_sigterm_drains_the_running_graph_at_its_next_step_and_requeues_its_job_
     assert workers.procs[0].wait(HANG_GUARD_S) == 0  # a hang guard, not the grace period
     assert workers.events("job_drained") and not workers.events("effect_ack")
     status = json.loads(worker(env, "status").stdout)
-    # not picked, waiting for 60 s; and no failure: no attempt counted, no error, nothing stuck
+    # not picked, waiting for 60 s; and no failure: no attempt counted, no error, nothing stuck;
+    # the drain counted apart
     assert status["jobs"] == [
-        {"job": 1, "operation": "op-0:open", "status": "queued", "thread": "op-0"}
+        {"drains": 1, "job": 1, "operation": "op-0:open", "status": "queued", "thread": "op-0"}
     ], status
     assert (status["effects_unknown"], status["oldest_unknown_s"]) == (0, 0)
     env["FAILPOINTS"] = ""
@@ -398,8 +399,8 @@ def test_sigterm_drains_the_running_graph_at_its_next_step_and_requeues_its_job_
     assert [e["resume"] for e in workers.events("job")] == [False, True]
     assert_each_operation_has_one_ticket(env, 1)
     (done,) = json.loads(worker(env, "status").stdout)["jobs"]
-    assert done == {"job": 1, "operation": "op-0:open", "status": "done", "thread": "op-0",
-                    "ticket_id": 1}  # fmt: skip
+    assert done == {"drains": 1, "job": 1, "operation": "op-0:open", "status": "done",
+                    "thread": "op-0", "ticket_id": 1}  # fmt: skip
 
 
 def test_run_drain_says_when_the_only_jobs_left_run_on_another_worker(env, receiver, workers):

@@ -1,0 +1,242 @@
+"""The key on the trace (tracing.py): a crash-and-resume's spans join on the idempotency key.
+
+The first attempt is a real process, really killed; the receiver is a real process. Their spans
+reach the test through the SDK's file exporter (LAB_TRACE=PATH, a JSON line per span as it ends);
+the resume runs in this process, its spans in the SDK's InMemorySpanExporter.
+"""
+
+import http.server
+import json
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+import lab as lab_py  # `lab` is the fixture: the lab's environment
+import tracing
+import workflow
+from labs.tools.local import ROOT, ReceiverProcess, run
+
+KEY = tracing.KEY
+OPERATION = "case-trace:open-ticket:v1"
+
+
+@pytest.fixture
+def traced_receiver(lab, tmp_path):
+    """api.py with LAB_TRACE: its spans in receiver-spans.jsonl."""
+    spans = tmp_path / "receiver-spans.jsonl"
+    server = ReceiverProcess({**lab, "LAB_TRACE": str(spans)}, tmp_path / "receiver.log").start()
+    yield spans
+    server.stop()
+
+
+@pytest.fixture
+def memory():
+    """Tracing on in this process, into the SDK's in-memory exporter; off again afterwards."""
+    exporter = InMemorySpanExporter()
+    tracing.use(exporter, "workflow")
+    yield exporter
+    tracing.stop()
+
+
+def read(path):
+    """The spans a process exported to path, as the SDK writes them (ReadableSpan.to_json)."""
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def exported(exporter):
+    """The in-memory spans, in the same shape as the file's."""
+    return [json.loads(span.to_json()) for span in exporter.get_finished_spans()]
+
+
+def keyed(spans, name):
+    return [s for s in spans if s["name"] == name and s["attributes"].get(KEY) == OPERATION]
+
+
+def parent_of(span, spans):
+    return next(s for s in spans if s["context"]["span_id"] == span["parent_id"])
+
+
+def test_a_resumed_runs_two_attempts_and_the_receivers_replay_join_on_the_key(
+    lab, traced_receiver, memory, tmp_path, capsys
+):
+    """Key only (--mode safe, labs 01-14): killed after the answer, the resume sends again, and
+    the receiver answers with its first ticket. Each attempt is a trace of its own; the key is
+    what joins them, and the receiver's span says which answer was a replay."""
+    first_spans = tmp_path / "first-attempt.jsonl"
+    start = ["start", "--thread", "t", "--operation", OPERATION, "--mode", "safe", "--crash"]
+    killed = run([sys.executable, "lab.py", *start], {**lab, "LAB_TRACE": str(first_spans)})
+    assert killed.returncode == -9, killed.stderr
+    # A span is exported when it ends: the killed run's own span never did; its POST had.
+    assert [s["name"] for s in read(first_spans)] == ["POST /tickets"]
+    assert lab_py.main(["resume", "--thread", "t"], lab) == 0
+    assert '"created": false' in capsys.readouterr().out  # the replay, as the learner sees it
+    first, resumed = (
+        keyed(read(first_spans), "POST /tickets"),
+        keyed(exported(memory), "POST /tickets"),
+    )
+    assert len(first) == len(resumed) == 1  # one request per attempt
+    assert first[0]["context"]["trace_id"] != resumed[0]["context"]["trace_id"]
+    received = keyed(read(traced_receiver), "POST /tickets")
+    assert len(received) == 2
+    for sent, answered in zip([*first, *resumed], received, strict=True):
+        assert answered["kind"] == "SpanKind.SERVER" and sent["kind"] == "SpanKind.CLIENT"
+        assert answered["context"]["trace_id"] == sent["context"]["trace_id"]  # traceparent
+        assert answered["parent_id"] == sent["context"]["span_id"]
+    assert [s["name"] for s in exported(memory)][-1] == "run"  # the resume ended its own
+    made, replayed = received
+    assert made["attributes"]["receiver.replay"] is False
+    assert replayed["attributes"]["receiver.replay"] is True
+    assert made["attributes"]["ticket.id"] == replayed["attributes"]["ticket.id"]  # one ticket
+    assert len(workflow.TicketClient(lab["API_URL"]).tickets()) == 1
+
+
+@pytest.mark.fast
+def test_an_earlier_attempts_ticket_is_adopted_by_key_and_the_span_says_so(lab, receiver, memory):
+    """What a kill between the answer and the receipt (after-send) leaves: the ledger's row
+    requested, the receiver's ticket. The next attempt asks by key (GET ?key=) and adopts it."""
+    Path(lab["CHECKPOINT_DB"]).parent.mkdir(parents=True)
+    client = workflow.TicketClient(lab["API_URL"])
+    with workflow.effects.open_ledger(lab["CHECKPOINT_DB"]) as ledger:
+        ledger.claim(OPERATION, "ticket", {"title": "Trace"})  # the earlier attempt's intent
+        client.create("Trace", key=OPERATION)  # and its request, which took effect
+        memory.clear()
+        workflow.TICKET.perform(ledger, OPERATION, {"title": "Trace"}, client)
+    spans = exported(memory)
+    [effect] = keyed(spans, "effect ticket")
+    assert effect["attributes"]["effect.how"] == "adopted"
+    assert effect["attributes"]["effect.state"] == "confirmed"
+    assert effect["status"]["status_code"] == "UNSET"
+    [lookup] = keyed(spans, "GET /tickets")  # what it sent instead of a second POST
+    assert parent_of(lookup, spans) == effect
+    assert keyed(spans, "POST /tickets") == []
+
+
+@pytest.mark.fast
+def test_a_receipt_is_on_the_span_as_the_ledgers_answer_without_a_request(
+    lab, receiver, memory, capsys
+):
+    """Started, then run again by key: the second effect span says receipt and sends nothing."""
+    Path(lab["CHECKPOINT_DB"]).parent.mkdir(parents=True)
+    with workflow.effects.open_ledger(lab["CHECKPOINT_DB"]) as ledger:
+        client = workflow.TicketClient(lab["API_URL"])
+        for _ in range(2):
+            workflow.TICKET.perform(ledger, OPERATION, {"title": "Trace"}, client)
+    spans = exported(memory)
+    assert [s["attributes"]["effect.how"] for s in keyed(spans, "effect ticket")] == [
+        "sent",
+        "receipt",
+    ]
+    assert {s["attributes"]["effect.state"] for s in keyed(spans, "effect ticket")} == {"confirmed"}
+    assert len(keyed(spans, "POST /tickets")) == 1  # the receipt sent nothing
+
+
+@pytest.mark.fast
+def test_a_drained_run_ends_its_span_with_a_drain_not_an_error(lab, receiver, memory, capsys):
+    """SIGTERM (a deploy) drains the run at its next step boundary: exit 75, and the run's span
+    says drained, with its status left unset, not ERROR."""
+    env = {**lab, "FAILPOINTS": "after-prepare=term"}
+    assert workflow.main(["start", "--thread", "t"], env) == workflow.EXIT_DRAINED
+    [run_span] = [s for s in exported(memory) if s["name"] == "run"]
+    assert run_span["attributes"]["run.drained"] is True
+    assert [e["name"] for e in run_span["events"]] == ["drained"]
+    assert run_span["status"]["status_code"] == "UNSET"
+
+
+BLOCKED = "import sys; sys.modules['opentelemetry'] = None  # any OpenTelemetry import fails\n"
+API = """sys.path.insert(0, ""); sys.argv = ["api.py"]
+import runpy; runpy.run_path("api.py", run_name="__main__")
+"""
+LEDGER = """import effects, workflow
+client = workflow.TicketClient(sys.argv[1])
+with effects.open_ledger(sys.argv[2]) as ledger:
+    print(workflow.TICKET.perform(ledger, "k", {"title": "t"}, client).how)
+print(client.create("t", "k")["created"])
+print([m for m, module in sys.modules.items() if m.startswith("opentelemetry") and module])
+"""
+
+
+@pytest.mark.fast
+def test_tracing_off_the_receiver_and_the_ledger_need_only_the_standard_library(lab, tmp_path):
+    """With OpenTelemetry made unimportable, api.py serves a keyed POST and its replay, and the
+    ledger performs an effect; with LAB_TRACE set the receiver refuses to start, in one line."""
+    api = tmp_path / "api_without_opentelemetry.py"
+    api.write_text(BLOCKED + API)
+    server = ReceiverProcess(lab, tmp_path / "receiver.log", script=api).start()
+    try:
+        Path(lab["CHECKPOINT_DB"]).parent.mkdir(parents=True)
+        argv = [sys.executable, "-c", BLOCKED + LEDGER, lab["API_URL"], lab["CHECKPOINT_DB"]]
+        done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=60)
+        assert done.stdout.splitlines() == ["sent", "False", "[]"], done.stderr
+    finally:
+        server.stop()
+    env = {**lab, "LAB_TRACE": str(tmp_path / "spans.jsonl")}
+    refused = run([sys.executable, str(api)], env)
+    assert refused.returncode == 2
+    assert refused.stderr.splitlines() == [
+        "receiver: LAB_TRACE is set and OpenTelemetry is not installed; install "
+        "requirements.txt (opentelemetry-sdk), or unset LAB_TRACE"
+    ]
+
+
+class Collector(http.server.ThreadingHTTPServer):
+    """An OTLP/HTTP endpoint on loopback: it keeps every span it is sent (POST /v1/traces)."""
+
+    def __init__(self):
+        super().__init__(("127.0.0.1", 0), CollectorHandler)
+        self.spans, self.paths = [], []
+
+
+class CollectorHandler(http.server.BaseHTTPRequestHandler):
+    def do_POST(self):
+        from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+            ExportTraceServiceRequest,
+        )
+
+        self.server.paths.append(self.path)  # the exporter's own: base URL + /v1/traces
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        request = ExportTraceServiceRequest.FromString(body)
+        for resource in request.resource_spans:
+            for scope in resource.scope_spans:
+                self.server.spans += [
+                    (span.name, {a.key: a.value for a in span.attributes}) for span in scope.spans
+                ]
+        self.send_response(200)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *_):
+        pass
+
+
+def test_otlp_sends_the_receivers_span_to_the_endpoint_it_is_given(lab, tmp_path):
+    """LAB_TRACE=otlp (the observe profile's setting): the receiver sends its batch by OTLP over
+    HTTP to OTEL_EXPORTER_OTLP_ENDPOINT, and flushes it when SIGTERM stops it."""
+    collector = Collector()
+    threading.Thread(target=collector.serve_forever, daemon=True).start()
+    endpoint = f"http://127.0.0.1:{collector.server_port}"
+    env = {**lab, "LAB_TRACE": "otlp", "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint}
+    server = ReceiverProcess(env, tmp_path / "receiver.log").start()
+    try:
+        workflow.TicketClient(lab["API_URL"]).create("Traced", key=OPERATION)
+    finally:
+        assert server.stop() == 0
+        collector.shutdown()
+    assert collector.paths == ["/v1/traces"]  # where Jaeger's OTLP/HTTP receiver listens
+    [(name, attributes)] = collector.spans
+    assert name == "POST /tickets"
+    assert attributes[KEY].string_value == OPERATION
+    assert attributes["receiver.replay"].bool_value is False
+
+
+@pytest.mark.fast
+def test_a_trace_file_that_cannot_be_written_is_one_line_and_a_usage_error(lab, tmp_path, capsys):
+    env = {**lab, "LAB_TRACE": str(tmp_path / "no-such-folder" / "spans.jsonl")}
+    assert workflow.main(["start", "--thread", "t"], env) == workflow.EXIT_USAGE
+    assert capsys.readouterr().err.splitlines() == [
+        f"workflow.py: LAB_TRACE={env['LAB_TRACE']!r} cannot be written: No such file or directory"
+    ]
+    assert tracing.TRACER is None  # nothing half turned on

@@ -1,0 +1,209 @@
+"""The key on the trace: OpenTelemetry spans that carry an effect's idempotency key, off by default.
+
+When LAB_TRACE is set, each program makes spans (OpenTelemetry's SDK) and joins them with W3C
+trace context (the `traceparent` header):
+
+    workflow,  run                  one run of a thread; a drained run ends with a `drained`
+    worker                          event and run.drained=true, its status not ERROR
+               effect ticket        Effect.perform: idempotency.key, effect.state (the ledger's
+                                    row when it returned: confirmed, unknown, ...) and effect.how
+                                    (sent, receipt: nothing sent, adopted: found by lookup)
+               POST /tickets        the request itself, traceparent injected into its headers
+    receiver   POST /tickets        the keyed POST, its parent taken from traceparent:
+                                    idempotency.key, receiver.replay (true: answered with what the
+                                    key made before), ticket.id
+
+A resumed run is another process, so its spans are in another trace than the first attempt's:
+what joins the two attempts and the receiver's one ticket is the attribute idempotency.key.
+
+    LAB_TRACE=""                 off (the default): nothing here imports OpenTelemetry, and the
+                                 receiver and the ledger need nothing but the standard library
+    LAB_TRACE=otlp               spans sent by OTLP over HTTP to OTEL_EXPORTER_OTLP_ENDPOINT
+                                 (the exporter's own variable; default http://localhost:4318),
+                                 in batches, every 5 s (OTEL_BSP_SCHEDULE_DELAY, in ms)
+    LAB_TRACE=PATH               each span appended to the file PATH as one JSON line, as it ends
+
+A span is exported when it ends. A process killed (SIGKILL) inside a span never ends it, so that
+span is in no file and no backend: after `lab.py start --crash` the first attempt's `run` span is
+missing, while its POST, which ended before the kill, is there. With otlp, a kill also loses the
+ended spans of the batch not sent yet.
+"""
+
+import contextlib
+import functools
+import os
+from urllib.parse import parse_qs
+
+KEY = "idempotency.key"  # the attribute every span of an effect carries: what joins them
+TRACER = None  # None: tracing is off; start() or use() sets it
+PROVIDER = None
+
+
+class TracingError(Exception):
+    """LAB_TRACE cannot work here: one line that says why."""
+
+
+def start(setting, service):
+    """Turn tracing on as LAB_TRACE says (see above) for the program named service."""
+    if not setting:
+        return
+    try:
+        import opentelemetry.sdk.trace  # noqa: F401 (installed?)
+    except ImportError:
+        raise TracingError(
+            "LAB_TRACE is set and OpenTelemetry is not installed; install requirements.txt "
+            "(opentelemetry-sdk), or unset LAB_TRACE"
+        ) from None
+    if setting == "otlp":
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+        return use(OTLPSpanExporter(), service, batch=True)
+    try:
+        return use(JsonLines(setting), service)
+    except OSError as error:
+        raise TracingError(f"LAB_TRACE={setting!r} cannot be written: {error.strerror}") from None
+
+
+def use(exporter, service, batch=False):
+    """Export this process's spans through exporter (a test's InMemorySpanExporter, say)."""
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
+
+    global TRACER, PROVIDER
+    stop()  # a second start in one process (an in-process caller) replaces the first
+    PROVIDER = TracerProvider(resource=Resource.create({"service.name": service}))
+    PROVIDER.add_span_processor((BatchSpanProcessor if batch else SimpleSpanProcessor)(exporter))
+    TRACER = PROVIDER.get_tracer(__name__)
+    return PROVIDER
+
+
+def stop():
+    """Export what is left and turn tracing off."""
+    global TRACER, PROVIDER
+    if PROVIDER is not None:
+        PROVIDER.shutdown()
+    TRACER = PROVIDER = None
+
+
+@contextlib.contextmanager
+def effect(name, key, ledger):
+    """Effect.perform's span; yields traced(outcome), which notes how it was made."""
+    if TRACER is None:
+        yield lambda outcome: outcome
+        return
+    with TRACER.start_as_current_span(f"effect {name}", attributes={KEY: key}) as span:
+        try:
+            yield lambda outcome: (span.set_attribute("effect.how", outcome.how), outcome)[1]
+        finally:
+            with contextlib.suppress(Exception):  # the span must not hide what went wrong
+                span.set_attribute("effect.state", ledger.get(key).state)
+
+
+@contextlib.contextmanager
+def outgoing(request, key=None):
+    """A client span around an HTTP request (urllib.request.Request): traceparent injected."""
+    if TRACER is None:
+        yield QUIET
+        return
+    from opentelemetry import propagate, trace
+
+    path, _, query = request.selector.partition("?")
+    key = key or parse_qs(query).get("key", [None])[0]  # a lookup: GET /tickets?key=KEY
+    attributes = {"http.request.method": request.get_method(), "url.full": request.full_url}
+    attributes.update({KEY: key} if key is not None else {})
+    kind = trace.SpanKind.CLIENT
+    with TRACER.start_as_current_span(f"{request.get_method()} {path}", kind=kind) as span:
+        span.set_attributes(attributes)
+        carrier = {}
+        propagate.inject(carrier)  # traceparent: this span's trace and id
+        for name, value in carrier.items():
+            request.add_header(name, value)
+        try:
+            yield span
+        except Exception as error:
+            if isinstance(getattr(error, "code", None), int):  # an HTTPError: it was answered
+                span.set_attribute("http.response.status_code", error.code)
+            raise
+
+
+def serves(post):
+    """Handler.post in a server span whose parent is the caller's traceparent, when it sent one."""
+
+    @functools.wraps(post)
+    def traced(handler, path):
+        if TRACER is None:
+            return post(handler, path)
+        from opentelemetry import propagate, trace
+
+        parent = propagate.extract({k.lower(): v for k, v in handler.headers.items()})
+        kind = trace.SpanKind.SERVER
+        with TRACER.start_as_current_span(f"POST {path}", parent, kind=kind) as span:
+            status, answer = post(handler, path)
+            span.set_attribute("http.response.status_code", status)
+            return status, answer
+
+    return traced
+
+
+def note(attributes):
+    """Attributes (a dict) on the current span, when tracing is on; None values are left out."""
+    if TRACER is not None:
+        from opentelemetry import trace
+
+        span = trace.get_current_span()
+        span.set_attributes({k: v for k, v in attributes.items() if v is not None})
+
+
+@contextlib.contextmanager
+def run(thread):
+    """A run of a thread: the span its effects' spans are children of."""
+    if TRACER is None:
+        yield QUIET
+        return
+    with TRACER.start_as_current_span("run", attributes={"thread": thread}) as span:
+        yield span
+
+
+def drained(span, reason):
+    """A drain is a clean stop, not a failure: an event and an attribute, the status left unset."""
+    span.set_attribute("run.drained", True)
+    span.add_event("drained", {"reason": str(reason)})
+
+
+# helpers
+
+
+class Quiet:
+    """What the context managers yield with tracing off: every call does nothing."""
+
+    def set_attribute(self, *_):
+        pass
+
+    def add_event(self, *_):
+        pass
+
+
+QUIET = Quiet()
+
+
+class JsonLines:
+    """The span exporter of LAB_TRACE=PATH: each span one JSON line (ReadableSpan.to_json),
+    appended in one write (O_APPEND), so that threads, and processes sharing the file, never
+    interleave two lines."""
+
+    def __init__(self, path):
+        self.fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+
+    def export(self, spans):
+        from opentelemetry.sdk.trace.export import SpanExportResult
+
+        for span in spans:
+            os.write(self.fd, (span.to_json(indent=None) + "\n").encode())
+        return SpanExportResult.SUCCESS
+
+    def force_flush(self, timeout_millis=None):
+        return True
+
+    def shutdown(self):
+        os.close(self.fd)
