@@ -24,9 +24,9 @@ what joins the two attempts and the receiver's one ticket is the attribute idemp
     LAB_TRACE=PATH               each span appended to the file PATH as one JSON line, as it ends
 
 A span is exported when it ends. A process killed (SIGKILL) inside a span never ends it, so that
-span is in no file and no backend: after `lab.py start --crash` the first attempt's `run` span is
-missing, while its POST, which ended before the kill, is there. With otlp, a kill also loses the
-ended spans of the batch not sent yet.
+span is in no file and no backend: when `workflow.py start` is killed after the answer, its `run`
+span is missing, while its POST, which ended before the kill, is there. With otlp, a kill also
+loses the ended spans of the batch not sent yet.
 """
 
 import contextlib
