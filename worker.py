@@ -60,8 +60,8 @@ while the receiver still holds that key (lab 14).
 
 Output is one JSON object per line (workflow.py's emit). Exit codes: workflow.py's (3 also when
 CHECKPOINT_DB does not answer within WORKER_DB_WAIT_S), 4 when a thread already has a job queued
-or running, 5 when `wait` finds dead jobs; `run` exits 0 on SIGTERM once its graphs have drained,
-130 on Ctrl-C; a second Ctrl-C or SIGTERM stops it at once (130, 143), as a crash would, and its
+or running, 5 when `wait` finds dead jobs; `run` exits 0 on SIGTERM once its graphs have drained
+(`metrics --port`: at once), 130 on Ctrl-C; a second Ctrl-C or SIGTERM stops it at once (130, 143), as a crash would, and its
 running jobs go to another worker once their heartbeat is stale.
 
 Configuration (environment, read in main()):
@@ -352,8 +352,8 @@ async def metrics(args):
         return
     try:
         server = MetricsServer((args.host, args.port), args.checkpoint_db)
-    except OSError as error:  # the port is taken, or the host is not this machine's
-        why = error.strerror or error
+    except (OSError, OverflowError) as error:  # taken, not 0-65535, not this machine's host
+        why = getattr(error, "strerror", None) or error
         raise UserError(f"cannot serve on {args.host}:{args.port} ({why})", EXIT_USAGE) from None
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)  # exits 0
@@ -416,7 +416,7 @@ class MetricsHandler(http.server.BaseHTTPRequestHandler):
             except Exception as error:
                 if not lost_connection(error) and not isinstance(error, UserError):
                     raise
-                status, kind, text = 503, "text/plain", f"CHECKPOINT_DB: {reason(error)}\n"
+                status, kind, text = 503, "text/plain", f"{reason(error)}\n"
         body = text.encode()
         self.send_response(status)
         self.send_header("Content-Type", kind)
