@@ -7,6 +7,8 @@
     python worker.py wait [--thread T]    until no job (of thread T) is queued or running
     python worker.py state --thread T     the thread's checkpoint, as `workflow.py state`
     python worker.py reconcile [--confirmed KEY ...] [--not-sent KEY ...]   as workflow.py's
+    python worker.py metrics [--port N]   the queue's figures in Prometheus's text format, once;
+                                          --port: served at GET /metrics until SIGTERM or Ctrl-C
 
 Each job is one operation on one checkpoint thread. A worker takes a job and runs the thread:
 from the job's input when the thread has no checkpoint, else from its checkpoint (invoke(None)).
@@ -58,8 +60,8 @@ while the receiver still holds that key (lab 14).
 
 Output is one JSON object per line (workflow.py's emit). Exit codes: workflow.py's (3 also when
 CHECKPOINT_DB does not answer within WORKER_DB_WAIT_S), 4 when a thread already has a job queued
-or running, 5 when `wait` finds dead jobs; `run` exits 0 on SIGTERM once its graphs have drained,
-130 on Ctrl-C; a second Ctrl-C or SIGTERM stops it at once (130, 143), as a crash would, and its
+or running, 5 when `wait` finds dead jobs; `run` exits 0 on SIGTERM once its graphs have drained
+(`metrics --port`: at once), 130 on Ctrl-C; a second Ctrl-C or SIGTERM stops it at once (130, 143), as a crash would, and its
 running jobs go to another worker once their heartbeat is stale.
 
 Configuration (environment, read in main()):
@@ -85,6 +87,7 @@ import asyncio
 import contextlib
 import contextvars
 import dataclasses
+import http.server
 import importlib
 import json
 import logging
@@ -334,6 +337,95 @@ async def live_workers(queries):
         "SELECT s.name FROM worker_sessions s JOIN pg_stat_activity a ON a.pid = s.backend_pid"
     )
     return [r["name"] for r in rows]
+
+
+async def metrics(args):
+    """The queue's figures as Prometheus text: printed once, or served with --port.
+
+    Read from the tables at each scrape, not counted in a worker: a deploy's SIGTERM drains a
+    worker and then it exits, and a counter of its own would go with it. The tables are the
+    queue's, not one worker's, so one process serves them: scraped from each of three workers,
+    every drain would be there three times. The counters start again only with the database."""
+    await open_queue(args.checkpoint_db, time.monotonic() + args.db_wait_s)  # installs the queue
+    if args.port is None:
+        print(await metrics_text(args.checkpoint_db), end="")
+        return
+    try:
+        server = MetricsServer((args.host, args.port), args.checkpoint_db)
+    except (OSError, OverflowError) as error:  # taken, not 0-65535, not this machine's host
+        why = getattr(error, "strerror", None) or error
+        raise UserError(f"cannot serve on {args.host}:{args.port} ({why})", EXIT_USAGE) from None
+    stop = asyncio.Event()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)  # exits 0
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    emit("metrics", host=args.host, port=server.server_address[1])
+    try:
+        await stop.wait()
+    finally:
+        server.shutdown()
+
+
+async def metrics_text(url):
+    from pgqueuer import Queries
+
+    conn = await connect(url)
+    try:
+        listed = await jobs(Queries.from_asyncpg_connection(conn))
+        runs = await conn.fetchrow(
+            "SELECT coalesce(sum(failures), 0) AS failures, coalesce(sum(drains), 0) AS drains "
+            "FROM worker_jobs"
+        )
+    finally:
+        await conn.close()
+    states = dict.fromkeys(("queued", "running", "stalled", "retrying", "dead", "done"), 0)
+    for job in listed:
+        states[job["status"]] += 1
+    lines = [
+        "# HELP worker_jobs Jobs, by the state `worker.py status` shows.",
+        "# TYPE worker_jobs gauge",
+        *(f'worker_jobs{{state="{name}"}} {count}' for name, count in states.items()),
+        "# HELP worker_job_failures_total Runs of a job that failed (retried, or the last).",
+        "# TYPE worker_job_failures_total counter",
+        f"worker_job_failures_total {runs['failures']}",
+        "# HELP worker_job_drains_total Runs a drain stopped at a step boundary: not failures.",
+        "# TYPE worker_job_drains_total counter",
+        f"worker_job_drains_total {runs['drains']}",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+class MetricsServer(http.server.ThreadingHTTPServer):
+    """GET /metrics: metrics_text on a connection of its own per scrape; 503 while the database
+    does not answer, 404 for any other path."""
+
+    daemon_threads = True
+
+    def __init__(self, address, url):
+        self.url = url
+        super().__init__(address, MetricsHandler)
+
+
+class MetricsHandler(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):  # noqa: N802 (http.server's name)
+        status, kind = 200, "text/plain; version=0.0.4; charset=utf-8"
+        if self.path.split("?")[0] != "/metrics":
+            status, kind, text = 404, "text/plain", "GET /metrics is the only path\n"
+        else:
+            try:
+                text = asyncio.run(metrics_text(self.server.url))
+            except Exception as error:
+                if not lost_connection(error) and not isinstance(error, UserError):
+                    raise
+                status, kind, text = 503, "text/plain", f"{reason(error)}\n"
+        body = text.encode()
+        self.send_response(status)
+        self.send_header("Content-Type", kind)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):  # Prometheus scrapes every few seconds: no line for each
+        pass
 
 
 # --- the worker ------------------------------------------------------------------------------
@@ -807,6 +899,10 @@ def parse_args(argv, graph_module):
     sub.set_defaults(run=reconcile)
     sub.add_argument("--confirmed", nargs="+", default=[], metavar="KEY", help="it happened")
     sub.add_argument("--not-sent", nargs="+", default=[], metavar="KEY", help="it did not")
+    sub = actions.add_parser("metrics", help="the queue's figures for Prometheus")
+    sub.set_defaults(run=metrics)
+    sub.add_argument("--port", type=int, help="serve GET /metrics on this port (0: any free one)")
+    sub.add_argument("--host", default="127.0.0.1", help="with --port (default: 127.0.0.1)")
     return parser.parse_args(argv)
 
 

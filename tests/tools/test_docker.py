@@ -136,9 +136,11 @@ def test_compose_file_shape():
     assert "name" not in spec, "Compose 1.29 rejects a top-level name:; guides pass -p"
     services = spec["services"]
     assert set(services) == {
-        "api", "workflow", "drill", "postgres", "worker", "prometheus", "jaeger", "relay"
+        "api", "workflow", "drill", "postgres", "worker", "prometheus", "jaeger", "relay",
+        "worker-metrics",
     }  # fmt: skip
     assert services["postgres"]["profiles"] == services["worker"]["profiles"] == ["scale"]
+    assert services["worker-metrics"]["profiles"] == ["scale"]  # worker.py metrics
     assert services["workflow"]["profiles"] == services["drill"]["profiles"] == ["cli"]
     assert services["prometheus"]["profiles"] == ["observe"]  # tests/tools/test_observe_docker.py
     assert services["jaeger"]["profiles"] == ["observe"]  # tests/tools/test_tracing_observe.py

@@ -18,6 +18,7 @@ from collections import Counter
 
 import pytest
 from conftest import require_postgres
+from prometheus_client.parser import text_string_to_metric_families
 
 import failpoints
 from labs.tools.local import ROOT, ReceiverProcess, free_port, lab_env, run, wait_until
@@ -140,6 +141,45 @@ def assert_all_done(env, n=OPERATIONS):
     assert [j["status"] for j in status] == ["done"] * n, status
 
 
+STATES = ("queued", "running", "stalled", "retrying", "dead", "done")
+NO_JOBS = {f'worker_jobs{{state="{s}"}}': 0 for s in STATES}
+NO_JOBS.update(worker_job_failures_total=0, worker_job_drains_total=0)
+
+
+def figures(text):
+    """`worker.py metrics`'s samples, read by Prometheus's own text parser: name{label} -> value."""
+    return {
+        sample.name + "".join(f'{{{k}="{v}"}}' for k, v in sample.labels.items()): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+@pytest.fixture
+def metrics_server(env, tmp_path):
+    """`worker.py metrics --port 0`: the queue's GET /metrics, as Prometheus scrapes it."""
+    err = open(tmp_path / "metrics.err", "wb")
+    command = [sys.executable, str(ROOT / "worker.py"), "metrics", "--port", "0"]
+    proc = subprocess.Popen(command, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=err)
+    try:
+        line = proc.stdout.readline()  # {"event": "metrics", ...} once it listens
+        assert line, (tmp_path / "metrics.err").read_text()
+        proc.url = f"http://127.0.0.1:{json.loads(line)['port']}/metrics"
+        yield proc
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(HANG_GUARD_S) == 0, (tmp_path / "metrics.err").read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def scrape(url):
+    with urllib.request.urlopen(url, timeout=HANG_GUARD_S) as response:
+        assert response.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+        return figures(response.read().decode())
+
+
 def lost_and_back(workers, index):
     said = workers.stderr(index).splitlines()
     return (
@@ -222,6 +262,9 @@ def test_a_receiver_down_for_good_makes_dead_jobs_and_wait_names_them(env, worke
     ]
     waited = worker(env, "wait", "--timeout", str(HANG_GUARD_S))
     assert waited.returncode == 5, waited.stderr
+    # /metrics: four failed runs (two per job), no drain
+    expected = dict(NO_JOBS, worker_job_failures_total=4, **{'worker_jobs{state="dead"}': 2})
+    assert figures(worker(env, "metrics").stdout) == expected
     assert waited.stderr.startswith("worker.py: 2 operation(s) did not finish"), waited.stderr
     assert "op-0:open" in waited.stderr and "op-1:open" in waited.stderr
     assert len(waited.stderr.splitlines()) == 1 and waited.stdout == ""
@@ -370,11 +413,12 @@ def test_submit_and_status_wait_out_a_short_outage_then_exit_3(env, cluster):
 
 
 def test_sigterm_drains_the_running_graph_at_its_next_step_and_requeues_its_job_at_once(
-    env, receiver, workers
+    env, receiver, workers, metrics_server
 ):
     """A deploy's SIGTERM: the graph stops at the step boundary after prepare (RunControl), the
     job is queued again at once (not after a heartbeat: 60 s here), the worker exits 0, and the
-    next worker resumes the thread and makes the one ticket."""
+    next worker resumes the thread and makes the one ticket. GET /metrics counts the drain
+    apart from failures, after the drained worker has exited too."""
     env.update(WORKER_HEARTBEAT_S="60")
     submit_all(env, 1)
     (pause,) = workers.start_paused(1, at="after-prepare")
@@ -392,6 +436,8 @@ def test_sigterm_drains_the_running_graph_at_its_next_step_and_requeues_its_job_
         {"drains": 1, "job": 1, "operation": "op-0:open", "status": "queued", "thread": "op-0"}
     ], status
     assert (status["effects_unknown"], status["oldest_unknown_s"]) == (0, 0)
+    drained = dict(NO_JOBS, worker_job_drains_total=1)
+    assert scrape(metrics_server.url) == dict(drained, **{'worker_jobs{state="queued"}': 1})
     env["FAILPOINTS"] = ""
     workers.start(1)
     waited = worker(env, "wait", "--timeout", str(HANG_GUARD_S))
@@ -401,6 +447,7 @@ def test_sigterm_drains_the_running_graph_at_its_next_step_and_requeues_its_job_
     (done,) = json.loads(worker(env, "status").stdout)["jobs"]
     assert done == {"drains": 1, "job": 1, "operation": "op-0:open", "status": "done",
                     "thread": "op-0", "ticket_id": 1}  # fmt: skip
+    assert scrape(metrics_server.url) == dict(drained, **{'worker_jobs{state="done"}': 1})
 
 
 def test_run_drain_says_when_the_only_jobs_left_run_on_another_worker(env, receiver, workers):
