@@ -61,8 +61,8 @@ while the receiver still holds that key (lab 14).
 Output is one JSON object per line (workflow.py's emit). Exit codes: workflow.py's (3 also when
 CHECKPOINT_DB does not answer within WORKER_DB_WAIT_S), 4 when a thread already has a job queued
 or running, 5 when `wait` finds dead jobs; `run` exits 0 on SIGTERM once its graphs have drained
-(`metrics --port`: at once), 130 on Ctrl-C; a second Ctrl-C or SIGTERM stops it at once (130, 143), as a crash would, and its
-running jobs go to another worker once their heartbeat is stale.
+(`metrics --port`: at once), 130 on Ctrl-C; a second Ctrl-C or SIGTERM stops it at once (130,
+143), as a crash would, and its running jobs go to another worker once their heartbeat is stale.
 
 Configuration (environment, read in main()):
     WORKER_GRAPH         lab:build_graph: the module:function that compiles the graph the jobs run
