@@ -119,6 +119,18 @@ def test_a_refused_message_is_kept_refused_and_not_sent_again(lab, receiver, tmp
 
 
 @pytest.mark.fast
+def test_a_wrong_api_url_keeps_the_message_pending_not_refused(lab, receiver, tmp_path, capsys):
+    put(lab, "m-1", {"title": "a"})
+    wrong = {**lab, "API_URL": lab["API_URL"] + "/nothing"}  # the receiver: 404, no such path
+    assert relay.main(["--once"], wrong) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "answered 404; check API_URL" in err, err
+    assert [m["state"] for m in shown(lab)] == ["pending"]  # not refused: the next relay sends it
+    assert relay.main(["--once"], lab) == 0
+    assert [t["key"] for t in tickets(receiver)] == ["m-1"]
+
+
+@pytest.mark.fast
 def test_the_relay_says_in_one_line_what_is_wrong(lab, tmp_path, capsys):
     put(lab, "m-1", {"title": "a"})
     nobody = {**lab, "API_URL": "http://127.0.0.1:9", "API_ATTEMPTS": "1"}  # nothing listens
