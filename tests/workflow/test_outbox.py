@@ -131,6 +131,29 @@ def test_a_wrong_api_url_keeps_the_message_pending_not_refused(lab, receiver, tm
 
 
 @pytest.mark.fast
+def test_a_ticket_run_and_an_outbox_run_name_each_others_command(lab, receiver, capsys):
+    assert lab_main(["start", "--thread", "t"], lab) == 0
+    assert lab_main(["outbox", "start", "--thread", "t"], lab) == 4
+    assert lab_main(["outbox", "resume", "--thread", "t"], lab) == 4
+    assert lab_main(["outbox", "state", "--thread", "t"], lab) == 4
+    hint = "thread 't' is not an outbox run; it is a ticket run: state --thread t shows it"
+    assert capsys.readouterr().err.splitlines() == [
+        f"lab.py: {hint}; outbox start takes a new --thread",
+        f"lab.py: {hint}",
+        "lab.py: thread 't' is not an outbox run; state --thread t shows it",
+    ]
+    assert (
+        lab_main(["state", "--thread", "t"], lab) == 0
+    )  # the hint, typed: it reads, sends nothing
+    assert lab_main(["outbox", "start", "--thread", "o"], lab) == 0
+    assert lab_main(["resume", "--thread", "o"], lab) == 4
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        "lab.py: thread 'o' is an outbox run (lab 19): outbox resume --thread o"
+    )
+    assert len(tickets(receiver)) == 1
+
+
+@pytest.mark.fast
 def test_the_relay_says_in_one_line_what_is_wrong(lab, tmp_path, capsys):
     put(lab, "m-1", {"title": "a"})
     nobody = {**lab, "API_URL": "http://127.0.0.1:9", "API_ATTEMPTS": "1"}  # nothing listens

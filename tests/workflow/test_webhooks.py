@@ -16,6 +16,7 @@ import failpoints
 import inbox
 import lab
 import workflow
+from labs.tools.local import lab_env
 
 # --- the inbox, the core an engineer copies ------------------------------------------------
 
@@ -274,3 +275,26 @@ def test_a_kill_between_the_message_and_its_receipt_stops_the_next_delivery(rece
         with pytest.raises(effects.Unsettled):
             taker.take(resolved)
     assert messages(receiver) == ["ticket 1 resolved (evt_1)"]
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize(
+    ("argv", "line"),
+    [
+        (
+            ["--move", "opened,resovled"],
+            "lab.py hooks: argument --move: 'resovled' is not a status",
+        ),
+        (["--mode", "naive", "--crash-at", "after-inbox"], "lab.py: --crash-at after-inbox is the"),
+    ],
+)
+def test_a_hooks_mistake_is_one_line_and_a_usage_error(tmp_path, capsys, argv, line):
+    """Caught before anything listens or subscribes: nothing delivered, nothing sent."""
+    env = lab_env(tmp_path / "data", 9)  # port 9: nothing listens, and nothing may call it
+    try:
+        code = lab.main(["hooks", "--ticket", "1", *argv], env)
+    except SystemExit as stop:  # argparse's own exit, as the command line gets it
+        code = stop.code
+    assert code == workflow.EXIT_USAGE
+    (got,) = capsys.readouterr().err.splitlines()
+    assert got.startswith(line), got
