@@ -971,6 +971,12 @@ def hooks(args, settings):
             raise taker.stopped
         status, version = box.state(str(args.ticket)) or (None, 0)
         emit("ticket_status", ticket_id=args.ticket, status=status, version=version)
+    if status is None:  # nothing moved it yet, or --ticket names another ticket
+        print(
+            f"lab.py: no webhook for ticket {args.ticket} yet: --move opened,resolved moves it "
+            "(tickets lists the receiver's)",
+            file=sys.stderr,
+        )
 
 
 class Taker:

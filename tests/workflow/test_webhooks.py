@@ -298,3 +298,19 @@ def test_a_hooks_mistake_is_one_line_and_a_usage_error(tmp_path, capsys, argv, l
     assert code == workflow.EXIT_USAGE
     (got,) = capsys.readouterr().err.splitlines()
     assert got.startswith(line), got
+
+
+@pytest.mark.fast
+def test_hooks_for_a_ticket_nothing_moved_says_how_to_move_it(receiver, capsys):
+    assert lab.main(["hooks", "--ticket", "1"], receiver.env) == 0  # no ticket yet: none came
+    out, err = capsys.readouterr()
+    assert json.loads(out) == {
+        "event": "ticket_status",
+        "status": None,
+        "ticket_id": 1,
+        "version": 0,
+    }
+    assert err.splitlines() == [
+        "lab.py: no webhook for ticket 1 yet: --move opened,resolved moves it (tickets lists "
+        "the receiver's)"
+    ]
