@@ -964,6 +964,14 @@ def hooks(args, settings):
             sender.call("/webhooks", {"url": hook_url(args.listen_host, server.server_port)})
             if args.move:
                 sender.call("/progress", {"ticket_id": args.ticket, "statuses": args.move})
+        except KeyboardInterrupt:  # Ctrl-C: what got no 2xx waits at the receiver
+            again = f"hooks --ticket {args.ticket} takes it"
+            if args.mode == "naive":  # and applies it, however often it came
+                again = "--mode naive applies it again"
+            raise UserError(
+                f"interrupted; the receiver keeps what got no answer pending: {again}",
+                workflow.EXIT_INTERRUPTED,
+            ) from None
         finally:
             server.shutdown()
             server.server_close()

@@ -16,7 +16,7 @@ import failpoints
 import inbox
 import lab
 import workflow
-from labs.tools.local import lab_env
+from labs.tools.local import ROOT, lab_env
 
 # --- the inbox, the core an engineer copies ------------------------------------------------
 
@@ -313,4 +313,38 @@ def test_hooks_for_a_ticket_nothing_moved_says_how_to_move_it(receiver, capsys):
     assert err.splitlines() == [
         "lab.py: no webhook for ticket 1 yet: --move opened,resolved moves it (tickets lists "
         "the receiver's)"
+    ]
+
+
+def test_ctrl_c_while_hooks_waits_is_one_line_and_exit_130(tmp_path):
+    """A receiver that takes the subscription and never answers; Ctrl-C (SIGINT) once it holds
+    the connection: the line says that the event waits, and which command takes it."""
+    import signal
+    import socket
+    import subprocess
+    import sys
+
+    silent = socket.create_server(("127.0.0.1", 0))
+    env = lab_env(tmp_path / "data", silent.getsockname()[1])
+    hooks = subprocess.Popen(
+        [sys.executable, "lab.py", "hooks", "--ticket", "2"],
+        env=env,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        held, _ = silent.accept()  # hooks has subscribed and waits for the answer
+        hooks.send_signal(signal.SIGINT)
+        out, err = hooks.communicate(timeout=60)
+    finally:
+        if hooks.poll() is None:
+            hooks.kill()
+        silent.close()
+    held.close()
+    assert hooks.returncode == workflow.EXIT_INTERRUPTED and out == ""
+    assert err.splitlines() == [
+        "lab.py: interrupted; the receiver keeps what got no answer pending: hooks --ticket 2 "
+        "takes it"
     ]
