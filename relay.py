@@ -239,6 +239,12 @@ def main(argv=None, environ=None):
                 done = relay_once(outbox, settings.client())
                 published = sum(how == "published" for _, how in done)
                 emit("relayed", pending=len(outbox.pending()), published=published)
+                if not done:  # relay before any outbox start, or everything published
+                    print(
+                        "relay.py: nothing pending (--show lists the outbox; outbox start "
+                        "writes a message)",
+                        file=sys.stderr,
+                    )
                 return EXIT_HTTP_ERROR if len(done) > published else 0
             return run_until_stopped(outbox, settings.client(), poll_s)
     except (UserError, urllib.error.HTTPError) as error:

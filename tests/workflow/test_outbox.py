@@ -113,7 +113,9 @@ def test_a_refused_message_is_kept_refused_and_not_sent_again(lab, receiver, tmp
     (refused, summary) = events(capsys.readouterr().out)
     assert refused["event"] == "refused" and refused["refusal"]["status"] == 400
     assert summary == {"event": "relayed", "pending": 0, "published": 0}
+    capsys.readouterr()
     assert relay.main(["--once"], lab) == 0
+    assert capsys.readouterr().err.startswith("relay.py: nothing pending (--show lists")
     assert len(re.findall(r"rejected 400", (tmp_path / "receiver.log").read_text())) == 1
     assert tickets(receiver) == []
 
