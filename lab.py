@@ -862,10 +862,11 @@ def outbox_run(args, settings, graph_input):
     ):
         graph = build_outbox(saver)
         head = saver.get_tuple(workflow.thread_config(args.thread))
-        if head and not is_outbox(head):
+        if head and not is_outbox(head):  # a ticket run's resume may repeat its request
+            other = owner(head) or f"it is a ticket run: state --thread {args.thread} shows it"
+            fresh = "; outbox start takes a new --thread" if graph_input is not None else ""
             raise UserError(
-                f"thread {args.thread!r} is not an outbox run; {owner(head) or 'resume it'}",
-                EXIT_THREAD,
+                f"thread {args.thread!r} is not an outbox run; {other}{fresh}", EXIT_THREAD
             )
         hint = f"outbox resume --thread {args.thread}; or pick a new --thread; or {RESET_HINT}"
         workflow.require_thread(graph, args.thread, graph_input is not None, hint)
@@ -882,7 +883,10 @@ def outbox_state(args, settings):
     if not snapshot.values:
         raise UserError(f"no thread {args.thread!r}; check --thread", EXIT_THREAD)
     if "delivery" not in snapshot.values:
-        raise UserError(f"thread {args.thread!r} is not an outbox run", EXIT_THREAD)
+        raise UserError(
+            f"thread {args.thread!r} is not an outbox run; state --thread {args.thread} shows it",
+            EXIT_THREAD,
+        )
     emit("state", values=snapshot.values, next=list(snapshot.next))
 
 
@@ -924,6 +928,10 @@ HOOKS_TIMEOUT_S = 60.0  # seconds for the receiver's answer to /webhooks and /pr
 
 def hooks(args, settings):
     """Subscribe, move the ticket if asked, take what is delivered; print where the ticket is."""
+    if args.mode == "naive" and args.crash_at:
+        raise UserError(  # naive commits nothing of its own: the window is the inbox's
+            f"--crash-at {args.crash_at} is the inbox's window: drop --mode naive", EXIT_USAGE
+        )
     client = settings.client()
     # The receiver answers /webhooks and /progress once its delivery round is over, after one
     # before it (a round tries a silent subscriber 3 times, 2 s each): wait for that, not 5 s.
@@ -956,6 +964,14 @@ def hooks(args, settings):
             sender.call("/webhooks", {"url": hook_url(args.listen_host, server.server_port)})
             if args.move:
                 sender.call("/progress", {"ticket_id": args.ticket, "statuses": args.move})
+        except KeyboardInterrupt:  # Ctrl-C: what got no 2xx waits at the receiver
+            again = f"hooks --ticket {args.ticket} takes it"
+            if args.mode == "naive":  # and applies it, however often it came
+                again = "--mode naive applies it again"
+            raise UserError(
+                f"interrupted; the receiver keeps what got no answer pending: {again}",
+                workflow.EXIT_INTERRUPTED,
+            ) from None
         finally:
             server.shutdown()
             server.server_close()
@@ -963,6 +979,12 @@ def hooks(args, settings):
             raise taker.stopped
         status, version = box.state(str(args.ticket)) or (None, 0)
         emit("ticket_status", ticket_id=args.ticket, status=status, version=version)
+    if status is None:  # nothing moved it yet, or --ticket names another ticket
+        print(
+            f"lab.py: no webhook for ticket {args.ticket} yet: --move opened,resolved moves it "
+            "(tickets lists the receiver's)",
+            file=sys.stderr,
+        )
 
 
 class Taker:
@@ -1088,8 +1110,11 @@ def statuses(text):
     import argparse
 
     moves = text.split(",")
-    if not all(move in HOOK_STATUSES for move in moves):
-        raise argparse.ArgumentTypeError(f"each must be one of {', '.join(HOOK_STATUSES)}")
+    for move in moves:
+        if move not in HOOK_STATUSES:
+            raise argparse.ArgumentTypeError(
+                f"{move!r} is not a status: each must be one of {', '.join(HOOK_STATUSES)}"
+            )
     return moves
 
 

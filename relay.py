@@ -25,8 +25,9 @@ you do not own gets the same redelivery: it needs to honour a key, or have a loo
     python relay.py              deliver what is pending, then again every RELAY_POLL_S, until
                                  SIGTERM (exit 0) or Ctrl-C (exit 130)
     python relay.py --once       deliver what is pending now and exit: 0, 1 when the receiver
-                                 refused a message (kept as refused, not sent again), 3 when it
-                                 could not be reached (the rows stay pending)
+                                 refused a message (a 4xx: kept as refused, not sent again; a
+                                 404 or 405 is a wrong API_URL: the row stays pending), 3 when
+                                 it could not be reached (the rows stay pending)
     python relay.py --show       list the outbox, oldest first
     --crash-at before-publish    SIGKILL once the delivery is counted, before the POST
     --crash-at after-publish     SIGKILL after the receiver's answer, before the row is marked
@@ -58,6 +59,7 @@ from failpoints import fail
 from workflow import EXIT_HTTP_ERROR, EXIT_NO_ANSWER, EXIT_USAGE, UserError, emit
 
 POINTS = ("before-publish", "after-publish")  # this program's failpoints
+NOT_REFUSALS = (404, 405, 503)  # no such route (a wrong API_URL), or busy: not the message's fault
 POLL_S = 1.0  # seconds between rounds: the delay a message waits in the outbox, at most
 OUTBOX = """CREATE TABLE IF NOT EXISTS outbox (
     message_id TEXT PRIMARY KEY,  -- the Idempotency-Key the relay sends: one row per message
@@ -187,8 +189,8 @@ def deliver(outbox, message, client):
     try:
         answer = client.call(message.destination, message.payload, message.message_id)
     except urllib.error.HTTPError as error:
-        if error.code == 503 or (refusal := workflow.refusal(error)) is None:
-            raise  # busy past every try, or not the receiver: the row stays pending
+        if error.code in NOT_REFUSALS or (refusal := workflow.refusal(error)) is None:
+            raise  # busy, a wrong API_URL, or not the receiver: the row stays pending
         outbox.refused(message.message_id, refusal)
         emit("refused", message_id=message.message_id, refusal=refusal)
         return "refused"
@@ -237,6 +239,12 @@ def main(argv=None, environ=None):
                 done = relay_once(outbox, settings.client())
                 published = sum(how == "published" for _, how in done)
                 emit("relayed", pending=len(outbox.pending()), published=published)
+                if not done:  # relay before any outbox start, or everything published
+                    print(
+                        "relay.py: nothing pending (--show lists the outbox; outbox start "
+                        "writes a message)",
+                        file=sys.stderr,
+                    )
                 return EXIT_HTTP_ERROR if len(done) > published else 0
             return run_until_stopped(outbox, settings.client(), poll_s)
     except (UserError, urllib.error.HTTPError) as error:
@@ -296,7 +304,8 @@ def shown(message):
 
 def describe(error):
     if isinstance(error, urllib.error.HTTPError):
-        return f"the receiver answered {error.code}; the message stays pending"
+        check = "; check API_URL" if error.code in (404, 405) else ""
+        return f"{error.url} answered {error.code}{check}; the message stays pending"
     return str(error)
 
 

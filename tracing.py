@@ -22,6 +22,8 @@ what joins the two attempts and the receiver's one ticket is the attribute idemp
                                  (the exporter's own variable; default http://localhost:4318),
                                  in batches, every 5 s (OTEL_BSP_SCHEDULE_DELAY, in ms)
     LAB_TRACE=PATH               each span appended to the file PATH as one JSON line, as it ends
+                                 (a path with a / or ending in .jsonl: any other value, 1 or
+                                 true, is a usage error, not a file of that name)
 
 A span is exported when it ends. A process killed (SIGKILL) inside a span never ends it, so that
 span is in no file and no backend: when `workflow.py start` is killed after the answer, its `run`
@@ -47,6 +49,11 @@ def start(setting, service):
     """Turn tracing on as LAB_TRACE says (see above) for the program named service."""
     if not setting:
         return
+    if setting != "otlp" and "/" not in setting and not setting.endswith(".jsonl"):
+        raise TracingError(  # LAB_TRACE=1, true, OTLP: a file of that name was never meant
+            f"LAB_TRACE={setting!r} is neither otlp nor a file (a path with a / or ending "
+            "in .jsonl); set LAB_TRACE=otlp, or LAB_TRACE=spans.jsonl, or unset it"
+        )
     try:
         import opentelemetry.sdk.trace  # noqa: F401 (installed?)
     except ImportError:

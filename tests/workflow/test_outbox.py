@@ -113,9 +113,46 @@ def test_a_refused_message_is_kept_refused_and_not_sent_again(lab, receiver, tmp
     (refused, summary) = events(capsys.readouterr().out)
     assert refused["event"] == "refused" and refused["refusal"]["status"] == 400
     assert summary == {"event": "relayed", "pending": 0, "published": 0}
+    capsys.readouterr()
     assert relay.main(["--once"], lab) == 0
+    assert capsys.readouterr().err.startswith("relay.py: nothing pending (--show lists")
     assert len(re.findall(r"rejected 400", (tmp_path / "receiver.log").read_text())) == 1
     assert tickets(receiver) == []
+
+
+@pytest.mark.fast
+def test_a_wrong_api_url_keeps_the_message_pending_not_refused(lab, receiver, tmp_path, capsys):
+    put(lab, "m-1", {"title": "a"})
+    wrong = {**lab, "API_URL": lab["API_URL"] + "/nothing"}  # the receiver: 404, no such path
+    assert relay.main(["--once"], wrong) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "answered 404; check API_URL" in err, err
+    assert [m["state"] for m in shown(lab)] == ["pending"]  # not refused: the next relay sends it
+    assert relay.main(["--once"], lab) == 0
+    assert [t["key"] for t in tickets(receiver)] == ["m-1"]
+
+
+@pytest.mark.fast
+def test_a_ticket_run_and_an_outbox_run_name_each_others_command(lab, receiver, capsys):
+    assert lab_main(["start", "--thread", "t"], lab) == 0
+    assert lab_main(["outbox", "start", "--thread", "t"], lab) == 4
+    assert lab_main(["outbox", "resume", "--thread", "t"], lab) == 4
+    assert lab_main(["outbox", "state", "--thread", "t"], lab) == 4
+    hint = "thread 't' is not an outbox run; it is a ticket run: state --thread t shows it"
+    assert capsys.readouterr().err.splitlines() == [
+        f"lab.py: {hint}; outbox start takes a new --thread",
+        f"lab.py: {hint}",
+        "lab.py: thread 't' is not an outbox run; state --thread t shows it",
+    ]
+    assert (
+        lab_main(["state", "--thread", "t"], lab) == 0
+    )  # the hint, typed: it reads, sends nothing
+    assert lab_main(["outbox", "start", "--thread", "o"], lab) == 0
+    assert lab_main(["resume", "--thread", "o"], lab) == 4
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        "lab.py: thread 'o' is an outbox run (lab 19): outbox resume --thread o"
+    )
+    assert len(tickets(receiver)) == 1
 
 
 @pytest.mark.fast

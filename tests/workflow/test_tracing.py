@@ -240,3 +240,16 @@ def test_a_trace_file_that_cannot_be_written_is_one_line_and_a_usage_error(lab, 
         f"workflow.py: LAB_TRACE={env['LAB_TRACE']!r} cannot be written: No such file or directory"
     ]
     assert tracing.TRACER is None  # nothing half turned on
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize("setting", ["1", "true", "OTLP"])
+def test_a_trace_setting_that_is_neither_otlp_nor_a_file_is_a_usage_error(
+    lab, tmp_path, monkeypatch, capsys, setting
+):
+    monkeypatch.chdir(tmp_path)  # where a file named 1 would land
+    env = {**lab, "LAB_TRACE": setting}
+    assert workflow.main(["tickets"], env) == workflow.EXIT_USAGE
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"workflow.py: LAB_TRACE={setting!r} is neither otlp nor a file")
+    assert list(tmp_path.iterdir()) == [] and tracing.TRACER is None

@@ -16,6 +16,7 @@ import failpoints
 import inbox
 import lab
 import workflow
+from labs.tools.local import ROOT, lab_env
 
 # --- the inbox, the core an engineer copies ------------------------------------------------
 
@@ -274,3 +275,76 @@ def test_a_kill_between_the_message_and_its_receipt_stops_the_next_delivery(rece
         with pytest.raises(effects.Unsettled):
             taker.take(resolved)
     assert messages(receiver) == ["ticket 1 resolved (evt_1)"]
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize(
+    ("argv", "line"),
+    [
+        (
+            ["--move", "opened,resovled"],
+            "lab.py hooks: argument --move: 'resovled' is not a status",
+        ),
+        (["--mode", "naive", "--crash-at", "after-inbox"], "lab.py: --crash-at after-inbox is the"),
+    ],
+)
+def test_a_hooks_mistake_is_one_line_and_a_usage_error(tmp_path, capsys, argv, line):
+    """Caught before anything listens or subscribes: nothing delivered, nothing sent."""
+    env = lab_env(tmp_path / "data", 9)  # port 9: nothing listens, and nothing may call it
+    try:
+        code = lab.main(["hooks", "--ticket", "1", *argv], env)
+    except SystemExit as stop:  # argparse's own exit, as the command line gets it
+        code = stop.code
+    assert code == workflow.EXIT_USAGE
+    (got,) = capsys.readouterr().err.splitlines()
+    assert got.startswith(line), got
+
+
+@pytest.mark.fast
+def test_hooks_for_a_ticket_nothing_moved_says_how_to_move_it(receiver, capsys):
+    assert lab.main(["hooks", "--ticket", "1"], receiver.env) == 0  # no ticket yet: none came
+    out, err = capsys.readouterr()
+    assert json.loads(out) == {
+        "event": "ticket_status",
+        "status": None,
+        "ticket_id": 1,
+        "version": 0,
+    }
+    assert err.splitlines() == [
+        "lab.py: no webhook for ticket 1 yet: --move opened,resolved moves it (tickets lists "
+        "the receiver's)"
+    ]
+
+
+def test_ctrl_c_while_hooks_waits_is_one_line_and_exit_130(tmp_path):
+    """A receiver that takes the subscription and never answers; Ctrl-C (SIGINT) once it holds
+    the connection: the line says that the event waits, and which command takes it."""
+    import signal
+    import socket
+    import subprocess
+    import sys
+
+    silent = socket.create_server(("127.0.0.1", 0))
+    env = lab_env(tmp_path / "data", silent.getsockname()[1])
+    hooks = subprocess.Popen(
+        [sys.executable, "lab.py", "hooks", "--ticket", "2"],
+        env=env,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        held, _ = silent.accept()  # hooks has subscribed and waits for the answer
+        hooks.send_signal(signal.SIGINT)
+        out, err = hooks.communicate(timeout=60)
+    finally:
+        if hooks.poll() is None:
+            hooks.kill()
+        silent.close()
+    held.close()
+    assert hooks.returncode == workflow.EXIT_INTERRUPTED and out == ""
+    assert err.splitlines() == [
+        "lab.py: interrupted; the receiver keeps what got no answer pending: hooks --ticket 2 "
+        "takes it"
+    ]
