@@ -4,7 +4,9 @@ In-process where no signal is needed (labs.tools.demo.main with captured output)
 Ctrl-C tests run the demo as a process and send SIGINT to its process group, as a terminal
 does. Lab 10's verdict (the tickets of background workers) is checked in its native guide run,
 tests/guides/test_guides.py::test_guide_local, through the demo's own Demo.run: one run of its
-workers serves both.
+workers serves both. The story of labs 01-02 (paragraphs, native lines, a verdict per
+operation, `logs api`) is checked on the README's own `make demo BACKEND=local` run, in
+tests/guides/test_readme.py.
 """
 
 import io
@@ -25,7 +27,6 @@ from labs.tools.local import ROOT, wait_until
 from labs.tools.runner import parse_guide
 
 LAB01 = ROOT / "labs" / "01-the-duplicate.md"
-LAB02 = ROOT / "labs" / "02-the-keyed-fix.md"
 LAB06 = ROOT / "labs" / "06-the-lost-acknowledgement.md"
 LAB07 = ROOT / "labs" / "07-the-approval-that-runs-twice.md"
 LAB14 = ROOT / "labs" / "14-the-key-that-expired.md"
@@ -49,34 +50,6 @@ def test_the_story_comes_from_the_guide_itself():
     reset = story.chapters[-1]
     assert reset.heading == "Reset" and reset.steps[0].command.endswith("down -v --remove-orphans")
     assert len(reset.notice) == 3 and reset.notice[0].startswith("`prepare` did not run again")
-
-
-@pytest.mark.long
-def test_demo_tells_labs_01_and_02_with_a_verdict_per_operation(capsys):
-    code, out, err = run_demo(capsys, LAB01, LAB02)
-    assert code == 0, out + err
-    assert "=== Lab 01: the duplicate ===" in out
-    assert "The receiver starts empty." in out  # the guide's paragraph after its block
-    assert "  natively: python lab.py tickets" in out
-    assert "case-naive:open-ticket:v1: 2 tickets for one operation (duplicate)" in out
-    assert "case-safe:open-ticket:v1: 1 ticket, resume got created: false" in out
-    assert out.index("What to notice") < out.index("Verdict") < out.index("-- Reset")
-    # `logs api` shows the receiver's side: lab 02's proof is its `replayed` line
-    logs = out.split("$ docker compose -p stateful-lab logs api\n")
-    assert len(logs) == 3 and "receiver: created key=None ticket=2\n" in logs[1], logs[1][:300]
-    assert "\nreceiver: replayed key=case-safe:open-ticket:v1 ticket=1\n" in logs[2]
-    last = out.strip().splitlines()[-3:]
-    assert last[0] == (
-        "What the labs showed: naive: 1 of 1 operation duplicated; "
-        "safe: 0 of 1 operation duplicated"
-    )
-    assert last[1].startswith("What the workflow did (labs.tools.tally): ")
-    commands = sum(len(parse_guide(g.read_text(encoding="utf-8"))) for g in (LAB01, LAB02))
-    assert last[2] == (
-        "Output against the guides (2 guides, local backend): "
-        f"all {commands} commands printed what the guides say"
-    )
-    assert "\033[" not in out  # not a terminal: plain text
 
 
 def test_the_verdict_follows_the_receiver_not_the_guide(capsys, tmp_path):
