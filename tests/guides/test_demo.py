@@ -2,11 +2,11 @@
 
 In-process where no signal is needed (labs.tools.demo.main with captured output); the
 Ctrl-C tests run the demo as a process and send SIGINT to its process group, as a terminal
-does. Lab 10's verdict (the tickets of background workers) is checked in its native guide run,
-tests/guides/test_guides.py::test_guide_local, through the demo's own Demo.run: one run of its
-workers serves both. The story of labs 01-02 (paragraphs, native lines, a verdict per
-operation, `logs api`) is checked on the README's own `make demo BACKEND=local` run, in
-tests/guides/test_readme.py.
+does. Checked elsewhere, on runs of the guides that happen anyway: the story of labs 01-02
+(paragraphs, native lines, a verdict per operation, `logs api`) on the README's own `make demo
+BACKEND=local` run (tests/guides/test_readme.py); the verdicts of labs 07, 10 and 14 (an ask for
+approval, background workers' tickets, expired keys) on their native guide runs, through the
+demo's own Demo.run (tests/guides/test_guides.py, test_guide_local and DEMO_VERDICTS).
 """
 
 import io
@@ -28,8 +28,6 @@ from labs.tools.runner import parse_guide
 
 LAB01 = ROOT / "labs" / "01-the-duplicate.md"
 LAB06 = ROOT / "labs" / "06-the-lost-acknowledgement.md"
-LAB07 = ROOT / "labs" / "07-the-approval-that-runs-twice.md"
-LAB14 = ROOT / "labs" / "14-the-key-that-expired.md"
 INTRO = re.compile(r"runs on 127\.0\.0\.1:(\d+) with its data in (\S+);")
 STOP_DEADLINE_S = 60
 
@@ -93,48 +91,6 @@ def test_stderr_comes_with_its_exit_code_and_lab_06_turns_its_fault_on(capsys):
         "replayed": 0,
         "settled": 1,
     }
-
-
-def verdicts(out):
-    """The lines under each "Verdict, counted on the receiver" heading."""
-    found = []
-    for block in out.split("Verdict, counted on the receiver\n")[1:]:
-        found += [line.strip() for line in block.split("\n\n")[0].splitlines()]
-    return found
-
-
-@pytest.mark.long
-def test_lab_07s_approve_is_counted_on_its_own_operation(capsys):
-    """`approve` makes the in-node duplicate (ticket 3) and replays the keyed one: the verdict
-    puts each on its operation, as the guide's own ticket listing shows, and each run's ask for
-    approval (its own ticket, keyed OPERATION:approval) on the operation that asked."""
-    code, out, err = run_demo(capsys, LAB07)
-    assert code == 0, out + err
-    assert verdicts(out) == [
-        "case-in-node:open-ticket:v1: 2 tickets for one operation (duplicate), "
-        "asked for approval once",
-        "case-in-node-safe:open-ticket:v1: 1 ticket, asked for approval once, "
-        "approve got created: false",
-        "case-in-node-ledger:open-ticket:v1: 1 ticket, asked for approval once",
-        "case-own-node:open-ticket:v1: 1 ticket, asked for approval once",
-    ]
-    assert (
-        "What the labs showed: naive: 1 of 2 operations duplicated; "
-        "safe: 0 of 1 operation duplicated; ledger: 0 of 1 operation duplicated"
-    ) in out
-
-
-@pytest.mark.long
-def test_lab_14s_expired_key_still_counts_on_its_operation(capsys):
-    """Lab 14's keys expire (the receiver then shows them as null): each ticket still counts on
-    the operation whose command made it, and `sleep 3` is shown as typed."""
-    code, out, err = run_demo(capsys, LAB14)
-    assert code == 0, out + err
-    assert verdicts(out) == [
-        "case-kept:open-ticket:v1: 2 tickets for one operation (duplicate)",
-        "case-kept-day:open-ticket:v1: 1 ticket, resume got created: false",
-    ]
-    assert "  natively: sleep 3" not in out and "\n$ sleep 3\n" in out
 
 
 def demo_url(out):

@@ -26,7 +26,6 @@ from labs.tools.runner import COMPOSE_PREFIX, lines_match, parse_guide, run_guid
 
 GUIDES = sorted((ROOT / "labs").glob("[0-9][0-9]-*.md"))
 SCALE = {g for g in GUIDES if "up -d postgres" in g.read_text(encoding="utf-8")}  # lab 10
-LAB_10 = ROOT / "labs" / "10-two-workers-one-thread.md"
 # The guides whose run takes about 30 s or more (--durations): marked long, started first.
 LONG = {"04", "07", "10", "11"}  # natively
 LONG_DOCKER = LONG | {"08", "09", "12", "13", "14", "15"}  # a container a command
@@ -118,16 +117,16 @@ def test_compose_yaml_turns_no_fault_on_and_the_override_does():
 def test_guide_local(guide, tmp_path, capsys):
     """Natively: workflow commands with a signal switch run as processes, the rest in-process
     (the same workflow.main, without LangGraph's import per command); the README's native
-    section and `make demo` run every command as a process. Lab 10's commands run through the
-    demo's own step (labs.tools.demo.Demo.run), whose verdict is checked here too: one run of
-    its workers and heartbeats serves both (it was a second run in test_demo.py)."""
+    section and `make demo` run every command as a process. The commands of the guides in
+    DEMO_VERDICTS run through the demo's own step (labs.tools.demo.Demo.run), whose verdict is
+    checked here too."""
     if guide in SCALE:
         require_postgres()  # natively, its postgres service is a throwaway cluster
     backend = LocalBackend(tmp_path / "data", log_path=tmp_path / "receiver.log", in_process=True)
     try:
         steps = parse_guide(guide.read_text(encoding="utf-8"))
-        if guide == LAB_10:  # the demo's own run of each command: its verdict is checked too
-            outcomes = assert_the_demo_counts_lab_10s_tickets(steps[:-1], backend, capsys)
+        if guide.name[:2] in DEMO_VERDICTS:  # through the demo's step: its verdict checked too
+            outcomes = assert_the_demo_tells_it(guide, steps[:-1], backend, capsys)
         else:
             outcomes = [run_step(step, backend) for step in steps[:-1]]
         assert all(o.ok for o in outcomes), f"{guide.name} differs:\n{describe(outcomes)}"
@@ -143,32 +142,65 @@ def test_guide_local(guide, tmp_path, capsys):
         backend.close()
 
 
-def assert_the_demo_counts_lab_10s_tickets(steps, backend, capsys):
-    """`make demo` on lab 10, but for its reset: each command run as the demo runs it, and the
-    verdict it says before the reset. Tickets made by background workers are counted by their key,
-    the frozen naive worker's keyless duplicate by the drain's `done` and the woken worker's
-    `held_run`. Returns the outcomes."""
+# What `make demo` says of these guides before their reset: the verdict, counted on the receiver
+# (labs.tools.demo.Ledger), and the closing line on the modes. Checked on the guide's native run.
+DEMO_VERDICTS = {
+    "07": (
+        [  # approve's in-node duplicate and keyed replay, each on its operation; each run's ask
+            #   for approval (its own ticket, keyed OPERATION:approval) on the operation that asked
+            "case-in-node:open-ticket:v1: 2 tickets for one operation (duplicate), "
+            "asked for approval once",
+            "case-in-node-safe:open-ticket:v1: 1 ticket, asked for approval once, "
+            "approve got created: false",
+            "case-in-node-ledger:open-ticket:v1: 1 ticket, asked for approval once",
+            "case-own-node:open-ticket:v1: 1 ticket, asked for approval once",
+        ],
+        "What the labs showed: naive: 1 of 2 operations duplicated; "
+        "safe: 0 of 1 operation duplicated; ledger: 0 of 1 operation duplicated",
+    ),
+    "10": (
+        [  # background workers' tickets by their key; the frozen naive worker's keyless
+            #   duplicate by the drain's `done` and the woken worker's `held_run`
+            "case-1:open-ticket:v1: 1 ticket",
+            "case-2:open-ticket:v1: 1 ticket",
+            "case-3:open-ticket:v1: 1 ticket",
+            "case-4:open-ticket:v1: 1 ticket",
+            "case-5:open-ticket:v1: 2 tickets for one operation (duplicate)",
+            "case-6:open-ticket:v1: 1 ticket, worker wait got created: false",
+            "case-7:open-ticket:v1: 1 ticket",
+        ],
+        "What the labs showed: ledger: 0 of 5 operations duplicated; "
+        "naive: 1 of 1 operation duplicated; safe: 0 of 1 operation duplicated",
+    ),
+    "14": (
+        [  # expired keys show as null: each ticket still counts on the command's operation
+            "case-kept:open-ticket:v1: 2 tickets for one operation (duplicate)",
+            "case-kept-day:open-ticket:v1: 1 ticket, resume got created: false",
+        ],
+        "What the labs showed: safe: 1 of 2 operations duplicated",  # the key had expired
+    ),
+}
+
+
+def assert_the_demo_tells_it(guide, steps, backend, capsys):
+    """`make demo` on the guide, but for its reset: each command run by the demo's own step
+    (Demo.run: the command shown as typed, its native line, its output), then the verdict the
+    demo says before the reset and its closing lines. Returns the outcomes. One run of the guide
+    serves both (labs 07, 10 and 14 each ran a second time in test_demo.py)."""
+    verdicts, showed = DEMO_VERDICTS[guide.name[:2]]
     teller, ledger = demo.Demo(backend, demo.Style(False)), demo.Ledger()
+    capsys.readouterr()
     for step in steps:
         teller.run(step, ledger)
-    capsys.readouterr()
     teller.verdict(ledger)
-    assert teller.closing([LAB_10]) == demo.EXIT_OK
+    assert teller.closing([guide]) == demo.EXIT_OK
     out = capsys.readouterr().out
     said = out.split("Verdict, counted on the receiver\n")[1].split("\n\n")[0]
-    assert [line.strip() for line in said.splitlines()] == [
-        "case-1:open-ticket:v1: 1 ticket",
-        "case-2:open-ticket:v1: 1 ticket",
-        "case-3:open-ticket:v1: 1 ticket",
-        "case-4:open-ticket:v1: 1 ticket",
-        "case-5:open-ticket:v1: 2 tickets for one operation (duplicate)",
-        "case-6:open-ticket:v1: 1 ticket, worker wait got created: false",
-        "case-7:open-ticket:v1: 1 ticket",
-    ], out
-    assert (
-        "What the labs showed: ledger: 0 of 5 operations duplicated; "
-        "naive: 1 of 1 operation duplicated; safe: 0 of 1 operation duplicated"
-    ) in out
+    assert [line.strip() for line in said.splitlines()] == verdicts, out
+    assert showed in out, out
+    for step in steps:
+        if parse_command(step.command).verb == "sleep":  # lab 14: shown as typed, no native line
+            assert f"\n$ {step.command}\n" in out and f"natively: {step.command}" not in out
     return teller.outcomes
 
 
