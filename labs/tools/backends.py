@@ -330,7 +330,8 @@ class LocalBackend(Backend):
             return Result("")
         if cmd.verb == "run" and cmd.args[:2] == ["--rm", "worker"]:
             args = cmd.args[2:]
-            if self.in_process and args[:1] != ["run"]:  # a client of the queue: see local.py
+            serves = args[:1] == ["run"] or (args[:1] == ["metrics"] and "--port" in args)
+            if self.in_process and not serves:  # a client of the queue: see local.py
                 done = run_worker_here(args, self.workers.env)
             else:
                 done = self.workers.run(args)
