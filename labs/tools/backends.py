@@ -48,6 +48,7 @@ from labs.tools.local import (
     free_port,
     lab_env,
     run,
+    run_worker_here,
     run_workflow,
     run_workflow_here,
     shell_exit_code,
@@ -220,7 +221,8 @@ class LocalBackend(Backend):
         raise ValueError(f"the {self.name} backend has no mapping for {command!r}")
 
     def __init__(self, data_dir=None, port=None, log_path=None, in_process=False):
-        self.in_process = in_process  # workflow commands without a signal switch: see local.py
+        self.in_process = in_process  # workflow commands without a signal switch, and worker
+        #                               commands other than `run`, in this process: see local.py
         self.owned = data_dir is None  # a folder we made is deleted by close()
         self.data_dir = Path(data_dir or tempfile.mkdtemp(prefix="stateful-lab-"))
         self.env = lab_env(self.data_dir, port or free_port())
@@ -327,7 +329,12 @@ class LocalBackend(Backend):
                 self.workers.scale(int(scale[-1].split("=")[1]) if scale else 1)
             return Result("")
         if cmd.verb == "run" and cmd.args[:2] == ["--rm", "worker"]:
-            done = self.workers.run(cmd.args[2:])
+            args = cmd.args[2:]
+            serves = args[:1] == ["run"] or (args[:1] == ["metrics"] and "--port" in args)
+            if self.in_process and not serves:  # a client of the queue: see local.py
+                done = run_worker_here(args, self.workers.env)
+            else:
+                done = self.workers.run(args)
             return Result(done.stdout, done.stderr, shell_exit_code(done.returncode))
         signals = {"pause": signal.SIGSTOP, "unpause": signal.SIGCONT}
         if cmd.verb == "kill" and cmd.args[:1] == ["-s"] and cmd.args[2:] == ["worker"]:

@@ -10,6 +10,7 @@ import contextlib
 import io
 import json
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -186,6 +187,49 @@ def run_workflow_here(args, env):
         except SystemExit as exit:  # argparse: --help, or a usage mistake
             code = exit.code if isinstance(exit.code, int) else 1
     return subprocess.CompletedProcess(args, code, out.getvalue(), err.getvalue())
+
+
+def run_worker_here(args, env):
+    """worker.main(ARGS) in this process, with env as its whole environment, for a command that
+    is a client of the queue (submit, status, wait, state, reconcile, metrics once), never `run`:
+    a worker is a process of its own, which the labs kill and freeze (nor `metrics --port`, a
+    server that runs until it is stopped).
+
+    The same code as `python worker.py ARGS` without a new interpreter (~0.4 s a command here,
+    more for `state`, which imports LangGraph): the tests' guide and fault runs use it. Not
+    thread-safe (os.environ, stdout and stderr are swapped for the call). Every failpoint is off
+    afterwards (worker.main configures the process's points from FAILPOINTS)."""
+    if args[:1] == ["run"] or (args[:1] == ["metrics"] and "--port" in args):
+        raise ValueError(f"`worker.py {shlex.join(args)}` runs until stopped: start a process")
+    import failpoints
+    import worker
+
+    out, err = io.StringIO(), io.StringIO()
+    with (
+        environment(env),
+        contextlib.redirect_stdout(out),
+        contextlib.redirect_stderr(err),
+    ):
+        try:
+            code = worker.main(list(args))
+        except SystemExit as exit:  # argparse: --help, or a usage mistake
+            code = exit.code if isinstance(exit.code, int) else 1
+        finally:
+            failpoints.reset()
+    return subprocess.CompletedProcess(args, code, out.getvalue(), err.getvalue())
+
+
+@contextlib.contextmanager
+def environment(env):
+    """os.environ is env inside the block, and what it was afterwards."""
+    saved = dict(os.environ)
+    os.environ.clear()
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
 
 
 def events(stdout):

@@ -2,7 +2,11 @@
 
 In-process where no signal is needed (labs.tools.demo.main with captured output); the
 Ctrl-C tests run the demo as a process and send SIGINT to its process group, as a terminal
-does.
+does. Checked elsewhere, on runs of the guides that happen anyway: the story of labs 01-02
+(paragraphs, native lines, a verdict per operation, `logs api`) on the README's own `make demo
+BACKEND=local` run (tests/guides/test_readme.py); the verdicts of labs 07, 10 and 14 (an ask for
+approval, background workers' tickets, expired keys) on their native guide runs, through the
+demo's own Demo.run (tests/guides/test_guides.py, test_guide_local and DEMO_VERDICTS).
 """
 
 import io
@@ -16,7 +20,6 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import require_postgres
 
 from labs.tools import demo
 from labs.tools.backends import compose_command
@@ -24,11 +27,7 @@ from labs.tools.local import ROOT, wait_until
 from labs.tools.runner import parse_guide
 
 LAB01 = ROOT / "labs" / "01-the-duplicate.md"
-LAB02 = ROOT / "labs" / "02-the-keyed-fix.md"
 LAB06 = ROOT / "labs" / "06-the-lost-acknowledgement.md"
-LAB07 = ROOT / "labs" / "07-the-approval-that-runs-twice.md"
-LAB10 = ROOT / "labs" / "10-two-workers-one-thread.md"
-LAB14 = ROOT / "labs" / "14-the-key-that-expired.md"
 INTRO = re.compile(r"runs on 127\.0\.0\.1:(\d+) with its data in (\S+);")
 STOP_DEADLINE_S = 60
 
@@ -49,34 +48,6 @@ def test_the_story_comes_from_the_guide_itself():
     reset = story.chapters[-1]
     assert reset.heading == "Reset" and reset.steps[0].command.endswith("down -v --remove-orphans")
     assert len(reset.notice) == 3 and reset.notice[0].startswith("`prepare` did not run again")
-
-
-@pytest.mark.long
-def test_demo_tells_labs_01_and_02_with_a_verdict_per_operation(capsys):
-    code, out, err = run_demo(capsys, LAB01, LAB02)
-    assert code == 0, out + err
-    assert "=== Lab 01: the duplicate ===" in out
-    assert "The receiver starts empty." in out  # the guide's paragraph after its block
-    assert "  natively: python lab.py tickets" in out
-    assert "case-naive:open-ticket:v1: 2 tickets for one operation (duplicate)" in out
-    assert "case-safe:open-ticket:v1: 1 ticket, resume got created: false" in out
-    assert out.index("What to notice") < out.index("Verdict") < out.index("-- Reset")
-    # `logs api` shows the receiver's side: lab 02's proof is its `replayed` line
-    logs = out.split("$ docker compose -p stateful-lab logs api\n")
-    assert len(logs) == 3 and "receiver: created key=None ticket=2\n" in logs[1], logs[1][:300]
-    assert "\nreceiver: replayed key=case-safe:open-ticket:v1 ticket=1\n" in logs[2]
-    last = out.strip().splitlines()[-3:]
-    assert last[0] == (
-        "What the labs showed: naive: 1 of 1 operation duplicated; "
-        "safe: 0 of 1 operation duplicated"
-    )
-    assert last[1].startswith("What the workflow did (labs.tools.tally): ")
-    commands = sum(len(parse_guide(g.read_text(encoding="utf-8"))) for g in (LAB01, LAB02))
-    assert last[2] == (
-        "Output against the guides (2 guides, local backend): "
-        f"all {commands} commands printed what the guides say"
-    )
-    assert "\033[" not in out  # not a terminal: plain text
 
 
 def test_the_verdict_follows_the_receiver_not_the_guide(capsys, tmp_path):
@@ -120,70 +91,6 @@ def test_stderr_comes_with_its_exit_code_and_lab_06_turns_its_fault_on(capsys):
         "replayed": 0,
         "settled": 1,
     }
-
-
-def verdicts(out):
-    """The lines under each "Verdict, counted on the receiver" heading."""
-    found = []
-    for block in out.split("Verdict, counted on the receiver\n")[1:]:
-        found += [line.strip() for line in block.split("\n\n")[0].splitlines()]
-    return found
-
-
-@pytest.mark.long
-def test_lab_07s_approve_is_counted_on_its_own_operation(capsys):
-    """`approve` makes the in-node duplicate (ticket 3) and replays the keyed one: the verdict
-    puts each on its operation, as the guide's own ticket listing shows, and each run's ask for
-    approval (its own ticket, keyed OPERATION:approval) on the operation that asked."""
-    code, out, err = run_demo(capsys, LAB07)
-    assert code == 0, out + err
-    assert verdicts(out) == [
-        "case-in-node:open-ticket:v1: 2 tickets for one operation (duplicate), "
-        "asked for approval once",
-        "case-in-node-safe:open-ticket:v1: 1 ticket, asked for approval once, "
-        "approve got created: false",
-        "case-in-node-ledger:open-ticket:v1: 1 ticket, asked for approval once",
-        "case-own-node:open-ticket:v1: 1 ticket, asked for approval once",
-    ]
-    assert (
-        "What the labs showed: naive: 1 of 2 operations duplicated; "
-        "safe: 0 of 1 operation duplicated; ledger: 0 of 1 operation duplicated"
-    ) in out
-
-
-@pytest.mark.long
-def test_lab_10s_worker_tickets_are_counted_on_their_operations(capsys):
-    """Tickets made by background workers (keyed: by their key) and the frozen naive worker's
-    keyless duplicate (named by the drain's `done` and the woken worker's `held_run`)."""
-    require_postgres()  # natively, lab 10's postgres service is a throwaway cluster
-    code, out, err = run_demo(capsys, LAB10)
-    assert code == 0, out + err
-    assert verdicts(out) == [
-        "case-1:open-ticket:v1: 1 ticket",
-        "case-2:open-ticket:v1: 1 ticket",
-        "case-3:open-ticket:v1: 1 ticket",
-        "case-4:open-ticket:v1: 1 ticket",
-        "case-5:open-ticket:v1: 2 tickets for one operation (duplicate)",
-        "case-6:open-ticket:v1: 1 ticket, worker wait got created: false",
-        "case-7:open-ticket:v1: 1 ticket",
-    ]
-    assert (
-        "What the labs showed: ledger: 0 of 5 operations duplicated; "
-        "naive: 1 of 1 operation duplicated; safe: 0 of 1 operation duplicated"
-    ) in out
-
-
-@pytest.mark.long
-def test_lab_14s_expired_key_still_counts_on_its_operation(capsys):
-    """Lab 14's keys expire (the receiver then shows them as null): each ticket still counts on
-    the operation whose command made it, and `sleep 3` is shown as typed."""
-    code, out, err = run_demo(capsys, LAB14)
-    assert code == 0, out + err
-    assert verdicts(out) == [
-        "case-kept:open-ticket:v1: 2 tickets for one operation (duplicate)",
-        "case-kept-day:open-ticket:v1: 1 ticket, resume got created: false",
-    ]
-    assert "  natively: sleep 3" not in out and "\n$ sleep 3\n" in out
 
 
 def demo_url(out):

@@ -14,6 +14,7 @@ from shutil import which
 import pytest
 from conftest import require_postgres
 
+from labs.tools import demo
 from labs.tools.backends import (
     LOST_ACK,
     DockerBackend,
@@ -25,12 +26,14 @@ from labs.tools.runner import COMPOSE_PREFIX, lines_match, parse_guide, run_guid
 
 GUIDES = sorted((ROOT / "labs").glob("[0-9][0-9]-*.md"))
 SCALE = {g for g in GUIDES if "up -d postgres" in g.read_text(encoding="utf-8")}  # lab 10
-LONG = {"04", "07", "10"}  # the guides with the most commands: marked long (started first)
+# The guides whose run takes about 30 s or more (--durations): marked long, started first.
+LONG = {"04", "10", "11"}  # natively
+LONG_DOCKER = LONG | {"07", "08", "09", "12", "13", "14", "15"}  # a container a command
 
 
-def each_guide():
+def each_guide(long=LONG):
     return [
-        pytest.param(g, id=g.stem, marks=[pytest.mark.long] if g.name[:2] in LONG else [])
+        pytest.param(g, id=g.stem, marks=[pytest.mark.long] if g.name[:2] in long else [])
         for g in GUIDES
     ]
 
@@ -111,16 +114,21 @@ def test_compose_yaml_turns_no_fault_on_and_the_override_does():
 
 
 @pytest.mark.parametrize("guide", each_guide())
-def test_guide_local(guide, tmp_path):
+def test_guide_local(guide, tmp_path, capsys):
     """Natively: workflow commands with a signal switch run as processes, the rest in-process
     (the same workflow.main, without LangGraph's import per command); the README's native
-    section and `make demo` run every command as a process."""
+    section and `make demo` run every command as a process. The commands of the guides in
+    DEMO_VERDICTS run through the demo's own step (labs.tools.demo.Demo.run), whose verdict is
+    checked here too."""
     if guide in SCALE:
         require_postgres()  # natively, its postgres service is a throwaway cluster
     backend = LocalBackend(tmp_path / "data", log_path=tmp_path / "receiver.log", in_process=True)
     try:
         steps = parse_guide(guide.read_text(encoding="utf-8"))
-        outcomes = [run_step(step, backend) for step in steps[:-1]]
+        if guide.name[:2] in DEMO_VERDICTS:  # through the demo's step: its verdict checked too
+            outcomes = assert_the_demo_tells_it(guide, steps[:-1], backend, capsys)
+        else:
+            outcomes = [run_step(step, backend) for step in steps[:-1]]
         assert all(o.ok for o in outcomes), f"{guide.name} differs:\n{describe(outcomes)}"
         assert_the_ledger_counts_the_tickets(guide, steps, backend)
         if guide.name.startswith("11-"):
@@ -132,6 +140,68 @@ def test_guide_local(guide, tmp_path):
         assert last.ok, f"{guide.name} differs:\n{describe([last])}"
     finally:
         backend.close()
+
+
+# What `make demo` says of these guides before their reset: the verdict, counted on the receiver
+# (labs.tools.demo.Ledger), and the closing line on the modes. Checked on the guide's native run.
+DEMO_VERDICTS = {
+    "07": (
+        [  # approve's in-node duplicate and keyed replay, each on its operation; each run's ask
+            #   for approval (its own ticket, keyed OPERATION:approval) on the operation that asked
+            "case-in-node:open-ticket:v1: 2 tickets for one operation (duplicate), "
+            "asked for approval once",
+            "case-in-node-safe:open-ticket:v1: 1 ticket, asked for approval once, "
+            "approve got created: false",
+            "case-in-node-ledger:open-ticket:v1: 1 ticket, asked for approval once",
+            "case-own-node:open-ticket:v1: 1 ticket, asked for approval once",
+        ],
+        "What the labs showed: naive: 1 of 2 operations duplicated; "
+        "safe: 0 of 1 operation duplicated; ledger: 0 of 1 operation duplicated",
+    ),
+    "10": (
+        [  # background workers' tickets by their key; the frozen naive worker's keyless
+            #   duplicate by the drain's `done` and the woken worker's `held_run`
+            "case-1:open-ticket:v1: 1 ticket",
+            "case-2:open-ticket:v1: 1 ticket",
+            "case-3:open-ticket:v1: 1 ticket",
+            "case-4:open-ticket:v1: 1 ticket",
+            "case-5:open-ticket:v1: 2 tickets for one operation (duplicate)",
+            "case-6:open-ticket:v1: 1 ticket, worker wait got created: false",
+            "case-7:open-ticket:v1: 1 ticket",
+        ],
+        "What the labs showed: ledger: 0 of 5 operations duplicated; "
+        "naive: 1 of 1 operation duplicated; safe: 0 of 1 operation duplicated",
+    ),
+    "14": (
+        [  # expired keys show as null: each ticket still counts on the command's operation
+            "case-kept:open-ticket:v1: 2 tickets for one operation (duplicate)",
+            "case-kept-day:open-ticket:v1: 1 ticket, resume got created: false",
+        ],
+        "What the labs showed: safe: 1 of 2 operations duplicated",  # the key had expired
+    ),
+}
+
+
+def assert_the_demo_tells_it(guide, steps, backend, capsys):
+    """`make demo` on the guide, but for its reset: each command run by the demo's own step
+    (Demo.run: the command shown as typed, its native line, its output), then the verdict the
+    demo says before the reset and its closing lines. Returns the outcomes. One run of the guide
+    serves both (labs 07, 10 and 14 each ran a second time in test_demo.py)."""
+    verdicts, showed = DEMO_VERDICTS[guide.name[:2]]
+    teller, ledger = demo.Demo(backend, demo.Style(False)), demo.Ledger()
+    capsys.readouterr()
+    for step in steps:
+        teller.run(step, ledger)
+    teller.verdict(ledger)
+    assert teller.closing([guide]) == demo.EXIT_OK
+    out = capsys.readouterr().out
+    said = out.split("Verdict, counted on the receiver\n")[1].split("\n\n")[0]
+    assert [line.strip() for line in said.splitlines()] == verdicts, out
+    assert showed in out, out
+    for step in steps:
+        if parse_command(step.command).verb == "sleep":  # lab 14: shown as typed, no native line
+            assert f"\n$ {step.command}\n" in out and f"natively: {step.command}" not in out
+    return teller.outcomes
 
 
 def assert_the_log_lines_shown_are_the_receivers(outcomes):
@@ -214,7 +284,7 @@ def assert_the_drills_stderr_is_the_graphs_own_lines(outcomes):
 
 
 @pytest.mark.docker
-@pytest.mark.parametrize("guide", each_guide())
+@pytest.mark.parametrize("guide", each_guide(LONG_DOCKER))
 def test_guide_docker(guide):
     backend = DockerBackend(f"{PROJECT_PREFIX}-{guide.name[:2]}")
     try:
@@ -226,9 +296,12 @@ def test_guide_docker(guide):
 
 
 @pytest.mark.docker
+@pytest.mark.long
 def test_compose_v1_runs_lab_06_as_the_readme_says():
     """The README says Debian's docker-compose 1.29 works too, typed where a guide says `docker
-    compose`. Lab 06 is the guide where Compose versions differ (-f on every command)."""
+    compose`. Lab 06 is the guide where Compose versions differ (-f on every command). Before its
+    reset, a learner forgets --rm once; the reset still leaves nothing, and the lab starts as it
+    says again (test_the_reset_survives_a_run_typed_without_rm, for Compose 1.29)."""
     v1 = which("docker-compose") and run(["docker-compose", "version", "--short"], timeout=30)
     if not v1 or not v1.stdout.startswith("1."):
         reason = "COMPOSE V1 NOT CHECKED: no docker-compose 1.x on PATH (Debian: docker-compose)"
@@ -236,11 +309,12 @@ def test_compose_v1_runs_lab_06_as_the_readme_says():
             pytest.fail(reason + " (LAB_REQUIRE_DOCKER=1 requires it)")
         pytest.skip(reason)
     backend = DockerBackend(f"{PROJECT_PREFIX}-v1", compose=("docker-compose",))
+    lab_06 = parse_guide((ROOT / "labs" / "06-the-lost-acknowledgement.md").read_text("utf-8"))
     try:
         assert backend.down().exit_code == 0
-        lab_06 = ROOT / "labs" / "06-the-lost-acknowledgement.md"
-        assert_guide_holds(lab_06, backend)
-        assert_reset_left_no_volume(lab_06, backend)
+        outcomes = [run_step(step, backend) for step in lab_06[:-1]]
+        assert all(o.ok for o in outcomes), f"lab 06 differs:\n{describe(outcomes)}"
+        assert_the_reset_survives_a_run_typed_without_rm(backend, lab_06, lab_06[-2])
     finally:
         backend.close()
 
@@ -270,12 +344,6 @@ def test_guide_directory_has_only_guides_and_the_compose_files_they_name():
             assert f"labs/{path.name}" in text, f"no guide names {path.name}"
 
 
-COMPOSES = [
-    pytest.param(("docker", "compose"), id="compose-v2"),
-    pytest.param(("docker-compose",), id="compose-v1"),
-]
-
-
 def compose_backend(compose, name):
     """A docker backend driving this Compose (v2 plugin or v1 docker-compose), or a loud skip."""
     version = which(compose[0]) and run([*compose, "version", "--short"], timeout=30)
@@ -297,31 +365,41 @@ def project_left(backend, kind):
 
 
 @pytest.mark.docker
-@pytest.mark.parametrize("compose", COMPOSES)
-def test_the_reset_survives_a_run_typed_without_rm(compose):
+def test_the_reset_survives_a_run_typed_without_rm():
     """A learner forgets --rm once: its stopped container mounts the checkpoint volume, which
     Compose 2's plain `down -v` then keeps ("Resource is still in use", exit 0), and lab 01's
     start finds its old thread (exit 4, "reset the lab"). The guides' reset removes both, and
-    lab 01 starts as it says."""
-    backend = compose_backend(compose, "no-rm")
+    lab 01 starts as it says. (Compose 1.29: test_compose_v1_runs_lab_06_as_the_readme_says,
+    on lab 06 before its reset.)"""
+    backend = compose_backend(("docker", "compose"), "no-rm")
     lab_01 = parse_guide((ROOT / "labs" / "01-the-duplicate.md").read_text(encoding="utf-8"))
     crash = next(i for i, step in enumerate(lab_01) if step.command.endswith(" --crash"))
     try:
         assert backend.down().exit_code == 0
         first = [run_step(step, backend) for step in lab_01[: crash + 1]]
         assert all(o.ok for o in first), describe(first)
-        forgot = lab_01[crash + 1].command.replace(" run --rm ", " run ", 1)  # `state`, no --rm
-        assert backend.run(forgot).exit_code == 0
-        assert len(project_left(backend, "container")) == 2  # the api and the stopped run
-
-        reset = run_step(lab_01[-1], backend)  # the guide's own reset line, as typed
-        assert reset.ok and lab_01[-1].command == DOWN, describe([reset])
-        for kind in ("container", "volume"):
-            assert project_left(backend, kind) == [], kind
-        again = [run_step(step, backend) for step in lab_01[: crash + 1]]
-        assert all(o.ok for o in again), describe(again)  # the crash makes ticket 1 again
+        assert_the_reset_survives_a_run_typed_without_rm(backend, lab_01, lab_01[crash + 1])
     finally:
         backend.close()
+
+
+def assert_the_reset_survives_a_run_typed_without_rm(backend, guide, step):
+    """Before the guide's reset: `step`, one of its `run --rm` lines typed without --rm, leaves a
+    stopped container; the guide's reset (its last line) removes it and every volume; and its
+    first lines, to its first crash, print what they say again (a volume kept would keep the old
+    thread: exit 4, and the receiver's ticket numbers)."""
+    forgot = step.command.replace(" run --rm ", " run ", 1)
+    assert forgot != step.command
+    assert backend.run(forgot).exit_code == 0
+    assert len(project_left(backend, "container")) == 2  # the api and the stopped run
+
+    reset = run_step(guide[-1], backend)  # the guide's own reset line, as typed
+    assert reset.ok and guide[-1].command == DOWN, describe([reset])
+    for kind in ("container", "volume"):
+        assert project_left(backend, kind) == [], kind
+    crash = next(i for i, s in enumerate(guide) if re.search(r" --crash(-at \S+)?$", s.command))
+    again = [run_step(s, backend) for s in guide[: crash + 1]]
+    assert all(o.ok for o in again), describe(again)  # the crash makes ticket 1 again
 
 
 @pytest.mark.docker

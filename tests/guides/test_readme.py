@@ -1,4 +1,7 @@
-"""The README is executed too: its demo block, its file table, its links."""
+"""The README is executed too: its demo block, its file table, its links.
+
+Its demo block (`make demo BACKEND=local`: labs 01-03, every command a process) is also where
+the story the demo tells is checked (tests/guides/test_demo.py checks the rest in-process)."""
 
 import json
 import re
@@ -30,6 +33,24 @@ def test_the_readme_demo_block_prints_what_it_shows(tmp_path):
     assert done.returncode == step.exit_code, done.stdout + done.stderr
     assert lines_match(step.expected, done.stdout.splitlines()), done.stdout
     assert done.stdout.startswith("backend: local")
+    assert_the_demo_tells_labs_01_and_02_with_a_verdict_per_operation(done.stdout)
+
+
+def assert_the_demo_tells_labs_01_and_02_with_a_verdict_per_operation(out):
+    """The story the demo tells around the commands (the block above checks its closing lines):
+    the guide's title and paragraphs, the native lines, a verdict per operation before the
+    reset, the receiver's side under `logs api`, and plain text when no terminal reads it."""
+    assert "=== Lab 01: the duplicate ===" in out
+    assert "The receiver starts empty." in out  # the guide's paragraph after its block
+    assert "  natively: python lab.py tickets" in out
+    assert "case-naive:open-ticket:v1: 2 tickets for one operation (duplicate)" in out
+    assert "case-safe:open-ticket:v1: 1 ticket, resume got created: false" in out
+    assert out.index("What to notice") < out.index("Verdict") < out.index("-- Reset")
+    # `logs api` shows the receiver's side: lab 02's proof is its `replayed` line
+    logs = out.split("$ docker compose -p stateful-lab logs api\n")
+    assert len(logs) == 3 and "receiver: created key=None ticket=2\n" in logs[1], logs[1][:300]
+    assert "\nreceiver: replayed key=case-safe:open-ticket:v1 ticket=1\n" in logs[2]
+    assert "\033[" not in out  # not a terminal: plain text
 
 
 def test_every_console_block_in_the_readme_is_run_by_a_test():

@@ -107,6 +107,7 @@ def add_an_effect(dest):
     return sum(tag != "equal" for tag, *_ in changed.get_opcodes())
 
 
+@pytest.mark.long
 def test_the_starter_with_one_effect_added_as_its_readme_says_passes_its_own_tests(
     tmp_path, capsys
 ):
@@ -169,6 +170,7 @@ def test_a_dest_that_is_not_empty_is_refused_and_left_alone(tmp_path, capsys):
 
 
 @pytest.mark.docker
+@pytest.mark.long  # the longest test of all: an image of its own, built with its lock
 def test_the_starters_docker_commands_work_and_survive_a_kill_in_the_window(built):
     """The README's two commands, then a run killed in its window and resumed: one ticket; and
     the starter's suite inside its image (only its lock installed). In a project and with an

@@ -21,7 +21,15 @@ from conftest import require_postgres
 from prometheus_client.parser import text_string_to_metric_families
 
 import failpoints
-from labs.tools.local import ROOT, ReceiverProcess, free_port, lab_env, run, wait_until
+from labs.tools.local import (
+    ROOT,
+    ReceiverProcess,
+    free_port,
+    lab_env,
+    run,
+    run_worker_here,
+    wait_until,
+)
 from labs.tools.pg import TempPostgres
 
 OPERATIONS = 24
@@ -121,8 +129,12 @@ def worker(env, *args, timeout=2 * HANG_GUARD_S):
 
 
 def submit_all(env, n=OPERATIONS):
+    """n operations queued by `worker.py submit`, run in this process (worker.main: the same code
+    without n interpreters starting; submit and the exit 4 of a second job are lab 10's)."""
     for i in range(n):
-        done = worker(env, "submit", "--thread", f"op-{i}", "--operation", f"op-{i}:open")
+        done = run_worker_here(
+            ["submit", "--thread", f"op-{i}", "--operation", f"op-{i}:open"], env
+        )
         assert done.returncode == 0, done.stderr
 
 

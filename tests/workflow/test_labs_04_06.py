@@ -265,28 +265,11 @@ def test_a_drill_cell_fails_and_says_why_when_the_receiver_cannot_lose_an_answer
     assert cell["log"][0]["events"] == ["prepare", "effect_ack", "done"]
 
 
-def test_chaos_prints_one_json_line_and_its_verdict_on_stderr():
-    done = subprocess.run(
-        [sys.executable, "-m", "labs.tools.chaos", "--runs", "4", "--seed", "1"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
-    [line] = done.stdout.splitlines()
-    result = json.loads(line)
-    assert result["runs"] == result["operations"] == result["tickets"] == 4
-    assert result["duplicates"] == 0 and result["killed"] == 4 and result["seed"] == 1
-    assert 0 <= result["in_crash_window"] <= result["killed"]
-    verdict = done.stderr.splitlines()[-1]
-    assert verdict.startswith("chaos: safe mode held: every one of 4 runs has exactly one ticket")
-    assert f"{result['in_crash_window']} of 4 kills landed in the crash window" in verdict
-
-
 def test_make_chaos_prints_a_replay_line_that_replays_its_seed():
     """The replay line a `make chaos` run prints is a command that works as printed: run
-    again, it draws the same seed (and so the same kill offsets) and prints the same line."""
+    again, it draws the same seed (and so the same kill offsets) and prints the same line. Its
+    stdout is one JSON line (`make chaos | jq` reads nothing else), its verdict the last line of
+    stderr."""
 
     def make_chaos(*variables):
         done = subprocess.run(
@@ -298,8 +281,16 @@ def test_make_chaos_prints_a_replay_line_that_replays_its_seed():
             timeout=180,
         )
         assert done.returncode == 0, done.stdout + done.stderr
+        [line] = done.stdout.splitlines()
+        result = json.loads(line)
+        assert result["runs"] == result["operations"] == result["tickets"] == 2, result
+        assert result["duplicates"] == 0 and result["killed"] == 2, result
+        assert 0 <= result["in_crash_window"] <= result["killed"]
+        verdict = done.stderr.splitlines()[-1]
+        assert verdict.startswith("chaos: safe mode held: every one of 2 runs has exactly one")
+        assert f"{result['in_crash_window']} of 2 kills landed in the crash window" in verdict
         (replay,) = re.findall(r"\(replay: (make chaos [^)]*)\)", done.stderr)
-        return json.loads(done.stdout)["seed"], replay
+        return result["seed"], replay
 
     seed, replay = make_chaos("RUNS=2")
     assert replay == f"make chaos RUNS=2 SEED={seed} MODE=safe"
