@@ -38,6 +38,7 @@ Configuration (environment, read in main()):
     API_URL, CHECKPOINT_DB, API_TIMEOUT_S, API_ATTEMPTS   as workflow.py reads them
     RELAY_POLL_S     1 (seconds between rounds, without --once)
     FAILPOINTS       "" (all off): before-publish, after-publish (see failpoints.py)
+    LAB_TRACE        "" (off): otlp or a file, as workflow.py reads it (tracing.py)
 """
 
 import json
@@ -54,6 +55,7 @@ from typing import NamedTuple
 
 import effects
 import failpoints
+import tracing
 import workflow
 from failpoints import fail
 from workflow import EXIT_HTTP_ERROR, EXIT_NO_ANSWER, EXIT_USAGE, UserError, emit
@@ -229,6 +231,10 @@ def main(argv=None, environ=None):
         try:
             failpoints.configure(settings.failpoints, known=POINTS, announce=workflow.announce)
         except failpoints.FailpointSpecError as error:
+            raise UserError(str(error), EXIT_USAGE) from None
+        try:  # LAB_TRACE: each delivery's POST a span with the message id as its key
+            tracing.start(settings.trace, "relay")
+        except tracing.TracingError as error:
             raise UserError(str(error), EXIT_USAGE) from None
         points = {args.crash_at: "kill"} if args.crash_at else {}
         with failpoints.scoped(points), opened(settings.checkpoint_db) as outbox:

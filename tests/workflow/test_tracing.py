@@ -94,6 +94,39 @@ def test_a_resumed_runs_two_attempts_and_the_receivers_replay_join_on_the_key(
     assert len(workflow.TicketClient(lab["API_URL"]).tickets()) == 1
 
 
+def test_the_relays_redelivery_and_the_receivers_replay_join_on_the_message_id(
+    lab, traced_receiver, memory, tmp_path, capsys
+):
+    """Lab 19's window: a relay killed between the receiver's answer and its mark (a real
+    process), then the next relay (in this process) sends the message again. The two POSTs and
+    the receiver's two answers, the first made and the second a replay, carry the message id."""
+    import relay
+
+    message = "case-trace:outbox"
+    Path(lab["CHECKPOINT_DB"]).parent.mkdir(parents=True)
+    with relay.open_outbox(lab["CHECKPOINT_DB"]) as outbox:
+        outbox.put(message, "/tickets", {"title": "Trace"})
+    first_spans = tmp_path / "first-relay.jsonl"
+    killed = run(
+        [sys.executable, "relay.py", "--once", "--crash-at", "after-publish"],
+        {**lab, "LAB_TRACE": str(first_spans)},
+    )
+    assert killed.returncode == -9, killed.stderr
+    assert relay.main(["--once"], lab) == 0
+    assert '"created": false' in capsys.readouterr().out
+    sent = [
+        s
+        for s in [*read(first_spans), *exported(memory)]
+        if s["name"] == "POST /tickets" and s["attributes"].get(KEY) == message
+    ]
+    received = [s for s in read(traced_receiver) if s["attributes"].get(KEY) == message]
+    assert len(sent) == len(received) == 2  # one per delivery, each answered
+    for request, answered in zip(sent, received, strict=True):
+        assert answered["parent_id"] == request["context"]["span_id"]  # traceparent
+    assert [s["attributes"]["receiver.replay"] for s in received] == [False, True]
+    assert len(workflow.TicketClient(lab["API_URL"]).tickets()) == 1
+
+
 @pytest.mark.fast
 def test_an_earlier_attempts_ticket_is_adopted_by_key_and_the_span_says_so(lab, receiver, memory):
     """What a kill between the answer and the receipt (after-send) leaves: the ledger's row
