@@ -18,7 +18,7 @@ from labs.tools.local import COMMAND_TIMEOUT_S, ROOT, free_port, wait_until
 from labs.tools.local import run as run_command
 
 FILES = ("-f", "compose.yaml", "-f", "observe/tracing.compose.yaml")
-TRACED = ("api", "workflow", "worker")  # the services tracing.compose.yaml turns tracing on for
+TRACED = ("api", "workflow", "worker", "relay")  # what tracing.compose.yaml turns tracing on for
 PINNED = re.compile(r"\$\{LAB_JAEGER_IMAGE:-(jaegertracing/jaeger:[\d.]+@sha256:[0-9a-f]{64})\}")
 PROJECT = os.environ.get("LAB_DOCKER_PROJECT", "stateful-lab-test") + "-trace"
 OPERATION = "case-traced:open-ticket:v1"
@@ -49,7 +49,7 @@ def test_compose_reads_the_profile_with_the_tracing_file():
     if compose_command() is None:
         pytest.skip("no docker compose here to read the files")
     done = run_command(
-        [*compose_command(), *FILES, "--profile", "observe", "--profile", "cli", "config"],
+        [*compose_command(), *FILES, *profiles("observe", "cli", "outbox"), "config"],
         env={**os.environ, "LAB_JAEGER_IMAGE": ""},  # empty: the pinned default
         timeout=60,
     )
@@ -62,6 +62,12 @@ def test_compose_reads_the_profile_with_the_tracing_file():
     assert merged["api"]["environment"]["LAB_TRACE"] == "otlp"
     assert merged["api"]["environment"]["RECEIVER_DB"] == "/data/receiver.sqlite"  # kept
     assert merged["workflow"]["environment"]["API_URL"] == "http://api:8000"
+    relay = merged["relay"]["environment"]  # lab 19's: traced, and still on the workflow's file
+    assert relay["LAB_TRACE"] == "otlp" and relay["CHECKPOINT_DB"] == "/data/checkpoints.sqlite"
+
+
+def profiles(*names):
+    return [arg for name in names for arg in ("--profile", name)]
 
 
 def jaeger_image():
