@@ -7,19 +7,25 @@ the workflow's own database, and it moves through these states:
     requested -> confirmed   the answer came back: a receipt is kept, never overwritten
               -> failed      the provider refused it (a business answer: nothing was done)
               -> unknown     sent, and no answer: done or not, nobody here can tell
-              -> released    provably never left (the connection was refused): send again
-    proposed -> authorized -> requested   an effect that waits for a person first
+              -> released    nothing was done: the connection was refused (the Effect's
+                             not_sent decides what proves it), or the provider answered with an
+                             error that did nothing (a wrong address's 404): send again
 
 `requested` is committed before the request leaves. A process that dies after the provider
 committed and before the answer was recorded (the crash window) leaves that row behind, and the
 next attempt does not send blindly:
 
     confirmed            the receipt's answer is returned; the provider is not called at all
-    requested, unknown   the provider is asked by key (Effect.lookup) and what it made is adopted;
-                         it made nothing: the request goes again with the same key. A provider
-                         with no lookup: Unsettled, and a person settles it (Ledger.settle)
+    requested, unknown   the provider is asked by key (Effect.lookup) and what it made is adopted.
+                         Sent again only on evidence: the provider honours the key (keyed: a
+                         resend is answered with the first result), or a lookup finds nothing
+                         settle_s after the last send (the provider may commit late). Else the
+                         row stays unknown and Unsettled names the command to look with; a
+                         person settles it (Ledger.settle, reconcile)
     another request under the same key: Conflict, never a second effect
-    a live process is performing it   InFlight (Postgres: it holds the key's advisory lock)
+    a live process is performing it   InFlight: it holds the key's lock (Postgres: an advisory
+                         lock; SQLite: an fcntl lock on the file's -lease file), which the
+                         operating system drops when the process dies
 
 The ledger's row and LangGraph's checkpoint are two commits, even in one SQLite file. The ledger
 has a connection of its own; so has SqliteSaver (SqliteSaver.from_conn_string opens one, and
@@ -36,9 +42,11 @@ postgresql:// URL), OpenTelemetry only with LAB_TRACE set; importing this module
 """
 
 import dataclasses
+import fcntl
 import hashlib
 import json
 import os
+import socket
 import sqlite3
 import threading
 import time
@@ -49,11 +57,16 @@ from typing import NamedTuple
 import tracing
 from failpoints import fail
 
-STATES = ("proposed", "authorized", "requested", "confirmed", "failed", "unknown", "released")
-TABLES = ("effects", "effect_transitions", "effect_receipts")
+STATES = ("requested", "confirmed", "failed", "unknown", "released")
+TABLES = ("effects", "effect_transitions", "effect_receipts", "effect_extras")
 OPENING = threading.RLock()  # a Ledger's first connection in a process is opened under it
+LEASES = {}  # this process's lease files: path -> (descriptor, {key: the Ledger holding it})
 SETTLED = ("confirmed", "failed")  # final: a later attempt returns (or raises) what they say
 OPEN = ("requested", "unknown")  # a request may be out there: never send blindly
+SETTLE_S = 60.0  # an Effect's default settle_s: a provider commits what it accepted within it
+LEASE_S = 300.0  # a SQLite lease's default length (LEDGER_LEASE_S in workflow.main): past it a
+#   performer still alive (a request hung past every timeout) no longer keeps others out; its
+#   late answer still becomes the receipt, or an extra (effect_extras) if another made one too
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,11 +74,21 @@ class Effect:
     """One kind of effect, declared once: what it sends, how it is looked up, what it answers.
 
     send(client, request, key) -> the provider's answer (a dict); not_sent(error) is true for
-    an error that proves the request never left (a refused connection); refused(error) -> the
-    provider's refusal (a dict) when the error is a business "no" (nothing was done), else None.
+    an error that proves nothing was done (a refused connection, an answer that did nothing);
+    refused(error) -> the provider's refusal (a dict) when the error is a business "no"
+    (nothing was done, and the key is spent), else None.
     lookup(client, key) -> the answer the key made, or None when it made nothing; None (the
     attribute) for a provider that offers no lookup (an email, an SMS).
-    external_id(answer) -> the provider's id for what it made, kept in the receipt.
+    external_id(answer) -> the provider's id for what it made, kept in the receipt;
+    answer_of(external_id) -> the answer a person's id stands for, in the shape the node reads
+    (reconcile --confirmed KEY=ID, for a provider without lookup); None: a person cannot.
+    keyed: the provider honours the key (a resend under it is answered with the first result),
+    so a request whose answer was lost may be sent again. The default, False, is the safe one:
+    the ledger never sends it twice on its own.
+    settle_s: how long the provider may take to commit what it accepted; a lookup that finds
+    nothing sooner after the last send is no proof (SETTLE_S by default).
+    look_with: the command (or address) that shows what the provider holds, for the line that
+    asks a person to look ({key} is filled in).
     """
 
     name: str
@@ -74,10 +97,14 @@ class Effect:
     lookup: Callable | None = None
     not_sent: Callable = lambda error: False
     refused: Callable = lambda error: None
+    keyed: bool = False
+    settle_s: float = None  # SETTLE_S
+    answer_of: Callable | None = None
+    look_with: str = "the provider's own records"
 
     def perform(self, ledger, key, request, client, thread=None):
         """The effect's Outcome, made at most once per key: from the receipt when there is one."""
-        with ledger.performing(key):  # Postgres: InFlight while a live process performs key
+        with ledger.performing(key):  # InFlight while another live process performs key
             # LAB_TRACE: a span with the key, how it was made and the ledger's state (tracing.py)
             with tracing.effect(self.name, key, ledger) as traced:
                 return traced(self.perform_claimed(ledger, key, request, client, thread))
@@ -88,24 +115,29 @@ class Effect:
             return Outcome(record.answer, "receipt")  # a replay: the provider is not called
         if record.state == "failed":
             raise Refused(key, record.refusal)
-        if record.reopened and (found := self.look_up(ledger, key, client)) is not None:
-            return found  # an earlier attempt's request had taken effect: adopted
+        if record.reopened:  # an earlier attempt's request may be out there: evidence first
+            if (found := self.look_up(ledger, key, client)) is not None:
+                return found  # it had taken effect: adopted
+            if (why := self.may_resend(record)) is None:
+                ledger.move(key, "unknown", "no evidence it was not sent: a person must look")
+                raise Unsettled(key, self, record.since_sent_s)
+            ledger.move(key, "requested", f"sent again: {why}")
         try:
             answer = self.send(client, request, key)
         except Exception as error:
             if self.not_sent(error):
-                ledger.move(key, "released", f"not sent: {error}")
+                ledger.move(key, "released", f"not done: {error}")
                 raise
             if (refusal := self.refused(error)) is not None:
                 ledger.refuse(key, refusal)
                 raise Refused(key, refusal) from error
             ledger.move(key, "unknown", f"no answer: {type(error).__name__}: {error}")
-            if self.lookup is None:
-                raise
-            # Sent, no answer: ask the provider by key at once; it made nothing: one more try,
-            # with the same key, which a keyed provider answers with what the first one made.
             if (found := self.look_up(ledger, key, client)) is not None:
-                return found
+                return found  # it committed before the answer was lost
+            if not self.keyed:  # a resend now could be a second effect: stop, and say so
+                raise Unsettled(key, self, 0.0) from error
+            # The provider honours the key: the same request under it gets the first result.
+            ledger.move(key, "requested", "sent again: the provider honours the key")
             answer = self.send(client, request, key)
         except BaseException:  # Ctrl-C, a drain: the request may have left
             ledger.move(key, "unknown", "interrupted while the request was out")
@@ -116,15 +148,26 @@ class Effect:
         return Outcome(ledger.confirm(key, answer, self.external_id(answer), "answered"), "sent")
 
     def look_up(self, ledger, key, client):
-        """The Outcome adopted from the provider's answer under key, or None: it made nothing."""
-        if self.lookup is None:
-            ledger.move(key, "unknown", "no lookup: a person must settle it")
-            raise Unsettled(key, self.name)
-        if (found := self.lookup(client, key)) is None:
+        """The Outcome adopted from the provider's answer under key, or None: it holds nothing
+        (or cannot be asked)."""
+        if self.lookup is None or (found := self.lookup(client, key)) is None:
             return None
         return Outcome(
             ledger.confirm(key, found, self.external_id(found), "adopted by lookup"), "adopted"
         )
+
+    def may_resend(self, record):
+        """Why the evidence allows a resend of record (requested or unknown, nothing found by
+        lookup), or None: it may have been made, and nobody can tell yet."""
+        if self.keyed:
+            return "the provider honours the key"
+        if self.lookup is not None and record.since_sent_s >= self.settled_after_s:
+            return f"the lookup found nothing {record.since_sent_s:.1f} s after the last send"
+        return None
+
+    @property
+    def settled_after_s(self):
+        return SETTLE_S if self.settle_s is None else self.settle_s
 
 
 class Outcome(NamedTuple):
@@ -144,14 +187,18 @@ def reconcile(ledger, effects, client):
     for record in ledger.unsettled():
         try:
             with ledger.performing(record.key):  # a live process's request may still be out
-                done.append(reconcile_one(ledger, record, effects.get(record.effect), client))
+                record = ledger.get(record.key)  # as it is now that nobody else performs it
+                if record.state in OPEN:
+                    done.append(reconcile_one(ledger, record, effects.get(record.effect), client))
         except InFlight:
             done.append((record, "in flight"))
     return done
 
 
 def reconcile_one(ledger, record, effect, client):
-    """(record, what happened) for one open effect, asked by key where it has a lookup."""
+    """(record, what happened) for one open effect, asked by key where it has a lookup. Nothing
+    found is proof only settle_s after the last send (or for a keyed provider, which answers a
+    resend with the first result): released then, else it stays open."""
     if effect is None or effect.lookup is None:
         if record.state != "unknown":
             ledger.move(record.key, "unknown", "reconcile: no lookup, a person must settle it")
@@ -159,7 +206,11 @@ def reconcile_one(ledger, record, effect, client):
     if (found := effect.lookup(client, record.key)) is not None:
         ledger.confirm(record.key, found, effect.external_id(found), "reconcile: adopted")
         return record, "confirmed"
-    ledger.move(record.key, "released", "reconcile: the provider has nothing under it")
+    if (why := effect.may_resend(record)) is None:
+        if record.state != "unknown":
+            ledger.move(record.key, "unknown", "reconcile: nothing found yet, may commit late")
+        return record, "too soon to tell"
+    ledger.move(record.key, "released", f"reconcile: nothing under it ({why})")
     return record, "not sent"
 
 
@@ -172,14 +223,22 @@ class Conflict(LedgerError):
 
 
 class Unsettled(LedgerError):
-    """An earlier attempt may have made the effect and the provider cannot be asked."""
+    """An earlier attempt may have made the effect, and nothing here can tell yet."""
 
-    def __init__(self, key, effect):
+    def __init__(self, key, effect, since_sent_s=0.0):
+        look = effect.look_with.format(key=key)
+        if effect.lookup is None:
+            why = "its provider has no lookup"
+            then = f"reconcile --confirmed {key}=ID if it happened, --not-sent {key} if it did not"
+        else:
+            why = (
+                f"the lookup found nothing {since_sent_s:.1f} s after the last send, and the "
+                f"provider may take {effect.settled_after_s:g} s to commit"
+            )
+            then = "reconcile (it asks the provider again)"
         super().__init__(
-            f"effect {effect} {key!r} may have happened (an earlier attempt sent it and no "
-            f"answer was recorded) and its provider has no lookup: look at what the provider "
-            f"holds first, then reconcile --confirmed {key} if it happened, --not-sent {key} if "
-            "it did not"
+            f"effect {effect.name} {key!r} may have happened (sent, and no answer was recorded) "
+            f"and {why}: look with {look}, then {then}"
         )
         self.key = key
 
@@ -214,6 +273,7 @@ class Record:
     reopened: bool = False  # claim found it requested or unknown: an earlier attempt's
     refusal: dict | None = None  # the provider's no, once failed
     age_s: float = 0.0  # since its last transition
+    since_sent_s: float = 0.0  # since the last request under the key may have left
 
 
 class Ledger:
@@ -223,18 +283,21 @@ class Ledger:
         """Record the intent before the request leaves: a Record in state requested, or the
         row the key already has. One transaction under a write lock (SQLite BEGIN IMMEDIATE;
         Postgres INSERT ... ON CONFLICT, then the row locked FOR UPDATE), so two attempts
-        cannot both take a fresh claim."""
+        cannot both take a fresh claim. The row names its owner and lease (owner, lease_until)."""
         canonical, digest = request_hash(request)
+        now = time.time()
         with self.transaction():
             row = self.row(key, lock=True)
             if (
                 row is None
                 and self.sql(
                     "INSERT INTO effects (key, effect, thread, request, request_hash, state, "
-                    "updated_at) VALUES (?, ?, ?, ?, ?, 'requested', ?) ON CONFLICT DO NOTHING",
-                    (key, effect, thread, canonical, digest, time.time()),
+                    "updated_at, sent_at, owner, lease_until) "
+                    "VALUES (?, ?, ?, ?, ?, 'requested', ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+                    (key, effect, thread, canonical, digest, now, now, self.owner,
+                     now + self.lease_s),
                 ).rowcount
-            ):
+            ):  # fmt: skip
                 self.transition(key, None, "requested", "claimed")
                 return Record(key, effect, "requested", digest, "claimed")
             row = row or self.row(key, lock=True)  # another attempt inserted it first
@@ -243,23 +306,45 @@ class Ledger:
                     f"key {key!r} was claimed for another {row['effect']} request; "
                     "use a new key for a new operation"
                 )
-            if row["state"] in ("authorized", "released", "proposed"):
+            if row["state"] == "released":
                 self.move_locked(key, row["state"], "requested", "claimed")
                 return Record(key, effect, "requested", digest, "claimed")
+            if row["state"] in OPEN:
+                self.sql(
+                    "UPDATE effects SET owner = ?, lease_until = ? WHERE key = ?",
+                    (self.owner, now + self.lease_s, key),
+                )
             return self.record(row, reopened=row["state"] in OPEN)
 
     @contextmanager
     def performing(self, key):
-        """Held while this process performs key. SQLite: nothing more than claim's lock."""
-        yield
+        """Held while this process performs key: the key's lock (an fcntl lock on one byte of
+        the file's -lease file, the byte the key's hash names), which the operating system
+        drops when its process dies, so the resume after a kill takes it at once, in another
+        container on the same volume too. Taken by another live process: InFlight, unless its
+        lease (lease_until) ran out: then this process goes on, and the evidence rule decides."""
+        with self.lease_lock(key) as held:
+            if not held and (row := self.row(key)) is not None:
+                if row["state"] in OPEN and (row["lease_until"] or 0) > time.time():
+                    raise InFlight(key)
+            yield
 
     def confirm(self, key, answer, external_id, how):
-        """The receipt: kept once, never overwritten; the answer it holds."""
+        """The receipt: kept once, never overwritten; the answer it holds. A second external id
+        for the key (a lost race, a lease taken over, a person's late word) is kept as an extra:
+        something the provider made that the receipt does not name, to be undone."""
+        answer_json = json.dumps(answer, sort_keys=True, separators=(",", ":"))
         with self.transaction():
             row = self.row(key, lock=True)
             if row["state"] == "confirmed":  # confirmed meanwhile: the first receipt stands
-                return self.receipt(key)["answer"]
-            answer_json = json.dumps(answer, sort_keys=True, separators=(",", ":"))
+                first = self.receipt(key)
+                if first["external_id"] != str(external_id):
+                    self.sql(
+                        "INSERT INTO effect_extras (key, external_id, answer, how, at) "
+                        "VALUES (?, ?, ?, ?, ?)",
+                        (key, str(external_id), answer_json, how, time.time()),
+                    )
+                return first["answer"]
             fields = [key, row["effect"], row["request_hash"], str(external_id), answer_json]
             self.sql(
                 "INSERT INTO effect_receipts (key, external_id, answer, request_hash, "
@@ -275,6 +360,11 @@ class Ledger:
             )
             self.move_locked(key, row["state"], "confirmed", how)
         return answer
+
+    def extras(self):
+        """[(key, external_id, how)]: what a provider made under a key beyond its receipt."""
+        rows = self.sql("SELECT key, external_id, how FROM effect_extras ORDER BY id").fetchall()
+        return [(row["key"], row["external_id"], row["how"]) for row in rows]
 
     def refuse(self, key, refusal):
         """Failed: the provider's refusal kept, final like a receipt."""
@@ -339,8 +429,42 @@ class Ledger:
 
     # helpers
 
-    def __init__(self, path, busy_timeout_s=5.0):
+    def __init__(self, path, busy_timeout_s=5.0, lease_s=LEASE_S):
         self.path, self.busy_timeout_s, self.conn, self.pid = path, busy_timeout_s, None, None
+        self.lease_s = lease_s
+        self.owner = f"{socket.gethostname()}:{os.getpid()}:{id(self):x}"  # the lease's holder
+
+    @contextmanager
+    def lease_lock(self, key):
+        """True while this Ledger holds key's lock, False when another holder has it. fcntl
+        locks belong to a process, and closing any descriptor of the file drops them all: so one
+        descriptor per file and process (LEASES), and a table of which Ledger holds which key,
+        so two Ledgers of one process exclude each other as two processes do."""
+        path = os.path.abspath(f"{self.path}-lease")
+        offset = int.from_bytes(hashlib.sha256(key.encode()).digest()[:7], "big")
+        with OPENING:
+            if LEASES.get("pid") != os.getpid():  # a forked child holds none of its parent's
+                LEASES.clear()
+                LEASES["pid"] = os.getpid()
+            if path not in LEASES:
+                LEASES[path] = (os.open(path, os.O_RDWR | os.O_CREAT, 0o644), {})
+            fd, holders = LEASES[path]
+            taken = False  # by this call: released by this call
+            if key not in holders:
+                try:
+                    fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, offset)
+                    holders[key] = self
+                    taken = True
+                except OSError:  # another process holds it (EAGAIN or EACCES)
+                    pass
+            held = holders.get(key) is self
+        try:
+            yield held
+        finally:
+            if taken:
+                with OPENING:
+                    del holders[key]
+                    fcntl.lockf(fd, fcntl.LOCK_UN, 1, offset)
 
     @property
     def db(self):
@@ -365,6 +489,10 @@ class Ledger:
         with self.transaction():
             for statement in SCHEMA:
                 self.conn.execute(statement)
+            have = {row["name"] for row in self.conn.execute("PRAGMA table_info(effects)")}
+            for column, kind in ADDED_COLUMNS:  # a ledger file made before they were
+                if column not in have:
+                    self.conn.execute(f"ALTER TABLE effects ADD COLUMN {column} {kind}")
 
     def close(self):
         if self.conn is not None and self.pid == os.getpid():
@@ -403,10 +531,11 @@ class Ledger:
     def move_locked(self, key, was, state, how):
         if state not in STATES:
             raise ValueError(f"no state {state!r}")
+        now, sending = time.time(), state == "requested"
         self.sql(
-            "UPDATE effects SET state = ?, note = ?, updated_at = ?, attempts = attempts + ? "
-            "WHERE key = ?",
-            (state, how, time.time(), int(state == "requested"), key),
+            "UPDATE effects SET state = ?, note = ?, updated_at = ?, attempts = attempts + ?, "
+            "sent_at = CASE WHEN ? THEN ? ELSE sent_at END WHERE key = ?",
+            (state, how, now, int(sending), sending, now, key),
         )
         self.transition(key, was, state, how)
 
@@ -431,6 +560,7 @@ class Ledger:
             reopened,
             None if row["refusal"] is None else json.loads(row["refusal"]),
             time.time() - row["updated_at"],
+            time.time() - (row["sent_at"] or row["updated_at"]),
         )
 
 
@@ -442,12 +572,16 @@ class PostgresLedger(Ledger):
 
     db = None  # the caller's connection, not opened here
 
-    def __init__(self, conn):
-        self.db = conn
+    def __init__(self, conn, lease_s=LEASE_S):
+        self.db, self.lease_s = conn, lease_s  # the lease: its owner shown; the lock decides
+        self.owner = f"{socket.gethostname()}:{os.getpid()}:{id(self):x}"
         with self.transaction():
             self.sql("SELECT pg_advisory_xact_lock(hashtext('effect ledger schema'))")
             for statement in POSTGRES_SCHEMA:
                 self.sql(statement)
+            for column, kind in ADDED_COLUMNS:
+                kind = kind.replace("REAL", "DOUBLE PRECISION")
+                self.sql(f"ALTER TABLE effects ADD COLUMN IF NOT EXISTS {column} {kind}")
 
     def close(self):
         pass  # the caller's connection: the caller closes it
@@ -483,16 +617,17 @@ class PostgresLedger(Ledger):
 
 
 @contextmanager
-def open_ledger(target):
+def open_ledger(target, lease_s=LEASE_S):
     """The ledger in the workflow's own database: a SQLite file, or a postgresql:// URL (its own
     autocommit connection, psycopg 3). Closed on exit."""
     if not str(target).startswith(("postgresql://", "postgres://")):
-        ledger = Ledger(target)
+        ledger = Ledger(target, lease_s=lease_s)
     else:
         import psycopg
         from psycopg.rows import dict_row
 
-        ledger = PostgresLedger(psycopg.connect(target, autocommit=True, row_factory=dict_row))
+        conn = psycopg.connect(target, autocommit=True, row_factory=dict_row)
+        ledger = PostgresLedger(conn, lease_s)
         ledger.close = ledger.db.close
     try:
         yield ledger
@@ -512,6 +647,14 @@ SCHEMA = (
     refusal TEXT,  -- the provider's answer when it said no (state failed)
     attempts INTEGER NOT NULL DEFAULT 1,
     updated_at REAL NOT NULL
+)""",
+    """CREATE TABLE IF NOT EXISTS effect_extras (
+    id INTEGER PRIMARY KEY,
+    key TEXT NOT NULL REFERENCES effects (key),
+    external_id TEXT NOT NULL,  -- a second thing the provider made under the key: undo it
+    answer TEXT NOT NULL,
+    how TEXT NOT NULL,
+    at REAL NOT NULL
 )""",
     """CREATE TABLE IF NOT EXISTS effect_transitions (
     id INTEGER PRIMARY KEY,
@@ -560,12 +703,18 @@ def digest_of(fields):
     return hashlib.sha256(json.dumps(fields, separators=(",", ":")).encode()).hexdigest()
 
 
+ADDED_COLUMNS = (  # added to effects since it was first made: ALTER TABLE where missing
+    ("sent_at", "REAL"),  # when the last request under the key may have left
+    ("owner", "TEXT"),  # the lease's holder: host:pid:ledger
+    ("lease_until", "REAL"),  # past it, a holder still alive keeps nobody out
+)
+
 POSTGRES_SCHEMA = (
     *(
         statement.replace("REAL", "DOUBLE PRECISION").replace(
             "id INTEGER PRIMARY KEY", "id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY"
         )
-        for statement in SCHEMA[:3]
+        for statement in SCHEMA[:4]
     ),
     """CREATE OR REPLACE FUNCTION effect_receipts_are_kept() RETURNS trigger LANGUAGE plpgsql
 AS $$ BEGIN RAISE EXCEPTION 'a receipt is never overwritten or deleted'; END $$""",

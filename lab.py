@@ -261,8 +261,12 @@ MESSAGE = effects.Effect(
     send=lambda client, request, key: client.call("/messages", request),  # no key: none is read
     external_id=lambda answer: answer["message_id"],
     lookup=None,  # GET /messages lists them; no key finds one
-    not_sent=lambda error: isinstance(error, workflow.Unreachable),
+    not_sent=workflow.did_nothing,
     refused=workflow.refusal,
+    answer_of=lambda message_id: {"message_id": int(message_id)},  # reconcile --confirmed KEY=ID
+    look_with=(
+        "python lab.py messages (Docker: docker compose -p stateful-lab run --rm workflow messages)"
+    ),
 )
 
 
@@ -655,8 +659,11 @@ def receiver_effect(name, path):
         send=lambda client, request, key: client.call(path, request, key),
         lookup=lambda client, key: looked_up(client, path.strip("/"), key),
         external_id=lambda answer: answer[f"{name}_id"],
-        not_sent=lambda error: isinstance(error, workflow.Unreachable),
+        not_sent=workflow.did_nothing,
         refused=workflow.refusal,  # reservations: no_capacity (the saga's outcome), key_conflict
+        keyed=True,  # the receiver answers a repeated Idempotency-Key with the first result
+        answer_of=lambda made_id: {f"{name}_id": int(made_id), "created": False},
+        look_with=f"GET {path}?key={{key}} on API_URL",
     )
 
 

@@ -57,6 +57,7 @@ import http.client
 import json
 import os
 import signal
+import socket
 import sqlite3
 import sys
 import threading
@@ -140,14 +141,22 @@ def create_ticket(state: State, runtime):
 
 
 # The effect, declared once: what it sends, how the receiver is asked what a key made, and
-# which answers say "no" (a 4xx: the receiver refused it and made nothing).
+# which answers say "no" (a business 4xx: the receiver refused it and made nothing). The receiver
+# honours Idempotency-Key (receiver.py: a repeat is answered with the first ticket), so a request
+# whose answer was lost may go again under its key: keyed.
 TICKET = effects.Effect(
     "ticket",
     send=lambda client, request, key: client.create(request["title"], key),
     lookup=lambda client, key: adopt(client.tickets(key)),
     external_id=lambda answer: answer["ticket_id"],
-    not_sent=lambda error: isinstance(error, Unreachable),  # refused: nothing left this process
+    not_sent=lambda error: did_nothing(error),  # refused connection, a wrong address's 404
     refused=lambda error: refusal(error),
+    keyed=True,
+    answer_of=lambda ticket_id: {"ticket_id": int(ticket_id), "created": False},
+    look_with=(
+        "python lab.py tickets --operation {key} (Docker: docker compose -p stateful-lab run "
+        "--rm workflow tickets --operation {key})"
+    ),
 )
 
 
@@ -315,7 +324,7 @@ def run(args, settings, graph_input):
     client = program.client(args, settings)
     with (
         open_checkpointer(settings.checkpoint_db, program.saver_class(args, settings)) as saver,
-        effects.open_ledger(settings.checkpoint_db) as ledger,
+        effects.open_ledger(settings.checkpoint_db, settings.lease_s) as ledger,
     ):
         head = saver.get_tuple(thread_config(args.thread))
         graph = program.graph(saver, args, head)
@@ -355,24 +364,108 @@ def migrate(args, settings):
 
 def reconcile(args, settings):
     """The ledger's open effects: each asked by key where its provider has a lookup, or settled
-    as a person says (--confirmed, --not-sent); then how many are still unknown."""
+    as a person says (--confirmed KEY or KEY=ID, --not-sent KEY); then how many are still
+    unknown, and any extra effect a provider made under a key (a duplicate to undo). Every
+    argument is checked, and every key's lock taken, before anything is written."""
+    client = settings.client()
     with (
         open_checkpointer(settings.checkpoint_db),
-        effects.open_ledger(settings.checkpoint_db) as ledger,
+        effects.open_ledger(settings.checkpoint_db, settings.lease_s) as ledger,
+        contextlib.ExitStack() as held,
     ):
-        for key in args.confirmed:
+        said = settlements(args)
+        for key in said:
             require_open(ledger, key)
-            ledger.settle(key, "a person: reconcile --confirmed", {"settled": "confirmed"}, "")
-            emit("settled", key=key, state="confirmed")
-        for key in args.not_sent:
-            require_open(ledger, key)
-            ledger.settle(key, "a person: reconcile --not-sent")
-            emit("settled", key=key, state="released")
-        if not (args.confirmed or args.not_sent):
-            for record, now in effects.reconcile(ledger, args.effects, settings.client()):
+        for key in said:  # InFlight while a live process performs it: nothing written yet
+            held.enter_context(ledger.performing(key))
+        settled = [settle_as_said(ledger, key, *said[key], args, client) for key in said]
+        for key, state, how, answer, external_id in settled:
+            ledger.settle(key, how, answer, external_id)
+            emit("settled", key=key, state=state)
+        if not said:
+            for record, now in effects.reconcile(ledger, args.effects, client):
                 emit("reconciled", effect=record.effect, key=record.key, now=now, was=record.state)
         unknown, oldest_s = ledger.stuck()
         emit("effects_unknown", count=unknown, oldest_s=round(oldest_s))
+        if extras := ledger.extras():  # made and in no receipt: a duplicate to undo
+            for key, external_id, how in extras:
+                emit("effect_extra", key=key, external_id=external_id, how=how)
+            emit("effects_extra", count=len(extras))
+
+
+def settlements(args):
+    """{key: (what the person said, the id they gave or None)}; a key named twice: UserError."""
+    said = {}
+    for word, given in (("confirmed", args.confirmed), ("not-sent", args.not_sent)):
+        for text in given:
+            key, _, external_id = text.rpartition("=") if "=" in text else (text, "", "")
+            if key in said:
+                raise UserError(
+                    f"{key!r} is named twice (--{said[key][0]} and --{word}); say once what "
+                    "happened to it. Nothing was settled",
+                    EXIT_THREAD,
+                )
+            if word == "not-sent" and external_id:
+                raise UserError(
+                    f"--not-sent takes a key, not KEY=ID ({text!r}). Nothing was settled",
+                    EXIT_USAGE,
+                )
+            said[key] = (word, external_id or None)
+    return said
+
+
+def settle_as_said(ledger, key, word, external_id, args, client):
+    """(key, state, how, answer, external_id) to write for one key, checked against what the
+    provider holds where it can be asked; UserError (nothing written) where it disagrees."""
+    record = ledger.get(key)  # under its lock now
+    require_open(ledger, key)
+    effect = args.effects.get(record.effect)
+    look = "" if effect is None else f" (look with {effect.look_with.format(key=key)})"
+    found = None if effect is None or effect.lookup is None else effect.lookup(client, key)
+    nothing = ". Nothing was settled"
+    if word == "not-sent":
+        if found is not None:
+            held = effect.external_id(found)
+            raise UserError(
+                f"the provider holds {held} under {key!r}: it was sent; reconcile --confirmed "
+                f"{key} records it{look}{nothing}",
+                EXIT_THREAD,
+            )
+        return key, "released", "a person: reconcile --not-sent", None, None
+    how = "a person: reconcile --confirmed"
+    if found is not None:
+        if external_id is not None and external_id != str(effect.external_id(found)):
+            raise UserError(
+                f"the provider holds {effect.external_id(found)} under {key!r}, not "
+                f"{external_id}{look}{nothing}",
+                EXIT_THREAD,
+            )
+        return key, "confirmed", f"{how}, looked up", found, effect.external_id(found)
+    if effect is not None and effect.lookup is not None:
+        raise UserError(
+            f"the provider holds nothing under {key!r}: not confirmed{look}; if it never went "
+            f"out, --not-sent {key}{nothing}",
+            EXIT_THREAD,
+        )
+    if effect is None or effect.answer_of is None:
+        raise UserError(
+            f"effect {record.effect!r} of {key!r} is not one this program can record a person's "
+            f"answer for; --not-sent {key} if it never went out{nothing}",
+            EXIT_THREAD,
+        )
+    if external_id is None:
+        raise UserError(
+            f"--confirmed {key} needs the id the provider gave it: --confirmed {key}=ID{look}"
+            f"{nothing}",
+            EXIT_USAGE,
+        )
+    try:
+        answer = effect.answer_of(external_id)
+    except (ValueError, TypeError):
+        raise UserError(
+            f"{external_id!r} is not an id of {effect.name}{look}{nothing}", EXIT_USAGE
+        ) from None
+    return key, "confirmed", how, answer, effect.external_id(answer)
 
 
 def require_open(ledger, key):
@@ -380,7 +473,9 @@ def require_open(ledger, key):
     if not (record := ledger.get(key)) or record.state not in effects.OPEN:
         state = record.state if record else "no such key"
         raise UserError(
-            f"effect {key!r} is not open ({state}); reconcile lists the open ones", EXIT_THREAD
+            f"effect {key!r} is not open ({state}); reconcile lists the open ones. Nothing was "
+            "settled",
+            EXIT_THREAD,
         )
 
 
@@ -569,7 +664,16 @@ class TicketClient:
                 return json.load(response)
         except urllib.error.HTTPError:
             raise  # the receiver answered: main() prints http_error
-        except urllib.error.URLError as error:  # could not connect: nothing was sent
+        except urllib.error.URLError as error:
+            # urllib raises URLError for an OSError while it connects and while it sends the
+            # request (AbstractHTTPHandler.do_open, urllib/request.py): only a connection that
+            # was never made proves nothing left; a timeout or a reset while sending may not.
+            if not isinstance(error.reason, NEVER_CONNECTED):
+                raise NoAnswer(
+                    f"no answer from the receiver at {self.api_url} ({error.reason}); "
+                    "the request may or may not have taken effect",
+                    EXIT_NO_ANSWER,
+                ) from error
             raise Unreachable(
                 f"cannot reach the receiver at {self.api_url} ({error.reason}); start it "
                 "(docker compose up -d --build api, or natively: python api.py &), "
@@ -584,21 +688,38 @@ class TicketClient:
             ) from error
 
 
+NEVER_CONNECTED = (ConnectionRefusedError, socket.gaierror)  # no connection: nothing was sent
+
+
 def adopt(found):
     """The lookup's answer: the ticket the key made (the receiver keeps one per key), or None."""
     return {"ticket_id": found[0]["ticket_id"], "created": False} if found else None
 
 
 def refusal(error):
-    """A 4xx answer's JSON body: the receiver refused the request and made nothing. Else None
-    (a 5xx or no answer: the ledger cannot call that a refusal)."""
+    """A business 4xx answer's JSON body: the receiver refused the request and made nothing, and
+    the key is spent. Else None: a 5xx or no answer (it may have committed), or an answer that
+    says the request went to the wrong place or was not let in (did_nothing)."""
     if not isinstance(error, urllib.error.HTTPError) or not 400 <= error.code < 500:
+        return None
+    if error.code in DID_NOTHING:
         return None
     try:
         body = json.loads(error.read())
     except ValueError:
         return None  # not the receiver's JSON: another server; not a refusal we can read
     return {"status": error.code, **body} if isinstance(body, dict) else None
+
+
+def did_nothing(error):
+    """True for an error that proves the request made nothing and the key is still free: the
+    connection was refused (Unreachable), or an answer that it reached no route or was not let
+    in (DID_NOTHING: a wrong API_URL, a missing credential, a limit: fix it, then resume)."""
+    http_error = isinstance(error, urllib.error.HTTPError) and error.code in DID_NOTHING
+    return isinstance(error, Unreachable) or http_error
+
+
+DID_NOTHING = {401, 403, 404, 405, 408, 429}
 
 
 def retry_delays():
@@ -699,6 +820,7 @@ class Settings:
     attempts: int = API_ATTEMPTS
     failpoints: str = ""
     trace: str = ""  # LAB_TRACE
+    lease_s: float = effects.LEASE_S  # LEDGER_LEASE_S: how long a SQLite lease keeps others out
 
     @classmethod
     def from_environ(cls, environ):
@@ -722,6 +844,7 @@ class Settings:
             attempts=number(environ, "API_ATTEMPTS", API_ATTEMPTS, int),
             failpoints=environ.get("FAILPOINTS", ""),
             trace=environ.get("LAB_TRACE", ""),
+            lease_s=number(environ, "LEDGER_LEASE_S", effects.LEASE_S, float),
         )
 
     def client(self, headers=None):
@@ -817,6 +940,14 @@ def main(argv=None, environ=None, parser=None, points=POINTS):
                 file=sys.stderr,
             )
             return EXIT_HTTP_ERROR
+        if error.code in DID_NOTHING:  # the receiver's JSON, and nothing made: the key is free
+            why = f"the receiver at API_URL {settings.api_url} answered {error.code}"
+            hint = resume_hint(args, settings, "once API_URL names the receiver and lets you in")
+            print(
+                f"{args.prog}: {why}: nothing was made, and the key is still free; check "
+                f"API_URL (its host, port and path) and its credentials{hint}",
+                file=sys.stderr,
+            )
         if error.code == 503:  # busy past every try: rolled back each time, so nothing committed
             tries = settings.attempts * BUSY_TRIES_PER_ATTEMPT
             why = f"the receiver stayed busy (503) for {tries} tries; nothing was committed"

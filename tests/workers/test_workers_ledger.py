@@ -184,9 +184,13 @@ def test_status_shows_what_is_stuck_and_reconcile_settles_it_on_the_workers_ledg
     ledger.close()
 
 
-def test_reconcile_settles_what_no_lookup_can_as_a_person_says(env, monkeypatch, capsys):
-    """--confirmed and --not-sent on the workers' ledger, each recorded with how."""
+def test_reconcile_settles_as_a_person_says_once_the_receiver_agrees(
+    env, receiver, monkeypatch, capsys
+):
+    """--confirmed and --not-sent on the workers' ledger, each checked against what the
+    receiver holds under the key (looked up) and recorded with how."""
     ledger = ledger_on(env["CHECKPOINT_DB"])
+    made = workflow.TicketClient(env["API_URL"]).create("a", "a")  # "a" went out, "b" did not
     for key in ("a", "b"):
         ledger.claim(key, "ticket", {"title": key})
         ledger.move(key, "unknown", "no answer: the test")
@@ -200,8 +204,9 @@ def test_reconcile_settles_what_no_lookup_can_as_a_person_says(env, monkeypatch,
         ("effects_unknown", None, None),
     ]
     assert ledger.history("a")[-1] == (
-        "unknown", "confirmed", "settled: confirmed (a person: reconcile --confirmed)"
+        "unknown", "confirmed", "settled: confirmed (a person: reconcile --confirmed, looked up)"
     )  # fmt: skip
+    assert ledger.get("a").answer["ticket_id"] == made["ticket_id"]  # the receiver's ticket
     assert ledger.get("b").state == "released"
     ledger.close()
 

@@ -52,8 +52,21 @@ def test_a_kill_in_the_messages_window_stops_the_resume_until_a_person_settles_i
     assert stopped.returncode == core.EXIT_UNSETTLED == 6
     assert stopped.stdout == ""  # no message_sent: nothing went out
     assert stopped.stderr.count("\n") == 1
-    assert f"reconcile --confirmed {KEY} if it happened, --not-sent {KEY} if" in stopped.stderr
+    assert f"reconcile --confirmed {KEY}=ID if it happened, --not-sent {KEY} if" in stopped.stderr
+    assert "look with python lab.py messages (Docker: docker compose" in stopped.stderr
     assert len(messages(workflow)) == messages_sent(lab) == 1  # no second message
+
+    # A person's mistakes write nothing: each is one line, and the key stays unknown.
+    for mistake, code in [
+        (("--confirmed", KEY), core.EXIT_USAGE),  # no id: a receipt the node could not read
+        (("--confirmed", f"{KEY}=1", "--not-sent", KEY), core.EXIT_THREAD),  # both
+        (("--not-sent", KEY, "no-such-key"), core.EXIT_THREAD),  # one key of two is wrong
+        (("--confirmed", f"{KEY}=one"), core.EXIT_USAGE),  # not a message id
+    ]:
+        refused = workflow("reconcile", *mistake)
+        assert (refused.returncode, refused.stdout) == (code, ""), (mistake, refused)
+        assert refused.stderr.count("\n") == 1 and "Nothing was settled" in refused.stderr
+    assert workflow("resume").returncode == 6  # still unknown: nothing was settled
 
     listed = events(workflow("reconcile"))
     assert listed[0] == {
@@ -74,3 +87,21 @@ def test_a_kill_in_the_messages_window_stops_the_resume_until_a_person_settles_i
     assert len(messages(workflow)) == messages_sent(lab) == 2
     assert names(workflow("resume")) == ["done"]  # finished: nothing more, whatever is typed
     assert messages_sent(lab) == 2
+
+
+def test_a_persons_word_on_a_ticket_is_checked_against_the_receiver(receiver, workflow, lab):
+    """reconcile --confirmed on a key the receiver can be asked about records the ticket it
+    holds (never a placeholder the node cannot read), and --not-sent is refused while the
+    receiver holds it: the resume then finishes with the real ticket, and nothing is sent."""
+    killed = workflow("start", "--operation", "ct", "--crash-at", "after-send")
+    assert shell_exit_code(killed.returncode) == KILLED  # ticket 1 exists, the ledger: requested
+    refused = workflow("reconcile", "--not-sent", "ct")
+    assert refused.returncode == core.EXIT_THREAD and "holds 1 under 'ct'" in refused.stderr
+    assert "tickets --operation ct" in refused.stderr  # the command to look with
+    settled = workflow("reconcile", "--confirmed", "ct")
+    assert settled.returncode == 0, settled.stderr
+    assert events(settled)[0] == {"event": "settled", "key": "ct", "state": "confirmed"}
+    resumed = workflow("resume")
+    assert resumed.returncode == 0, resumed.stderr
+    assert events(resumed)[-1]["ticket_id"] == 1  # the receiver's ticket, from the receipt
+    assert len(events(workflow("tickets"))[0]["tickets"]) == 1
