@@ -441,12 +441,13 @@ class Learner(RuleBasedStateMachine):
 
     def settle(self, outcome):
         """What lab 15 asks of a person after exit 6: look at what the provider holds (GET
-        /messages), then reconcile --confirmed KEY if the message is there, --not-sent if not."""
+        /messages), then reconcile --confirmed KEY=ID if the message is there, --not-sent if not."""
         key = re.search(r"effect message '([^']+)'", outcome.err)[1]
         ticket = {t["key"]: t["ticket_id"] for t in get(self.receiver.url + "/tickets")["tickets"]}
         text = f"ticket {ticket.get(key.removesuffix(':notify'))} opened"
-        sent = any(m["text"] == text for m in get(self.receiver.url + "/messages")["messages"])
-        settled = self.type(["reconcile", "--confirmed" if sent else "--not-sent", key])
+        sent = [m for m in get(self.receiver.url + "/messages")["messages"] if m["text"] == text]
+        said = ["--confirmed", f"{key}={sent[0]['message_id']}"] if sent else ["--not-sent", key]
+        settled = self.type(["reconcile", *said])
         assert settled.code == 0, self.report(f"reconcile of {key} exited {settled.code}")
 
     def check_the_receiver(self, finished):
