@@ -7,6 +7,7 @@ the answer was recorded); the parent then resumes with a ledger of its own on th
 import os
 import re
 import signal
+import urllib.error
 import urllib.request
 
 import pytest
@@ -29,7 +30,8 @@ TICKET = effects.Effect(
     send=sends,
     external_id=lambda answer: answer["ticket_id"],
     lookup=looks_up,
-    not_sent=lambda error: isinstance(error, workflow.Unreachable),
+    not_sent=workflow.did_nothing,
+    keyed=True,  # the receiver answers a repeated Idempotency-Key with the first ticket
 )
 KEYLESS = effects.Effect(  # a provider that offers no lookup (an email service, say)
     "ticket", send=sends, external_id=lambda answer: answer["ticket_id"]
@@ -257,3 +259,124 @@ def test_two_processes_claiming_the_same_keys_take_one_fresh_claim_each(open_led
         lines = pipe.read().splitlines()
     assert all(line.isdigit() for line in lines), lines  # no child met an error
     assert sum(map(int, lines)) == len(keys), lines  # each key claimed fresh exactly once
+
+
+@pytest.mark.fast
+def test_a_lookup_that_finds_nothing_before_the_settle_time_is_no_proof(tmp_path):
+    """REVIEW A1: a keyless provider with a lookup commits after the client gave up. The lookup
+    right after finds nothing; sending again then made a second charge. Now the run stops
+    (Unsettled, naming where to look), and once the settle time has passed the charge is found
+    and adopted: one charge."""
+    from tests.property.test_ledger_machine import Provider, charge_effect
+
+    provider = Provider()
+    try:
+        with effects.Ledger(tmp_path / "l.sqlite") as ledger:
+            effect = dataclass_copy(
+                charge_effect(provider.url, keyed=False, lookup=True),
+                settle_s=0.5,
+                look_with="GET /charges?ref={key}",
+            )
+            provider.fault = {"delay": 0.3}  # commits 0.3 s after accepting; the client: 0.05 s
+            with pytest.raises(effects.Unsettled, match=r"look with GET /charges\?ref=a1"):
+                effect.perform(ledger, "a1", {"amount": 1}, None)
+            assert ledger.get("a1").state == "unknown"
+            provider.quiet()
+            assert provider.ids("a1") == [1]  # the charge is there, late
+            with pytest.raises(effects.Unsettled):  # found now: but had it not been...
+                dataclass_copy(effect, lookup=None).perform(ledger, "a1", {"amount": 1}, None)
+            done = effect.perform(ledger, "a1", {"amount": 1}, None)
+            assert (done.how, done.answer) == ("adopted", {"charge_id": 1})
+            assert provider.ids("a1") == [1]
+    finally:
+        provider.shutdown()
+        provider.server_close()
+
+
+@pytest.mark.fast
+def test_a_second_live_process_on_sqlite_meets_in_flight_and_a_dead_ones_lock_is_gone(
+    tmp_path, receiver, lab
+):
+    """REVIEW A2, A3, F2: a child process performs a key and is held at after-send (the
+    receiver has made the ticket). The parent, a second live process on the same file: perform,
+    reconcile and reconcile --confirmed meet InFlight and write nothing. Killed, the child's lock
+    is gone at once, and the parent adopts the one ticket."""
+    import failpoints
+
+    db = tmp_path / "checkpoints.sqlite"
+    pause = tmp_path / "held"
+    client = workflow.TicketClient(receiver.url, attempts=1)
+    pid = os.fork()
+    if pid == 0:
+        try:
+            with failpoints.scoped({"after-send": f"pause({pause})"}), effects.Ledger(db) as ledger:
+                TICKET.perform(ledger, "live", {"title": "t"}, client)
+        finally:
+            os._exit(1)
+    try:
+        wait_for(pause.exists)
+        with effects.Ledger(db) as ledger:
+            with pytest.raises(effects.InFlight):
+                TICKET.perform(ledger, "live", {"title": "t"}, client)
+            assert [now for _, now in effects.reconcile(ledger, {"ticket": TICKET}, client)] == [
+                "in flight"
+            ]
+            env = {**lab, "CHECKPOINT_DB": str(db), "API_URL": receiver.url}
+            code = workflow.main(["reconcile", "--confirmed", "live"], env)
+            assert code != 0 and ledger.get("live").state == "requested"
+    finally:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    with effects.Ledger(db) as ledger:
+        done = TICKET.perform(ledger, "live", {"title": "t"}, client)
+        assert done.how == "adopted" and len(client.tickets()) == 1
+
+
+def wait_for(condition, timeout_s=10):
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "the child never reached its failpoint"
+        time.sleep(0.01)
+
+
+def test_a_second_id_for_one_key_is_kept_and_shown(open_ledger, lab, capsys):
+    """REVIEW A4 (item 4): a confirm that meets a receipt naming another id (a lost race, a
+    lease taken over, a person's late word) keeps it as an extra, and reconcile shows it."""
+    with open_ledger() as ledger:
+        ledger.claim("twice", "ticket", {"title": "t"})
+        ledger.confirm("twice", {"ticket_id": 1, "created": True}, 1, "answered")
+        first = ledger.confirm("twice", {"ticket_id": 2, "created": True}, 2, "answered late")
+        assert first["ticket_id"] == 1  # the receipt stands
+        assert ledger.extras() == [("twice", "2", "answered late")]
+
+
+@pytest.mark.fast
+def test_a_wrong_address_does_nothing_and_leaves_the_key_usable(tmp_path, receiver):
+    """REVIEW A9 (item 7): a 404 from a wrong API_URL is no refusal: the key is released, not
+    failed, and sent once the address is right."""
+    wrong = workflow.TicketClient(receiver.url + "/v2", attempts=1)
+    with effects.Ledger(tmp_path / "c.sqlite") as ledger:
+        with pytest.raises(urllib.error.HTTPError):
+            TICKET.perform(ledger, "k404", {"title": "t"}, wrong)
+        assert ledger.get("k404").state == "released"
+        right = workflow.TicketClient(receiver.url, attempts=1)
+        assert workflow.TICKET.perform(ledger, "k404", {"title": "t"}, right).how == "sent"
+
+
+@pytest.mark.fast
+def test_a_ledger_file_made_before_the_lease_gets_its_columns(tmp_path):
+    import sqlite3
+
+    path = tmp_path / "old.sqlite"
+    with sqlite3.connect(path) as old:  # main's effects table, before sent_at and the lease
+        old.execute(effects.SCHEMA[0])  # ADDED_COLUMNS are not in it
+        old.execute(
+            "INSERT INTO effects (key, effect, request, request_hash, state, updated_at) "
+            "VALUES ('old', 'ticket', '{}', 'h', 'unknown', 1.0)"
+        )
+    with effects.Ledger(path) as ledger:
+        assert [r.key for r in ledger.unsettled()] == ["old"]
+        ledger.move("old", "requested", "sent again")  # writes sent_at
+        assert ledger.get("old").since_sent_s < 60
