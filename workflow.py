@@ -507,7 +507,7 @@ EXIT_THREAD = 4  # resume or state of an unknown thread, or start of one that ex
 EXIT_CONTRACT = 65  # resume of a thread saved under another contract: migrate it (EX_DATAERR)
 EXIT_CHECKPOINT_WRITE = 74  # the SQLite CHECKPOINT_DB cannot be written: read-only, or its disk
 #                             is full (EX_IOERR); resume once it can be
-EXIT_UNSETTLED = 6  # an effect may have happened and no lookup can tell: reconcile it
+EXIT_UNSETTLED = 6  # an effect may have happened and no evidence says not: look, reconcile it
 EXIT_DRAINED = 75  # stopped cleanly on SIGTERM, checkpoint saved: resume it (EX_TEMPFAIL)
 EXIT_INTERRUPTED = 130  # Ctrl-C (128 + SIGINT)
 EXIT_KILLED = 137  # a `kill` failpoint: SIGKILL is signal 9, and a shell reports 128 + 9
@@ -956,6 +956,8 @@ def main(argv=None, environ=None, parser=None, points=POINTS):
         return EXIT_HTTP_ERROR
     except effects.LedgerError as error:
         print(f"{args.prog}: {error}", file=sys.stderr)
+        if isinstance(error, effects.InFlight):  # another live process: as a thread it runs
+            return EXIT_THREAD
         return EXIT_UNSETTLED if isinstance(error, effects.Unsettled) else EXIT_HTTP_ERROR
     except UserError as error:
         unreachable = isinstance(error, Unreachable)

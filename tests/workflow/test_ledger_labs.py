@@ -105,3 +105,14 @@ def test_a_persons_word_on_a_ticket_is_checked_against_the_receiver(receiver, wo
     assert resumed.returncode == 0, resumed.stderr
     assert events(resumed)[-1]["ticket_id"] == 1  # the receiver's ticket, from the receipt
     assert len(events(workflow("tickets"))[0]["tickets"]) == 1
+
+
+def test_the_ledger_does_not_protect_what_a_naive_run_already_sent(receiver, workflow):
+    """Lab 15's "what to notice": the ledger knows only what it recorded. A naive run's ticket
+    (no key) is not found by the key a later ledger run of the same operation claims."""
+    naive = workflow("start", "--thread", "n", "--operation", "sw", "--mode", "naive")
+    assert naive.returncode == 0, naive.stderr
+    ledger = workflow("start", "--thread", "l", "--operation", "sw")
+    assert ledger.returncode == 0, ledger.stderr
+    assert "effect_ack" in names(ledger)  # sent: nothing in the ledger said otherwise
+    assert len(events(workflow("tickets"))[0]["tickets"]) == 2
