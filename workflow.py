@@ -153,10 +153,7 @@ TICKET = effects.Effect(
     refused=lambda error: refusal(error),
     keyed=True,
     answer_of=lambda ticket_id: {"ticket_id": int(ticket_id), "created": False},
-    look_with=(
-        "python lab.py tickets --operation {key} (Docker: docker compose -p stateful-lab run "
-        "--rm workflow tickets --operation {key})"
-    ),
+    look_with="tickets --operation {key} (GET /tickets?key={key} on API_URL)",
 )
 
 
@@ -429,6 +426,13 @@ def settle_as_said(ledger, key, word, external_id, args, client):
             raise UserError(
                 f"the provider holds {held} under {key!r}: it was sent; reconcile --confirmed "
                 f"{key} records it{look}{nothing}",
+                EXIT_THREAD,
+            )
+        if effect is not None and effect.lookup is not None and effect.may_resend(record) is None:
+            raise UserError(  # nothing found yet is no proof: the provider may commit it late
+                f"the provider holds nothing under {key!r} yet, and it may take "
+                f"{effect.settled_after_s:g} s to commit (last sent {record.since_sent_s:.0f} s "
+                f"ago): reconcile then{look}{nothing}",
                 EXIT_THREAD,
             )
         return key, "released", "a person: reconcile --not-sent", None, None
