@@ -322,10 +322,17 @@ class Ledger:
         the file's -lease file, the byte the key's hash names), which the operating system
         drops when its process dies, so the resume after a kill takes it at once, in another
         container on the same volume too. Taken by another live process: InFlight, unless its
-        lease (lease_until) ran out: then this process goes on, and the evidence rule decides."""
+        lease on an open row (lease_until, LEASE_S after its claim) ran out: then this process
+        goes on, the evidence rule decides what it sends, and the late holder's answer becomes
+        the receipt or an extra."""
         with self.lease_lock(key) as held:
-            if not held and (row := self.row(key)) is not None:
-                if row["state"] in OPEN and (row["lease_until"] or 0) > time.time():
+            if not held:  # another holder, claiming or sending: out unless its lease ran out
+                row = self.row(key)
+                if (
+                    row is None
+                    or row["state"] not in OPEN
+                    or (row["lease_until"] or 0) > time.time()
+                ):
                     raise InFlight(key)
             yield
 

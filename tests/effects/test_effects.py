@@ -380,3 +380,22 @@ def test_a_ledger_file_made_before_the_lease_gets_its_columns(tmp_path):
         assert [r.key for r in ledger.unsettled()] == ["old"]
         ledger.move("old", "requested", "sent again")  # writes sent_at
         assert ledger.get("old").since_sent_s < 60
+
+
+@pytest.mark.fast
+def test_a_lease_keeps_a_second_performer_out_until_it_runs_out(tmp_path):
+    """Two Ledgers on one file, as two live processes: while A holds the key, B meets InFlight;
+    once A's lease has run out (LEDGER_LEASE_S, here 0) B goes on, and A's late answer, another
+    id than B's receipt, is kept as an extra."""
+    db = tmp_path / "c.sqlite"
+    with effects.Ledger(db) as a, effects.Ledger(db) as b, effects.Ledger(db, lease_s=0.0) as c:
+        with a.performing("k"):
+            a.claim("k", "ticket", {"title": "t"})
+            with pytest.raises(effects.InFlight), b.performing("k"):
+                pass
+        with c.performing("k"):  # a run longer than its lease: 0 s
+            c.claim("k", "ticket", {"title": "t"})
+            with b.performing("k"):  # goes on: the lease ran out
+                b.confirm("k", {"ticket_id": 2}, 2, "answered")
+            assert c.confirm("k", {"ticket_id": 1}, 1, "answered late") == {"ticket_id": 2}
+        assert b.extras() == [("k", "1", "answered late")]
