@@ -35,6 +35,8 @@ Configuration (environment, read in main()):
     API_TIMEOUT_S    5 (seconds to wait for one answer from the receiver)
     API_ATTEMPTS     4 (tries of a request that was refused or answered 503)
     FAILPOINTS       "" (all off); e.g. "after-ack=kill" (see failpoints.py and POINTS)
+    LEDGER_LEASE_S   300 (seconds a SQLite ledger's lease keeps a second performer of a key out
+                     while its holder lives; a dead holder's lock ends at once: effects.py)
     LAB_TRACE        "" (off); otlp, or a file: spans of each run, effect and request, with the
                      idempotency key, and traceparent sent to the receiver (tracing.py)
 """
