@@ -4,9 +4,11 @@ A crash is a real SIGKILL of a forked child in the window (after the receiver an
 the answer was recorded); the parent then resumes with a ledger of its own on the same file.
 """
 
+import dataclasses
 import os
 import re
 import signal
+import time
 import urllib.error
 import urllib.request
 
@@ -333,7 +335,6 @@ def test_a_second_live_process_on_sqlite_meets_in_flight_and_a_dead_ones_lock_is
 
 
 def wait_for(condition, timeout_s=10):
-    import time
 
     deadline = time.monotonic() + timeout_s
     while not condition():
@@ -399,3 +400,34 @@ def test_a_lease_keeps_a_second_performer_out_until_it_runs_out(tmp_path):
                 b.confirm("k", {"ticket_id": 2}, 2, "answered")
             assert c.confirm("k", {"ticket_id": 1}, 1, "answered late") == {"ticket_id": 2}
         assert b.extras() == [("k", "1", "answered late")]
+
+
+@pytest.mark.fast
+def test_a_persons_not_sent_waits_out_the_settle_time_where_a_lookup_exists(tmp_path):
+    """reconcile --not-sent on a keyless provider with a lookup: nothing found yet is no proof
+    (the provider may commit late), so it is refused until settle_s has passed; then taken."""
+    import types
+
+    from tests.property.test_ledger_machine import Provider, charge_effect
+
+    provider = Provider()
+    try:
+        effect = dataclasses.replace(charge_effect(provider.url, False, True), settle_s=30.0)
+        db = tmp_path / "c.sqlite"
+        with effects.Ledger(db) as ledger:
+            ledger.claim("n1", "charge", {"amount": 1})
+            ledger.move("n1", "unknown", "no answer: the test")
+        settings = workflow.Settings(api_url=provider.url, checkpoint_db=str(db))
+        args = types.SimpleNamespace(confirmed=[], not_sent=["n1"], effects={"charge": effect})
+        with pytest.raises(workflow.UserError, match="may take 30 s to commit"):
+            workflow.reconcile(args, settings)
+        with effects.Ledger(db) as ledger:
+            assert ledger.get("n1").state == "unknown"
+        settled = dataclasses.replace(effect, settle_s=0.0)  # as if its settle time had passed
+        args.effects = {"charge": settled}
+        workflow.reconcile(args, settings)
+        with effects.Ledger(db) as ledger:
+            assert ledger.get("n1").state == "released"
+    finally:
+        provider.shutdown()
+        provider.server_close()

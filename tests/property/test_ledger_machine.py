@@ -316,10 +316,10 @@ def provider():
     server.server_close()
 
 
-def run_machine(provider, open_ledger):
+def run_machine(provider, open_ledger, examples=SETTINGS.max_examples):
     machine = type("Machine", (LedgerMachine,), {"provider": provider})
     machine.open_ledger = staticmethod(open_ledger)
-    run_state_machine_as_test(machine, settings=SETTINGS)
+    run_state_machine_as_test(machine, settings=settings(SETTINGS, max_examples=examples))
 
 
 @pytest.mark.fast
@@ -343,4 +343,4 @@ def test_the_ledger_keeps_its_promise_on_postgres(provider):
             ledger.close = conn.close
             return ledger
 
-        run_machine(provider, opened)
+        run_machine(provider, opened, examples=6)  # the same code but the lock: fewer
