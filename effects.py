@@ -451,10 +451,17 @@ class Ledger:
         offset = int.from_bytes(hashlib.sha256(key.encode()).digest()[:7], "big")
         with OPENING:
             if LEASES.get("pid") != os.getpid():  # a forked child holds none of its parent's
+                for inherited in [v[0] for k, v in LEASES.items() if k != "pid"]:
+                    os.close(inherited)  # the child's copy: the parent's locks stay
                 LEASES.clear()
                 LEASES["pid"] = os.getpid()
-            if path not in LEASES:
-                LEASES[path] = (os.open(path, os.O_RDWR | os.O_CREAT, 0o644), {})
+            if path not in LEASES:  # opened while this process holds a key of it
+                try:
+                    LEASES[path] = (os.open(path, os.O_RDWR | os.O_CREAT, 0o644), {})
+                except OSError as error:
+                    raise LedgerError(
+                        f"cannot open the ledger's lease file {path}: {error}"
+                    ) from None
             fd, holders = LEASES[path]
             taken = False  # by this call: released by this call
             if key not in holders:
@@ -463,7 +470,8 @@ class Ledger:
                     holders[key] = self
                     taken = True
                 except OSError:  # another process holds it (EAGAIN or EACCES)
-                    pass
+                    if not holders:
+                        os.close(LEASES.pop(path)[0])
             held = holders.get(key) is self
         try:
             yield held
@@ -472,6 +480,8 @@ class Ledger:
                 with OPENING:
                     del holders[key]
                     fcntl.lockf(fd, fcntl.LOCK_UN, 1, offset)
+                    if not holders:  # no lock of this process left on it: closing loses none
+                        os.close(LEASES.pop(path)[0])
 
     @property
     def db(self):
