@@ -155,7 +155,7 @@ TICKET = effects.Effect(
     refused=lambda error: refusal(error),
     keyed=True,
     answer_of=lambda ticket_id: {"ticket_id": int(ticket_id), "created": False},
-    look_with="tickets --operation {key} (GET /tickets?key={key} on API_URL)",
+    look_with="python workflow.py tickets --operation {key} (GET /tickets?key={key} on API_URL)",
 )
 
 
