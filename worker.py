@@ -930,6 +930,7 @@ def main(argv=None):
             tracing.start(settings.trace, "worker")
         except tracing.TracingError as error:
             raise UserError(str(error), EXIT_USAGE) from None
+        workflow.key_receipts(settings)  # LEDGER_RECEIPT_KEY
         args.heartbeat_s = workflow.number(os.environ, "WORKER_HEARTBEAT_S", 10.0, float)
         args.job_attempts = workflow.number(os.environ, "WORKER_JOB_ATTEMPTS", JOB_ATTEMPTS, int)
         args.retry_s = workflow.number(os.environ, "WORKER_RETRY_S", RETRY_S, float)
