@@ -12,6 +12,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 import urllib.request
 
 import pytest
@@ -243,3 +244,47 @@ def test_a_job_that_meets_a_key_another_worker_performs_is_tried_again_later():
 
     assert worker_py.retryable(effects.InFlight("k")) == "another worker is performing its effect"
     assert worker_py.retryable(effects.Conflict("k was claimed for another request")) is None
+
+
+def test_the_workers_metrics_serve_the_ledger_beside_the_queue(env, receiver, tmp_path):
+    """worker.py metrics --port 0 on the workers' Postgres: the ledger's effects by state and the
+    oldest open one's age, beside the queue's figures, scraped over HTTP and parsed by
+    prometheus_client. The rows are real ledger rows, made through its own API."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    client = workflow.TicketClient(receiver.url, attempts=1)
+    ledger = ledger_on(env["CHECKPOINT_DB"])
+    before = time.time()
+    try:
+        workflow.TICKET.perform(ledger, "done:op", {"title": "done"}, client)  # confirmed
+        for key, state in [("window:op", "requested"), ("out:op", "unknown")]:
+            ledger.claim(key, "ticket", {"title": key})
+            if state != "requested":  # requested: as a kill at after-send leaves it
+                ledger.move(key, state, "the test")
+    finally:
+        ledger.close()
+    err = open(tmp_path / "metrics.err", "wb")
+    command = [sys.executable, str(ROOT / "worker.py"), "metrics", "--port", "0"]
+    proc = subprocess.Popen(command, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=err)
+    try:
+        url = f"http://127.0.0.1:{json.loads(proc.stdout.readline())['port']}/metrics"
+        with urllib.request.urlopen(url, timeout=HANG_GUARD_S) as response:
+            text = response.read().decode()
+        after = time.time()
+    finally:
+        proc.terminate()
+        assert proc.wait(HANG_GUARD_S) == 0, (tmp_path / "metrics.err").read_text()
+    seen = {
+        s.name + "".join(f'{{{k}="{v}"}}' for k, v in s.labels.items()): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+    assert 0 <= seen.pop("ledger_oldest_open_effect_age_seconds") <= after - before
+    ledger_seen = {k: v for k, v in seen.items() if k.startswith("ledger_")}
+    assert ledger_seen == {
+        **{f'ledger_effects{{state="{s}"}}': 0 for s in effects.STATES},
+        'ledger_effects{state="confirmed"}': 1,
+        'ledger_effects{state="requested"}': 1,
+        'ledger_effects{state="unknown"}': 1,
+    }
+    assert seen['worker_jobs{state="queued"}'] == 0  # the queue's figures are still there
