@@ -82,6 +82,14 @@ def test_quick_bench_against_head_names_the_commit_and_measures_both_trees(scrat
     )
     assert set(figures["ratios"]) >= {"cli_tickets", "cli_post", "cli_state"}
     assert not str(figures["workers"]).startswith("failed"), figures["workers"]
+    ledger = figures["ledger"]  # the ledger's cost, four ways in one run
+    assert set(ledger["median_ms"]) == {"post", "graph", "ledger", "task"}
+    assert all(ms > 0 for ms in ledger["median_ms"].values()), ledger
+    assert ledger["ledger_commits_per_effect"]["commits"] == 2  # the intent, then the receipt
+    assert ledger["ledger_over_graph"] == pytest.approx(
+        ledger["median_ms"]["ledger"] / ledger["median_ms"]["graph"], abs=0.01
+    )
+    assert "ledger cost per effect, 5 runs per way" in done.stdout
     assert list(scratch.iterdir()) == [], "a temporary folder was left behind"
 
 

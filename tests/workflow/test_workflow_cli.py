@@ -19,7 +19,14 @@ import pytest
 import effects
 import failpoints
 import workflow
-from labs.tools.local import ROOT, ReceiverProcess, free_port, lab_env, wait_until
+from labs.tools.local import (
+    ROOT,
+    ReceiverProcess,
+    free_port,
+    lab_env,
+    run_workflow_here,
+    wait_until,
+)
 
 
 @pytest.fixture
@@ -497,13 +504,7 @@ def test_a_ledger_made_unwritable_while_the_request_is_out_exits_74_and_names_th
         "may have taken effect before the save failed; once CHECKPOINT_DB can be written, "
         "resume it with: resume --thread ro\n"
     ), err
-    resumed = subprocess.run(
-        [sys.executable, str(ROOT / "lab.py"), "resume", "--thread", "ro"],
-        env=lab,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    resumed = run_workflow_here(["resume", "--thread", "ro"], lab)  # lab.main, in-process
     assert resumed.returncode == 0, resumed.stderr
     assert '"event": "effect_adopted"' in resumed.stdout
     assert len(workflow.TicketClient(receiver.url).tickets()) == 1
@@ -521,7 +522,7 @@ def postgres_cluster():
 
 
 def test_a_run_held_across_a_postgres_restart_is_one_line_exit_3_and_its_resume_goes_on(
-    lab, receiver, tmp_path, postgres_cluster
+    lab, receiver, tmp_path, postgres_cluster, capsys
 ):
     """The review's F10: held at after-send while Postgres restarts, the receipt's commit met a
     closed connection (psycopg.OperationalError, a traceback). One line, exit 3 as for a
@@ -549,13 +550,6 @@ def test_a_run_held_across_a_postgres_restart_is_one_line_exit_3_and_its_resume_
     assert err.count("\n") == 1 and "Traceback" not in err, err
     assert err.startswith("workflow.py: CHECKPOINT_DB stopped answering ("), err
     assert err.endswith("resume it with: resume --thread pg\n"), err
-    resumed = subprocess.run(
-        [sys.executable, str(ROOT / "workflow.py"), "resume", "--thread", "pg"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert resumed.returncode == 0, resumed.stderr
-    assert '"event": "effect_adopted"' in resumed.stdout
+    assert workflow.main(["resume", "--thread", "pg"], env) == 0  # in-process
+    assert '"event": "effect_adopted"' in capsys.readouterr().out
     assert len(workflow.TicketClient(receiver.url).tickets()) == 1
