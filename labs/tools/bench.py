@@ -21,7 +21,8 @@ SIGTERM: seconds from SIGTERM to the receiver's exit while a client is stalled m
 both trees (the tests check that it exits without waiting for the stall; this is how fast).
 Ledger: one keyed ticket four ways, interleaved, medians (labs.tools.bench_ledger: a bare keyed
 POST, workflow.py's graph without the ledger, with it, and LangGraph's @task), with the load
-average, the ratio ledger / graph and the ledger's commits per effect. This tree only.
+average, the ratio ledger / graph and the commits per run of LangGraph's saver and of the
+ledger. This tree only.
 Workers: operations per second with 1, 2 and 4 workers on a throwaway Postgres
 (labs.tools.bench_workers, with its own ROUNDS and OPERATIONS, as `make bench-workers`);
 skipped with a note where PostgreSQL's binaries are missing. This tree only.

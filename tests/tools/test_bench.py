@@ -85,7 +85,9 @@ def test_quick_bench_against_head_names_the_commit_and_measures_both_trees(scrat
     ledger = figures["ledger"]  # the ledger's cost, four ways in one run
     assert set(ledger["median_ms"]) == {"post", "graph", "ledger", "task"}
     assert all(ms > 0 for ms in ledger["median_ms"].values()), ledger
-    assert ledger["ledger_commits_per_effect"]["commits"] == 2  # the intent, then the receipt
+    commits = ledger["commits_per_run"]  # the ledger's: the intent, then the receipt
+    assert commits["ledger"]["ledger"] == 2 and commits["graph"]["ledger"] == 0
+    assert commits["ledger"]["saver"] == commits["graph"]["saver"] > 0  # LangGraph's own
     assert ledger["ledger_over_graph"] == pytest.approx(
         ledger["median_ms"]["ledger"] / ledger["median_ms"]["graph"], abs=0.01
     )
