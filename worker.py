@@ -993,6 +993,9 @@ def main(argv=None):
     except UserError as error:
         print(f"worker.py: {error}", file=sys.stderr)
         return error.exit_code
+    except effects.LedgerError as error:  # reconcile on a damaged row: one line, as workflow.py's
+        print(f"worker.py: {error}", file=sys.stderr)
+        return workflow.ledger_exit(error)
     return 0
 
 

@@ -288,3 +288,21 @@ def test_the_workers_metrics_serve_the_ledger_beside_the_queue(env, receiver, tm
         'ledger_effects{state="unknown"}': 1,
     }
     assert seen['worker_jobs{state="queued"}'] == 0  # the queue's figures are still there
+
+
+def test_reconcile_on_a_receipt_that_fails_its_check_is_one_line_and_exit_7(
+    env, monkeypatch, capsys
+):
+    """A receipt changed in the database (its ticket id): worker.py reconcile of its key said a
+    traceback; now one line and workflow.py's exit 7, as a run meeting it."""
+    ledger = ledger_on(env["CHECKPOINT_DB"])
+    try:
+        ledger.claim("k:op", "ticket", {"title": "Check supplier configuration"})
+        ledger.confirm("k:op", {"ticket_id": 1, "created": True}, 1, "the test")
+        ledger.sql("ALTER TABLE effect_receipts DISABLE TRIGGER receipts_are_kept")
+        ledger.sql("UPDATE effect_receipts SET external_id = '999' WHERE key = 'k:op'")
+    finally:
+        ledger.close()
+    code, _, err = in_process(monkeypatch, capsys, env, "reconcile", "--confirmed", "k:op")
+    assert code == workflow.EXIT_LEDGER_DAMAGED, err
+    assert err.count("\n") == 1 and "the receipt of 'k:op' does not match" in err, err
