@@ -966,6 +966,7 @@ def main(argv=None):
     for name in ("pgqueuer", "psycopg.pool"):
         logging.getLogger(name).setLevel(logging.CRITICAL)
     try:
+        workflow.require_text(args)  # a --title that is not UTF-8: one line, exit 2
         settings = workflow.Settings.from_environ(os.environ)  # API_URL, CHECKPOINT_DB, ...
         vars(args).update(dataclasses.asdict(settings), settings=settings)
         try:  # the core's points (FAILPOINTS="after-ack=sleep(1)": every job of this worker)

@@ -24,6 +24,7 @@ from labs.tools.local import (
     ReceiverProcess,
     free_port,
     lab_env,
+    run_worker_here,
     run_workflow_here,
     wait_until,
 )
@@ -381,6 +382,19 @@ def test_a_title_that_is_not_utf8_is_refused_before_anything_runs(lab, tmp_path)
     assert done.returncode == workflow.EXIT_USAGE and err.count("\n") == 1, err
     assert err.startswith("lab.py: --title b'bad\\xff' is not UTF-8 text"), err
     assert done.stdout == b"" and not Path(lab["CHECKPOINT_DB"]).exists()
+    # worker.py's submit alike (in-process: the str a shell's bytes become), before any database
+    submit = [
+        "submit",
+        "--thread",
+        "u",
+        "--operation",
+        "u:op",
+        "--title",
+        title.decode(errors="surrogateescape"),
+    ]
+    done = run_worker_here(submit, dict(lab, CHECKPOINT_DB="postgresql://127.0.0.1:1/none"))
+    assert done.returncode == workflow.EXIT_USAGE, done.stderr
+    assert done.stderr == "worker.py: --title b'bad\\xff' is not UTF-8 text; nothing was run\n"
 
 
 def test_request_hash_refuses_text_that_is_not_utf8_in_one_line():
