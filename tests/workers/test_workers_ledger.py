@@ -306,3 +306,45 @@ def test_reconcile_on_a_receipt_that_fails_its_check_is_one_line_and_exit_7(
     code, _, err = in_process(monkeypatch, capsys, env, "reconcile", "--confirmed", "k:op")
     assert code == workflow.EXIT_LEDGER_DAMAGED, err
     assert err.count("\n") == 1 and "the receipt of 'k:op' does not match" in err, err
+
+
+def test_a_run_held_across_a_postgres_restart_is_one_line_exit_3_and_its_resume_goes_on(
+    env, cluster, receiver, tmp_path, capsys
+):
+    """The review's F10: `workflow.py start` held at after-send while Postgres restarts; the
+    receipt's commit met a closed connection (psycopg.OperationalError, a traceback). One line,
+    exit 3 as for a CHECKPOINT_DB that does not answer; the row stays requested, and the resume
+    adopts the ticket. The module's cluster, restarted: CHECKPOINT first, since it runs with
+    synchronous_commit off (labs.tools.pg), whose last commits an immediate stop would lose."""
+    import psycopg
+
+    import failpoints
+    from labs.tools.local import wait_until
+
+    pause = tmp_path / "after-send"
+    proc = subprocess.Popen(
+        [sys.executable, str(ROOT / "workflow.py"), "start", "--thread", "pg", "--operation", "k"],
+        env={**env, "FAILPOINTS": f"after-send=pause({pause})"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        wait_until(pause.exists, HANG_GUARD_S, "the run at after-send")
+        with psycopg.connect(cluster.url, autocommit=True) as conn:
+            conn.execute("CHECKPOINT")  # the claim and the checkpoints reach the WAL on disk
+        cluster.halt()
+        cluster.start_server()
+        failpoints.unpause(pause)
+        out, err = proc.communicate(timeout=HANG_GUARD_S)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == workflow.EXIT_NO_ANSWER, err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    assert err.startswith("workflow.py: CHECKPOINT_DB stopped answering ("), err
+    assert err.endswith("resume it with: resume --thread pg\n"), err
+    assert workflow.main(["resume", "--thread", "pg"], env) == 0  # in-process
+    assert '"event": "effect_adopted"' in capsys.readouterr().out
+    assert len(workflow.TicketClient(receiver.url).tickets()) == 1
