@@ -75,6 +75,10 @@ def bench(folder, runs):
             "graph": graph_run(opened, folder / "graph.sqlite", client, ledger=False),
             "ledger": graph_run(opened, folder / "ledger.sqlite", client, ledger=True),
             "task": task_run(opened, folder / "task.sqlite", client),
+            # where the time goes: both again with no fsync at all (synchronous=OFF on every
+            # connection; a diagnosis, never a setting to run with)
+            "graph_no_fsync": graph_run(opened, folder / "g-off.sqlite", client, False, "OFF"),
+            "ledger_no_fsync": graph_run(opened, folder / "l-off.sqlite", client, True, "OFF"),
         }
         with open(os.devnull, "w") as quiet, contextlib.redirect_stdout(quiet):
             for way in ways.values():  # warm: imports, first connections, tables
@@ -93,7 +97,14 @@ def bench(folder, runs):
         opened.close()
         server.stop()
     medians = {name: round(statistics.median(t), 2) for name, t in times.items()}
+    cpu = medians["ledger_no_fsync"] - medians["graph_no_fsync"]
+    where = {  # the ledger's extra milliseconds per run: its statements, and its two fsyncs
+        "ledger_statements_ms": round(cpu, 2),
+        "ledger_fsyncs_ms": round(medians["ledger"] - medians["graph"] - cpu, 2),
+        "langgraph_fsyncs_ms": round(medians["graph"] - medians["graph_no_fsync"], 2),
+    }
     return {
+        "where_ms": where,
         "runs": runs,
         "median_ms": medians,
         "ledger_over_graph": round(medians["ledger"] / medians["graph"], 2),
@@ -105,12 +116,17 @@ def bench(folder, runs):
     }
 
 
-def graph_run(opened, path, client, ledger):
-    """One start of a new thread of workflow.py's graph; with or without TICKET.perform."""
+def graph_run(opened, path, client, ledger, synchronous=None):
+    """One start of a new thread of workflow.py's graph; with or without TICKET.perform.
+    synchronous: a PRAGMA for both connections (the diagnosis's OFF), else theirs (FULL)."""
     from langgraph.checkpoint.sqlite import SqliteSaver
 
     saver = opened.enter_context(SqliteSaver.from_conn_string(str(path)))
     ledger_of = opened.enter_context(effects.Ledger(path))
+    if synchronous:
+        saver.setup()
+        saver.conn.execute(f"PRAGMA synchronous={synchronous}")
+        ledger_of.db.execute(f"PRAGMA synchronous={synchronous}")
     graph = workflow.build_graph(saver) if ledger else bare_graph(saver)
 
     def run(i):
@@ -221,11 +237,14 @@ def report(figures):
 
 def lines(figures):
     """The figures as a table, for this module's report and make bench's."""
-    ms, counted = figures["median_ms"], figures["commits_per_run"]
+    ms, counted, where = figures["median_ms"], figures["commits_per_run"], figures["where_ms"]
     return [
         f"ledger cost per effect, {figures['runs']} runs per way, medians "
         f"(commit {figures['commit']})",
         *(f"  {name:<38}{ms[name]:>9.2f} ms" for name in ("post", "graph", "ledger", "task")),
+        f"  where the ledger's {ms['ledger'] - ms['graph']:.2f} ms go: its statements "
+        f"{where['ledger_statements_ms']:.2f} ms, its two fsyncs {where['ledger_fsyncs_ms']:.2f} "
+        f"ms (LangGraph's own fsyncs: {where['langgraph_fsyncs_ms']:.2f} ms of the graph's)",
         f"  ledger / graph {figures['ledger_over_graph']:.2f}x, task / graph "
         f"{figures['task_over_graph']:.2f}x",
         f"  commits per run (one fsync each under WAL and synchronous=FULL): graph "
