@@ -417,8 +417,9 @@ EXIT_NO_ANSWER = 3  # the receiver (or a Postgres CHECKPOINT_DB) could not be re
 #                     Postgres CHECKPOINT_DB stopped answering mid-run (a restart)
 EXIT_THREAD = 4  # resume or state of an unknown thread, or start of one that exists
 EXIT_CONTRACT = 65  # resume of a thread saved under another contract: migrate it (EX_DATAERR)
-EXIT_CHECKPOINT_WRITE = 74  # the SQLite CHECKPOINT_DB cannot be written: read-only, or its disk
-#                             is full (EX_IOERR); resume once it can be
+EXIT_CHECKPOINT_WRITE = 74  # the SQLite CHECKPOINT_DB cannot be written: read-only, its disk
+#                             full, or an open file no longer writable (EX_IOERR); resume once
+#                             it can be
 EXIT_UNSETTLED = 6  # an effect may have happened and no lookup can tell: reconcile it
 EXIT_LEDGER_DAMAGED = 7  # a ledger row fails its own check (a receipt changed, forged or gone,
 #                          effects.Damaged): this code will not use it, and sends nothing for it

@@ -13,6 +13,14 @@ one receiver process on a free loopback port, the four interleaved so a busy mom
     task        LangGraph's functional API: an @entrypoint calling a @task that POSTs; the task's
                 result is kept in the checkpoint (LangGraph's own answer to "do not redo it")
 
+and, to say where the time goes, graph and ledger once more with no fsync at all (synchronous=OFF
+on every connection: a diagnosis, never a setting to run with): ledger_no_fsync - graph_no_fsync is
+what the ledger's statements cost, the rest of ledger - graph its two fsyncs. Measured 2026-12-01
+on a shared 2-core machine: at load 3-5, 1.01-1.22x; at load 7-8, with the disk busy, 1.42x, of
+which statements 0.25 ms and the ledger's two fsyncs 9.2 ms: both are on the node's path (the
+intent before the request, the receipt after), where much of LangGraph's own 7 commits per run
+overlap the next step (its writes go through a background executor).
+
 Prints the median milliseconds of each, the ratio ledger / graph, the load average (uptime) before
 and after, and the commits per run on each connection (SqliteSaver's, the ledger's): each is one
 fsync under WAL and synchronous=FULL, so where the disk dominates, ledger / graph tends to

@@ -54,6 +54,7 @@ def one_line(capsys, code, returned, *words):
         ("API_TIMEOUT_S", "five", ["API_TIMEOUT_S='five'", "positive float"]),
         ("API_TIMEOUT_S", "0", ["API_TIMEOUT_S='0'"]),
         ("API_ATTEMPTS", "1.5", ["API_ATTEMPTS='1.5'", "positive int"]),
+        ("LEDGER_RECEIPT_UNKEYED", "yes", ["LEDGER_RECEIPT_UNKEYED='yes'", "refuse or accept"]),
     ],
 )
 def test_a_bad_setting_is_one_line_and_exit_2(env, monkeypatch, capsys, name, value, words):
