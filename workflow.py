@@ -913,7 +913,7 @@ def lost_postgres(error):
 
 
 def ledger_exit(error):
-    """The exit code of an effects.LedgerError."""
+    """The exit code of an effects.LedgerError (issue-32's branch adds InFlight: EXIT_THREAD)."""
     if isinstance(error, effects.Unsettled):
         return EXIT_UNSETTLED
     if isinstance(error, effects.Damaged):
