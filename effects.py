@@ -44,6 +44,7 @@ postgresql:// URL), OpenTelemetry only with LAB_TRACE set; importing this module
 import dataclasses
 import fcntl
 import hashlib
+import hmac
 import json
 import os
 import socket
@@ -52,6 +53,7 @@ import threading
 import time
 from collections.abc import Callable
 from contextlib import contextmanager, suppress
+from pathlib import Path
 from typing import NamedTuple
 
 import tracing
@@ -67,6 +69,8 @@ SETTLE_S = 60.0  # an Effect's default settle_s: a provider commits what it acce
 LEASE_S = 300.0  # a SQLite lease's default length (LEDGER_LEASE_S in workflow.main): past it a
 #   performer still alive (a request hung past every timeout) no longer keeps others out; its
 #   late answer still becomes the receipt, or an extra (effect_extras) if another made one too
+KEYED = "hmac-sha256:"  # how a receipt's integrity hash made with LEDGER_RECEIPT_KEY begins
+RECEIPTS = {"key": None, "unkeyed": "refuse"}  # key_receipts() sets them, from a program's main()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -262,6 +266,14 @@ class Refused(LedgerError):
         self.key, self.refusal = key, refusal
 
 
+class Damaged(LedgerError):
+    """A ledger row fails its own check (a receipt changed, forged or gone): nothing is sent."""
+
+
+class NotText(LedgerError, ValueError):
+    """A request that is not Unicode text (a lone surrogate: bytes that were not UTF-8)."""
+
+
 @dataclasses.dataclass(frozen=True)
 class Record:
     key: str
@@ -404,11 +416,22 @@ class Ledger:
         return [self.record(row) for row in rows]
 
     def stuck(self):
-        """(how many effects are unknown, seconds since the oldest of them became so)."""
-        row = self.sql(
-            "SELECT COUNT(*) AS n, MIN(updated_at) AS oldest FROM effects WHERE state = 'unknown'"
-        ).fetchone()
-        return row["n"], (0.0 if row["oldest"] is None else time.time() - row["oldest"])
+        """(how many effects are open, seconds since the oldest of them last moved; 0 with
+        none): the requests whose answer was never recorded. Open is `unknown`, and every
+        `requested`: a kill in the crash window leaves one (after-send), and so, for as long as
+        its request is out, does a live run."""
+        by_state, oldest_s = self.counts()
+        return sum(by_state[state] for state in OPEN), oldest_s
+
+    def counts(self):
+        """({state: how many effects}, every state in STATES; the oldest open one's age in
+        seconds, 0 with none), in one read."""
+        rows = self.sql(
+            "SELECT state, COUNT(*) AS n, MIN(updated_at) AS oldest FROM effects GROUP BY state"
+        ).fetchall()
+        by_state = dict.fromkeys(STATES, 0) | {row["state"]: row["n"] for row in rows}
+        opened = [row["oldest"] for row in rows if row["state"] in OPEN]
+        return by_state, (max(0.0, time.time() - min(opened)) if opened else 0.0)
 
     def get(self, key):
         """The Record of key, or None."""
@@ -430,8 +453,7 @@ class Ledger:
             return None
         effect = self.row(key)
         fields = [key, effect["effect"], row["request_hash"], row["external_id"], row["answer"]]
-        if digest_of(fields) != row["integrity"]:
-            raise LedgerError(f"the receipt of {key!r} does not match its integrity hash")
+        check_integrity(key, fields, row["integrity"])
         return {**dict(row), "answer": json.loads(row["answer"])}
 
     # helpers
@@ -566,7 +588,13 @@ class Ledger:
     def record(self, row, reopened=False):
         answer = None
         if row["state"] == "confirmed":
-            answer = self.receipt(row["key"])["answer"]
+            if (receipt := self.receipt(row["key"])) is None:
+                raise Damaged(
+                    f"effect {row['key']!r} is confirmed and its receipt is missing: the ledger "
+                    "was changed outside this program; nothing was sent. Ask the provider what "
+                    "it holds under the key, or restore the ledger from a copy"
+                )
+            answer = receipt["answer"]
         return Record(
             row["key"],
             row["effect"],
@@ -633,6 +661,38 @@ class PostgresLedger(Ledger):
         return self.sql("SELECT * FROM effects WHERE key = ?" + lock_it, (key,)).fetchone()
 
 
+class LedgerReader(Ledger):
+    """A SQLite ledger opened to read only (mode=ro): nothing is created or written, not even
+    its tables. A file that does not exist is an error, not a new file."""
+
+    def open(self):
+        self.lock = threading.RLock()
+        uri = f"{Path(self.path).resolve().as_uri()}?mode=ro"
+        self.conn = sqlite3.connect(
+            uri, uri=True, timeout=self.busy_timeout_s, check_same_thread=False
+        )
+        self.pid = os.getpid()
+        self.conn.row_factory = sqlite3.Row
+
+
+@contextmanager
+def read_ledger(target):
+    """The ledger of target (a SQLite file, or a postgresql:// URL) to read from, closed on
+    exit: SQLite read-only (LedgerReader), Postgres on a read-only session; no table made."""
+    if not str(target).startswith(("postgresql://", "postgres://")):
+        with LedgerReader(target) as ledger:
+            yield ledger
+        return
+    import psycopg
+    from psycopg.rows import dict_row
+
+    options = "-c default_transaction_read_only=on"
+    with psycopg.connect(target, autocommit=True, row_factory=dict_row, options=options) as conn:
+        ledger = PostgresLedger.__new__(PostgresLedger)  # not __init__: it makes the tables
+        ledger.db = conn
+        yield ledger
+
+
 @contextmanager
 def open_ledger(target, lease_s=LEASE_S):
     """The ledger in the workflow's own database: a SQLite file, or a postgresql:// URL (its own
@@ -686,7 +746,7 @@ SCHEMA = (
     external_id TEXT NOT NULL,  -- the provider's id for what it made
     answer TEXT NOT NULL,  -- the provider's answer, canonical JSON
     request_hash TEXT NOT NULL,
-    integrity TEXT NOT NULL,  -- sha256 over key, effect, request hash, external id, answer
+    integrity TEXT NOT NULL,  -- digest_of key, effect, request hash, external id, answer
     at REAL NOT NULL
 )""",
     """CREATE TRIGGER IF NOT EXISTS receipts_are_kept BEFORE UPDATE ON effect_receipts
@@ -697,9 +757,16 @@ BEGIN SELECT RAISE(ABORT, 'a receipt is never deleted'); END""",
 
 
 def request_hash(request):
-    """(canonical JSON, its sha256): the same request however it was spelled."""
+    """(canonical JSON, its sha256): the same request however it was spelled. NotText for a
+    string that cannot be UTF-8 (a lone surrogate: Python's stand-in for an argument's bytes
+    that were not UTF-8), which neither the hash nor the database could store."""
     canonical = json.dumps(request, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    return canonical, hashlib.sha256(canonical.encode()).hexdigest()
+    try:
+        encoded = canonical.encode()
+    except UnicodeEncodeError as error:
+        bad = canonical[error.start : error.end].encode("utf-8", "surrogateescape")
+        raise NotText(f"the request holds bytes that are not UTF-8 text ({bad!r})") from None
+    return canonical, hashlib.sha256(encoded).hexdigest()
 
 
 def wal(conn, timeout_s):
@@ -716,8 +783,53 @@ def wal(conn, timeout_s):
             time.sleep(0.01)
 
 
+def key_receipts(key="", unkeyed="refuse"):
+    """LEDGER_RECEIPT_KEY and LEDGER_RECEIPT_UNKEYED, for the receipts this process writes and
+    reads (a program's main() calls it; the defaults are the settings' own).
+
+    No key (the default): a receipt's integrity hash is a plain sha256 of what it records (its
+    key, effect, request hash, the provider's id and answer). It catches a receipt damaged, or
+    edited by hand without its hash: not a forger, who can compute a sha256 as well as we can.
+    A key: the hash is an HMAC-SHA256 under it, written as "hmac-sha256:<hex>". Someone who can
+    write the ledger but does not know the key (a shared database, a copy restored from
+    elsewhere) can neither forge a receipt nor change one; they can still delete rows, or put
+    back an older copy of the whole file. A plain receipt is then refused, since a forger can
+    write one too; one written before the key was set is read only with unkeyed="accept"
+    (LEDGER_RECEIPT_UNKEYED=accept), for as long as such receipts may be read."""
+    if unkeyed not in ("refuse", "accept"):
+        raise ValueError(f"LEDGER_RECEIPT_UNKEYED={unkeyed!r} must be refuse or accept")
+    RECEIPTS.update(key=key.encode() if key else None, unkeyed=unkeyed)
+
+
 def digest_of(fields):
-    return hashlib.sha256(json.dumps(fields, separators=(",", ":")).encode()).hexdigest()
+    """The integrity hash of a receipt's fields: keyed when LEDGER_RECEIPT_KEY is set."""
+    text = json.dumps(fields, separators=(",", ":")).encode()
+    if RECEIPTS["key"] is None:
+        return hashlib.sha256(text).hexdigest()
+    return KEYED + hmac.new(RECEIPTS["key"], text, hashlib.sha256).hexdigest()
+
+
+def check_integrity(key, fields, integrity):
+    """Damaged unless integrity is the hash of fields this process may accept (key_receipts)."""
+    text = json.dumps(fields, separators=(",", ":")).encode()
+    if integrity.startswith(KEYED):
+        if RECEIPTS["key"] is None:
+            why = "it was written with LEDGER_RECEIPT_KEY, which is not set here: set it"
+        else:
+            expected = KEYED + hmac.new(RECEIPTS["key"], text, hashlib.sha256).hexdigest()
+            if hmac.compare_digest(expected, integrity):
+                return
+            why = "changed or forged, or written under another LEDGER_RECEIPT_KEY"
+    elif RECEIPTS["key"] is not None and RECEIPTS["unkeyed"] != "accept":
+        why = (
+            "it has no LEDGER_RECEIPT_KEY hash (forged, or written before the key was set: "
+            "LEDGER_RECEIPT_UNKEYED=accept reads those)"
+        )
+    elif hmac.compare_digest(hashlib.sha256(text).hexdigest(), integrity):
+        return
+    else:
+        why = "changed or damaged since it was written"
+    raise Damaged(f"the receipt of {key!r} does not match its integrity hash: {why}")
 
 
 ADDED_COLUMNS = (  # added to effects since it was first made: ALTER TABLE where missing

@@ -7,8 +7,10 @@
     python worker.py wait [--thread T]    until no job (of thread T) is queued or running
     python worker.py state --thread T     the thread's checkpoint, as `workflow.py state`
     python worker.py reconcile [--confirmed KEY ...] [--not-sent KEY ...]   as workflow.py's
-    python worker.py metrics [--port N]   the queue's figures in Prometheus's text format, once;
-                                          --port: served at GET /metrics until SIGTERM or Ctrl-C
+    python worker.py metrics [--port N]   the queue's and the ledger's figures in Prometheus's text
+                                          format, once; --port: served at GET /metrics until
+                                          SIGTERM or Ctrl-C. On a SQLite CHECKPOINT_DB (the lab
+                                          on one machine): the ledger's alone, read-only
 
 Each job is one operation on one checkpoint thread. A worker takes a job and runs the thread:
 from the job's input when the thread has no checkpoint, else from its checkpoint (invoke(None)).
@@ -95,6 +97,7 @@ import os
 import random
 import signal
 import socket
+import sqlite3
 import sys
 import threading
 import time
@@ -205,8 +208,9 @@ async def submit(args):
 
 
 async def status(args):
-    """The jobs, and what is stuck: how many effects are unknown (sent, no answer: reconcile
-    settles them) and the age of the oldest, in seconds."""
+    """The jobs, and what is stuck: how many effects are open, their answer never recorded
+    (unknown, or requested: a kill in the crash window, or a request out right now; reconcile
+    settles them), and the age of the oldest, in seconds."""
     queries = await open_queue(args.checkpoint_db, time.monotonic() + args.db_wait_s)
     listed = await jobs(queries)
     unknown, oldest_s = await asyncio.to_thread(stuck_effects, args.checkpoint_db)
@@ -340,13 +344,15 @@ async def live_workers(queries):
 
 
 async def metrics(args):
-    """The queue's figures as Prometheus text: printed once, or served with --port.
+    """The queue's and the ledger's figures as Prometheus text: printed once, or served with
+    --port. On a SQLite CHECKPOINT_DB, the ledger's alone (there is no queue).
 
     Read from the tables at each scrape, not counted in a worker: a deploy's SIGTERM drains a
     worker and then it exits, and a counter of its own would go with it. The tables are the
     queue's, not one worker's, so one process serves them: scraped from each of three workers,
     every drain would be there three times. The counters start again only with the database."""
-    await open_queue(args.checkpoint_db, time.monotonic() + args.db_wait_s)  # installs the queue
+    if workflow.is_postgres(args.checkpoint_db):  # installs the queue
+        await open_queue(args.checkpoint_db, time.monotonic() + args.db_wait_s)
     if args.port is None:
         print(await metrics_text(args.checkpoint_db), end="")
         return
@@ -366,6 +372,9 @@ async def metrics(args):
 
 
 async def metrics_text(url):
+    ledger = await asyncio.to_thread(ledger_lines, url)
+    if not workflow.is_postgres(url):
+        return "\n".join(ledger) + "\n"
     from pgqueuer import Queries
 
     conn = await connect(url)
@@ -390,8 +399,44 @@ async def metrics_text(url):
         "# HELP worker_job_drains_total Runs a drain stopped at a step boundary: not failures.",
         "# TYPE worker_job_drains_total counter",
         f"worker_job_drains_total {runs['drains']}",
+        *ledger,
     ]
     return "\n".join(lines) + "\n"
+
+
+def ledger_lines(url):
+    """The ledger's gauges: its effects by state, and the age of the oldest open one (requested
+    or unknown: its answer never recorded). Every requested row counts as open, a live run's
+    request in flight too: a row past a lease and one within it look alike from here."""
+    by_state, oldest_s = ledger_counts(url)
+    return [
+        "# HELP ledger_effects Effects in the ledger, by state.",
+        "# TYPE ledger_effects gauge",
+        *(f'ledger_effects{{state="{state}"}} {n}' for state, n in by_state.items()),
+        "# HELP ledger_oldest_open_effect_age_seconds Seconds since the oldest open effect "
+        "(requested or unknown: no answer recorded) last moved; 0 with none open.",
+        "# TYPE ledger_oldest_open_effect_age_seconds gauge",
+        f"ledger_oldest_open_effect_age_seconds {oldest_s:.3f}",
+    ]
+
+
+def ledger_counts(url):
+    """effects.Ledger.counts() of CHECKPOINT_DB, opened to read only (a SQLite file is neither
+    made nor written); no ledger yet (no file, no table): every state 0."""
+    none = dict.fromkeys(effects.STATES, 0), 0.0
+    if not workflow.is_postgres(url) and not os.path.exists(url):
+        return none
+    try:
+        with effects.read_ledger(url) as ledger:
+            return ledger.counts()
+    except sqlite3.OperationalError as error:
+        if "no such table" not in str(error):
+            raise
+    except Exception as error:
+        psycopg = sys.modules.get("psycopg")
+        if psycopg is None or not isinstance(error, psycopg.errors.UndefinedTable):
+            raise
+    return none
 
 
 class MetricsServer(http.server.ThreadingHTTPServer):
@@ -414,7 +459,8 @@ class MetricsHandler(http.server.BaseHTTPRequestHandler):
             try:
                 text = asyncio.run(metrics_text(self.server.url))
             except Exception as error:
-                if not lost_connection(error) and not isinstance(error, UserError):
+                unreadable = isinstance(error, sqlite3.Error | UserError)  # a locked file, say
+                if not lost_connection(error) and not unreadable:
                     raise
                 status, kind, text = 503, "text/plain", f"{reason(error)}\n"
         body = text.encode()
@@ -920,6 +966,7 @@ def main(argv=None):
     for name in ("pgqueuer", "psycopg.pool"):
         logging.getLogger(name).setLevel(logging.CRITICAL)
     try:
+        workflow.require_text(args)  # a --title that is not UTF-8: one line, exit 2
         settings = workflow.Settings.from_environ(os.environ)  # API_URL, CHECKPOINT_DB, ...
         vars(args).update(dataclasses.asdict(settings), settings=settings)
         try:  # the core's points (FAILPOINTS="after-ack=sleep(1)": every job of this worker)
@@ -930,12 +977,14 @@ def main(argv=None):
             tracing.start(settings.trace, "worker")
         except tracing.TracingError as error:
             raise UserError(str(error), EXIT_USAGE) from None
+        workflow.key_receipts(settings)  # LEDGER_RECEIPT_KEY
         args.heartbeat_s = workflow.number(os.environ, "WORKER_HEARTBEAT_S", 10.0, float)
         args.job_attempts = workflow.number(os.environ, "WORKER_JOB_ATTEMPTS", JOB_ATTEMPTS, int)
         args.retry_s = workflow.number(os.environ, "WORKER_RETRY_S", RETRY_S, float)
         args.retry_max_s = workflow.number(os.environ, "WORKER_RETRY_MAX_S", RETRY_MAX_S, float)
         args.db_wait_s = workflow.number(os.environ, "WORKER_DB_WAIT_S", DB_WAIT_S, float)
-        require_postgres(args.checkpoint_db)
+        if args.action != "metrics":  # metrics reads a SQLite ledger too
+            require_postgres(args.checkpoint_db)
         if asyncio.iscoroutinefunction(args.run):
             return asyncio.run(args.run(args)) or 0
         args.run(args)
@@ -945,6 +994,9 @@ def main(argv=None):
     except UserError as error:
         print(f"worker.py: {error}", file=sys.stderr)
         return error.exit_code
+    except effects.LedgerError as error:  # reconcile on a damaged row: one line, as workflow.py's
+        print(f"worker.py: {error}", file=sys.stderr)
+        return workflow.ledger_exit(error)
     return 0
 
 

@@ -39,6 +39,11 @@ Configuration (environment, read in main()):
                      while its holder lives; a dead holder's lock ends at once: effects.py)
     LAB_TRACE        "" (off); otlp, or a file: spans of each run, effect and request, with the
                      idempotency key, and traceparent sent to the receiver (tracing.py)
+    LEDGER_RECEIPT_KEY      "" (none: a receipt's integrity hash is a plain sha256, which
+                            catches damage, not a forger); a secret: an HMAC-SHA256 under it,
+                            which someone who can write the ledger and lacks the key cannot
+                            forge (effects.key_receipts)
+    LEDGER_RECEIPT_UNKEYED  refuse; accept: with a key set, also read receipts written before it
 """
 
 if __name__ == "__main__":  # a Ctrl-C while the imports below run: one line, not a traceback
@@ -57,6 +62,7 @@ import dataclasses
 import hashlib
 import http.client
 import json
+import logging
 import os
 import signal
 import socket
@@ -508,12 +514,16 @@ BUSY_TRIES_PER_ATTEMPT = 2  # a 503 (busy) gets twice API_ATTEMPTS tries: 8, abo
 #   receiver is down in effect, nothing was committed, and the line names the resume.
 EXIT_HTTP_ERROR = 1  # the receiver answered with an error (http_error shows it)
 EXIT_USAGE = 2  # a usage or configuration mistake: one line on stderr
-EXIT_NO_ANSWER = 3  # the receiver (or a Postgres CHECKPOINT_DB) could not be reached
+EXIT_NO_ANSWER = 3  # the receiver (or a Postgres CHECKPOINT_DB) could not be reached, or a
+#                     Postgres CHECKPOINT_DB stopped answering mid-run (a restart)
 EXIT_THREAD = 4  # resume or state of an unknown thread, or start of one that exists
 EXIT_CONTRACT = 65  # resume of a thread saved under another contract: migrate it (EX_DATAERR)
-EXIT_CHECKPOINT_WRITE = 74  # the SQLite CHECKPOINT_DB cannot be written: read-only, or its disk
-#                             is full (EX_IOERR); resume once it can be
+EXIT_CHECKPOINT_WRITE = 74  # the SQLite CHECKPOINT_DB cannot be written: read-only, its disk
+#                             full, or an open file no longer writable (EX_IOERR); resume once
+#                             it can be
 EXIT_UNSETTLED = 6  # an effect may have happened and no evidence says not: look, reconcile it
+EXIT_LEDGER_DAMAGED = 7  # a ledger row fails its own check (a receipt changed, forged or gone,
+#                          effects.Damaged): this code will not use it, and sends nothing for it
 EXIT_DRAINED = 75  # stopped cleanly on SIGTERM, checkpoint saved: resume it (EX_TEMPFAIL)
 EXIT_INTERRUPTED = 130  # Ctrl-C (128 + SIGINT)
 EXIT_KILLED = 137  # a `kill` failpoint: SIGKILL is signal 9, and a shell reports 128 + 9
@@ -795,6 +805,10 @@ def open_postgres(url):
     from langgraph.checkpoint.postgres import PostgresSaver
     from psycopg.rows import dict_row
 
+    # psycopg logs a lost connection once more as its pipeline closes ("error ignored
+    # terminating ..."): main() says it in one line of its own (lost_postgres)
+    logging.getLogger("psycopg").setLevel(logging.CRITICAL)
+
     try:  # the settings PostgresSaver.from_conn_string uses
         conn = psycopg.connect(url, autocommit=True, prepare_threshold=0, row_factory=dict_row)
     except psycopg.Error as error:  # unreachable (OperationalError), or not a valid URL
@@ -827,6 +841,8 @@ class Settings:
     failpoints: str = ""
     trace: str = ""  # LAB_TRACE
     lease_s: float = effects.LEASE_S  # LEDGER_LEASE_S: how long a SQLite lease keeps others out
+    receipt_key: str = dataclasses.field(default="", repr=False)  # LEDGER_RECEIPT_KEY: a secret
+    receipt_unkeyed: str = "refuse"  # LEDGER_RECEIPT_UNKEYED
 
     @classmethod
     def from_environ(cls, environ):
@@ -851,6 +867,8 @@ class Settings:
             failpoints=environ.get("FAILPOINTS", ""),
             trace=environ.get("LAB_TRACE", ""),
             lease_s=number(environ, "LEDGER_LEASE_S", effects.LEASE_S, float),
+            receipt_key=environ.get("LEDGER_RECEIPT_KEY", ""),
+            receipt_unkeyed=environ.get("LEDGER_RECEIPT_UNKEYED", cls.receipt_unkeyed),
         )
 
     def client(self, headers=None):
@@ -930,6 +948,8 @@ def main(argv=None, environ=None, parser=None, points=POINTS):
             tracing.start(settings.trace, "workflow")
         except tracing.TracingError as error:
             raise UserError(str(error), EXIT_USAGE) from None
+        key_receipts(settings)
+        require_text(args)
         exit_code = args.run(args, settings)
     except urllib.error.HTTPError as error:
         body = error.read()
@@ -962,9 +982,7 @@ def main(argv=None, environ=None, parser=None, points=POINTS):
         return EXIT_HTTP_ERROR
     except effects.LedgerError as error:
         print(f"{args.prog}: {error}", file=sys.stderr)
-        if isinstance(error, effects.InFlight):  # another live process: as a thread it runs
-            return EXIT_THREAD
-        return EXIT_UNSETTLED if isinstance(error, effects.Unsettled) else EXIT_HTTP_ERROR
+        return ledger_exit(error)
     except UserError as error:
         unreachable = isinstance(error, Unreachable)
         hint = resume_hint(args, settings, "once the receiver answers") if unreachable else ""
@@ -972,7 +990,7 @@ def main(argv=None, environ=None, parser=None, points=POINTS):
         return error.exit_code
     except sqlite3.DatabaseError as error:  # not a database, read-only, a locked file, ...
         where = f"{args.prog}: CHECKPOINT_DB {settings.checkpoint_db!r}: {error}"
-        if (getattr(error, "sqlite_errorcode", 0) & 0xFF) in UNWRITABLE:
+        if unwritable(error):
             hint = ""
             if args.graph_command and (found := saved(args, settings)) is not None:
                 hint = "; its request may have taken effect before the save failed"
@@ -993,10 +1011,80 @@ def main(argv=None, environ=None, parser=None, points=POINTS):
     except KeyboardInterrupt:
         print(f"{args.prog}: interrupted{interrupted_hint(args, settings)}", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except Exception as error:
+        if not lost_postgres(error):
+            raise
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        hint = interrupted_hint(args, settings, "once CHECKPOINT_DB answers")
+        print(
+            f"{args.prog}: CHECKPOINT_DB stopped answering ({reason}); what it committed "
+            f"stays (the checkpoints, the ledger's rows){hint}",
+            file=sys.stderr,
+        )
+        return EXIT_NO_ANSWER
     return exit_code or 0
 
 
-UNWRITABLE = {8, 13}  # SQLite's primary result codes SQLITE_READONLY and SQLITE_FULL
+UNWRITABLE = {sqlite3.SQLITE_READONLY, sqlite3.SQLITE_FULL}  # SQLite's primary result codes
+# and the extended ones of an open file that can no longer be written: made immutable (chattr +i
+# gives SQLITE_IOERR_WRITE at the commit, seen with SQLite 3.40), or a disk that fails its writes
+UNWRITABLE_IO = {
+    sqlite3.SQLITE_IOERR_WRITE,
+    sqlite3.SQLITE_IOERR_FSYNC,
+    sqlite3.SQLITE_IOERR_DIR_FSYNC,
+    sqlite3.SQLITE_IOERR_TRUNCATE,
+}
+
+
+def unwritable(error):
+    """True for a SQLite error that says the file cannot be written (not: cannot be read)."""
+    code = getattr(error, "sqlite_errorcode", 0)
+    return (code & 0xFF) in UNWRITABLE or code in UNWRITABLE_IO
+
+
+def lost_postgres(error):
+    """True for psycopg's OperationalError (a connection lost, a server restarting), without
+    importing psycopg: commands on SQLite never load it."""
+    psycopg = sys.modules.get("psycopg")
+    return psycopg is not None and isinstance(error, psycopg.OperationalError)
+
+
+def ledger_exit(error):
+    """The exit code of an effects.LedgerError."""
+    if isinstance(error, effects.Unsettled):
+        return EXIT_UNSETTLED
+    if isinstance(error, effects.InFlight):  # another live process: as a thread it runs
+        return EXIT_THREAD
+    if isinstance(error, effects.Damaged):
+        return EXIT_LEDGER_DAMAGED
+    if isinstance(error, effects.NotText):
+        return EXIT_USAGE
+    return EXIT_HTTP_ERROR
+
+
+def key_receipts(settings):
+    """LEDGER_RECEIPT_KEY and LEDGER_RECEIPT_UNKEYED for this process's ledger (effects.py)."""
+    try:
+        effects.key_receipts(settings.receipt_key, settings.receipt_unkeyed)
+    except ValueError as error:
+        raise UserError(str(error), EXIT_USAGE) from None
+
+
+def require_text(args):
+    """Refuse an argument that is not UTF-8 text (`--title $'bad\\xff'`): Python holds its bytes
+    as lone surrogates, which no JSON, hash or database here can take. Before anything runs."""
+    for name, value in vars(args).items():
+        for text in value if isinstance(value, list) else [value]:
+            if not isinstance(text, str):
+                continue
+            try:
+                text.encode()
+            except UnicodeEncodeError:
+                shown = text.encode("utf-8", "surrogateescape")
+                raise UserError(
+                    f"--{name.replace('_', '-')} {shown!r} is not UTF-8 text; nothing was run",
+                    EXIT_USAGE,
+                ) from None
 
 
 def resume_hint(args, settings, when):
@@ -1030,13 +1118,16 @@ def saved(args, settings):
     return found.checkpoint["channel_values"] if found else {}
 
 
-def interrupted_hint(args, settings):
-    """What is true after Ctrl-C: a graph command may have sent its request; was it saved?"""
+def interrupted_hint(args, settings, unknown_when=None):
+    """What is true after Ctrl-C: a graph command may have sent its request; was it saved?
+    unknown_when: what to say when that cannot be told (a lost CHECKPOINT_DB)."""
     if not args.graph_command:
         return ""
     hint = "; a request in flight may have taken effect"
     found = saved(args, settings)
     if found is None:
+        if unknown_when:
+            return f"{hint}; {unknown_when}, {args.resume} --thread {args.thread}"
         return hint
     if found:
         return f"{hint}; {goes_on(args, found)}"

@@ -19,6 +19,10 @@ Log line: what one decision line costs when the receiver writes it to a file, an
 receiver once more with stderr to /dev/null, end to end.
 SIGTERM: seconds from SIGTERM to the receiver's exit while a client is stalled mid-request, in
 both trees (the tests check that it exits without waiting for the stall; this is how fast).
+Ledger: one keyed ticket four ways, interleaved, medians (labs.tools.bench_ledger: a bare keyed
+POST, workflow.py's graph without the ledger, with it, and LangGraph's @task), with the load
+average, the ratio ledger / graph and the commits per run of LangGraph's saver and of the
+ledger. This tree only.
 Workers: operations per second with 1, 2 and 4 workers on a throwaway Postgres
 (labs.tools.bench_workers, with its own ROUNDS and OPERATIONS, as `make bench-workers`);
 skipped with a note where PostgreSQL's binaries are missing. This tree only.
@@ -42,6 +46,7 @@ import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from labs.tools import bench_ledger
 from labs.tools.bench_workers import bench_workers
 from labs.tools.local import ROOT, LabError, ReceiverProcess, free_port, lab_env
 from labs.tools.pg import PostgresUnavailable
@@ -351,6 +356,8 @@ def bench(tmp, ref, sha, short, size):
         figures["log_line_s"] = log_line_seconds(tmp)
         figures["sigterm_s"] = {tree: sigterm_seconds(servers[tree]) for tree in folders}
         figures["workers"] = worker_figures(quick=size is QUICK)
+        runs = bench_ledger.QUICK_RUNS if size is QUICK else bench_ledger.RUNS
+        figures["ledger"] = bench_ledger.bench(tmp / "ledger", runs)
     finally:
         for server in started:
             server.stop()
@@ -431,6 +438,7 @@ def report(figures):
         )
         for count, rate in workers["ops_per_s"].items():
             print(f"  {count} worker(s){'':<27}{rate:>9.1f} operations/s")
+    print("\n" + "\n".join(bench_ledger.lines(figures["ledger"])))
     print(json.dumps(figures, sort_keys=True))
 
 

@@ -82,6 +82,22 @@ def test_quick_bench_against_head_names_the_commit_and_measures_both_trees(scrat
     )
     assert set(figures["ratios"]) >= {"cli_tickets", "cli_post", "cli_state"}
     assert not str(figures["workers"]).startswith("failed"), figures["workers"]
+    ledger = figures["ledger"]  # the ledger's cost, four ways in one run
+    ways = {"post", "graph", "ledger", "task", "graph_no_fsync", "ledger_no_fsync"}
+    assert set(ledger["median_ms"]) == ways
+    assert set(ledger["where_ms"]) == {
+        "ledger_statements_ms",
+        "ledger_fsyncs_ms",
+        "langgraph_fsyncs_ms",
+    }
+    assert all(ms > 0 for ms in ledger["median_ms"].values()), ledger
+    commits = ledger["commits_per_run"]  # the ledger's: the intent, then the receipt
+    assert commits["ledger"]["ledger"] == 2 and commits["graph"]["ledger"] == 0
+    assert commits["ledger"]["saver"] == commits["graph"]["saver"] > 0  # LangGraph's own
+    assert ledger["ledger_over_graph"] == pytest.approx(
+        ledger["median_ms"]["ledger"] / ledger["median_ms"]["graph"], abs=0.01
+    )
+    assert "ledger cost per effect, 5 runs per way" in done.stdout
     assert list(scratch.iterdir()) == [], "a temporary folder was left behind"
 
 

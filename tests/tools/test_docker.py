@@ -137,12 +137,18 @@ def test_compose_file_shape():
     services = spec["services"]
     assert set(services) == {
         "api", "workflow", "drill", "postgres", "worker", "prometheus", "jaeger", "relay",
-        "worker-metrics",
+        "worker-metrics", "ledger-metrics",
     }  # fmt: skip
     assert services["postgres"]["profiles"] == services["worker"]["profiles"] == ["scale"]
     assert services["worker-metrics"]["profiles"] == ["scale"]  # worker.py metrics
     assert services["workflow"]["profiles"] == services["drill"]["profiles"] == ["cli"]
     assert services["prometheus"]["profiles"] == ["observe"]  # tests/tools/test_observe_docker.py
+    ledger = services["ledger-metrics"]  # the workflow's SQLite ledger, read-only, for prometheus
+    assert (
+        ledger["profiles"] == ["observe"]
+        and "ledger-metrics" in services["prometheus"]["depends_on"]
+    )
+    assert ledger["volumes"] == ["checkpoint-data:/data"] and ledger["read_only"] is True
     assert services["jaeger"]["profiles"] == ["observe"]  # tests/tools/test_tracing_observe.py
     assert services["relay"]["profiles"] == ["outbox"]  # lab 19
     owners = {"api": "receiver-data", "workflow": "checkpoint-data"}

@@ -1,7 +1,8 @@
 """The `observe` profile: a real Prometheus scrapes the receiver, and a keyed replay shows up in
-its receiver_idempotent_replays_total. A real engine, in a project of our own (never
-stateful-lab). The image is LAB_PROMETHEUS_IMAGE when set (CI: Debian's prometheus on the local
-base image, .ci/docker-setup.sh), else the digest-pinned official one."""
+its receiver_idempotent_replays_total; it scrapes the ledger, and an effect left open shows up.
+A real engine, in a project of our own (never stateful-lab). The image is LAB_PROMETHEUS_IMAGE
+when set (CI: Debian's prometheus on the local base image, .ci/docker-setup.sh), else the
+digest-pinned official one."""
 
 import os
 import re
@@ -69,3 +70,10 @@ def test_prometheus_scrapes_the_replay_a_resume_caused(lab):
     assert families["receiver_tickets_created"].samples[0].value == 1
     rate = scraped(lab, f"rate({REPLAYS}[1m])")  # the README's query answers, with a number
     assert rate is not None and rate >= 0
+    # The ledger's gauges (ledger-metrics, started with prometheus): a ledger run killed in the
+    # crash window leaves its effect requested, and Prometheus shows it as open.
+    window = ["start", "--thread", "open", "--operation", "case-open:v1", "--mode", "ledger"]
+    assert lab("run", "--rm", "workflow", *window, "--crash-at", "after-send").returncode == 137
+    requested = 'ledger_effects{job="ledger",state="requested"}'
+    wait_until(lambda: scraped(lab, requested) == 1, SCRAPE_DEADLINE_S, "the open effect scraped")
+    assert scraped(lab, 'ledger_oldest_open_effect_age_seconds{job="ledger"}') >= 0

@@ -159,11 +159,13 @@ NO_JOBS.update(worker_job_failures_total=0, worker_job_drains_total=0)
 
 
 def figures(text):
-    """`worker.py metrics`'s samples, read by Prometheus's own text parser: name{label} -> value."""
+    """`worker.py metrics`'s queue samples, read by Prometheus's own text parser: name{label} ->
+    value (the ledger's gauges beside them have tests of their own: test_ledger_metrics.py)."""
     return {
         sample.name + "".join(f'{{{k}="{v}"}}' for k, v in sample.labels.items()): sample.value
         for family in text_string_to_metric_families(text)
         for sample in family.samples
+        if sample.name.startswith("worker_")
     }
 
 

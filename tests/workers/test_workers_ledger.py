@@ -12,6 +12,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 import urllib.request
 
 import pytest
@@ -248,3 +249,107 @@ def test_a_job_that_meets_a_key_another_worker_performs_is_tried_again_later():
 
     assert worker_py.retryable(effects.InFlight("k")) == "another worker is performing its effect"
     assert worker_py.retryable(effects.Conflict("k was claimed for another request")) is None
+
+
+def test_the_workers_metrics_serve_the_ledger_beside_the_queue(env, receiver, tmp_path):
+    """worker.py metrics --port 0 on the workers' Postgres: the ledger's effects by state and the
+    oldest open one's age, beside the queue's figures, scraped over HTTP and parsed by
+    prometheus_client. The rows are real ledger rows, made through its own API."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    client = workflow.TicketClient(receiver.url, attempts=1)
+    ledger = ledger_on(env["CHECKPOINT_DB"])
+    before = time.time()
+    try:
+        workflow.TICKET.perform(ledger, "done:op", {"title": "done"}, client)  # confirmed
+        for key, state in [("window:op", "requested"), ("out:op", "unknown")]:
+            ledger.claim(key, "ticket", {"title": key})
+            if state != "requested":  # requested: as a kill at after-send leaves it
+                ledger.move(key, state, "the test")
+    finally:
+        ledger.close()
+    err = open(tmp_path / "metrics.err", "wb")
+    command = [sys.executable, str(ROOT / "worker.py"), "metrics", "--port", "0"]
+    proc = subprocess.Popen(command, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=err)
+    try:
+        url = f"http://127.0.0.1:{json.loads(proc.stdout.readline())['port']}/metrics"
+        with urllib.request.urlopen(url, timeout=HANG_GUARD_S) as response:
+            text = response.read().decode()
+        after = time.time()
+    finally:
+        proc.terminate()
+        assert proc.wait(HANG_GUARD_S) == 0, (tmp_path / "metrics.err").read_text()
+    seen = {
+        s.name + "".join(f'{{{k}="{v}"}}' for k, v in s.labels.items()): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+    assert 0 <= seen.pop("ledger_oldest_open_effect_age_seconds") <= after - before
+    ledger_seen = {k: v for k, v in seen.items() if k.startswith("ledger_")}
+    assert ledger_seen == {
+        **{f'ledger_effects{{state="{s}"}}': 0 for s in effects.STATES},
+        'ledger_effects{state="confirmed"}': 1,
+        'ledger_effects{state="requested"}': 1,
+        'ledger_effects{state="unknown"}': 1,
+    }
+    assert seen['worker_jobs{state="queued"}'] == 0  # the queue's figures are still there
+
+
+def test_reconcile_on_a_receipt_that_fails_its_check_is_one_line_and_exit_7(
+    env, monkeypatch, capsys
+):
+    """A receipt changed in the database (its ticket id): worker.py reconcile of its key said a
+    traceback; now one line and workflow.py's exit 7, as a run meeting it."""
+    ledger = ledger_on(env["CHECKPOINT_DB"])
+    try:
+        ledger.claim("k:op", "ticket", {"title": "Check supplier configuration"})
+        ledger.confirm("k:op", {"ticket_id": 1, "created": True}, 1, "the test")
+        ledger.sql("ALTER TABLE effect_receipts DISABLE TRIGGER receipts_are_kept")
+        ledger.sql("UPDATE effect_receipts SET external_id = '999' WHERE key = 'k:op'")
+    finally:
+        ledger.close()
+    code, _, err = in_process(monkeypatch, capsys, env, "reconcile", "--confirmed", "k:op")
+    assert code == workflow.EXIT_LEDGER_DAMAGED, err
+    assert err.count("\n") == 1 and "the receipt of 'k:op' does not match" in err, err
+
+
+def test_a_run_held_across_a_postgres_restart_is_one_line_exit_3_and_its_resume_goes_on(
+    env, cluster, receiver, tmp_path, capsys
+):
+    """The review's F10: `workflow.py start` held at after-send while Postgres restarts; the
+    receipt's commit met a closed connection (psycopg.OperationalError, a traceback). One line,
+    exit 3 as for a CHECKPOINT_DB that does not answer; the row stays requested, and the resume
+    adopts the ticket. The module's cluster, restarted: CHECKPOINT first, since it runs with
+    synchronous_commit off (labs.tools.pg), whose last commits an immediate stop would lose."""
+    import psycopg
+
+    import failpoints
+    from labs.tools.local import wait_until
+
+    pause = tmp_path / "after-send"
+    proc = subprocess.Popen(
+        [sys.executable, str(ROOT / "workflow.py"), "start", "--thread", "pg", "--operation", "k"],
+        env={**env, "FAILPOINTS": f"after-send=pause({pause})"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        wait_until(pause.exists, HANG_GUARD_S, "the run at after-send")
+        with psycopg.connect(cluster.url, autocommit=True) as conn:
+            conn.execute("CHECKPOINT")  # the claim and the checkpoints reach the WAL on disk
+        cluster.halt()
+        cluster.start_server()
+        failpoints.unpause(pause)
+        out, err = proc.communicate(timeout=HANG_GUARD_S)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == workflow.EXIT_NO_ANSWER, err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    assert err.startswith("workflow.py: CHECKPOINT_DB stopped answering ("), err
+    assert err.endswith("resume it with: resume --thread pg\n"), err
+    assert workflow.main(["resume", "--thread", "pg"], env) == 0  # in-process
+    assert '"event": "effect_adopted"' in capsys.readouterr().out
+    assert len(workflow.TicketClient(receiver.url).tickets()) == 1

@@ -4,6 +4,7 @@ CLI behaviour that needs no signal runs in-process through workflow.main(argv); 
 Python without langgraph run as subprocesses, as a learner meets them.
 """
 
+import hashlib
 import json
 import signal
 import socket
@@ -15,8 +16,18 @@ from pathlib import Path
 
 import pytest
 
+import effects
+import failpoints
 import workflow
-from labs.tools.local import ROOT, ReceiverProcess, free_port, lab_env, wait_until
+from labs.tools.local import (
+    ROOT,
+    ReceiverProcess,
+    free_port,
+    lab_env,
+    run_worker_here,
+    run_workflow_here,
+    wait_until,
+)
 
 
 @pytest.fixture
@@ -43,6 +54,7 @@ def one_line(capsys, code, returned, *words):
         ("API_TIMEOUT_S", "five", ["API_TIMEOUT_S='five'", "positive float"]),
         ("API_TIMEOUT_S", "0", ["API_TIMEOUT_S='0'"]),
         ("API_ATTEMPTS", "1.5", ["API_ATTEMPTS='1.5'", "positive int"]),
+        ("LEDGER_RECEIPT_UNKEYED", "yes", ["LEDGER_RECEIPT_UNKEYED='yes'", "refuse or accept"]),
     ],
 )
 def test_a_bad_setting_is_one_line_and_exit_2(env, monkeypatch, capsys, name, value, words):
@@ -352,3 +364,162 @@ def test_an_api_url_naming_another_server_is_one_line_naming_api_url(env, monkey
     assert code == workflow.EXIT_HTTP_ERROR and err.count("\n") == 1, err
     assert "without the receiver's JSON: API_URL (its port) names another program" in err, err
     assert err.endswith("the run is saved: once API_URL names the receiver, resume --thread w\n")
+
+
+# --- the ledger's own failures: one line and a documented exit code (REVIEW A8, A10) --------
+
+
+def test_a_title_that_is_not_utf8_is_refused_before_anything_runs(lab, tmp_path):
+    """`lab.py start --title $'bad\\xff'`: a UnicodeEncodeError traceback in request_hash. The
+    argument's bytes, as a shell passes them: one line, exit 2, no checkpoint file made."""
+    title = b"bad\xff"
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "lab.py"), "start", "--thread", "u", "--title", title],
+        env=lab,
+        capture_output=True,
+        timeout=60,
+    )
+    err = done.stderr.decode()
+    assert done.returncode == workflow.EXIT_USAGE and err.count("\n") == 1, err
+    assert err.startswith("lab.py: --title b'bad\\xff' is not UTF-8 text"), err
+    assert done.stdout == b"" and not Path(lab["CHECKPOINT_DB"]).exists()
+    # worker.py's submit alike (in-process: the str a shell's bytes become), before any database
+    submit = [
+        "submit",
+        "--thread",
+        "u",
+        "--operation",
+        "u:op",
+        "--title",
+        title.decode(errors="surrogateescape"),
+    ]
+    done = run_worker_here(submit, dict(lab, CHECKPOINT_DB="postgresql://127.0.0.1:1/none"))
+    assert done.returncode == workflow.EXIT_USAGE, done.stderr
+    assert done.stderr == "worker.py: --title b'bad\\xff' is not UTF-8 text; nothing was run\n"
+
+
+def test_request_hash_refuses_text_that_is_not_utf8_in_one_line():
+    with pytest.raises(effects.NotText, match=r"not UTF-8 text \(b'\\xff'\)"):
+        effects.request_hash({"title": "bad\udcff"})
+    assert effects.request_hash({"title": "été"})[0] == '{"title":"été"}'  # as before
+
+
+def drained_before_its_ticket(env, thread, operation):
+    """A thread stopped after prepare (SIGTERM, drained): resume runs create_ticket."""
+    args = ["start", "--thread", thread, "--operation", operation]
+    assert workflow.main(args, {**env, "FAILPOINTS": "after-prepare=term"}) == 75
+
+
+def confirmed_by_hand(env, key, receipt=None):
+    """A confirmed ledger row for key written outside the program, with receipt's fields (a
+    ticket id and a plain sha256 recomputed as a forger would) or no receipt at all."""
+    title = {"title": "Check supplier configuration"}
+    canonical, digest = effects.request_hash(title)
+    with effects.Ledger(env["CHECKPOINT_DB"]) as ledger:  # the tables, as the program makes them
+        ledger.get(key)
+    conn = sqlite3.connect(env["CHECKPOINT_DB"], isolation_level=None)
+    conn.execute(
+        "INSERT INTO effects (key, effect, request, request_hash, state, updated_at) "
+        "VALUES (?, 'ticket', ?, ?, 'confirmed', 0)",
+        (key, canonical, digest),
+    )
+    if receipt is not None:
+        answer = json.dumps({"created": True, "ticket_id": receipt}, separators=(",", ":"))
+        fields = [key, "ticket", digest, str(receipt), answer]
+        plain = hashlib.sha256(json.dumps(fields, separators=(",", ":")).encode()).hexdigest()
+        conn.execute(
+            "INSERT INTO effect_receipts VALUES (?, ?, ?, ?, ?, 0)",
+            (key, str(receipt), answer, digest, plain),
+        )
+    conn.close()
+
+
+def test_a_confirmed_row_without_its_receipt_is_one_line_and_exit_7(env, receiver, capsys):
+    """A hand-edited ledger: confirmed, and its receipt row gone (a TypeError traceback)."""
+    drained_before_its_ticket(env, "gone", "k-gone")
+    confirmed_by_hand(env, "k-gone")
+    capsys.readouterr()
+    returned = workflow.main(["resume", "--thread", "gone"])
+    one_line(capsys, workflow.EXIT_LEDGER_DAMAGED, returned, "'k-gone' is confirmed and its")
+    assert workflow.TicketClient(receiver.url).tickets() == []  # nothing was sent
+
+
+def test_a_forged_receipt_is_refused_under_a_receipt_key_and_a_real_one_is_read(
+    env, receiver, capsys
+):
+    """The review's A8: a forged receipt (ticket 999) with its plain sha256 recomputed was
+    accepted. Under LEDGER_RECEIPT_KEY it is refused (exit 7, one line); a receipt written
+    under the key is read; one written before it, only with LEDGER_RECEIPT_UNKEYED=accept."""
+    keyed = {**env, "LEDGER_RECEIPT_KEY": "a secret of the deployment"}
+    drained_before_its_ticket(env, "forged", "k-forged")
+    confirmed_by_hand(env, "k-forged", receipt=999)
+    capsys.readouterr()
+    returned = workflow.main(["resume", "--thread", "forged"], keyed)
+    one_line(capsys, workflow.EXIT_LEDGER_DAMAGED, returned, "'k-forged'", "LEDGER_RECEIPT_KEY")
+    # Without a key the plain sha256 is all there is: the forgery is read (what the docs say).
+    assert workflow.main(["resume", "--thread", "forged"], env) == 0
+    assert json.loads(capsys.readouterr().out.splitlines()[-1])["ticket_id"] == 999
+
+    assert workflow.main(["start", "--thread", "a", "--operation", "k-real"], keyed) == 0
+    capsys.readouterr()
+    again = ["start", "--thread", "b", "--operation", "k-real"]  # the same key: its receipt
+    assert workflow.main(again, keyed) == 0
+    assert '"event": "effect_receipt"' in capsys.readouterr().out
+    unset = ["start", "--thread", "c", "--operation", "k-real"]  # a keyed receipt, no key here
+    returned = workflow.main(unset, env)
+    one_line(capsys, workflow.EXIT_LEDGER_DAMAGED, returned, "LEDGER_RECEIPT_KEY, which is not")
+
+    assert workflow.main(["start", "--thread", "d", "--operation", "k-old"], env) == 0
+    old = ["start", "--thread", "e", "--operation", "k-old"]
+    assert workflow.main(old, keyed) == workflow.EXIT_LEDGER_DAMAGED
+    capsys.readouterr()
+    accepted = {**keyed, "LEDGER_RECEIPT_UNKEYED": "accept"}
+    assert workflow.main(["resume", "--thread", "e"], accepted) == 0
+    assert '"event": "effect_receipt"' in capsys.readouterr().out
+    assert [t["key"] for t in workflow.TicketClient(receiver.url).tickets()] == ["k-real", "k-old"]
+
+
+def chattr(flag, *paths):
+    return subprocess.run(["chattr", flag, *map(str, paths)], capture_output=True, text=True)
+
+
+def test_a_ledger_made_unwritable_while_the_request_is_out_exits_74_and_names_the_resume(
+    lab, receiver, tmp_path
+):
+    """The review's F11: the checkpoint file and its WAL made immutable (chattr +i) while the
+    request is out. The receipt's commit fails with SQLITE_IOERR_WRITE (exit 2 "disk I/O error"
+    before): exit 74 and the resume line; writable again, the resume adopts the ticket."""
+    pause = tmp_path / "after-send"
+    env = {**lab, "FAILPOINTS": f"after-send=pause({pause})"}
+    proc = subprocess.Popen(
+        [sys.executable, str(ROOT / "lab.py"), "start", "--thread", "ro", "--mode", "ledger"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    db = Path(lab["CHECKPOINT_DB"])
+    files = [db, Path(f"{db}-wal")]  # not -shm: SQLite maps it, and SIGBUS is not the case
+    try:
+        wait_until(pause.exists, 60, "the run at after-send")
+        made = chattr("+i", *files)
+        if made.returncode != 0:
+            proc.kill()
+            pytest.skip(f"chattr +i is not possible here (root on ext4 needed): {made.stderr}")
+        failpoints.unpause(pause)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        chattr("-i", *files)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == workflow.EXIT_CHECKPOINT_WRITE, err
+    assert err.count("\n") == 1 and "disk I/O error" in err, err
+    assert err.endswith(
+        "may have taken effect before the save failed; once CHECKPOINT_DB can be written, "
+        "resume it with: resume --thread ro\n"
+    ), err
+    resumed = run_workflow_here(["resume", "--thread", "ro"], lab)  # lab.main, in-process
+    assert resumed.returncode == 0, resumed.stderr
+    assert '"event": "effect_adopted"' in resumed.stdout
+    assert len(workflow.TicketClient(receiver.url).tickets()) == 1
