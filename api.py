@@ -25,7 +25,8 @@ lookup by key); the starter takes it unchanged. This file extends it, by subclas
                                  or whose host is not in WEBHOOK_ALLOWED_HOSTS: not stored,
                                  the subscriber before it stays
     POST /progress               body {"ticket_id": N, "statuses": [...]} (opened, in_progress,
-                                 resolved), optional Idempotency-Key: each status one event
+                                 resolved), optional Idempotency-Key: each status that
+                                 changes the ticket's (not the one it has) one event
                                  {"event_id", "ticket_id", "status", "version"} (version: 1,
                                  2, ... per ticket), committed, then delivered with every
                                  pending one: 200 {"events", "delivered", "pending"}; 404 no
@@ -217,18 +218,23 @@ class LabStore(receiver.TicketStore):
             return [{"message_id": i, "to": r, "text": t} for i, r, t in rows.fetchall()]
 
     def progress(self, key, canonical, ticket_id, statuses):
-        """One event per status, versions going on from the ticket's last: (the events,
-        created). Keyed as a ticket is (TicketStore.keyed): a repeat of the key and body makes
+        """One event per status that changes the ticket's (a status it has already makes
+        none), versions going on from the ticket's last: (the events, created). Keyed as a ticket is (TicketStore.keyed): a repeat of the key and body makes
         none and returns the events the first request made, kept in its row."""
         made = {"events": "[]"}  # the row's events column, filled in before keyed inserts it
 
         def make_events():  # keyed's check: inside its transaction, before the row is made
             self.need(ticket_id)
-            last = self.db.execute(
-                "SELECT MAX(version) FROM webhook_events WHERE ticket_id = ?", (ticket_id,)
-            ).fetchone()[0]
+            version, now = self.db.execute(
+                "SELECT version, status FROM webhook_events WHERE ticket_id = ? "
+                "ORDER BY version DESC LIMIT 1",
+                (ticket_id,),
+            ).fetchone() or (0, None)
             events = []
-            for version, status in enumerate(statuses, start=(last or 0) + 1):
+            for status in statuses:
+                if status == now:  # no change, no event: the ticket is there already
+                    continue
+                version, now = version + 1, status
                 event_id = self.db.execute(
                     "INSERT INTO webhook_events (ticket_id, status, version, created_at) "
                     "VALUES (?, ?, ?, ?)",

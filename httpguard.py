@@ -167,6 +167,14 @@ class GuardedHandler(BaseHTTPRequestHandler):
     max_body_bytes = 4096  # a longer Content-Length is refused (413) before it is read
     unavailable_errors = ()  # exception types answered 503 (with Retry-After: 1 if retryable)
 
+    def get(self, path):
+        """A route's GET (and HEAD); a service that has none lists none in routes."""
+        raise NotImplementedError(path)
+
+    def post(self, path):
+        """A route's POST."""
+        raise NotImplementedError(path)
+
     def unavailable(self, error):
         """Log one of unavailable_errors; return the 503's "error": what the client should do."""
         self.log_line(f"unavailable: {error}")
@@ -359,6 +367,7 @@ class GuardedServer(ThreadingHTTPServer):
 
     request_queue_size = LISTEN_BACKLOG
     daemon_threads = True  # SIGTERM must not wait for a stalled client
+    block_on_close = False  # nor server_close(): its threads are not joined
 
     def __init__(self, address, handler, request_timeout_s, max_connections, on_answer=None):
         super().__init__(address, handler)

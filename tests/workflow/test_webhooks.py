@@ -4,7 +4,9 @@ its commit and its answer; these tests hold the rest, mostly in this process.
 """
 
 import json
+import socket
 import threading
+import time
 import urllib.request
 from http.server import BaseHTTPRequestHandler, HTTPServer
 
@@ -13,6 +15,7 @@ from conftest import require_postgres
 
 import effects
 import failpoints
+import httpguard
 import inbox
 import lab
 import workflow
@@ -97,27 +100,34 @@ def test_the_inbox_in_postgres_applies_an_event_once_from_two_connections_at_onc
 
 # --- the endpoint: bad input first ---------------------------------------------------------
 
+KEY = httpguard.webhook_key(httpguard.LAB_WEBHOOK_SECRET)  # what api.py and hooks use unless set
+
 
 @pytest.fixture
 def endpoint(tmp_path):
-    """lab.py's HookHandler on a free loopback port, in this process, with no receiver (a
-    malformed webhook is answered before anything is sent anywhere)."""
+    """lab.py's endpoint (open_endpoint, HookHandler) on a free loopback port, in this process,
+    with no receiver (a malformed webhook is answered before anything is sent anywhere)."""
     with (
         inbox.open_inbox(tmp_path / "c.sqlite") as box,
         effects.open_ledger(tmp_path / "c.sqlite") as ledger,
     ):
         taker = lab.Taker("inbox", box, ledger, client=None)
-        handler = type("Hook", (lab.HookHandler,), {"taker": taker, "points": {}})
-        server = HTTPServer(("127.0.0.1", 0), handler)
+        handler = type("Hook", (lab.HookHandler,), {"taker": taker, "points": {}, "key": KEY})
+        server = lab.open_endpoint("127.0.0.1", handler)
         threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
-        yield f"http://127.0.0.1:{server.server_port}", box
+        yield f"http://127.0.0.1:{server.server_port}", box, server
         server.shutdown()
         server.server_close()
 
 
-def post(url, body, path="/webhook"):
+def post(url, body, path="/webhook", key=KEY, age_s=0, headers=None):
+    """POST body to the endpoint, signed with key as the receiver signs (None: unsigned),
+    age_s seconds ago."""
     data = body if isinstance(body, bytes) else json.dumps(body).encode()
-    request = urllib.request.Request(url + path, data, {"Content-Type": "application/json"})
+    signed = httpguard.signed_headers(key, "evt_x", data, time.time() - age_s) if key else {}
+    request = urllib.request.Request(
+        url + path, data, {"Content-Type": "application/json", **signed, **(headers or {})}
+    )
     try:
         with urllib.request.urlopen(request, timeout=10) as answer:
             return answer.status, json.load(answer)
@@ -127,40 +137,97 @@ def post(url, body, path="/webhook"):
 
 EVENT = {"event_id": "evt_1", "ticket_id": 1, "status": "opened", "version": 1}
 MALFORMED = {
-    "not JSON": (b"{", "not JSON"),
-    "a list": (b"[]", "exactly event_id, status, ticket_id, version"),
-    "a field missing": ({k: v for k, v in EVENT.items() if k != "version"}, "exactly"),
-    "a field more": ({**EVENT, "extra": 1}, "exactly"),
-    "an unknown status": ({**EVENT, "status": "closed"}, "status must be one of"),
-    "a version of 0": ({**EVENT, "version": 0}, "version must be a whole number"),
-    "a version as text": ({**EVENT, "version": "2"}, "version must be a whole number"),
-    "a ticket as true": ({**EVENT, "ticket_id": True}, "ticket_id must be a whole number"),
-    "an empty event id": ({**EVENT, "event_id": ""}, "event_id must be a string"),
-    "too big": (b" " * 5000, "at most 4096 bytes"),
+    "not JSON": (b"{", 400, "not valid JSON"),
+    "a list": (b"[]", 400, "exactly event_id, status, ticket_id, version"),
+    "nested 4000 deep": (b"[" * 4000, 400, "nested too deeply"),  # under the 4096 bytes
+    "not UTF-8": (b"\xff", 400, "not valid UTF-8"),
+    "a field missing": ({k: v for k, v in EVENT.items() if k != "version"}, 400, "exactly"),
+    "a field more": ({**EVENT, "extra": 1}, 400, "exactly"),
+    "an unknown status": ({**EVENT, "status": "closed"}, 400, "status must be one of"),
+    "a version of 0": ({**EVENT, "version": 0}, 400, "version must be a whole number"),
+    "a version as text": ({**EVENT, "version": "2"}, 400, "version must be a whole number"),
+    "a ticket as true": ({**EVENT, "ticket_id": True}, 400, "ticket_id must be a whole number"),
+    "an empty event id": ({**EVENT, "event_id": ""}, 400, "event_id must be a string"),
+    "too big": (b" " * 5000, 413, "larger than 4096 bytes"),
+    "unsigned": (EVENT, 400, "a webhook is signed"),
+    "another secret": (EVENT, 403, "webhook-signature does not match"),
+    "six minutes old": (EVENT, 403, "s old, over 300 s: a replayed or delayed"),
+}
+SIGNING = {  # how the cases above are signed, when not as the receiver signs
+    "unsigned": {"key": None},
+    "another secret": {"key": b"another secret, sixteen bytes or more"},
+    "six minutes old": {"age_s": 360},
 }
 
 
 @pytest.mark.fast
 @pytest.mark.parametrize("case", MALFORMED)
-def test_a_malformed_webhook_is_refused_with_a_json_400_that_says_why(endpoint, case):
-    url, box = endpoint
-    body, why = MALFORMED[case]
-    status, answer = post(url, body)
-    assert status == 400 and why in answer["error"], answer
+def test_a_malformed_or_forged_webhook_is_refused_with_a_json_4xx_and_one_line(
+    endpoint, case, capsys
+):
+    url, box, _ = endpoint
+    body, code, why = MALFORMED[case]
+    status, answer = post(url, body, **SIGNING.get(case, {}))
+    assert status == code and why in answer["error"], answer
     assert box.sql("SELECT COUNT(*) FROM inbox").fetchone()[0] == 0  # nothing trusted
+    (line,) = capsys.readouterr().out.splitlines()  # one line, as the command prints it
+    assert json.loads(line) == {
+        "event": "webhook_refused",
+        "status": code,
+        "error": answer["error"],
+    }
+
+
+@pytest.mark.fast
+def test_the_standard_webhooks_signature_is_the_specifications(endpoint):
+    """The example of the specification's own test suite (standard-webhooks/standard-webhooks,
+    libraries/python/tests/test_webhooks.py, test_sign_function)."""
+    key = httpguard.webhook_key("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw")
+    body = b'{"test": 2432232314}'
+    expected = "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE="
+    assert httpguard.signature(key, "msg_p5jXN8AQM9LWM0D4loKWxJek", 1614265330, body) == expected
+    with pytest.raises(ValueError, match="whsec_"):
+        httpguard.webhook_key("not a secret")
 
 
 @pytest.mark.fast
 def test_the_endpoint_answers_other_paths_and_methods_in_json(endpoint):
-    url, _ = endpoint
-    assert post(url, EVENT, path="/hook") == (404, {"error": "webhooks are POSTed to /webhook"})
+    url, _, _ = endpoint
+    status, answer = post(url, EVENT, path="/hook")
+    assert status == 404 and "the paths: /webhook" in answer["error"]
     with pytest.raises(urllib.error.HTTPError) as got:
         urllib.request.urlopen(url + "/webhook", timeout=10)
-    assert got.value.code == 405 and json.load(got.value) == {"error": "POST an event to /webhook"}
+    assert got.value.code == 405 and json.load(got.value) == {"error": "/webhook accepts POST"}
     assert got.value.headers["Allow"] == "POST"
     assert post(url, EVENT) == (200, {"ok": True})  # and a good one is taken
     conflict = post(url, {**EVENT, "status": "resolved"})
     assert conflict[0] == 409 and "not a redelivery" in conflict[1]["error"]
+
+
+@pytest.mark.fast
+def test_a_stalled_client_or_a_bare_cr_holds_no_other_delivery_and_no_shutdown(endpoint):
+    """Hostile clients on raw sockets: one sends its headers and half its body and stops;
+    another hides a header behind a bare CR. A good delivery is answered while the first still
+    holds its connection, and the server shuts down with it still connected."""
+    url, box, server = endpoint
+    port = server.server_port
+    body = json.dumps(EVENT).encode()
+    head = "".join(f"{k}: {v}\r\n" for k, v in httpguard.signed_headers(KEY, "x", body).items())
+    stalled = socket.create_connection(("127.0.0.1", port))
+    stalled.sendall(
+        f"POST /webhook HTTP/1.1\r\nHost: x\r\n{head}Content-Length: {len(body)}\r\n\r\n".encode()
+        + body[:10]
+    )
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as bare_cr:
+        bare_cr.sendall(b"POST /webhook HTTP/1.1\r\nHost: x\r\nX-A: 1\rContent-Length: 0\r\n\r\n")
+        assert bare_cr.recv(200).startswith(b"HTTP/1.0 400 ")
+    assert post(url, EVENT) == (200, {"ok": True})  # while the stalled one holds its thread
+    stopping = threading.Thread(target=lambda: (server.shutdown(), server.server_close()))
+    stopping.start()
+    stopping.join(timeout=30)
+    assert not stopping.is_alive()  # shut down, the stalled client still connected
+    stalled.close()
+    assert box.state("1") == ("opened", 1)
 
 
 # --- the sender and the endpoint together, against a real receiver -------------------------
@@ -248,6 +315,14 @@ def test_a_crash_after_the_commit_is_finished_by_the_redelivery_with_one_message
             taker.take(delivery)
         assert box.state("1") == ("resolved", 2)
         assert messages(receiver) == ["ticket 1 resolved (evt_2)"]
+        naive = lab.Taker("naive", box, ledger, client)  # on the inbox's ticket: refused
+        with pytest.raises(httpguard.ClientError, match="ticket 1 is the inbox's") as refused:
+            naive.take(resolved)
+        assert refused.value.status == 409 and box.state("1") == ("resolved", 2)
+    with (
+        inbox.open_inbox(tmp_path / "n.sqlite") as box,
+        effects.open_ledger(tmp_path / "n.sqlite") as ledger,
+    ):
         naive = lab.Taker("naive", box, ledger, client)
         for delivery in (resolved, resolved, older):
             naive.take(delivery)
