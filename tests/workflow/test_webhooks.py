@@ -5,6 +5,7 @@ its commit and its answer; these tests hold the rest, mostly in this process.
 
 import json
 import socket
+import sqlite3
 import threading
 import time
 import urllib.request
@@ -19,7 +20,7 @@ import httpguard
 import inbox
 import lab
 import workflow
-from labs.tools.local import ROOT, lab_env
+from labs.tools.local import ROOT, events, lab_env
 
 # --- the inbox, the core an engineer copies ------------------------------------------------
 
@@ -235,13 +236,24 @@ def test_a_stalled_client_or_a_bare_cr_holds_no_other_delivery_and_no_shutdown(e
 
 class Subscriber(BaseHTTPRequestHandler):
     """A test's webhook endpoint: answers the next statuses in `answers` (then 200), keeps what
-    came."""
+    came (a 3xx with a Location to /moved); checks each signature as lab.py hooks does."""
 
-    answers, got = [], []
+    answers, got, moved = [], [], []
 
     def do_POST(self):
-        self.got.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        httpguard.check_signed(KEY, self.headers, body)  # the receiver signs every delivery
+        event = json.loads(body)
+        assert self.headers["webhook-id"] == event["event_id"]
+        self.got.append(event)
         self.send_response(self.answers.pop(0) if self.answers else 200)
+        self.send_header("Location", "/moved")
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def do_GET(self):  # where a followed redirect would land
+        self.moved.append(self.path)
+        self.send_response(200)
         self.send_header("Content-Length", "0")
         self.end_headers()
 
@@ -249,46 +261,83 @@ class Subscriber(BaseHTTPRequestHandler):
         pass
 
 
-def call(receiver, path, body):
-    return workflow.TicketClient(receiver.url).call(path, body)
+def call(receiver, path, body, key=None):
+    return workflow.TicketClient(receiver.url).call(path, body, key)
 
 
-def test_the_sender_retries_a_delivery_without_a_2xx_and_keeps_it_pending_if_none_comes(
+def refused(receiver, path, body, key=None):
+    with pytest.raises(urllib.error.HTTPError) as got:
+        call(receiver, path, body, key)
+    return got.value.code, json.load(got.value)["error"]
+
+
+BAD_URLS = {  # REVIEW F4 and F5, and the allow-list: each a 400, nothing stored
+    "http://127.0.0.1:9/a\r\nX-Injected: 1": "a control",
+    "http://127.0.0.1:9/a b": "a space",
+    "http://127.0.0.1:9/caf\u00e9": "non-ASCII",
+    "http://user:secret@127.0.0.1:9/hook": "names a user",
+    "http://127.0.0.1:9/hook#part": "#fragment",
+    "http://127.0.0.1:0/hook": "port 0",
+    "http://10.0.0.1:80/hook": "host '10.0.0.1', which is not in WEBHOOK_ALLOWED_HOSTS",
+    "http://metadata.example:80/": "not in WEBHOOK_ALLOWED_HOSTS",
+    "http://127.0.0.1:99999/hook": "http:// or https:// URL",
+    "ftp://127.0.0.1/hook": "http:// or https:// URL",
+}
+
+
+def test_the_sender_signs_retries_and_keeps_pending_what_gets_no_2xx_and_refuses_bad_urls(
     receiver,
 ):
     call(receiver, "/tickets", {"title": "webhooks"})
-    handler = type("Sub", (Subscriber,), {"answers": [503, 500], "got": []})
+    handler = type("Sub", (Subscriber,), {"answers": [503, 500], "got": [], "moved": []})
     server = HTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
     url = f"http://127.0.0.1:{server.server_port}/hook"
     try:
         assert call(receiver, "/webhooks", {"url": url}) == {"delivered": 0, "pending": 0}
-        moved = call(receiver, "/progress", {"ticket_id": 1, "statuses": ["opened"]})
+        for bad, why in BAD_URLS.items():  # refused, and the subscriber above stays
+            code, error = refused(receiver, "/webhooks", {"url": bad})
+            assert code == 400 and why in error, (bad, error)
+        moved = call(receiver, "/progress", {"ticket_id": 1, "statuses": ["opened"]}, "move-1")
         assert moved["delivered"] == 1 and moved["pending"] == 0  # the third try got its 200
         assert (
             handler.got
             == [{"event_id": "evt_1", "ticket_id": 1, "status": "opened", "version": 1}] * 3
         )
-        handler.answers[:] = [503] * 3  # every try of the next round fails: it stays pending
+        # The same key and body: the first answer's events, none made again; another body: 409
+        again = call(receiver, "/progress", {"ticket_id": 1, "statuses": ["opened"]}, "move-1")
+        assert again["events"] == moved["events"] and again["pending"] == 0
+        code, error = refused(
+            receiver, "/progress", {"ticket_id": 1, "statuses": ["resolved"]}, "move-1"
+        )
+        assert code == 409 and "move-1" in error
+        # The status the ticket has already: no event, so nothing to deliver or tell anyone
+        assert call(receiver, "/progress", {"ticket_id": 1, "statuses": ["opened"]})["events"] == []
+        handler.answers[:] = [302] * 3  # a redirect is no 2xx: never followed, kept pending
         moved = call(receiver, "/progress", {"ticket_id": 1, "statuses": ["resolved", "opened"]})
         assert moved["events"][1]["version"] == 3
-        assert (moved["delivered"], moved["pending"]) == (0, 2)  # the first failed: both wait
+        assert (moved["delivered"], moved["pending"], handler.moved) == (0, 2, [])
         assert call(receiver, "/webhooks", {"url": url}) == {"delivered": 2, "pending": 0}
         assert [e["event_id"] for e in handler.got[3:]] == ["evt_2"] * 4 + ["evt_3"]
     finally:
         server.shutdown()
         server.server_close()
+    # A url an older receiver stored (no check then): every delivery fails and is kept, and
+    # /progress, committed, still answers 200 with its events, never "retry"
+    with sqlite3.connect(receiver.env["RECEIVER_DB"]) as db:
+        db.execute("UPDATE webhook_subscribers SET url = 'http://127.0.0.1:9/a b'")
+    db.close()
+    moved = call(receiver, "/progress", {"ticket_id": 1, "statuses": ["resolved"]})
+    assert (len(moved["events"]), moved["delivered"], moved["pending"]) == (1, 0, 1)
+    log = (receiver.log_path).read_text()
+    assert "attempt 1: 302 (a redirect: not followed)" in log and "not sent (" in log
     for body, why in [
         ({"ticket_id": 9, "statuses": ["opened"]}, "no ticket 9"),
         ({"ticket_id": 1, "statuses": ["closed"]}, "statuses must be"),
         ({"ticket_id": 1, "statuses": []}, "statuses must be"),
     ]:
-        with pytest.raises(urllib.error.HTTPError) as got:
-            call(receiver, "/progress", body)
-        assert got.value.code in (400, 404) and why in json.load(got.value)["error"]
-    with pytest.raises(urllib.error.HTTPError) as got:
-        call(receiver, "/webhooks", {"url": "ftp://x"})
-    assert got.value.code == 400 and "http://" in json.load(got.value)["error"]
+        code, error = refused(receiver, "/progress", body)
+        assert code in (400, 404) and why in error
 
 
 def test_a_crash_after_the_commit_is_finished_by_the_redelivery_with_one_message(
@@ -376,7 +425,10 @@ def test_a_hooks_mistake_is_one_line_and_a_usage_error(tmp_path, capsys, argv, l
 
 
 @pytest.mark.fast
-def test_hooks_for_a_ticket_nothing_moved_says_how_to_move_it(receiver, capsys):
+def test_hooks_says_what_it_did_and_refuses_naive_on_the_inboxs_ticket(receiver, capsys):
+    """hooks signs nothing itself: api.py signs, hooks checks, with the one lab secret. Nothing
+    moved: it says how; a --move to the status the ticket has: no event, no message; naive on
+    a ticket the inbox took: one line, exit 2, nothing subscribed."""
     assert lab.main(["hooks", "--ticket", "1"], receiver.env) == 0  # no ticket yet: none came
     out, err = capsys.readouterr()
     assert json.loads(out) == {
@@ -389,6 +441,22 @@ def test_hooks_for_a_ticket_nothing_moved_says_how_to_move_it(receiver, capsys):
         "lab.py: no webhook for ticket 1 yet: --move opened,resolved moves it (tickets lists "
         "the receiver's)"
     ]
+    call(receiver, "/tickets", {"title": "webhooks"})
+    assert lab.main(["hooks", "--ticket", "1", "--move", "resolved"], receiver.env) == 0
+    out, err = capsys.readouterr()
+    assert [e["event"] for e in events(out)] == ["webhook", "message_sent", "ticket_status"]
+    assert lab.main(["hooks", "--ticket", "1", "--move", "resolved"], receiver.env) == 0
+    out, err = capsys.readouterr()
+    assert events(out) == [
+        {"event": "ticket_status", "status": "resolved", "ticket_id": 1, "version": 1}
+    ]
+    assert err == "lab.py: ticket 1 has each status of --move already: no event, no message\n"
+    assert messages(receiver) == ["ticket 1 resolved (evt_1)"]
+    naive = ["hooks", "--ticket", "1", "--mode", "naive", "--move", "opened"]
+    assert lab.main(naive, receiver.env) == workflow.EXIT_USAGE
+    out, err = capsys.readouterr()
+    assert out == "" and err.startswith("lab.py: ticket 1 is the inbox's (a hooks without --mode")
+    assert len(err.splitlines()) == 1 and messages(receiver) == ["ticket 1 resolved (evt_1)"]
 
 
 def test_ctrl_c_while_hooks_waits_is_one_line_and_exit_130(tmp_path):
