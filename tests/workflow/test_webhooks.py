@@ -47,6 +47,25 @@ def test_the_inbox_applies_an_event_once_and_never_an_older_one(tmp_path):
 
 
 @pytest.mark.fast
+def test_the_inbox_waits_out_another_connection_making_a_new_file(tmp_path):
+    """REVIEW F7: while another connection holds the first write transaction of a new file,
+    SQLite refuses the switch to WAL at once ("database is locked", no busy wait); the inbox
+    waits it out as the ledger does (effects.wal)."""
+    path = tmp_path / "new.sqlite"
+    maker = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    maker.execute("BEGIN IMMEDIATE")
+    maker.execute(inbox.SCHEMA[0])  # the file's first write, not committed yet
+    letting_go = threading.Timer(0.5, lambda: maker.execute("COMMIT"))  # the maker's own pace
+    letting_go.start()
+    try:
+        with inbox.open_inbox(path) as box:
+            assert box.receive("e1", "t1", 1, "opened").first
+    finally:
+        letting_go.join()
+        maker.close()
+
+
+@pytest.mark.fast
 def test_a_checkpoint_file_with_the_inbox_beside_it_is_the_workflows_own():
     """workflow.py names the inbox's tables without importing inbox.py (the starter's core has
     none): a start on a CHECKPOINT_DB that `hooks` wrote to is not refused as another program's."""
