@@ -638,7 +638,9 @@ OUR_TABLES |= {"inbox", "inbox_subjects", "outbox"}
 
 def require_checkpoint_file(path):
     """Refuse, before SqliteSaver writes a byte (its setup switches the file to WAL and adds its
-    tables), a file that holds tables of another program: the receiver's, or anyone's."""
+    tables), a file that holds tables of another program: the receiver's, or anyone's, and a
+    table with one of our names whose columns are not ours (`effects` is a common name). The
+    file is read on a read-only connection (mode=ro): the check itself writes nothing."""
     if not path.is_file() or path.stat().st_size == 0:
         return  # a new file: SqliteSaver makes it
     conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
@@ -646,15 +648,37 @@ def require_checkpoint_file(path):
         tables = {
             row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")
         }
+        # At least the columns each of our tables was made with: ours may gain more (a
+        # migration adds them on open), another program's table of that name lacks some.
+        unlike = sorted(
+            table
+            for table, columns in OUR_COLUMNS.items()
+            if table in tables
+            and not columns <= {row[1] for row in conn.execute(f'PRAGMA table_info("{table}")')}
+        )
     finally:
         conn.close()
-    if foreign := sorted(t for t in tables - OUR_TABLES if not t.startswith("sqlite_")):
+    foreign = sorted(t for t in tables - OUR_TABLES if not t.startswith("sqlite_")) + unlike
+    if foreign:
         raise UserError(
             f"CHECKPOINT_DB {str(path)!r} holds tables that are not LangGraph's checkpoints "
             f"({', '.join(foreign)}): another program's database; nothing was written to it. "
             "Point CHECKPOINT_DB at a file of its own",
             EXIT_USAGE,
         )
+
+
+OUR_COLUMNS = {  # columns each of OUR_TABLES has had from the start (a subset, not the set)
+    "checkpoints": {"thread_id", "checkpoint_ns", "checkpoint_id", "checkpoint", "metadata"},
+    "writes": {"thread_id", "checkpoint_ns", "checkpoint_id", "task_id", "idx", "channel"},
+    # (SqliteSaver.setup's CREATE TABLEs, langgraph/checkpoint/sqlite/__init__.py)
+    "effects": {"key", "effect", "request", "request_hash", "state"},
+    "effect_transitions": {"key", "from_state", "to_state"},
+    "effect_receipts": {"key", "external_id", "answer", "request_hash"},
+    "inbox": {"event_id", "subject", "version", "status", "applied"},
+    "inbox_subjects": {"subject", "status", "version", "event_id"},
+    "outbox": {"message_id", "destination", "payload", "state", "deliveries"},
+}
 
 
 def is_postgres(checkpoint_db):

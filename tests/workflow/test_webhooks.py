@@ -66,10 +66,21 @@ def test_the_inbox_waits_out_another_connection_making_a_new_file(tmp_path):
 
 
 @pytest.mark.fast
-def test_a_checkpoint_file_with_the_inbox_beside_it_is_the_workflows_own():
-    """workflow.py names the inbox's tables without importing inbox.py (the starter's core has
-    none): a start on a CHECKPOINT_DB that `hooks` wrote to is not refused as another program's."""
+def test_a_checkpoint_file_with_the_inbox_beside_it_is_the_workflows_own(tmp_path):
+    """workflow.py names the inbox's and the outbox's tables and columns without importing
+    inbox.py or relay.py (the starter's core has none): a file that SqliteSaver, the ledger,
+    `hooks` and the relay wrote to is not refused as another program's."""
+    from langgraph.checkpoint.sqlite import SqliteSaver
+
+    import relay
+
+    path = tmp_path / "c.sqlite"
+    with SqliteSaver.from_conn_string(str(path)) as saver:
+        saver.setup()
+    with inbox.open_inbox(path), relay.open_outbox(path):
+        pass
     assert set(inbox.TABLES) <= workflow.OUR_TABLES
+    workflow.require_checkpoint_file(path)  # no UserError: every table and column is ours
 
 
 @pytest.mark.fast
