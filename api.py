@@ -219,8 +219,9 @@ class LabStore(receiver.TicketStore):
 
     def progress(self, key, canonical, ticket_id, statuses):
         """One event per status that changes the ticket's (a status it has already makes
-        none), versions going on from the ticket's last: (the events, created). Keyed as a ticket is (TicketStore.keyed): a repeat of the key and body makes
-        none and returns the events the first request made, kept in its row."""
+        none), versions going on from the ticket's last: (the events, created). Keyed as a
+        ticket is (TicketStore.keyed): a repeat of the key and body makes none and returns the
+        events the first request made, kept in its row."""
         made = {"events": "[]"}  # the row's events column, filled in before keyed inserts it
 
         def make_events():  # keyed's check: inside its transaction, before the row is made
@@ -496,7 +497,7 @@ def configured(environ):
         allowed = allowed_hosts(text)
     except ValueError as error:
         raise ConfigError(f"WEBHOOK_ALLOWED_HOSTS={text!r}: {error}") from None
-    secret = environ.get("WEBHOOK_SECRET", httpguard.LAB_WEBHOOK_SECRET)
+    secret = environ.get("WEBHOOK_SECRET") or httpguard.LAB_WEBHOOK_SECRET  # empty: unset
     try:
         key = httpguard.webhook_key(secret)
     except ValueError as error:

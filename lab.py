@@ -1236,7 +1236,7 @@ def main(argv=None, environ=None):
         return EXIT_USAGE
     parser = build_parser()
     parser.set_defaults(graph_version=version, listen_host=environ.get("LISTEN_HOST", "127.0.0.1"))
-    parser.set_defaults(webhook_secret=environ.get("WEBHOOK_SECRET", LAB_SECRET))  # hooks
+    parser.set_defaults(webhook_secret=environ.get("WEBHOOK_SECRET") or LAB_SECRET)  # hooks
     points = (*POINTS, *SAGA_ACKS, *OUTBOX_POINTS, *HOOK_POINTS)
     return workflow.main(argv, environ, parser=parser, points=points)
 
