@@ -765,7 +765,36 @@ def number(environ, name, default, kind):
 
 class Parser(argparse.ArgumentParser):
     def error(self, message):  # one line, not a usage dump
-        self.exit(EXIT_USAGE, f"{self.prog}: {message} (see --help)\n")
+        self.exit(
+            EXIT_USAGE, f"{self.prog}: {message}{where_it_goes(self, message)} (see --help)\n"
+        )
+
+
+def where_it_goes(parser, message):
+    """For "unrecognized arguments": the commands that do take the switch given (a switch of
+    `hooks` typed on `start`), or that a split JSON value wants quotes; else ""."""
+    words = message.removeprefix("unrecognized arguments: ").split()
+    if not message.startswith("unrecognized arguments: "):
+        return ""
+    if any(w.startswith(("{", "[")) or w.endswith(("}", "]")) for w in words):
+        return '; the shell split a JSON value at its spaces: quote it, like \'{"title": "t"}\''
+    said = []
+    for switch in (w.split("=")[0] for w in words if w.startswith("--")):
+        names = [name for name, sub in commands(parser) if switch in sub._option_string_actions]
+        shown = names[:3] + ([f"{len(names) - 3} more"] if len(names) > 3 else [])
+        if shown:
+            listed = shown[0] if len(shown) == 1 else f"{', '.join(shown[:-1])} and {shown[-1]}"
+            said.append(f"{switch} is an option of {listed}")
+    return f"; {'; '.join(said)}" if said else ""
+
+
+def commands(parser, prefix=""):
+    """(name, parser) of every subcommand under parser, nested ones as "outbox start" (read
+    from argparse's own records of them: _subparsers, _option_string_actions)."""
+    for action in parser._subparsers._group_actions if parser._subparsers else ():
+        for name, sub in getattr(action, "choices", {}).items():
+            yield f"{prefix}{name}", sub
+            yield from commands(sub, f"{prefix}{name} ")
 
 
 def build_parser(prog="workflow.py"):

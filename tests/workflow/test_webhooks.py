@@ -455,6 +455,34 @@ def test_a_hooks_mistake_is_one_line_and_a_usage_error(tmp_path, capsys, argv, l
 
 
 @pytest.mark.fast
+@pytest.mark.parametrize(
+    ("argv", "line"),
+    [
+        (["start", "--move", "resolved"], "lab.py: unrecognized arguments: --move resolved; "
+         "--move is an option of hooks (see --help)"),
+        (["outbox", "start", "--mode", "naive"], "lab.py: unrecognized arguments: --mode naive; "
+         "--mode is an option of start, saga start and hooks (see --help)"),
+        (["post", "--title", '{"a":', "1}"], "lab.py: unrecognized arguments: 1}; the shell split "
+         "a JSON value at its spaces: quote it, like '{\"title\": \"t\"}' (see --help)"),
+    ],
+)  # fmt: skip
+def test_a_switch_on_the_wrong_command_says_which_takes_it(tmp_path, capsys, argv, line):
+    with pytest.raises(SystemExit) as stop:
+        lab.main(argv, lab_env(tmp_path / "data", 9))
+    assert stop.value.code == workflow.EXIT_USAGE
+    assert capsys.readouterr().err.splitlines() == [line]
+
+
+@pytest.mark.fast
+def test_an_unquoted_drill_input_says_to_quote_it(capsys):
+    from effectdrill.__main__ import main as drill
+
+    assert drill(["labs.graphs.shop:graph", "--input", '{"a":', "1}", "--observe", "http"]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith("effectdrill: unrecognized arguments: 1}; quote a JSON value")
+
+
+@pytest.mark.fast
 def test_hooks_says_what_it_did_and_refuses_naive_on_the_inboxs_ticket(receiver, capsys):
     """hooks signs nothing itself: api.py signs, hooks checks, with the one lab secret. Nothing
     moved: it says how; a --move to the status the ticket has: no event, no message; naive on
