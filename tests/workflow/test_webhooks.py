@@ -3,6 +3,7 @@ its inbox (inbox.py). The guide (labs/18-*.md, both backends) kills the endpoint
 its commit and its answer; these tests hold the rest, mostly in this process.
 """
 
+import contextlib
 import json
 import socket
 import sqlite3
@@ -20,7 +21,7 @@ import httpguard
 import inbox
 import lab
 import workflow
-from labs.tools.local import ROOT, events, lab_env
+from labs.tools.local import ROOT, events, lab_env, wait_until
 
 # --- the inbox, the core an engineer copies ------------------------------------------------
 
@@ -515,6 +516,51 @@ def test_hooks_says_what_it_did_and_refuses_naive_on_the_inboxs_ticket(receiver,
     out, err = capsys.readouterr()
     assert out == "" and err.startswith("lab.py: ticket 1 is the inbox's (a hooks without --mode")
     assert len(err.splitlines()) == 1 and messages(receiver) == ["ticket 1 resolved (evt_1)"]
+
+
+def test_a_hooks_whose_webhooks_went_to_a_later_subscriber_says_so(receiver, tmp_path):
+    """Two endpoints at once (REVIEW B: two `hooks` both said "no webhook yet"): A takes the
+    pending event and is held there (a pause failpoint) while B subscribes, so the one
+    subscriber is B when A moves the ticket. A says that the receiver delivered to another."""
+    import subprocess
+    import sys
+
+    call(receiver, "/tickets", {"title": "webhooks"})
+    call(receiver, "/progress", {"ticket_id": 1, "statuses": ["opened"]})  # pending: no one yet
+    held = tmp_path / "held"
+    a = subprocess.Popen(
+        [sys.executable, "lab.py", "hooks", "--ticket", "1", "--move", "resolved"],
+        env={**receiver.env, "FAILPOINTS": f"after-inbox=pause({held})"}, cwd=ROOT,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    b = HTTPServer(("127.0.0.1", 0), type("B", (Subscriber,), {"answers": [], "got": []}))
+    threading.Thread(target=b.serve_forever, args=(0.05,), daemon=True).start()
+    b_url = f"http://127.0.0.1:{b.server_port}/hook"
+    try:
+        wait_until(held.exists, 60, "A holding the pending event")
+        subscribing = threading.Thread(target=call, args=(receiver, "/webhooks", {"url": b_url}))
+        subscribing.start()  # committed at once; its round waits for A's
+
+        def subscribed():
+            with contextlib.closing(sqlite3.connect(receiver.env["RECEIVER_DB"])) as db:
+                return db.execute("SELECT url FROM webhook_subscribers").fetchone() == (b_url,)
+
+        wait_until(subscribed, 60, "B subscribed")
+        failpoints.unpause(held)
+        out, err = a.communicate(timeout=60)
+        subscribing.join(timeout=60)
+    finally:
+        if a.poll() is None:
+            a.kill()
+        b.shutdown()
+        b.server_close()
+    assert a.returncode == 0, err
+    assert [e["event_id"] for e in events(out) if e["event"] == "webhook"] == ["evt_1"]
+    assert [e["event_id"] for e in b.RequestHandlerClass.got] == ["evt_2"]
+    assert err.splitlines() == [
+        "lab.py: the receiver delivered 1 webhook(s) to another endpoint, subscribed after this "
+        "one (another hooks running?): that one took them"
+    ]
 
 
 def test_ctrl_c_while_hooks_waits_is_one_line_and_exit_130(tmp_path):
