@@ -56,6 +56,7 @@ if __name__ == "__main__":  # a Ctrl-C while the imports below run: one line, no
     signal.signal(signal.SIGINT, interrupted_while_importing)
 
 import dataclasses
+import hmac
 import json
 import os
 import pathlib
@@ -63,6 +64,7 @@ import signal
 import sqlite3
 import sys
 import threading
+import time
 import urllib.error
 import urllib.parse
 import uuid
@@ -926,6 +928,8 @@ HOOK_STATUSES = ("opened", "in_progress", "resolved")  # api.py's STATUSES
 CUSTOMER = "customer@example.com"
 HOOKS_TIMEOUT_S = 60.0  # seconds for the receiver's answer to /webhooks and /progress
 HOOK_CONNECTIONS = 32  # deliveries served at once, a thread each; one more gets a quick 503
+SIGNATURE_TOLERANCE_S = 300  # seconds a webhook's timestamp may be away from our clock (the
+#                             spec's example: 5 minutes); an older one is a replay, refused
 
 
 def hooks(args, settings):
@@ -1098,7 +1102,7 @@ class HookHandler(httpguard.GuardedHandler):
 
     def post(self, path):
         body = self.read_body()  # a Content-Length of at most 4096 bytes, as the receiver's
-        httpguard.check_signed(self.key, self.headers, body)  # signed, and recently
+        check_signed(self.key, self.headers, body)  # signed, and recently
         event = parse_event(body)
         with self.taker.taking, failpoints.scoped(self.points):
             try:
@@ -1115,6 +1119,33 @@ class HookHandler(httpguard.GuardedHandler):
 
     def refused(self, error):
         emit("webhook_refused", status=error.status, error=error.message)
+
+
+def check_signed(key, headers, body, now=None, tolerance_s=SIGNATURE_TOLERANCE_S):
+    """The webhook-id of a body whose signature is key's and whose timestamp is within
+    tolerance_s of now; ClientError 400 (headers missing or malformed) or 403 (a signature
+    that does not match: another secret or a changed body; or a timestamp out of the window:
+    a replay of an old delivery) otherwise. Signatures are compared in constant time."""
+    message_id = headers.get("webhook-id")
+    timestamp = headers.get("webhook-timestamp") or ""
+    sent = (headers.get("webhook-signature") or "").split()
+    if not message_id or not sent or not httpguard.DIGITS.fullmatch(timestamp):
+        raise httpguard.ClientError(
+            400, "a webhook is signed: send webhook-id, webhook-timestamp and webhook-signature"
+        )
+    age = (time.time() if now is None else now) - int(timestamp)
+    if abs(age) > tolerance_s:
+        raise httpguard.ClientError(
+            403,
+            f"webhook-timestamp is {abs(age):.0f} s {'old' if age > 0 else 'ahead'}, over "
+            f"{tolerance_s:g} s: a replayed or delayed delivery is refused",
+        )
+    expected = httpguard.signature(key, message_id, timestamp, body).encode()
+    if not any(hmac.compare_digest(expected, each.encode()) for each in sent):
+        raise httpguard.ClientError(
+            403, "webhook-signature does not match: another secret, or a changed body"
+        )
+    return message_id
 
 
 def parse_event(body):

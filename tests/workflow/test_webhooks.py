@@ -273,7 +273,7 @@ class Subscriber(BaseHTTPRequestHandler):
 
     def do_POST(self):
         body = self.rfile.read(int(self.headers["Content-Length"]))
-        httpguard.check_signed(KEY, self.headers, body)  # the receiver signs every delivery
+        lab.check_signed(KEY, self.headers, body)  # the receiver signs every delivery
         event = json.loads(body)
         assert self.headers["webhook-id"] == event["event_id"]
         self.got.append(event)
