@@ -29,7 +29,8 @@ Variants, built here from the core's nodes (the core's State and build_graph kno
     --retry-after-ack timeout|parse  start with a LangGraph RetryPolicy on the effect's node, and
                       a line after the answer that fails once: LangGraph runs the node again in
                       the same process (lab 17; see the section below)
-Lab 18's `hooks`: the workflow's endpoint for the receiver's webhooks (see its section below):
+Lab 18's `hooks`: the workflow's endpoint for the receiver's webhooks (see its section below),
+    signed ones only (WEBHOOK_SECRET, the lab's own unless set, as api.py's):
     --mode naive applies every delivery; inbox (the default) applies each event once (inbox.py);
     --move STATUS,... moves --ticket through them; --crash-at after-inbox kills it after its
     commit, before its answer
@@ -917,10 +918,12 @@ def add_outbox_parser(actions):
 # (default 127.0.0.1; compose sets 0.0.0.0 and the container's address is the one given), for
 # as long as the command runs: it subscribes (POST /webhooks, which delivers what is pending),
 # moves the ticket if asked (POST /progress), and exits once the receiver has answered.
-# --mode naive applies every delivery; inbox (the default) records it in inbox.py's inbox in the
-# same transaction as the ticket's status, ignores an older version, and notifies through the
-# ledger keyed by the event id. --crash-at after-inbox kills it after that commit, before its
-# answer to the sender.
+# --mode naive applies every delivery (but none of a ticket the inbox took: it would set its
+# status back); inbox (the default) records it in inbox.py's inbox in the same transaction as
+# the ticket's status, ignores an older version, and notifies through the ledger keyed by the
+# event id. --crash-at after-inbox kills it after that commit, before its answer to the sender.
+# The endpoint is httpguard's server, and takes only webhooks signed with WEBHOOK_SECRET
+# (check_signed); what it refuses is a 4xx and one line on stdout.
 
 HOOK_MODES = ("naive", "inbox")
 HOOK_POINTS = ("after-inbox",)  # committed, not yet answered: the sender will deliver it again
