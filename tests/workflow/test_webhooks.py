@@ -21,7 +21,7 @@ import httpguard
 import inbox
 import lab
 import workflow
-from labs.tools.local import ROOT, events, lab_env, wait_until
+from labs.tools.local import ROOT, ReceiverProcess, events, lab_env, wait_until
 
 # --- the inbox, the core an engineer copies ------------------------------------------------
 
@@ -376,6 +376,52 @@ def test_the_sender_signs_retries_and_keeps_pending_what_gets_no_2xx_and_refuses
     ]:
         code, error = refused(receiver, "/progress", body)
         assert code in (400, 404) and why in error
+
+
+def test_progress_committed_answers_200_when_its_round_then_fails(lab, tmp_path):
+    """After /progress commits its events, a round that fails (here the subscriber itself holds
+    the receiver's database locked past its busy timeout while it answers, so the receiver
+    cannot mark the event delivered) is a line in the log, not a 503 "retry": a retry without a
+    key would make the events again. The event stays pending and is delivered later."""
+    env = {**lab, "RECEIVER_BUSY_TIMEOUT_S": "0.1"}
+    server = ReceiverProcess(env, tmp_path / "receiver.log").start()
+    holding = []
+
+    class Locking(Subscriber):
+        def do_POST(self):
+            if not holding:  # the first delivery: take the write lock, then answer 200
+                db = sqlite3.connect(
+                    env["RECEIVER_DB"], isolation_level=None, check_same_thread=False
+                )
+                db.execute("BEGIN IMMEDIATE")
+                holding.append(db)
+            super().do_POST()
+
+    sub = HTTPServer(("127.0.0.1", 0), type("L", (Locking,), {"answers": [], "got": []}))
+    threading.Thread(target=sub.serve_forever, args=(0.05,), daemon=True).start()
+    try:
+        call(server, "/tickets", {"title": "webhooks"})
+        call(server, "/webhooks", {"url": f"http://127.0.0.1:{sub.server_port}/hook"})
+        request = urllib.request.Request(  # one try: the client would retry a 503
+            server.url + "/progress",
+            json.dumps({"ticket_id": 1, "statuses": ["opened"]}).encode(),
+            {"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(request, timeout=30) as answer:
+            moved = answer.status, json.load(answer)
+        holding[0].execute("ROLLBACK")
+        holding[0].close()
+        assert moved[0] == 200 and [e["event_id"] for e in moved[1]["events"]] == ["evt_1"]
+        assert moved[1]["pending"] == 1
+        assert call(server, "/webhooks", {"url": f"http://127.0.0.1:{sub.server_port}/hook"}) == {
+            "delivered": 1,
+            "pending": 0,
+        }
+    finally:
+        sub.shutdown()
+        sub.server_close()
+        server.stop()
+    assert "delivery round stopped (" in (tmp_path / "receiver.log").read_text()
 
 
 def test_a_crash_after_the_commit_is_finished_by_the_redelivery_with_one_message(
