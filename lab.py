@@ -1002,15 +1002,18 @@ def hooks(args, settings):
             if taker.stopped is not None:
                 raise taker.stopped
             status, version = box.state(str(args.ticket)) or (None, 0)
-            taken = taker.taken
+            taken = set(taker.taken)
         emit("ticket_status", ticket_id=args.ticket, status=status, version=version)
     said = []
     if moved is not None and not moved["events"]:
         said.append(f"ticket {args.ticket} has each status of --move already: no event, no message")
-    if delivered > taken:  # one subscriber at a time: the receiver posted them elsewhere
+    # One subscriber at a time: what the receiver delivered and this endpoint never took, or
+    # the events of --move that went nowhere pending, another endpoint subscribed after it took.
+    moved_elsewhere = moved and not moved["pending"] and {e["event_id"] for e in moved["events"]}
+    if delivered > len(taken) or (moved_elsewhere and moved_elsewhere - taken):
         said.append(
-            f"the receiver delivered {delivered - taken} webhook(s) to another endpoint, "
-            "subscribed after this one (another hooks running?): that one took them"
+            "the receiver delivered webhooks to another endpoint, subscribed after this one "
+            "(another hooks running?): that one took them"
         )
     elif status is None:  # nothing moved it yet, or --ticket names another ticket
         said.append(
@@ -1033,7 +1036,7 @@ class Taker:
         self.mode, self.box, self.ledger, self.client = mode, box, ledger, client
         self.stopped = None  # a LedgerError that stopped a notification: the command's exit
         self.taking = threading.Lock()  # deliveries come on threads of their own
-        self.taken = 0  # deliveries answered 2xx
+        self.taken = []  # the event ids of the deliveries answered 2xx
 
     def take(self, event):
         """Apply the event (or not); notify the customer of a resolved ticket."""
@@ -1117,7 +1120,7 @@ class HookHandler(httpguard.GuardedHandler):
                 return 503, {"error": str(error)}
             except (UserError, urllib.error.HTTPError) as error:  # the message was not sent
                 return 503, {"error": f"the notification failed: {error}; retry"}
-            self.taker.taken += 1
+            self.taker.taken.append(event["event_id"])
         return 200, {"ok": True}
 
     def refused(self, error):
