@@ -84,7 +84,7 @@ FAILPOINTS_ADDED = """\
                                  name, comma-separated host names, IP addresses and networks
                                  (CIDR). A receiver that calls any url it is given lets its
                                  callers reach whatever it can reach (SSRF)
-    WEBHOOK_SECRET               the lab's own (httpguard.LAB_WEBHOOK_SECRET, public): the
+    WEBHOOK_SECRET               the lab's own (httpguard.DEFAULT_WEBHOOK_SECRET, public): the
                                  webhooks' signing secret, whsec_ and base64, as Standard
                                  Webhooks has it; lab.py hooks checks with the same setting
 """
@@ -497,7 +497,7 @@ def configured(environ):
         allowed = allowed_hosts(text)
     except ValueError as error:
         raise ConfigError(f"WEBHOOK_ALLOWED_HOSTS={text!r}: {error}") from None
-    secret = environ.get("WEBHOOK_SECRET") or httpguard.LAB_WEBHOOK_SECRET  # empty: unset
+    secret = environ.get("WEBHOOK_SECRET") or httpguard.DEFAULT_WEBHOOK_SECRET  # empty: unset
     try:
         key = httpguard.webhook_key(secret)
     except ValueError as error:

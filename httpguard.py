@@ -25,7 +25,7 @@ JSON, or nested deeper than the parser's recursion limit). A webhook is signed a
 the Standard Webhooks specification says (standardwebhooks.com): headers webhook-id,
 webhook-timestamp and webhook-signature, "v1," and the base64 HMAC-SHA256 of
 "ID.TIMESTAMP.BODY" under a secret "whsec_" + base64 key bytes (signed_headers; the endpoint
-that takes them checks them: lab.py's check_signed).
+that takes them computes signature() again and compares).
 """
 
 import base64
@@ -65,8 +65,8 @@ FULL_ANSWER = (  # written by the accepting thread itself, so it is prepared onc
 )
 
 
-LAB_WEBHOOK_SECRET = "whsec_c3RhdGVmdWwtYWdlbnQtbGFiIHdlYmhvb2tzLCBsYWIgb25seQ=="  # the lab's
-#                     WEBHOOK_SECRET unless set: public, so it proves nothing outside the lab
+DEFAULT_WEBHOOK_SECRET = "whsec_c3RhdGVmdWwtYWdlbnQtbGFiIHdlYmhvb2tzLCBsYWIgb25seQ=="  # the
+#   WEBHOOK_SECRET of both sides unless set: public, so it proves nothing; set your own
 
 
 class ClientError(Exception):

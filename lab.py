@@ -77,7 +77,7 @@ import httpguard
 import inbox
 import workflow
 from failpoints import fail
-from httpguard import LAB_WEBHOOK_SECRET as LAB_SECRET
+from httpguard import DEFAULT_WEBHOOK_SECRET as LAB_SECRET
 from workflow import EXIT_THREAD, EXIT_USAGE, UserError, emit
 
 MODES = ("naive", "safe", "node-uuid", "ledger")  # ledger: the core's; the others, lessons

@@ -132,7 +132,7 @@ def test_the_inbox_in_postgres_applies_an_event_once_from_two_connections_at_onc
 
 # --- the endpoint: bad input first ---------------------------------------------------------
 
-KEY = httpguard.webhook_key(httpguard.LAB_WEBHOOK_SECRET)  # what api.py and hooks use unless set
+KEY = httpguard.webhook_key(httpguard.DEFAULT_WEBHOOK_SECRET)  # api.py's and hooks' unless set
 
 
 @pytest.fixture
