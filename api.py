@@ -21,25 +21,36 @@ lookup by key); the starter takes it unchanged. This file extends it, by subclas
     POST /webhooks               body {"url": "http://HOST:PORT/PATH"}: the one subscriber to
                                  tickets' progress (it replaces the last), then every event
                                  not yet delivered is delivered to it: 200 {"delivered",
-                                 "pending"} (lab 18)
+                                 "pending"} (lab 18); 400 a url that is not plain http(s),
+                                 or whose host is not in WEBHOOK_ALLOWED_HOSTS: not stored,
+                                 the subscriber before it stays
     POST /progress               body {"ticket_id": N, "statuses": [...]} (opened, in_progress,
-                                 resolved): each status one event {"event_id", "ticket_id",
-                                 "status", "version"} (version: 1, 2, ... per ticket),
-                                 committed, then delivered with every pending one: 200
-                                 {"events", "delivered", "pending"}; 404 no ticket N
-A webhook is a POST of one event's JSON to the subscriber, delivered at least once: an answer
-that is not a 2xx (or none) is retried WEBHOOK_ATTEMPTS times, WEBHOOK_RETRY_S apart; an event
-still not delivered then stays pending, and so do the ones after it, until the next POST
-/webhooks or /progress. One delivery round at a time, in event order.
+                                 resolved), optional Idempotency-Key: each status that
+                                 changes the ticket's (not the one it has) one event
+                                 {"event_id", "ticket_id", "status", "version"} (version: 1,
+                                 2, ... per ticket), committed, then delivered with every
+                                 pending one: 200 {"events", "delivered", "pending"}; 404 no
+                                 ticket N. The same key and body again: the events it made
+                                 the first time, none made now; another body: 409
+A webhook is a POST of one event's JSON to the subscriber, signed as Standard Webhooks says
+(httpguard.signed_headers: webhook-id is the event id), delivered at least once: an answer
+that is not a 2xx (or none, or a redirect, which is never followed) is retried
+WEBHOOK_ATTEMPTS times, WEBHOOK_RETRY_S apart; an event still not delivered then stays
+pending, and so do the ones after it, until the next POST /webhooks or /progress. One
+delivery round at a time, in event order. Once /progress has committed its events it answers
+200, whatever its delivery round met: the events wait for the next round.
 The routes of receiver.py (/health, /metrics, /tickets) answer as it says; /metrics also counts
 refunds and reservations created and messages sent. A tickets table made before created_at was
 kept (an older lab's file) gets the column when the receiver opens it.
 
 Run it as `python api.py` (compose.yaml's api service and every guide do); its settings are
-receiver.py's, and FAILPOINTS knows two more points (below).
+receiver.py's, two of its own (below), and FAILPOINTS knows more points (below).
 """
 
+import ipaddress
 import json
+import os
+import re
 import sys
 import threading
 import time
@@ -47,10 +58,11 @@ import urllib.error
 import urllib.request
 from urllib.parse import parse_qs, urlsplit
 
+import httpguard
 import receiver
 from failpoints import fail
 from httpguard import ClientError
-from receiver import parse_object
+from receiver import ConfigError, parse_key, parse_object
 
 POINTS = (
     *receiver.POINTS,
@@ -68,7 +80,17 @@ FAILPOINTS_ADDED = """\
                                  And two for webhooks (lab 18): redeliver=on delivers each
                                  event a second time after its 2xx; reorder=on delivers the
                                  pending events newest first.
+    WEBHOOK_ALLOWED_HOSTS        localhost,127.0.0.0/8,::1: the hosts a subscriber's url may
+                                 name, comma-separated host names, IP addresses and networks
+                                 (CIDR). A receiver that calls any url it is given lets its
+                                 callers reach whatever it can reach (SSRF)
+    WEBHOOK_SECRET               the lab's own (httpguard.DEFAULT_WEBHOOK_SECRET, public): the
+                                 webhooks' signing secret, whsec_ and base64, as Standard
+                                 Webhooks has it; lab.py hooks checks with the same setting
 """
+ALLOWED_HOSTS = "localhost,127.0.0.0/8,::1"  # WEBHOOK_ALLOWED_HOSTS unless set: loopback
+URL_CHARACTERS = re.compile(r"[A-Za-z0-9\-._~:/?#\[\]@!$&'()*+,;=%]+")  # RFC 3986's, no other
+BAD_ESCAPE = re.compile(r"%(?![0-9A-Fa-f]{2})")  # a % not followed by two hex digits
 TOKEN_HEADER = "Failpoint-Token"  # before-answer and before-body fire once for each value
 BUSY_TIMEOUT_S = receiver.BUSY_TIMEOUT_S  # the core's: workflow.py sizes its 503 retries by it
 SEATS = 10  # seats for all reservations together: few, so a caller can ask for more than are left
@@ -109,6 +131,13 @@ WEBHOOK_SCHEMA = (  # lab 18: the provider's side of a webhook
     id INTEGER PRIMARY KEY CHECK (id = 1),  -- one subscriber: the workflow
     url TEXT NOT NULL
 )""",
+    """CREATE TABLE IF NOT EXISTS progress_requests (
+    id INTEGER PRIMARY KEY,  -- one POST /progress
+    operation_key TEXT UNIQUE,  -- its Idempotency-Key (NULL: sent without one)
+    payload TEXT NOT NULL,  -- canonical JSON of its body
+    events TEXT NOT NULL,  -- the events it made, JSON: a repeat is answered with them
+    created_at REAL
+)""",
 )
 STATUSES = ("opened", "in_progress", "resolved")  # a ticket's progress, as webhooks tell it
 WEBHOOK_ATTEMPTS = 3  # tries of one delivery in a round, before it waits for the next round
@@ -139,8 +168,14 @@ class LabStore(receiver.TicketStore):
         "messages": {"id", "recipient", "text", "created_at"},
         "webhook_events": {"id", "ticket_id", "status", "version", "delivered_at", "created_at"},
         "webhook_subscribers": {"id", "url"},
+        "progress_requests": {"id", "operation_key", "payload", "events", "created_at"},
     }
-    KEYED = {**receiver.TicketStore.KEYED, "refunds": "refund", "reservations": "reservation"}
+    KEYED = {
+        **receiver.TicketStore.KEYED,
+        "refunds": "refund",
+        "reservations": "reservation",
+        "progress_requests": "progress request",
+    }
 
     def refund(self, key, canonical, ticket_id):
         """A refund of ticket_id, keyed like a ticket: (refund_id, created); 404 if no ticket.
@@ -182,22 +217,43 @@ class LabStore(receiver.TicketStore):
             rows = self.db.execute("SELECT id, recipient, text FROM messages ORDER BY id")
             return [{"message_id": i, "to": r, "text": t} for i, r, t in rows.fetchall()]
 
-    def progress(self, ticket_id, statuses):
-        """One event per status, versions going on from the ticket's last: the events."""
-        events = []
-        with self.transaction():
+    def progress(self, key, canonical, ticket_id, statuses):
+        """One event per status that changes the ticket's (a status it has already makes
+        none), versions going on from the ticket's last: (the events, created). Keyed as a
+        ticket is (TicketStore.keyed): a repeat of the key and body makes none and returns the
+        events the first request made, kept in its row."""
+        made = {"events": "[]"}  # the row's events column, filled in before keyed inserts it
+
+        def make_events():  # keyed's check: inside its transaction, before the row is made
             self.need(ticket_id)
-            last = self.db.execute(
-                "SELECT MAX(version) FROM webhook_events WHERE ticket_id = ?", (ticket_id,)
-            ).fetchone()[0]
-            for version, status in enumerate(statuses, start=(last or 0) + 1):
+            version, now = self.db.execute(
+                "SELECT version, status FROM webhook_events WHERE ticket_id = ? "
+                "ORDER BY version DESC LIMIT 1",
+                (ticket_id,),
+            ).fetchone() or (0, None)
+            events = []
+            for status in statuses:
+                if status == now:  # no change, no event: the ticket is there already
+                    continue
+                version, now = version + 1, status
                 event_id = self.db.execute(
                     "INSERT INTO webhook_events (ticket_id, status, version, created_at) "
                     "VALUES (?, ?, ?, ?)",
                     (ticket_id, status, version, time.time()),
                 ).lastrowid
                 events.append(event(event_id, ticket_id, status, version))
-        return events
+            made["events"] = json.dumps(events)
+
+        request_id, created = self.keyed(
+            "progress_requests", key, canonical, made, check=make_events
+        )
+        if created:
+            return json.loads(made["events"]), True
+        with self.locked():
+            row = self.db.execute(
+                "SELECT events FROM progress_requests WHERE id = ?", (request_id,)
+            ).fetchone()
+        return json.loads(row[0]), False
 
     def subscribe(self, url):
         with self.transaction():
@@ -280,16 +336,28 @@ class LabHandler(receiver.Handler):
             fail("after-commit")
             return 201, {"message_id": message_id}
         if path == "/webhooks":
-            self.server.store.subscribe(parse_subscriber(self.read_body()))
+            self.server.store.subscribe(parse_subscriber(self.read_body(), self.allowed_hosts))
             return 200, self.deliver()
         if path == "/progress":
-            events = self.server.store.progress(*parse_progress(self.read_body()))
+            body = self.read_body()
+            key = parse_key([v.strip(" \t") for v in self.headers.get_all("Idempotency-Key", [])])
+            try:
+                events, created = self.server.store.progress(key, *parse_progress(body))
+            except receiver.KeyConflict:
+                self.server.metrics.add("key_conflicts")
+                self.log_line(f"conflict key={key}")
+                raise
+            if not created:
+                self.server.metrics.add("idempotent_replays")
+            replayed = "" if created else f" (replayed key={key})"
             for made in events:
                 self.log_line(
                     f"event {made['event_id']} ticket={made['ticket_id']} "
-                    f"{made['status']} v{made['version']}"
+                    f"{made['status']} v{made['version']}{replayed}"
                 )
-            return 200, {"events": events, **self.deliver()}
+            # Committed: from here the answer is a 200 whatever the round meets (a "retry"
+            # would make the events again), and what was not delivered waits.
+            return 200, {"events": events, **self.deliver(committed=events)}
         answer = super().post(path)  # committed (and after-commit passed): now the answer
         token = self.headers.get(TOKEN_HEADER)
         if token and fail("before-answer", once_per=token) == "drop-answer":
@@ -315,40 +383,56 @@ class LabHandler(receiver.Handler):
             return 200, {"reservations": self.server.store.reservations(self.query_key())}
         return super().get(path)
 
-    def deliver(self):
+    def deliver(self, committed=None):
         """One delivery round: every pending event to the subscriber, in order (reorder: newest
         first), each retried until a 2xx or WEBHOOK_ATTEMPTS tries; the first that gets none
-        ends the round (the subscriber is down: the rest wait too). {"delivered", "pending"}"""
-        delivered = 0
-        with DELIVERING:  # one round at a time: two would deliver the same events side by side
-            url, events = self.server.store.pending()
-            if fail("reorder") == "on":
-                events.reverse()
-            for each in events if url else ():
-                if not self.deliver_one(url, each):
-                    break
-                self.server.store.delivered(each["event_id"])
-                delivered += 1
-                if fail("redeliver") == "on":  # a sender that lost track of the 2xx it got
-                    self.deliver_one(url, each)
-            left = len(self.server.store.pending()[1])
+        ends the round (the subscriber is down: the rest wait too). {"delivered", "pending"}
+
+        committed: the events this request has just committed. A round that then fails (the
+        database busy) is one line in the log, not an error answer: they wait, pending."""
+        delivered, events = 0, committed or []
+        try:
+            with DELIVERING:  # one round at a time: two would deliver the same events at once
+                url, events = self.server.store.pending()
+                if fail("reorder") == "on":
+                    events.reverse()
+                for each in events if url else ():
+                    if not self.deliver_one(url, each):
+                        break
+                    self.server.store.delivered(each["event_id"])
+                    delivered += 1
+                    if fail("redeliver") == "on":  # a sender that lost track of its 2xx
+                        self.deliver_one(url, each)
+                left = len(self.server.store.pending()[1])
+        except Exception as error:
+            if committed is None:
+                raise  # nothing committed by this request: its answer may say retry
+            self.log_line(f"delivery round stopped ({error}); the events stay pending")
+            left = max(len(events) - delivered, 0)
         return {"delivered": delivered, "pending": left}
 
     def deliver_one(self, url, each):
-        """POST the event to url until a 2xx, at most WEBHOOK_ATTEMPTS times: whether one came."""
+        """POST the event to url until a 2xx, at most WEBHOOK_ATTEMPTS times: whether one came.
+        A redirect is an answer without a 2xx: never followed (a POST's 302 would become a
+        bodiless GET, and its 2xx would mark the event delivered), and no proxy is asked."""
         body = json.dumps(each).encode()
         for attempt in range(1, WEBHOOK_ATTEMPTS + 1):
-            request = urllib.request.Request(url, body, {"Content-Type": "application/json"})
+            headers = httpguard.signed_headers(self.webhook_key, each["event_id"], body)
+            request = urllib.request.Request(
+                url, body, {"Content-Type": "application/json", **headers}
+            )
             try:
-                with urllib.request.urlopen(request, timeout=WEBHOOK_TIMEOUT_S) as answer:
+                with SENDER.open(request, timeout=WEBHOOK_TIMEOUT_S) as answer:
                     answer.read()
                 self.server.metrics.add("webhooks_delivered")
                 self.log_line(f"webhook {each['event_id']} attempt {attempt}: {answer.status}")
                 return True
             except urllib.error.HTTPError as error:  # answered, not with a 2xx: retried
-                why = str(error.code)
+                why = f"{error.code}{' (a redirect: not followed)' if error.code < 400 else ''}"
             except OSError:  # refused, reset, timed out: no answer, retried
                 why = "no answer"
+            except Exception as error:  # a url the sender cannot use (stored by an older
+                why = f"not sent ({error})"  # receiver): a failed delivery, kept pending
             self.server.metrics.add("webhooks_failed")
             self.log_line(f"webhook {each['event_id']} attempt {attempt}: {why}")
             if attempt < WEBHOOK_ATTEMPTS:
@@ -358,6 +442,9 @@ class LabHandler(receiver.Handler):
 
     # helpers
 
+    allowed_hosts = None  # WEBHOOK_ALLOWED_HOSTS and WEBHOOK_SECRET's key, set by configured()
+    webhook_key = None
+
     def head_written(self):
         headers = getattr(self, "headers", None)  # none yet: a malformed request line
         token = headers.get(TOKEN_HEADER) if headers else None
@@ -366,6 +453,14 @@ class LabHandler(receiver.Handler):
 
 
 DELIVERING = threading.Lock()  # held by the one delivery round at a time (LabHandler.deliver)
+
+
+class NoRedirects(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, *args):
+        return None  # urllib then raises the 3xx as an HTTPError: a failed delivery
+
+
+SENDER = urllib.request.build_opener(urllib.request.ProxyHandler({}), NoRedirects)
 
 
 def event(event_id, ticket_id, status, version):
@@ -379,13 +474,35 @@ def event(event_id, ticket_id, status, version):
 
 
 def open_server(environ):
-    """receiver.open_server with this file's store, routes and failpoints."""
-    return receiver.open_server(environ, LabStore, LabHandler, POINTS)
+    """receiver.open_server with this file's store, routes, failpoints and settings."""
+    return receiver.open_server(environ, LabStore, configured(environ), POINTS)
 
 
 def main(argv=None):
     epilog = receiver.__doc__[receiver.__doc__.index("Configuration") :] + FAILPOINTS_ADDED
-    return receiver.main(argv, LabStore, LabHandler, POINTS, "api.py", __doc__, epilog)
+    handler = LabHandler  # --help needs no settings
+    if not {"-h", "--help"} & set(sys.argv[1:] if argv is None else argv):
+        try:
+            handler = configured(os.environ)
+        except ConfigError as error:
+            print(f"receiver: {error}", file=sys.stderr)
+            return error.exit_code
+    return receiver.main(argv, LabStore, handler, POINTS, "api.py", __doc__, epilog)
+
+
+def configured(environ):
+    """LabHandler with WEBHOOK_ALLOWED_HOSTS and WEBHOOK_SECRET read; ConfigError if one is bad."""
+    text = environ.get("WEBHOOK_ALLOWED_HOSTS", ALLOWED_HOSTS)
+    try:
+        allowed = allowed_hosts(text)
+    except ValueError as error:
+        raise ConfigError(f"WEBHOOK_ALLOWED_HOSTS={text!r}: {error}") from None
+    secret = environ.get("WEBHOOK_SECRET") or httpguard.DEFAULT_WEBHOOK_SECRET  # empty: unset
+    try:
+        key = httpguard.webhook_key(secret)
+    except ValueError as error:
+        raise ConfigError(f"WEBHOOK_SECRET: {error}") from None
+    return type("LabHandler", (LabHandler,), {"allowed_hosts": allowed, "webhook_key": key})
 
 
 # helpers: input validation
@@ -423,23 +540,70 @@ def parse_message(body):
     return payload["to"], payload["text"]
 
 
-def parse_subscriber(body):
-    """Validate a POST /webhooks body: the url (http or https, with a host)."""
+def parse_subscriber(body, allowed):
+    """Validate a POST /webhooks body: the url, plain http(s) to a host the allow-list names."""
     url = parse_object(body, '{"url": "http://HOST:PORT/PATH"}', "url")["url"]
     parts = urlsplit(url) if isinstance(url, str) and len(url) <= 500 else None
     try:
-        parts and parts.port  # noqa: B018 (ValueError for a port that is not a number)
+        port = parts and parts.port  # ValueError: a port that is not a number from 0 to 65535
     except ValueError:
         parts = None
     if not parts or parts.scheme not in ("http", "https") or not parts.hostname:
         raise ClientError(
             400, "url must be an http:// or https:// URL with a host, at most 500 characters"
         )
+    if why := url_problem(url, parts, port, allowed):
+        raise ClientError(400, f"url {why}; nothing stored, the subscriber stays as it was")
     return url
 
 
+def url_problem(url, parts, port, allowed):
+    """Why a url that urlsplit took is still not one to call, or None. urlsplit takes nearly
+    anything (it even drops a tab, CR or LF without a word): the url itself must be RFC 3986's."""
+    if not URL_CHARACTERS.fullmatch(url) or BAD_ESCAPE.search(url):
+        return "holds a space, a control or non-ASCII character, or a bad %-escape"
+    if "@" in parts.netloc:
+        return "names a user (user:password@), which would be sent along: send none"
+    if "#" in url:
+        return "has a #fragment, which is never sent: leave it out"
+    if port == 0:
+        return "has port 0: name the port the subscriber listens on"
+    if not host_allowed(parts.hostname, allowed):
+        return (
+            f"names host {parts.hostname!r}, which is not in WEBHOOK_ALLOWED_HOSTS (the "
+            "receiver calls only the hosts it is told it may)"
+        )
+    return None
+
+
+def allowed_hosts(text):
+    """WEBHOOK_ALLOWED_HOSTS: (host names, IP networks); ValueError for an entry of neither."""
+    names, networks = set(), []
+    for entry in (each.strip() for each in text.split(",")):
+        try:
+            networks.append(ipaddress.ip_network(entry, strict=False))
+        except ValueError:
+            if not re.fullmatch(r"[A-Za-z0-9]([A-Za-z0-9.-]{0,251}[A-Za-z0-9])?", entry):
+                raise ValueError(
+                    f"{entry!r} is neither a host name, an IP address nor a network"
+                ) from None
+            names.add(entry.lower())
+    return names, networks
+
+
+def host_allowed(host, allowed):
+    """A name on the list, or an IP address inside one of its networks (urlsplit gives the
+    host lower-cased, without the [] of an IPv6 address)."""
+    names, networks = allowed
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return host in names  # a name is called as it is listed: no other spelling of it
+    return any(address in network for network in networks)
+
+
 def parse_progress(body):
-    """Validate a POST /progress body: (ticket_id, statuses)."""
+    """Validate a POST /progress body: (canonical JSON, ticket_id, statuses)."""
     payload = parse_object(
         body, '{"ticket_id": N, "statuses": ["resolved"]}', "ticket_id", "statuses"
     )
@@ -450,7 +614,9 @@ def parse_progress(body):
         or not all(isinstance(s, str) and s in STATUSES for s in statuses)
     ):
         raise ClientError(400, f"statuses must be a list of 1-10 of {', '.join(STATUSES)}")
-    return whole(payload, "ticket_id", MAX_ID), statuses
+    ticket_id = whole(payload, "ticket_id", MAX_ID)
+    canonical = receiver.canonical({"ticket_id": ticket_id, "statuses": statuses})
+    return canonical, ticket_id, statuses
 
 
 def whole(payload, field, high):

@@ -19,8 +19,19 @@ to do (and whose code, when given, lets a program tell refusals of one status ap
 exception type listed in the handler's `unavailable_errors` (a database that is locked or gone)
 becomes a 503, with Retry-After unless the handler's `retryable(error)` says a retry cannot help;
 any other exception a 500. Nothing here knows what the service stores.
+
+A body is read as JSON with parse_json (a 400 that says why for bytes that are not UTF-8, not
+JSON, or nested deeper than the parser's recursion limit). A webhook is signed and checked as
+the Standard Webhooks specification says (standardwebhooks.com): headers webhook-id,
+webhook-timestamp and webhook-signature, "v1," and the base64 HMAC-SHA256 of
+"ID.TIMESTAMP.BODY" under a secret "whsec_" + base64 key bytes (signed_headers; the endpoint
+that takes them computes signature() again and compares).
 """
 
+import base64
+import binascii
+import hashlib
+import hmac
 import io
 import json
 import re
@@ -54,6 +65,10 @@ FULL_ANSWER = (  # written by the accepting thread itself, so it is prepared onc
 )
 
 
+DEFAULT_WEBHOOK_SECRET = "whsec_c3RhdGVmdWwtYWdlbnQtbGFiIHdlYmhvb2tzLCBsYWIgb25seQ=="  # the
+#   WEBHOOK_SECRET of both sides unless set: public, so it proves nothing; set your own
+
+
 class ClientError(Exception):
     """A request we refuse: the status and a message that tells the client what to do."""
 
@@ -63,6 +78,50 @@ class ClientError(Exception):
         super().__init__(message)
         self.status, self.message, self.headers = status, message, headers or {}
         self.code = code or self.code
+
+
+def parse_json(body, example, object_pairs_hook=None, hook_errors=()):
+    """The JSON value in body (bytes); ClientError(400) that says why it is not one. A body
+    nested deeper than Python's recursion limit is refused as such, never a RecursionError.
+    hook_errors: what object_pairs_hook raises, passed on for the caller to word."""
+    try:
+        return json.loads(body.decode("utf-8"), object_pairs_hook=object_pairs_hook)
+    except UnicodeDecodeError:
+        raise ClientError(400, "body is not valid UTF-8") from None
+    except RecursionError:
+        raise ClientError(400, f"body is nested too deeply; send {example}") from None
+    except hook_errors:
+        raise
+    except ValueError:
+        raise ClientError(400, f"body is not valid JSON; send {example}") from None
+
+
+def webhook_key(secret):
+    """The HMAC key of a Standard Webhooks secret, "whsec_" + base64; ValueError if it is not."""
+    encoded = secret.removeprefix("whsec_")
+    try:
+        key = base64.b64decode(encoded, validate=True)
+    except (binascii.Error, ValueError):
+        key = b""
+    if not secret.startswith("whsec_") or len(key) < 16:
+        raise ValueError("a webhook secret is whsec_ and the base64 of at least 16 bytes")
+    return key
+
+
+def signature(key, message_id, timestamp, body):
+    """v1,<base64 HMAC-SHA256 of "ID.TIMESTAMP.BODY">: the spec's webhook-signature."""
+    mac = hmac.new(key, f"{message_id}.{timestamp}.".encode() + body, hashlib.sha256)
+    return "v1," + base64.b64encode(mac.digest()).decode()
+
+
+def signed_headers(key, message_id, body, now=None):
+    """The three headers that sign body as the webhook message_id, now (Unix seconds)."""
+    timestamp = str(int(time.time() if now is None else now))
+    return {
+        "webhook-id": message_id,
+        "webhook-timestamp": timestamp,
+        "webhook-signature": signature(key, message_id, timestamp, body),
+    }
 
 
 class Body(NamedTuple):
@@ -79,6 +138,14 @@ class GuardedHandler(BaseHTTPRequestHandler):
     log_prefix = "server"  # log_line's first word
     max_body_bytes = 4096  # a longer Content-Length is refused (413) before it is read
     unavailable_errors = ()  # exception types answered 503 (with Retry-After: 1 if retryable)
+
+    def get(self, path):
+        """A route's GET (and HEAD); a service that has none lists none in routes."""
+        raise NotImplementedError(path)
+
+    def post(self, path):
+        """A route's POST."""
+        raise NotImplementedError(path)
 
     def unavailable(self, error):
         """Log one of unavailable_errors; return the 503's "error": what the client should do."""
@@ -272,6 +339,7 @@ class GuardedServer(ThreadingHTTPServer):
 
     request_queue_size = LISTEN_BACKLOG
     daemon_threads = True  # SIGTERM must not wait for a stalled client
+    block_on_close = False  # nor server_close(): its threads are not joined
 
     def __init__(self, address, handler, request_timeout_s, max_connections, on_answer=None):
         super().__init__(address, handler)

@@ -25,7 +25,8 @@ one that finds the event applied, so a kill after the commit is finished by the 
 
 SQLite (BEGIN IMMEDIATE) and Postgres (INSERT ... ON CONFLICT, whose conflicting row Postgres
 locks) both; the tables sit in the workflow's own database, beside the ledger's.
-Standard library only (psycopg for a postgresql:// URL); importing it changes nothing.
+Standard library and effects.py only (psycopg for a postgresql:// URL); importing it changes
+nothing.
 """
 
 import sqlite3
@@ -33,6 +34,8 @@ import threading
 import time
 from contextlib import contextmanager
 from typing import NamedTuple
+
+import effects
 
 TABLES = ("inbox", "inbox_subjects")
 SCHEMA = (
@@ -116,7 +119,7 @@ class Inbox:
         self.db = sqlite3.connect(
             path, timeout=busy_timeout_s, isolation_level=None, check_same_thread=False
         )
-        self.db.execute("PRAGMA journal_mode=WAL")  # as SqliteSaver and the ledger set it
+        effects.wal(self.db, busy_timeout_s)  # as the ledger: it waits out a new file's maker
         self.db.execute("PRAGMA synchronous=FULL")  # a committed event survives a power cut
         with self.transaction():
             for statement in SCHEMA:

@@ -29,7 +29,8 @@ Variants, built here from the core's nodes (the core's State and build_graph kno
     --retry-after-ack timeout|parse  start with a LangGraph RetryPolicy on the effect's node, and
                       a line after the answer that fails once: LangGraph runs the node again in
                       the same process (lab 17; see the section below)
-Lab 18's `hooks`: the workflow's endpoint for the receiver's webhooks (see its section below):
+Lab 18's `hooks`: the workflow's endpoint for the receiver's webhooks (see its section below),
+    signed ones only (WEBHOOK_SECRET, the lab's own unless set, as api.py's):
     --mode naive applies every delivery; inbox (the default) applies each event once (inbox.py);
     --move STATUS,... moves --ticket through them; --crash-at after-inbox kills it after its
     commit, before its answer
@@ -56,13 +57,15 @@ if __name__ == "__main__":  # a Ctrl-C while the imports below run: one line, no
     signal.signal(signal.SIGINT, interrupted_while_importing)
 
 import dataclasses
-import http.server
+import hmac
 import json
 import os
 import pathlib
 import signal
+import sqlite3
 import sys
 import threading
+import time
 import urllib.error
 import urllib.parse
 import uuid
@@ -70,9 +73,11 @@ from typing import NotRequired, TypedDict
 
 import effects
 import failpoints
+import httpguard
 import inbox
 import workflow
 from failpoints import fail
+from httpguard import DEFAULT_WEBHOOK_SECRET as LAB_SECRET
 from workflow import EXIT_THREAD, EXIT_USAGE, UserError, emit
 
 MODES = ("naive", "safe", "node-uuid", "ledger")  # ledger: the core's; the others, lessons
@@ -920,17 +925,21 @@ def add_outbox_parser(actions):
 # (default 127.0.0.1; compose sets 0.0.0.0 and the container's address is the one given), for
 # as long as the command runs: it subscribes (POST /webhooks, which delivers what is pending),
 # moves the ticket if asked (POST /progress), and exits once the receiver has answered.
-# --mode naive applies every delivery; inbox (the default) records it in inbox.py's inbox in the
-# same transaction as the ticket's status, ignores an older version, and notifies through the
-# ledger keyed by the event id. --crash-at after-inbox kills it after that commit, before its
-# answer to the sender.
+# --mode naive applies every delivery (but none of a ticket the inbox took: it would set its
+# status back); inbox (the default) records it in inbox.py's inbox in the same transaction as
+# the ticket's status, ignores an older version, and notifies through the ledger keyed by the
+# event id. --crash-at after-inbox kills it after that commit, before its answer to the sender.
+# The endpoint is httpguard's server, and takes only webhooks signed with WEBHOOK_SECRET
+# (check_signed); what it refuses is a 4xx and one line on stdout.
 
 HOOK_MODES = ("naive", "inbox")
 HOOK_POINTS = ("after-inbox",)  # committed, not yet answered: the sender will deliver it again
 HOOK_STATUSES = ("opened", "in_progress", "resolved")  # api.py's STATUSES
 CUSTOMER = "customer@example.com"
-MAX_EVENT_BYTES = 4096  # a webhook's body: an event is a few dozen bytes
 HOOKS_TIMEOUT_S = 60.0  # seconds for the receiver's answer to /webhooks and /progress
+HOOK_CONNECTIONS = 32  # deliveries served at once, a thread each; one more gets a quick 503
+SIGNATURE_TOLERANCE_S = 300  # seconds a webhook's timestamp may be away from our clock (the
+#                             spec's example: 5 minutes); an older one is a replay, refused
 
 
 def hooks(args, settings):
@@ -939,6 +948,10 @@ def hooks(args, settings):
         raise UserError(  # naive commits nothing of its own: the window is the inbox's
             f"--crash-at {args.crash_at} is the inbox's window: drop --mode naive", EXIT_USAGE
         )
+    try:
+        key = httpguard.webhook_key(args.webhook_secret)
+    except ValueError as error:
+        raise UserError(f"WEBHOOK_SECRET: {error}", EXIT_USAGE) from None
     client = settings.client()
     # The receiver answers /webhooks and /progress once its delivery round is over, after one
     # before it (a round tries a silent subscriber 3 times, 2 s each): wait for that, not 5 s.
@@ -954,11 +967,18 @@ def hooks(args, settings):
         inbox.open_inbox(settings.checkpoint_db) as box,
         effects.open_ledger(settings.checkpoint_db) as ledger,
     ):
+        if args.mode == "naive" and inbox_handles(box, args.ticket):
+            raise UserError(
+                f"ticket {args.ticket} is the inbox's (a hooks without --mode naive took its "
+                "events): naive would apply them again and set its status back; drop --mode "
+                "naive, or name another --ticket",
+                EXIT_USAGE,
+            )
         taker = Taker(args.mode, box, ledger, client)
         points = {args.crash_at: "kill"} if args.crash_at else {}
-        handler = type("Hook", (HookHandler,), {"taker": taker, "points": points})
+        handler = type("Hook", (HookHandler,), {"taker": taker, "points": points, "key": key})
         try:
-            server = http.server.HTTPServer((args.listen_host, 0), handler)
+            server = open_endpoint(args.listen_host, handler)
         except OSError as error:
             raise UserError(
                 f"cannot listen on LISTEN_HOST {args.listen_host!r} ({error.strerror or error}); "
@@ -967,10 +987,13 @@ def hooks(args, settings):
             ) from None
         serving = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
         serving.start()
+        delivered, moved = 0, None
         try:
-            sender.call("/webhooks", {"url": hook_url(args.listen_host, server.server_port)})
+            url = hook_url(args.listen_host, server.server_port)
+            delivered += sender.call("/webhooks", {"url": url})["delivered"]
             if args.move:
-                sender.call("/progress", {"ticket_id": args.ticket, "statuses": args.move})
+                moved = sender.call("/progress", {"ticket_id": args.ticket, "statuses": args.move})
+                delivered += moved["delivered"]
         except KeyboardInterrupt:  # Ctrl-C: what got no 2xx waits at the receiver
             again = f"hooks --ticket {args.ticket} takes it"
             if args.mode == "naive":  # and applies it, however often it came
@@ -980,32 +1003,57 @@ def hooks(args, settings):
                 workflow.EXIT_INTERRUPTED,
             ) from None
         finally:
-            server.shutdown()
-            server.server_close()
-        if taker.stopped is not None:
-            raise taker.stopped
-        status, version = box.state(str(args.ticket)) or (None, 0)
+            server.shutdown()  # the accepting loop; a client still sending holds only its
+            server.server_close()  # own daemon thread, which dies with the process
+        with taker.taking:  # a delivery still being applied finishes first
+            if taker.stopped is not None:
+                raise taker.stopped
+            status, version = box.state(str(args.ticket)) or (None, 0)
+            taken = set(taker.taken)
         emit("ticket_status", ticket_id=args.ticket, status=status, version=version)
-    if status is None:  # nothing moved it yet, or --ticket names another ticket
-        print(
-            f"lab.py: no webhook for ticket {args.ticket} yet: --move opened,resolved moves it "
-            "(tickets lists the receiver's)",
-            file=sys.stderr,
+    said = []
+    if moved is not None and not moved["events"]:
+        said.append(f"ticket {args.ticket} has each status of --move already: no event, no message")
+    # One subscriber at a time: what the receiver delivered and this endpoint never took, or
+    # the events of --move that went nowhere pending, another endpoint subscribed after it took.
+    moved_elsewhere = moved and not moved["pending"] and {e["event_id"] for e in moved["events"]}
+    if delivered > len(taken) or (moved_elsewhere and moved_elsewhere - taken):
+        said.append(
+            "the receiver delivered webhooks to another endpoint, subscribed after this one "
+            "(another hooks running?): that one took them"
         )
+    elif status is None:  # nothing moved it yet, or --ticket names another ticket
+        said.append(
+            f"no webhook for ticket {args.ticket} yet: --move opened,resolved moves it "
+            "(tickets lists the receiver's)"
+        )
+    for line in said:
+        print(f"lab.py: {line}", file=sys.stderr)
+
+
+def inbox_handles(box, ticket):
+    """Whether the inbox took an event of ticket (naive never writes an inbox row)."""
+    return box.sql("SELECT 1 FROM inbox WHERE subject = ?", (str(ticket),)).fetchone() is not None
 
 
 class Taker:
-    """What the endpoint does with one valid event, in one mode."""
+    """What the endpoint does with one valid event, in one mode: one event at a time."""
 
     def __init__(self, mode, box, ledger, client):
         self.mode, self.box, self.ledger, self.client = mode, box, ledger, client
         self.stopped = None  # a LedgerError that stopped a notification: the command's exit
+        self.taking = threading.Lock()  # deliveries come on threads of their own
+        self.taken = []  # the event ids of the deliveries answered 2xx
 
     def take(self, event):
         """Apply the event (or not); notify the customer of a resolved ticket."""
         ticket, status, version = event["ticket_id"], event["status"], event["version"]
         shown = {"event_id": event["event_id"], "status": status, "version": version}
         if self.mode == "naive":  # every delivery applies, whatever came before it
+            if inbox_handles(self.box, ticket):  # an event of a ticket the inbox keeps
+                raise httpguard.ClientError(
+                    409, f"ticket {ticket} is the inbox's: --mode naive does not take its events"
+                )
             with self.box.transaction():  # the same status row as the inbox's, overwritten
                 self.box.sql(OVERWRITE, (str(ticket), status, version, event["event_id"]))
             emit("webhook", applied=True, **shown)
@@ -1046,69 +1094,90 @@ def hook_url(host, port):
     return f"http://{host}:{port}/webhook"
 
 
-class HookHandler(http.server.BaseHTTPRequestHandler):
-    """POST /webhook: validate the event before trusting any of it, then take it."""
+def open_endpoint(host, handler):
+    """The endpoint's server, as hardened as the receiver's (httpguard): a thread per
+    delivery, at most HOOK_CONNECTIONS, each with REQUEST_TIMEOUT_S for its whole request."""
+    return httpguard.GuardedServer(
+        (host, 0), handler, httpguard.REQUEST_TIMEOUT_S, HOOK_CONNECTIONS
+    )
 
+
+class HookHandler(httpguard.GuardedHandler):
+    """POST /webhook: a signed event (WEBHOOK_SECRET), checked before any of it is trusted,
+    then taken. What it refuses is a 4xx with a JSON reason, and one line on stdout."""
+
+    routes = {"/webhook": "POST"}
+    log_prefix = "lab.py hooks"
+    unavailable_errors = (sqlite3.Error,)  # the inbox busy: a 503, and the sender retries
     taker = None
     points = {}
+    key = None  # WEBHOOK_SECRET's HMAC key
 
-    def do_POST(self):
-        if self.path != "/webhook":
-            return self.answer(404, {"error": "webhooks are POSTed to /webhook"})
-        try:
-            event = parse_event(self.headers.get("Content-Length"), self.rfile)
-        except ValueError as error:
-            return self.answer(400, {"error": str(error)})
-        try:
-            with failpoints.scoped(self.points):
+    def post(self, path):
+        body = self.read_body()  # a Content-Length of at most 4096 bytes, as the receiver's
+        check_signed(self.key, self.headers, body)  # signed, and recently
+        event = parse_event(body)
+        with self.taker.taking, failpoints.scoped(self.points):
+            try:
                 self.taker.take(event)
-        except inbox.EventConflict as error:
-            return self.answer(409, {"error": str(error)})
-        except effects.LedgerError as error:  # the message may be out: a person settles it
-            self.taker.stopped = error
-            return self.answer(503, {"error": str(error)})
-        except (UserError, urllib.error.HTTPError) as error:  # the message was not sent
-            return self.answer(503, {"error": f"the notification failed: {error}; retry"})
-        return self.answer(200, {"ok": True})
+            except inbox.EventConflict as error:
+                raise httpguard.ClientError(409, str(error)) from None
+            except effects.LedgerError as error:  # the message may be out: a person settles it
+                self.taker.stopped = error
+                return 503, {"error": str(error)}
+            except (UserError, urllib.error.HTTPError) as error:  # the message was not sent
+                return 503, {"error": f"the notification failed: {error}; retry"}
+            self.taker.taken.append(event["event_id"])
+        return 200, {"ok": True}
 
-    def do_GET(self):
-        self.answer(405, {"error": "POST an event to /webhook"}, allow="POST")
-
-    def answer(self, status, body, allow=None):
-        data = json.dumps(body).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        if allow:
-            self.send_header("Allow", allow)
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, *args):  # stdout carries the events; no access log
-        pass
+    def refused(self, error):
+        emit("webhook_refused", status=error.status, error=error.message)
 
 
-def parse_event(length, body):
-    """The event in a webhook's body, checked field by field; ValueError says what is wrong."""
-    if length is None or not length.isdecimal():
-        raise ValueError("a webhook needs a Content-Length")
-    if int(length) > MAX_EVENT_BYTES:
-        raise ValueError(f"a webhook's body is at most {MAX_EVENT_BYTES} bytes")
-    try:
-        event = json.loads(body.read(int(length)))
-    except ValueError:
-        raise ValueError("the body is not JSON") from None
+def check_signed(key, headers, body, now=None, tolerance_s=SIGNATURE_TOLERANCE_S):
+    """The webhook-id of a body whose signature is key's and whose timestamp is within
+    tolerance_s of now; ClientError 400 (headers missing or malformed) or 403 (a signature
+    that does not match: another secret or a changed body; or a timestamp out of the window:
+    a replay of an old delivery) otherwise. Signatures are compared in constant time."""
+    message_id = headers.get("webhook-id")
+    timestamp = headers.get("webhook-timestamp") or ""
+    sent = (headers.get("webhook-signature") or "").split()
+    if not message_id or not sent or not httpguard.DIGITS.fullmatch(timestamp):
+        raise httpguard.ClientError(
+            400, "a webhook is signed: send webhook-id, webhook-timestamp and webhook-signature"
+        )
+    age = (time.time() if now is None else now) - int(timestamp)
+    if abs(age) > tolerance_s:
+        raise httpguard.ClientError(
+            403,
+            f"webhook-timestamp is {abs(age):.0f} s {'old' if age > 0 else 'ahead'}, over "
+            f"{tolerance_s:g} s: a replayed or delayed delivery is refused",
+        )
+    expected = httpguard.signature(key, message_id, timestamp, body).encode()
+    if not any(hmac.compare_digest(expected, each.encode()) for each in sent):
+        raise httpguard.ClientError(
+            403, "webhook-signature does not match: another secret, or a changed body"
+        )
+    return message_id
+
+
+def parse_event(body):
+    """The event in a webhook's body, checked field by field; ClientError(400) says what is
+    wrong (httpguard.parse_json: not UTF-8, not JSON, nested too deeply)."""
     fields = {"event_id", "ticket_id", "status", "version"}
+    event = httpguard.parse_json(body, "an event")
     if not isinstance(event, dict) or set(event) != fields:
-        raise ValueError(f"the body must be an object with exactly {', '.join(sorted(fields))}")
+        raise httpguard.ClientError(
+            400, f"the body must be an object with exactly {', '.join(sorted(fields))}"
+        )
     event_id = event["event_id"]
     if not isinstance(event_id, str) or not 1 <= len(event_id) <= 200 or not event_id.isprintable():
-        raise ValueError("event_id must be a string of 1-200 printable characters")
+        raise httpguard.ClientError(400, "event_id must be a string of 1-200 printable characters")
     for field in ("ticket_id", "version"):
         if type(event[field]) is not int or not 1 <= event[field] <= 2**63 - 1:
-            raise ValueError(f"{field} must be a whole number from 1")
+            raise httpguard.ClientError(400, f"{field} must be a whole number from 1")
     if event["status"] not in HOOK_STATUSES:
-        raise ValueError(f"status must be one of {', '.join(HOOK_STATUSES)}")
+        raise httpguard.ClientError(400, f"status must be one of {', '.join(HOOK_STATUSES)}")
     return event
 
 
@@ -1211,6 +1280,7 @@ def main(argv=None, environ=None):
         return EXIT_USAGE
     parser = build_parser()
     parser.set_defaults(graph_version=version, listen_host=environ.get("LISTEN_HOST", "127.0.0.1"))
+    parser.set_defaults(webhook_secret=environ.get("WEBHOOK_SECRET") or LAB_SECRET)  # hooks
     points = (*POINTS, *SAGA_ACKS, *OUTBOX_POINTS, *HOOK_POINTS)
     return workflow.main(argv, environ, parser=parser, points=points)
 

@@ -79,6 +79,7 @@ from httpguard import (
     ClientError,
     GuardedHandler,
     GuardedServer,
+    parse_json,
 )
 
 TICKETS = """CREATE TABLE IF NOT EXISTS tickets (
@@ -650,15 +651,9 @@ def parse_ticket(body):
 def parse_object(body, example, *fields):
     """The JSON object in body, which must have exactly these fields."""
     try:
-        payload = json.loads(body.decode("utf-8"), object_pairs_hook=unique_names)
-    except UnicodeDecodeError:
-        raise ClientError(400, "body is not valid UTF-8") from None
-    except RecursionError:
-        raise ClientError(400, f"body is nested too deeply; send {example}") from None
+        payload = parse_json(body, example, unique_names, DuplicateName)
     except DuplicateName as error:
         raise ClientError(400, f"body names {error} twice; send it once") from None
-    except ValueError:
-        raise ClientError(400, f"body is not valid JSON; send {example}") from None
     if not isinstance(payload, dict):
         raise ClientError(400, f"body must be a JSON object like {example}")
     if set(payload) != set(fields):

@@ -17,17 +17,29 @@ inbox (the message id UNIQUE, the ticket made in the same transaction that recor
 receiver.TicketStore.keyed), and it answers a redelivery with the first outcome (200, the same
 ticket_id, created false).
 
+One relay at a time delivers an outbox: a round holds the outbox's relay lock, which the
+system drops when its holder dies (a lock on the file CHECKPOINT_DB-relay.lock on SQLite, a
+Postgres advisory lock on the relay's session), so a second relay at the same time sends
+nothing, and the next relay after a kill sends at once. (Not a row lock, FOR UPDATE SKIP
+LOCKED: that lasts only as long as its transaction, and the delivery count must commit before
+the POST leaves. Not a lease in the row: it outlives a killed relay, and the redelivery would
+wait for it.) A row the relay cannot read (its payload not JSON, say) is quarantined: kept,
+marked `quarantined` with the reason, listed by --show, said on stderr, and skipped, so the
+rows after it are still delivered.
+
 What it does not buy: there is no transaction across the two databases. The relay still
 delivers at least once, never exactly once; exactly one effect comes from the receiver keeping
 the message id (for at least as long as a message can wait in the outbox: lab 14). A provider
 you do not own gets the same redelivery: it needs to honour a key, or have a lookup, as before.
 
     python relay.py              deliver what is pending, then again every RELAY_POLL_S, until
-                                 SIGTERM (exit 0) or Ctrl-C (exit 130)
+                                 SIGTERM (exit 0) or Ctrl-C (exit 130); a Postgres that goes
+                                 away is waited for (reconnecting with backoff, as worker.py)
     python relay.py --once       deliver what is pending now and exit: 0, 1 when the receiver
                                  refused a message (a 4xx: kept as refused, not sent again; a
-                                 404 or 405 is a wrong API_URL: the row stays pending), 3 when
-                                 it could not be reached (the rows stay pending)
+                                 404 or 405 is a wrong API_URL: the row stays pending) or one
+                                 was quarantined, 3 when it could not be reached (the rows stay
+                                 pending); 0 and a line when another relay is delivering
     python relay.py --show       list the outbox, oldest first
     --crash-at before-publish    SIGKILL once the delivery is counted, before the POST
     --crash-at after-publish     SIGKILL after the receiver's answer, before the row is marked
@@ -36,20 +48,22 @@ Output is one JSON object per line, keys sorted, as workflow.py's.
 
 Configuration (environment, read in main()):
     API_URL, CHECKPOINT_DB, API_TIMEOUT_S, API_ATTEMPTS   as workflow.py reads them
-    RELAY_POLL_S     1 (seconds between rounds, without --once)
+    RELAY_POLL_S     1 (seconds between the end of a round and the next, without --once)
     FAILPOINTS       "" (all off): before-publish, after-publish (see failpoints.py)
     LAB_TRACE        "" (off): otlp or a file, as workflow.py reads it (tracing.py)
 """
 
+import fcntl
 import json
 import os
+import random
 import signal
 import sqlite3
 import sys
 import threading
 import time
 import urllib.error
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import NamedTuple
 
@@ -62,15 +76,18 @@ from workflow import EXIT_HTTP_ERROR, EXIT_NO_ANSWER, EXIT_USAGE, UserError, emi
 
 POINTS = ("before-publish", "after-publish")  # this program's failpoints
 NOT_REFUSALS = (404, 405, 503)  # no such route (a wrong API_URL), or busy: not the message's fault
-POLL_S = 1.0  # seconds between rounds: the delay a message waits in the outbox, at most
+POLL_S = 1.0  # seconds from the end of one round to the next: a message written meanwhile
+#               waits that long, plus the round it finds in progress
+RECONNECT_FIRST_S, RECONNECT_MAX_S = 0.5, 8.0  # backoff while Postgres is away (as worker.py)
 OUTBOX = """CREATE TABLE IF NOT EXISTS outbox (
     message_id TEXT PRIMARY KEY,  -- the Idempotency-Key the relay sends: one row per message
     destination TEXT NOT NULL,  -- the receiver's route, /tickets
     payload TEXT NOT NULL,  -- the body, canonical JSON
     thread TEXT,  -- the LangGraph thread whose node wrote it
-    state TEXT NOT NULL DEFAULT 'pending',  -- pending, published, refused
+    state TEXT NOT NULL DEFAULT 'pending',  -- pending, published, refused, quarantined
     deliveries INTEGER NOT NULL DEFAULT 0,  -- POSTs started, each counted before it leaves
-    answer TEXT,  -- the receiver's answer (published) or refusal (refused), JSON
+    answer TEXT,  -- the receiver's answer (published), refusal (refused), or why the row
+    --              cannot be read (quarantined), JSON
     created_at REAL NOT NULL,
     published_at REAL
 )"""
@@ -120,12 +137,43 @@ class Outbox:
         return False
 
     def pending(self):
-        """The messages not yet published, oldest first."""
-        return self.listed("WHERE state = 'pending' ")
+        """The messages not yet published, oldest first (a row that cannot be read is left
+        out: relay_once quarantines it)."""
+        return [m for m in map(readable, self.rows("WHERE state = 'pending' ")) if m]
+
+    def quarantine(self, message_id, why):
+        """Mark a row that cannot be read: kept as it is, never sent, listed by --show."""
+        self.settle(message_id, "quarantined", {"error": f"cannot be read: {why}"})
 
     def messages(self):
-        """Every message, oldest first."""
-        return self.listed()
+        """Every message, oldest first (a quarantined row as it is: its payload the text)."""
+        return [message(row, as_text=row["state"] == "quarantined") for row in self.rows()]
+
+    @contextmanager
+    def round(self):
+        """Hold the outbox's relay lock for one round: yields False when another relay holds
+        it. The system drops it when the holder dies: a killed relay's row goes out next."""
+        if isinstance(self.ledger, effects.PostgresLedger):
+            lock = "hashtext('outbox relay')"
+            held = self.ledger.sql(f"SELECT pg_try_advisory_lock({lock}) AS held").fetchone()
+            held = held["held"]  # the ledger's rows are dicts
+            try:
+                yield held
+            finally:
+                if held:
+                    with suppress(Exception):  # a lost session has dropped it already
+                        self.ledger.sql(f"SELECT pg_advisory_unlock({lock})")
+            return
+        fd = os.open(f"{self.ledger.path}-relay.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                yield False
+                return
+            yield True
+        finally:
+            os.close(fd)  # the lock goes with it
 
     def delivering(self, message_id):
         """Count a delivery, committed before its POST leaves: a redelivery shows as 2."""
@@ -156,20 +204,34 @@ class Outbox:
             "SELECT * FROM outbox WHERE message_id = ?", (message_id,)
         ).fetchone()
 
-    def listed(self, where=""):
-        rows = self.ledger.sql(f"SELECT * FROM outbox {where}ORDER BY created_at, message_id")
-        return [
-            Message(
-                row["message_id"],
-                row["destination"],
-                json.loads(row["payload"]),
-                row["thread"],
-                row["state"],
-                row["deliveries"],
-                None if row["answer"] is None else json.loads(row["answer"]),
-            )
-            for row in rows.fetchall()
-        ]
+    def rows(self, where=""):
+        query = f"SELECT * FROM outbox {where}ORDER BY created_at, message_id"
+        return self.ledger.sql(query).fetchall()
+
+
+def readable(row):
+    """message(row), or None when it cannot be read."""
+    try:
+        return message(row)
+    except ValueError:
+        return None
+
+
+def message(row, as_text=False):
+    """A row as a Message; ValueError when its payload or answer is not the JSON we wrote."""
+    payload = row["payload"] if as_text else json.loads(row["payload"])
+    if not as_text and not isinstance(payload, dict):
+        raise ValueError("its payload is not a JSON object")
+    answer = None if row["answer"] is None else json.loads(row["answer"])
+    return Message(
+        row["message_id"],
+        row["destination"],
+        payload,
+        row["thread"],
+        row["state"],
+        row["deliveries"],
+        answer,
+    )
 
 
 @contextmanager
@@ -180,8 +242,27 @@ def open_outbox(target):
 
 
 def relay_once(outbox, client):
-    """Deliver every pending message once: [(message_id, "published" | "refused")]."""
-    return [(m.message_id, deliver(outbox, m, client)) for m in outbox.pending()]
+    """Deliver every pending message once: [(message_id, "published" | "refused")], or None
+    when another relay holds the outbox (it is delivering them)."""
+    with outbox.round() as mine:
+        if not mine:
+            return None
+        done = []
+        for row in outbox.rows("WHERE state = 'pending' "):
+            try:
+                each = message(row)
+            except ValueError as error:  # one bad row must not stop the ones after it
+                outbox.quarantine(row["message_id"], error)
+                print(
+                    f"relay.py: message {row['message_id']!r} quarantined: it cannot be read "
+                    f"({error}); kept in the outbox (--show lists it), never sent",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                done.append((row["message_id"], "quarantined"))
+                continue
+            done.append((each.message_id, deliver(outbox, each, client)))
+        return done
 
 
 def deliver(outbox, message, client):
@@ -207,7 +288,8 @@ def deliver(outbox, message, client):
 
 def serve(outbox, client, poll_s, stopping):
     """Rounds of relay_once until stopping is set; a failed round is one line on stderr and
-    the next round tries again (its rows stayed pending)."""
+    the next round tries again (its rows stayed pending). A lost Postgres session is raised
+    (run_until_stopped reconnects)."""
     while not stopping.is_set():
         try:
             relay_once(outbox, client)
@@ -237,12 +319,23 @@ def main(argv=None, environ=None):
         except tracing.TracingError as error:
             raise UserError(str(error), EXIT_USAGE) from None
         points = {args.crash_at: "kill"} if args.crash_at else {}
+        if not (args.show or args.once):
+            with failpoints.scoped(points):
+                return run_until_stopped(settings.checkpoint_db, settings.client(), poll_s)
         with failpoints.scoped(points), opened(settings.checkpoint_db) as outbox:
             if args.show:
                 emit("outbox", messages=[shown(m) for m in outbox.messages()])
                 return 0
             if args.once:
                 done = relay_once(outbox, settings.client())
+                if done is None:
+                    emit("relayed", pending=len(outbox.pending()), published=0)
+                    print(
+                        "relay.py: another relay is delivering this outbox now (one at a time): "
+                        "this one sent nothing",
+                        file=sys.stderr,
+                    )
+                    return 0
                 published = sum(how == "published" for _, how in done)
                 emit("relayed", pending=len(outbox.pending()), published=published)
                 if not done:  # relay before any outbox start, or everything published
@@ -252,7 +345,6 @@ def main(argv=None, environ=None):
                         file=sys.stderr,
                     )
                 return EXIT_HTTP_ERROR if len(done) > published else 0
-            return run_until_stopped(outbox, settings.client(), poll_s)
     except (UserError, urllib.error.HTTPError) as error:
         print(f"relay.py: {describe(error)}", file=sys.stderr)
         return getattr(error, "exit_code", EXIT_HTTP_ERROR)
@@ -269,12 +361,35 @@ def main(argv=None, environ=None):
 # helpers
 
 
-def run_until_stopped(outbox, client, poll_s):
-    """serve() until SIGTERM (exit 0: the message in flight is finished first)."""
-    stopping = threading.Event()
+def run_until_stopped(checkpoint_db, client, poll_s):
+    """serve() until SIGTERM (exit 0: the message in flight is finished first). A Postgres
+    that goes away (a restart) is reconnected to, with bounded exponential backoff and jitter,
+    as worker.py does; the first open failing is the command's error."""
+    stopping, began, lost = threading.Event(), False, None
     previous = signal.signal(signal.SIGTERM, lambda *_: stopping.set())
     try:
-        serve(outbox, client, poll_s, stopping)
+        delay = RECONNECT_FIRST_S
+        while not stopping.is_set():
+            try:
+                with opened(checkpoint_db) as outbox:
+                    if lost is not None:
+                        back = f"CHECKPOINT_DB is back after {time.monotonic() - lost:.1f} s"
+                        print(f"relay.py: {back}", file=sys.stderr, flush=True)
+                        lost, delay = None, RECONNECT_FIRST_S
+                    began = True
+                    serve(outbox, client, poll_s, stopping)
+            except UserError as error:  # opened(): Postgres is away (or was, mid-round)
+                if not began or error.exit_code != EXIT_NO_ANSWER:
+                    raise
+                if lost is None:
+                    lost = time.monotonic()
+                    print(
+                        f"relay.py: lost the database ({error}); reconnecting",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+                stopping.wait(delay * random.uniform(0.5, 1.0))
+                delay = min(delay * 2, RECONNECT_MAX_S)
     finally:
         signal.signal(signal.SIGTERM, previous)
     return 0

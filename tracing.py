@@ -20,10 +20,17 @@ what joins the two attempts and the receiver's one ticket is the attribute idemp
                                  receiver and the ledger need nothing but the standard library
     LAB_TRACE=otlp               spans sent by OTLP over HTTP to OTEL_EXPORTER_OTLP_ENDPOINT
                                  (the exporter's own variable; default http://localhost:4318),
-                                 in batches, every 5 s (OTEL_BSP_SCHEDULE_DELAY, in ms)
+                                 in batches, every 5 s (OTEL_BSP_SCHEDULE_DELAY, in ms), each
+                                 export given OTLP_TIMEOUT_S (1 s) unless
+                                 OTEL_EXPORTER_OTLP_TIMEOUT says otherwise: the exporter's own
+                                 10 s, spent retrying a collector that is not there, made every
+                                 command ~7 s slower
     LAB_TRACE=PATH               each span appended to the file PATH as one JSON line, as it ends
                                  (a path with a / or ending in .jsonl: any other value, 1 or
                                  true, is a usage error, not a file of that name)
+
+Tracing never stops or slows a run for long: spans that cannot be exported are lost, with one
+line on stderr (a trace file that cannot be written: once per process).
 
 A span is exported when it ends. A process killed (SIGKILL) inside a span never ends it, so that
 span is in no file and no backend: when `workflow.py start` is killed after the answer, its `run`
@@ -34,9 +41,12 @@ loses the ended spans of the batch not sent yet.
 import contextlib
 import functools
 import os
+import sys
 from urllib.parse import parse_qs
 
 KEY = "idempotency.key"  # the attribute every span of an effect carries: what joins them
+OTLP_TIMEOUT_S = 1.0  # seconds for one OTLP export, retries included, unless the exporter's
+#                       variables set it: a collector on loopback answers in milliseconds
 TRACER = None  # None: tracing is off; start() or use() sets it
 PROVIDER = None
 
@@ -64,7 +74,9 @@ def start(setting, service):
     if setting == "otlp":
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
-        return use(OTLPSpanExporter(), service, batch=True)
+        named = any(os.environ.get(f"OTEL_EXPORTER_OTLP{s}_TIMEOUT") for s in ("", "_TRACES"))
+        exporter = OTLPSpanExporter(timeout=None if named else OTLP_TIMEOUT_S)
+        return use(exporter, service, batch=True)
     try:
         return use(JsonLines(setting), service)
     except OSError as error:
@@ -200,13 +212,25 @@ class JsonLines:
     interleave two lines."""
 
     def __init__(self, path):
+        self.path, self.failed = path, False
         self.fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
 
     def export(self, spans):
         from opentelemetry.sdk.trace.export import SpanExportResult
 
-        for span in spans:
-            os.write(self.fd, (span.to_json(indent=None) + "\n").encode())
+        try:
+            for span in spans:
+                os.write(self.fd, (span.to_json(indent=None) + "\n").encode())
+        except OSError as error:  # a full disk: the run goes on, its spans are lost
+            if not self.failed:
+                self.failed = True
+                print(
+                    f"tracing: LAB_TRACE={self.path!r} cannot be written ({error.strerror}); "
+                    "this process's spans are lost, the run goes on",
+                    file=sys.stderr,
+                    flush=True,
+                )
+            return SpanExportResult.FAILURE
         return SpanExportResult.SUCCESS
 
     def force_flush(self, timeout_millis=None):

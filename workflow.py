@@ -775,7 +775,9 @@ OUR_TABLES |= {"inbox", "inbox_subjects", "outbox"}
 
 def require_checkpoint_file(path):
     """Refuse, before SqliteSaver writes a byte (its setup switches the file to WAL and adds its
-    tables), a file that holds tables of another program: the receiver's, or anyone's."""
+    tables), a file that holds tables of another program: the receiver's, or anyone's, and a
+    table with one of our names whose columns are not ours (`effects` is a common name). The
+    file is read on a read-only connection (mode=ro): the check itself writes nothing."""
     if not path.is_file() or path.stat().st_size == 0:
         return  # a new file: SqliteSaver makes it
     conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
@@ -783,15 +785,37 @@ def require_checkpoint_file(path):
         tables = {
             row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")
         }
+        # At least the columns each of our tables was made with: ours may gain more (a
+        # migration adds them on open), another program's table of that name lacks some.
+        unlike = sorted(
+            table
+            for table, columns in OUR_COLUMNS.items()
+            if table in tables
+            and not columns <= {row[1] for row in conn.execute(f'PRAGMA table_info("{table}")')}
+        )
     finally:
         conn.close()
-    if foreign := sorted(t for t in tables - OUR_TABLES if not t.startswith("sqlite_")):
+    foreign = sorted(t for t in tables - OUR_TABLES if not t.startswith("sqlite_")) + unlike
+    if foreign:
         raise UserError(
             f"CHECKPOINT_DB {str(path)!r} holds tables that are not LangGraph's checkpoints "
             f"({', '.join(foreign)}): another program's database; nothing was written to it. "
             "Point CHECKPOINT_DB at a file of its own",
             EXIT_USAGE,
         )
+
+
+OUR_COLUMNS = {  # columns each of OUR_TABLES has had from the start (a subset, not the set)
+    "checkpoints": {"thread_id", "checkpoint_ns", "checkpoint_id", "checkpoint", "metadata"},
+    "writes": {"thread_id", "checkpoint_ns", "checkpoint_id", "task_id", "idx", "channel"},
+    # (SqliteSaver.setup's CREATE TABLEs, langgraph/checkpoint/sqlite/__init__.py)
+    "effects": {"key", "effect", "request", "request_hash", "state"},
+    "effect_transitions": {"key", "from_state", "to_state"},
+    "effect_receipts": {"key", "external_id", "answer", "request_hash"},
+    "inbox": {"event_id", "subject", "version", "status", "applied"},
+    "inbox_subjects": {"subject", "status", "version", "event_id"},
+    "outbox": {"message_id", "destination", "payload", "state", "deliveries"},
+}
 
 
 def is_postgres(checkpoint_db):
@@ -888,7 +912,36 @@ def number(environ, name, default, kind):
 
 class Parser(argparse.ArgumentParser):
     def error(self, message):  # one line, not a usage dump
-        self.exit(EXIT_USAGE, f"{self.prog}: {message} (see --help)\n")
+        self.exit(
+            EXIT_USAGE, f"{self.prog}: {message}{where_it_goes(self, message)} (see --help)\n"
+        )
+
+
+def where_it_goes(parser, message):
+    """For "unrecognized arguments": the commands that do take the switch given (a switch of
+    `hooks` typed on `start`), or that a split JSON value wants quotes; else ""."""
+    words = message.removeprefix("unrecognized arguments: ").split()
+    if not message.startswith("unrecognized arguments: "):
+        return ""
+    if any(w.startswith(("{", "[")) or w.endswith(("}", "]")) for w in words):
+        return '; the shell split a JSON value at its spaces: quote it, like \'{"title": "t"}\''
+    said = []
+    for switch in (w.split("=")[0] for w in words if w.startswith("--")):
+        names = [name for name, sub in commands(parser) if switch in sub._option_string_actions]
+        shown = names[:3] + ([f"{len(names) - 3} more"] if len(names) > 3 else [])
+        if shown:
+            listed = shown[0] if len(shown) == 1 else f"{', '.join(shown[:-1])} and {shown[-1]}"
+            said.append(f"{switch} is an option of {listed}")
+    return f"; {'; '.join(said)}" if said else ""
+
+
+def commands(parser, prefix=""):
+    """(name, parser) of every subcommand under parser, nested ones as "outbox start" (read
+    from argparse's own records of them: _subparsers, _option_string_actions)."""
+    for action in parser._subparsers._group_actions if parser._subparsers else ():
+        for name, sub in getattr(action, "choices", {}).items():
+            yield f"{prefix}{name}", sub
+            yield from commands(sub, f"{prefix}{name} ")
 
 
 def build_parser(prog="workflow.py"):

@@ -65,6 +65,8 @@ def main(argv=None):
 
 class Parser(argparse.ArgumentParser):
     def error(self, message):  # one line, not a usage dump
+        if message.startswith("unrecognized arguments: ") and "}" in message:  # split JSON
+            message += '; quote a JSON value for the shell: --input \'{"thread": "{thread}"}\''
         self.exit(EXIT_USAGE, f"effectdrill: {message} (see --help)\n")
 
 

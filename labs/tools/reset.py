@@ -2,7 +2,9 @@
 
 Docker: `down -v --remove-orphans` of the project the guides name. Natively: the receiver the
 README's native `up` started (its pid in data/receiver.pid, and only if that process runs this
-folder's api.py), lab 10's workers and Postgres tool (their pid files), then data/.
+folder's api.py), any other receiver of this folder that serves data/ (a second `up` that could
+not listen overwrote the pid file with its own, dead, pid), lab 10's workers and Postgres tool
+(their pid files), then data/: never while a receiver still serves it.
 """
 
 import os
@@ -52,11 +54,50 @@ def reset():
         return 1
     if said:
         print(said)
+    try:
+        for said in stop_receivers_serving(ROOT / "data"):
+            print(said)
+    except TimeoutError as error:
+        print(f"reset: native: {error}; data/ left in place", file=sys.stderr)
+        return 1
     native_workers.stop(ROOT / "data")  # lab 10 natively: its workers and its Postgres, by pid
     if (ROOT / "data").exists():
         shutil.rmtree(ROOT / "data")
         print("native: data/ deleted")
     return 0
+
+
+def stop_receivers_serving(data):
+    """Stop every running api.py of this folder whose RECEIVER_DB lies in data (the pid file
+    names one receiver at most, and a second `up` that could not listen left its own dead pid
+    there): what was done, a line each."""
+    listed = run(["ps", "-A", "-o", "pid=,command="], timeout=10).stdout
+    pids = [int(line.split(None, 1)[0]) for line in listed.splitlines() if "api.py" in line]
+    for pid in pids:
+        if pid != os.getpid() and is_this_labs_receiver(pid) and serves(pid, data):
+            os.kill(pid, signal.SIGTERM)
+            gone = lambda pid=pid: not is_this_labs_receiver(pid)  # noqa: E731 (a zombie is gone)
+            wait_until(gone, 10, f"the receiver (pid {pid}) stopping")
+            yield f"native: receiver (pid {pid}) stopped: it served data/ (not in {PID_FILE})"
+
+
+def serves(pid, data):
+    """Whether receiver pid keeps its database in data: its RECEIVER_DB (receiver.py's
+    default when unset) from its environment, against its working folder. A receiver whose
+    environment or folder cannot be read (another user's; no /proc) is taken to serve it."""
+    try:
+        environ = dict(
+            item.split("=", 1)
+            for item in Path(f"/proc/{pid}/environ").read_text(errors="replace").split("\0")
+            if "=" in item
+        )
+    except OSError:
+        return True
+    cwd = process_cwd(pid)
+    db = Path(environ.get("RECEIVER_DB", "data/receiver/receiver.sqlite"))
+    if cwd is None:
+        return True
+    return (cwd / db).resolve().is_relative_to(data.resolve())
 
 
 # helpers

@@ -571,6 +571,14 @@ def refund_key_reused(server):
     return refund(server, a_ticket(server), key)
 
 
+def progress_key_reused(server):
+    key, ticket_id = [("Idempotency-Key", fresh_key())], a_ticket(server)
+    request(server, "POST", "/progress", {"ticket_id": ticket_id, "statuses": ["opened"]}, key)
+    return request(
+        server, "POST", "/progress", {"ticket_id": ticket_id, "statuses": ["resolved"]}, key
+    )
+
+
 def on_a_receiver_of_its_own(provoke):
     """provoke(receiver) on a fresh receiver: the module's may have no seats left by then."""
 
@@ -831,6 +839,7 @@ ANSWERS = {  # (path, method, status) documented in openapi.yaml -> a request th
         lambda s: exchange(s, post_bytes(b"{", target=b"/progress")),
         lambda s: request(s, "POST", "/progress", {"ticket_id": 1, "statuses": ["closed"]}),
     ),
+    ("/progress", "post", "409"): lambda s: progress_key_reused(s),
     ("/progress", "post", "404"): lambda s: request(
         s, "POST", "/progress", {"ticket_id": 2**62, "statuses": ["opened"]}
     ),

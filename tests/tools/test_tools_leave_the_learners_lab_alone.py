@@ -204,18 +204,36 @@ def test_make_reset_leaves_a_stranger_with_the_pid_alone(tmp_path, stranger):
     assert not (repo / "data").exists()
 
 
-def test_make_reset_says_when_the_pid_file_names_a_process_that_has_exited(tmp_path):
-    """A receiver started twice: the second could not listen and exited, and its pid is the one
-    the file keeps. make reset says that pid is not running (not that it is a stranger)."""
+def test_make_reset_stops_the_live_receiver_a_failed_second_up_hid(tmp_path):
+    """A receiver started twice (lab 19 without lab 18's reset): the second could not listen
+    and exited, and its pid is the one the file keeps. make reset says that pid is not running,
+    and still stops the first, which serves data/, before it deletes data/; a receiver of the
+    same folder serving another folder's data is left alone."""
     repo, env = reset_copy(tmp_path)
-    proc = subprocess.Popen([sys.executable, "-c", "pass"])
-    proc.wait()  # reaped: its pid names no process now
-    (repo / "data").mkdir()
-    (repo / "data" / "receiver.pid").write_text(f"{proc.pid}\n")
-    assert make_reset(repo, env) == [
-        f"native: data/receiver.pid names pid {proc.pid}, which is not running: nothing to stop",
-        "native: data/ deleted",
-    ]
+    first_env = lab_env(repo / "data", free_port())
+    first = ReceiverProcess(first_env, tmp_path / "first.log", script=repo / "api.py").start()
+    elsewhere = ReceiverProcess(  # a test's receiver: this folder's api.py, its data in tmp
+        lab_env(tmp_path / "elsewhere", free_port()), script=repo / "api.py"
+    ).start()
+    second = subprocess.Popen(
+        [sys.executable, str(repo / "api.py")], env=first_env, cwd=repo, stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    _, err = second.communicate(timeout=60)  # exited and reaped: its pid names no process
+    assert second.returncode == 3 and "Address already in use" in err
+    (repo / "data" / "receiver.pid").write_text(f"{second.pid}\n")  # as `echo $!` left it
+    try:
+        assert make_reset(repo, env) == [
+            f"native: data/receiver.pid names pid {second.pid}, which is not running: "
+            "nothing to stop",
+            f"native: receiver (pid {first.proc.pid}) stopped: it served data/ (not in "
+            "data/receiver.pid)",
+            "native: data/ deleted",
+        ]
+        assert first.proc.wait(10) == 0 and elsewhere.running
+    finally:
+        first.stop()
+        elsewhere.stop()
 
 
 def receiver_answers(url):

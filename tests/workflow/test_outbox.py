@@ -7,10 +7,13 @@ already, so a child starts in milliseconds), SIGKILLed by its failpoint, so no f
 atexit of the dying process writes anything. The rest runs in this process.
 """
 
+import contextlib
+import hashlib
 import json
 import os
 import re
 import signal
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -168,11 +171,43 @@ def test_the_relay_says_in_one_line_what_is_wrong(lab, tmp_path, capsys):
     assert capsys.readouterr().err.startswith("relay.py: FAILPOINTS: unknown point 'after-ack'")
 
 
-def test_two_relays_at_once_send_one_message_twice_and_the_receiver_makes_one_ticket(
-    env, receiver, tmp_path, capsys
+FOREIGN = {  # another program's tables with our names (REVIEW F9)
+    "effects": "CREATE TABLE effects (id INTEGER PRIMARY KEY, name TEXT)",
+    "outbox": "CREATE TABLE outbox (id INTEGER PRIMARY KEY, body TEXT, sent INTEGER)",
+    "inbox": "CREATE TABLE inbox (id INTEGER PRIMARY KEY, sender TEXT, text TEXT)",
+}
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize("table", FOREIGN)
+def test_a_foreign_table_with_our_name_is_refused_and_nothing_is_written(
+    lab, tmp_path, capsys, table
 ):
-    """The guide's "two relays may both send one message": the first held between the
-    receiver's answer and its mark (a pause failpoint), the second delivers it meanwhile."""
+    """lab.py start, hooks and relay.py on another program's file that has a table named like
+    one of ours: one line and exit 2, the file's bytes as they were, and no -wal beside it."""
+    path = tmp_path / "theirs.sqlite"
+    with contextlib.closing(sqlite3.connect(path)) as db, db:
+        db.execute(FOREIGN[table])
+    before = hashlib.sha256(path.read_bytes()).hexdigest()
+    env = {**lab, "CHECKPOINT_DB": str(path), "API_URL": "http://127.0.0.1:9"}
+    for main, argv in [
+        (lab_main, ["start", "--thread", "t"]),
+        (lab_main, ["hooks", "--ticket", "1"]),
+        (relay.main, ["--once"]),
+    ]:
+        assert main(argv, env) == 2, argv
+        (line,) = capsys.readouterr().err.splitlines()
+        assert f"({table}): another program's database; nothing was written to it" in line
+    assert hashlib.sha256(path.read_bytes()).hexdigest() == before
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("theirs")) == [
+        "theirs.sqlite"
+    ]
+
+
+def test_two_relays_at_once_never_both_send_a_message(env, receiver, tmp_path, capsys):
+    """REVIEW B: two relays at once sent 19-20 of 20 messages twice. The first is held between
+    the receiver's answer and its mark (a pause failpoint), inside its round; the second finds
+    the outbox's relay lock held and sends nothing."""
     typed(["outbox", "start", "--thread", "t", "--operation", OPERATION], env)
     held = tmp_path / "held"
     holding = {**env, "FAILPOINTS": f"after-publish=pause({held})"}
@@ -183,7 +218,9 @@ def test_two_relays_at_once_send_one_message_twice_and_the_receiver_makes_one_ti
     try:
         wait_until(held.exists, 60, "the first relay between the answer and its mark")
         assert relay.main(["--once"], env) == 0  # the second: the row is still pending
-        (second, _) = events(capsys.readouterr().out)
+        out, err = capsys.readouterr()
+        assert out == relayed(0, pending=1) + "\n"
+        assert err.startswith("relay.py: another relay is delivering this outbox now")
         failpoints.unpause(held)
         out, err = first.communicate(timeout=60)
     finally:
@@ -191,20 +228,44 @@ def test_two_relays_at_once_send_one_message_twice_and_the_receiver_makes_one_ti
             first.kill()
     assert first.returncode == 0, err
     assert [e.get("created") for e in events(out)] == [True, None]  # answered, then relayed
-    assert (second["event"], second["created"]) == ("answered", False)
     (ticket,) = tickets(receiver)
-    assert posts(tmp_path) == [OPERATION, OPERATION] and replays(tmp_path) == [OPERATION]
+    assert posts(tmp_path) == [OPERATION] and replays(tmp_path) == []
     (row,) = shown(env)
-    assert (row["state"], row["deliveries"]) == ("published", 2)
-    assert row["answer"] == {"created": False, "ticket_id": ticket["ticket_id"]}  # the first mark
+    assert (row["state"], row["deliveries"]) == ("published", 1)
+
+
+@pytest.mark.fast
+def test_a_row_the_relay_cannot_read_is_quarantined_and_the_rest_go_on(lab, receiver, capsys):
+    """REVIEW F8: a payload that is not JSON killed --once with a traceback and the relay loop
+    for good. It is kept, marked, listed, said once, and never sent; the row after it is."""
+    put(lab, "m-0", {"title": "first"})
+    with contextlib.closing(sqlite3.connect(lab["CHECKPOINT_DB"])) as db, db:
+        db.execute(
+            "INSERT INTO outbox (message_id, destination, payload, created_at) "
+            "VALUES ('garbled', '/tickets', '{x', 1)"  # oldest: first in line
+        )
+    put(lab, "m-2", {"title": "after"})
+    assert relay.main(["--once"], lab) == 1  # not all delivered
+    out, err = capsys.readouterr()
+    assert [e["event"] for e in events(out)] == ["answered", "answered", "relayed"]
+    (line,) = err.splitlines()
+    assert line.startswith("relay.py: message 'garbled' quarantined: it cannot be read (")
+    assert [t["key"] for t in tickets(receiver)] == ["m-0", "m-2"]
+    assert relay.main(["--once"], lab) == 0  # not tried again
+    capsys.readouterr()
+    garbled = next(m for m in shown(lab) if m["message_id"] == "garbled")
+    assert (garbled["state"], garbled["payload"]) == ("quarantined", "{x")
+    assert garbled["answer"]["error"].startswith("cannot be read: ")
 
 
 def test_the_relay_service_delivers_until_sigterm_and_waits_out_a_receiver_gone(
-    lab, receiver, tmp_path
+    env, receiver, tmp_path, request
 ):
     """`python relay.py` (compose's relay service): a round every RELAY_POLL_S; a receiver
-    that is down is a line on stderr and a later round; SIGTERM ends it with exit 0."""
-    env = {**lab, "RELAY_POLL_S": "0.05", "API_ATTEMPTS": "1"}
+    that is down is a line on stderr and a later round; on Postgres, a restart of the database
+    (REVIEW F8: the loop died, exit 3) is waited out; SIGTERM ends it with exit 0."""
+    env = {**env, "RELAY_POLL_S": "0.05", "API_ATTEMPTS": "1"}
+    postgres = env["CHECKPOINT_DB"].startswith("postgresql://")
     err = tmp_path / "relay.err"
     receiver.stop()
     with open(err, "w") as stderr:
@@ -217,6 +278,11 @@ def test_the_relay_service_delivers_until_sigterm_and_waits_out_a_receiver_gone(
         wait_until(lambda: "cannot reach the receiver" in err.read_text(), 60, "a failed round")
         receiver.start()
         wait_until(lambda: len(tickets(receiver)) == 1, 60, "the pending message delivered")
+        if postgres:  # killed as a crash would, then back on the same port
+            cluster = request.getfixturevalue("postgres")
+            cluster.halt()
+            wait_until(lambda: "reconnecting" in err.read_text(), 60, "the relay losing it")
+            cluster.start_server()
         typed(["outbox", "start", "--thread", "up", "--operation", "m-up"], env)
         wait_until(lambda: len(tickets(receiver)) == 2, 60, "the next message delivered")
         service.send_signal(signal.SIGTERM)
@@ -225,9 +291,13 @@ def test_the_relay_service_delivers_until_sigterm_and_waits_out_a_receiver_gone(
         if service.poll() is None:
             service.kill()
     assert service.returncode == 0
-    assert [e["message_id"] for e in events(out)] == ["m-gone", "m-up"]
+    # (a restart may lose the relay's last mark, synchronous_commit=off in the test cluster:
+    # then m-gone goes again, and the receiver's key answers it with the same ticket)
+    answered = [e["message_id"] for e in events(out)]
+    assert answered == ["m-gone", "m-up"] or (postgres and answered == ["m-gone", "m-gone", "m-up"])
     assert [t["key"] for t in tickets(receiver)] == ["m-gone", "m-up"]
     assert [m["state"] for m in shown(env)] == ["published", "published"]
+    assert ("CHECKPOINT_DB is back after" in err.read_text()) is postgres
 
 
 # helpers

@@ -286,3 +286,33 @@ def test_a_trace_setting_that_is_neither_otlp_nor_a_file_is_a_usage_error(
     (line,) = capsys.readouterr().err.splitlines()
     assert line.startswith(f"workflow.py: LAB_TRACE={setting!r} is neither otlp nor a file")
     assert list(tmp_path.iterdir()) == [] and tracing.TRACER is None
+
+
+@pytest.mark.fast
+def test_a_full_disk_under_the_trace_file_is_one_line_and_the_run_goes_on(lab, receiver, capsys):
+    """/dev/full: every write fails with ENOSPC. The command makes its ticket and says once that
+    its spans are lost (the SDK would log a traceback for each span)."""
+    env = {**lab, "LAB_TRACE": "/dev/full"}
+    try:
+        assert workflow.main(["post", "--operation", OPERATION], env) == 0
+    finally:
+        tracing.stop()
+    assert capsys.readouterr().err.splitlines() == [
+        "tracing: LAB_TRACE='/dev/full' cannot be written (No space left on device); this "
+        "process's spans are lost, the run goes on"
+    ]
+
+
+@pytest.mark.fast
+def test_otlp_to_a_collector_that_is_not_there_costs_one_bounded_try(monkeypatch, caplog):
+    """A closed port: the exporter retries with backoff (1, 2, 4 s) until its timeout, 10 s by
+    default, which held every traced command ~7 s at its exit. With OTLP_TIMEOUT_S it tries
+    once more at most."""
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:9")  # nothing listens
+    monkeypatch.delenv("OTEL_EXPORTER_OTLP_TIMEOUT", raising=False)
+    tracing.start("otlp", "test")
+    with tracing.run("t"):
+        pass
+    tracing.stop()  # the batch's export, as at a command's exit
+    retries = [r for r in caplog.records if "retrying in" in r.getMessage()]
+    assert len(retries) <= 1, [r.getMessage() for r in retries]
