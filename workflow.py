@@ -653,9 +653,12 @@ class TicketClient:
         while True:
             try:
                 return self.send(path, payload, key)
-            except Unreachable:
+            except Unreachable as error:
                 refused += 1
-                if refused >= self.attempts:
+                # A name that does not resolve (Compose's DNS knows no stopped service) costs a
+                # lookup per try: one more try covers a restart, not four lookups of a gone host.
+                unnamed = isinstance(getattr(error.__cause__, "reason", None), socket.gaierror)
+                if refused >= (min(self.attempts, UNRESOLVED_TRIES) if unnamed else self.attempts):
                     raise
             except urllib.error.HTTPError as error:  # 503: busy, the transaction rolled back
                 busy += 1
@@ -705,6 +708,7 @@ class TicketClient:
 
 
 NEVER_CONNECTED = (ConnectionRefusedError, socket.gaierror)  # no connection: nothing was sent
+UNRESOLVED_TRIES = 2  # tries of a host name that does not resolve (each lookup can take 1 s)
 
 
 def adopt(found):
