@@ -178,15 +178,31 @@ class Operation:
     mode: str
     tickets: list = field(default_factory=list)
     notes: list = field(default_factory=list)
+    threads: set = field(default_factory=set)  # a tool's: the titles of the tickets it made
+    found: bool = False  # a drill's: it exited 1 (an effect repeated or went missing)
+
+    @property
+    def duplicated(self):
+        return self.found if self.mode == TOOL else len(self.tickets) > 1
 
     def verdict(self, name):
         count = len(self.tickets)
+        if self.mode == TOOL:  # its own threads, summed in one line
+            said = []
+            if count:
+                threads = len(self.threads)
+                said.append(
+                    f"{count} ticket{'' if count == 1 else 's'} on its own {threads} "
+                    f"thread{'' if threads == 1 else 's'}"
+                )
+            return f"{name}: " + ", ".join(said + self.notes or ["nothing to count"])
         line = f"{name}: {count} ticket{'' if count == 1 else 's'}"
         if count > 1:
             line += " for one operation (duplicate)"
         return ", ".join([line, *self.notes])
 
 
+TOOL = "tool"  # a drill's or another tool's command: its tickets are its own, not an operation's
 ASK = ":approval"  # an operation's ask for approval (lab.py's ask_approval) is keyed OP:approval
 
 
@@ -217,6 +233,12 @@ class Ledger:
         service, words = words[1], words[2:]
         if service == "worker":
             return self.worker(words)
+        if service not in ("workflow", "worker"):  # the drill, or a command of its own
+            name = tool_name(service, words)
+            if name in self.operations:
+                name += f" #{sum(n.startswith(name) for n in self.operations) + 1}"
+            self.declare(name, TOOL)
+            return service, name
         if service != "workflow" or words[0] not in EFFECTS:
             return None
         try:
@@ -248,7 +270,8 @@ class Ledger:
         if thread is not None:
             self.threads[thread] = name
 
-    def record(self, action, name, stdout, tickets):
+    def record(self, action, name, stdout, tickets, exit_code=0):
+        tool = name is not None and self.operations[name].mode == TOOL
         events = [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
         named = {}  # ticket_id -> operation, as the command's own output says
         for event in events:
@@ -267,6 +290,10 @@ class Ledger:
             if key != asking and asking in self.operations:  # lab 07's ask: not its ticket
                 self.operations[asking].notes.append("asked for approval once")
                 continue
+            if tool and key not in self.operations:  # the drill's own runs: its threads
+                self.operations[name].tickets.append(ticket["ticket_id"])
+                self.operations[name].threads.add(ticket.get("payload", {}).get("title"))
+                continue
             owner = (
                 key
                 if key in self.operations
@@ -274,6 +301,9 @@ class Ledger:
             )
             self.operations.setdefault(owner, Operation("?")).tickets.append(ticket["ticket_id"])
         if name is None:
+            return
+        if tool:
+            self.tool_said(self.operations[name], stdout, exit_code)
             return
         op = self.operations.setdefault(name, Operation("?"))
         notes = []
@@ -291,6 +321,31 @@ class Ledger:
         if action == "resume" and [e["event"] for e in events] == ["done"]:
             notes.append("resume redid nothing")
         op.notes += [n for n in notes if n not in op.notes]
+
+    @staticmethod
+    def tool_said(op, stdout, exit_code):
+        """A drill's verdict is its own summary line (effectdrill: `summary: ...`); exit 1 says
+        it found an effect that repeated or went missing."""
+        op.found = op.found or exit_code == 1
+        summary = [line for line in stdout.splitlines() if line.startswith("summary: ")]
+        if summary:
+            op.notes.append("the drill says: " + summary[-1].removeprefix("summary: "))
+        elif exit_code:
+            op.notes.append(f"exit {exit_code}")
+
+
+def tool_name(service, words):
+    """`drill GRAPH --input '{..."mode": "naive"}' --durability exit` -> 'drill GRAPH naive,
+    durability exit': what tells one drill of a guide from the next."""
+    name = " ".join([service, *words[: 2 if words[:1] == ["replay"] else 1]])
+    try:
+        mode = json.loads(option(words, "--input", "{}")).get("mode")
+    except (ValueError, AttributeError):
+        mode = None
+    extra = [mode] if mode else []
+    if option(words, "--durability"):
+        extra.append(f"durability {option(words, '--durability')}")
+    return name + (f" ({', '.join(extra)})" if extra else "")
 
 
 def option(words, name, default=None):
@@ -375,7 +430,7 @@ class Demo:
             for line in step.expected + ([f"[exit {step.exit_code}]"] if step.exit_code else []):
                 print(f"     {line}")
         if effect:
-            ledger.record(*effect, result.stdout, self.backend.tickets())
+            ledger.record(*effect, result.stdout, self.backend.tickets(), result.exit_code)
         self.count(step.command, result)
 
     def count(self, command, result):
@@ -402,7 +457,7 @@ class Demo:
         print("\n" + s.bold("Verdict, counted on the receiver"))
         for name, op in ledger.operations.items():
             line = op.verdict(name)
-            print("  " + (s.bad(line) if len(op.tickets) > 1 else s.good(line)))
+            print("  " + (s.bad(line) if op.duplicated else s.good(line)))
             self.operations.append(op)
         if not ledger.operations:
             print("  no operation made a ticket")
@@ -412,9 +467,11 @@ class Demo:
         modes = {}
         for op in self.operations:
             total, duplicated = modes.get(op.mode, (0, 0))
-            modes[op.mode] = (total + 1, duplicated + (len(op.tickets) > 1))
+            modes[op.mode] = (total + 1, duplicated + op.duplicated)
         shown = "; ".join(
-            f"{mode}: {dup} of {total} operation{'' if total == 1 else 's'} duplicated"
+            f"{dup} of {total} drill{'' if total == 1 else 's'} found an effect repeated or lost"
+            if mode == TOOL
+            else f"{mode}: {dup} of {total} operation{'' if total == 1 else 's'} duplicated"
             for mode, (total, dup) in modes.items()
         )
         print("\n" + s.bold(f"What the labs showed: {shown or 'no operation made a ticket'}"))

@@ -172,6 +172,42 @@ DEMO_VERDICTS = {
         "What the labs showed: ledger: 0 of 5 operations duplicated; "
         "naive: 1 of 1 operation duplicated; safe: 0 of 1 operation duplicated",
     ),
+    "11": (
+        [  # each drill's tickets are its own crash runs', summed; its summary is its verdict
+            "drill labs.graphs.ticket:graph (naive): 9 tickets on its own 8 threads, the drill "
+            "says: 7 crash points, 1 duplicate (ticket), 0 missing, 0 failed resumes, clean run ok",
+            "drill labs.graphs.ticket:graph (safe): 8 tickets on its own 8 threads, the drill "
+            "says: 7 crash points, 0 duplicate, 0 missing, 0 failed resumes, clean run ok",
+            "drill labs.graphs.ticket:graph (naive, durability exit): 3 tickets on its own 2 "
+            "threads, the drill says: 1 crash point, 1 duplicate (ticket), 0 missing, 0 failed "
+            "resumes, clean run ok",
+            "drill labs.graphs.ticket:graph (node-uuid): 9 tickets on its own 8 threads, the drill "
+            "says: 7 crash points, 1 duplicate (POST /tickets), 0 missing, 0 failed resumes, "
+            "clean run ok",
+            "drill labs.graphs.shop:graph: the drill says: 9 crash points, 1 duplicate (charge), "
+            "0 missing, 0 failed resumes, clean run ok",
+            "drill labs.graphs.approval:graph: exit 2",
+            "drill labs.graphs.approval:graph #2: the drill says: 10 crash points, 3 duplicate "
+            "(request), 0 missing, 0 failed resumes, the clean run repeated request "
+            "(request_refund re-ran it after an interrupt)",
+            "case-before-deploy: 1 ticket",  # not the drills' 29
+            "drill replay labs.graphs.ticket:graph_v2: the drill says: 1 unfinished thread, 1 LOST",
+            "drill replay labs.graphs.ticket:graph: the drill says: 1 unfinished thread, every "
+            "one resumes",
+        ],
+        "What the labs showed: 6 of 9 drills found an effect repeated or lost; "
+        "ledger: 0 of 1 operation duplicated",
+    ),
+    "16": (
+        [  # the drills' tickets, not "no key" and not an operation each
+            "drill labs.graphs.classify:naive: 18 tickets on its own 17 threads, the drill says: "
+            "16 crash points, 5 duplicate (email, seats, ticket), 0 missing, 0 failed resumes, "
+            "the clean run repeated email (ask_and_email re-ran it after an interrupt)",
+            "drill labs.graphs.classify:fixed: 19 tickets on its own 19 threads, the drill says: "
+            "18 crash points, 0 duplicate, 0 missing, 0 failed resumes, clean run ok",
+        ],
+        "What the labs showed: 1 of 2 drills found an effect repeated or lost",
+    ),
     "14": (
         [  # expired keys show as null: each ticket still counts on the command's operation
             "case-kept:open-ticket:v1: 2 tickets for one operation (duplicate)",
