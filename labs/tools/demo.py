@@ -44,6 +44,7 @@ EXIT_OK, EXIT_DIFFERS, EXIT_USAGE, EXIT_NO_LAB, EXIT_STOPPED = 0, 1, 2, 3, 130
 WIDTH = 92
 EFFECTS = ("start", "resume", "approve", "post")  # lab.py's actions that can make a ticket
 WORKER_EFFECTS = ("run", "wait")  # worker.py's: run makes them, wait reports the background's
+SAYS = ("hooks", "reconcile", "messages")  # lab.py's: what they print is part of the verdict
 FIGURES = re.compile(r'"(?:ticket_id|created)": (?:\d+|true|false)')
 
 
@@ -180,10 +181,48 @@ class Operation:
     notes: list = field(default_factory=list)
     threads: set = field(default_factory=set)  # a tool's: the titles of the tickets it made
     found: bool = False  # a drill's: it exited 1 (an effect repeated or went missing)
+    done: bool = False  # a run said `done` without a ticket (lab 12: the effect silently lost)
+    refunds: int = 0  # the receiver's refunds of this operation's charge (lab 13's saga)
+    messages: list = field(default_factory=list)  # the texts sent about its ticket (15, 18)
+    deliveries: list = field(default_factory=list)  # the relay's answers: created true/false
+    makers: list = field(default_factory=list)  # (ticket_id, who) where a worker made it (10)
 
     @property
     def duplicated(self):
-        return self.found if self.mode == TOOL else len(self.tickets) > 1
+        if self.mode == TOOL:
+            return self.found
+        repeated = len(set(self.messages)) < len(self.messages)
+        return len(self.tickets) > 1 or self.refunds > 1 or repeated
+
+    @property
+    def lost(self):
+        return self.mode != TOOL and self.done and not self.tickets
+
+    def lessons(self):
+        """What the room saw happen to this operation, in plain words, each with its count."""
+        said = []
+        if self.lost:
+            said.append("LOST: the run said done and no ticket was ever made (0 tickets)")
+        workers = [f"ticket {t} by {who}" for t, who in self.makers]
+        if workers and (len(self.makers) > 1 or self.makers[0][1] != BACKGROUND):
+            said.append(", ".join(workers))
+        if self.refunds:
+            twice = " (the refund ran twice)" if self.refunds > 1 else ""
+            said.append(
+                f"{self.refunds} refund{'' if self.refunds == 1 else 's'} of its one charge{twice}"
+            )
+        if self.messages:
+            count, same = len(self.messages), max(map(self.messages.count, self.messages))
+            again = f", the same one {same} times (a double notice)" if same > 1 else ""
+            said.append(f"{count} message{'' if count == 1 else 's'} sent about it{again}")
+        if self.deliveries:
+            made = sum(self.deliveries)
+            said.append(
+                f"the relay delivered it {len(self.deliveries)} "
+                f"time{'' if len(self.deliveries) == 1 else 's'}, the receiver made {made} "
+                f"and answered {len(self.deliveries) - made} from its key"
+            )
+        return said
 
     def verdict(self, name):
         count = len(self.tickets)
@@ -199,9 +238,14 @@ class Operation:
         line = f"{name}: {count} ticket{'' if count == 1 else 's'}"
         if count > 1:
             line += " for one operation (duplicate)"
-        return ", ".join([line, *self.notes])
+        return ", ".join([line, *self.notes, *self.lessons()])
 
 
+BACKGROUND = "a background worker"
+MAKERS = {
+    "worker run": "the worker started by hand (`worker run`)",
+    "held": "the frozen worker, once woken",
+}
 TOOL = "tool"  # a drill's or another tool's command: its tickets are its own, not an operation's
 ASK = ":approval"  # an operation's ask for approval (lab.py's ask_approval) is keyed OP:approval
 
@@ -222,10 +266,12 @@ class Ledger:
     a key past the receiver's retention (lab 14) shows as null."""
 
     def __init__(self):
-        self.operations, self.threads, self.seen = {}, {}, set()
+        self.operations, self.threads, self.seen, self.owners = {}, {}, set(), {}
+        self.workers = False  # a worker command ran: tickets at a verdict are the workers'
 
     def operation(self, command):
-        """(action, operation name or None) for a command that can make a ticket, else None."""
+        """(action, operation name or None) for a command that can make a ticket or says what
+        happened to one, else None."""
         cmd = parse_command(command)
         words = cmd.run_env()[1]  # without `-e K=V` (lab 12)
         if cmd.verb != "run" or words[:1] != ["--rm"] or len(words) < 3:
@@ -233,13 +279,26 @@ class Ledger:
         service, words = words[1], words[2:]
         if service == "worker":
             return self.worker(words)
-        if service not in ("workflow", "worker"):  # the drill, or a command of its own
+        if service == "drill":  # its own threads: a verdict of its own
             name = tool_name(service, words)
             if name in self.operations:
                 name += f" #{sum(n.startswith(name) for n in self.operations) + 1}"
             self.declare(name, TOOL)
             return service, name
-        if service != "workflow" or words[0] not in EFFECTS:
+        if service == "relay":  # its `answered` events name the operation (the message id)
+            return "relay", None
+        if service != "workflow":  # `--entrypoint python workflow -c ...`: its own, if any
+            return "tool", None
+        action, sub = words[0], (words[1:2] or [""])[0]
+        if action in ("saga", "outbox") and sub in ("start", "resume"):
+            thread = option(words, "--thread")
+            if sub == "start":
+                mode = option(words, "--mode", "safe" if action == "saga" else "ledger")
+                self.declare(option(words, "--operation"), mode, thread)
+            return f"{action} {sub}", self.threads.get(thread)
+        if action in SAYS or (action, sub) == ("saga", "refunds"):
+            return "says", None  # makes nothing: lists what the receiver or the ledger holds
+        if action not in EFFECTS:
             return None
         try:
             args = lab.build_parser().parse_args(words)  # lab.py's own defaults
@@ -272,7 +331,7 @@ class Ledger:
 
     def record(self, action, name, stdout, tickets, exit_code=0):
         tool = name is not None and self.operations[name].mode == TOOL
-        events = [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
+        events = list(events_in(stdout.splitlines()))
         named = {}  # ticket_id -> operation, as the command's own output says
         for event in events:
             if "ticket_id" not in event:
@@ -281,6 +340,8 @@ class Ledger:
                 named[event["ticket_id"]] = event["operation_id"]
             elif event.get("thread") in self.threads:
                 named[event["ticket_id"]] = self.threads[event["thread"]]
+            elif event.get("message_id") in self.operations:  # the relay's (lab 19)
+                named[event["ticket_id"]] = event["message_id"]
         for ticket in tickets:
             if ticket["ticket_id"] in self.seen:
                 continue
@@ -290,7 +351,10 @@ class Ledger:
             if key != asking and asking in self.operations:  # lab 07's ask: not its ticket
                 self.operations[asking].notes.append("asked for approval once")
                 continue
-            if tool and key not in self.operations:  # the drill's own runs: its threads
+            if (tool or action == "tool") and key not in self.operations:  # its own runs
+                if name is None:  # a command of its own (`--entrypoint python`) made one
+                    name = f"the command `{' '.join(action.split())}`"
+                    self.declare(name, TOOL)
                 self.operations[name].tickets.append(ticket["ticket_id"])
                 self.operations[name].threads.add(ticket.get("payload", {}).get("title"))
                 continue
@@ -299,28 +363,114 @@ class Ledger:
                 if key in self.operations
                 else named.get(ticket["ticket_id"]) or name or key or "no key"
             )
-            self.operations.setdefault(owner, Operation("?")).tickets.append(ticket["ticket_id"])
-        if name is None:
-            return
+            op = self.operations.setdefault(owner, Operation("?"))
+            op.tickets.append(ticket["ticket_id"])
+            self.owners[ticket["ticket_id"]] = owner
+            if action.startswith("worker") or action == "":
+                held = any(e["event"] == "held_run" for e in events)
+                who = MAKERS.get("held" if held else action, BACKGROUND)
+                if op.mode != "?" and (action or self.workers):
+                    op.makers.append((ticket["ticket_id"], who))
+        if action.startswith("worker"):
+            self.workers = True
+        self.said(events)
         if tool:
             self.tool_said(self.operations[name], stdout, exit_code)
             return
+        kinds = [e["event"] for e in events]
+        for event in events:  # each on the command's operation, else the one its key names
+            target = name or self.owner_of_key(event.get("key") or "")
+            if target is None:
+                continue
+            op = self.operations.setdefault(target, Operation("?"))
+            kind, thing = event["event"], "refund" if "refund_id" in event else "ticket"
+            number = event.get("refund_id", event.get("ticket_id"))
+            if kind == "reconcile" and event.get("found"):
+                ids = ", ".join(map(str, event["found"]))
+                note = f"{action} lost the answer and adopted ticket {ids}, found by its key"
+            elif kind == "reconcile":
+                note = f"{action} lost the answer, found nothing by its key and sent again"
+            elif event.get("created") is False and "reconcile" not in kinds:
+                note = f"{action} got created: false"
+            elif kind == "drained":
+                note = f"{action} drained on SIGTERM at a step boundary"
+            elif kind == "http_error":
+                note = f"{action} refused ({event['status']})"
+            elif kind == "done" and "ticket_id" not in event and "delivery" not in event:
+                op.done = True
+                continue
+            elif number is None and kind != "effect_receipt":  # lab 07's ask, say
+                continue
+            elif kind == "effect_adopted" or event.get("how") == "adopted":
+                note = f"{action} adopted {thing} {number}, found by its key"
+            elif event.get("how") == "receipt" or (kind == "effect_receipt" and number):
+                note = f"{action} took {thing} {number} from the ledger's receipt"
+            elif kind == "effect_receipt" and "settled" in event.get("receipt", {}):
+                note = f"{action} took the person's answer from the ledger"
+            else:
+                continue
+            if note not in op.notes:
+                op.notes.append(note)
+        if name is None:
+            return
         op = self.operations.setdefault(name, Operation("?"))
         notes = []
-        found = [e["found"] for e in events if e["event"] == "reconcile"]
-        if found and found[0]:
-            ids = ", ".join(map(str, found[0]))
-            notes.append(f"{action} lost the answer and adopted ticket {ids}, found by its key")
-        elif found:
-            notes.append(f"{action} lost the answer, found nothing by its key and sent again")
-        elif any(e.get("created") is False for e in events):
-            notes.append(f"{action} got created: false")
-        for event in events:
-            if event["event"] == "http_error":
-                notes.append(f"{action} refused ({event['status']})")
-        if action == "resume" and [e["event"] for e in events] == ["done"]:
+        if "sigterm" in kinds and "drained" not in kinds and "done" in kinds:
+            notes.append(f"{action} finished its step after SIGTERM")
+        if exit_code == 6:
+            notes.append(f"{action} stopped for a person (exit 6)")
+        if action == "resume" and kinds == ["done"] and not op.done:
             notes.append("resume redid nothing")
         op.notes += [n for n in notes if n not in op.notes]
+
+    def said(self, events):
+        """What listing commands and the relay printed, on the operations they concern: the
+        receiver's refunds and messages (as listed), a person's settling, the relay's answers."""
+        for event in events:
+            kind = event["event"]
+            if kind == "refunds":
+                for op in self.operations.values():
+                    op.refunds = 0
+                for refund in event["refunds"]:
+                    if (owner := self.owners.get(refund["ticket_id"])) is not None:
+                        self.operations[owner].refunds += 1
+            elif kind == "messages":
+                for op in self.operations.values():
+                    op.messages = []
+                for message in event["messages"]:
+                    about = re.match(r"ticket (\d+) ", message.get("text", ""))
+                    if about and (owner := self.owners.get(int(about.group(1)))) is not None:
+                        self.operations[owner].messages.append(message["text"])
+            elif kind == "settled" and (owner := self.owner_of_key(event["key"])):
+                note = f"settled by a person ({event['state']})"
+                if note not in self.operations[owner].notes:
+                    self.operations[owner].notes.append(note)
+            elif kind == "answered" and event.get("message_id") in self.operations:
+                self.operations[event["message_id"]].deliveries.append(bool(event["created"]))
+        self.webhooks(events)
+
+    def webhooks(self, events):
+        """lab.py hooks: the status a ticket ends on, against the newest event applied to it."""
+        applied = [e for e in events if e["event"] == "webhook" and e.get("applied")]
+        for status in (e for e in events if e["event"] == "ticket_status"):
+            owner = self.owners.get(status["ticket_id"])
+            if owner is None or not applied:
+                continue
+            newest = max(applied, key=lambda e: e["version"])
+            op = self.operations[owner]
+            if status["version"] < newest["version"]:
+                op.notes.append(
+                    f"its status went back from {newest['status']} (v{newest['version']}) "
+                    f"to {status['status']} (v{status['version']})"
+                )
+            again = sum(bool(e.get("duplicate")) for e in events if e["event"] == "webhook")
+            if again:
+                op.notes.append(f"{again} deliveries seen before, flagged duplicate: true")
+
+    def owner_of_key(self, key):
+        """The operation an effect's key belongs to: OPERATION or OPERATION:EFFECT."""
+        names = [n for n in self.operations if key == n or key.startswith(n + ":")]
+        return max(names, key=len) if names else None
 
     @staticmethod
     def tool_said(op, stdout, exit_code):
@@ -430,7 +580,8 @@ class Demo:
             for line in step.expected + ([f"[exit {step.exit_code}]"] if step.exit_code else []):
                 print(f"     {line}")
         if effect:
-            ledger.record(*effect, result.stdout, self.backend.tickets(), result.exit_code)
+            tickets = [] if effect[0] == "says" else self.backend.tickets()
+            ledger.record(*effect, result.stdout, tickets, result.exit_code)
         self.count(step.command, result)
 
     def count(self, command, result):
@@ -466,13 +617,14 @@ class Demo:
         s = self.style
         modes = {}
         for op in self.operations:
-            total, duplicated = modes.get(op.mode, (0, 0))
-            modes[op.mode] = (total + 1, duplicated + op.duplicated)
+            total, duplicated, lost = modes.get(op.mode, (0, 0, 0))
+            modes[op.mode] = (total + 1, duplicated + op.duplicated, lost + op.lost)
         shown = "; ".join(
             f"{dup} of {total} drill{'' if total == 1 else 's'} found an effect repeated or lost"
             if mode == TOOL
             else f"{mode}: {dup} of {total} operation{'' if total == 1 else 's'} duplicated"
-            for mode, (total, dup) in modes.items()
+            + (f", {lost} lost" if lost else "")
+            for mode, (total, dup, lost) in modes.items()
         )
         print("\n" + s.bold(f"What the labs showed: {shown or 'no operation made a ticket'}"))
         print(f"What the workflow did (labs.tools.tally): {summary(self.counts)}")
