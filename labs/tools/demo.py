@@ -17,13 +17,17 @@ Exit codes: 0 every command as its guide says; 1 some differ; 3 the lab could no
 130 stopped with Ctrl-C.
 """
 
+import contextlib
+import io
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,6 +49,8 @@ WIDTH = 92
 EFFECTS = ("start", "resume", "approve", "post")  # lab.py's actions that can make a ticket
 WORKER_EFFECTS = ("run", "wait")  # worker.py's: run makes them, wait reports the background's
 SAYS = ("hooks", "reconcile", "messages")  # lab.py's: what they print is part of the verdict
+FOLDED = re.compile(r"(What|How) LangGraph ")  # "What LangGraph does here (checked against ...)"
+FOLD_LINES = 20  # projector mode: a command's output longer than this is folded
 FIGURES = re.compile(r'"(?:ticket_id|created)": (?:\d+|true|false)')
 
 
@@ -87,8 +93,14 @@ class Chapter:
 
     heading: str
     steps: list
-    after: str = ""
+    after: str = ""  # every paragraph, list and table up to the next block or heading
     notice: list = field(default_factory=list)  # the "What to notice" bullets, said before it
+    before: str = ""  # the guide's text between the heading and the block
+
+    @property
+    def folded(self):
+        """A section on LangGraph's own source: one line in projector mode, opened on request."""
+        return bool(FOLDED.match(self.heading))
 
 
 @dataclass
@@ -148,10 +160,19 @@ def parse_story(text):
         elif kind == "text" and heading == "What to notice":
             notice += bullets(content)
         elif kind == "console":
-            after = items[index + 1] if index + 1 < len(items) else ("", "")
-            said = after[1] if after[0] == "text" and not after[1].startswith("Next:") else ""
-            chapters.append(Chapter(heading, parse_block(content), said))
+            said = []
+            for later, text in items[index + 1 :]:
+                if later != "text" or text.startswith("Next:"):
+                    break
+                said.append(text)
+            before = []
+            for earlier, text in reversed(items[:index]):
+                if earlier != "text":
+                    break
+                before.insert(0, text)
+            chapters.append(Chapter(heading, parse_block(content), "\n\n".join(said)))
             chapters[-1].notice, notice = notice, []
+            chapters[-1].before = "\n\n".join(before)
     if notice and chapters:
         chapters[-1].notice += notice
     return Story(title, shows.removeprefix("**What it shows.**").strip(), chapters)
@@ -164,11 +185,109 @@ def plain(text, style):
     return re.sub(r"`([^`]+)`", lambda m: style.bold(m.group(1)), text)
 
 
-def say(text, style, indent="  ", first=None):
+def say(text, style, indent="  ", first=None, width=WIDTH):
     """A paragraph of the guide, wrapped (escape codes are added after wrapping)."""
     words = " ".join(text.split())
-    wrapped = textwrap.fill(words, WIDTH, initial_indent=first or indent, subsequent_indent=indent)
+    wrapped = textwrap.fill(words, width, initial_indent=first or indent, subsequent_indent=indent)
     print(plain(wrapped, style))
+
+
+def pieces(text):
+    """The guide's text as written: ('para'|'bullet'|'table'|'code', text) in order, so that a
+    list stays a list and a table a table (`- ` items with their indented lines; `|` rows;
+    lines indented four spaces, a graph's shape)."""
+    found = []
+    for line in text.splitlines():
+        if not line.strip():
+            found.append(("gap", ""))
+        elif line.startswith(("- ", "* ")) or re.match(r"\d+\. ", line):
+            found.append(("bullet", line))
+        elif line.startswith("|"):
+            found.append(("table", line))
+        elif line.startswith("    ") and (not found or found[-1][0] in ("code", "gap")):
+            found.append(("code", line))
+        elif found and found[-1][0] in ("bullet", "para"):
+            found[-1] = (found[-1][0], found[-1][1] + " " + line.strip())
+        else:
+            found.append(("para", line))
+    return [(kind, text) for kind, text in found if kind != "gap"]
+
+
+def tell_text(text, style, width=WIDTH):
+    """Paragraphs wrapped, each list item on its own lines, tables and code as written."""
+    for kind, piece in pieces(text):
+        if kind == "bullet":
+            mark, _, rest = piece.partition(" ")
+            say(rest, style, "    ", f"  {mark} ", width)
+        elif kind in ("table", "code"):
+            print(plain("  " + piece.rstrip(), style))
+        else:
+            say(piece, style, width=width)
+
+
+def fit_tables(lines, width):
+    """The drill's tables (a header `point ...` or `thread ...`, rows to the next blank line)
+    with each column only as wide as its widest cell and two spaces between, where a row is
+    wider than the terminal. The drill pads every column to its header's width."""
+    out, i = [], 0
+    while i < len(lines):
+        if not lines[i].startswith(("point ", "thread ")):
+            out.append(lines[i])
+            i += 1
+            continue
+        end = i
+        while end < len(lines) and lines[end].strip():
+            end += 1
+        block = lines[i:end]
+        if max(map(len, block)) > width:
+            starts = [0] + [m.end() for m in re.finditer(r"  +(?=\S)", block[0])]
+            ends = starts[1:] + [None]
+            cells = [
+                [row[a:b].rstrip() for a, b in zip(starts, ends, strict=True)] for row in block
+            ]
+            widths = [
+                max(len(row[c].strip()) + (len(row[c]) - len(row[c].lstrip())) for row in cells)
+                for c in range(len(starts))
+            ]
+            block = [
+                "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+                for row in cells
+            ]
+        out += block
+        i = end
+    return out
+
+
+class Running:
+    """A live `running... N s` line under a command that takes more than a couple of seconds
+    (a terminal only), erased when it ends."""
+
+    AFTER_S = 2
+
+    def __init__(self, enabled):
+        self.enabled, self.stop = enabled, threading.Event()
+
+    def __enter__(self):
+        if self.enabled:
+            self.began = time.monotonic()
+            self.thread = threading.Thread(target=self.show, daemon=True)
+            self.thread.start()
+        return self
+
+    def show(self):
+        shown = False
+        while not self.stop.wait(1):
+            elapsed = time.monotonic() - self.began
+            if elapsed >= self.AFTER_S:
+                print(f"\r  running... {elapsed:.0f} s", end="", flush=True)
+                shown = True
+        if shown:
+            print("\r\033[K", end="", flush=True)
+
+    def __exit__(self, *exc):
+        if self.enabled:
+            self.stop.set()
+            self.thread.join()
 
 
 # ------------------------------------------------------------------ the verdict, from the receiver
@@ -510,60 +629,111 @@ def option(words, name, default=None):
 
 
 class Demo:
-    def __init__(self, backend, style, step_mode=False):
+    """Tells guides. Plain (a pipe, a file, --plain): every command as the guide has it, with its
+    native line, and all it printed. Projector (a terminal, --projector): each command once (as
+    it runs here), the drill's tables fitted to the terminal, one ticket a line, the graph's own
+    stderr JSON hidden (--stderr shows it), long output and the sections on LangGraph's source
+    folded to a line the presenter opens with `o` at the next prompt, and a live `running... N s`
+    line for a command that takes more than a couple of seconds."""
+
+    def __init__(self, backend, style, step_mode=False, projector=False, width=WIDTH, stderr=True):
         self.backend, self.style, self.step_mode = backend, style, step_mode
+        self.projector, self.width, self.stderr = projector, width, stderr or not projector
         self.outcomes, self.operations = [], []
         self.counts = tally([])  # what the workflow and the workers did (labs.tools.tally)
+        self.folds = []  # projector mode: what was folded since the last prompt
+        self.durations = []  # (guide, seconds): what each guide took here (labs/WORKSHOP.md)
+        self.timeline = []  # (command, events, exit code): the picture of the run
+        self.keys = {}  # ticket_id -> the key the receiver holds for it
 
     def tell(self, path):
         s = self.style
+        began = time.monotonic()
         story = parse_story(Path(path).read_text(encoding="utf-8"))
         print("\n" + s.bold(f"=== {story.title} ==="))
         if story.shows:
-            say(story.shows, s)
+            say(story.shows, s, width=self.width)
         ledger = Ledger()
         heading = None
+        self.timeline = []
         for chapter in story.chapters:
             if chapter.notice:
                 print("\n" + s.bold("What to notice"))
                 for bullet in chapter.notice:
-                    say(bullet, s, "    ", "  - ")
+                    say(bullet, s, "    ", "  - ", self.width)
                 self.verdict(ledger)
+            fold = self.projector and chapter.folded
             if chapter.heading != heading and chapter.heading != story.title:
                 heading = chapter.heading
                 print("\n" + s.bold(f"-- {heading}"))
+                if chapter.before:
+                    self.text(chapter.before, fold)
+            if fold:
+                print(
+                    s.dim(
+                        f"  (folded: the guide's section and its {len(chapter.steps)} "
+                        "command(s); o at the next prompt opens it)"
+                    )
+                )
             for step in chapter.steps:
-                self.run(step, ledger)
+                self.run(step, ledger, quiet=fold)
             if chapter.after:
-                print()
-                say(chapter.after, s)
+                self.text(chapter.after, fold)
         if not any(c.notice for c in story.chapters):
             self.verdict(ledger)
+        self.durations.append((Path(path).name, time.monotonic() - began))
 
-    def run(self, step, ledger):
+    def text(self, text, fold=False):
+        if fold:
+            self.folds.append(text)
+            return
+        print()
+        tell_text(text, self.style, self.width)
+
+    def prompt(self):
+        """STEP=1: Enter runs the command; o opens what was folded since the last prompt."""
         s = self.style
-        print(f"\n$ {step.command}")
+        while True:
+            answer = input(
+                s.dim("  (Enter to run" + ("; o opens the folded" if self.folds else "") + ") ")
+            )
+            if answer.strip().lower() != "o" or not self.folds:
+                return
+            for folded in self.folds:
+                print(folded)
+            self.folds = []
+
+    def run(self, step, ledger, quiet=False):
+        s = self.style
         native = None  # Compose runs the command as written: no other line to show
         if isinstance(self.backend, LocalBackend):
             native = self.backend.native(step.command)
-        if native:
-            print(s.dim(f"  natively: {native}"))
+        if self.projector:  # once: as it runs here
+            print(f"\n$ {native or step.command}")
+        else:
+            print(f"\n$ {step.command}")
+            if native:
+                print(s.dim(f"  natively: {native}"))
         if self.step_mode:
-            input(s.dim("  (Enter to run) "))
+            self.prompt()
         effect = ledger.operation(step.command)
         verb = parse_command(step.command).verb
         building = verb == "up" and self.backend.name == "docker"
         if building:
             print(s.dim("  building the image..."), end="", flush=True)
         began = time.monotonic()
-        result = outcome = run_step(step, self.backend)
+        with Running(self.projector and self.style.enabled and not building):
+            result = outcome = run_step(step, self.backend)
         if building:
             print(s.dim(f" {time.monotonic() - began:.1f} s"))
         self.outcomes.append(outcome)
         lifecycle = verb in LIFECYCLE  # Compose's own output (build steps, progress): not the story
         #                                 (`logs api` is: the receiver's side, lab 02's `replayed`)
-        for line in [] if lifecycle else result.stdout.splitlines():
-            print(s.figures(TERMINAL_CODES.sub("", line)))  # `logs`: Compose 2 erases each line
+        shown = [] if lifecycle else [TERMINAL_CODES.sub("", x) for x in result.stdout.splitlines()]
+        if self.projector:
+            shown = self.fit(shown, step, quiet)
+        for line in shown:
+            print(s.figures(line))  # `logs`: Compose 2 erases each line
         said = result.stderr.strip().splitlines()
         if lifecycle:  # only when it failed, and only its last words
             said = (
@@ -571,6 +741,16 @@ class Demo:
                 if outcome.problems
                 else []
             )
+        if not self.stderr:  # the graph's own JSON lines (the drill's children): hidden
+            graphs = [line for line in said if line.startswith("{")]
+            said = [line for line in said if not line.startswith("{")]
+            if graphs:
+                print(
+                    s.dim(
+                        f"  ({len(graphs)} JSON lines on stderr, the graph's own; "
+                        "--stderr shows them)"
+                    )
+                )
         for line in said:
             print(s.dim(f"  stderr: {line}"))
         if result.exit_code:
@@ -581,8 +761,37 @@ class Demo:
                 print(f"     {line}")
         if effect:
             tickets = [] if effect[0] == "says" else self.backend.tickets()
+            self.keys.update((t["ticket_id"], t["key"]) for t in tickets)
             ledger.record(*effect, result.stdout, tickets, result.exit_code)
+        if verb == "run":
+            self.timeline.append(
+                (step.command, list(events_in(result.stdout.splitlines())), result.exit_code)
+            )
         self.count(step.command, result)
+
+    def fit(self, lines, step, quiet):
+        """Projector mode: tables fitted to the terminal, a ticket list one ticket a line, and
+        long output (or a folded section's) folded to one line."""
+        lines = fit_tables(lines, self.width)
+        out = []
+        for line in lines:
+            event = next(events_in([line]), None)
+            if event and event.get("event") == "tickets" and event.get("tickets"):
+                out.append('{"event": "tickets", "tickets": [')
+                out += [f"  {json.dumps(t, sort_keys=True)}," for t in event["tickets"]]
+                out.append("]}")
+            else:
+                out.append(line)
+        drill = parse_command(step.command).run_env()[1][1:2] == ["drill"]
+        if quiet or (len(out) > FOLD_LINES and not drill):
+            self.folds.append("\n".join(out))
+            keep = [] if quiet else out[:3]
+            return keep + [
+                self.style.dim(
+                    f"  ({len(out) - len(keep)} lines folded; o at the next prompt opens them)"
+                )
+            ]
+        return out
 
     def count(self, command, result):
         """Add the command's events to the tally; lab.py prints no event when a run starts or
@@ -640,6 +849,183 @@ class Demo:
         return EXIT_DIFFERS if wrong else EXIT_OK
 
 
+# ------------------------------------------------------------------ the timeline, and the times
+
+
+def timeline(demo):
+    """The run the room just watched, as rows: (what ran, [(kind, text)]) for each command that
+    ran a workflow, a worker, the relay or the drill, from the events it printed and the keys the
+    receiver holds for its tickets. kind: made, replayed, kept (from the ledger), killed, stopped,
+    done, said."""
+    rows = []
+    for command, events, exit_code in demo.timeline:
+        words = parse_command(command).run_env()[1][1:]
+        thread = option(words, "--thread")
+        label = " ".join(w for w in words[:3] if not w.startswith("-") and w != thread)
+        label += f" (thread {thread})" if thread else ""
+        marks = []
+        for event in events:
+            kind, ticket = event["event"], event.get("ticket_id")
+            key = demo.keys.get(ticket, "none") if ticket is not None else None
+            if kind in ("effect_ack", "held_run", "answered", "charged") and "created" in event:
+                marks.append(
+                    (
+                        "made" if event["created"] else "replayed",
+                        f"ticket {ticket}, key {key or 'none'}: "
+                        + ("created" if event["created"] else "created: false"),
+                    )
+                )
+            elif kind in ("effect_receipt", "effect_adopted") or event.get("how"):
+                what = (
+                    "adopted"
+                    if kind == "effect_adopted" or event.get("how") == "adopted"
+                    else ("receipt")
+                )
+                thing = f"ticket {ticket}" if ticket is not None else event.get("key", "")
+                marks.append(("kept", f"{thing}: {what}, nothing sent"))
+            elif kind == "refunded" and event.get("created"):
+                marks.append(("made", f"refund {event['refund_id']}: created"))
+            elif kind == "crash":
+                marks.append(("killed", f"killed {event['at']}"))
+            elif kind in ("sigterm", "drained"):
+                marks.append(("stopped", "SIGTERM" if kind == "sigterm" else "drained"))
+            elif kind == "reconcile":
+                marks.append(("said", f"lost the answer; found {event.get('found') or 'nothing'}"))
+            elif kind == "done":
+                marks.append(("done", "done"))
+        if exit_code and not any(k == "killed" for k, _ in marks):
+            marks.append(("stopped", f"exit {exit_code}"))
+        if marks:
+            rows.append((label, marks))
+    return rows
+
+
+COLOURS = {
+    "made": "#2e7d32",
+    "replayed": "#1565c0",
+    "kept": "#6a1b9a",
+    "killed": "#c62828",
+    "stopped": "#ef6c00",
+    "done": "#616161",
+    "said": "#00838f",
+}
+
+
+def svg(title, rows):
+    """The timeline as an SVG: a row per command, its marks left to right."""
+    from xml.sax.saxutils import escape
+
+    row_h, left, char_w = 34, 300, 7.2
+    width = max([left + sum(len(t) * char_w + 24 for _, t in marks) for _, marks in rows] + [900])
+    height = 60 + row_h * len(rows)
+    out = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width:.0f}" height="{height}" '
+        'font-family="monospace" font-size="12">',
+        '<rect width="100%" height="100%" fill="white"/>',
+        f'<text x="10" y="24" font-size="16" font-weight="bold">{escape(title)}</text>',
+    ]
+    for index, (label, marks) in enumerate(rows):
+        y = 50 + index * row_h
+        out.append(f'<text x="10" y="{y + 17}">{escape(label)}</text>')
+        out.append(
+            f'<line x1="{left - 10}" y1="{y + 13}" x2="{width - 10}" y2="{y + 13}" stroke="#bbb"/>'
+        )
+        x = left
+        for kind, text in marks:
+            w = len(text) * char_w + 14
+            out.append(
+                f'<rect class="{kind}" x="{x:.0f}" y="{y}" width="{w:.0f}" height="26" '
+                f'rx="5" fill="{COLOURS[kind]}"/>'
+            )
+            out.append(f'<text x="{x + 7:.0f}" y="{y + 17}" fill="white">{escape(text)}</text>')
+            x += w + 10
+    out.append("</svg>")
+    return "\n".join(out) + "\n"
+
+
+def draw(demo, guide, folder):
+    """Write the guide's timeline as FOLDER/lab-NN.svg (and, in projector mode, draw it on the
+    terminal); return the path. A file there that is not a picture of ours is refused."""
+    rows = timeline(demo)
+    path = Path(folder) / f"lab-{Path(guide).name[:2]}.svg"
+    if path.exists() and not path.read_text(encoding="utf-8", errors="replace").startswith(
+        "<svg xmlns"
+    ):
+        raise LabError(f"{path} is not a picture the demo wrote; not overwriting it")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(svg(f"{Path(guide).stem}: what the commands printed", rows), encoding="utf-8")
+    if demo.projector:
+        s = demo.style
+        print("\n" + s.bold("Timeline"))
+        paint = {"made": s.good, "killed": s.bad, "stopped": s.bad}
+        for label, marks in rows:
+            shown = " -> ".join(paint.get(kind, str)(f"[{text}]") for kind, text in marks)
+            print(f"  {label:<28} {shown}")
+    return path
+
+
+def record_times(path, demo, backend):
+    """Add each guide's time to PATH (JSON), with the backend, the commit and the load: what
+    labs/WORKSHOP.md's times are checked against. A file that is not ours is refused."""
+    data = {"guides": {}}
+    if path.exists():
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except ValueError:
+            data = None
+        if not isinstance(data, dict) or "guides" not in data:
+            raise LabError(f"{path} is not a times file the demo wrote; not writing to it")
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
+    ).stdout.strip()
+    for name, seconds in demo.durations:
+        data["guides"][name] = {
+            "backend": backend.name,
+            "seconds": round(seconds, 1),
+            "commit": commit,
+            "load": round(os.getloadavg()[0], 1),
+        }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+
+
+class Foreground:
+    """On a terminal, the demo takes the terminal's foreground in a process group of its own,
+    so that Ctrl-C reaches the demo and the commands it runs, not the `make` that started it
+    (whose "Error 130" or "Interrupt" would follow the demo's one line); given back on the way
+    out."""
+
+    def __init__(self, fd, group):
+        self.fd, self.group = fd, group
+
+    @classmethod
+    def take(cls):
+        try:
+            fd = sys.stdin.fileno()
+            if not os.isatty(fd) or os.tcgetpgrp(fd) != os.getpgrp():
+                return None
+            group = os.getpgrp()
+            os.setpgid(0, 0)
+            with ignoring(signal.SIGTTOU):
+                os.tcsetpgrp(fd, os.getpgrp())
+            return cls(fd, group)
+        except (OSError, ValueError, io.UnsupportedOperation):
+            return None
+
+    def give_back(self):
+        with ignoring(signal.SIGTTOU), contextlib.suppress(OSError):
+            os.tcsetpgrp(self.fd, self.group)
+
+
+@contextlib.contextmanager
+def ignoring(signum):
+    previous = signal.signal(signum, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signum, previous)
+
+
 def introduce(backend, why):
     if backend.name == "docker":
         where = (
@@ -662,6 +1048,27 @@ def main(argv=None):
     parser.add_argument("--step", action="store_true", help="wait for Enter before each command")
     parser.add_argument("--port", type=int, help="local backend: this port (default: a free one)")
     parser.add_argument("--project", default=DOCKER_PROJECT, help="docker backend: the project")
+    screen = parser.add_mutually_exclusive_group()
+    screen.add_argument(
+        "--projector",
+        action="store_true",
+        help="for a room (the default on a "
+        "terminal): each command once, tables fitted, long output folded",
+    )
+    screen.add_argument(
+        "--plain",
+        action="store_true",
+        help="everything, as the guide has it (the default for a pipe or a file)",
+    )
+    parser.add_argument(
+        "--stderr",
+        action="store_true",
+        help="projector: show the graph's own JSON lines on stderr too",
+    )
+    parser.add_argument("--times", type=Path, help="write each guide's time here (JSON)")
+    parser.add_argument(
+        "--pictures", type=Path, help="write each guide's timeline here (lab-NN.svg)"
+    )
     args = parser.parse_args(argv)
     missing = [str(g) for g in args.guides if not g.is_file()]
     if missing:  # before anything starts: one line, and nothing to clean up
@@ -671,16 +1078,23 @@ def main(argv=None):
         )
         return EXIT_USAGE
     style = style_for(sys.stdout)
+    projector = args.projector or (sys.stdout.isatty() and not args.plain)
+    width = shutil.get_terminal_size((120, 32)).columns - 1 if projector else WIDTH
     backend = code = None
+    terminal = Foreground.take() if projector else None
     try:
         backend, why = choose_backend(args.backend, args.project, args.port)
         introduce(backend, why)
         if backend.name == "docker":
             backend.down()  # what an interrupted demo may have left
-        demo = Demo(backend, style, args.step)
+        demo = Demo(backend, style, args.step, projector, width, args.stderr)
         for guide in args.guides:
             demo.tell(guide)
+            if args.pictures:
+                print(f"picture: {draw(demo, guide, args.pictures)}")
         code = demo.closing(args.guides)
+        if args.times:
+            record_times(args.times, demo, backend)
     except (KeyboardInterrupt, EOFError):
         code = None
     except (LabError, ValueError, subprocess.TimeoutExpired) as error:
@@ -693,6 +1107,8 @@ def main(argv=None):
             backend.close()
             left = backend.leftovers()  # looked at, not assumed: see DockerBackend.down
         signal.signal(signal.SIGINT, previous)
+        if terminal is not None:
+            terminal.give_back()
     if left:
         how = f" (docker compose -p {backend.project} down -v --remove-orphans)"
         print(
