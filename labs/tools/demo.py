@@ -214,8 +214,13 @@ def pieces(text):
 
 
 def tell_text(text, style, width=WIDTH):
-    """Paragraphs wrapped, each list item on its own lines, tables and code as written."""
+    """Paragraphs wrapped, each list item on its own lines, tables and code as written; a blank
+    line where the guide has one between a paragraph and what follows."""
+    last = None
     for kind, piece in pieces(text):
+        if last is not None and (kind != last or kind == "para"):
+            print()
+        last = kind
         if kind == "bullet":
             mark, _, rest = piece.partition(" ")
             say(rest, style, "    ", f"  {mark} ", width)
@@ -764,8 +769,14 @@ class Demo:
             self.keys.update((t["ticket_id"], t["key"]) for t in tickets)
             ledger.record(*effect, result.stdout, tickets, result.exit_code)
         if verb == "run":
+            last = [x for x in result.stdout.splitlines() if x.startswith("summary: ")]
             self.timeline.append(
-                (step.command, list(events_in(result.stdout.splitlines())), result.exit_code)
+                (
+                    step.command,
+                    list(events_in(result.stdout.splitlines())),
+                    result.exit_code,
+                    last[-1].removeprefix("summary: ") if last else "",
+                )
             )
         self.count(step.command, result)
 
@@ -817,7 +828,10 @@ class Demo:
         print("\n" + s.bold("Verdict, counted on the receiver"))
         for name, op in ledger.operations.items():
             line = op.verdict(name)
-            print("  " + (s.bad(line) if op.duplicated else s.good(line)))
+            if self.projector:  # wrapped, the rest of the line under its name
+                line = textwrap.fill(line, self.width - 2, subsequent_indent="    ")
+            paint = s.bad if op.duplicated or op.lost else s.good
+            print("\n".join("  " + paint(part) for part in line.splitlines()))
             self.operations.append(op)
         if not ledger.operations:
             print("  no operation made a ticket")
@@ -858,8 +872,11 @@ def timeline(demo):
     receiver holds for its tickets. kind: made, replayed, kept (from the ledger), killed, stopped,
     done, said."""
     rows = []
-    for command, events, exit_code in demo.timeline:
+    for command, events, exit_code, said in demo.timeline:
         words = parse_command(command).run_env()[1][1:]
+        if words[:1] == ["drill"] and said:  # its own crash runs: its summary line
+            rows.append((" ".join(words[:2]), [("killed" if exit_code else "done", said)]))
+            continue
         thread = option(words, "--thread")
         label = " ".join(w for w in words[:3] if not w.startswith("-") and w != thread)
         label += f" (thread {thread})" if thread else ""
@@ -1026,7 +1043,7 @@ def ignoring(signum):
         signal.signal(signum, previous)
 
 
-def introduce(backend, why):
+def introduce(backend, why, projector=False):
     if backend.name == "docker":
         where = (
             f"The guides' commands run in the Compose project {backend.project}, not "
@@ -1038,6 +1055,12 @@ def introduce(backend, why):
             "the `natively:` lines are the same commands with the defaults (data/, port 8000), "
             "to paste."
         )
+        if projector:
+            where = (
+                f"The receiver runs on 127.0.0.1:{backend.port} with its data in "
+                f"{backend.data_dir}; each command is shown as it runs natively, with the "
+                "defaults (data/, port 8000), to paste."
+            )
     print(f"backend: {backend.name} ({why}). {where}")
 
 
@@ -1084,7 +1107,7 @@ def main(argv=None):
     terminal = Foreground.take() if projector else None
     try:
         backend, why = choose_backend(args.backend, args.project, args.port)
-        introduce(backend, why)
+        introduce(backend, why, projector)
         if backend.name == "docker":
             backend.down()  # what an interrupted demo may have left
         demo = Demo(backend, style, args.step, projector, width, args.stderr)
