@@ -27,6 +27,7 @@ import threading
 import time
 import uuid
 from collections.abc import Mapping
+from concurrent.futures import Future
 from contextlib import asynccontextmanager, contextmanager, redirect_stdout
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit, urlunsplit
@@ -39,8 +40,10 @@ MAX_INVOKES = 50  # invokes one run may take (one per interrupt answered); more 
 CHILD_DEADLINE_S = 300.0  # seconds a crash child may run: a graph that hangs is an error
 SETTLE_DEADLINE_S = 30.0  # seconds a sync kill waits for the calls it lets finish (Killer)
 HOLD_DEADLINE_S = 30.0  # seconds a child holding writes waits for the rest of their step
+WATCH_EVERY_S = 0.005  # how often a child holding a call checks that LangGraph does not wait on it
 CHILD_FAILED = 3  # a crash child's exit code when the graph raised (the message is piped)
 CHILD_UNREACHED = 4  # a crash child's exit code when LangGraph waited on a held write
+CHILD_GAVE_UP = 5  # ... when it held writes for HOLD_DEADLINE_S and the state never came
 MAX_HELD = 4  # steps with more writes than this get fewer unsaved sets (see CleanRun.states)
 MEMORY_DATABASES = ("", ":memory:", "memory")  # names of an in-memory SQLite database
 PULL_PREFIX = "~__pregel_pull, "  # LangGraph's task_path of a node's task (_algo.task_path_str)
@@ -116,6 +119,7 @@ class Run:
     counts: dict
     error: str | None = None
     thread: str = ""
+    unreached: bool = False  # LangGraph waited on a call the kill held: no counts, no verdict
 
 
 @dataclass
@@ -134,8 +138,12 @@ class Row:
             names.update(dict.fromkeys(run.counts))
         return list(names)
 
+    def judged(self):
+        """The runs that reached a state of this row: only they can back a verdict."""
+        return [run for run in self.runs if not run.unreached]
+
     def counts(self, effect):
-        return [run.counts.get(effect, 0) for run in self.runs]
+        return [run.counts.get(effect, 0) for run in self.judged()]
 
     def duplicates(self):
         return [e for e in self.effects() if any(c > self.clean.get(e, 0) for c in self.counts(e))]
@@ -157,6 +165,8 @@ class Row:
             )
             if found
         ]
+        if not words and self.runs and not self.judged():
+            return "not reached"
         return "+".join(words) or "ok"
 
     def as_json(self):
@@ -164,6 +174,7 @@ class Row:
             "durability": self.durability,
             "point": self.point,
             "runs": len(self.runs),
+            "threads": [run.thread for run in self.runs],
             "reached": [run.reached for run in self.runs],
             "saved": [run.saved for run in self.runs],
             "ran_on_recovery": [run.ran for run in self.runs],
@@ -214,6 +225,15 @@ class Report:
         return found
 
     @property
+    def unreached(self):
+        """The points no run reached (LangGraph waited on the save the kill held back)."""
+        return [
+            {"durability": row.durability, "point": row.point}
+            for row in self.rows
+            if row.verdict == "not reached"
+        ]
+
+    @property
     def repeated_in_clean_run(self):
         return list(self.clean_findings())
 
@@ -234,6 +254,7 @@ class Report:
             "missing": self.missing,
             "repeated_in_clean_run": self.repeated_in_clean_run,
             "failed": self.failed,
+            "unreached": self.unreached,
             "requests": self.requests,
         }
 
@@ -271,6 +292,8 @@ class Report:
             effects = ", ".join(sorted({f["effect"] for f in found}))
             parts.append(f"{len(found)} {name}" + (f" ({effects})" if found else ""))
         parts.append(f"{len(self.failed)} failed resume" + ("" if len(self.failed) == 1 else "s"))
+        if self.unreached:
+            parts.append(f"{len(self.unreached)} not reached")
         wrong = self.clean_findings()
         parts.append(
             "the clean run repeated "
@@ -401,6 +424,13 @@ class Plan:
     def end_crash(self, db, mode, child, thread):
         """The second half: the child reaped, the thread resumed and observed."""
         reached = child.reached()
+        if reached in (UNREACHED, GAVE_UP):  # the child died in a state of no row: no verdict
+            saved = (
+                NOT_REACHED
+                if reached is UNREACHED
+                else f"{NOT_REACHED} (held {HOLD_DEADLINE_S:.0f} s)"
+            )
+            return Run(False, saved, [], {}, None, thread, unreached=True)
         saved, ran, error = "?", [], None
         self.saved = "?"
         try:
@@ -410,7 +440,7 @@ class Plan:
         except Exception as failure:  # the resume itself failed: a finding, not a usage error
             saved, error = self.saved, task_error(failure)
         if not reached:
-            saved = "point not reached"
+            saved = NOT_REACHED
         return Run(reached, saved, ran, self.counts(thread), error, thread)
 
     def run(self, db, recorder, thread, mode, fresh, trace=None):
@@ -607,6 +637,9 @@ class Plan:
 
 
 DONE = object()  # next_input: nothing left to run
+UNREACHED = "unreached"  # Child.reached(): LangGraph waits on a held call (seen at once)
+GAVE_UP = "gave up"  # Child.reached(): the held state did not come by HOLD_DEADLINE_S
+NOT_REACHED = "point not reached"  # the saved cell of such a run
 
 
 class Child:
@@ -625,7 +658,11 @@ class Child:
         self.close()
         if os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL:
             return True
-        if os.WIFEXITED(status) and os.WEXITSTATUS(status) in (0, CHILD_UNREACHED):
+        if os.WIFEXITED(status) and os.WEXITSTATUS(status) == CHILD_UNREACHED:
+            return UNREACHED  # LangGraph waited on a held call: the state cannot be made
+        if os.WIFEXITED(status) and os.WEXITSTATUS(status) == CHILD_GAVE_UP:
+            return GAVE_UP  # the same, seen only by the deadline (an async graph, say)
+        if os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0:
             return False  # the run ended without that call (async saves vary)
         raise DrillError(f"the graph failed in the crash run at {self.where}: {message}")
 
@@ -810,6 +847,9 @@ class Killer(Counter):
         self.puts = set()  # (namespace, checkpoint id) of every put finished
         self.changed = threading.Condition()
         self.async_changed = None
+        self.held_threads = set()  # idents of the threads whose call is held (sync)
+        self.held_keys = set()
+        self.watching = False
 
     def before(self, call):
         with self.changed:
@@ -819,6 +859,9 @@ class Killer(Counter):
             if action == "kill":
                 self.changed.wait_for(lambda: self.settled(call), SETTLE_DEADLINE_S)
                 die()
+            self.held_threads.add(threading.get_ident())
+            self.held_keys.add(key)
+            self.watch()
         threading.Event().wait()  # held: this call never finishes (the process dies first)
 
     async def abefore(self, call):
@@ -859,6 +902,28 @@ class Killer(Counter):
             return key, "hold"  # a later call: the state is the step's, nothing after it
         return key, "go"
 
+    def watch(self):
+        """Start the watchdog (once): it ends the child at once, as unreached, when LangGraph
+        waits for a held call, which can never finish (see waits_for_held)."""
+        if not self.watching:
+            self.watching = True
+            threading.Thread(target=self.watchdog, daemon=True).start()
+
+    def watchdog(self):
+        """Two looks in a row with no saver call started or finished between them, every call
+        started either finished or held, and a thread waiting on held saves only."""
+        last = None
+        while True:
+            with self.changed:
+                held = set(self.held_threads)
+                progress = (len(self.started), len(self.done))
+                in_flight = self.started - self.done - self.held_keys
+            stuck = not in_flight and waits_for_held(held)
+            if stuck and last == progress:
+                os._exit(CHILD_UNREACHED)
+            last = progress if stuck else None
+            time.sleep(WATCH_EVERY_S)
+
     def parent_pending(self, call):
         """A put while the put_writes about to be killed waits for its checkpoint's put."""
         return call.kind == "put" and self.state.parent_put and self.parent not in self.puts
@@ -866,7 +931,7 @@ class Killer(Counter):
     def start_holding(self):
         if not self.holding:
             self.holding = True
-            timer = threading.Timer(HOLD_DEADLINE_S, os._exit, (CHILD_UNREACHED,))
+            timer = threading.Timer(HOLD_DEADLINE_S, os._exit, (CHILD_GAVE_UP,))
             timer.daemon = True
             timer.start()
         self.check_step()
@@ -906,6 +971,64 @@ def die():
     os.kill(os.getpid(), signal.SIGKILL)
 
 
+def waits_for_held(held_threads):
+    """Whether a thread waits (concurrent.futures.wait or Future.result) only on the futures
+    of calls the Killer holds: LangGraph waiting for a held save, which never finishes (an
+    error handler's writes, schedule_error_handler in langgraph/pregel/_loop.py; every save
+    of the run at BackgroundExecutor.__exit__, langgraph/pregel/_executor.py). Read from the
+    threads' frames: a held call runs in a pool thread whose _WorkItem (concurrent/futures/
+    thread.py) holds its future."""
+    frames = sys._current_frames()
+    held = set()
+    for ident in held_threads:
+        frame = frames.get(ident)
+        while frame is not None:
+            item = frame.f_locals.get("self") if frame.f_code.co_name == "run" else None
+            if item is not None and isinstance(getattr(item, "future", None), Future):
+                held.add(item.future)
+                break
+            frame = frame.f_back
+    if not held:
+        return False
+    if any(busy(frame) for ident, frame in frames.items() if ident not in held_threads):
+        return False  # a pool thread still runs something: it may yet save
+    for ident, frame in frames.items():
+        if ident in held_threads or ident == threading.get_ident():
+            continue
+        while frame is not None:
+            awaited = awaited_futures(frame)
+            if awaited is not None:
+                pending = {f for f in awaited if not f.done()}
+                if pending and pending <= held:  # nothing it waits on can finish
+                    return True
+                break
+            frame = frame.f_back
+    return False
+
+
+def busy(frame):
+    """Whether a thread runs a work item of a thread pool (an idle worker waits for one)."""
+    while frame is not None:
+        if frame.f_code.co_name == "run" and isinstance(
+            getattr(frame.f_locals.get("self"), "future", None), Future
+        ):
+            return True
+        frame = frame.f_back
+    return False
+
+
+def awaited_futures(frame):
+    """The futures a frame of concurrent.futures waits on, or None for any other frame."""
+    if not frame.f_code.co_filename.endswith(os.path.join("concurrent", "futures", "_base.py")):
+        return None
+    name, local = frame.f_code.co_name, frame.f_locals
+    if name == "result" and isinstance(local.get("self"), Future):
+        return [local["self"]]
+    if name == "wait" and "fs" in local:
+        return list(local["fs"])
+    return None
+
+
 def numbered(label, occurrence):
     return label if occurrence == 1 else f"{label} #{occurrence}"
 
@@ -924,6 +1047,8 @@ def put_call(config, metadata):
 def writes_call(config, writes, task_id, task_path):
     channels = ", ".join(sorted({channel for channel, _ in writes}))
     node = task_path.removeprefix(PULL_PREFIX)
+    if ", node_error_handler" in node:  # the handler of a node that failed: its own task
+        node = node.split(", ")[0] + " (error handler)"
     key = f"put_writes {node} [{channels}]".replace("  ", " ") + namespace(config)
     group = (0, *parent(config))
     return Call(key, "put_writes", group, task_id, task_path, channels, namespace(config))
@@ -1297,6 +1422,9 @@ def columns(lines, width=TABLE_WIDTH):
         for i in range(len(lines[0]))
     ]
     least = dict(zip(SHRINKABLE, MIN_CELLS, strict=True)) | {len(widths) - 1: MIN_VERDICT}
+    for i in least:  # never narrower than a column's longest word: no cell breaks mid-word
+        words = [len(w) for line in lines for w in line[i].split()]
+        least[i] = min(widths[i], max([least[i], *words]))
     while sum(widths) + 2 * (len(widths) - 1) > width:
         shrinkable = [i for i in least if widths[i] > least[i]]
         if not shrinkable:
@@ -1365,8 +1493,8 @@ def plural(count, noun):
 
 
 def verdict_cell(row):
-    if row.verdict == "ok":
-        return "ok"
+    if row.verdict in ("ok", "not reached"):
+        return row.verdict
     details = []
     for word, effects in (("DUPLICATE", row.duplicates()), ("MISSING", row.missing())):
         for effect in effects:

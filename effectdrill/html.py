@@ -218,9 +218,6 @@ def requests_section(report):
 
 
 def row_class(row):
-    if row.runs and not any(run.reached for run in row.runs) and not row.failures():
-        if all(run.saved == "point not reached" for run in row.runs):
-            return "unreached"
     verdict = row.verdict
     for cls, word, _ in VERDICTS:
         if verdict.startswith(word):
