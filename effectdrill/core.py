@@ -15,6 +15,7 @@ nodes are drilled through LangGraph's async API and async savers. Checked on Lan
 import asyncio
 import gc
 import itertools
+import json
 import os
 import re
 import select
@@ -413,16 +414,9 @@ class Plan:
         name_calls(recorder.calls, trace.names)
         return CleanRun(self.counts(thread), recorder.calls, trace.reruns(), thread)
 
-    def crash_run(self, db, mode, state, thread, killer):
-        return self.end_crash(db, mode, self.start_crash(db, mode, state, thread, killer), thread)
-
-    def start_crash(self, db, mode, state, thread, killer):
-        """The first half of a crash run: the child forked, running to its kill."""
-        self.expect_nothing_yet(thread)
-        return self.fork_child(db, mode, state, thread, killer)
-
     def end_crash(self, db, mode, child, thread):
-        """The second half: the child reaped, the thread resumed and observed."""
+        """A crash run's second half: the child's end read, the thread resumed and observed.
+        (Its thread is new: crash_all checked that the observer counts nothing on one.)"""
         reached = child.reached()
         if reached in (UNREACHED, GAVE_UP):  # the child died in a state of no row: no verdict
             saved = (
@@ -506,8 +500,9 @@ class Plan:
             if trace:
                 trace.invoke_starts()
             with redirect_stdout(sys.stderr):  # the graph's own prints: stdout is the report's
+                steps = {(): [first_step(state), False]}  # as LangGraph numbers them
                 for chunk in graph.stream(step, config, **self.stream_options(mode)):
-                    self.seen(chunk, ran, state, trace)
+                    self.seen(chunk, ran, state, trace, steps)
         raise DrillError(f"the graph did not finish in {MAX_INVOKES} invokes (a loop?)")
 
     async def afinish(self, db, recorder, thread, mode, fresh, trace=None):
@@ -529,25 +524,33 @@ class Plan:
                 if trace:
                     trace.invoke_starts()
                 with redirect_stdout(sys.stderr):
+                    steps = {(): [first_step(state), False]}
                     async for chunk in graph.astream(step, config, **self.stream_options(mode)):
-                        self.seen(chunk, ran, state, trace)
+                        self.seen(chunk, ran, state, trace, steps)
             raise DrillError(f"the graph did not finish in {MAX_INVOKES} invokes (a loop?)")
 
     def stream_options(self, mode):
-        # debug: each task's start and result, with its id (a task whose writes were saved
-        # before is replayed without a result: PregelLoop.output_writes, cached=True).
-        return dict(durability=mode, context=self.context, stream_mode="debug", subgraphs=True)
+        # tasks: each task's start and result, with its id (a task whose writes were saved
+        # before is replayed without a result: PregelLoop.output_writes, cached=True). Not
+        # debug, which also sends every checkpoint's values: a cost per step, nothing we use.
+        return dict(durability=mode, context=self.context, stream_mode="tasks", subgraphs=True)
 
-    def seen(self, chunk, ran, state, trace):
-        namespace, event = chunk
-        if event["type"] != "task_result":
+    def seen(self, chunk, ran, state, trace, steps):
+        """A task's start or result ("tasks" stream mode). A step's tasks all start before
+        any of them ends (PregelLoop.tick emits them together), so a start after a result
+        begins the next step of its namespace."""
+        namespace, payload = chunk
+        step = steps.setdefault(namespace, [0, False])
+        if "result" not in payload and "error" not in payload:  # a start
+            if step[1]:
+                step[:] = [step[0] + 1, False]
             return
-        payload = event["payload"]
+        step[1] = True
         where = "/".join(part.split(":")[0] for part in namespace)
         if trace:
             trace.task_result(namespace, payload)
         name = task_label(payload["id"], payload["name"], state)
-        ran.append((len(namespace), event["step"], f"{where}/{name}" if where else name))
+        ran.append((len(namespace), step[0], f"{where}/{name}" if where else name))
 
     def next_input(self, state, thread, fresh):
         """The input of the next invoke: the input (fresh, or nothing saved), None to resume,
@@ -649,6 +652,10 @@ class Child:
         self.pid, self.pipe, self.where = pid, pipe, where
 
     def reached(self):
+        return judge_child(*self.wait(), self.where)
+
+    def wait(self):
+        """[wait status, what it wrote]; killed and reaped past CHILD_DEADLINE_S."""
         try:
             status = wait_child(self.pid, self.pipe)
             message = read_all(self.pipe)
@@ -656,15 +663,7 @@ class Child:
             self.kill()
             raise
         self.close()
-        if os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL:
-            return True
-        if os.WIFEXITED(status) and os.WEXITSTATUS(status) == CHILD_UNREACHED:
-            return UNREACHED  # LangGraph waited on a held call: the state cannot be made
-        if os.WIFEXITED(status) and os.WEXITSTATUS(status) == CHILD_GAVE_UP:
-            return GAVE_UP  # the same, seen only by the deadline (an async graph, say)
-        if os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0:
-            return False  # the run ended without that call (async saves vary)
-        raise DrillError(f"the graph failed in the crash run at {self.where}: {message}")
+        return [status, message]
 
     def kill(self):
         kill_and_reap(self.pid)
@@ -677,27 +676,90 @@ class Child:
 
 
 def crash_all(plan, db, mode, jobs):
-    """Each (row, state, thread) job's crash run, appended to its row: the next child is forked
-    before the last one is resumed, so that one runs while the other resumes (two cores)."""
-    waiting = None  # (row, child, thread) of the run forked and not yet resumed
-    forked = None
+    """Each (row, state, thread) job's crash run, appended to its row. A warm parent, forked
+    once from this process after the clean run (the graph imported, built and run), forks the
+    crash children one after the other and reports how each ended; this process resumes each
+    thread meanwhile. So a child runs while the last one's thread resumes (two cores), its fork
+    is not on this process's path, and this process does not copy the pages it shares with a
+    live child at each run (copy-on-write) but once, those it shares with the warm parent."""
+    if not jobs:
+        return
+    plan.expect_nothing_yet(jobs[0][2])  # after the clean run's effects: a new thread counts 0
+    warm = WarmParent(plan, db, mode, jobs)
     try:
-        for row, state, thread in jobs:
-            forked = None
-            killer = Killer(state, settle=mode == "sync")
-            forked = (row, plan.start_crash(db, mode, state, thread, killer), thread)
-            if waiting is not None:
-                last, waiting = waiting, None
-                last[0].runs.append(plan.end_crash(db, mode, last[1], last[2]))
-            waiting, forked = forked, None
-        if waiting is not None:
-            last, waiting = waiting, None
-            last[0].runs.append(plan.end_crash(db, mode, last[1], last[2]))
-    except BaseException:
-        for job in (waiting, forked):
-            if job is not None:
-                job[1].kill()
-        raise
+        for row, _state, thread in jobs:
+            row.runs.append(plan.end_crash(db, mode, warm.next(), thread))
+    finally:
+        warm.stop()
+
+
+class WarmParent:
+    """A process forked from the drill that forks every crash child of one mode in turn and
+    writes each one's wait status and message back, one JSON line each. It leads a process
+    group of its own, with its children: stop() kills them all at once (a Ctrl-C, an error)."""
+
+    def __init__(self, plan, db, mode, jobs):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        read_end, write_end = os.pipe()
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})  # see fork_child
+        pid = os.fork()
+        if pid == 0:  # the warm parent: never returns into the caller's code
+            code = 0
+            try:
+                os.setpgid(0, 0)  # its own group: a terminal's Ctrl-C reaches the drill only
+                os.close(read_end)
+                gc.disable()
+                for _row, state, thread in jobs:
+                    child = plan.fork_child(db, mode, state, thread, Killer(state, mode == "sync"))
+                    os.write(write_end, (json.dumps(child.wait()) + "\n").encode())
+            except BaseException as error:
+                os.write(write_end, (json.dumps([None, task_error(error)]) + "\n").encode())
+                code = CHILD_FAILED
+            finally:
+                os._exit(code)
+        try:
+            os.setpgid(pid, pid)  # also here: stop() may come before the child's own call
+        except (PermissionError, ProcessLookupError):
+            pass  # it did it first (and may have run already)
+        self.pid = pid
+        self.where = iter([f"{state.label} ({mode})" for _, state, _ in jobs])
+        self.lines = os.fdopen(read_end, "rb")
+        try:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+            os.close(write_end)
+        except BaseException:
+            self.stop()
+            raise
+
+    def next(self):
+        """The next crash child's ending: a Child whose reached() says how it died."""
+        where = next(self.where)
+        line = self.lines.readline()
+        if not line:
+            raise DrillError(f"the drill's warm parent died before the crash run at {where}")
+        status, message = json.loads(line)
+        if status is None:
+            raise DrillError(f"the crash run at {where} could not start: {message}")
+        return Ended(status, message, where)
+
+    def stop(self):
+        try:
+            os.killpg(self.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        kill_and_reap(self.pid)
+        self.lines.close()
+
+
+class Ended:
+    """A crash child reaped by the warm parent: its wait status and what it wrote."""
+
+    def __init__(self, status, message, where):
+        self.status, self.message, self.where = status, message, where
+
+    def reached(self):
+        return judge_child(self.status, self.message, self.where)
 
 
 class Trace:
@@ -965,6 +1027,20 @@ class Killer(Counter):
                 self.check_step()
         if self.async_changed is not None:
             self.async_changed.set()
+
+
+def judge_child(status, message, where):
+    """How a crash child ended: True (killed at its point), False (the run ended without it),
+    UNREACHED / GAVE_UP (held saves LangGraph waited on), or a DrillError (the graph raised)."""
+    if os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL:
+        return True
+    if os.WIFEXITED(status) and os.WEXITSTATUS(status) == CHILD_UNREACHED:
+        return UNREACHED  # LangGraph waited on a held call: the state cannot be made
+    if os.WIFEXITED(status) and os.WEXITSTATUS(status) == CHILD_GAVE_UP:
+        return GAVE_UP  # the same, seen only by the deadline (an async graph, say)
+    if os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0:
+        return False  # the run ended without that call (async saves vary)
+    raise DrillError(f"the graph failed in the crash run at {where}: {message}")
 
 
 def die():
@@ -1456,6 +1532,12 @@ def wrap(cell, width):
 def distinct(values):
     """The different values of a row's runs, in order: 'a | b' when the runs differ."""
     return " | ".join(dict.fromkeys(values))
+
+
+def first_step(state):
+    """The step an invoke's first tasks run as: the saved checkpoint's plus one (0 fresh)."""
+    step = state.metadata.get("step") if state is not None and state.metadata else None
+    return 0 if step is None else step + 1
 
 
 def in_steps(ran):
