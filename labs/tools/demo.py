@@ -22,6 +22,7 @@ import io
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -35,7 +36,7 @@ from pathlib import Path
 import lab
 from labs.tools.backends import LabError, LocalBackend, choose_backend, parse_command
 from labs.tools.local import ROOT
-from labs.tools.runner import LIFECYCLE, TERMINAL_CODES, parse_block, run_step
+from labs.tools.runner import LIFECYCLE, TERMINAL_CODES, Step, parse_block, run_step
 from labs.tools.tally import events_in, summary, tally
 from workflow import Parser
 
@@ -641,8 +642,18 @@ class Demo:
     folded to a line the presenter opens with `o` at the next prompt, and a live `running... N s`
     line for a command that takes more than a couple of seconds."""
 
-    def __init__(self, backend, style, step_mode=False, projector=False, width=WIDTH, stderr=True):
+    def __init__(
+        self,
+        backend,
+        style,
+        step_mode=False,
+        projector=False,
+        width=WIDTH,
+        stderr=True,
+        pictures=None,
+    ):
         self.backend, self.style, self.step_mode = backend, style, step_mode
+        self.pictures, self.guide, self.drills = pictures, "", 0
         self.projector, self.width, self.stderr = projector, width, stderr or not projector
         self.outcomes, self.operations = [], []
         self.counts = tally([])  # what the workflow and the workers did (labs.tools.tally)
@@ -655,6 +666,9 @@ class Demo:
         s = self.style
         began = time.monotonic()
         story = parse_story(Path(path).read_text(encoding="utf-8"))
+        self.guide, self.drills = Path(path).name, 0
+        if self.pictures is not None:
+            Path(self.pictures).mkdir(parents=True, exist_ok=True)
         print("\n" + s.bold(f"=== {story.title} ==="))
         if story.shows:
             say(story.shows, s, width=self.width)
@@ -727,6 +741,11 @@ class Demo:
         if building:
             print(s.dim("  building the image..."), end="", flush=True)
         began = time.monotonic()
+        report = self.report_path(step)
+        if report:  # the drill's own HTML report beside the timeline (effectdrill --html)
+            step = Step(
+                f"{step.command} --html {shlex.quote(str(report))}", step.expected, step.exit_code
+            )
         with Running(self.projector and self.style.enabled and not building):
             result = outcome = run_step(step, self.backend)
         if building:
@@ -760,6 +779,8 @@ class Demo:
             print(s.dim(f"  stderr: {line}"))
         if result.exit_code:
             print(s.bold(f"[exit {result.exit_code}]"))
+        if report and report.exists():
+            print(f"report: {report}")
         for problem in outcome.problems:
             print(s.bad(f"  !! {problem}; the guide says:"))
             for line in step.expected + ([f"[exit {step.exit_code}]"] if step.exit_code else []):
@@ -779,6 +800,17 @@ class Demo:
                 )
             )
         self.count(step.command, result)
+
+    def report_path(self, step):
+        """PICTURES/lab-NN-drill-K.html for the guide's Kth drill of a graph (not a replay),
+        natively: the drill writes it where the demo can read it."""
+        words = parse_command(step.command).run_env()[1]
+        if self.pictures is None or words[1:2] != ["drill"] or words[2:3] == ["replay"]:
+            return None
+        if self.backend.name != "local" or "--html" in words:
+            return None
+        self.drills += 1
+        return Path(self.pictures).resolve() / f"lab-{self.guide[:2]}-drill-{self.drills}.html"
 
     def fit(self, lines, step, quiet):
         """Projector mode: tables fitted to the terminal, a ticket list one ticket a line, and
@@ -1110,7 +1142,7 @@ def main(argv=None):
         introduce(backend, why, projector)
         if backend.name == "docker":
             backend.down()  # what an interrupted demo may have left
-        demo = Demo(backend, style, args.step, projector, width, args.stderr)
+        demo = Demo(backend, style, args.step, projector, width, args.stderr, args.pictures)
         for guide in args.guides:
             demo.tell(guide)
             if args.pictures:
