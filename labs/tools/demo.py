@@ -51,6 +51,7 @@ EFFECTS = ("start", "resume", "approve", "post")  # lab.py's actions that can ma
 WORKER_EFFECTS = ("run", "wait")  # worker.py's: run makes them, wait reports the background's
 SAYS = ("hooks", "reconcile", "messages")  # lab.py's: what they print is part of the verdict
 FOLDED = re.compile(r"(What|How) LangGraph ")  # "What LangGraph does here (checked against ...)"
+END_OF_TABLE = re.compile(r"(requests|summary): ")  # the drill's lines after a table
 FOLD_LINES = 20  # projector mode: a command's output longer than this is folded
 FIGURES = re.compile(r'"(?:ticket_id|created)": (?:\d+|true|false)')
 
@@ -232,9 +233,10 @@ def tell_text(text, style, width=WIDTH):
 
 
 def fit_tables(lines, width):
-    """The drill's tables (a header `point ...` or `thread ...`, rows to the next blank line)
-    with each column only as wide as its widest cell and two spaces between, where a row is
-    wider than the terminal. The drill pads every column to its header's width."""
+    """The drill's tables (a header `point ...` or `thread ...`, rows to the next blank line),
+    where a row is wider than the terminal: each column only as wide as its widest cell, two
+    spaces between, and if that is still too wide the last column's cells (then the one before)
+    wrapped onto lines of their own within it, as the drill wraps a long cell."""
     out, i = [], 0
     while i < len(lines):
         if not lines[i].startswith(("point ", "thread ")):
@@ -242,26 +244,62 @@ def fit_tables(lines, width):
             i += 1
             continue
         end = i
-        while end < len(lines) and lines[end].strip():
+        while end < len(lines) and lines[end].strip() and not END_OF_TABLE.match(lines[end]):
             end += 1
         block = lines[i:end]
         if max(map(len, block)) > width:
-            starts = [0] + [m.end() for m in re.finditer(r"  +(?=\S)", block[0])]
-            ends = starts[1:] + [None]
-            cells = [
-                [row[a:b].rstrip() for a, b in zip(starts, ends, strict=True)] for row in block
-            ]
-            widths = [
-                max(len(row[c].strip()) + (len(row[c]) - len(row[c].lstrip())) for row in cells)
-                for c in range(len(starts))
-            ]
-            block = [
-                "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
-                for row in cells
-            ]
+            block = fit_table(block, width)
         out += block
         i = end
     return out
+
+
+def fit_table(block, width):
+    starts = [0] + [m.end() for m in re.finditer(r"  +(?=\S)", block[0])]
+    ends = starts[1:] + [None]
+    rows = [[row[a:b].rstrip() for a, b in zip(starts, ends, strict=True)] for row in block]
+    widths = [max(len(row[c]) for row in rows) for c in range(len(starts))]
+    for c in reversed(range(len(widths))):  # the verdict first, then leftwards
+        excess = sum(widths) + 2 * (len(widths) - 1) - width
+        if excess <= 0:
+            break
+        groups = row_groups(rows)
+        header = groups[0]  # the header and its `(clean N)` line: never wrapped
+        longest = max(
+            [len(word) + 2 for row in rows for word in row[c].split()]
+            + [len(row[c].strip()) for row in header]
+        )
+        if max(longest, widths[c] - excess) >= widths[c]:
+            continue  # no narrower than its longest word (and the indent of a wrapped line)
+        widths[c] = max(longest, widths[c] - excess)
+        wrapped = []
+        for group in groups:  # a row and the lines its long cells wrapped onto
+            if group is header:
+                wrapped += group
+                continue
+            text = " ".join(row[c].strip() for row in group if row[c].strip())
+            parts = textwrap.wrap(text, widths[c] - 2) or [""]
+            parts = parts[:1] + ["  " + part for part in parts[1:]]
+            group += [[""] * len(widths) for _ in range(len(parts) - len(group))]
+            for index, row in enumerate(group):
+                row[c] = parts[index] if index < len(parts) else ""
+            wrapped += group
+        rows = wrapped
+    return [
+        "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+        for row in rows
+    ]
+
+
+def row_groups(rows):
+    """A table's rows grouped: each starts with a row whose first cell starts at the margin."""
+    groups = []
+    for row in rows:
+        if groups and not row[0][:1].strip():
+            groups[-1].append(list(row))
+        else:
+            groups.append([list(row)])
+    return groups
 
 
 class Running:

@@ -9,14 +9,18 @@ approval, background workers' tickets, expired keys) on their native guide runs,
 demo's own Demo.run (tests/guides/test_guides.py, test_guide_local and DEMO_VERDICTS).
 """
 
+import contextlib
+import html
 import io
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -51,16 +55,90 @@ def test_the_story_comes_from_the_guide_itself():
 
 
 def test_the_verdict_follows_the_receiver_not_the_guide(capsys, tmp_path):
-    """Lab 01 run in safe mode: its text still promises a duplicate, the receiver has one."""
+    """Lab 01 run in safe mode: its text still promises a duplicate, the receiver has one. The
+    same run in projector mode, with its timeline and its time written: each command once (as
+    it runs natively), a ticket a line, the timeline on the terminal and as an SVG that headless
+    Chromium shows with this run's ticket ids and keys, and the guide's time in the times file."""
     text = LAB01.read_text(encoding="utf-8").replace("--mode naive", "--mode safe")
     guide = tmp_path / "01-safe.md"
     guide.write_text(text, encoding="utf-8")
-    code, out, err = run_demo(capsys, guide)
+    pictures, times = tmp_path / "pictures", tmp_path / "times.json"
+    code, out, err = run_demo(
+        capsys, "--projector", "--pictures", pictures, "--times", times, guide
+    )
     assert code == demo.EXIT_DIFFERS
     assert "case-naive:open-ticket:v1: 1 ticket, resume got created: false" in out
     assert "What the labs showed: safe: 0 of 1 operation duplicated" in out
     commands = len(parse_guide(text))
     assert re.search(rf"\d+ of {commands} commands differ from the guides", out)
+    # projector: each command once, as it runs here; the tickets one a line
+    assert "natively:" not in out and "$ docker compose" not in out
+    assert out.count("\n$ python lab.py start --thread naive ") == 1
+    (ticket,) = set(re.findall(r"^  (\{\"key\": .*\"ticket_id\": \d+\}),$", out, re.M))
+    ticket = json.loads(ticket)  # the receiver's one ticket, as the run printed it
+    assert ticket["key"] == "case-naive:open-ticket:v1"
+    timeline = out.split("\nTimeline\n")[1].split("\npicture: ")[0]
+    made = f"[ticket {ticket['ticket_id']}, key {ticket['key']}: created]"
+    again = f"[ticket {ticket['ticket_id']}, key {ticket['key']}: created: false]"
+    assert made in timeline and again in timeline and "[killed after-ack]" in timeline
+    # the picture: what Chromium shows of it
+    svg = pictures / "lab-01.svg"
+    assert f"picture: {svg}" in out
+    shown = chromium_text(svg)
+    assert [line for line in shown if line.startswith("ticket ")] == [made[1:-1], again[1:-1]]
+    assert "killed after-ack" in shown
+    recorded = json.loads(times.read_text(encoding="utf-8"))["guides"]["01-safe.md"]
+    assert recorded["backend"] == "local" and recorded["seconds"] > 0
+
+
+def chromium_text(page):
+    """The text of each <text> of the page as headless Chromium's DOM holds it (one launch);
+    a page Chromium cannot parse fails here."""
+    chromium = "/usr/bin/chromium"  # Debian's package (.ci/run installs it)
+    if not os.path.exists(chromium):
+        reason = f"CHROMIUM SKIPPED: no {chromium} (apt-get install chromium)"
+        if os.environ.get("LAB_REQUIRE_CHROMIUM") == "1":
+            pytest.fail(reason.replace("SKIPPED", "REQUIRED (LAB_REQUIRE_CHROMIUM=1)"))
+        pytest.skip(reason)
+    flags = "--headless --no-sandbox --disable-gpu --disable-quic --no-first-run "
+    flags += "--disable-background-networking --disable-component-update --disable-sync"
+    profile = tempfile.mkdtemp(prefix="chromium-", dir="/tmp")  # a short socket path
+    try:
+        done = subprocess.run(
+            [
+                "/usr/bin/chromium",
+                *flags.split(),
+                f"--user-data-dir={profile}",
+                "--dump-dom",
+                page.as_uri(),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=os.environ | {"TMPDIR": profile},
+        )
+    finally:
+        shutil.rmtree(profile, ignore_errors=True)
+    assert done.returncode == 0, done.stderr
+    assert "<svg" in done.stdout and "parsererror" not in done.stdout, done.stdout[:500]
+    return [html.unescape(t) for t in re.findall(r"<text[^>]*>([^<]*)</text>", done.stdout)]
+
+
+def test_projector_mode_keeps_the_guides_lists():
+    """The lists after lab 16's and 18's blocks are said as lists, a bullet a line (lab 16's
+    drill table fitted to a 119-column terminal: on its native guide run, test_guides.py)."""
+    for name, first in (
+        ("16-classify-your-effects.md", "- `quote` re-ran"),
+        ("18-the-webhook-that-came-twice.md", "- "),
+    ):
+        story = demo.parse_story((ROOT / "labs" / name).read_text(encoding="utf-8"))
+        afters = [c.after for c in story.chapters if first in c.after]
+        assert afters, name
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            demo.tell_text(afters[0], demo.Style(False), 119)
+        bullets = [line for line in out.getvalue().splitlines() if line.startswith("  - ")]
+        assert len(bullets) == afters[0].count("\n- ") + afters[0].startswith("- "), out.getvalue()
 
 
 def test_stderr_comes_with_its_exit_code_and_lab_06_turns_its_fault_on(capsys):

@@ -135,6 +135,8 @@ def test_guide_local(guide, tmp_path, capsys):
             assert_the_drills_stderr_is_the_graphs_own_lines(outcomes)
         if guide.name.startswith("15-"):
             assert_lab_15_quotes_its_stop_and_nothing_was_replayed(guide, outcomes, backend)
+        if guide.name.startswith("16-"):
+            assert_the_projector_fits_the_drills_tables(outcomes)
         assert_the_log_lines_shown_are_the_receivers(outcomes)
         last = run_step(steps[-1], backend)  # the reset
         assert last.ok, f"{guide.name} differs:\n{describe([last])}"
@@ -300,6 +302,19 @@ def assert_the_demo_tells_it(guide, steps, backend, capsys):
         if parse_command(step.command).verb == "sleep":  # lab 14: shown as typed, no native line
             assert f"\n$ {step.command}\n" in out and f"natively: {step.command}" not in out
     return teller.outcomes
+
+
+def assert_the_projector_fits_the_drills_tables(outcomes):
+    """Lab 16's drill tables (125 columns as the drill prints them) fit a 120-column terminal in
+    the demo's projector mode, with every word (a long cell wrapped within its column)."""
+    for outcome in (o for o in outcomes if " drill " in o.step.command):
+        lines = outcome.stdout.splitlines()
+        fitted = demo.fit_tables(lines, 119)
+        tables = [
+            line for line in fitted if not line.startswith("summary: ")
+        ]  # a line, not a table
+        assert max(map(len, lines)) > 119 >= max(map(len, tables)), "\n".join(fitted)
+        assert sorted(" ".join(fitted).split()) == sorted(" ".join(lines).split())  # every word
 
 
 def assert_the_log_lines_shown_are_the_receivers(outcomes):
