@@ -3,8 +3,13 @@ its receiver_idempotent_replays_total. A real engine, in a project of our own (n
 stateful-lab). The image is LAB_PROMETHEUS_IMAGE when set (CI: Debian's prometheus on the local
 base image, .ci/docker-setup.sh), else the digest-pinned official one."""
 
+import json
 import os
 import re
+import socket
+import urllib.parse
+import urllib.request
+from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -19,15 +24,22 @@ PROJECT = os.environ.get("LAB_DOCKER_PROJECT", "stateful-lab-test") + "-observe"
 SCRAPE_DEADLINE_S = 60  # seconds: Prometheus starts, then scrapes every 2 s (observe/)
 REPLAYS = "receiver_idempotent_replays_total"
 METRICS_SCRIPT = TICKETS_SCRIPT.replace("/tickets", "/metrics")  # the receiver's own counters
+README = Path(__file__).resolve().parents[2] / "README.md"
+README_GRAPH = re.compile(r"^http://127\.0\.0\.1:9090/graph\?\S+$", re.M)  # the prepared graph
 PROMQL_VALUE = re.compile(r"=> (\S+) @")  # promtool query instant: `name{labels} => 1 @[time]`
 
 
 @pytest.fixture
 def lab():
+    with socket.socket() as probe:  # a free loopback port for Prometheus's UI
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
 
     def compose(*args, timeout=120):
-        return run_command([*compose_command(), "-p", PROJECT, *args], timeout=timeout)
+        env = {**os.environ, "LAB_PROMETHEUS_PORT": str(port)}  # never the learner's 9090
+        return run_command([*compose_command(), "-p", PROJECT, *args], timeout=timeout, env=env)
 
+    compose.port = port
     compose("down", "-v", "--remove-orphans")
     yield compose
     compose("down", "-v", "--remove-orphans")
@@ -69,3 +81,18 @@ def test_prometheus_scrapes_the_replay_a_resume_caused(lab):
     assert families["receiver_tickets_created"].samples[0].value == 1
     rate = scraped(lab, f"rate({REPLAYS}[1m])")  # the README's query answers, with a number
     assert rate is not None and rate >= 0
+    # The README's prepared graph, asked on the published loopback port: each of its queries
+    # answers with this run's figures (one ticket created, one replay, within the last minute)
+    url = urllib.parse.urlsplit(README_GRAPH.search(README.read_text(encoding="utf-8"))[0])
+    queries = [v for k, v in urllib.parse.parse_qsl(url.query) if k.endswith(".expr")]
+    assert queries == [
+        "increase(receiver_tickets_created_total[1m])",
+        f"increase({REPLAYS}[1m])",
+    ]
+    for query in queries:
+        ask = f"http://127.0.0.1:{lab.port}/api/v1/query?" + urllib.parse.urlencode(
+            {"query": query}
+        )
+        with urllib.request.urlopen(ask, timeout=30) as answer:
+            (sample,) = json.load(answer)["data"]["result"]
+        assert float(sample["value"][1]) > 0, (query, sample)  # increase() extrapolates: > 0
