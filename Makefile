@@ -32,7 +32,7 @@ UV := $(abspath $(PY)) -m uv pip compile --quiet --universal --python-version 3.
 $(VENV)/.installed: requirements.txt requirements-dev.txt
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' \
 		|| { echo "make: Python 3.11 or newer is needed (set PYTHON=python3.13, say)" >&2; exit 2; }
-	@echo "make: installing the hashed requirements into $(VENV) (about a minute, once)" >&2
+	@echo "make: installing the hashed requirements into $(VENV) (2-3 minutes with an empty pip cache, once)" >&2
 	@$(PYTHON) -m venv $(VENV) >&2
 	@$(PY) -m pip install --quiet --disable-pip-version-check --require-hashes \
 		-r requirements.txt -r requirements-dev.txt >&2
