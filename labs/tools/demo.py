@@ -1045,9 +1045,16 @@ def draw(demo, guide, folder):
         s = demo.style
         print("\n" + s.bold("Timeline"))
         paint = {"made": s.good, "killed": s.bad, "stopped": s.bad}
-        for label, marks in rows:
-            shown = " -> ".join(paint.get(kind, str)(f"[{text}]") for kind, text in marks)
-            print(f"  {label:<28} {shown}")
+        for label, marks in rows:  # wrapped between marks, colour added after
+            line, width = f"  {label}", demo.width
+            for kind, text in marks:
+                piece = f" -> [{text}]" if line.rstrip().endswith("]") else f" [{text}]"
+                if len(TERMINAL_CODES.sub("", line)) + len(piece) > width:
+                    print(line)
+                    line = "     "
+                    piece = piece.removeprefix(" ->")
+                line += piece.replace(f"[{text}]", paint.get(kind, str)(f"[{text}]"))
+            print(line)
     return path
 
 
