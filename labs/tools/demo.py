@@ -52,7 +52,14 @@ WORKER_EFFECTS = ("run", "wait")  # worker.py's: run makes them, wait reports th
 SAYS = ("hooks", "reconcile", "messages")  # lab.py's: what they print is part of the verdict
 FOLDED = re.compile(r"(What|How) LangGraph ")  # "What LangGraph does here (checked against ...)"
 END_OF_TABLE = re.compile(r"(requests|summary): ")  # the drill's lines after a table
-FOLD_LINES = 20  # projector mode: a command's output longer than this is folded
+FOLD_LINES = 20
+FOLD_KEEP = 16  # a folded `logs`: its last lines stay
+LISTS = (
+    "tickets",
+    "messages",
+    "refunds",
+    "jobs",
+)  # lab.py's and worker.py's listings  # projector mode: a command's output longer than this is folded
 FIGURES = re.compile(r'"(?:ticket_id|created)": (?:\d+|true|false)')
 
 
@@ -857,21 +864,22 @@ class Demo:
         out = []
         for line in lines:
             event = next(events_in([line]), None)
-            if event and event.get("event") == "tickets" and event.get("tickets"):
-                out.append('{"event": "tickets", "tickets": [')
-                out += [f"  {json.dumps(t, sort_keys=True)}," for t in event["tickets"]]
+            listed = event and next((k for k in LISTS if event.get(k)), None)
+            if listed:  # one item a line
+                out.append(f'{{"event": "{event["event"]}", "{listed}": [')
+                out += [f"  {json.dumps(item, sort_keys=True)}," for item in event[listed]]
                 out.append("]}")
             else:
                 out.append(line)
-        drill = parse_command(step.command).run_env()[1][1:2] == ["drill"]
+        verb = parse_command(step.command)
+        drill = verb.run_env()[1][1:2] == ["drill"]
         if quiet or (len(out) > FOLD_LINES and not drill):
             self.folds.append("\n".join(out))
-            keep = [] if quiet else out[:3]
-            return keep + [
-                self.style.dim(
-                    f"  ({len(out) - len(keep)} lines folded; o at the next prompt opens them)"
-                )
-            ]
+            keep = [] if quiet else out[-FOLD_KEEP:] if verb.verb == "logs" else out[:3]
+            said = f"  ({len(out) - len(keep)} lines folded; o at the next prompt opens them)"
+            if verb.verb == "logs":  # the receiver's latest lines are the lesson: kept
+                return [self.style.dim(said.replace("lines", "earlier lines")), *keep]
+            return [*keep, self.style.dim(said)]
         return out
 
     def count(self, command, result):
