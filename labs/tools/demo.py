@@ -52,14 +52,9 @@ WORKER_EFFECTS = ("run", "wait")  # worker.py's: run makes them, wait reports th
 SAYS = ("hooks", "reconcile", "messages")  # lab.py's: what they print is part of the verdict
 FOLDED = re.compile(r"(What|How) LangGraph ")  # "What LangGraph does here (checked against ...)"
 END_OF_TABLE = re.compile(r"(requests|summary): ")  # the drill's lines after a table
-FOLD_LINES = 20
+FOLD_LINES = 20  # projector mode: a command's output longer than this is folded
 FOLD_KEEP = 16  # a folded `logs`: its last lines stay
-LISTS = (
-    "tickets",
-    "messages",
-    "refunds",
-    "jobs",
-)  # lab.py's and worker.py's listings  # projector mode: a command's output longer than this is folded
+LISTS = ("tickets", "messages", "refunds", "jobs")  # lab.py's and worker.py's listings
 FIGURES = re.compile(r'"(?:ticket_id|created)": (?:\d+|true|false)')
 
 
