@@ -11,10 +11,22 @@ The demo runs in a lab of its own (a temporary folder and a free port; through D
 Compose project stateful-lab-demo), so a learner's lab is never touched, and Ctrl-C at any
 point removes what the demo made.
 
-    python -m labs.tools.demo [--backend auto|local|docker] [--step] [GUIDE.md ...]
+    python -m labs.tools.demo [--backend auto|local|docker] [--step] [--projector|--plain]
+        [--stderr] [--times FILE.json] [--pictures DIR] [GUIDE.md ...]
 
-Exit codes: 0 every command as its guide says; 1 some differ; 3 the lab could not run;
-130 stopped with Ctrl-C.
+On a terminal it tells in projector mode (see Demo); --plain, the default for a pipe or a file,
+prints everything as the guide has it. The verdict says each lab's lesson from what its
+commands printed and the receiver holds (Ledger, Operation.lessons): the tickets and refunds of
+each operation, what the ledger answered, a drain, a run that said done with no ticket, the
+relay's deliveries, the messages a customer got, a status that went back; a drill's own crash
+runs are its own line. --times adds each guide's wall time (and the backend, the commit and the
+load) to a JSON file (labs/workshop-times.json is one, for labs/WORKSHOP.md); --pictures writes
+each guide's timeline as DIR/lab-NN.svg and, natively, each drill's HTML report
+(effectdrill --html) beside it.
+
+Exit codes: 0 every command as its guide says; 1 some differ; 2 a guide that does not exist;
+3 the lab could not run; 130 stopped with Ctrl-C (through make, the recipe takes the 130 so that
+make adds no "Error 130").
 """
 
 import contextlib
