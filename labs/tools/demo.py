@@ -710,7 +710,10 @@ class Demo:
         self.outcomes, self.operations = [], []
         self.counts = tally([])  # what the workflow and the workers did (labs.tools.tally)
         self.folds = []  # projector mode: what was folded since the last prompt
-        self.durations = []  # (guide, seconds): what each guide took here (labs/WORKSHOP.md)
+        self.durations = []  # (guide, seconds, load): what each guide took (labs/WORKSHOP.md)
+        self.commit = subprocess.run(  # the tree the demo told, as it started
+            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
+        ).stdout.strip()
         self.timeline = []  # (command, events, exit code): the picture of the run
         self.keys = {}  # ticket_id -> the key the receiver holds for it
 
@@ -752,7 +755,7 @@ class Demo:
                 self.text(chapter.after, fold)
         if not any(c.notice for c in story.chapters):
             self.verdict(ledger)
-        self.durations.append((Path(path).name, time.monotonic() - began))
+        self.durations.append((Path(path).name, time.monotonic() - began, os.getloadavg()[0]))
 
     def text(self, text, fold=False):
         if fold:
@@ -1084,15 +1087,12 @@ def record_times(path, demo, backend):
             data = None
         if not isinstance(data, dict) or "guides" not in data:
             raise LabError(f"{path} is not a times file the demo wrote; not writing to it")
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
-    ).stdout.strip()
-    for name, seconds in demo.durations:
+    for name, seconds, load in demo.durations:  # the load average as each guide ended
         data["guides"][name] = {
             "backend": backend.name,
             "seconds": round(seconds, 1),
-            "commit": commit,
-            "load": round(os.getloadavg()[0], 1),
+            "commit": demo.commit,
+            "load": round(load, 1),
         }
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n", encoding="utf-8")
