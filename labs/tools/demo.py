@@ -1066,7 +1066,8 @@ def draw(demo, guide, folder):
         for label, marks in rows:  # wrapped between marks, colour added after
             line, width = f"  {label}", demo.width
             for kind, text in marks:
-                piece = f" -> [{text}]" if line.rstrip().endswith("]") else f" [{text}]"
+                after = TERMINAL_CODES.sub("", line).rstrip().endswith("]")
+                piece = f" -> [{text}]" if after else f" [{text}]"
                 if len(TERMINAL_CODES.sub("", line)) + len(piece) > width:
                     print(line)
                     line = "     "
