@@ -18,6 +18,7 @@ import io
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import socket
@@ -373,3 +374,38 @@ def test_ctrl_c_while_a_docker_command_runs_leaves_nothing_behind(tmp_path):
     assert proc.returncode == 130, err
     assert err.decode() == "demo stopped; nothing left behind\n"
     assert leftovers == {"container": [], "volume": [], "network": []}
+
+
+def test_ctrl_c_on_a_terminal_reaches_the_demo_and_not_the_make_that_started_it():
+    """On a terminal the demo takes the foreground in a process group of its own: the terminal's
+    Ctrl-C (a ^C typed into a real pty) stops the demo with its one line and exit 130, and the
+    shell that started it, as make does, gets no SIGINT and goes on (so make adds no "Error
+    130"; the Makefile's recipe takes the 130)."""
+    import pty
+
+    parent = f"{shlex.quote(sys.executable)} -m labs.tools.demo --backend local --step {LAB01}"
+    script = f"{parent}; echo parent-alive $?"  # a SIGINT to the shell would end it first
+    pid, master = pty.fork()
+    if pid == 0:  # the child: a session whose controlling terminal is the pty, as a shell's is
+        os.chdir(ROOT)
+        os.execvp("sh", ["sh", "-c", script])
+    seen = b""
+    try:
+        while b"(Enter to run)" not in seen:
+            seen += os.read(master, 4096)
+        os.write(master, b"\x03")  # Ctrl-C, typed: the terminal sends SIGINT to its foreground
+        while True:
+            try:
+                chunk = os.read(master, 4096)
+            except OSError:  # the pty closed: every process on it has exited
+                break
+            if not chunk:
+                break
+            seen += chunk
+    finally:
+        _, status = os.waitpid(pid, 0)
+        os.close(master)
+    said = seen.decode(errors="replace").replace("\r\n", "\n")
+    assert said.count("demo stopped; nothing left behind\n") == 1, said
+    assert "parent-alive 130" in said and "Traceback" not in said, said
+    assert os.waitstatus_to_exitcode(status) == 0  # the shell ran on and exited normally
