@@ -15,7 +15,9 @@ pytestmark = pytest.mark.fast
 PLAN = ROOT / "labs" / "WORKSHOP.md"
 TIMES = ROOT / "labs" / "workshop-times.json"
 TRACK = re.compile(r"^## (?:The )?(\d+)-(minute|hour) track", re.M)
-ROW = re.compile(r"^\| (\d+) \| \[[^\]]+\]\(([^)]+)\) \| (type|show) \| (\d+) s \| (\d+) min \|", re.M)
+ROW = re.compile(  # | order | [lab](guide) | type or show | measured | slot | ...
+    r"^\| (\d+) \| \[[^\]]+\]\(([^)]+)\) \| (type|show) \| (\d+) s \| (\d+) min \|", re.M
+)
 AROUND = re.compile(r"^Around the labs: (\d+) min", re.M)  # framing, breaks, questions
 TOLERANCE_S = 1  # the plan gives the demo's seconds rounded to whole seconds
 
@@ -28,9 +30,7 @@ def tracks():
     for head, after in zip(heads, heads[1:] + [None], strict=True):
         body = text[head.end() : after.start() if after else len(text)]
         total = int(head.group(1)) * (60 if head.group(2) == "hour" else 1)
-        rows = [
-            (int(o), guide, how, int(s), int(m)) for o, guide, how, s, m in ROW.findall(body)
-        ]
+        rows = [(int(o), guide, how, int(s), int(m)) for o, guide, how, s, m in ROW.findall(body)]
         found[total] = (rows, int(AROUND.search(body).group(1)))
     return found
 
@@ -50,7 +50,7 @@ def test_each_lab_it_names_exists_and_comes_in_order():
 
 def test_its_times_are_the_demos_measured_through_docker():
     measured = json.loads(TIMES.read_text(encoding="utf-8"))["guides"]
-    for total, (rows, _) in tracks().items():
+    for rows, _ in tracks().values():
         for _, guide, _, seconds, slot in rows:
             run = measured[guide]  # the demo wrote it: backend, seconds, commit, load
             assert run["backend"] == "docker", guide
