@@ -759,7 +759,7 @@ class Demo:
 
     def text(self, text, fold=False):
         if fold:
-            self.folds.append(text)
+            self.folds.append(("text", text))
             return
         print()
         tell_text(text, self.style, self.width)
@@ -773,8 +773,12 @@ class Demo:
             )
             if answer.strip().lower() != "o" or not self.folds:
                 return
-            for folded in self.folds:
-                print(folded)
+            for kind, folded in self.folds:  # the guide's text told as such, output as it came
+                if kind == "text":
+                    print()
+                    tell_text(folded, s, self.width)
+                else:
+                    print(folded)
             self.folds = []
 
     def run(self, step, ledger, quiet=False):
@@ -884,7 +888,7 @@ class Demo:
         verb = parse_command(step.command)
         drill = verb.run_env()[1][1:2] == ["drill"]
         if quiet or (len(out) > FOLD_LINES and not drill):
-            self.folds.append("\n".join(out))
+            self.folds.append(("output", "\n".join(out)))
             keep = [] if quiet else out[-FOLD_KEEP:] if verb.verb == "logs" else out[:3]
             said = f"  ({len(out) - len(keep)} lines folded; o at the next prompt opens them)"
             if verb.verb == "logs":  # the receiver's latest lines are the lesson: kept

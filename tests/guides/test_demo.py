@@ -409,3 +409,18 @@ def test_ctrl_c_on_a_terminal_reaches_the_demo_and_not_the_make_that_started_it(
     assert said.count("demo stopped; nothing left behind\n") == 1, said
     assert "parent-alive 130" in said and "Traceback" not in said, said
     assert os.waitstatus_to_exitcode(status) == 0  # the shell ran on and exited normally
+
+
+def test_o_at_the_prompt_opens_what_was_folded(monkeypatch, capsys):
+    """STEP=1 in projector mode: `o` tells the folded text as the guide's text (a list a bullet a
+    line) and prints the folded output as it came; Enter then runs the command."""
+    teller = demo.Demo(None, demo.Style(False), step_mode=True, projector=True, width=100)
+    teller.folds = [
+        ("text", "- `graph/state.py`: a channel\n- the next"),
+        ("output", "out 1\nout 2"),
+    ]
+    monkeypatch.setattr("sys.stdin", io.StringIO("o\n\n"))
+    teller.prompt()
+    out = capsys.readouterr().out
+    assert "  - graph/state.py: a channel\n  - the next\n" in out and "out 1\nout 2\n" in out
+    assert out.count("(Enter to run") == 2 and teller.folds == []  # asked again, then Enter
