@@ -244,7 +244,9 @@ DEMO_VERDICTS = {
             "says: 9 crash points, 1 duplicate (refund), 0 missing, 0 failed resumes, clean run ok",
         ],
         "What the labs showed: safe: 0 of 3 operations duplicated; naive: 1 of 1 operation "
-        "duplicated; 1 of 1 drill found an effect repeated or lost",
+        "duplicated; 1 of 1 drill found an effect repeated or lost\n"
+        'What the workflow did (labs.tools.tally): {"event": "tally", "started": 4, "resumed": '
+        '4, "drained": 0, "acknowledged": 7, "replayed": 0, "settled": 0}',  # the saga's too
     ),
     "15": (
         [  # adopted, from the receipt, settled by a person: each on its operation
@@ -270,7 +272,9 @@ DEMO_VERDICTS = {
             "case-outbox:open-ticket:v1: 1 ticket, the relay delivered it 2 times, the receiver "
             "made 1 and answered 1 from its key",
         ],
-        "What the labs showed: ledger: 0 of 1 operation duplicated",
+        "What the labs showed: ledger: 0 of 1 operation duplicated\n"
+        'What the workflow did (labs.tools.tally): {"event": "tally", "started": 1, "resumed": '
+        '1, "drained": 0, "acknowledged": 1, "replayed": 1, "settled": 0}',  # the relay's too
     ),
     "14": (
         [  # expired keys show as null: each ticket still counts on the command's operation
