@@ -23,6 +23,7 @@ FAST_WORKERS ?= 3  # make test-fast's: its tests are short, so each process's st
 #                   LangGraph and hypothesis, collecting) is much of its cost: 3 measured 26-27 s
 #                   against 28-32 s with 4, idle on 2 cores; two plugins no test uses (schemathesis
 #                   runs as a command, nothing is marked anyio) are not loaded, about 1 s less
+PICTURES ?= data/demo
 GUIDES ?= labs/01-the-duplicate.md labs/02-the-keyed-fix.md labs/03-a-retry-is-not-a-new-request.md
 UV := $(abspath $(PY)) -m uv pip compile --quiet --universal --python-version 3.11 --generate-hashes --no-header
 
@@ -31,7 +32,7 @@ UV := $(abspath $(PY)) -m uv pip compile --quiet --universal --python-version 3.
 $(VENV)/.installed: requirements.txt requirements-dev.txt
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' \
 		|| { echo "make: Python 3.11 or newer is needed (set PYTHON=python3.13, say)" >&2; exit 2; }
-	@echo "make: installing the hashed requirements into $(VENV) (about a minute, once)" >&2
+	@echo "make: installing the hashed requirements into $(VENV) (2-3 minutes with an empty pip cache, once)" >&2
 	@$(PYTHON) -m venv $(VENV) >&2
 	@$(PY) -m pip install --quiet --disable-pip-version-check --require-hashes \
 		-r requirements.txt -r requirements-dev.txt >&2
@@ -48,7 +49,8 @@ $(DRILL_OLDEST)/.installed: requirements-drill-oldest.txt
 drill-oldest: $(DRILL_OLDEST)/.installed  ## the oldest LangGraph effectdrill supports, in a second venv (tests/effectdrill/test_versions.py)
 
 demo: $(VENV)/.installed  ## labs 01-03 told to a room (STEP=1 waits for Enter before each command)
-	@$(PY) -m labs.tools.demo --backend $(BACKEND) $(if $(STEP),--step) $(GUIDES)
+	@$(PY) -m labs.tools.demo --backend $(BACKEND) $(if $(STEP),--step) --pictures $(PICTURES) $(GUIDES) \
+		|| { code=$$?; [ $$code -eq 130 ] || exit $$code; }  # Ctrl-C: the demo's one line, no make "Error 130"
 
 reset: $(VENV)/.installed  ## your own lab: `down -v --remove-orphans` of project stateful-lab, the native data/ (.venv stays)
 	@$(PY) -m labs.tools.reset

@@ -14,8 +14,10 @@ import argparse
 import importlib
 import json
 import re
+import shlex
 import sys
 
+from effectdrill import html
 from effectdrill.core import DURABILITIES, DrillError, drill, require_posix
 
 EXIT_CLEAN, EXIT_FOUND, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
@@ -33,6 +35,8 @@ def main(argv=None):
         return stop.code
     try:
         require_posix()  # before importing the user's modules
+        if args.html is not None and (refused := html.refuse_foreign(args.html)):
+            raise DrillError(refused)  # before the drill: a file not ours is never written
         report = drill(
             load(args.graph, "MODULE:GRAPH"),
             parse_json(args.input, "--input"),
@@ -51,6 +55,12 @@ def main(argv=None):
     except KeyboardInterrupt:
         print("effectdrill: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+    if args.html is not None:
+        try:
+            html.write(report, args.html, args.graph, shlex.join(["effectdrill", *argv]))
+        except OSError as error:
+            print(f"effectdrill: cannot write --html {args.html}: {error}", file=sys.stderr)
+            return EXIT_USAGE
     if args.json:
         for row in report.rows:
             print(json.dumps(row.as_json()))
@@ -104,6 +114,11 @@ def build_parser():
     parser.add_argument("--context", help="MODULE:FUNC returning the runtime context")
     parser.add_argument("--checkpoint-db", help="SQLite path or postgresql:// URL (default: temp)")
     parser.add_argument("--json", action="store_true", help="JSON lines, then a summary object")
+    parser.add_argument(
+        "--html",
+        metavar="PATH",
+        help="also write the report as one self-contained HTML file (a CI artifact, say)",
+    )
     return parser
 
 

@@ -15,6 +15,7 @@ nodes are drilled through LangGraph's async API and async savers. Checked on Lan
 import asyncio
 import gc
 import itertools
+import json
 import os
 import re
 import select
@@ -27,6 +28,7 @@ import threading
 import time
 import uuid
 from collections.abc import Mapping
+from concurrent.futures import Future
 from contextlib import asynccontextmanager, contextmanager, redirect_stdout
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit, urlunsplit
@@ -39,8 +41,10 @@ MAX_INVOKES = 50  # invokes one run may take (one per interrupt answered); more 
 CHILD_DEADLINE_S = 300.0  # seconds a crash child may run: a graph that hangs is an error
 SETTLE_DEADLINE_S = 30.0  # seconds a sync kill waits for the calls it lets finish (Killer)
 HOLD_DEADLINE_S = 30.0  # seconds a child holding writes waits for the rest of their step
+WATCH_EVERY_S = 0.005  # how often a child holding a call checks that LangGraph does not wait on it
 CHILD_FAILED = 3  # a crash child's exit code when the graph raised (the message is piped)
 CHILD_UNREACHED = 4  # a crash child's exit code when LangGraph waited on a held write
+CHILD_GAVE_UP = 5  # ... when it held writes for HOLD_DEADLINE_S and the state never came
 MAX_HELD = 4  # steps with more writes than this get fewer unsaved sets (see CleanRun.states)
 MEMORY_DATABASES = ("", ":memory:", "memory")  # names of an in-memory SQLite database
 PULL_PREFIX = "~__pregel_pull, "  # LangGraph's task_path of a node's task (_algo.task_path_str)
@@ -116,6 +120,7 @@ class Run:
     counts: dict
     error: str | None = None
     thread: str = ""
+    unreached: bool = False  # LangGraph waited on a call the kill held: no counts, no verdict
 
 
 @dataclass
@@ -134,8 +139,12 @@ class Row:
             names.update(dict.fromkeys(run.counts))
         return list(names)
 
+    def judged(self):
+        """The runs that reached a state of this row: only they can back a verdict."""
+        return [run for run in self.runs if not run.unreached]
+
     def counts(self, effect):
-        return [run.counts.get(effect, 0) for run in self.runs]
+        return [run.counts.get(effect, 0) for run in self.judged()]
 
     def duplicates(self):
         return [e for e in self.effects() if any(c > self.clean.get(e, 0) for c in self.counts(e))]
@@ -157,6 +166,8 @@ class Row:
             )
             if found
         ]
+        if not words and self.runs and not self.judged():
+            return "not reached"
         return "+".join(words) or "ok"
 
     def as_json(self):
@@ -164,6 +175,7 @@ class Row:
             "durability": self.durability,
             "point": self.point,
             "runs": len(self.runs),
+            "threads": [run.thread for run in self.runs],
             "reached": [run.reached for run in self.runs],
             "saved": [run.saved for run in self.runs],
             "ran_on_recovery": [run.ran for run in self.runs],
@@ -214,6 +226,15 @@ class Report:
         return found
 
     @property
+    def unreached(self):
+        """The points no run reached (LangGraph waited on the save the kill held back)."""
+        return [
+            {"durability": row.durability, "point": row.point}
+            for row in self.rows
+            if row.verdict == "not reached"
+        ]
+
+    @property
     def repeated_in_clean_run(self):
         return list(self.clean_findings())
 
@@ -234,6 +255,7 @@ class Report:
             "missing": self.missing,
             "repeated_in_clean_run": self.repeated_in_clean_run,
             "failed": self.failed,
+            "unreached": self.unreached,
             "requests": self.requests,
         }
 
@@ -271,6 +293,8 @@ class Report:
             effects = ", ".join(sorted({f["effect"] for f in found}))
             parts.append(f"{len(found)} {name}" + (f" ({effects})" if found else ""))
         parts.append(f"{len(self.failed)} failed resume" + ("" if len(self.failed) == 1 else "s"))
+        if self.unreached:
+            parts.append(f"{len(self.unreached)} not reached")
         wrong = self.clean_findings()
         parts.append(
             "the clean run repeated "
@@ -390,17 +414,17 @@ class Plan:
         name_calls(recorder.calls, trace.names)
         return CleanRun(self.counts(thread), recorder.calls, trace.reruns(), thread)
 
-    def crash_run(self, db, mode, state, thread, killer):
-        return self.end_crash(db, mode, self.start_crash(db, mode, state, thread, killer), thread)
-
-    def start_crash(self, db, mode, state, thread, killer):
-        """The first half of a crash run: the child forked, running to its kill."""
-        self.expect_nothing_yet(thread)
-        return self.fork_child(db, mode, state, thread, killer)
-
     def end_crash(self, db, mode, child, thread):
-        """The second half: the child reaped, the thread resumed and observed."""
+        """A crash run's second half: the child's end read, the thread resumed and observed.
+        (Its thread is new: crash_all checked that the observer counts nothing on one.)"""
         reached = child.reached()
+        if reached in (UNREACHED, GAVE_UP):  # the child died in a state of no row: no verdict
+            saved = (
+                NOT_REACHED
+                if reached is UNREACHED
+                else f"{NOT_REACHED} (held {HOLD_DEADLINE_S:.0f} s)"
+            )
+            return Run(False, saved, [], {}, None, thread, unreached=True)
         saved, ran, error = "?", [], None
         self.saved = "?"
         try:
@@ -410,7 +434,7 @@ class Plan:
         except Exception as failure:  # the resume itself failed: a finding, not a usage error
             saved, error = self.saved, task_error(failure)
         if not reached:
-            saved = "point not reached"
+            saved = NOT_REACHED
         return Run(reached, saved, ran, self.counts(thread), error, thread)
 
     def run(self, db, recorder, thread, mode, fresh, trace=None):
@@ -476,8 +500,9 @@ class Plan:
             if trace:
                 trace.invoke_starts()
             with redirect_stdout(sys.stderr):  # the graph's own prints: stdout is the report's
+                steps = {(): [first_step(state), False]}  # as LangGraph numbers them
                 for chunk in graph.stream(step, config, **self.stream_options(mode)):
-                    self.seen(chunk, ran, state, trace)
+                    self.seen(chunk, ran, state, trace, steps)
         raise DrillError(f"the graph did not finish in {MAX_INVOKES} invokes (a loop?)")
 
     async def afinish(self, db, recorder, thread, mode, fresh, trace=None):
@@ -499,25 +524,33 @@ class Plan:
                 if trace:
                     trace.invoke_starts()
                 with redirect_stdout(sys.stderr):
+                    steps = {(): [first_step(state), False]}
                     async for chunk in graph.astream(step, config, **self.stream_options(mode)):
-                        self.seen(chunk, ran, state, trace)
+                        self.seen(chunk, ran, state, trace, steps)
             raise DrillError(f"the graph did not finish in {MAX_INVOKES} invokes (a loop?)")
 
     def stream_options(self, mode):
-        # debug: each task's start and result, with its id (a task whose writes were saved
-        # before is replayed without a result: PregelLoop.output_writes, cached=True).
-        return dict(durability=mode, context=self.context, stream_mode="debug", subgraphs=True)
+        # tasks: each task's start and result, with its id (a task whose writes were saved
+        # before is replayed without a result: PregelLoop.output_writes, cached=True). Not
+        # debug, which also sends every checkpoint's values: a cost per step, nothing we use.
+        return dict(durability=mode, context=self.context, stream_mode="tasks", subgraphs=True)
 
-    def seen(self, chunk, ran, state, trace):
-        namespace, event = chunk
-        if event["type"] != "task_result":
+    def seen(self, chunk, ran, state, trace, steps):
+        """A task's start or result ("tasks" stream mode). A step's tasks all start before
+        any of them ends (PregelLoop.tick emits them together), so a start after a result
+        begins the next step of its namespace."""
+        namespace, payload = chunk
+        step = steps.setdefault(namespace, [0, False])
+        if "result" not in payload and "error" not in payload:  # a start
+            if step[1]:
+                step[:] = [step[0] + 1, False]
             return
-        payload = event["payload"]
+        step[1] = True
         where = "/".join(part.split(":")[0] for part in namespace)
         if trace:
             trace.task_result(namespace, payload)
         name = task_label(payload["id"], payload["name"], state)
-        ran.append((len(namespace), event["step"], f"{where}/{name}" if where else name))
+        ran.append((len(namespace), step[0], f"{where}/{name}" if where else name))
 
     def next_input(self, state, thread, fresh):
         """The input of the next invoke: the input (fresh, or nothing saved), None to resume,
@@ -607,6 +640,9 @@ class Plan:
 
 
 DONE = object()  # next_input: nothing left to run
+UNREACHED = "unreached"  # Child.reached(): LangGraph waits on a held call (seen at once)
+GAVE_UP = "gave up"  # Child.reached(): the held state did not come by HOLD_DEADLINE_S
+NOT_REACHED = "point not reached"  # the saved cell of such a run
 
 
 class Child:
@@ -616,6 +652,10 @@ class Child:
         self.pid, self.pipe, self.where = pid, pipe, where
 
     def reached(self):
+        return judge_child(*self.wait(), self.where)
+
+    def wait(self):
+        """[wait status, what it wrote]; killed and reaped past CHILD_DEADLINE_S."""
         try:
             status = wait_child(self.pid, self.pipe)
             message = read_all(self.pipe)
@@ -623,11 +663,7 @@ class Child:
             self.kill()
             raise
         self.close()
-        if os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL:
-            return True
-        if os.WIFEXITED(status) and os.WEXITSTATUS(status) in (0, CHILD_UNREACHED):
-            return False  # the run ended without that call (async saves vary)
-        raise DrillError(f"the graph failed in the crash run at {self.where}: {message}")
+        return [status, message]
 
     def kill(self):
         kill_and_reap(self.pid)
@@ -640,27 +676,90 @@ class Child:
 
 
 def crash_all(plan, db, mode, jobs):
-    """Each (row, state, thread) job's crash run, appended to its row: the next child is forked
-    before the last one is resumed, so that one runs while the other resumes (two cores)."""
-    waiting = None  # (row, child, thread) of the run forked and not yet resumed
-    forked = None
+    """Each (row, state, thread) job's crash run, appended to its row. A warm parent, forked
+    once from this process after the clean run (the graph imported, built and run), forks the
+    crash children one after the other and reports how each ended; this process resumes each
+    thread meanwhile. So a child runs while the last one's thread resumes (two cores), its fork
+    is not on this process's path, and this process does not copy the pages it shares with a
+    live child at each run (copy-on-write) but once, those it shares with the warm parent."""
+    if not jobs:
+        return
+    plan.expect_nothing_yet(jobs[0][2])  # after the clean run's effects: a new thread counts 0
+    warm = WarmParent(plan, db, mode, jobs)
     try:
-        for row, state, thread in jobs:
-            forked = None
-            killer = Killer(state, settle=mode == "sync")
-            forked = (row, plan.start_crash(db, mode, state, thread, killer), thread)
-            if waiting is not None:
-                last, waiting = waiting, None
-                last[0].runs.append(plan.end_crash(db, mode, last[1], last[2]))
-            waiting, forked = forked, None
-        if waiting is not None:
-            last, waiting = waiting, None
-            last[0].runs.append(plan.end_crash(db, mode, last[1], last[2]))
-    except BaseException:
-        for job in (waiting, forked):
-            if job is not None:
-                job[1].kill()
-        raise
+        for row, _state, thread in jobs:
+            row.runs.append(plan.end_crash(db, mode, warm.next(), thread))
+    finally:
+        warm.stop()
+
+
+class WarmParent:
+    """A process forked from the drill that forks every crash child of one mode in turn and
+    writes each one's wait status and message back, one JSON line each. It leads a process
+    group of its own, with its children: stop() kills them all at once (a Ctrl-C, an error)."""
+
+    def __init__(self, plan, db, mode, jobs):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        read_end, write_end = os.pipe()
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})  # see fork_child
+        pid = os.fork()
+        if pid == 0:  # the warm parent: never returns into the caller's code
+            code = 0
+            try:
+                os.setpgid(0, 0)  # its own group: a terminal's Ctrl-C reaches the drill only
+                os.close(read_end)
+                gc.disable()
+                for _row, state, thread in jobs:
+                    child = plan.fork_child(db, mode, state, thread, Killer(state, mode == "sync"))
+                    os.write(write_end, (json.dumps(child.wait()) + "\n").encode())
+            except BaseException as error:
+                os.write(write_end, (json.dumps([None, task_error(error)]) + "\n").encode())
+                code = CHILD_FAILED
+            finally:
+                os._exit(code)
+        try:
+            os.setpgid(pid, pid)  # also here: stop() may come before the child's own call
+        except (PermissionError, ProcessLookupError):
+            pass  # it did it first (and may have run already)
+        self.pid = pid
+        self.where = iter([f"{state.label} ({mode})" for _, state, _ in jobs])
+        self.lines = os.fdopen(read_end, "rb")
+        try:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+            os.close(write_end)
+        except BaseException:
+            self.stop()
+            raise
+
+    def next(self):
+        """The next crash child's ending: a Child whose reached() says how it died."""
+        where = next(self.where)
+        line = self.lines.readline()
+        if not line:
+            raise DrillError(f"the drill's warm parent died before the crash run at {where}")
+        status, message = json.loads(line)
+        if status is None:
+            raise DrillError(f"the crash run at {where} could not start: {message}")
+        return Ended(status, message, where)
+
+    def stop(self):
+        try:
+            os.killpg(self.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        kill_and_reap(self.pid)
+        self.lines.close()
+
+
+class Ended:
+    """A crash child reaped by the warm parent: its wait status and what it wrote."""
+
+    def __init__(self, status, message, where):
+        self.status, self.message, self.where = status, message, where
+
+    def reached(self):
+        return judge_child(self.status, self.message, self.where)
 
 
 class Trace:
@@ -810,6 +909,9 @@ class Killer(Counter):
         self.puts = set()  # (namespace, checkpoint id) of every put finished
         self.changed = threading.Condition()
         self.async_changed = None
+        self.held_threads = set()  # idents of the threads whose call is held (sync)
+        self.held_keys = set()
+        self.watching = False
 
     def before(self, call):
         with self.changed:
@@ -819,6 +921,9 @@ class Killer(Counter):
             if action == "kill":
                 self.changed.wait_for(lambda: self.settled(call), SETTLE_DEADLINE_S)
                 die()
+            self.held_threads.add(threading.get_ident())
+            self.held_keys.add(key)
+            self.watch()
         threading.Event().wait()  # held: this call never finishes (the process dies first)
 
     async def abefore(self, call):
@@ -859,6 +964,28 @@ class Killer(Counter):
             return key, "hold"  # a later call: the state is the step's, nothing after it
         return key, "go"
 
+    def watch(self):
+        """Start the watchdog (once): it ends the child at once, as unreached, when LangGraph
+        waits for a held call, which can never finish (see waits_for_held)."""
+        if not self.watching:
+            self.watching = True
+            threading.Thread(target=self.watchdog, daemon=True).start()
+
+    def watchdog(self):
+        """Two looks in a row with no saver call started or finished between them, every call
+        started either finished or held, and a thread waiting on held saves only."""
+        last = None
+        while True:
+            with self.changed:
+                held = set(self.held_threads)
+                progress = (len(self.started), len(self.done))
+                in_flight = self.started - self.done - self.held_keys
+            stuck = not in_flight and waits_for_held(held)
+            if stuck and last == progress:
+                os._exit(CHILD_UNREACHED)
+            last = progress if stuck else None
+            time.sleep(WATCH_EVERY_S)
+
     def parent_pending(self, call):
         """A put while the put_writes about to be killed waits for its checkpoint's put."""
         return call.kind == "put" and self.state.parent_put and self.parent not in self.puts
@@ -866,7 +993,7 @@ class Killer(Counter):
     def start_holding(self):
         if not self.holding:
             self.holding = True
-            timer = threading.Timer(HOLD_DEADLINE_S, os._exit, (CHILD_UNREACHED,))
+            timer = threading.Timer(HOLD_DEADLINE_S, os._exit, (CHILD_GAVE_UP,))
             timer.daemon = True
             timer.start()
         self.check_step()
@@ -902,8 +1029,80 @@ class Killer(Counter):
             self.async_changed.set()
 
 
+def judge_child(status, message, where):
+    """How a crash child ended: True (killed at its point), False (the run ended without it),
+    UNREACHED / GAVE_UP (held saves LangGraph waited on), or a DrillError (the graph raised)."""
+    if os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL:
+        return True
+    if os.WIFEXITED(status) and os.WEXITSTATUS(status) == CHILD_UNREACHED:
+        return UNREACHED  # LangGraph waited on a held call: the state cannot be made
+    if os.WIFEXITED(status) and os.WEXITSTATUS(status) == CHILD_GAVE_UP:
+        return GAVE_UP  # the same, seen only by the deadline (an async graph, say)
+    if os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0:
+        return False  # the run ended without that call (async saves vary)
+    raise DrillError(f"the graph failed in the crash run at {where}: {message}")
+
+
 def die():
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+def waits_for_held(held_threads):
+    """Whether a thread waits (concurrent.futures.wait or Future.result) only on the futures
+    of calls the Killer holds: LangGraph waiting for a held save, which never finishes (an
+    error handler's writes, schedule_error_handler in langgraph/pregel/_loop.py; every save
+    of the run at BackgroundExecutor.__exit__, langgraph/pregel/_executor.py). Read from the
+    threads' frames: a held call runs in a pool thread whose _WorkItem (concurrent/futures/
+    thread.py) holds its future."""
+    frames = sys._current_frames()
+    held = set()
+    for ident in held_threads:
+        frame = frames.get(ident)
+        while frame is not None:
+            item = frame.f_locals.get("self") if frame.f_code.co_name == "run" else None
+            if item is not None and isinstance(getattr(item, "future", None), Future):
+                held.add(item.future)
+                break
+            frame = frame.f_back
+    if not held:
+        return False
+    if any(busy(frame) for ident, frame in frames.items() if ident not in held_threads):
+        return False  # a pool thread still runs something: it may yet save
+    for ident, frame in frames.items():
+        if ident in held_threads or ident == threading.get_ident():
+            continue
+        while frame is not None:
+            awaited = awaited_futures(frame)
+            if awaited is not None:
+                pending = {f for f in awaited if not f.done()}
+                if pending and pending <= held:  # nothing it waits on can finish
+                    return True
+                break
+            frame = frame.f_back
+    return False
+
+
+def busy(frame):
+    """Whether a thread runs a work item of a thread pool (an idle worker waits for one)."""
+    while frame is not None:
+        if frame.f_code.co_name == "run" and isinstance(
+            getattr(frame.f_locals.get("self"), "future", None), Future
+        ):
+            return True
+        frame = frame.f_back
+    return False
+
+
+def awaited_futures(frame):
+    """The futures a frame of concurrent.futures waits on, or None for any other frame."""
+    if not frame.f_code.co_filename.endswith(os.path.join("concurrent", "futures", "_base.py")):
+        return None
+    name, local = frame.f_code.co_name, frame.f_locals
+    if name == "result" and isinstance(local.get("self"), Future):
+        return [local["self"]]
+    if name == "wait" and "fs" in local:
+        return list(local["fs"])
+    return None
 
 
 def numbered(label, occurrence):
@@ -924,6 +1123,8 @@ def put_call(config, metadata):
 def writes_call(config, writes, task_id, task_path):
     channels = ", ".join(sorted({channel for channel, _ in writes}))
     node = task_path.removeprefix(PULL_PREFIX)
+    if ", node_error_handler" in node:  # the handler of a node that failed: its own task
+        node = node.split(", ")[0] + " (error handler)"
     key = f"put_writes {node} [{channels}]".replace("  ", " ") + namespace(config)
     group = (0, *parent(config))
     return Call(key, "put_writes", group, task_id, task_path, channels, namespace(config))
@@ -1297,6 +1498,9 @@ def columns(lines, width=TABLE_WIDTH):
         for i in range(len(lines[0]))
     ]
     least = dict(zip(SHRINKABLE, MIN_CELLS, strict=True)) | {len(widths) - 1: MIN_VERDICT}
+    for i in least:  # never narrower than a column's longest word: no cell breaks mid-word
+        words = [len(w) for line in lines for w in line[i].split()]
+        least[i] = min(widths[i], max([least[i], *words]))
     while sum(widths) + 2 * (len(widths) - 1) > width:
         shrinkable = [i for i in least if widths[i] > least[i]]
         if not shrinkable:
@@ -1328,6 +1532,12 @@ def wrap(cell, width):
 def distinct(values):
     """The different values of a row's runs, in order: 'a | b' when the runs differ."""
     return " | ".join(dict.fromkeys(values))
+
+
+def first_step(state):
+    """The step an invoke's first tasks run as: the saved checkpoint's plus one (0 fresh)."""
+    step = state.metadata.get("step") if state is not None and state.metadata else None
+    return 0 if step is None else step + 1
 
 
 def in_steps(ran):
@@ -1365,8 +1575,8 @@ def plural(count, noun):
 
 
 def verdict_cell(row):
-    if row.verdict == "ok":
-        return "ok"
+    if row.verdict in ("ok", "not reached"):
+        return row.verdict
     details = []
     for word, effects in (("DUPLICATE", row.duplicates()), ("MISSING", row.missing())):
         for effect in effects:

@@ -100,7 +100,7 @@ class RequestLog:
             totals["recorded"] += len(effect_requests(self.requests(thread)))
         for row in report.rows:
             clean = self.requests(clean_threads[row.durability])
-            runs = [self.requests(run.thread) for run in row.runs]
+            runs = [self.requests(run.thread) for run in row.judged()]
             totals["recorded"] += sum(len(effect_requests(sent)) for sent in runs)
             row.requests = repeats(clean, runs, counted=bool(row.duplicates()))
             for repeat in row.requests:

@@ -10,10 +10,12 @@ graph, and the median crash run, this tree and the baseline side by side (part o
     python -m labs.tools.bench_drill [--runs N] [--baseline REF]
 
 Targets (the issue's, on a quiet 2-core machine): at most 1.5 s for the whole CLI drill, 50 ms
-per crash run. The load average is printed with the figures: a busy machine is slower. The
-graph (below) and its effects live in a temporary folder, removed after; the baseline is
-`git archive REF` unpacked there (labs/tools/bench.py's export_commit). Exit codes: 0 measured,
-2 bad arguments, 4 no baseline, 130 Ctrl-C.
+per crash run, and a crash run at most 1.5 times a clean invoke of the same graph (a warm
+`invoke` on a new thread through a SqliteSaver, timed just before each drill). The load
+average is printed with the figures: a busy machine is slower. The graph (below) and its
+effects live in a temporary folder, removed after; the baseline is `git archive REF` unpacked
+there (labs/tools/bench.py's export_commit). Exit codes: 0 measured, 2 bad arguments, 4 no
+baseline, 130 Ctrl-C.
 """
 
 import json
@@ -79,9 +81,24 @@ def observe(thread):
 '''
 
 IN_PROCESS = """
-import json, sys, time
+import json, os, sqlite3, statistics, sys, time
 import effectdrill, effectdrill.core as core
 import bench_graph
+from langgraph.checkpoint.sqlite import SqliteSaver
+conn = sqlite3.connect(os.environ["BENCH_EFFECTS"] + ".checkpoints", check_same_thread=False)
+conn.execute("PRAGMA synchronous=OFF")  # as the drill's own saver
+saver = SqliteSaver(conn)
+saver.setup()
+graph = bench_graph.build().copy(update={"checkpointer": saver})
+invokes = []
+def clean_invoke():  # what a crash run is measured against: one invoke, warm, on a new thread
+    times = []
+    for _ in range(3):
+        thread = f"clean-{len(invokes)}-{len(times)}"
+        start = time.perf_counter()
+        graph.invoke({"order": thread}, {"configurable": {"thread_id": thread}}, durability="sync")
+        times.append(time.perf_counter() - start)
+    invokes.append(statistics.median(times))
 clean = []
 real = core.Plan.clean_run
 def clean_run(self, *args):
@@ -93,11 +110,13 @@ def clean_run(self, *args):
 core.Plan.clean_run = clean_run
 whole, per_run = [], []
 for _ in range(int(sys.argv[1])):
+    clean_invoke()  # before each drill: the same moment's load
     start = time.perf_counter()
     report = effectdrill.drill(bench_graph.build, {"order": "{thread}"}, bench_graph.observe)
     whole.append(time.perf_counter() - start)
     per_run.append((whole[-1] - clean[-1]) / len(report.rows))
-print(json.dumps({"per_run": per_run, "whole": whole, "points": len(report.rows)}))
+print(json.dumps({"per_run": per_run, "whole": whole, "points": len(report.rows),
+                  "invoke": invokes}))
 """
 
 
@@ -149,6 +168,11 @@ def bench(tmp, ref, sha, short, runs):
             "crash_run_ms": 1000 * statistics.median(got["per_run"]),
             "fastest_crash_run_ms": 1000 * min(got["per_run"]),  # the drill least disturbed
             "drill_s": statistics.median(got["whole"]),
+            "clean_invoke_ms": 1000 * statistics.median(got["invoke"]),
+            # per drill, its crash runs against the invoke timed just before it
+            "crash_per_invoke": statistics.median(
+                run / invoke for run, invoke in zip(got["per_run"], got["invoke"], strict=True)
+            ),
         }
     figures["load_after"] = os.getloadavg()
     return figures
@@ -184,6 +208,8 @@ def report(figures):
         ("whole CLI drill, s", figures["cli_s"]["this_tree"], figures["cli_s"]["baseline"], 1.5),
         ("in-process drill, s", mine["drill_s"], theirs["drill_s"], None),
         ("crash run (median), ms", mine["crash_run_ms"], theirs["crash_run_ms"], 50),
+        ("clean invoke (median), ms", mine["clean_invoke_ms"], theirs["clean_invoke_ms"], None),
+        ("crash run / clean invoke", mine["crash_per_invoke"], theirs["crash_per_invoke"], 1.5),
     ]
     for name, ours, base, target in rows:
         mark = "" if target is None else f"  <= {target:g}" + (" ok" if ours <= target else " OVER")

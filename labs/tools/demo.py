@@ -11,19 +11,36 @@ The demo runs in a lab of its own (a temporary folder and a free port; through D
 Compose project stateful-lab-demo), so a learner's lab is never touched, and Ctrl-C at any
 point removes what the demo made.
 
-    python -m labs.tools.demo [--backend auto|local|docker] [--step] [GUIDE.md ...]
+    python -m labs.tools.demo [--backend auto|local|docker] [--step] [--projector|--plain]
+        [--stderr] [--times FILE.json] [--pictures DIR] [GUIDE.md ...]
 
-Exit codes: 0 every command as its guide says; 1 some differ; 3 the lab could not run;
-130 stopped with Ctrl-C.
+On a terminal it tells in projector mode (see Demo); --plain, the default for a pipe or a file,
+prints everything as the guide has it. The verdict says each lab's lesson from what its
+commands printed and the receiver holds (Ledger, Operation.lessons): the tickets and refunds of
+each operation, what the ledger answered, a drain, a run that said done with no ticket, the
+relay's deliveries, the messages a customer got, a status that went back; a drill's own crash
+runs are its own line. --times adds each guide's wall time (and the backend, the commit and the
+load) to a JSON file (labs/workshop-times.json is one, for labs/WORKSHOP.md); --pictures writes
+each guide's timeline as DIR/lab-NN.svg and, natively, each drill's HTML report
+(effectdrill --html) beside it.
+
+Exit codes: 0 every command as its guide says; 1 some differ; 2 a guide that does not exist;
+3 the lab could not run; 130 stopped with Ctrl-C (through make, the recipe takes the 130 so that
+make adds no "Error 130").
 """
 
+import contextlib
+import io
 import json
 import os
 import re
+import shlex
+import shutil
 import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,7 +48,7 @@ from pathlib import Path
 import lab
 from labs.tools.backends import LabError, LocalBackend, choose_backend, parse_command
 from labs.tools.local import ROOT
-from labs.tools.runner import LIFECYCLE, TERMINAL_CODES, parse_block, run_step
+from labs.tools.runner import LIFECYCLE, TERMINAL_CODES, Step, parse_block, run_step
 from labs.tools.tally import events_in, summary, tally
 from workflow import Parser
 
@@ -44,6 +61,12 @@ EXIT_OK, EXIT_DIFFERS, EXIT_USAGE, EXIT_NO_LAB, EXIT_STOPPED = 0, 1, 2, 3, 130
 WIDTH = 92
 EFFECTS = ("start", "resume", "approve", "post")  # lab.py's actions that can make a ticket
 WORKER_EFFECTS = ("run", "wait")  # worker.py's: run makes them, wait reports the background's
+SAYS = ("hooks", "reconcile", "messages")  # lab.py's: what they print is part of the verdict
+FOLDED = re.compile(r"(What|How) LangGraph ")  # "What LangGraph does here (checked against ...)"
+END_OF_TABLE = re.compile(r"(requests|summary): ")  # the drill's lines after a table
+FOLD_LINES = 20  # projector mode: a command's output longer than this is folded
+FOLD_KEEP = 16  # a folded `logs`: its last lines stay
+LISTS = ("tickets", "messages", "refunds", "jobs")  # lab.py's and worker.py's listings
 FIGURES = re.compile(r'"(?:ticket_id|created)": (?:\d+|true|false)')
 
 
@@ -86,8 +109,14 @@ class Chapter:
 
     heading: str
     steps: list
-    after: str = ""
+    after: str = ""  # every paragraph, list and table up to the next block or heading
     notice: list = field(default_factory=list)  # the "What to notice" bullets, said before it
+    before: str = ""  # the guide's text between the heading and the block
+
+    @property
+    def folded(self):
+        """A section on LangGraph's own source: one line in projector mode, opened on request."""
+        return bool(FOLDED.match(self.heading))
 
 
 @dataclass
@@ -147,10 +176,19 @@ def parse_story(text):
         elif kind == "text" and heading == "What to notice":
             notice += bullets(content)
         elif kind == "console":
-            after = items[index + 1] if index + 1 < len(items) else ("", "")
-            said = after[1] if after[0] == "text" and not after[1].startswith("Next:") else ""
-            chapters.append(Chapter(heading, parse_block(content), said))
+            said = []
+            for later, text in items[index + 1 :]:
+                if later != "text" or text.startswith("Next:"):
+                    break
+                said.append(text)
+            before = []
+            for earlier, text in reversed(items[:index]):
+                if earlier != "text":
+                    break
+                before.insert(0, text)
+            chapters.append(Chapter(heading, parse_block(content), "\n\n".join(said)))
             chapters[-1].notice, notice = notice, []
+            chapters[-1].before = "\n\n".join(before)
     if notice and chapters:
         chapters[-1].notice += notice
     return Story(title, shows.removeprefix("**What it shows.**").strip(), chapters)
@@ -163,11 +201,151 @@ def plain(text, style):
     return re.sub(r"`([^`]+)`", lambda m: style.bold(m.group(1)), text)
 
 
-def say(text, style, indent="  ", first=None):
+def say(text, style, indent="  ", first=None, width=WIDTH):
     """A paragraph of the guide, wrapped (escape codes are added after wrapping)."""
     words = " ".join(text.split())
-    wrapped = textwrap.fill(words, WIDTH, initial_indent=first or indent, subsequent_indent=indent)
+    wrapped = textwrap.fill(words, width, initial_indent=first or indent, subsequent_indent=indent)
     print(plain(wrapped, style))
+
+
+def pieces(text):
+    """The guide's text as written: ('para'|'bullet'|'table'|'code', text) in order, so that a
+    list stays a list and a table a table (`- ` items with their indented lines; `|` rows;
+    lines indented four spaces, a graph's shape)."""
+    found = []
+    for line in text.splitlines():
+        if not line.strip():
+            found.append(("gap", ""))
+        elif line.startswith(("- ", "* ")) or re.match(r"\d+\. ", line):
+            found.append(("bullet", line))
+        elif line.startswith("|"):
+            found.append(("table", line))
+        elif line.startswith("    ") and (not found or found[-1][0] in ("code", "gap")):
+            found.append(("code", line))
+        elif found and found[-1][0] in ("bullet", "para"):
+            found[-1] = (found[-1][0], found[-1][1] + " " + line.strip())
+        else:
+            found.append(("para", line))
+    return [(kind, text) for kind, text in found if kind != "gap"]
+
+
+def tell_text(text, style, width=WIDTH):
+    """Paragraphs wrapped, each list item on its own lines, tables and code as written; a blank
+    line where the guide has one between a paragraph and what follows."""
+    last = None
+    for kind, piece in pieces(text):
+        if last is not None and (kind != last or kind == "para"):
+            print()
+        last = kind
+        if kind == "bullet":
+            mark, _, rest = piece.partition(" ")
+            say(rest, style, "    ", f"  {mark} ", width)
+        elif kind in ("table", "code"):
+            print(plain("  " + piece.rstrip(), style))
+        else:
+            say(piece, style, width=width)
+
+
+def fit_tables(lines, width):
+    """The drill's tables (a header `point ...` or `thread ...`, rows to the next blank line),
+    where a row is wider than the terminal: each column only as wide as its widest cell, two
+    spaces between, and if that is still too wide the last column's cells (then the one before)
+    wrapped onto lines of their own within it, as the drill wraps a long cell."""
+    out, i = [], 0
+    while i < len(lines):
+        if not lines[i].startswith(("point ", "thread ")):
+            out.append(lines[i])
+            i += 1
+            continue
+        end = i
+        while end < len(lines) and lines[end].strip() and not END_OF_TABLE.match(lines[end]):
+            end += 1
+        block = lines[i:end]
+        if max(map(len, block)) > width:
+            block = fit_table(block, width)
+        out += block
+        i = end
+    return out
+
+
+def fit_table(block, width):
+    starts = [0] + [m.end() for m in re.finditer(r"  +(?=\S)", block[0])]
+    ends = starts[1:] + [None]
+    rows = [[row[a:b].rstrip() for a, b in zip(starts, ends, strict=True)] for row in block]
+    widths = [max(len(row[c]) for row in rows) for c in range(len(starts))]
+    for c in reversed(range(len(widths))):  # the verdict first, then leftwards
+        excess = sum(widths) + 2 * (len(widths) - 1) - width
+        if excess <= 0:
+            break
+        groups = row_groups(rows)
+        header = groups[0]  # the header and its `(clean N)` line: never wrapped
+        longest = max(
+            [len(word) + 2 for row in rows for word in row[c].split()]
+            + [len(row[c].strip()) for row in header]
+        )
+        if max(longest, widths[c] - excess) >= widths[c]:
+            continue  # no narrower than its longest word (and the indent of a wrapped line)
+        widths[c] = max(longest, widths[c] - excess)
+        wrapped = []
+        for group in groups:  # a row and the lines its long cells wrapped onto
+            if group is header:
+                wrapped += group
+                continue
+            text = " ".join(row[c].strip() for row in group if row[c].strip())
+            parts = textwrap.wrap(text, widths[c] - 2) or [""]
+            parts = parts[:1] + ["  " + part for part in parts[1:]]
+            group += [[""] * len(widths) for _ in range(len(parts) - len(group))]
+            for index, row in enumerate(group):
+                row[c] = parts[index] if index < len(parts) else ""
+            wrapped += group
+        rows = wrapped
+    return [
+        "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+        for row in rows
+    ]
+
+
+def row_groups(rows):
+    """A table's rows grouped: each starts with a row whose first cell starts at the margin."""
+    groups = []
+    for row in rows:
+        if groups and not row[0][:1].strip():
+            groups[-1].append(list(row))
+        else:
+            groups.append([list(row)])
+    return groups
+
+
+class Running:
+    """A live `running... N s` line under a command that takes more than a couple of seconds
+    (a terminal only), erased when it ends."""
+
+    AFTER_S = 2
+
+    def __init__(self, enabled):
+        self.enabled, self.stop = enabled, threading.Event()
+
+    def __enter__(self):
+        if self.enabled:
+            self.began = time.monotonic()
+            self.thread = threading.Thread(target=self.show, daemon=True)
+            self.thread.start()
+        return self
+
+    def show(self):
+        shown = False
+        while not self.stop.wait(1):
+            elapsed = time.monotonic() - self.began
+            if elapsed >= self.AFTER_S:
+                print(f"\r  running... {elapsed:.0f} s", end="", flush=True)
+                shown = True
+        if shown:
+            print("\r\033[K", end="", flush=True)
+
+    def __exit__(self, *exc):
+        if self.enabled:
+            self.stop.set()
+            self.thread.join()
 
 
 # ------------------------------------------------------------------ the verdict, from the receiver
@@ -178,15 +356,74 @@ class Operation:
     mode: str
     tickets: list = field(default_factory=list)
     notes: list = field(default_factory=list)
+    threads: set = field(default_factory=set)  # a tool's: the titles of the tickets it made
+    found: bool = False  # a drill's: it exited 1 (an effect repeated or went missing)
+    done: bool = False  # a run said `done` without a ticket (lab 12: the effect silently lost)
+    refunds: int = 0  # the receiver's refunds of this operation's charge (lab 13's saga)
+    messages: list = field(default_factory=list)  # the texts sent about its ticket (15, 18)
+    deliveries: list = field(default_factory=list)  # the relay's answers: created true/false
+    makers: list = field(default_factory=list)  # (ticket_id, who) where a worker made it (10)
+
+    @property
+    def duplicated(self):
+        if self.mode == TOOL:
+            return self.found
+        repeated = len(set(self.messages)) < len(self.messages)
+        return len(self.tickets) > 1 or self.refunds > 1 or repeated
+
+    @property
+    def lost(self):
+        return self.mode != TOOL and self.done and not self.tickets
+
+    def lessons(self):
+        """What the room saw happen to this operation, in plain words, each with its count."""
+        said = []
+        if self.lost:
+            said.append("LOST: the run said done and no ticket was ever made (0 tickets)")
+        workers = [f"ticket {t} by {who}" for t, who in self.makers]
+        if workers and (len(self.makers) > 1 or self.makers[0][1] != BACKGROUND):
+            said.append(", ".join(workers))
+        if self.refunds:
+            twice = " (the refund ran twice)" if self.refunds > 1 else ""
+            said.append(
+                f"{self.refunds} refund{'' if self.refunds == 1 else 's'} of its one charge{twice}"
+            )
+        if self.messages:
+            count, same = len(self.messages), max(map(self.messages.count, self.messages))
+            again = f", the same one {same} times (a double notice)" if same > 1 else ""
+            said.append(f"{count} message{'' if count == 1 else 's'} sent about it{again}")
+        if self.deliveries:
+            made = sum(self.deliveries)
+            said.append(
+                f"the relay delivered it {len(self.deliveries)} "
+                f"time{'' if len(self.deliveries) == 1 else 's'}, the receiver made {made} "
+                f"and answered {len(self.deliveries) - made} from its key"
+            )
+        return said
 
     def verdict(self, name):
         count = len(self.tickets)
+        if self.mode == TOOL:  # its own threads, summed in one line
+            said = []
+            if count:
+                threads = len(self.threads)
+                said.append(
+                    f"{count} ticket{'' if count == 1 else 's'} on its own {threads} "
+                    f"thread{'' if threads == 1 else 's'}"
+                )
+            return f"{name}: " + ", ".join(said + self.notes or ["nothing to count"])
         line = f"{name}: {count} ticket{'' if count == 1 else 's'}"
         if count > 1:
             line += " for one operation (duplicate)"
-        return ", ".join([line, *self.notes])
+        return ", ".join([line, *self.notes, *self.lessons()])
 
 
+BACKGROUND = "a background worker"
+MAKERS = {
+    "worker run": "the worker started by hand (`worker run`)",
+    "held": "the frozen worker, once woken",
+}
+TOOL = "tool"  # a drill's or another tool's command: its tickets are its own, not an operation's
 ASK = ":approval"  # an operation's ask for approval (lab.py's ask_approval) is keyed OP:approval
 
 
@@ -206,10 +443,12 @@ class Ledger:
     a key past the receiver's retention (lab 14) shows as null."""
 
     def __init__(self):
-        self.operations, self.threads, self.seen = {}, {}, set()
+        self.operations, self.threads, self.seen, self.owners = {}, {}, set(), {}
+        self.workers = False  # a worker command ran: tickets at a verdict are the workers'
 
     def operation(self, command):
-        """(action, operation name or None) for a command that can make a ticket, else None."""
+        """(action, operation name or None) for a command that can make a ticket or says what
+        happened to one, else None."""
         cmd = parse_command(command)
         words = cmd.run_env()[1]  # without `-e K=V` (lab 12)
         if cmd.verb != "run" or words[:1] != ["--rm"] or len(words) < 3:
@@ -217,7 +456,26 @@ class Ledger:
         service, words = words[1], words[2:]
         if service == "worker":
             return self.worker(words)
-        if service != "workflow" or words[0] not in EFFECTS:
+        if service == "drill":  # its own threads: a verdict of its own
+            name = tool_name(service, words)
+            if name in self.operations:
+                name += f" #{sum(n.startswith(name) for n in self.operations) + 1}"
+            self.declare(name, TOOL)
+            return service, name
+        if service == "relay":  # its `answered` events name the operation (the message id)
+            return "relay", None
+        if service != "workflow":  # `--entrypoint python workflow -c ...`: its own, if any
+            return "tool", None
+        action, sub = words[0], (words[1:2] or [""])[0]
+        if action in ("saga", "outbox") and sub in ("start", "resume"):
+            thread = option(words, "--thread")
+            if sub == "start":
+                mode = option(words, "--mode", "safe" if action == "saga" else "ledger")
+                self.declare(option(words, "--operation"), mode, thread)
+            return f"{action} {sub}", self.threads.get(thread)
+        if action in SAYS or (action, sub) == ("saga", "refunds"):
+            return "says", None  # makes nothing: lists what the receiver or the ledger holds
+        if action not in EFFECTS:
             return None
         try:
             args = lab.build_parser().parse_args(words)  # lab.py's own defaults
@@ -248,8 +506,9 @@ class Ledger:
         if thread is not None:
             self.threads[thread] = name
 
-    def record(self, action, name, stdout, tickets):
-        events = [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
+    def record(self, action, name, stdout, tickets, exit_code=0):
+        tool = name is not None and self.operations[name].mode == TOOL
+        events = list(events_in(stdout.splitlines()))
         named = {}  # ticket_id -> operation, as the command's own output says
         for event in events:
             if "ticket_id" not in event:
@@ -258,6 +517,8 @@ class Ledger:
                 named[event["ticket_id"]] = event["operation_id"]
             elif event.get("thread") in self.threads:
                 named[event["ticket_id"]] = self.threads[event["thread"]]
+            elif event.get("message_id") in self.operations:  # the relay's (lab 19)
+                named[event["ticket_id"]] = event["message_id"]
         for ticket in tickets:
             if ticket["ticket_id"] in self.seen:
                 continue
@@ -267,30 +528,151 @@ class Ledger:
             if key != asking and asking in self.operations:  # lab 07's ask: not its ticket
                 self.operations[asking].notes.append("asked for approval once")
                 continue
+            if (tool or action == "tool") and key not in self.operations:  # its own runs
+                if name is None:  # a command of its own (`--entrypoint python`) made one
+                    name = f"the command `{' '.join(action.split())}`"
+                    self.declare(name, TOOL)
+                self.operations[name].tickets.append(ticket["ticket_id"])
+                self.operations[name].threads.add(ticket.get("payload", {}).get("title"))
+                continue
             owner = (
                 key
                 if key in self.operations
                 else named.get(ticket["ticket_id"]) or name or key or "no key"
             )
-            self.operations.setdefault(owner, Operation("?")).tickets.append(ticket["ticket_id"])
+            op = self.operations.setdefault(owner, Operation("?"))
+            op.tickets.append(ticket["ticket_id"])
+            self.owners[ticket["ticket_id"]] = owner
+            if action.startswith("worker") or action == "":
+                held = any(e["event"] == "held_run" for e in events)
+                who = MAKERS.get("held" if held else action, BACKGROUND)
+                if op.mode != "?" and (action or self.workers):
+                    op.makers.append((ticket["ticket_id"], who))
+        if action.startswith("worker"):
+            self.workers = True
+        self.said(events)
+        if tool:
+            self.tool_said(self.operations[name], stdout, exit_code)
+            return
+        kinds = [e["event"] for e in events]
+        for event in events:  # each on the command's operation, else the one its key names
+            target = name or self.owner_of_key(event.get("key") or "")
+            if target is None:
+                continue
+            op = self.operations.setdefault(target, Operation("?"))
+            kind, thing = event["event"], "refund" if "refund_id" in event else "ticket"
+            number = event.get("refund_id", event.get("ticket_id"))
+            if kind == "reconcile" and event.get("found"):
+                ids = ", ".join(map(str, event["found"]))
+                note = f"{action} lost the answer and adopted ticket {ids}, found by its key"
+            elif kind == "reconcile":
+                note = f"{action} lost the answer, found nothing by its key and sent again"
+            elif event.get("created") is False and "reconcile" not in kinds:
+                note = f"{action} got created: false"
+            elif kind == "drained":
+                note = f"{action} drained on SIGTERM at a step boundary"
+            elif kind == "http_error":
+                note = f"{action} refused ({event['status']})"
+            elif kind == "done" and "ticket_id" not in event and "delivery" not in event:
+                op.done = True
+                continue
+            elif number is None and kind != "effect_receipt":  # lab 07's ask, say
+                continue
+            elif kind == "effect_adopted" or event.get("how") == "adopted":
+                note = f"{action} adopted {thing} {number}, found by its key"
+            elif event.get("how") == "receipt" or (kind == "effect_receipt" and number):
+                note = f"{action} took {thing} {number} from the ledger's receipt"
+            elif kind == "effect_receipt" and "settled" in event.get("receipt", {}):
+                note = f"{action} took the person's answer from the ledger"
+            else:
+                continue
+            if note not in op.notes:
+                op.notes.append(note)
         if name is None:
             return
         op = self.operations.setdefault(name, Operation("?"))
         notes = []
-        found = [e["found"] for e in events if e["event"] == "reconcile"]
-        if found and found[0]:
-            ids = ", ".join(map(str, found[0]))
-            notes.append(f"{action} lost the answer and adopted ticket {ids}, found by its key")
-        elif found:
-            notes.append(f"{action} lost the answer, found nothing by its key and sent again")
-        elif any(e.get("created") is False for e in events):
-            notes.append(f"{action} got created: false")
-        for event in events:
-            if event["event"] == "http_error":
-                notes.append(f"{action} refused ({event['status']})")
-        if action == "resume" and [e["event"] for e in events] == ["done"]:
+        if "sigterm" in kinds and "drained" not in kinds and "done" in kinds:
+            notes.append(f"{action} finished its step after SIGTERM")
+        if exit_code == 6:
+            notes.append(f"{action} stopped for a person (exit 6)")
+        if action == "resume" and kinds == ["done"] and not op.done:
             notes.append("resume redid nothing")
         op.notes += [n for n in notes if n not in op.notes]
+
+    def said(self, events):
+        """What listing commands and the relay printed, on the operations they concern: the
+        receiver's refunds and messages (as listed), a person's settling, the relay's answers."""
+        for event in events:
+            kind = event["event"]
+            if kind == "refunds":
+                for op in self.operations.values():
+                    op.refunds = 0
+                for refund in event["refunds"]:
+                    if (owner := self.owners.get(refund["ticket_id"])) is not None:
+                        self.operations[owner].refunds += 1
+            elif kind == "messages":
+                for op in self.operations.values():
+                    op.messages = []
+                for message in event["messages"]:
+                    about = re.match(r"ticket (\d+) ", message.get("text", ""))
+                    if about and (owner := self.owners.get(int(about.group(1)))) is not None:
+                        self.operations[owner].messages.append(message["text"])
+            elif kind == "settled" and (owner := self.owner_of_key(event["key"])):
+                note = f"settled by a person ({event['state']})"
+                if note not in self.operations[owner].notes:
+                    self.operations[owner].notes.append(note)
+            elif kind == "answered" and event.get("message_id") in self.operations:
+                self.operations[event["message_id"]].deliveries.append(bool(event["created"]))
+        self.webhooks(events)
+
+    def webhooks(self, events):
+        """lab.py hooks: the status a ticket ends on, against the newest event applied to it."""
+        applied = [e for e in events if e["event"] == "webhook" and e.get("applied")]
+        for status in (e for e in events if e["event"] == "ticket_status"):
+            owner = self.owners.get(status["ticket_id"])
+            if owner is None or not applied:
+                continue
+            newest = max(applied, key=lambda e: e["version"])
+            op = self.operations[owner]
+            if status["version"] < newest["version"]:
+                op.notes.append(
+                    f"its status went back from {newest['status']} (v{newest['version']}) "
+                    f"to {status['status']} (v{status['version']})"
+                )
+            again = sum(bool(e.get("duplicate")) for e in events if e["event"] == "webhook")
+            if again:
+                op.notes.append(f"{again} deliveries seen before, flagged duplicate: true")
+
+    def owner_of_key(self, key):
+        """The operation an effect's key belongs to: OPERATION or OPERATION:EFFECT."""
+        names = [n for n in self.operations if key == n or key.startswith(n + ":")]
+        return max(names, key=len) if names else None
+
+    @staticmethod
+    def tool_said(op, stdout, exit_code):
+        """A drill's verdict is its own summary line (effectdrill: `summary: ...`); exit 1 says
+        it found an effect that repeated or went missing."""
+        op.found = op.found or exit_code == 1
+        summary = [line for line in stdout.splitlines() if line.startswith("summary: ")]
+        if summary:
+            op.notes.append("the drill says: " + summary[-1].removeprefix("summary: "))
+        elif exit_code:
+            op.notes.append(f"exit {exit_code}")
+
+
+def tool_name(service, words):
+    """`drill GRAPH --input '{..."mode": "naive"}' --durability exit` -> 'drill GRAPH naive,
+    durability exit': what tells one drill of a guide from the next."""
+    name = " ".join([service, *words[: 2 if words[:1] == ["replay"] else 1]])
+    try:
+        mode = json.loads(option(words, "--input", "{}")).get("mode")
+    except (ValueError, AttributeError):
+        mode = None
+    extra = [mode] if mode else []
+    if option(words, "--durability"):
+        extra.append(f"durability {option(words, '--durability')}")
+    return name + (f" ({', '.join(extra)})" if extra else "")
 
 
 def option(words, name, default=None):
@@ -305,60 +687,136 @@ def option(words, name, default=None):
 
 
 class Demo:
-    def __init__(self, backend, style, step_mode=False):
+    """Tells guides. Plain (a pipe, a file, --plain): every command as the guide has it, with its
+    native line, and all it printed. Projector (a terminal, --projector): each command once (as
+    it runs here), the drill's tables fitted to the terminal, one ticket a line, the graph's own
+    stderr JSON hidden (--stderr shows it), long output and the sections on LangGraph's source
+    folded to a line the presenter opens with `o` at the next prompt, and a live `running... N s`
+    line for a command that takes more than a couple of seconds."""
+
+    def __init__(
+        self,
+        backend,
+        style,
+        step_mode=False,
+        projector=False,
+        width=WIDTH,
+        stderr=True,
+        pictures=None,
+    ):
         self.backend, self.style, self.step_mode = backend, style, step_mode
+        self.pictures, self.guide, self.drills = pictures, "", 0
+        self.projector, self.width, self.stderr = projector, width, stderr or not projector
         self.outcomes, self.operations = [], []
         self.counts = tally([])  # what the workflow and the workers did (labs.tools.tally)
+        self.folds = []  # projector mode: what was folded since the last prompt
+        self.durations = []  # (guide, seconds, load): what each guide took (labs/WORKSHOP.md)
+        self.commit = subprocess.run(  # the tree the demo told, as it started
+            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
+        ).stdout.strip()
+        self.timeline = []  # (command, events, exit code): the picture of the run
+        self.keys = {}  # ticket_id -> the key the receiver holds for it
 
     def tell(self, path):
         s = self.style
+        began = time.monotonic()
         story = parse_story(Path(path).read_text(encoding="utf-8"))
+        self.guide, self.drills = Path(path).name, 0
+        if self.pictures is not None:
+            Path(self.pictures).mkdir(parents=True, exist_ok=True)
         print("\n" + s.bold(f"=== {story.title} ==="))
         if story.shows:
-            say(story.shows, s)
+            say(story.shows, s, width=self.width)
         ledger = Ledger()
         heading = None
+        self.timeline = []
         for chapter in story.chapters:
             if chapter.notice:
                 print("\n" + s.bold("What to notice"))
                 for bullet in chapter.notice:
-                    say(bullet, s, "    ", "  - ")
+                    say(bullet, s, "    ", "  - ", self.width)
                 self.verdict(ledger)
+            fold = self.projector and chapter.folded
             if chapter.heading != heading and chapter.heading != story.title:
                 heading = chapter.heading
                 print("\n" + s.bold(f"-- {heading}"))
+                if chapter.before:
+                    self.text(chapter.before, fold)
+            if fold:
+                print(
+                    s.dim(
+                        f"  (folded: the guide's section and its {len(chapter.steps)} "
+                        "command(s); o at the next prompt opens it)"
+                    )
+                )
             for step in chapter.steps:
-                self.run(step, ledger)
+                self.run(step, ledger, quiet=fold)
             if chapter.after:
-                print()
-                say(chapter.after, s)
+                self.text(chapter.after, fold)
         if not any(c.notice for c in story.chapters):
             self.verdict(ledger)
+        self.durations.append((Path(path).name, time.monotonic() - began, os.getloadavg()[0]))
 
-    def run(self, step, ledger):
+    def text(self, text, fold=False):
+        if fold:
+            self.folds.append(("text", text))
+            return
+        print()
+        tell_text(text, self.style, self.width)
+
+    def prompt(self):
+        """STEP=1: Enter runs the command; o opens what was folded since the last prompt."""
         s = self.style
-        print(f"\n$ {step.command}")
+        while True:
+            answer = input(
+                s.dim("  (Enter to run" + ("; o opens the folded" if self.folds else "") + ") ")
+            )
+            if answer.strip().lower() != "o" or not self.folds:
+                return
+            for kind, folded in self.folds:  # the guide's text told as such, output as it came
+                if kind == "text":
+                    print()
+                    tell_text(folded, s, self.width)
+                else:
+                    print(folded)
+            self.folds = []
+
+    def run(self, step, ledger, quiet=False):
+        s = self.style
         native = None  # Compose runs the command as written: no other line to show
         if isinstance(self.backend, LocalBackend):
             native = self.backend.native(step.command)
-        if native:
-            print(s.dim(f"  natively: {native}"))
+        if self.projector:  # once: as it runs here
+            print(f"\n$ {native or step.command}")
+        else:
+            print(f"\n$ {step.command}")
+            if native:
+                print(s.dim(f"  natively: {native}"))
         if self.step_mode:
-            input(s.dim("  (Enter to run) "))
+            self.prompt()
         effect = ledger.operation(step.command)
         verb = parse_command(step.command).verb
         building = verb == "up" and self.backend.name == "docker"
         if building:
             print(s.dim("  building the image..."), end="", flush=True)
         began = time.monotonic()
-        result = outcome = run_step(step, self.backend)
+        report = self.report_path(step)
+        if report:  # the drill's own HTML report beside the timeline (effectdrill --html)
+            step = Step(
+                f"{step.command} --html {shlex.quote(str(report))}", step.expected, step.exit_code
+            )
+        with Running(self.projector and self.style.enabled and not building):
+            result = outcome = run_step(step, self.backend)
         if building:
             print(s.dim(f" {time.monotonic() - began:.1f} s"))
         self.outcomes.append(outcome)
         lifecycle = verb in LIFECYCLE  # Compose's own output (build steps, progress): not the story
         #                                 (`logs api` is: the receiver's side, lab 02's `replayed`)
-        for line in [] if lifecycle else result.stdout.splitlines():
-            print(s.figures(TERMINAL_CODES.sub("", line)))  # `logs`: Compose 2 erases each line
+        shown = [] if lifecycle else [TERMINAL_CODES.sub("", x) for x in result.stdout.splitlines()]
+        if self.projector:
+            shown = self.fit(shown, step, quiet)
+        for line in shown:
+            print(s.figures(line))  # `logs`: Compose 2 erases each line
         said = result.stderr.strip().splitlines()
         if lifecycle:  # only when it failed, and only its last words
             said = (
@@ -366,17 +824,77 @@ class Demo:
                 if outcome.problems
                 else []
             )
+        if not self.stderr:  # the graph's own JSON lines (the drill's children): hidden
+            graphs = [line for line in said if line.startswith("{")]
+            said = [line for line in said if not line.startswith("{")]
+            if graphs:
+                print(
+                    s.dim(
+                        f"  ({len(graphs)} JSON lines on stderr, the graph's own; "
+                        "--stderr shows them)"
+                    )
+                )
         for line in said:
             print(s.dim(f"  stderr: {line}"))
         if result.exit_code:
             print(s.bold(f"[exit {result.exit_code}]"))
+        if report and report.exists():
+            print(f"report: {report}")
         for problem in outcome.problems:
             print(s.bad(f"  !! {problem}; the guide says:"))
             for line in step.expected + ([f"[exit {step.exit_code}]"] if step.exit_code else []):
                 print(f"     {line}")
         if effect:
-            ledger.record(*effect, result.stdout, self.backend.tickets())
+            tickets = [] if effect[0] == "says" else self.backend.tickets()
+            self.keys.update((t["ticket_id"], t["key"]) for t in tickets)
+            ledger.record(*effect, result.stdout, tickets, result.exit_code)
+        if verb == "run":
+            last = [x for x in result.stdout.splitlines() if x.startswith("summary: ")]
+            self.timeline.append(
+                (
+                    step.command,
+                    list(events_in(result.stdout.splitlines())),
+                    result.exit_code,
+                    last[-1].removeprefix("summary: ") if last else "",
+                )
+            )
         self.count(step.command, result)
+
+    def report_path(self, step):
+        """PICTURES/lab-NN-drill-K.html for the guide's Kth drill of a graph (not a replay),
+        natively: the drill writes it where the demo can read it."""
+        words = parse_command(step.command).run_env()[1]
+        if self.pictures is None or words[1:2] != ["drill"] or words[2:3] == ["replay"]:
+            return None
+        if self.backend.name != "local" or "--html" in words:
+            return None
+        self.drills += 1
+        return Path(self.pictures).resolve() / f"lab-{self.guide[:2]}-drill-{self.drills}.html"
+
+    def fit(self, lines, step, quiet):
+        """Projector mode: tables fitted to the terminal, a ticket list one ticket a line, and
+        long output (or a folded section's) folded to one line."""
+        lines = fit_tables(lines, self.width)
+        out = []
+        for line in lines:
+            event = next(events_in([line]), None)
+            listed = event and next((k for k in LISTS if event.get(k)), None)
+            if listed:  # one item a line
+                out.append(f'{{"event": "{event["event"]}", "{listed}": [')
+                out += [f"  {json.dumps(item, sort_keys=True)}," for item in event[listed]]
+                out.append("]}")
+            else:
+                out.append(line)
+        verb = parse_command(step.command)
+        drill = verb.run_env()[1][1:2] == ["drill"]
+        if quiet or (len(out) > FOLD_LINES and not drill):
+            self.folds.append(("output", "\n".join(out)))
+            keep = [] if quiet else out[-FOLD_KEEP:] if verb.verb == "logs" else out[:3]
+            said = f"  ({len(out) - len(keep)} lines folded; o at the next prompt opens them)"
+            if verb.verb == "logs":  # the receiver's latest lines are the lesson: kept
+                return [self.style.dim(said.replace("lines", "earlier lines")), *keep]
+            return [*keep, self.style.dim(said)]
+        return out
 
     def count(self, command, result):
         """Add the command's events to the tally; lab.py prints no event when a run starts or
@@ -386,8 +904,11 @@ class Demo:
         if cmd.verb != "run":
             return
         self.counts += tally(events_in(result.stdout.splitlines()))
-        if cmd.args[1:2] == ["workflow"] and result.exit_code not in (2, 4):
-            action = cmd.args[2] if len(cmd.args) > 2 else ""
+        words = cmd.run_env()[1]
+        if words[1:2] == ["workflow"] and result.exit_code not in (2, 4):
+            action = words[2] if len(words) > 2 else ""
+            if action in ("saga", "outbox"):  # lab 13's and lab 19's: `saga start`, ...
+                action = words[3] if len(words) > 3 else ""
             if action == "start":
                 self.counts["started"] += 1
             elif action in ("resume", "approve"):
@@ -402,7 +923,10 @@ class Demo:
         print("\n" + s.bold("Verdict, counted on the receiver"))
         for name, op in ledger.operations.items():
             line = op.verdict(name)
-            print("  " + (s.bad(line) if len(op.tickets) > 1 else s.good(line)))
+            if self.projector:  # wrapped, the rest of the line under its name
+                line = textwrap.fill(line, self.width - 2, subsequent_indent="    ")
+            paint = s.bad if op.duplicated or op.lost else s.good
+            print("\n".join("  " + paint(part) for part in line.splitlines()))
             self.operations.append(op)
         if not ledger.operations:
             print("  no operation made a ticket")
@@ -411,11 +935,14 @@ class Demo:
         s = self.style
         modes = {}
         for op in self.operations:
-            total, duplicated = modes.get(op.mode, (0, 0))
-            modes[op.mode] = (total + 1, duplicated + (len(op.tickets) > 1))
+            total, duplicated, lost = modes.get(op.mode, (0, 0, 0))
+            modes[op.mode] = (total + 1, duplicated + op.duplicated, lost + op.lost)
         shown = "; ".join(
-            f"{mode}: {dup} of {total} operation{'' if total == 1 else 's'} duplicated"
-            for mode, (total, dup) in modes.items()
+            f"{dup} of {total} drill{'' if total == 1 else 's'} found an effect repeated or lost"
+            if mode == TOOL
+            else f"{mode}: {dup} of {total} operation{'' if total == 1 else 's'} duplicated"
+            + (f", {lost} lost" if lost else "")
+            for mode, (total, dup, lost) in modes.items()
         )
         print("\n" + s.bold(f"What the labs showed: {shown or 'no operation made a ticket'}"))
         print(f"What the workflow did (labs.tools.tally): {summary(self.counts)}")
@@ -431,7 +958,192 @@ class Demo:
         return EXIT_DIFFERS if wrong else EXIT_OK
 
 
-def introduce(backend, why):
+# ------------------------------------------------------------------ the timeline, and the times
+
+
+def timeline(demo):
+    """The run the room just watched, as rows: (what ran, [(kind, text)]) for each command that
+    ran a workflow, a worker, the relay or the drill, from the events it printed and the keys the
+    receiver holds for its tickets. kind: made, replayed, kept (from the ledger), killed, stopped,
+    done, said."""
+    rows = []
+    for command, events, exit_code, said in demo.timeline:
+        words = parse_command(command).run_env()[1][1:]
+        if words[:1] == ["drill"] and said:  # its own crash runs: its summary line
+            rows.append((" ".join(words[:2]), [("killed" if exit_code else "done", said)]))
+            continue
+        thread = option(words, "--thread")
+        label = " ".join(w for w in words[:3] if not w.startswith("-") and w != thread)
+        label += f" (thread {thread})" if thread else ""
+        marks = []
+        for event in events:
+            kind, ticket = event["event"], event.get("ticket_id")
+            key = demo.keys.get(ticket, "none") if ticket is not None else None
+            if kind in ("effect_ack", "held_run", "answered", "charged") and "created" in event:
+                marks.append(
+                    (
+                        "made" if event["created"] else "replayed",
+                        f"ticket {ticket}, key {key or 'none'}: "
+                        + ("created" if event["created"] else "created: false"),
+                    )
+                )
+            elif kind in ("effect_receipt", "effect_adopted") or event.get("how"):
+                what = (
+                    "adopted"
+                    if kind == "effect_adopted" or event.get("how") == "adopted"
+                    else ("receipt")
+                )
+                thing = f"ticket {ticket}" if ticket is not None else event.get("key", "")
+                marks.append(("kept", f"{thing}: {what}, nothing sent"))
+            elif kind == "refunded" and event.get("created"):
+                marks.append(("made", f"refund {event['refund_id']}: created"))
+            elif kind == "crash":
+                marks.append(("killed", f"killed {event['at']}"))
+            elif kind in ("sigterm", "drained"):
+                marks.append(("stopped", "SIGTERM" if kind == "sigterm" else "drained"))
+            elif kind == "reconcile":
+                marks.append(("said", f"lost the answer; found {event.get('found') or 'nothing'}"))
+            elif kind == "done":
+                marks.append(("done", "done"))
+        if exit_code and not any(k == "killed" for k, _ in marks):
+            marks.append(("stopped", f"exit {exit_code}"))
+        if marks:
+            rows.append((label, marks))
+    return rows
+
+
+COLOURS = {
+    "made": "#2e7d32",
+    "replayed": "#1565c0",
+    "kept": "#6a1b9a",
+    "killed": "#c62828",
+    "stopped": "#ef6c00",
+    "done": "#616161",
+    "said": "#00838f",
+}
+
+
+def svg(title, rows):
+    """The timeline as an SVG: a row per command, its marks left to right."""
+    from xml.sax.saxutils import escape
+
+    row_h, left, char_w = 34, 300, 7.2
+    width = max([left + sum(len(t) * char_w + 24 for _, t in marks) for _, marks in rows] + [900])
+    height = 60 + row_h * len(rows)
+    out = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width:.0f}" height="{height}" '
+        'font-family="monospace" font-size="12">',
+        '<rect width="100%" height="100%" fill="white"/>',
+        f'<text x="10" y="24" font-size="16" font-weight="bold">{escape(title)}</text>',
+    ]
+    for index, (label, marks) in enumerate(rows):
+        y = 50 + index * row_h
+        out.append(f'<text x="10" y="{y + 17}">{escape(label)}</text>')
+        out.append(
+            f'<line x1="{left - 10}" y1="{y + 13}" x2="{width - 10}" y2="{y + 13}" stroke="#bbb"/>'
+        )
+        x = left
+        for kind, text in marks:
+            w = len(text) * char_w + 14
+            out.append(
+                f'<rect class="{kind}" x="{x:.0f}" y="{y}" width="{w:.0f}" height="26" '
+                f'rx="5" fill="{COLOURS[kind]}"/>'
+            )
+            out.append(f'<text x="{x + 7:.0f}" y="{y + 17}" fill="white">{escape(text)}</text>')
+            x += w + 10
+    out.append("</svg>")
+    return "\n".join(out) + "\n"
+
+
+def draw(demo, guide, folder):
+    """Write the guide's timeline as FOLDER/lab-NN.svg (and, in projector mode, draw it on the
+    terminal); return the path. A file there that is not a picture of ours is refused."""
+    rows = timeline(demo)
+    path = Path(folder) / f"lab-{Path(guide).name[:2]}.svg"
+    if path.exists() and not path.read_text(encoding="utf-8", errors="replace").startswith(
+        "<svg xmlns"
+    ):
+        raise LabError(f"{path} is not a picture the demo wrote; not overwriting it")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(svg(f"{Path(guide).stem}: what the commands printed", rows), encoding="utf-8")
+    if demo.projector:
+        s = demo.style
+        print("\n" + s.bold("Timeline"))
+        paint = {"made": s.good, "killed": s.bad, "stopped": s.bad}
+        for label, marks in rows:  # wrapped between marks, colour added after
+            line, width = f"  {label}", demo.width
+            for kind, text in marks:
+                after = TERMINAL_CODES.sub("", line).rstrip().endswith("]")
+                piece = f" -> [{text}]" if after else f" [{text}]"
+                if len(TERMINAL_CODES.sub("", line)) + len(piece) > width:
+                    print(line)
+                    line = "     "
+                    piece = piece.removeprefix(" ->")
+                line += piece.replace(f"[{text}]", paint.get(kind, str)(f"[{text}]"))
+            print(line)
+    return path
+
+
+def record_times(path, demo, backend):
+    """Add each guide's time to PATH (JSON), with the backend, the commit and the load: what
+    labs/WORKSHOP.md's times are checked against. A file that is not ours is refused."""
+    data = {"guides": {}}
+    if path.exists():
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except ValueError:
+            data = None
+        if not isinstance(data, dict) or "guides" not in data:
+            raise LabError(f"{path} is not a times file the demo wrote; not writing to it")
+    for name, seconds, load in demo.durations:  # the load average as each guide ended
+        data["guides"][name] = {
+            "backend": backend.name,
+            "seconds": round(seconds, 1),
+            "commit": demo.commit,
+            "load": round(load, 1),
+        }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+
+
+class Foreground:
+    """On a terminal, the demo takes the terminal's foreground in a process group of its own,
+    so that Ctrl-C reaches the demo and the commands it runs, not the `make` that started it
+    (whose "Error 130" or "Interrupt" would follow the demo's one line); given back on the way
+    out."""
+
+    def __init__(self, fd, group):
+        self.fd, self.group = fd, group
+
+    @classmethod
+    def take(cls):
+        try:
+            fd = sys.stdin.fileno()
+            if not os.isatty(fd) or os.tcgetpgrp(fd) != os.getpgrp():
+                return None
+            group = os.getpgrp()
+            os.setpgid(0, 0)
+            with ignoring(signal.SIGTTOU):
+                os.tcsetpgrp(fd, os.getpgrp())
+            return cls(fd, group)
+        except (OSError, ValueError, io.UnsupportedOperation):
+            return None
+
+    def give_back(self):
+        with ignoring(signal.SIGTTOU), contextlib.suppress(OSError):
+            os.tcsetpgrp(self.fd, self.group)
+
+
+@contextlib.contextmanager
+def ignoring(signum):
+    previous = signal.signal(signum, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signum, previous)
+
+
+def introduce(backend, why, projector=False):
     if backend.name == "docker":
         where = (
             f"The guides' commands run in the Compose project {backend.project}, not "
@@ -443,6 +1155,12 @@ def introduce(backend, why):
             "the `natively:` lines are the same commands with the defaults (data/, port 8000), "
             "to paste."
         )
+        if projector:
+            where = (
+                f"The receiver runs on 127.0.0.1:{backend.port} with its data in "
+                f"{backend.data_dir}; each command is shown as it runs natively, with the "
+                "defaults (data/, port 8000), to paste."
+            )
     print(f"backend: {backend.name} ({why}). {where}")
 
 
@@ -453,6 +1171,27 @@ def main(argv=None):
     parser.add_argument("--step", action="store_true", help="wait for Enter before each command")
     parser.add_argument("--port", type=int, help="local backend: this port (default: a free one)")
     parser.add_argument("--project", default=DOCKER_PROJECT, help="docker backend: the project")
+    screen = parser.add_mutually_exclusive_group()
+    screen.add_argument(
+        "--projector",
+        action="store_true",
+        help="for a room (the default on a "
+        "terminal): each command once, tables fitted, long output folded",
+    )
+    screen.add_argument(
+        "--plain",
+        action="store_true",
+        help="everything, as the guide has it (the default for a pipe or a file)",
+    )
+    parser.add_argument(
+        "--stderr",
+        action="store_true",
+        help="projector: show the graph's own JSON lines on stderr too",
+    )
+    parser.add_argument("--times", type=Path, help="write each guide's time here (JSON)")
+    parser.add_argument(
+        "--pictures", type=Path, help="write each guide's timeline here (lab-NN.svg)"
+    )
     args = parser.parse_args(argv)
     missing = [str(g) for g in args.guides if not g.is_file()]
     if missing:  # before anything starts: one line, and nothing to clean up
@@ -462,16 +1201,23 @@ def main(argv=None):
         )
         return EXIT_USAGE
     style = style_for(sys.stdout)
+    projector = args.projector or (sys.stdout.isatty() and not args.plain)
+    width = shutil.get_terminal_size((120, 32)).columns - 1 if projector else WIDTH
     backend = code = None
+    terminal = Foreground.take() if projector else None
     try:
         backend, why = choose_backend(args.backend, args.project, args.port)
-        introduce(backend, why)
+        introduce(backend, why, projector)
         if backend.name == "docker":
             backend.down()  # what an interrupted demo may have left
-        demo = Demo(backend, style, args.step)
+        demo = Demo(backend, style, args.step, projector, width, args.stderr, args.pictures)
         for guide in args.guides:
             demo.tell(guide)
+            if args.pictures:
+                print(f"picture: {draw(demo, guide, args.pictures)}")
         code = demo.closing(args.guides)
+        if args.times:
+            record_times(args.times, demo, backend)
     except (KeyboardInterrupt, EOFError):
         code = None
     except (LabError, ValueError, subprocess.TimeoutExpired) as error:
@@ -484,6 +1230,8 @@ def main(argv=None):
             backend.close()
             left = backend.leftovers()  # looked at, not assumed: see DockerBackend.down
         signal.signal(signal.SIGINT, previous)
+        if terminal is not None:
+            terminal.give_back()
     if left:
         how = f" (docker compose -p {backend.project} down -v --remove-orphans)"
         print(

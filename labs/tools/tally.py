@@ -8,7 +8,8 @@ prints one line, {"event": "tally", ...}, with
     started, resumed   runs: a worker's `job` event says which (resume true or false); lab.py
                        prints none, so `make demo` adds its start, resume and approve commands
     drained            runs stopped at a step boundary on SIGTERM (`drained`, `job_drained`)
-    acknowledged       effects the receiver created (`effect_ack` or `held_run`, created true)
+    acknowledged       effects the receiver created (`effect_ack`, `held_run`, the saga's
+                       `charged`, `reserved` and `refunded`, the relay's `answered`: created true)
     replayed           effects the receiver answered from their key (created false)
     settled            unknown outcomes settled by looking the key up (`reconcile` found the
                        ticket; its `effect_ack` then says created false: not a replay)
@@ -24,6 +25,9 @@ import sys
 from collections import Counter
 
 COUNTS = ("started", "resumed", "drained", "acknowledged", "replayed", "settled")
+# Events that carry the receiver's answer (created true or false): a ticket's, a woken worker's,
+# the saga's charge, reservation and refund (lab 13), the relay's delivery (lab 19)
+ANSWERS = ("effect_ack", "held_run", "charged", "reserved", "refunded", "answered")
 
 
 def events_in(lines):
@@ -51,7 +55,7 @@ def tally(events):
             counts["drained"] += 1
         elif kind == "reconcile":
             adopted = bool(event.get("found"))
-        elif kind in ("effect_ack", "held_run") and "created" in event:
+        elif kind in ANSWERS and "created" in event:
             if event["created"]:
                 counts["acknowledged"] += 1
             elif adopted:  # the lookup found it: settled, and the receiver replayed nothing

@@ -9,6 +9,7 @@ SIGKILL); the CLI runs in-process where nothing is killed (bad input), and as a 
 import json
 import os
 import re
+import shutil
 import signal
 import sqlite3
 import subprocess
@@ -223,11 +224,13 @@ def test_cli_on_the_shop_prints_the_table_and_exits_1(tmp_path, temp_root):
 
 
 def test_cli_json_on_the_approval_graph_reports_the_clean_run_repeating(tmp_path, temp_root):
+    """--json, and the same run's --html opened in headless Chromium (what a reader sees)."""
     env = os.environ | {"APPROVAL_DB": str(tmp_path / "approval.sqlite")}
+    page = tmp_path / "drill.html"
     done = run(
         [sys.executable, "-m", "effectdrill", "labs.graphs.approval:graph", "--json"]
         + ["--input", '{"refund": "{thread}"}', "--observe", "labs.graphs.approval:observe"]
-        + ["--resume-with", "true", "--durability", "all"],
+        + ["--resume-with", "true", "--durability", "all", "--html", str(page)],
         env=env,
     )
 
@@ -244,6 +247,29 @@ def test_cli_json_on_the_approval_graph_reports_the_clean_run_repeating(tmp_path
     assert all(FINDING_KEYS <= set(f) for f in summary["duplicates"])
     assert {f["effect"] for f in summary["duplicates"]} == {"request"}
     assert all(r["counts"]["notice"] == [1] for r in rows)
+
+    text = page.read_text()
+    assert "<script" not in text and "http://" not in text and "https://" not in text
+    dom = chromium_dom(page, tmp_path / "drill.png")  # the page as Chromium built it
+    shown = [(r["mode"], r["point"], r["verdict"], r["counts"]) for r in dom["rows"]]
+    assert shown == [
+        (r["durability"], r["point"], r["verdict"], {e: c[0] for e, c in r["counts"].items()})
+        for r in rows
+    ]
+    assert all(
+        r["verdict_text"].split()[0] in (r["verdict"], r["verdict"].split("+")[0])
+        for r in dom["rows"]
+    )  # the word is in the cell, not only its colour
+    assert dom["counts"]["crash points"] == summary["points"]
+    assert dom["counts"]["duplicates"] == len(summary["duplicates"])
+    assert dom["counts"]["missing"] == 0 and dom["counts"]["failed resumes"] == 0
+    assert dom["clean"] == {mode: "request 2, notice 1" for mode in ("sync", "async", "exit")}
+    assert "REPEATED request: request_refund re-ran it after an interrupt" in dom["text"]
+    assert "labs.graphs.approval:graph --json" in dom["text"]  # the command, in the header
+    from importlib.metadata import version
+
+    assert version("langgraph") in dom["text"]
+    assert (tmp_path / "drill.png").stat().st_size > 10_000  # looked at by hand: see the commit
 
 
 def test_cli_with_context_and_postgres_checkpoints_and_an_async_graph_on_them(
@@ -356,6 +382,14 @@ BAD_INPUTS = {
         [f"{GRAPHS}.orders:build", "--checkpoint-db", ":memory:"],
         "an in-memory checkpoint database dies with the killed process",
     ),
+    "html not ours": (
+        [f"{GRAPHS}.orders:build", "--html", "{tmp}/notes.txt"],
+        "--html {tmp}/notes.txt exists and is not an effectdrill report: not overwritten",
+    ),
+    "html no folder": (
+        [f"{GRAPHS}.orders:build", "--html", "/nonexistent/folder/r.html"],
+        "--html /nonexistent/folder/r.html: no folder /nonexistent/folder",
+    ),
     "repeat 0": ([f"{GRAPHS}.orders:build", "--repeat", "0"], "argument --repeat: must be"),
     "durability": ([f"{GRAPHS}.orders:build", "--durability", "never"], "argument --durability"),
     "context raises": (
@@ -388,6 +422,7 @@ def test_bad_input_is_one_line_and_exit_2_with_nothing_left(
     assert message in err
     assert "secret" not in err
     assert list(temp_root.iterdir()) == []
+    assert (tmp_path / "notes.txt").read_text() == "not a database, " * 100
     assert_no_children()
 
 
@@ -542,6 +577,103 @@ def test_a_read_only_checkout_installs_effectdrill_its_plugin_and_command(tmp_pa
 
 
 # helpers
+
+
+CHROMIUM = "/usr/bin/chromium"  # Debian's package (.ci/run installs it)
+CHROMIUM_FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+
+
+def chromium(page, *flags):
+    if not os.path.exists(CHROMIUM):
+        reason = f"CHROMIUM SKIPPED: no {CHROMIUM} (apt-get install chromium)"
+        if os.environ.get("LAB_REQUIRE_CHROMIUM") == "1":
+            pytest.fail(reason.replace("SKIPPED", "REQUIRED (LAB_REQUIRE_CHROMIUM=1)"))
+        pytest.skip(reason)
+    # A short temp folder: Chromium's socket path under pytest's tmp_path is too long for it.
+    profile = tempfile.mkdtemp(prefix="chromium-", dir="/tmp")
+    try:
+        done = subprocess.run(
+            [CHROMIUM, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", *flags, page.as_uri()],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=os.environ | {"TMPDIR": profile},
+        )
+    finally:
+        shutil.rmtree(profile, ignore_errors=True)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def chromium_dom(page, png):
+    """The rows, counts and clean run of the report as Chromium's DOM holds them (and its
+    picture in png, from the same launch)."""
+    from html.parser import HTMLParser
+
+    class Reader(HTMLParser):
+        def __init__(self):
+            super().__init__()
+            self.rows, self.counts, self.clean, self.text = [], {}, {}, []
+            self.mode = self.row = self.cell = self.count = self.clean_mode = None
+
+        def handle_starttag(self, tag, attrs):
+            attrs = dict(attrs)
+            classes = (attrs.get("class") or "").split()
+            if tag == "section" and "mode" in classes:
+                self.mode = attrs["data-mode"]
+            elif tag == "tr" and "row" in classes:
+                self.row = {"mode": self.mode, "verdict": attrs["data-verdict"], "cells": {}}
+            elif tag == "tr" and "data-mode" in attrs and self.mode is None:
+                self.clean_mode = attrs["data-mode"]
+                self.clean[self.clean_mode] = ""
+            elif tag == "td" and self.row is not None:
+                self.cell = (
+                    ("effect", attrs["data-effect"]) if "data-effect" in attrs else classes[0]
+                )
+                self.row["cells"][self.cell] = ""
+            elif tag == "div" and "count" in classes:
+                self.count = attrs["data-count"]
+
+        def handle_endtag(self, tag):
+            if tag == "tr" and self.row is not None:
+                self.rows.append(self.row)
+            if tag == "tr":
+                self.row = self.clean_mode = None
+            self.cell = None if tag == "td" else self.cell
+            self.count = None if tag == "div" else self.count
+
+        def handle_data(self, data):
+            self.text.append(data)
+            if self.row is not None and self.cell is not None:
+                self.row["cells"][self.cell] += data
+            elif self.clean_mode is not None and self.lasttag == "td":
+                self.clean[self.clean_mode] += data
+            if self.count is not None and data.strip().isdigit():
+                self.counts[self.count] = int(data)
+
+    reader = Reader()
+    reader.feed(chromium(page, "--dump-dom", "--window-size=1400,1800", f"--screenshot={png}"))
+    rows = [
+        {
+            "mode": r["mode"],
+            "point": r["cells"]["point"],
+            "verdict": r["verdict"],
+            "verdict_text": r["cells"]["verdict"],
+            "counts": {c[1]: int(v) for c, v in r["cells"].items() if isinstance(c, tuple)},
+        }
+        for r in reader.rows
+    ]
+    text = " ".join(" ".join(reader.text).split())
+    return {"rows": rows, "counts": reader.counts, "clean": reader.clean, "text": text}
 
 
 def assert_no_children():

@@ -19,7 +19,17 @@ import sys
 from importlib.metadata import entry_points
 
 import pytest
-from effectdrill_graphs import agent, asking, asyncgraph, functional, jokes, loop, nested, parallel
+from effectdrill_graphs import (
+    agent,
+    asking,
+    asyncgraph,
+    functional,
+    handler,
+    jokes,
+    loop,
+    nested,
+    parallel,
+)
 
 import effectdrill
 from effectdrill.__main__ import main
@@ -254,3 +264,31 @@ def test_the_prebuilt_agents_tool_calls_are_named_by_their_send():
     models = [f["point"] for f in report.duplicates if f["effect"] == "model_call"]
     assert models == ["put_writes agent [__pregel_tasks, messages]", "put_writes agent [messages]"]
     assert len(report.rows) == 3 + 2 + 3 + 3
+
+
+def test_a_state_langgraph_waits_for_ends_at_once_with_no_verdict(monkeypatch):
+    """An error handler's input (the failed task's error) is saved, and LangGraph waits for it
+    before the handler runs: holding that save back cannot make the row's state, so the child
+    ends as soon as LangGraph waits on it (not at the hold deadline, made short here so that a
+    wait would show as "held") and the row says so, with no counts and no verdict."""
+    import effectdrill.core
+
+    monkeypatch.setattr(effectdrill.core, "HOLD_DEADLINE_S", 3.0)
+    report = effectdrill.drill(handler.build, INPUT, handler.observe)
+
+    unreached = [row for row in report.rows if row.verdict == "not reached"]
+    assert [row.point for row in unreached] == [
+        "put_writes send [__error__, __error_source_node__] (others saved)",
+        "put_writes send (error handler) + send (none saved)",
+    ]
+    assert all(
+        run.saved == "point not reached" and run.counts == {} for r in unreached for run in r.runs
+    )
+    assert all(row.counts("sent") == [] and not row.duplicates() for row in unreached)
+    assert report.unreached == [{"durability": "sync", "point": r.point} for r in unreached]
+    assert report.table().splitlines()[-1].endswith("2 not reached, clean run ok")
+    # The handler's own writes, lost: it runs again (sent happened once, in the failed node).
+    assert [f["point"] for f in report.duplicates] == [
+        "put_writes send (error handler) [recovered] (others saved)",
+        "put step 1",
+    ]

@@ -6,17 +6,25 @@ does. Checked elsewhere, on runs of the guides that happen anyway: the story of 
 (paragraphs, native lines, a verdict per operation, `logs api`) on the README's own `make demo
 BACKEND=local` run (tests/guides/test_readme.py); the verdicts of labs 07, 10 and 14 (an ask for
 approval, background workers' tickets, expired keys) on their native guide runs, through the
-demo's own Demo.run (tests/guides/test_guides.py, test_guide_local and DEMO_VERDICTS).
+demo's own Demo.run (tests/guides/test_guides.py, test_guide_local and DEMO_VERDICTS), and so
+are the lessons of labs 09-16 and 18-19 and the drills' own lines (11, 13, 16); lab 16's native
+run also fits its drill tables to 120 columns. Projector mode, the timeline SVG (in headless
+Chromium) and --times ride on the lab 01-safe run below.
 """
 
+import contextlib
+import html
 import io
 import json
 import os
 import re
+import shlex
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -51,16 +59,90 @@ def test_the_story_comes_from_the_guide_itself():
 
 
 def test_the_verdict_follows_the_receiver_not_the_guide(capsys, tmp_path):
-    """Lab 01 run in safe mode: its text still promises a duplicate, the receiver has one."""
+    """Lab 01 run in safe mode: its text still promises a duplicate, the receiver has one. The
+    same run in projector mode, with its timeline and its time written: each command once (as
+    it runs natively), a ticket a line, the timeline on the terminal and as an SVG that headless
+    Chromium shows with this run's ticket ids and keys, and the guide's time in the times file."""
     text = LAB01.read_text(encoding="utf-8").replace("--mode naive", "--mode safe")
     guide = tmp_path / "01-safe.md"
     guide.write_text(text, encoding="utf-8")
-    code, out, err = run_demo(capsys, guide)
+    pictures, times = tmp_path / "pictures", tmp_path / "times.json"
+    code, out, err = run_demo(
+        capsys, "--projector", "--pictures", pictures, "--times", times, guide
+    )
     assert code == demo.EXIT_DIFFERS
     assert "case-naive:open-ticket:v1: 1 ticket, resume got created: false" in out
     assert "What the labs showed: safe: 0 of 1 operation duplicated" in out
     commands = len(parse_guide(text))
     assert re.search(rf"\d+ of {commands} commands differ from the guides", out)
+    # projector: each command once, as it runs here; the tickets one a line
+    assert "natively:" not in out and "$ docker compose" not in out
+    assert out.count("\n$ python lab.py start --thread naive ") == 1
+    (ticket,) = set(re.findall(r"^  (\{\"key\": .*\"ticket_id\": \d+\}),$", out, re.M))
+    ticket = json.loads(ticket)  # the receiver's one ticket, as the run printed it
+    assert ticket["key"] == "case-naive:open-ticket:v1"
+    timeline = out.split("\nTimeline\n")[1].split("\npicture: ")[0]
+    made = f"[ticket {ticket['ticket_id']}, key {ticket['key']}: created]"
+    again = f"[ticket {ticket['ticket_id']}, key {ticket['key']}: created: false]"
+    assert made in timeline and again in timeline and "[killed after-ack]" in timeline
+    # the picture: what Chromium shows of it
+    svg = pictures / "lab-01.svg"
+    assert f"picture: {svg}" in out
+    shown = chromium_text(svg)
+    assert [line for line in shown if line.startswith("ticket ")] == [made[1:-1], again[1:-1]]
+    assert "killed after-ack" in shown
+    recorded = json.loads(times.read_text(encoding="utf-8"))["guides"]["01-safe.md"]
+    assert recorded["backend"] == "local" and recorded["seconds"] > 0
+
+
+def chromium_text(page):
+    """The text of each <text> of the page as headless Chromium's DOM holds it (one launch);
+    a page Chromium cannot parse fails here."""
+    chromium = "/usr/bin/chromium"  # Debian's package (.ci/run installs it)
+    if not os.path.exists(chromium):
+        reason = f"CHROMIUM SKIPPED: no {chromium} (apt-get install chromium)"
+        if os.environ.get("LAB_REQUIRE_CHROMIUM") == "1":
+            pytest.fail(reason.replace("SKIPPED", "REQUIRED (LAB_REQUIRE_CHROMIUM=1)"))
+        pytest.skip(reason)
+    flags = "--headless --no-sandbox --disable-gpu --disable-quic --no-first-run "
+    flags += "--disable-background-networking --disable-component-update --disable-sync"
+    profile = tempfile.mkdtemp(prefix="chromium-", dir="/tmp")  # a short socket path
+    try:
+        done = subprocess.run(
+            [
+                "/usr/bin/chromium",
+                *flags.split(),
+                f"--user-data-dir={profile}",
+                "--dump-dom",
+                page.as_uri(),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=os.environ | {"TMPDIR": profile},
+        )
+    finally:
+        shutil.rmtree(profile, ignore_errors=True)
+    assert done.returncode == 0, done.stderr
+    assert "<svg" in done.stdout and "parsererror" not in done.stdout, done.stdout[:500]
+    return [html.unescape(t) for t in re.findall(r"<text[^>]*>([^<]*)</text>", done.stdout)]
+
+
+def test_projector_mode_keeps_the_guides_lists():
+    """The lists after lab 16's and 18's blocks are said as lists, a bullet a line (lab 16's
+    drill table fitted to a 119-column terminal: on its native guide run, test_guides.py)."""
+    for name, first in (
+        ("16-classify-your-effects.md", "- `quote` re-ran"),
+        ("18-the-webhook-that-came-twice.md", "- "),
+    ):
+        story = demo.parse_story((ROOT / "labs" / name).read_text(encoding="utf-8"))
+        afters = [c.after for c in story.chapters if first in c.after]
+        assert afters, name
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            demo.tell_text(afters[0], demo.Style(False), 119)
+        bullets = [line for line in out.getvalue().splitlines() if line.startswith("  - ")]
+        assert len(bullets) == afters[0].count("\n- ") + afters[0].startswith("- "), out.getvalue()
 
 
 def test_stderr_comes_with_its_exit_code_and_lab_06_turns_its_fault_on(capsys):
@@ -292,3 +374,53 @@ def test_ctrl_c_while_a_docker_command_runs_leaves_nothing_behind(tmp_path):
     assert proc.returncode == 130, err
     assert err.decode() == "demo stopped; nothing left behind\n"
     assert leftovers == {"container": [], "volume": [], "network": []}
+
+
+def test_ctrl_c_on_a_terminal_reaches_the_demo_and_not_the_make_that_started_it():
+    """On a terminal the demo takes the foreground in a process group of its own: the terminal's
+    Ctrl-C (a ^C typed into a real pty) stops the demo with its one line and exit 130, and the
+    shell that started it, as make does, gets no SIGINT and goes on (so make adds no "Error
+    130"; the Makefile's recipe takes the 130)."""
+    import pty
+
+    parent = f"{shlex.quote(sys.executable)} -m labs.tools.demo --backend local --step {LAB01}"
+    script = f"{parent}; echo parent-alive $?"  # a SIGINT to the shell would end it first
+    pid, master = pty.fork()
+    if pid == 0:  # the child: a session whose controlling terminal is the pty, as a shell's is
+        os.chdir(ROOT)
+        os.execvp("sh", ["sh", "-c", script])
+    seen = b""
+    try:
+        while b"(Enter to run)" not in seen:
+            seen += os.read(master, 4096)
+        os.write(master, b"\x03")  # Ctrl-C, typed: the terminal sends SIGINT to its foreground
+        while True:
+            try:
+                chunk = os.read(master, 4096)
+            except OSError:  # the pty closed: every process on it has exited
+                break
+            if not chunk:
+                break
+            seen += chunk
+    finally:
+        _, status = os.waitpid(pid, 0)
+        os.close(master)
+    said = seen.decode(errors="replace").replace("\r\n", "\n")
+    assert said.count("demo stopped; nothing left behind\n") == 1, said
+    assert "parent-alive 130" in said and "Traceback" not in said, said
+    assert os.waitstatus_to_exitcode(status) == 0  # the shell ran on and exited normally
+
+
+def test_o_at_the_prompt_opens_what_was_folded(monkeypatch, capsys):
+    """STEP=1 in projector mode: `o` tells the folded text as the guide's text (a list a bullet a
+    line) and prints the folded output as it came; Enter then runs the command."""
+    teller = demo.Demo(None, demo.Style(False), step_mode=True, projector=True, width=100)
+    teller.folds = [
+        ("text", "- `graph/state.py`: a channel\n- the next"),
+        ("output", "out 1\nout 2"),
+    ]
+    monkeypatch.setattr("sys.stdin", io.StringIO("o\n\n"))
+    teller.prompt()
+    out = capsys.readouterr().out
+    assert "  - graph/state.py: a channel\n  - the next\n" in out and "out 1\nout 2\n" in out
+    assert out.count("(Enter to run") == 2 and teller.folds == []  # asked again, then Enter

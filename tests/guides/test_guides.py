@@ -135,6 +135,8 @@ def test_guide_local(guide, tmp_path, capsys):
             assert_the_drills_stderr_is_the_graphs_own_lines(outcomes)
         if guide.name.startswith("15-"):
             assert_lab_15_quotes_its_stop_and_nothing_was_replayed(guide, outcomes, backend)
+        if guide.name.startswith("16-"):
+            assert_the_projector_fits_the_drills_tables(outcomes)
         assert_the_log_lines_shown_are_the_receivers(outcomes)
         last = run_step(steps[-1], backend)  # the reset
         assert last.ok, f"{guide.name} differs:\n{describe([last])}"
@@ -152,7 +154,8 @@ DEMO_VERDICTS = {
             "asked for approval once",
             "case-in-node-safe:open-ticket:v1: 1 ticket, asked for approval once, "
             "approve got created: false",
-            "case-in-node-ledger:open-ticket:v1: 1 ticket, asked for approval once",
+            "case-in-node-ledger:open-ticket:v1: 1 ticket, asked for approval once, approve took "
+            "ticket 6 from the ledger's receipt",
             "case-own-node:open-ticket:v1: 1 ticket, asked for approval once",
         ],
         "What the labs showed: naive: 1 of 2 operations duplicated; "
@@ -164,13 +167,114 @@ DEMO_VERDICTS = {
             "case-1:open-ticket:v1: 1 ticket",
             "case-2:open-ticket:v1: 1 ticket",
             "case-3:open-ticket:v1: 1 ticket",
-            "case-4:open-ticket:v1: 1 ticket",
-            "case-5:open-ticket:v1: 2 tickets for one operation (duplicate)",
-            "case-6:open-ticket:v1: 1 ticket, worker wait got created: false",
-            "case-7:open-ticket:v1: 1 ticket",
+            "case-4:open-ticket:v1: 1 ticket, worker run took ticket 4 from the ledger's receipt",
+            "case-5:open-ticket:v1: 2 tickets for one operation (duplicate), ticket 5 by the "
+            "worker started by hand (`worker run`), ticket 6 by the frozen worker, once woken",
+            "case-6:open-ticket:v1: 1 ticket, worker wait got created: false, ticket 7 by the "
+            "worker started by hand (`worker run`)",
+            "case-7:open-ticket:v1: 1 ticket, ticket 8 by the worker started by hand "
+            "(`worker run`)",
         ],
         "What the labs showed: ledger: 0 of 5 operations duplicated; "
         "naive: 1 of 1 operation duplicated; safe: 0 of 1 operation duplicated",
+    ),
+    "09": (
+        [  # the drain named: SIGTERM before the effect drains, after it the step finishes
+            "case-deploy-prepare:open-ticket:v1: 1 ticket, start drained on SIGTERM at a step "
+            "boundary",
+            "case-deploy-ack:open-ticket:v1: 1 ticket, start finished its step after SIGTERM, "
+            "resume redid nothing",
+            "case-deploy-killed:open-ticket:v1: 2 tickets for one operation (duplicate)",
+        ],
+        "What the labs showed: naive: 1 of 3 operations duplicated",
+    ),
+    "11": (
+        [  # each drill's tickets are its own crash runs', summed; its summary is its verdict
+            "drill labs.graphs.ticket:graph (naive): 9 tickets on its own 8 threads, the drill "
+            "says: 7 crash points, 1 duplicate (ticket), 0 missing, 0 failed resumes, clean run ok",
+            "drill labs.graphs.ticket:graph (safe): 8 tickets on its own 8 threads, the drill "
+            "says: 7 crash points, 0 duplicate, 0 missing, 0 failed resumes, clean run ok",
+            "drill labs.graphs.ticket:graph (naive, durability exit): 3 tickets on its own 2 "
+            "threads, the drill says: 1 crash point, 1 duplicate (ticket), 0 missing, 0 failed "
+            "resumes, clean run ok",
+            "drill labs.graphs.ticket:graph (node-uuid): 9 tickets on its own 8 threads, the drill "
+            "says: 7 crash points, 1 duplicate (POST /tickets), 0 missing, 0 failed resumes, "
+            "clean run ok",
+            "drill labs.graphs.shop:graph: the drill says: 9 crash points, 1 duplicate (charge), "
+            "0 missing, 0 failed resumes, clean run ok",
+            "drill labs.graphs.approval:graph: exit 2",
+            "drill labs.graphs.approval:graph #2: the drill says: 10 crash points, 3 duplicate "
+            "(request), 0 missing, 0 failed resumes, the clean run repeated request "
+            "(request_refund re-ran it after an interrupt)",
+            "case-before-deploy: 1 ticket",  # not the drills' 29
+            "drill replay labs.graphs.ticket:graph_v2: the drill says: 1 unfinished thread, 1 LOST",
+            "drill replay labs.graphs.ticket:graph: the drill says: 1 unfinished thread, every "
+            "one resumes",
+        ],
+        "What the labs showed: 6 of 9 drills found an effect repeated or lost; "
+        "ledger: 0 of 1 operation duplicated",
+    ),
+    "16": (
+        [  # the drills' tickets, not "no key" and not an operation each
+            "drill labs.graphs.classify:naive: 18 tickets on its own 17 threads, the drill says: "
+            "16 crash points, 5 duplicate (email, seats, ticket), 0 missing, 0 failed resumes, "
+            "the clean run repeated email (ask_and_email re-ran it after an interrupt)",
+            "drill labs.graphs.classify:fixed: 19 tickets on its own 19 threads, the drill says: "
+            "18 crash points, 0 duplicate, 0 missing, 0 failed resumes, clean run ok",
+        ],
+        "What the labs showed: 1 of 2 drills found an effect repeated or lost",
+    ),
+    "12": (
+        [  # the renamed node: done, and no ticket ever made; the guarded one made its ticket
+            "case-renamed:open-ticket:v1: 0 tickets, start drained on SIGTERM at a step boundary, "
+            "LOST: the run said done and no ticket was ever made (0 tickets)",
+            "case-guarded:open-ticket:v1: 1 ticket, start drained on SIGTERM at a step boundary",
+        ],
+        "What the labs showed: ledger: 0 of 2 operations duplicated, 1 lost",
+    ),
+    "13": (
+        [  # the refunds as `saga refunds` lists them, on the operation whose charge they undo
+            "case-booked:book:v1: 1 ticket",
+            "case-naive:book:v1: 1 ticket, 2 refunds of its one charge (the refund ran twice)",
+            "case-safe:book:v1: 1 ticket, saga resume took refund 3 from the ledger's receipt, "
+            "1 refund of its one charge",
+            "case-window:book:v1: 1 ticket, saga resume adopted ticket 4, found by its key, "
+            "saga resume adopted refund 4, found by its key",
+            "drill labs.graphs.saga:graph (naive): 10 tickets on its own 10 threads, the drill "
+            "says: 9 crash points, 1 duplicate (refund), 0 missing, 0 failed resumes, clean run ok",
+        ],
+        "What the labs showed: safe: 0 of 3 operations duplicated; naive: 1 of 1 operation "
+        "duplicated; 1 of 1 drill found an effect repeated or lost\n"
+        'What the workflow did (labs.tools.tally): {"event": "tally", "started": 4, "resumed": '
+        '4, "drained": 0, "acknowledged": 7, "replayed": 0, "settled": 0}',  # the saga's too
+    ),
+    "15": (
+        [  # adopted, from the receipt, settled by a person: each on its operation
+            "case-adopt:open-ticket:v1: 1 ticket, resume adopted ticket 1, found by its key",
+            "case-receipt:open-ticket:v1: 1 ticket, resume took ticket 2 from the ledger's receipt",
+            "case-note:open-ticket:v1: 1 ticket, resume took ticket 3 from the ledger's receipt, "
+            "resume stopped for a person (exit 6), settled by a person (confirmed), resume took "
+            "the person's answer from the ledger, 1 message sent about it",
+        ],
+        "What the labs showed: ledger: 0 of 3 operations duplicated",
+    ),
+    "18": (
+        [  # the customer's messages (as `messages` lists them) and the status going back
+            "case-hook-1:open-ticket:v1: 1 ticket, its status went back from resolved (v3) to "
+            "opened (v1), 2 messages sent about it, the same one 2 times (a double notice)",
+            "case-hook-2:open-ticket:v1: 1 ticket, 4 deliveries seen before, flagged duplicate: "
+            "true, 1 message sent about it",
+        ],
+        "What the labs showed: ledger: 1 of 2 operations duplicated",
+    ),
+    "19": (
+        [  # the relay's deliveries, and what the receiver made of them
+            "case-outbox:open-ticket:v1: 1 ticket, the relay delivered it 2 times, the receiver "
+            "made 1 and answered 1 from its key",
+        ],
+        "What the labs showed: ledger: 0 of 1 operation duplicated\n"
+        'What the workflow did (labs.tools.tally): {"event": "tally", "started": 1, "resumed": '
+        '1, "drained": 0, "acknowledged": 1, "replayed": 1, "settled": 0}',  # the relay's too
     ),
     "14": (
         [  # expired keys show as null: each ticket still counts on the command's operation
@@ -202,6 +306,19 @@ def assert_the_demo_tells_it(guide, steps, backend, capsys):
         if parse_command(step.command).verb == "sleep":  # lab 14: shown as typed, no native line
             assert f"\n$ {step.command}\n" in out and f"natively: {step.command}" not in out
     return teller.outcomes
+
+
+def assert_the_projector_fits_the_drills_tables(outcomes):
+    """Lab 16's drill tables (125 columns as the drill prints them) fit a 120-column terminal in
+    the demo's projector mode, with every word (a long cell wrapped within its column)."""
+    for outcome in (o for o in outcomes if " drill " in o.step.command):
+        lines = outcome.stdout.splitlines()
+        fitted = demo.fit_tables(lines, 119)
+        tables = [
+            line for line in fitted if not line.startswith("summary: ")
+        ]  # a line, not a table
+        assert max(map(len, lines)) > 119 >= max(map(len, tables)), "\n".join(fitted)
+        assert sorted(" ".join(fitted).split()) == sorted(" ".join(lines).split())  # every word
 
 
 def assert_the_log_lines_shown_are_the_receivers(outcomes):

@@ -27,12 +27,15 @@ def test_the_readme_demo_block_prints_what_it_shows(tmp_path):
     env = lab_env(tmp_path, free_port())  # PORT: a free port, not the default 8000
     for inherited in ("MAKELEVEL", "MAKEFLAGS", "MFLAGS"):  # run it as a learner would, not
         env.pop(inherited, None)  # as a sub-make of `make test` (which prints "Entering ...")
+    env["PICTURES"] = str(tmp_path / "pictures")  # the timelines: never the learner's data/
     done = subprocess.run(
         step.command.split(), cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
     )
     assert done.returncode == step.exit_code, done.stdout + done.stderr
     assert lines_match(step.expected, done.stdout.splitlines()), done.stdout
     assert done.stdout.startswith("backend: local")
+    for lab in ("01", "02", "03"):  # each guide's timeline, where make was told to put it
+        assert f"picture: {tmp_path / 'pictures' / f'lab-{lab}.svg'}\n" in done.stdout
     assert_the_demo_tells_labs_01_and_02_with_a_verdict_per_operation(done.stdout)
 
 
