@@ -16,6 +16,7 @@ import asyncio
 import gc
 import itertools
 import json
+import logging
 import os
 import re
 import select
@@ -28,9 +29,8 @@ import threading
 import time
 import uuid
 from collections.abc import Mapping
-from concurrent.futures import Future
 from contextlib import asynccontextmanager, contextmanager, redirect_stdout
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from urllib.parse import urlsplit, urlunsplit
 
 from effectdrill import outbound
@@ -42,6 +42,7 @@ CHILD_DEADLINE_S = 300.0  # seconds a crash child may run: a graph that hangs is
 SETTLE_DEADLINE_S = 30.0  # seconds a sync kill waits for the calls it lets finish (Killer)
 HOLD_DEADLINE_S = 30.0  # seconds a child holding writes waits for the rest of their step
 WATCH_EVERY_S = 0.005  # how often a child holding a call checks that LangGraph does not wait on it
+WATCH_LOOKS = 3  # looks in a row that find every thread blocked before the child gives up
 CHILD_FAILED = 3  # a crash child's exit code when the graph raised (the message is piped)
 CHILD_UNREACHED = 4  # a crash child's exit code when LangGraph waited on a held write
 CHILD_GAVE_UP = 5  # ... when it held writes for HOLD_DEADLINE_S and the state never came
@@ -193,7 +194,7 @@ class Report:
     def __init__(self, expect=None):
         self.rows = []
         self.clean = {}  # durability -> the clean run's counts
-        self.reruns = {}  # durability -> {effect: (times, node)} an interrupt's re-run repeated
+        self.reruns = {}  # durability -> {effect: (times, node, why)} a node's re-run repeated
         self.expect = expect or {}
         self.requests = None  # the HTTP observer's totals (effectdrill/outbound.py)
 
@@ -220,9 +221,9 @@ class Report:
             for effect, expected in self.expect.items():
                 if counts.get(effect, 0) != expected and effect not in found:
                     found[effect] = f"counted {counts.get(effect, 0)}, expected {expected}"
-            for effect, (_, node) in self.reruns.get(mode, {}).items():
+            for effect, (_, node, why) in self.reruns.get(mode, {}).items():
                 if effect not in self.expect and effect not in found:
-                    found[effect] = f"{node} re-ran it after an interrupt"
+                    found[effect] = f"{node} re-ran it {why}"
         return found
 
     @property
@@ -357,7 +358,7 @@ class Call:
 class CleanRun:
     counts: dict
     calls: list
-    reruns: dict  # {effect: (times, node)}: repeats made by a node re-run after an interrupt
+    reruns: dict  # {effect: (times, node, why)}: repeats of a node re-run (interrupt, retry)
     thread: str = ""
 
     def states(self, mode):
@@ -381,6 +382,11 @@ class CleanRun:
             states.append(
                 CrashState(call.label, call.key, wait, parent_put=call.kind == "put_writes")
             )
+        seen = {}  # a label two states share (two held sets of like names): numbered
+        for i, state in enumerate(states):
+            seen[state.label] = seen.get(state.label, 0) + 1
+            if seen[state.label] > 1:
+                states[i] = replace(state, label=numbered(state.label, seen[state.label]))
         return states
 
 
@@ -404,7 +410,8 @@ class Plan:
         recorder = Recorder()
         trace = Trace(self, thread, recorder)
         try:
-            self.run(db, recorder, thread, mode, fresh=True, trace=trace)
+            with trace.watching_retries():
+                self.run(db, recorder, thread, mode, fresh=True, trace=trace)
         except DrillError:
             raise
         except Exception as error:
@@ -544,6 +551,8 @@ class Plan:
         if "result" not in payload and "error" not in payload:  # a start
             if step[1]:
                 step[:] = [step[0] + 1, False]
+            if trace:
+                trace.task_start(namespace, payload)
             return
         step[1] = True
         where = "/".join(part.split(":")[0] for part in namespace)
@@ -764,9 +773,11 @@ class Ended:
 
 class Trace:
     """The clean run's tasks: their names by id, and which effects each made, so that a
-    repeat made by a node re-run after an interrupt can be told from counts that are simply
-    more than one. Each effect counted after a stream event is given to the next task whose
-    result arrives (LangGraph emits the events in its own thread after the tasks ran)."""
+    repeat made by a node re-run (after an interrupt, or by its RetryPolicy) can be told from
+    counts that are simply more than one. Each effect counted after a stream event is given to
+    the next task whose result arrives (LangGraph emits the events in its own thread after the
+    tasks ran); a subgraph's task reports before the parent's task holding it, so its effects
+    are its own (`child/send`), not its parent node's."""
 
     def __init__(self, plan, thread, recorder):
         self.plan = plan
@@ -775,30 +786,58 @@ class Trace:
         self.names = {}  # task id -> name
         self.invokes = []  # per invoke: {task id: {effect: count}} and the interrupted ids
         self.last = {}
+        self.retried = []  # (task name, counts just before LangGraph retried it)
+        self.retry_repeats = {}  # {effect: (times, node)} a retry made again
 
     def invoke_starts(self):
         self.last = self.plan.counts(self.thread)
         self.recorder.invoke = len(self.invokes)
-        self.invokes.append({"own": {}, "interrupted": set(), "names": {}})
+        self.invokes.append({"own": {}, "interrupted": set(), "names": {}, "start": {}})
+
+    def task_start(self, namespace, payload):
+        self.invokes[-1]["start"][(namespace, payload["name"])] = self.plan.counts(self.thread)
+
+    def retrying(self, name):
+        """LangGraph is about to run task `name` again (its RetryPolicy): the counts now."""
+        self.retried.append((name, self.plan.counts(self.thread)))
 
     def task_result(self, namespace, payload):
         self.names[payload["id"]] = payload["name"]
-        if namespace:  # a subgraph's task: its effects go to the parent's task holding it
-            return
         now = self.plan.counts(self.thread)
         made = {e: n - self.last.get(e, 0) for e, n in now.items() if n > self.last.get(e, 0)}
         self.last = now
         invoke = self.invokes[-1]
+        where = "/".join(part.split(":")[0] for part in namespace)
+        name = f"{where}/{payload['name']}" if where else payload["name"]
         own = invoke["own"].setdefault(payload["id"], {})
         for effect, count in made.items():
             own[effect] = own.get(effect, 0) + count
-        invoke["names"][payload["id"]] = payload["name"]
+        invoke["names"][payload["id"]] = name
         if payload.get("interrupts"):
             invoke["interrupted"].add(payload["id"])
+        self.attempts(invoke["start"].get((namespace, payload["name"])), payload["name"], now, name)
+
+    def attempts(self, start, task, now, name):
+        """An effect made by an attempt that failed and again by a later one: a retry's."""
+        retries = [counts for retried, counts in self.retried if retried == task]
+        self.retried = [(n, c) for n, c in self.retried if n != task]
+        if start is None or not retries:
+            return
+        marks = [start, *retries, now]
+        made = [
+            {e: n - before.get(e, 0) for e, n in after.items() if n > before.get(e, 0)}
+            for before, after in itertools.pairwise(marks)
+        ]
+        for i, failed in enumerate(made[:-1]):
+            for effect, count in failed.items():
+                again = min(count, sum(later.get(effect, 0) for later in made[i + 1 :]))
+                if again:
+                    times = self.retry_repeats.get(effect, (0, ""))[0] + again
+                    self.retry_repeats[effect] = (times, name)
 
     def reruns(self):
-        """{effect: (times, node)}: what a task made before its interrupt and again when the
-        resume re-ran it from its first line."""
+        """{effect: (times, node, why)}: what a task made before its interrupt and again when
+        the resume re-ran it from its first line, or before a retry and again after it."""
         found = {}
         for before, after in itertools.pairwise(self.invokes):
             for task in before["interrupted"]:
@@ -807,9 +846,46 @@ class Trace:
                 for effect, count in before["own"].get(task, {}).items():
                     again = min(count, after["own"][task].get(effect, 0))
                     if again:
-                        times = found.get(effect, (0, ""))[0] + again
-                        found[effect] = (times, before["names"][task])
+                        times = found.get(effect, (0,))[0] + again
+                        found[effect] = (times, before["names"][task], "after an interrupt")
+        for effect, (times, node) in self.retry_repeats.items():
+            if effect not in found:
+                found[effect] = (times, node, "on a retry, by its RetryPolicy")
         return found
+
+    @contextmanager
+    def watching_retries(self):
+        """Hear LangGraph's retries: run_with_retry (langgraph/pregel/_retry.py) logs "Retrying
+        task NAME ..." at INFO on its logger, in the thread that retries, before it does."""
+        logger = logging.getLogger("langgraph.pregel._retry")
+        heard = RetryHeard(self, logger.getEffectiveLevel(), logger.parent)
+        level, propagate = logger.level, logger.propagate
+        logger.addHandler(heard)
+        if logger.getEffectiveLevel() > logging.INFO:  # the user's handlers see what they did
+            logger.setLevel(logging.INFO)
+            logger.propagate = False
+            heard.forward = True
+        try:
+            yield
+        finally:
+            logger.removeHandler(heard)
+            logger.setLevel(level)
+            logger.propagate = propagate
+
+
+class RetryHeard(logging.Handler):
+    """Trace's ear on LangGraph's retry log (see Trace.watching_retries)."""
+
+    def __init__(self, trace, level, parent):
+        super().__init__(logging.DEBUG)
+        self.trace, self.level_before, self.parent, self.forward = trace, level, parent, False
+
+    def emit(self, record):
+        found = re.match(r"Retrying task (.+?) after ", record.getMessage())
+        if found:
+            self.trace.retrying(found.group(1))
+        if self.forward and record.levelno >= self.level_before and self.parent is not None:
+            self.parent.handle(record)  # what the user's handlers would have had
 
 
 # helpers
@@ -909,8 +985,8 @@ class Killer(Counter):
         self.puts = set()  # (namespace, checkpoint id) of every put finished
         self.changed = threading.Condition()
         self.async_changed = None
-        self.held_threads = set()  # idents of the threads whose call is held (sync)
         self.held_keys = set()
+        self.ours = set()  # idents of the Killer's own threads (the watchdog's is its own)
         self.watching = False
 
     def before(self, call):
@@ -921,7 +997,6 @@ class Killer(Counter):
             if action == "kill":
                 self.changed.wait_for(lambda: self.settled(call), SETTLE_DEADLINE_S)
                 die()
-            self.held_threads.add(threading.get_ident())
             self.held_keys.add(key)
             self.watch()
         threading.Event().wait()  # held: this call never finishes (the process dies first)
@@ -960,7 +1035,12 @@ class Killer(Counter):
             self.step_of = call.group[1:]
             self.start_holding()
             return key, "hold"
-        if self.holding and key not in state.group and self.step_of in self.puts:
+        if (
+            self.holding
+            and key not in state.group
+            and self.step_of in self.puts
+            and not inside(call.group[1], self.step_of[0])
+        ):
             return key, "hold"  # a later call: the state is the step's, nothing after it
         return key, "go"
 
@@ -972,18 +1052,21 @@ class Killer(Counter):
             threading.Thread(target=self.watchdog, daemon=True).start()
 
     def watchdog(self):
-        """Two looks in a row with no saver call started or finished between them, every call
-        started either finished or held, and a thread waiting on held saves only."""
-        last = None
+        """WATCH_LOOKS looks in a row, no saver call started or finished between them, every
+        call started either finished or held, and every other thread blocked: LangGraph waits
+        on a held save (an error handler's input, schedule_error_handler in langgraph/pregel/
+        _loop.py; a subgraph's checkpoint, which its parent's stream waits for; every save at
+        BackgroundExecutor.__exit__, langgraph/pregel/_executor.py), which never finishes."""
+        looks, last = 0, None
         while True:
             with self.changed:
-                held = set(self.held_threads)
                 progress = (len(self.started), len(self.done))
                 in_flight = self.started - self.done - self.held_keys
-            stuck = not in_flight and waits_for_held(held)
-            if stuck and last == progress:
+            stuck = not in_flight and all_blocked(self.ours)
+            looks = looks + 1 if stuck and progress == last else 0
+            if looks >= WATCH_LOOKS:
                 os._exit(CHILD_UNREACHED)
-            last = progress if stuck else None
+            last = progress
             time.sleep(WATCH_EVERY_S)
 
     def parent_pending(self, call):
@@ -996,6 +1079,7 @@ class Killer(Counter):
             timer = threading.Timer(HOLD_DEADLINE_S, os._exit, (CHILD_GAVE_UP,))
             timer.daemon = True
             timer.start()
+            self.ours.add(timer.ident)
         self.check_step()
 
     def check_step(self):
@@ -1047,62 +1131,47 @@ def die():
     os.kill(os.getpid(), signal.SIGKILL)
 
 
-def waits_for_held(held_threads):
-    """Whether a thread waits (concurrent.futures.wait or Future.result) only on the futures
-    of calls the Killer holds: LangGraph waiting for a held save, which never finishes (an
-    error handler's writes, schedule_error_handler in langgraph/pregel/_loop.py; every save
-    of the run at BackgroundExecutor.__exit__, langgraph/pregel/_executor.py). Read from the
-    threads' frames: a held call runs in a pool thread whose _WorkItem (concurrent/futures/
-    thread.py) holds its future."""
-    frames = sys._current_frames()
-    held = set()
-    for ident in held_threads:
-        frame = frames.get(ident)
-        while frame is not None:
-            item = frame.f_locals.get("self") if frame.f_code.co_name == "run" else None
-            if item is not None and isinstance(getattr(item, "future", None), Future):
-                held.add(item.future)
-                break
-            frame = frame.f_back
-    if not held:
+def inside(namespace, outer):
+    """Whether a saver call's namespace is a subgraph's within `outer`: a task of the held
+    step runs it, so the step's own writes wait for it (it is not a later call)."""
+    return len(namespace) > len(outer) and namespace.startswith(outer)
+
+
+def all_blocked(ours=()):
+    """Whether every other thread of this process waits in a blocking primitive with no
+    timeout: a lock, a condition or an event of threading.py (a held save waits in one;
+    LangGraph waits for a save in Future.result or concurrent.futures.wait, and for its stream
+    queue, which wait in one), or an idle pool worker. Then nothing can go on: no node runs (a
+    node that sleeps, sends or computes is in its own code, or in a socket's, not in these), no
+    save is made. Read from the threads' frames: the innermost Python frame of each."""
+    if threading._limbo:  # a thread started and not yet running (threading.py's own table)
         return False
-    if any(busy(frame) for ident, frame in frames.items() if ident not in held_threads):
-        return False  # a pool thread still runs something: it may yet save
-    for ident, frame in frames.items():
-        if ident in held_threads or ident == threading.get_ident():
-            continue
-        while frame is not None:
-            awaited = awaited_futures(frame)
-            if awaited is not None:
-                pending = {f for f in awaited if not f.done()}
-                if pending and pending <= held:  # nothing it waits on can finish
-                    return True
-                break
-            frame = frame.f_back
-    return False
+    ours = {threading.get_ident(), *ours}  # the watchdog, the hold's deadline timer
+    for ident, frame in sys._current_frames().items():
+        if ident not in ours and not blocked(frame):
+            return False
+    return True
 
 
-def busy(frame):
-    """Whether a thread runs a work item of a thread pool (an idle worker waits for one)."""
-    while frame is not None:
-        if frame.f_code.co_name == "run" and isinstance(
-            getattr(frame.f_locals.get("self"), "future", None), Future
-        ):
-            return True
-        frame = frame.f_back
-    return False
+THREADING = os.sep + "threading.py"
+IDLE_WORKER = os.path.join("concurrent", "futures", "thread.py")
 
 
-def awaited_futures(frame):
-    """The futures a frame of concurrent.futures waits on, or None for any other frame."""
-    if not frame.f_code.co_filename.endswith(os.path.join("concurrent", "futures", "_base.py")):
-        return None
-    name, local = frame.f_code.co_name, frame.f_locals
-    if name == "result" and isinstance(local.get("self"), Future):
-        return [local["self"]]
-    if name == "wait" and "fs" in local:
-        return list(local["fs"])
-    return None
+def blocked(frame):
+    """A thread's innermost frame waits with no end of its own: a threading.py wait or acquire
+    with no timeout (a timed one ends by itself: a poll), or an idle pool worker."""
+    code, local = frame.f_code, frame.f_locals
+    if code.co_filename.endswith(IDLE_WORKER):  # and nothing queued it has yet to take
+        return code.co_name == "_worker" and getattr(local.get("work_queue"), "empty", bool)()
+    if not code.co_filename.endswith(THREADING):
+        return False
+    if code.co_name not in ("wait", "wait_for", "acquire", "_wait_for_tstate_lock"):
+        return False
+    waiter = local.get("waiter")  # Condition.wait's: released when notified (it will run)
+    if waiter is not None and not waiter.locked():
+        return False
+    timeout = local.get("timeout")
+    return timeout is None or (code.co_name == "_wait_for_tstate_lock" and timeout == -1)
 
 
 def numbered(label, occurrence):
