@@ -96,7 +96,8 @@ def build_parser():
         action="append",
         default=[],
         metavar="HOST[/PATH]",
-        help="requests the HTTP observer leaves out (a model API, say); repeatable",
+        help="requests the HTTP observer leaves out, by prefix of host:port/path or glob "
+        "(a model API, say); repeatable",
     )
     parser.add_argument("--durability", choices=[*DURABILITIES, "all"], default="sync")
     parser.add_argument("--repeat", type=positive, default=1, help="runs per crash point")
