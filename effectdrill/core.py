@@ -29,7 +29,7 @@ import threading
 import time
 import uuid
 from collections.abc import Mapping
-from contextlib import asynccontextmanager, contextmanager, redirect_stdout
+from contextlib import asynccontextmanager, contextmanager, nullcontext, redirect_stdout
 from dataclasses import dataclass, field, replace
 from urllib.parse import urlsplit, urlunsplit
 
@@ -67,6 +67,7 @@ def drill(
     checkpoint_db=None,
     expect=None,
     http_ignore=(),
+    store=None,
 ):
     """Drill `graph` (compiled, or a no-argument callable returning one) and return a Report.
 
@@ -81,6 +82,9 @@ def drill(
     expect: {effect: count} the clean run must count (by default its own counts are the
       baseline, and only a repeat of a node re-run after an interrupt is flagged).
     http_ignore: hosts or host/path prefixes the HTTP observer leaves out (a model API, say).
+    store: the store LangGraph's platform would give the graph (get_store(), a node's `store`
+      argument): "sqlite" for a SqliteStore on a temporary file every run shares (it outlives
+      the kill), or a function with no arguments returning a store of yours.
     """
     require_posix()
     modes = durability_modes(durability)
@@ -91,9 +95,13 @@ def drill(
     if not callable(observe) and observe != "http":
         raise DrillError(f"the observer must be callable as observe(thread_id), not {observe!r}")
     # The HTTP observer records every run's requests (effectdrill/outbound.py).
-    with database(checkpoint_db) as db, outbound.recording(http_ignore) as requests:
+    with (
+        database(checkpoint_db) as db,
+        outbound.recording(http_ignore) as requests,
+        store_maker(store) as stores,
+    ):
         observe = requests.observe if observe == "http" else observe
-        plan = Plan(graph, input, observe, resume_with, context, uuid.uuid4().hex[:8])
+        plan = Plan(graph, input, observe, resume_with, context, uuid.uuid4().hex[:8], stores)
         report, clean_threads = Report(expect), {}
         for mode in modes:
             clean = plan.clean_run(db, mode)
@@ -400,6 +408,7 @@ class Plan:
     resume_with: object
     context: object
     run_id: str
+    stores: object = None  # store_maker's: each run's store, or None (the graph's own)
 
     def __post_init__(self):
         self.is_async = needs_async(self.graph)
@@ -449,8 +458,18 @@ class Plan:
         that ran). Async graphs through asyncio and the async saver."""
         if self.is_async:
             return asyncio.run(self.afinish(db, recorder, thread, mode, fresh, trace))
-        with db.saver(recorder) as saver:
-            return self.finish(saver, thread, mode, fresh, trace)
+        with db.saver(recorder) as saver, self.store() as store:
+            return self.finish(saver, thread, mode, fresh, trace, store)
+
+    def store(self):
+        return self.stores.sync() if self.stores else nullcontext(None)
+
+    def astore(self):
+        return self.stores.asynchronous() if self.stores else nullcontext(None)
+
+    def with_saver(self, saver, store):
+        update = {"checkpointer": saver} | ({} if store is None else {"store": store})
+        return self.graph.copy(update=update)
 
     def run_child(self, db, mode, state, thread, killer):
         """Fork a child that runs the graph and SIGKILLs itself at `state`: was it reached?"""
@@ -488,10 +507,10 @@ class Plan:
             raise
         return child
 
-    def finish(self, saver, thread, mode, fresh, trace=None):
+    def finish(self, saver, thread, mode, fresh, trace=None, store=None):
         """Run the thread to its end: the input first if fresh, else resume it. Returns what
         was saved when it started and the tasks that ran."""
-        graph = self.graph.copy(update={"checkpointer": saver})
+        graph = self.with_saver(saver, store)
         config = {"configurable": {"thread_id": thread}}
         ran, saved = [], None
         for _ in range(MAX_INVOKES):
@@ -514,8 +533,8 @@ class Plan:
 
     async def afinish(self, db, recorder, thread, mode, fresh, trace=None):
         """finish() for a graph of async nodes: astream, aget_state, an async saver."""
-        async with db.asaver(recorder) as saver:
-            graph = self.graph.copy(update={"checkpointer": saver})
+        async with db.asaver(recorder) as saver, self.astore() as store:
+            graph = self.with_saver(saver, store)
             config = {"configurable": {"thread_id": thread}}
             ran, saved = [], None
             for _ in range(MAX_INVOKES):
@@ -635,6 +654,17 @@ class Plan:
 
     def hint(self, error):
         """What to do about a clean run that failed, where the drill can tell."""
+        if (
+            self.stores is None
+            and getattr(self.graph, "store", None) is None
+            and isinstance(error, AttributeError | TypeError | KeyError)
+            and uses_store(self.graph)
+        ):
+            return (
+                " (the graph reads a store, which LangGraph's platform gives it and this run "
+                "had none: give one with --store sqlite or --store MODULE:FUNC, store= in the "
+                "library)"
+            )
         if (
             self.context is None
             and getattr(self.graph, "context_schema", None) is not None
@@ -1364,6 +1394,92 @@ def compiled(graph):
             "result, or a function with no arguments that returns it)"
         )
     return graph
+
+
+def uses_store(graph):
+    """Whether a node of the graph (or a subgraph's) takes a `store` argument or calls
+    get_store(): LangGraph injects the graph's store into either (None without one)."""
+    import inspect
+
+    from langgraph.pregel import Pregel
+
+    pending, seen = [graph], set()
+    while pending:
+        runnable = pending.pop()
+        if id(runnable) in seen:
+            continue
+        seen.add(id(runnable))
+        if isinstance(runnable, Pregel):
+            pending += [node.bound for node in runnable.nodes.values()]
+            continue
+        for function in (getattr(runnable, "func", None), getattr(runnable, "afunc", None)):
+            if function is None:
+                continue
+            try:
+                if "store" in inspect.signature(function).parameters:
+                    return True
+                if "get_store" in inspect.getsource(function):
+                    return True
+            except (TypeError, ValueError, OSError):
+                continue
+        pending += [s for s in getattr(runnable, "steps", ()) if s is not None]
+    return False
+
+
+class StoreMaker:
+    """Each run's store: "sqlite" (a SqliteStore, or AsyncSqliteStore for async graphs, on one
+    file every run shares) or a function of the user's returning a store."""
+
+    def __init__(self, spec, folder):
+        self.spec, self.path = spec, os.path.join(folder, "store.sqlite") if folder else None
+
+    @contextmanager
+    def sync(self):
+        if callable(self.spec):
+            yield self.made()
+            return
+        from langgraph.store.sqlite import SqliteStore
+
+        conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+        try:
+            store = SqliteStore(conn)
+            store.setup()
+            yield store
+        finally:
+            conn.close()
+
+    @asynccontextmanager
+    async def asynchronous(self):
+        if callable(self.spec):
+            yield self.made()
+            return
+        from langgraph.store.sqlite.aio import AsyncSqliteStore
+
+        async with AsyncSqliteStore.from_conn_string(self.path) as store:
+            await store.setup()
+            yield store
+
+    def made(self):
+        try:
+            return self.spec()
+        except Exception as error:
+            raise DrillError(f"--store raised {one_line(error)}") from None
+
+
+@contextmanager
+def store_maker(spec):
+    """drill(store=...): None, "sqlite" (a temporary file, removed after) or a function."""
+    if spec is None:
+        yield None
+        return
+    if spec != "sqlite" and not callable(spec):
+        raise DrillError(f"store must be 'sqlite' or a function returning a store, not {spec!r}")
+    folder = tempfile.mkdtemp(prefix="effectdrill-store-") if spec == "sqlite" else None
+    try:
+        yield StoreMaker(spec, folder)
+    finally:
+        if folder is not None:
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def needs_async(graph):
