@@ -18,6 +18,7 @@ import itertools
 import json
 import logging
 import os
+import pickle
 import re
 import select
 import shutil
@@ -103,20 +104,26 @@ def drill(
         observe = requests.observe if observe == "http" else observe
         plan = Plan(graph, input, observe, resume_with, context, uuid.uuid4().hex[:8], stores)
         report, clean_threads = Report(expect), {}
-        for mode in modes:
-            clean = plan.clean_run(db, mode)
-            report.clean[mode] = clean.counts
-            report.reruns[mode] = clean.reruns
-            clean_threads[mode] = clean.thread
-            jobs = []
-            for index, state in enumerate(clean.states(mode)):
-                row = Row(mode, state.label, clean.counts)
-                report.rows.append(row)
-                for attempt in range(repeat):
-                    jobs.append((row, state, f"drill-{plan.run_id}-{mode}-{index}-{attempt}"))
-            crash_all(plan, db, mode, jobs)
+        with warm_parent(plan, db) as warm, plan.event_loop():
+            drill_modes(plan, db, modes, repeat, report, clean_threads, warm)
         requests.annotate(report, clean_threads)
     return report
+
+
+def drill_modes(plan, db, modes, repeat, report, clean_threads, warm):
+    """The clean run of each mode, then its crash runs (see drill)."""
+    for mode in modes:
+        clean = plan.clean_run(db, mode)
+        report.clean[mode] = clean.counts
+        report.reruns[mode] = clean.reruns
+        clean_threads[mode] = clean.thread
+        jobs = []
+        for index, state in enumerate(clean.states(mode)):
+            row = Row(mode, state.label, clean.counts)
+            report.rows.append(row)
+            for attempt in range(repeat):
+                jobs.append((row, state, f"drill-{plan.run_id}-{mode}-{index}-{attempt}"))
+        crash_all(plan, db, mode, jobs, warm)
 
 
 @dataclass
@@ -412,6 +419,7 @@ class Plan:
 
     def __post_init__(self):
         self.is_async = needs_async(self.graph)
+        self.loop = None  # event_loop(): the drill's one loop; a crash child makes its own
 
     def clean_run(self, db, mode):
         thread = f"drill-{self.run_id}-{mode}-clean"
@@ -456,10 +464,27 @@ class Plan:
     def run(self, db, recorder, thread, mode, fresh, trace=None):
         """Finish the thread on a saver of db; returns (what was saved at the start, the tasks
         that ran). Async graphs through asyncio and the async saver."""
-        if self.is_async:
-            return asyncio.run(self.afinish(db, recorder, thread, mode, fresh, trace))
+        if self.is_async:  # on this process's one loop: a client's pooled connections stay
+            run = self.afinish(db, recorder, thread, mode, fresh, trace)  # on it between runs
+            return self.loop.run_until_complete(run) if self.loop else asyncio.run(run)
         with db.saver(recorder) as saver, self.store() as store:
             return self.finish(saver, thread, mode, fresh, trace, store)
+
+    @contextmanager
+    def event_loop(self):
+        """One event loop for every async run of this process (the clean run, the resumes),
+        as an application has: an httpx.AsyncClient made at import keeps its connections on
+        the loop of its first request ("Event loop is closed" on the next asyncio.run)."""
+        if not self.is_async:
+            yield
+            return
+        self.loop = asyncio.new_event_loop()
+        try:
+            yield
+        finally:
+            loop, self.loop = self.loop, None
+            loop.run_until_complete(loop.shutdown_asyncgens())
+            loop.close()
 
     def store(self):
         return self.stores.sync() if self.stores else nullcontext(None)
@@ -488,6 +513,7 @@ class Plan:
             code = 0
             try:
                 gc.disable()  # it lives for one run: no collection touching the parent's pages
+                self.loop = None  # not the drill's (its selector is the drill's): its own
                 signal.pthread_sigmask(signal.SIG_SETMASK, mask)
                 os.close(read_end)
                 os.dup2(2, 1)  # the graph's prints go to stderr: stdout is the report's
@@ -714,32 +740,32 @@ class Child:
             self.pipe = None
 
 
-def crash_all(plan, db, mode, jobs):
-    """Each (row, state, thread) job's crash run, appended to its row. A warm parent, forked
-    once from this process after the clean run (the graph imported, built and run), forks the
-    crash children one after the other and reports how each ended; this process resumes each
-    thread meanwhile. So a child runs while the last one's thread resumes (two cores), its fork
-    is not on this process's path, and this process does not copy the pages it shares with a
-    live child at each run (copy-on-write) but once, those it shares with the warm parent."""
+def crash_all(plan, db, mode, jobs, warm):
+    """Each (row, state, thread) job's crash run, appended to its row. The warm parent (forked
+    before any run: the graph imported and built, nothing run yet) forks the crash children one
+    after the other and reports how each ended; this process resumes each thread meanwhile. So
+    a child runs while the last one's thread resumes (two cores), its fork is not on this
+    process's path, this process copies the pages it shares with a live child (copy-on-write)
+    once, not at each run, and a child holds no connection a client pooled in this process's
+    runs (a keep-alive socket, an async client's connections on this process's event loop)."""
     if not jobs:
         return
     plan.expect_nothing_yet(jobs[0][2])  # after the clean run's effects: a new thread counts 0
-    warm = WarmParent(plan, db, mode, jobs)
-    try:
-        for row, _state, thread in jobs:
-            row.runs.append(plan.end_crash(db, mode, warm.next(), thread))
-    finally:
-        warm.stop()
+    warm.start(mode, [(state, thread) for _row, state, thread in jobs])
+    for row, _state, thread in jobs:
+        row.runs.append(plan.end_crash(db, mode, warm.next(), thread))
 
 
 class WarmParent:
-    """A process forked from the drill that forks every crash child of one mode in turn and
-    writes each one's wait status and message back, one JSON line each. It leads a process
-    group of its own, with its children: stop() kills them all at once (a Ctrl-C, an error)."""
+    """A process forked from the drill before its first run. It reads a mode's crash jobs
+    (pickled), forks their children one after the other and writes each one's wait status and
+    message back, one JSON line each. It leads a process group of its own, with its children:
+    stop() kills them all at once (a Ctrl-C, an error)."""
 
-    def __init__(self, plan, db, mode, jobs):
+    def __init__(self, plan, db):
         sys.stdout.flush()
         sys.stderr.flush()
+        jobs_read, jobs_write = os.pipe()
         read_end, write_end = os.pipe()
         mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})  # see fork_child
         pid = os.fork()
@@ -748,10 +774,15 @@ class WarmParent:
             try:
                 os.setpgid(0, 0)  # its own group: a terminal's Ctrl-C reaches the drill only
                 os.close(read_end)
+                os.close(jobs_write)
                 gc.disable()
-                for _row, state, thread in jobs:
-                    child = plan.fork_child(db, mode, state, thread, Killer(state, mode == "sync"))
-                    os.write(write_end, (json.dumps(child.wait()) + "\n").encode())
+                with os.fdopen(jobs_read, "rb") as incoming:
+                    while batch := incoming.readline():
+                        mode, jobs = pickle.loads(bytes.fromhex(batch.decode()))
+                        for state, thread in jobs:
+                            killer = Killer(state, mode == "sync")
+                            child = plan.fork_child(db, mode, state, thread, killer)
+                            os.write(write_end, (json.dumps(child.wait()) + "\n").encode())
             except BaseException as error:
                 os.write(write_end, (json.dumps([None, task_error(error)]) + "\n").encode())
                 code = CHILD_FAILED
@@ -761,18 +792,25 @@ class WarmParent:
             os.setpgid(pid, pid)  # also here: stop() may come before the child's own call
         except (PermissionError, ProcessLookupError):
             pass  # it did it first (and may have run already)
-        self.pid = pid
-        self.where = iter([f"{state.label} ({mode})" for _, state, _ in jobs])
+        self.pid, self.where = pid, iter(())
         self.lines = os.fdopen(read_end, "rb")
+        self.jobs = os.fdopen(jobs_write, "wb")
         try:
             signal.pthread_sigmask(signal.SIG_SETMASK, mask)
             os.close(write_end)
+            os.close(jobs_read)
         except BaseException:
             self.stop()
             raise
 
+    def start(self, mode, jobs):
+        """Hand it a mode's jobs: [(CrashState, thread)], forked in that order."""
+        self.where = iter([f"{state.label} ({mode})" for state, _ in jobs])
+        self.jobs.write(pickle.dumps((mode, jobs)).hex().encode() + b"\n")
+        self.jobs.flush()
+
     def next(self):
-        """The next crash child's ending: a Child whose reached() says how it died."""
+        """The next crash child's ending: an Ended whose reached() says how it died."""
         where = next(self.where)
         line = self.lines.readline()
         if not line:
@@ -788,7 +826,20 @@ class WarmParent:
         except (ProcessLookupError, PermissionError):
             pass
         kill_and_reap(self.pid)
-        self.lines.close()
+        for pipe in (self.lines, self.jobs):
+            try:
+                pipe.close()
+            except OSError:
+                pass
+
+
+@contextmanager
+def warm_parent(plan, db):
+    warm = WarmParent(plan, db)
+    try:
+        yield warm
+    finally:
+        warm.stop()
 
 
 class Ended:

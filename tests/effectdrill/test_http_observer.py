@@ -12,6 +12,7 @@ import os
 import sys
 
 import pytest
+from effectdrill_graphs import asyncclient
 from effectdrill_graphs import mailer as mailer_graph
 from effectdrill_graphs import outbound as trips
 
@@ -117,7 +118,14 @@ def mailer(monkeypatch):
     sent = {}
 
     class Provider(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"  # keep-alive: a client may send again on a connection
+
+        def setup(self):
+            super().setup()
+            server.connections += 1
+
         def do_POST(self):
+            server.requests += 1
             self.rfile.read(int(self.headers["Content-Length"]))
             parts = self.path.split("/")
             if self.path.startswith("/v1/messages/"):
@@ -125,6 +133,7 @@ def mailer(monkeypatch):
             self.answer({"text": "hello"})
 
         def do_GET(self):
+            server.requests += 1
             self.answer({"sent": len(sent.get(self.path.split("/")[2], ()))})
 
         def answer(self, body):
@@ -138,6 +147,7 @@ def mailer(monkeypatch):
             pass
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Provider)
+    server.daemon_threads, server.connections, server.requests = True, 0, 0
     threading.Thread(target=server.serve_forever, daemon=True).start()
     monkeypatch.setenv("MAILER_URL", f"http://127.0.0.1:{server.server_address[1]}")
     yield server
@@ -175,3 +185,18 @@ def test_a_request_the_kill_left_unanswered_is_in_flight_not_a_repeat():
     assert (found["repeat"], found["counted"], found["in_flight"]) == (IN_FLIGHT, True, [1])
     (found,) = repeats([post()], [[post(), post()]], counted=False)  # both answered: sent twice
     assert (found["repeat"], found["counted"]) == (NO_KEY, False)
+
+
+def test_an_async_client_made_at_import_works_in_every_run(mailer):
+    """One httpx.AsyncClient for the whole process, its connections kept alive and pooled: the
+    drill's runs share one event loop, and each crash child makes its own connections."""
+    report = effectdrill.drill(
+        asyncclient.build,
+        {"thread": "{thread}"},
+        asyncclient.observe,
+        http_ignore=["*/v1/chat/*"],  # the model's answer: a repeat changes nothing
+    )
+
+    assert report.failed == [] and report.clean == {"sync": {"sent": 1}}
+    assert report.ok  # keyed: resent with its key at most
+    assert mailer.connections < mailer.requests  # connections were kept alive and reused
