@@ -48,6 +48,7 @@ def main(argv=None):
             checkpoint_db=args.checkpoint_db,
             expect=None if args.expect is None else parse_json(args.expect, "--expect"),
             http_ignore=args.http_ignore,
+            store=None if args.store is None else store_spec(args.store),
         )
     except DrillError as error:
         print(f"effectdrill: {error}", file=sys.stderr)
@@ -98,7 +99,8 @@ def build_parser():
         action="append",
         default=[],
         metavar="HOST[/PATH]",
-        help="requests the HTTP observer leaves out (a model API, say); repeatable",
+        help="requests the HTTP observer leaves out, by prefix of host:port/path or glob "
+        "(a model API, say); repeatable",
     )
     parser.add_argument("--durability", choices=[*DURABILITIES, "all"], default="sync")
     parser.add_argument("--repeat", type=positive, default=1, help="runs per crash point")
@@ -112,6 +114,12 @@ def build_parser():
         help='JSON {"effect": count} the clean run must count (default: its own counts)',
     )
     parser.add_argument("--context", help="MODULE:FUNC returning the runtime context")
+    parser.add_argument(
+        "--store",
+        metavar="sqlite|MODULE:FUNC",
+        help="the store LangGraph's platform gives a graph: sqlite (a temporary file), or a "
+        "function returning yours",
+    )
     parser.add_argument("--checkpoint-db", help="SQLite path or postgresql:// URL (default: temp)")
     parser.add_argument("--json", action="store_true", help="JSON lines, then a summary object")
     parser.add_argument(
@@ -159,6 +167,15 @@ def make_context(name):
         return factory()
     except Exception as error:
         raise DrillError(f"--context {name} raised {type(error).__name__}: {error}") from None
+
+
+def store_spec(text):
+    if text == "sqlite":
+        return text
+    factory = load(text, "--store")
+    if not callable(factory):
+        raise DrillError(f"--store {text} is not callable (a function returning a store)")
+    return factory
 
 
 def answers(text):

@@ -16,7 +16,9 @@ import asyncio
 import gc
 import itertools
 import json
+import logging
 import os
+import pickle
 import re
 import select
 import shutil
@@ -28,9 +30,8 @@ import threading
 import time
 import uuid
 from collections.abc import Mapping
-from concurrent.futures import Future
-from contextlib import asynccontextmanager, contextmanager, redirect_stdout
-from dataclasses import dataclass, field
+from contextlib import asynccontextmanager, contextmanager, nullcontext, redirect_stdout
+from dataclasses import dataclass, field, replace
 from urllib.parse import urlsplit, urlunsplit
 
 from effectdrill import outbound
@@ -42,6 +43,7 @@ CHILD_DEADLINE_S = 300.0  # seconds a crash child may run: a graph that hangs is
 SETTLE_DEADLINE_S = 30.0  # seconds a sync kill waits for the calls it lets finish (Killer)
 HOLD_DEADLINE_S = 30.0  # seconds a child holding writes waits for the rest of their step
 WATCH_EVERY_S = 0.005  # how often a child holding a call checks that LangGraph does not wait on it
+WATCH_LOOKS = 3  # looks in a row that find every thread blocked before the child gives up
 CHILD_FAILED = 3  # a crash child's exit code when the graph raised (the message is piped)
 CHILD_UNREACHED = 4  # a crash child's exit code when LangGraph waited on a held write
 CHILD_GAVE_UP = 5  # ... when it held writes for HOLD_DEADLINE_S and the state never came
@@ -66,6 +68,7 @@ def drill(
     checkpoint_db=None,
     expect=None,
     http_ignore=(),
+    store=None,
 ):
     """Drill `graph` (compiled, or a no-argument callable returning one) and return a Report.
 
@@ -80,6 +83,9 @@ def drill(
     expect: {effect: count} the clean run must count (by default its own counts are the
       baseline, and only a repeat of a node re-run after an interrupt is flagged).
     http_ignore: hosts or host/path prefixes the HTTP observer leaves out (a model API, say).
+    store: the store LangGraph's platform would give the graph (get_store(), a node's `store`
+      argument): "sqlite" for a SqliteStore on a temporary file every run shares (it outlives
+      the kill), or a function with no arguments returning a store of yours.
     """
     require_posix()
     modes = durability_modes(durability)
@@ -90,24 +96,34 @@ def drill(
     if not callable(observe) and observe != "http":
         raise DrillError(f"the observer must be callable as observe(thread_id), not {observe!r}")
     # The HTTP observer records every run's requests (effectdrill/outbound.py).
-    with database(checkpoint_db) as db, outbound.recording(http_ignore) as requests:
+    with (
+        database(checkpoint_db) as db,
+        outbound.recording(http_ignore) as requests,
+        store_maker(store) as stores,
+    ):
         observe = requests.observe if observe == "http" else observe
-        plan = Plan(graph, input, observe, resume_with, context, uuid.uuid4().hex[:8])
+        plan = Plan(graph, input, observe, resume_with, context, uuid.uuid4().hex[:8], stores)
         report, clean_threads = Report(expect), {}
-        for mode in modes:
-            clean = plan.clean_run(db, mode)
-            report.clean[mode] = clean.counts
-            report.reruns[mode] = clean.reruns
-            clean_threads[mode] = clean.thread
-            jobs = []
-            for index, state in enumerate(clean.states(mode)):
-                row = Row(mode, state.label, clean.counts)
-                report.rows.append(row)
-                for attempt in range(repeat):
-                    jobs.append((row, state, f"drill-{plan.run_id}-{mode}-{index}-{attempt}"))
-            crash_all(plan, db, mode, jobs)
+        with warm_parent(plan, db) as warm, plan.event_loop():
+            drill_modes(plan, db, modes, repeat, report, clean_threads, warm)
         requests.annotate(report, clean_threads)
     return report
+
+
+def drill_modes(plan, db, modes, repeat, report, clean_threads, warm):
+    """The clean run of each mode, then its crash runs (see drill)."""
+    for mode in modes:
+        clean = plan.clean_run(db, mode)
+        report.clean[mode] = clean.counts
+        report.reruns[mode] = clean.reruns
+        clean_threads[mode] = clean.thread
+        jobs = []
+        for index, state in enumerate(clean.states(mode)):
+            row = Row(mode, state.label, clean.counts)
+            report.rows.append(row)
+            for attempt in range(repeat):
+                jobs.append((row, state, f"drill-{plan.run_id}-{mode}-{index}-{attempt}"))
+        crash_all(plan, db, mode, jobs, warm)
 
 
 @dataclass
@@ -193,7 +209,7 @@ class Report:
     def __init__(self, expect=None):
         self.rows = []
         self.clean = {}  # durability -> the clean run's counts
-        self.reruns = {}  # durability -> {effect: (times, node)} an interrupt's re-run repeated
+        self.reruns = {}  # durability -> {effect: (times, node, why)} a node's re-run repeated
         self.expect = expect or {}
         self.requests = None  # the HTTP observer's totals (effectdrill/outbound.py)
 
@@ -220,9 +236,9 @@ class Report:
             for effect, expected in self.expect.items():
                 if counts.get(effect, 0) != expected and effect not in found:
                     found[effect] = f"counted {counts.get(effect, 0)}, expected {expected}"
-            for effect, (_, node) in self.reruns.get(mode, {}).items():
+            for effect, (_, node, why) in self.reruns.get(mode, {}).items():
                 if effect not in self.expect and effect not in found:
-                    found[effect] = f"{node} re-ran it after an interrupt"
+                    found[effect] = f"{node} re-ran it {why}"
         return found
 
     @property
@@ -357,7 +373,7 @@ class Call:
 class CleanRun:
     counts: dict
     calls: list
-    reruns: dict  # {effect: (times, node)}: repeats made by a node re-run after an interrupt
+    reruns: dict  # {effect: (times, node, why)}: repeats of a node re-run (interrupt, retry)
     thread: str = ""
 
     def states(self, mode):
@@ -381,6 +397,11 @@ class CleanRun:
             states.append(
                 CrashState(call.label, call.key, wait, parent_put=call.kind == "put_writes")
             )
+        seen = {}  # a label two states share (two held sets of like names): numbered
+        for i, state in enumerate(states):
+            seen[state.label] = seen.get(state.label, 0) + 1
+            if seen[state.label] > 1:
+                states[i] = replace(state, label=numbered(state.label, seen[state.label]))
         return states
 
 
@@ -394,9 +415,11 @@ class Plan:
     resume_with: object
     context: object
     run_id: str
+    stores: object = None  # store_maker's: each run's store, or None (the graph's own)
 
     def __post_init__(self):
         self.is_async = needs_async(self.graph)
+        self.loop = None  # event_loop(): the drill's one loop; a crash child makes its own
 
     def clean_run(self, db, mode):
         thread = f"drill-{self.run_id}-{mode}-clean"
@@ -404,7 +427,8 @@ class Plan:
         recorder = Recorder()
         trace = Trace(self, thread, recorder)
         try:
-            self.run(db, recorder, thread, mode, fresh=True, trace=trace)
+            with trace.watching_retries():
+                self.run(db, recorder, thread, mode, fresh=True, trace=trace)
         except DrillError:
             raise
         except Exception as error:
@@ -440,10 +464,37 @@ class Plan:
     def run(self, db, recorder, thread, mode, fresh, trace=None):
         """Finish the thread on a saver of db; returns (what was saved at the start, the tasks
         that ran). Async graphs through asyncio and the async saver."""
-        if self.is_async:
-            return asyncio.run(self.afinish(db, recorder, thread, mode, fresh, trace))
-        with db.saver(recorder) as saver:
-            return self.finish(saver, thread, mode, fresh, trace)
+        if self.is_async:  # on this process's one loop: a client's pooled connections stay
+            run = self.afinish(db, recorder, thread, mode, fresh, trace)  # on it between runs
+            return self.loop.run_until_complete(run) if self.loop else asyncio.run(run)
+        with db.saver(recorder) as saver, self.store() as store:
+            return self.finish(saver, thread, mode, fresh, trace, store)
+
+    @contextmanager
+    def event_loop(self):
+        """One event loop for every async run of this process (the clean run, the resumes),
+        as an application has: an httpx.AsyncClient made at import keeps its connections on
+        the loop of its first request ("Event loop is closed" on the next asyncio.run)."""
+        if not self.is_async:
+            yield
+            return
+        self.loop = asyncio.new_event_loop()
+        try:
+            yield
+        finally:
+            loop, self.loop = self.loop, None
+            loop.run_until_complete(loop.shutdown_asyncgens())
+            loop.close()
+
+    def store(self):
+        return self.stores.sync() if self.stores else nullcontext(None)
+
+    def astore(self):
+        return self.stores.asynchronous() if self.stores else nullcontext(None)
+
+    def with_saver(self, saver, store):
+        update = {"checkpointer": saver} | ({} if store is None else {"store": store})
+        return self.graph.copy(update=update)
 
     def run_child(self, db, mode, state, thread, killer):
         """Fork a child that runs the graph and SIGKILLs itself at `state`: was it reached?"""
@@ -462,6 +513,7 @@ class Plan:
             code = 0
             try:
                 gc.disable()  # it lives for one run: no collection touching the parent's pages
+                self.loop = None  # not the drill's (its selector is the drill's): its own
                 signal.pthread_sigmask(signal.SIG_SETMASK, mask)
                 os.close(read_end)
                 os.dup2(2, 1)  # the graph's prints go to stderr: stdout is the report's
@@ -481,10 +533,10 @@ class Plan:
             raise
         return child
 
-    def finish(self, saver, thread, mode, fresh, trace=None):
+    def finish(self, saver, thread, mode, fresh, trace=None, store=None):
         """Run the thread to its end: the input first if fresh, else resume it. Returns what
         was saved when it started and the tasks that ran."""
-        graph = self.graph.copy(update={"checkpointer": saver})
+        graph = self.with_saver(saver, store)
         config = {"configurable": {"thread_id": thread}}
         ran, saved = [], None
         for _ in range(MAX_INVOKES):
@@ -507,8 +559,8 @@ class Plan:
 
     async def afinish(self, db, recorder, thread, mode, fresh, trace=None):
         """finish() for a graph of async nodes: astream, aget_state, an async saver."""
-        async with db.asaver(recorder) as saver:
-            graph = self.graph.copy(update={"checkpointer": saver})
+        async with db.asaver(recorder) as saver, self.astore() as store:
+            graph = self.with_saver(saver, store)
             config = {"configurable": {"thread_id": thread}}
             ran, saved = [], None
             for _ in range(MAX_INVOKES):
@@ -544,6 +596,8 @@ class Plan:
         if "result" not in payload and "error" not in payload:  # a start
             if step[1]:
                 step[:] = [step[0] + 1, False]
+            if trace:
+                trace.task_start(namespace, payload)
             return
         step[1] = True
         where = "/".join(part.split(":")[0] for part in namespace)
@@ -627,6 +681,17 @@ class Plan:
     def hint(self, error):
         """What to do about a clean run that failed, where the drill can tell."""
         if (
+            self.stores is None
+            and getattr(self.graph, "store", None) is None
+            and isinstance(error, AttributeError | TypeError | KeyError)
+            and uses_store(self.graph)
+        ):
+            return (
+                " (the graph reads a store, which LangGraph's platform gives it and this run "
+                "had none: give one with --store sqlite or --store MODULE:FUNC, store= in the "
+                "library)"
+            )
+        if (
             self.context is None
             and getattr(self.graph, "context_schema", None) is not None
             and isinstance(error, AttributeError | TypeError | KeyError)
@@ -675,32 +740,32 @@ class Child:
             self.pipe = None
 
 
-def crash_all(plan, db, mode, jobs):
-    """Each (row, state, thread) job's crash run, appended to its row. A warm parent, forked
-    once from this process after the clean run (the graph imported, built and run), forks the
-    crash children one after the other and reports how each ended; this process resumes each
-    thread meanwhile. So a child runs while the last one's thread resumes (two cores), its fork
-    is not on this process's path, and this process does not copy the pages it shares with a
-    live child at each run (copy-on-write) but once, those it shares with the warm parent."""
+def crash_all(plan, db, mode, jobs, warm):
+    """Each (row, state, thread) job's crash run, appended to its row. The warm parent (forked
+    before any run: the graph imported and built, nothing run yet) forks the crash children one
+    after the other and reports how each ended; this process resumes each thread meanwhile. So
+    a child runs while the last one's thread resumes (two cores), its fork is not on this
+    process's path, this process copies the pages it shares with a live child (copy-on-write)
+    once, not at each run, and a child holds no connection a client pooled in this process's
+    runs (a keep-alive socket, an async client's connections on this process's event loop)."""
     if not jobs:
         return
     plan.expect_nothing_yet(jobs[0][2])  # after the clean run's effects: a new thread counts 0
-    warm = WarmParent(plan, db, mode, jobs)
-    try:
-        for row, _state, thread in jobs:
-            row.runs.append(plan.end_crash(db, mode, warm.next(), thread))
-    finally:
-        warm.stop()
+    warm.start(mode, [(state, thread) for _row, state, thread in jobs])
+    for row, _state, thread in jobs:
+        row.runs.append(plan.end_crash(db, mode, warm.next(), thread))
 
 
 class WarmParent:
-    """A process forked from the drill that forks every crash child of one mode in turn and
-    writes each one's wait status and message back, one JSON line each. It leads a process
-    group of its own, with its children: stop() kills them all at once (a Ctrl-C, an error)."""
+    """A process forked from the drill before its first run. It reads a mode's crash jobs
+    (pickled), forks their children one after the other and writes each one's wait status and
+    message back, one JSON line each. It leads a process group of its own, with its children:
+    stop() kills them all at once (a Ctrl-C, an error)."""
 
-    def __init__(self, plan, db, mode, jobs):
+    def __init__(self, plan, db):
         sys.stdout.flush()
         sys.stderr.flush()
+        jobs_read, jobs_write = os.pipe()
         read_end, write_end = os.pipe()
         mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})  # see fork_child
         pid = os.fork()
@@ -709,10 +774,15 @@ class WarmParent:
             try:
                 os.setpgid(0, 0)  # its own group: a terminal's Ctrl-C reaches the drill only
                 os.close(read_end)
+                os.close(jobs_write)
                 gc.disable()
-                for _row, state, thread in jobs:
-                    child = plan.fork_child(db, mode, state, thread, Killer(state, mode == "sync"))
-                    os.write(write_end, (json.dumps(child.wait()) + "\n").encode())
+                with os.fdopen(jobs_read, "rb") as incoming:
+                    while batch := incoming.readline():
+                        mode, jobs = pickle.loads(bytes.fromhex(batch.decode()))
+                        for state, thread in jobs:
+                            killer = Killer(state, mode == "sync")
+                            child = plan.fork_child(db, mode, state, thread, killer)
+                            os.write(write_end, (json.dumps(child.wait()) + "\n").encode())
             except BaseException as error:
                 os.write(write_end, (json.dumps([None, task_error(error)]) + "\n").encode())
                 code = CHILD_FAILED
@@ -722,18 +792,25 @@ class WarmParent:
             os.setpgid(pid, pid)  # also here: stop() may come before the child's own call
         except (PermissionError, ProcessLookupError):
             pass  # it did it first (and may have run already)
-        self.pid = pid
-        self.where = iter([f"{state.label} ({mode})" for _, state, _ in jobs])
+        self.pid, self.where = pid, iter(())
         self.lines = os.fdopen(read_end, "rb")
+        self.jobs = os.fdopen(jobs_write, "wb")
         try:
             signal.pthread_sigmask(signal.SIG_SETMASK, mask)
             os.close(write_end)
+            os.close(jobs_read)
         except BaseException:
             self.stop()
             raise
 
+    def start(self, mode, jobs):
+        """Hand it a mode's jobs: [(CrashState, thread)], forked in that order."""
+        self.where = iter([f"{state.label} ({mode})" for state, _ in jobs])
+        self.jobs.write(pickle.dumps((mode, jobs)).hex().encode() + b"\n")
+        self.jobs.flush()
+
     def next(self):
-        """The next crash child's ending: a Child whose reached() says how it died."""
+        """The next crash child's ending: an Ended whose reached() says how it died."""
         where = next(self.where)
         line = self.lines.readline()
         if not line:
@@ -749,7 +826,20 @@ class WarmParent:
         except (ProcessLookupError, PermissionError):
             pass
         kill_and_reap(self.pid)
-        self.lines.close()
+        for pipe in (self.lines, self.jobs):
+            try:
+                pipe.close()
+            except OSError:
+                pass
+
+
+@contextmanager
+def warm_parent(plan, db):
+    warm = WarmParent(plan, db)
+    try:
+        yield warm
+    finally:
+        warm.stop()
 
 
 class Ended:
@@ -764,9 +854,11 @@ class Ended:
 
 class Trace:
     """The clean run's tasks: their names by id, and which effects each made, so that a
-    repeat made by a node re-run after an interrupt can be told from counts that are simply
-    more than one. Each effect counted after a stream event is given to the next task whose
-    result arrives (LangGraph emits the events in its own thread after the tasks ran)."""
+    repeat made by a node re-run (after an interrupt, or by its RetryPolicy) can be told from
+    counts that are simply more than one. Each effect counted after a stream event is given to
+    the next task whose result arrives (LangGraph emits the events in its own thread after the
+    tasks ran); a subgraph's task reports before the parent's task holding it, so its effects
+    are its own (`child/send`), not its parent node's."""
 
     def __init__(self, plan, thread, recorder):
         self.plan = plan
@@ -775,30 +867,58 @@ class Trace:
         self.names = {}  # task id -> name
         self.invokes = []  # per invoke: {task id: {effect: count}} and the interrupted ids
         self.last = {}
+        self.retried = []  # (task name, counts just before LangGraph retried it)
+        self.retry_repeats = {}  # {effect: (times, node)} a retry made again
 
     def invoke_starts(self):
         self.last = self.plan.counts(self.thread)
         self.recorder.invoke = len(self.invokes)
-        self.invokes.append({"own": {}, "interrupted": set(), "names": {}})
+        self.invokes.append({"own": {}, "interrupted": set(), "names": {}, "start": {}})
+
+    def task_start(self, namespace, payload):
+        self.invokes[-1]["start"][(namespace, payload["name"])] = self.plan.counts(self.thread)
+
+    def retrying(self, name):
+        """LangGraph is about to run task `name` again (its RetryPolicy): the counts now."""
+        self.retried.append((name, self.plan.counts(self.thread)))
 
     def task_result(self, namespace, payload):
         self.names[payload["id"]] = payload["name"]
-        if namespace:  # a subgraph's task: its effects go to the parent's task holding it
-            return
         now = self.plan.counts(self.thread)
         made = {e: n - self.last.get(e, 0) for e, n in now.items() if n > self.last.get(e, 0)}
         self.last = now
         invoke = self.invokes[-1]
+        where = "/".join(part.split(":")[0] for part in namespace)
+        name = f"{where}/{payload['name']}" if where else payload["name"]
         own = invoke["own"].setdefault(payload["id"], {})
         for effect, count in made.items():
             own[effect] = own.get(effect, 0) + count
-        invoke["names"][payload["id"]] = payload["name"]
+        invoke["names"][payload["id"]] = name
         if payload.get("interrupts"):
             invoke["interrupted"].add(payload["id"])
+        self.attempts(invoke["start"].get((namespace, payload["name"])), payload["name"], now, name)
+
+    def attempts(self, start, task, now, name):
+        """An effect made by an attempt that failed and again by a later one: a retry's."""
+        retries = [counts for retried, counts in self.retried if retried == task]
+        self.retried = [(n, c) for n, c in self.retried if n != task]
+        if start is None or not retries:
+            return
+        marks = [start, *retries, now]
+        made = [
+            {e: n - before.get(e, 0) for e, n in after.items() if n > before.get(e, 0)}
+            for before, after in itertools.pairwise(marks)
+        ]
+        for i, failed in enumerate(made[:-1]):
+            for effect, count in failed.items():
+                again = min(count, sum(later.get(effect, 0) for later in made[i + 1 :]))
+                if again:
+                    times = self.retry_repeats.get(effect, (0, ""))[0] + again
+                    self.retry_repeats[effect] = (times, name)
 
     def reruns(self):
-        """{effect: (times, node)}: what a task made before its interrupt and again when the
-        resume re-ran it from its first line."""
+        """{effect: (times, node, why)}: what a task made before its interrupt and again when
+        the resume re-ran it from its first line, or before a retry and again after it."""
         found = {}
         for before, after in itertools.pairwise(self.invokes):
             for task in before["interrupted"]:
@@ -807,9 +927,46 @@ class Trace:
                 for effect, count in before["own"].get(task, {}).items():
                     again = min(count, after["own"][task].get(effect, 0))
                     if again:
-                        times = found.get(effect, (0, ""))[0] + again
-                        found[effect] = (times, before["names"][task])
+                        times = found.get(effect, (0,))[0] + again
+                        found[effect] = (times, before["names"][task], "after an interrupt")
+        for effect, (times, node) in self.retry_repeats.items():
+            if effect not in found:
+                found[effect] = (times, node, "on a retry, by its RetryPolicy")
         return found
+
+    @contextmanager
+    def watching_retries(self):
+        """Hear LangGraph's retries: run_with_retry (langgraph/pregel/_retry.py) logs "Retrying
+        task NAME ..." at INFO on its logger, in the thread that retries, before it does."""
+        logger = logging.getLogger("langgraph.pregel._retry")
+        heard = RetryHeard(self, logger.getEffectiveLevel(), logger.parent)
+        level, propagate = logger.level, logger.propagate
+        logger.addHandler(heard)
+        if logger.getEffectiveLevel() > logging.INFO:  # the user's handlers see what they did
+            logger.setLevel(logging.INFO)
+            logger.propagate = False
+            heard.forward = True
+        try:
+            yield
+        finally:
+            logger.removeHandler(heard)
+            logger.setLevel(level)
+            logger.propagate = propagate
+
+
+class RetryHeard(logging.Handler):
+    """Trace's ear on LangGraph's retry log (see Trace.watching_retries)."""
+
+    def __init__(self, trace, level, parent):
+        super().__init__(logging.DEBUG)
+        self.trace, self.level_before, self.parent, self.forward = trace, level, parent, False
+
+    def emit(self, record):
+        found = re.match(r"Retrying task (.+?) after ", record.getMessage())
+        if found:
+            self.trace.retrying(found.group(1))
+        if self.forward and record.levelno >= self.level_before and self.parent is not None:
+            self.parent.handle(record)  # what the user's handlers would have had
 
 
 # helpers
@@ -909,8 +1066,8 @@ class Killer(Counter):
         self.puts = set()  # (namespace, checkpoint id) of every put finished
         self.changed = threading.Condition()
         self.async_changed = None
-        self.held_threads = set()  # idents of the threads whose call is held (sync)
         self.held_keys = set()
+        self.ours = set()  # idents of the Killer's own threads (the watchdog's is its own)
         self.watching = False
 
     def before(self, call):
@@ -921,7 +1078,6 @@ class Killer(Counter):
             if action == "kill":
                 self.changed.wait_for(lambda: self.settled(call), SETTLE_DEADLINE_S)
                 die()
-            self.held_threads.add(threading.get_ident())
             self.held_keys.add(key)
             self.watch()
         threading.Event().wait()  # held: this call never finishes (the process dies first)
@@ -960,7 +1116,12 @@ class Killer(Counter):
             self.step_of = call.group[1:]
             self.start_holding()
             return key, "hold"
-        if self.holding and key not in state.group and self.step_of in self.puts:
+        if (
+            self.holding
+            and key not in state.group
+            and self.step_of in self.puts
+            and not inside(call.group[1], self.step_of[0])
+        ):
             return key, "hold"  # a later call: the state is the step's, nothing after it
         return key, "go"
 
@@ -972,18 +1133,21 @@ class Killer(Counter):
             threading.Thread(target=self.watchdog, daemon=True).start()
 
     def watchdog(self):
-        """Two looks in a row with no saver call started or finished between them, every call
-        started either finished or held, and a thread waiting on held saves only."""
-        last = None
+        """WATCH_LOOKS looks in a row, no saver call started or finished between them, every
+        call started either finished or held, and every other thread blocked: LangGraph waits
+        on a held save (an error handler's input, schedule_error_handler in langgraph/pregel/
+        _loop.py; a subgraph's checkpoint, which its parent's stream waits for; every save at
+        BackgroundExecutor.__exit__, langgraph/pregel/_executor.py), which never finishes."""
+        looks, last = 0, None
         while True:
             with self.changed:
-                held = set(self.held_threads)
                 progress = (len(self.started), len(self.done))
                 in_flight = self.started - self.done - self.held_keys
-            stuck = not in_flight and waits_for_held(held)
-            if stuck and last == progress:
+            stuck = not in_flight and all_blocked(self.ours)
+            looks = looks + 1 if stuck and progress == last else 0
+            if looks >= WATCH_LOOKS:
                 os._exit(CHILD_UNREACHED)
-            last = progress if stuck else None
+            last = progress
             time.sleep(WATCH_EVERY_S)
 
     def parent_pending(self, call):
@@ -996,6 +1160,7 @@ class Killer(Counter):
             timer = threading.Timer(HOLD_DEADLINE_S, os._exit, (CHILD_GAVE_UP,))
             timer.daemon = True
             timer.start()
+            self.ours.add(timer.ident)
         self.check_step()
 
     def check_step(self):
@@ -1047,62 +1212,47 @@ def die():
     os.kill(os.getpid(), signal.SIGKILL)
 
 
-def waits_for_held(held_threads):
-    """Whether a thread waits (concurrent.futures.wait or Future.result) only on the futures
-    of calls the Killer holds: LangGraph waiting for a held save, which never finishes (an
-    error handler's writes, schedule_error_handler in langgraph/pregel/_loop.py; every save
-    of the run at BackgroundExecutor.__exit__, langgraph/pregel/_executor.py). Read from the
-    threads' frames: a held call runs in a pool thread whose _WorkItem (concurrent/futures/
-    thread.py) holds its future."""
-    frames = sys._current_frames()
-    held = set()
-    for ident in held_threads:
-        frame = frames.get(ident)
-        while frame is not None:
-            item = frame.f_locals.get("self") if frame.f_code.co_name == "run" else None
-            if item is not None and isinstance(getattr(item, "future", None), Future):
-                held.add(item.future)
-                break
-            frame = frame.f_back
-    if not held:
+def inside(namespace, outer):
+    """Whether a saver call's namespace is a subgraph's within `outer`: a task of the held
+    step runs it, so the step's own writes wait for it (it is not a later call)."""
+    return len(namespace) > len(outer) and namespace.startswith(outer)
+
+
+def all_blocked(ours=()):
+    """Whether every other thread of this process waits in a blocking primitive with no
+    timeout: a lock, a condition or an event of threading.py (a held save waits in one;
+    LangGraph waits for a save in Future.result or concurrent.futures.wait, and for its stream
+    queue, which wait in one), or an idle pool worker. Then nothing can go on: no node runs (a
+    node that sleeps, sends or computes is in its own code, or in a socket's, not in these), no
+    save is made. Read from the threads' frames: the innermost Python frame of each."""
+    if threading._limbo:  # a thread started and not yet running (threading.py's own table)
         return False
-    if any(busy(frame) for ident, frame in frames.items() if ident not in held_threads):
-        return False  # a pool thread still runs something: it may yet save
-    for ident, frame in frames.items():
-        if ident in held_threads or ident == threading.get_ident():
-            continue
-        while frame is not None:
-            awaited = awaited_futures(frame)
-            if awaited is not None:
-                pending = {f for f in awaited if not f.done()}
-                if pending and pending <= held:  # nothing it waits on can finish
-                    return True
-                break
-            frame = frame.f_back
-    return False
+    ours = {threading.get_ident(), *ours}  # the watchdog, the hold's deadline timer
+    for ident, frame in sys._current_frames().items():
+        if ident not in ours and not blocked(frame):
+            return False
+    return True
 
 
-def busy(frame):
-    """Whether a thread runs a work item of a thread pool (an idle worker waits for one)."""
-    while frame is not None:
-        if frame.f_code.co_name == "run" and isinstance(
-            getattr(frame.f_locals.get("self"), "future", None), Future
-        ):
-            return True
-        frame = frame.f_back
-    return False
+THREADING = os.sep + "threading.py"
+IDLE_WORKER = os.path.join("concurrent", "futures", "thread.py")
 
 
-def awaited_futures(frame):
-    """The futures a frame of concurrent.futures waits on, or None for any other frame."""
-    if not frame.f_code.co_filename.endswith(os.path.join("concurrent", "futures", "_base.py")):
-        return None
-    name, local = frame.f_code.co_name, frame.f_locals
-    if name == "result" and isinstance(local.get("self"), Future):
-        return [local["self"]]
-    if name == "wait" and "fs" in local:
-        return list(local["fs"])
-    return None
+def blocked(frame):
+    """A thread's innermost frame waits with no end of its own: a threading.py wait or acquire
+    with no timeout (a timed one ends by itself: a poll), or an idle pool worker."""
+    code, local = frame.f_code, frame.f_locals
+    if code.co_filename.endswith(IDLE_WORKER):  # and nothing queued it has yet to take
+        return code.co_name == "_worker" and getattr(local.get("work_queue"), "empty", bool)()
+    if not code.co_filename.endswith(THREADING):
+        return False
+    if code.co_name not in ("wait", "wait_for", "acquire", "_wait_for_tstate_lock"):
+        return False
+    waiter = local.get("waiter")  # Condition.wait's: released when notified (it will run)
+    if waiter is not None and not waiter.locked():
+        return False
+    timeout = local.get("timeout")
+    return timeout is None or (code.co_name == "_wait_for_tstate_lock" and timeout == -1)
 
 
 def numbered(label, occurrence):
@@ -1295,6 +1445,92 @@ def compiled(graph):
             "result, or a function with no arguments that returns it)"
         )
     return graph
+
+
+def uses_store(graph):
+    """Whether a node of the graph (or a subgraph's) takes a `store` argument or calls
+    get_store(): LangGraph injects the graph's store into either (None without one)."""
+    import inspect
+
+    from langgraph.pregel import Pregel
+
+    pending, seen = [graph], set()
+    while pending:
+        runnable = pending.pop()
+        if id(runnable) in seen:
+            continue
+        seen.add(id(runnable))
+        if isinstance(runnable, Pregel):
+            pending += [node.bound for node in runnable.nodes.values()]
+            continue
+        for function in (getattr(runnable, "func", None), getattr(runnable, "afunc", None)):
+            if function is None:
+                continue
+            try:
+                if "store" in inspect.signature(function).parameters:
+                    return True
+                if "get_store" in inspect.getsource(function):
+                    return True
+            except (TypeError, ValueError, OSError):
+                continue
+        pending += [s for s in getattr(runnable, "steps", ()) if s is not None]
+    return False
+
+
+class StoreMaker:
+    """Each run's store: "sqlite" (a SqliteStore, or AsyncSqliteStore for async graphs, on one
+    file every run shares) or a function of the user's returning a store."""
+
+    def __init__(self, spec, folder):
+        self.spec, self.path = spec, os.path.join(folder, "store.sqlite") if folder else None
+
+    @contextmanager
+    def sync(self):
+        if callable(self.spec):
+            yield self.made()
+            return
+        from langgraph.store.sqlite import SqliteStore
+
+        conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+        try:
+            store = SqliteStore(conn)
+            store.setup()
+            yield store
+        finally:
+            conn.close()
+
+    @asynccontextmanager
+    async def asynchronous(self):
+        if callable(self.spec):
+            yield self.made()
+            return
+        from langgraph.store.sqlite.aio import AsyncSqliteStore
+
+        async with AsyncSqliteStore.from_conn_string(self.path) as store:
+            await store.setup()
+            yield store
+
+    def made(self):
+        try:
+            return self.spec()
+        except Exception as error:
+            raise DrillError(f"--store raised {one_line(error)}") from None
+
+
+@contextmanager
+def store_maker(spec):
+    """drill(store=...): None, "sqlite" (a temporary file, removed after) or a function."""
+    if spec is None:
+        yield None
+        return
+    if spec != "sqlite" and not callable(spec):
+        raise DrillError(f"store must be 'sqlite' or a function returning a store, not {spec!r}")
+    folder = tempfile.mkdtemp(prefix="effectdrill-store-") if spec == "sqlite" else None
+    try:
+        yield StoreMaker(spec, folder)
+    finally:
+        if folder is not None:
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def needs_async(graph):

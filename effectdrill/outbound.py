@@ -15,12 +15,14 @@ as a duplicate is a finding of its own. `observe="http"` makes the requests them
 effects: an endpoint's count is its requests without a key plus its distinct keys.
 """
 
+import fnmatch
 import json
 import os
 import shutil
 import tempfile
+import uuid
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from urllib.parse import urlsplit
 
 KEY_HEADER = "idempotency-key"  # compared case-insensitively, as HTTP header names are
@@ -28,7 +30,9 @@ KEY_HEADER = "idempotency-key"  # compared case-insensitively, as HTTP header na
 # repeat of POST or PATCH is a new effect unless the service deduplicates it.
 EFFECT_METHODS = ("POST", "PATCH")
 LOG_NAME = "requests.jsonl"
+THREAD_MARK = "{thread}"  # what a run's thread id becomes in a recorded path
 NO_KEY, NEW_KEY, SAME_KEY = "no key", "new key", "same key"  # what a repeat carried
+IN_FLIGHT = "in flight"  # more only by a request the kill left without its answer
 FINDINGS = (NO_KEY, NEW_KEY)  # the repeats that make a new effect at a key-honouring service
 
 
@@ -39,6 +43,7 @@ class Request:
     host: str
     path: str
     key: str | None
+    answered: bool = True  # False: no answer came before the process died (in flight)
 
     @property
     def endpoint(self):
@@ -57,12 +62,24 @@ class RequestLog:
         if thread is None:
             return
         path = urlsplit(target).path if "://" in target else target.split("?", 1)[0]
-        if any(f"{host}{path}".startswith(prefix) for prefix in self.ignore):
+        if any(ignored(f"{host}{path}", pattern) for pattern in self.ignore):
             return
-        line = json.dumps([str(thread), method.upper(), host, path or "/", key]) + "\n"
+        # The run's thread id (and what the graph made from it, a message id "msg-{thread}")
+        # differs run to run: taken out, the same request of two runs is one endpoint.
+        path = (path or "/").replace(str(thread), THREAD_MARK)
+        sent = uuid.uuid4().hex[:16]
+        self.write(["sent", sent, str(thread), method.upper(), host, path, key])
+        return sent
+
+    def answered(self, sent):
+        """The answer to request `sent` (record's id) came: it was not in flight at a kill."""
+        if sent is not None:
+            self.write(["answered", sent])
+
+    def write(self, entry):
         fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         try:
-            os.write(fd, line.encode())  # one write: a kill leaves the line whole or absent
+            os.write(fd, (json.dumps(entry) + "\n").encode())  # one write: whole or absent
         finally:
             os.close(fd)
 
@@ -72,15 +89,17 @@ class RequestLog:
                 lines = log.read().splitlines()
         except FileNotFoundError:
             return []
-        found = []
+        sent, answered = {}, set()
         for line in lines:
             try:
-                request = Request(*json.loads(line))
-            except (ValueError, TypeError):
+                entry = json.loads(line)
+                if entry[0] == "answered":
+                    answered.add(entry[1])
+                elif entry[0] == "sent" and entry[2] == thread:
+                    sent[entry[1]] = Request(*entry[2:])
+            except (ValueError, TypeError, IndexError):
                 continue
-            if request.thread == thread:
-                found.append(request)
-        return found
+        return [replace(r, answered=i in answered) for i, r in sent.items()]
 
     def effects(self, thread):
         """{endpoint: requests without a key + distinct keys} of the thread's POST and PATCH."""
@@ -121,6 +140,9 @@ def repeats(clean, runs, counted):
         sent = [s.get(endpoint, []) for s in runs_by]
         if not any(len(s) > len(before) for s in sent):
             continue
+        if not any(len([r for r in s if r.answered]) > len(before) for s in sent):
+            found.append(repeat_entry(endpoint, sent, before, IN_FLIGHT, True))
+            continue  # more only with a request the kill left unanswered: it may never have
         unkeyed = [sum(r.key is None for r in s) for s in sent]
         distinct = [len(keys(s)) for s in sent]
         if any(n > sum(r.key is None for r in before) for n in unkeyed):
@@ -129,19 +151,22 @@ def repeats(clean, runs, counted):
             kind = NEW_KEY
         else:
             kind = SAME_KEY
-        found.append(
-            {
-                "endpoint": endpoint,
-                "hosts": sorted({r.host for s in sent for r in s}),
-                "sent": [len(s) for s in sent],
-                "clean": len(before),
-                "without_key": unkeyed,
-                "keys": distinct,
-                "repeat": kind,
-                "counted": counted or kind == SAME_KEY,
-            }
-        )
+        found.append(repeat_entry(endpoint, sent, before, kind, counted or kind == SAME_KEY))
     return found
+
+
+def repeat_entry(endpoint, sent, before, kind, counted):
+    return {
+        "endpoint": endpoint,
+        "hosts": sorted({r.host for s in sent for r in s}),
+        "sent": [len(s) for s in sent],
+        "in_flight": [sum(not r.answered for r in s) for s in sent],
+        "clean": len(before),
+        "without_key": [sum(r.key is None for r in s) for s in sent],
+        "keys": [len(keys(s)) for s in sent],
+        "repeat": kind,
+        "counted": counted,
+    }
 
 
 def table(report):
@@ -154,6 +179,7 @@ def table(report):
                 NO_KEY: "REPEATED WITHOUT A KEY",
                 NEW_KEY: "REPEATED UNDER A NEW KEY",
                 SAME_KEY: "resent with its key",
+                IN_FLIGHT: "in flight at the kill, sent again",
             }[repeat["repeat"]]
             if not repeat["counted"]:
                 words += ", NOT COUNTED by the observer"
@@ -195,6 +221,12 @@ def summary_words(totals):
 
 
 # helpers
+
+
+def ignored(where, pattern):
+    """--http-ignore: a prefix of host:port/path ("api.openai.com:443/v1"), or a glob
+    ("*:443/v1/*", fnmatch: "*" also matches "/")."""
+    return where.startswith(pattern) or fnmatch.fnmatchcase(where, pattern)
 
 
 def run_thread():
@@ -267,24 +299,36 @@ def patched(log):
     def recording_endheaders(self, *args, **kwargs):
         pending = self.__dict__.pop("_effectdrill_request", None)
         if pending is not None:  # before the headers go out: a kill after still counts it
-            log.record(pending[0], f"{self.host}:{self.port}", pending[1], pending[2])
+            host = f"{self.host}:{self.port}"
+            self._effectdrill_sent = log.record(pending[0], host, pending[1], pending[2])
         return endheaders(self, *args, **kwargs)
 
+    def recording_getresponse(self, *args, **kwargs):
+        answer = getresponse(self, *args, **kwargs)
+        log.answered(self.__dict__.pop("_effectdrill_sent", None))
+        return answer
+
+    getresponse = connection.getresponse
     patch(connection, "putrequest", recording_putrequest)
     patch(connection, "putheader", recording_putheader)
     patch(connection, "endheaders", recording_endheaders)
+    patch(connection, "getresponse", recording_getresponse)
     httpx = installed_httpx()
     if httpx is not None:
         sync_send = httpx.HTTPTransport.handle_request
         async_send = httpx.AsyncHTTPTransport.handle_async_request
 
         def handle_request(self, request):
-            record_httpx(log, request)
-            return sync_send(self, request)
+            sent = record_httpx(log, request)
+            answer = sync_send(self, request)
+            log.answered(sent)
+            return answer
 
         async def handle_async_request(self, request):
-            record_httpx(log, request)
-            return await async_send(self, request)
+            sent = record_httpx(log, request)
+            answer = await async_send(self, request)
+            log.answered(sent)
+            return answer
 
         patch(httpx.HTTPTransport, "handle_request", handle_request)
         patch(httpx.AsyncHTTPTransport, "handle_async_request", handle_async_request)
@@ -306,4 +350,6 @@ def installed_httpx():
 def record_httpx(log, request):
     url = request.url
     port = url.port or {"https": 443, "http": 80}.get(url.scheme)
-    log.record(request.method, f"{url.host}:{port}", url.path, request.headers.get(KEY_HEADER))
+    return log.record(
+        request.method, f"{url.host}:{port}", url.path, request.headers.get(KEY_HEADER)
+    )

@@ -694,3 +694,21 @@ def test_the_benchmark_prints_this_tree_and_the_last_commit_side_by_side():
     )
     figures = json.loads(lines[-1])
     assert figures["in_process"]["this_tree"]["points"] == 11  # 3 for the input, 2 per node
+
+
+def test_a_graph_that_expects_the_platforms_store_says_so_and_drills_with_one(
+    tmp_path, monkeypatch, capsys, temp_root
+):
+    monkeypatch.setenv("EFFECTS_DB", str(tmp_path / "effects.sqlite"))
+    argv = [f"{GRAPHS}.memory:build", "--input", '{"thread": "{thread}"}']
+    argv += ["--observe", f"{GRAPHS}.memory:observe"]
+
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "the graph reads a store" in err and "--store sqlite" in err
+
+    assert main([*argv, "--store", "sqlite", "--json"]) == 0  # the saved memory is found again
+    *rows, summary = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert summary["clean"] == {"memory": 1} and summary["duplicates"] == []
+    assert rows and all(r["counts"]["memory"] == [1] for r in rows)
+    assert list(temp_root.iterdir()) == []  # the store's file went with the drill

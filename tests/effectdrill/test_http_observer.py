@@ -12,6 +12,8 @@ import os
 import sys
 
 import pytest
+from effectdrill_graphs import asyncclient
+from effectdrill_graphs import mailer as mailer_graph
 from effectdrill_graphs import outbound as trips
 
 import effectdrill
@@ -104,3 +106,97 @@ def test_ignored_hosts_are_left_out(api):
     )
 
     assert report.requests["recorded"] == 0 and report.ok
+
+
+@pytest.fixture
+def mailer(monkeypatch):
+    """A provider on a free loopback port: a model that answers, and messages sent once per
+    key (POST /v1/messages/ID/send); GET /sent/ID says how many times ID was sent."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    sent = {}
+
+    class Provider(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"  # keep-alive: a client may send again on a connection
+
+        def setup(self):
+            super().setup()
+            server.connections += 1
+
+        def do_POST(self):
+            server.requests += 1
+            self.rfile.read(int(self.headers["Content-Length"]))
+            parts = self.path.split("/")
+            if self.path.startswith("/v1/messages/"):
+                sent.setdefault(parts[3], set()).add(self.headers["Idempotency-Key"])
+            self.answer({"text": "hello"})
+
+        def do_GET(self):
+            server.requests += 1
+            self.answer({"sent": len(sent.get(self.path.split("/")[2], ()))})
+
+        def answer(self, body):
+            data = json.dumps(body).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Provider)
+    server.daemon_threads, server.connections, server.requests = True, 0, 0
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.setenv("MAILER_URL", f"http://127.0.0.1:{server.server_address[1]}")
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+def test_paths_made_from_the_thread_id_are_one_endpoint_and_globs_leave_a_model_out(mailer):
+    report = effectdrill.drill(
+        mailer_graph.build,
+        {"thread": "{thread}"},
+        mailer_graph.observe,
+        http_ignore=["127.0.0.1:*/v1/chat/*"],
+    )
+
+    assert report.ok, report.table()  # the keyed send, resent with its key: no finding
+    resent = [r for row in report.rows for r in row.requests]
+    assert {r["endpoint"] for r in resent} == {"POST /v1/messages/msg-{thread}/send"}
+    assert {r["repeat"] for r in resent} == {SAME_KEY}
+    assert report.requests["not counted"] == 0
+    again = sum(r["sent"][0] - r["clean"] for r in resent)  # the send before its writes
+    assert report.requests["recorded"] == 1 + len(report.rows) + again  # a send a run, no chat
+
+
+@pytest.mark.fast
+def test_a_request_the_kill_left_unanswered_is_in_flight_not_a_repeat():
+    """The crash child sent it and died before its answer (it may never have been taken); the
+    resume sent it again, answered: "in flight", counted, never "REPEATED WITHOUT A KEY"."""
+    from effectdrill.outbound import IN_FLIGHT, Request, repeats
+
+    def post(answered=True):
+        return Request("t", "POST", "127.0.0.1:1", "/v1/messages/msg-{thread}/send", None, answered)
+
+    (found,) = repeats([post()], [[post(answered=False), post()]], counted=False)
+    assert (found["repeat"], found["counted"], found["in_flight"]) == (IN_FLIGHT, True, [1])
+    (found,) = repeats([post()], [[post(), post()]], counted=False)  # both answered: sent twice
+    assert (found["repeat"], found["counted"]) == (NO_KEY, False)
+
+
+def test_an_async_client_made_at_import_works_in_every_run(mailer):
+    """One httpx.AsyncClient for the whole process, its connections kept alive and pooled: the
+    drill's runs share one event loop, and each crash child makes its own connections."""
+    report = effectdrill.drill(
+        asyncclient.build,
+        {"thread": "{thread}"},
+        asyncclient.observe,
+        http_ignore=["*/v1/chat/*"],  # the model's answer: a repeat changes nothing
+    )
+
+    assert report.failed == [] and report.clean == {"sync": {"sent": 1}}
+    assert report.ok  # keyed: resent with its key at most
+    assert mailer.connections < mailer.requests  # connections were kept alive and reused

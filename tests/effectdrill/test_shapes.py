@@ -29,6 +29,8 @@ from effectdrill_graphs import (
     loop,
     nested,
     parallel,
+    retrying,
+    subapproval,
 )
 
 import effectdrill
@@ -287,8 +289,43 @@ def test_a_state_langgraph_waits_for_ends_at_once_with_no_verdict(monkeypatch):
     assert all(row.counts("sent") == [] and not row.duplicates() for row in unreached)
     assert report.unreached == [{"durability": "sync", "point": r.point} for r in unreached]
     assert report.table().splitlines()[-1].endswith("2 not reached, clean run ok")
+    assert_cells_whole(report)  # "__error_handler__send, send" is wider than its column
     # The handler's own writes, lost: it runs again (sent happened once, in the failed node).
     assert [f["point"] for f in report.duplicates] == [
         "put_writes send (error handler) [recovered] (others saved)",
         "put step 1",
     ]
+
+
+def test_a_retry_that_repeats_an_effect_is_flagged_in_the_clean_run_without_expect():
+    """RetryPolicy runs a node again in-process: its first attempt's effect, made again by the
+    second, is the node's repeat (LangGraph's retry log says which task it retries)."""
+    report = effectdrill.drill(retrying.build, INPUT, retrying.observe)
+
+    assert report.clean["sync"]["notice"] == 2  # one per attempt, no crash
+    assert report.clean_findings() == {"notice": "notify re-ran it on a retry, by its RetryPolicy"}
+    assert not report.ok
+    keyed = effectdrill.drill(retrying.build, {**INPUT, "keyed": True}, retrying.observe)
+    assert keyed.clean["sync"]["notice"] == 1 and keyed.ok
+
+
+def test_a_repeat_in_a_subgraph_is_pinned_on_its_node_and_rows_carry_their_threads():
+    report = effectdrill.drill(subapproval.build, INPUT, subapproval.observe, resume_with=True)
+
+    assert report.clean_findings() == {"sent": "review/confirm re-ran it after an interrupt"}
+    assert report.unreached == []  # the subgraph's saves inside a held step go through
+    rows = [row.as_json() for row in report.rows]
+    assert all(len(r["threads"]) == 1 and r["threads"][0].startswith("drill-") for r in rows)
+    assert len({r["threads"][0] for r in rows}) == len(rows)  # each row its own thread
+    assert len({r["point"] for r in rows}) == len(rows)  # no two rows share a label
+    assert_cells_whole(report)
+
+
+def assert_cells_whole(report):
+    """The table's cells wrap at spaces only: every word of every cell is whole in it."""
+    from effectdrill.core import ran_cell
+
+    tokens = set(report.table().split())
+    for row in report.rows:
+        cells = [row.point, row.runs[0].saved, ran_cell(row.runs[0].ran)]
+        assert all(word in tokens for cell in cells for word in cell.split()), cells
