@@ -80,7 +80,8 @@ import workflow
 from failpoints import fail
 from workflow import EXIT_THREAD, EXIT_USAGE, UserError, emit
 
-MODES = ("naive", "safe", "node-uuid", "ledger", "lookup-resend")  # ledger: the core's
+MODES = ("naive", "safe", "node-uuid", "ledger")  # ledger: the core's; the others, lessons
+PAYMENT_MODES = ("lookup-resend",)  # lab 15: the ticket as in ledger, the payment without settle_s
 CRASH_POINTS = (
     "after-prepare",
     "before-request",
@@ -112,7 +113,7 @@ class State(workflow.State):
 def create_ticket(state: State, runtime):
     """The core's create_ticket (--mode ledger), or a lesson's: the request sent with the key
     --mode picks (none, the run's, a fresh one) and nothing recorded before it leaves."""
-    if state["mode"] in ("ledger", "lookup-resend"):  # lookup-resend: only the payment differs
+    if state["mode"] in ("ledger", *PAYMENT_MODES):  # the ticket as the core makes it
         return workflow.create_ticket(state, runtime)
     key = {"naive": None, "safe": state["key"], "node-uuid": str(uuid.uuid4())}[state["mode"]]
     client = runtime.context.client
@@ -1271,7 +1272,7 @@ def build_parser():
         "--no-contract", action="store_true", help="skip the contract check (lab 12)"
     )
     start_parser = actions.choices["start"]
-    start_parser.add_argument("--mode", choices=MODES, default="ledger")
+    start_parser.add_argument("--mode", choices=(*MODES, *PAYMENT_MODES), default="ledger")
     start_parser.add_argument(
         "--approval",
         nargs="?",
