@@ -399,6 +399,8 @@ def add_payment_parser(parser):
 
 
 def start(args, settings):
+    if args.mode in PAYMENT_MODES and not args.pay:
+        raise UserError(f"--mode {args.mode} changes only the payment: add --pay", EXIT_USAGE)
     first = {"operation_id": args.operation, "title": args.title, "mode": args.mode}
     if args.approval:
         first["approval"] = args.approval

@@ -87,11 +87,19 @@ def test_lookup_resend_charges_twice_and_the_ledger_once(held, lab):
     adopted = cli("reconcile")
     now = {e["key"]: e["now"] for e in map(json.loads, adopted.stdout.splitlines()) if "key" in e}
     assert now == {"case-twice:pay": "confirmed", "case-old:pay": "confirmed"}, adopted
+    was = {e["key"]: e["was"] for e in map(json.loads, adopted.stdout.splitlines()) if "key" in e}
+    assert was["case-twice:pay"] == "unknown"  # as the early resume and reconcile left it
     done = cli("resume", "--thread", "twice")
     assert done.returncode == 0, done
     payment_id = listing(server, "?reference=case-twice:pay")["payments"][0]["payment_id"]
     assert json.loads(done.stdout.splitlines()[-1])["payment_id"] == payment_id
     assert charged(server, "case-twice:pay") == 1
+
+
+def test_lookup_resend_without_a_payment_is_one_line_and_exit_2(lab):
+    alone = run_workflow_here(["start", "--thread", "t", "--mode", "lookup-resend"], lab)
+    assert (alone.returncode, alone.stdout) == (2, "")
+    assert alone.stderr == "lab.py: --mode lookup-resend changes only the payment: add --pay\n"
 
 
 def test_the_payment_declares_a_keyless_provider_with_a_lookup_and_a_settle_time():
