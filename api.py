@@ -14,6 +14,14 @@ lookup by key); the starter takes it unchanged. This file extends it, by subclas
     POST /reservations           body {"ticket_id": N, "seats": S}, optional Idempotency-Key:
                                  201, 200, 409 as above; 404 no ticket N; 409 {"code":
                                  "no_capacity"}: more seats than the SEATS left, nothing reserved
+    GET  /payments[?reference=R][&settled=1]  200 {"payments": [{"payment_id", "reference",
+                                 "amount"}], "pending"}: what is committed (under reference R);
+                                 pending: accepted, not committed yet; settled=1 first waits
+                                 (at most SETTLE_WAIT_S) until none is pending (lab 15)
+    POST /payments               body {"reference": "R", "amount": N}: 201 {"payment_id",
+                                 "reference", "amount"}, lab 15's stand-in for a card provider:
+                                 no key read, so every request is one more charge; failpoint
+                                 payment-commit=sleep(S) commits it S seconds late
     GET  /messages               200 {"messages": [{"message_id", "to", "text"}]}
     POST /messages               body {"to": "...", "text": "..."}: 201 {"message_id"}, lab 15's
                                  stand-in for an email service: no key read, no lookup, so
@@ -70,6 +78,7 @@ POINTS = (
     "before-body",
     "redeliver",
     "reorder",
+    "payment-commit",
 )  # this program's failpoints
 FAILPOINTS_ADDED = """\
                                  api.py adds two (lab 06): before-answer=drop-answer commits,
@@ -80,6 +89,8 @@ FAILPOINTS_ADDED = """\
                                  And two for webhooks (lab 18): redeliver=on delivers each
                                  event a second time after its 2xx; reorder=on delivers the
                                  pending events newest first.
+                                 And one for payments (lab 15): payment-commit=sleep(S) holds
+                                 each POST /payments S seconds before its commit.
     WEBHOOK_ALLOWED_HOSTS        localhost,127.0.0.0/8,::1: the hosts a subscriber's url may
                                  name, comma-separated host names, IP addresses and networks
                                  (CIDR). A receiver that calls any url it is given lets its
@@ -117,6 +128,15 @@ MESSAGES_SCHEMA = """CREATE TABLE IF NOT EXISTS messages (
     text TEXT NOT NULL,
     created_at REAL NOT NULL
 )"""  # lab 15's stand-in for an email or SMS service: irreversible, no key, no lookup
+PAYMENTS_SCHEMA = """CREATE TABLE IF NOT EXISTS payments (
+    id INTEGER PRIMARY KEY,  -- one row per POST /payments: this provider reads no key
+    reference TEXT NOT NULL,  -- the caller's, for the lookup: not unique, a repeat is a charge
+    amount INTEGER NOT NULL,
+    created_at REAL NOT NULL
+)"""  # lab 15's stand-in for a card provider: no key, a lookup by reference, commits late
+SETTLE_WAIT_S = 4  # seconds GET /payments?settled=1 waits at most for pending charges (less
+#                   than a client's default API_TIMEOUT_S, 5: an answer, with what is pending)
+MAX_AMOUNT = 10**9  # the largest charge, in cents
 WEBHOOK_SCHEMA = (  # lab 18: the provider's side of a webhook
     """CREATE TABLE IF NOT EXISTS webhook_events (
     id INTEGER PRIMARY KEY,  -- the event id is evt_ID
@@ -169,6 +189,7 @@ class LabStore(receiver.TicketStore):
         "webhook_events": {"id", "ticket_id", "status", "version", "delivered_at", "created_at"},
         "webhook_subscribers": {"id", "url"},
         "progress_requests": {"id", "operation_key", "payload", "events", "created_at"},
+        "payments": {"id", "reference", "amount", "created_at"},
     }
     KEYED = {
         **receiver.TicketStore.KEYED,
@@ -176,6 +197,7 @@ class LabStore(receiver.TicketStore):
         "reservations": "reservation",
         "progress_requests": "progress request",
     }
+    SCHEMA = (*SCHEMA, PAYMENTS_SCHEMA)  # lab 15's payments
 
     def refund(self, key, canonical, ticket_id):
         """A refund of ticket_id, keyed like a ticket: (refund_id, created); 404 if no ticket.
@@ -290,6 +312,43 @@ class LabStore(receiver.TicketStore):
         rows = self.listed("refunds", "ticket_id", key)
         return [{"refund_id": i, "key": k, "ticket_id": t} for i, k, t in rows]
 
+    def __init__(self, *args, **kwargs):
+        self.settling = threading.Condition()  # lab 15: pay() and payments() share it
+        self.unsettled = 0  # charges accepted and not committed yet
+        super().__init__(*args, **kwargs)
+
+    def pay(self, reference, amount):
+        """One more charge, whatever was sent before: payment_id. Accepted at once, committed
+        after failpoint payment-commit (sleep(S): S seconds late, as a slow provider commits
+        after its caller gave up); pending until then, and GET /payments?settled=1 waits."""
+        with self.settling:
+            self.unsettled += 1
+        try:
+            fail("payment-commit")
+            with self.transaction():
+                return self.db.execute(
+                    "INSERT INTO payments (reference, amount, created_at) VALUES (?, ?, ?)",
+                    (reference, amount, time.time()),
+                ).lastrowid
+        finally:
+            with self.settling:
+                self.unsettled -= 1
+                self.settling.notify_all()
+
+    def payments(self, reference=None, settled=False):
+        """(the committed charges, under reference or all, in id order; how many are pending).
+        settled: wait first until none is pending, at most SETTLE_WAIT_S."""
+        if settled:
+            with self.settling:
+                self.settling.wait_for(lambda: self.unsettled == 0, SETTLE_WAIT_S)
+        sql, args = "SELECT id, reference, amount FROM payments", ()
+        if reference is not None:
+            sql, args = sql + " WHERE reference = ?", (reference,)
+        with self.locked():
+            rows = self.db.execute(sql + " ORDER BY id", args).fetchall()
+        charges = [{"payment_id": i, "reference": r, "amount": a} for i, r, a in rows]
+        return charges, self.unsettled
+
     # helpers
 
     def create_tables(self):
@@ -301,7 +360,7 @@ class LabStore(receiver.TicketStore):
 
     @classmethod
     def ours(cls, table, columns, unique):
-        if table in ("messages", "webhook_events", "webhook_subscribers"):  # no key column
+        if table in ("messages", "webhook_events", "webhook_subscribers", "payments"):  # no key
             return columns == cls.COLUMNS[table]
         if table == "tickets" and columns == OLDER_TICKETS:
             return unique
@@ -322,6 +381,7 @@ class LabHandler(receiver.Handler):
         "/refunds": "GET, HEAD, POST",
         "/reservations": "GET, HEAD, POST",
         "/messages": "GET, HEAD, POST",
+        "/payments": "GET, HEAD, POST",
         "/metrics": "GET, HEAD",
         "/webhooks": "POST",
         "/progress": "POST",
@@ -329,6 +389,11 @@ class LabHandler(receiver.Handler):
     counters = COUNTERS
 
     def post(self, path):
+        if path == "/payments":  # no key is read: each request is one more charge
+            reference, amount = parse_payment(self.read_body())
+            payment_id = self.server.store.pay(reference, amount)
+            self.log_line(f"charged payment={payment_id} reference={reference}")
+            return 201, {"payment_id": payment_id, "reference": reference, "amount": amount}
         if path == "/messages":  # no key is read: this provider cannot tell a repeat
             message_id = self.server.store.send_message(*parse_message(self.read_body()))
             self.server.metrics.add("messages_sent")
@@ -373,6 +438,9 @@ class LabHandler(receiver.Handler):
         return super().make(path, key, body)
 
     def get(self, path):
+        if path == "/payments":
+            charges, pending = self.server.store.payments(*parse_payments_query(self.path))
+            return 200, {"payments": charges, "pending": pending}
         if path == "/messages":
             if parse_qs(urlsplit(self.path).query, keep_blank_values=True):
                 raise ClientError(400, "messages have no key to look up: GET /messages lists them")
@@ -538,6 +606,25 @@ def parse_message(body):
         except UnicodeEncodeError:
             raise ClientError(400, f"{field} has a lone surrogate escape") from None
     return payload["to"], payload["text"]
+
+
+def parse_payment(body):
+    """Validate a POST /payments body: (reference, amount)."""
+    payload = parse_object(body, '{"reference": "R", "amount": N}', "reference", "amount")
+    reference = payload["reference"]
+    if not isinstance(reference, str) or not receiver.KEY_PATTERN.fullmatch(reference):
+        raise ClientError(
+            400, f"reference must be 1-{receiver.MAX_KEY_CHARS} visible ASCII characters"
+        )
+    return reference, whole(payload, "amount", MAX_AMOUNT)
+
+
+def parse_payments_query(target):
+    """GET /payments's query: (reference or None, settled)."""
+    query = parse_qs(urlsplit(target).query, keep_blank_values=True)
+    if set(query) - {"reference", "settled"} or query.get("settled", ["1"]) != ["1"]:
+        raise ClientError(400, "the query parameters are ?reference=R and ?settled=1")
+    return receiver.parse_key(query.get("reference"), where="?reference="), "settled" in query
 
 
 def parse_subscriber(body, allowed):

@@ -126,6 +126,7 @@ class Effect:
                 ledger.move(key, "unknown", "no evidence it was not sent: a person must look")
                 raise Unsettled(key, self, record.since_sent_s)
             ledger.move(key, "requested", f"sent again: {why}")
+        sent = time.monotonic()  # the stop below says how long after it the lookup found nothing
         try:
             answer = self.send(client, request, key)
         except Exception as error:
@@ -139,7 +140,7 @@ class Effect:
             if (found := self.look_up(ledger, key, client)) is not None:
                 return found  # it committed before the answer was lost
             if not self.keyed:  # a resend now could be a second effect: stop, and say so
-                raise Unsettled(key, self, 0.0) from error
+                raise Unsettled(key, self, time.monotonic() - sent) from error
             # The provider honours the key: the same request under it gets the first result.
             ledger.move(key, "requested", "sent again: the provider honours the key")
             answer = self.send(client, request, key)

@@ -26,6 +26,11 @@ Variants, built here from the core's nodes (the core's State and build_graph kno
     --no-contract     resume without checking the thread's contract, as LangGraph alone does
     --notify          a message about the ticket after it, to a provider that takes no key (lab
                       15): see the message section below; `messages` lists what it holds
+    --pay             a payment after the ticket, to a provider that takes no key, looks up by
+                      reference and commits late (lab 15): see the payment section below;
+                      `payments` lists what it holds
+    --mode lookup-resend  the payment as the ledger made it before its settle rule: a lookup
+                      that finds nothing is taken as proof, and the request goes again
     --retry-after-ack timeout|parse  start with a LangGraph RetryPolicy on the effect's node, and
                       a line after the answer that fails once: LangGraph runs the node again in
                       the same process (lab 17; see the section below)
@@ -81,6 +86,7 @@ from httpguard import DEFAULT_WEBHOOK_SECRET as LAB_SECRET
 from workflow import EXIT_THREAD, EXIT_USAGE, UserError, emit
 
 MODES = ("naive", "safe", "node-uuid", "ledger")  # ledger: the core's; the others, lessons
+PAYMENT_MODES = ("lookup-resend",)  # lab 15: the ticket as in ledger, the payment without settle_s
 CRASH_POINTS = (
     "after-prepare",
     "before-request",
@@ -105,12 +111,14 @@ class State(workflow.State):
     approved: NotRequired[bool]
     notify: NotRequired[bool]  # --notify: the message section below
     message_id: NotRequired[int | None]
+    pay: NotRequired[bool]  # --pay: the payment section below
+    payment_id: NotRequired[int | None]
 
 
 def create_ticket(state: State, runtime):
     """The core's create_ticket (--mode ledger), or a lesson's: the request sent with the key
     --mode picks (none, the run's, a fresh one) and nothing recorded before it leaves."""
-    if state["mode"] == "ledger":
+    if state["mode"] in ("ledger", *PAYMENT_MODES):  # the ticket as the core makes it
         return workflow.create_ticket(state, runtime)
     key = {"naive": None, "safe": state["key"], "node-uuid": str(uuid.uuid4())}[state["mode"]]
     client = runtime.context.client
@@ -188,7 +196,9 @@ APPROVAL = dataclasses.replace(workflow.TICKET, name="approval")
 MAX_TITLE = 200  # characters in a ticket's title: api.py's MAX_TITLE_CHARS
 
 
-def build_graph(checkpointer, approval=None, version="1", notify=False, retry_after_ack=None):
+def build_graph(
+    checkpointer, approval=None, version="1", notify=False, retry_after_ack=None, pay=False
+):
     """The lab's graph: the core's prepare, create_ticket keyed by --mode, and the approval;
     version 2 names create_ticket open_ticket, as a refactoring deploy would; notify: the
     message about the ticket, last (lab 15); retry_after_ack: lab 17's failure after the
@@ -212,6 +222,8 @@ def build_graph(checkpointer, approval=None, version="1", notify=False, retry_af
         last = "approval"
     if notify:
         last = add_notify(builder, last)
+    if pay:
+        last = add_pay(builder, last)
     builder.add_edge(last, END)
     return builder.compile(checkpointer=checkpointer)
 
@@ -307,15 +319,100 @@ def add_message_parser(parser):
     sub.set_defaults(run=messages)
 
 
+# --- lab 15: a payment, to a provider that takes no key and commits late (--pay) ------------
+#
+#     ... -> create_ticket [-> notify] -> pay -> END
+#
+# The receiver's POST /payments stands in for a card provider: it reads no Idempotency-Key, so
+# every request is one more charge, and GET /payments?reference=R is its lookup by our reference
+# (the ledger's key). With FAILPOINTS=payment-commit=sleep(S) it commits each charge S seconds
+# after it accepted it: a client that gave up sooner has no answer, and a lookup made at once
+# finds nothing. PAYMENT declares what the provider promises: it commits within settle_s. The
+# ledger takes a lookup that finds nothing as proof only that long after the last send; until
+# then the run stops (exit 6) and `reconcile` asks again. --mode lookup-resend is the ledger
+# without that rule (as it was before it): nothing found, sent again, a second charge.
+
+PAYMENT_AMOUNT = 1200  # cents, the same for every lab payment
+PAYMENT_SETTLE_S = 10.0  # what the provider promises: a charge it accepted is committed by then
+
+PAYMENT = effects.Effect(
+    "payment",
+    send=lambda client, request, key: client.call("/payments", request),  # no key: none is read
+    lookup=lambda client, key: paid(client, key),
+    external_id=lambda answer: answer["payment_id"],
+    not_sent=workflow.did_nothing,
+    refused=workflow.refusal,
+    keyed=False,  # a resend is a second charge
+    settle_s=PAYMENT_SETTLE_S,
+    answer_of=lambda payment_id: {"payment_id": int(payment_id)},  # reconcile --confirmed KEY=ID
+    look_with=(
+        "python lab.py payments --reference {key} (Docker: docker compose -p stateful-lab run "
+        "--rm workflow payments --reference {key})"
+    ),
+)
+
+
+def pay(state: State, runtime):
+    """Charge once for the operation, through the ledger; the reference is the ledger's key."""
+    key = f"{state['key']}:pay"
+    request = {"reference": key, "amount": PAYMENT_AMOUNT}
+    effect = PAYMENT
+    if state["mode"] == "lookup-resend":  # the lesson's: any empty lookup counts as proof
+        effect = dataclasses.replace(PAYMENT, keyed=True)  # which this provider is not
+    done = effect.perform(runtime.context.ledger, key, request, runtime.context.client)
+    if done.how == "sent":
+        emit("payment_sent", key=key, payment_id=done.answer["payment_id"])
+    else:  # adopted (found by the lookup) or the receipt (the provider is not called)
+        emit(f"effect_{done.how}", key=key, payment_id=done.answer["payment_id"])
+    return {"payment_id": done.answer["payment_id"]}
+
+
+def paid(client, reference):
+    """The lookup: the first charge committed under reference, or None (none yet)."""
+    query = urllib.parse.urlencode({"reference": reference})
+    found = client.call(f"/payments?{query}")["payments"]
+    return {"payment_id": found[0]["payment_id"]} if found else None
+
+
+def add_pay(builder, after):
+    builder.add_node("pay", pay)
+    builder.add_edge(after, "pay")
+    return "pay"
+
+
+def payments(args, settings):
+    query = {"reference": args.reference} if args.reference else {}
+    query |= {"settled": "1"} if args.settled else {}
+    listed = settings.client().call("/payments?" + urllib.parse.urlencode(query))
+    emit("payments", payments=listed["payments"], pending=listed["pending"])
+
+
+def add_payment_parser(parser):
+    """--pay on start, and `payments`."""
+    parser.actions.choices["start"].add_argument(
+        "--pay", action="store_true", help="charge a payment after the ticket (lab 15)"
+    )
+    sub = parser.actions.add_parser("payments", help="list the receiver's payments (lab 15)")
+    sub.add_argument("--reference", help="only those charged under this reference")
+    sub.add_argument(
+        "--settled", action="store_true", help="first wait until none is pending (at most 4 s)"
+    )
+    sub.set_defaults(run=payments)
+
+
 # --- the CLI: workflow.py's, with the switches ---------------------------------------------
 
 
 def start(args, settings):
+    if args.mode in PAYMENT_MODES and not args.pay:
+        raise UserError(f"--mode {args.mode} changes only the payment: add --pay", EXIT_USAGE)
     first = {"operation_id": args.operation, "title": args.title, "mode": args.mode}
     if args.approval:
         first["approval"] = args.approval
     if args.notify:
         first["notify"] = True
+    if args.pay:
+        first["pay"] = True
     return run(args, settings, first)
 
 
@@ -361,7 +458,8 @@ def state(args, settings):
                 EXIT_THREAD,
             )
         notify = saved(saver, args, "notify")
-        graph = build_graph(saver, saved(saver, args, "approval"), version, notify)
+        pay = saved(saver, args, "pay")
+        graph = build_graph(saver, saved(saver, args, "approval"), version, notify, pay=pay)
         snapshot = graph.get_state(workflow.thread_config(args.thread))
     if not snapshot.values:
         raise UserError(f"no thread {args.thread!r}; check --thread", EXIT_THREAD)
@@ -382,7 +480,8 @@ def graph_for(saver, args, head):
     values = head.checkpoint["channel_values"] if head else {}
     approval = values.get("approval") if head else getattr(args, "approval", None)
     notify = values.get("notify") if head else getattr(args, "notify", None)
-    return build_graph(saver, approval, args.graph_version, notify, args.retry_after_ack)
+    pay = values.get("pay") if head else getattr(args, "pay", None)
+    return build_graph(saver, approval, args.graph_version, notify, args.retry_after_ack, pay)
 
 
 def client_for(args, settings):
@@ -1244,7 +1343,7 @@ def build_parser():
         "--no-contract", action="store_true", help="skip the contract check (lab 12)"
     )
     start_parser = actions.choices["start"]
-    start_parser.add_argument("--mode", choices=MODES, default="ledger")
+    start_parser.add_argument("--mode", choices=(*MODES, *PAYMENT_MODES), default="ledger")
     start_parser.add_argument(
         "--approval",
         nargs="?",
@@ -1253,6 +1352,7 @@ def build_parser():
         help="wait for a human after the ticket: in-node (the default) or own-node",
     )
     add_message_parser(parser)
+    add_payment_parser(parser)
     start_parser.add_argument(
         "--retry-after-ack",
         choices=RETRY_FAILURES,

@@ -47,7 +47,13 @@ UP_LOST_ACK = f"docker compose -p stateful-lab -f compose.yaml -f {LOST_ACK} up 
 KEY_RETENTION = "labs/key-retention.compose.yaml"  # lab 14: keys honoured for 2 s
 KEY_RETENTION_24H = "labs/key-retention-24h.compose.yaml"  # lab 14's fix: for 24 hours
 WEBHOOKS = "labs/webhooks.compose.yaml"  # lab 18: each webhook twice, the pending newest first
-OVERRIDES = {"06": {LOST_ACK}, "14": {KEY_RETENTION, KEY_RETENTION_24H}, "18": {WEBHOOKS}}  # the
+SLOW_PAYMENTS = "labs/slow-payments.compose.yaml"  # lab 15: each charge committed 3 s late
+OVERRIDES = {
+    "06": {LOST_ACK},
+    "14": {KEY_RETENTION, KEY_RETENTION_24H},
+    "15": {SLOW_PAYMENTS},
+    "18": {WEBHOOKS},
+}  # the
 #                                                              only guides with override files
 
 
@@ -108,6 +114,8 @@ def test_compose_yaml_turns_no_fault_on_and_the_override_does():
     assert override == {"services": {"api": {"environment": env}}}
     webhooks = {"environment": {"FAILPOINTS": "redeliver=on;reorder=on"}}  # lab 18's
     assert yaml.safe_load((ROOT / WEBHOOKS).read_text()) == {"services": {"api": webhooks}}
+    slow = {"environment": {"FAILPOINTS": "payment-commit=sleep(3)"}}  # lab 15's
+    assert yaml.safe_load((ROOT / SLOW_PAYMENTS).read_text()) == {"services": {"api": slow}}
     for name, seconds in ((KEY_RETENTION, "2"), (KEY_RETENTION_24H, "86400")):  # lab 14's
         api = {"environment": {"RECEIVER_KEY_RETENTION_S": seconds}}
         assert yaml.safe_load((ROOT / name).read_text()) == {"services": {"api": api}}
@@ -358,16 +366,27 @@ def assert_the_ledger_counts_the_tickets(guide, steps, backend):
 
 
 def assert_lab_15_quotes_its_stop_and_nothing_was_replayed(guide, outcomes, backend):
-    """Lab 15 quotes the one line its exit-6 resume prints on stderr, and says the receiver
-    answered no repeat (the receipts and the lookup sent nothing twice)."""
+    """Lab 15 quotes the one line each of its exit-6 stops prints on stderr (the message's, and
+    the payment's, whose lookup came at least the client's timeout after the send and sooner
+    than the provider's settle time), says the receiver answered no repeat (the receipts and the
+    lookup sent nothing twice), and that lookup-resend's second request timed out too."""
     quoted = [
         line
         for line in guide.read_text(encoding="utf-8").splitlines()
-        if line.startswith("lab.py: effect message")
+        if line.startswith("lab.py: effect ")
     ]
     stops = [o.stderr for o in outcomes if o.exit_code == 6]
-    assert len(quoted) == 1 and stops, guide.name
-    assert all(stop == quoted[0] + "\n" for stop in stops), stops
+    assert len(quoted) == 2 and stops, guide.name
+    after = re.compile(r"found nothing (\d+\.\d) s after")
+    for stop in stops:
+        shapes = [re.escape(line).replace(r"0\.5", r"(\d+\.\d)") for line in quoted]
+        matched = [m for shape in shapes if (m := re.fullmatch(shape + "\n", stop))]
+        assert len(matched) == 1, (stop, quoted)
+        if found := after.search(stop):
+            assert 0.5 <= float(found.group(1)) < 10, stop  # API_TIMEOUT_S=0.5, settle_s=10
+    resent = [o for o in outcomes if "--mode lookup-resend" in o.step.command]
+    assert [o.exit_code for o in resent] == [3], resent
+    assert "no answer from the receiver" in resent[0].stderr, resent[0].stderr
     with urllib.request.urlopen(backend.env["API_URL"] + "/metrics", timeout=10) as answer:
         text = answer.read().decode()
     assert "receiver_idempotent_replays_total 0" in text.splitlines(), text

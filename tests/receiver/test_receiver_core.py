@@ -65,9 +65,7 @@ def test_the_core_serves_tickets_only_and_the_labs_receiver_takes_its_file_over(
     # api.py has added its tables: the core cannot serve them, and says so before writing.
     code, stderr = run_core(lab)
     assert code == 2 and stderr.count("\n") == 1, stderr
-    assert "not the receiver's (messages, progress_requests, refunds, reservations, " in stderr, (
-        stderr
-    )
+    assert "not the receiver's (messages, payments, progress_requests, refunds, " in stderr, stderr
 
 
 def test_an_older_labs_tickets_file_is_upgraded_by_api_py_and_refused_by_the_core(lab, tmp_path):

@@ -620,6 +620,7 @@ def post_locked(target):
                 "/messages": {"to": "someone", "text": "a message"},
                 "/webhooks": {"url": "http://127.0.0.1:9/webhook"},
                 "/progress": {"ticket_id": ticket_id, "statuses": ["opened"]},
+                "/payments": {"reference": "r", "amount": 1},
             }.get(target, {"ticket_id": ticket_id})
             return request(server, "POST", target, body)
         finally:
@@ -817,6 +818,29 @@ ANSWERS = {  # (path, method, status) documented in openapi.yaml -> a request th
         s, post_bytes(title_body("x" * 5000), target=b"/messages")
     ),
     ("/messages", "post", "503"): post_locked("/messages"),
+    ("/payments", "get", "200"): lambda s: request(s, "GET", "/payments?reference=r&settled=1"),
+    ("/payments", "get", "400"): lambda s: request(s, "GET", "/payments?settled=0"),
+    ("/payments", "get", "503"): without_the_table("GET", "payments"),
+    ("/payments", "head", "200"): lambda s: request(s, "HEAD", "/payments"),
+    ("/payments", "head", "400"): lambda s: request(s, "HEAD", "/payments?key=k"),
+    ("/payments", "head", "503"): without_the_table("HEAD", "payments"),
+    ("/payments", "post", "201"): lambda s: request(
+        s, "POST", "/payments", {"reference": "r", "amount": 1}
+    ),
+    ("/payments", "post", "400"): (
+        lambda s: exchange(s, post_bytes(b"{", target=b"/payments")),
+        lambda s: request(s, "POST", "/payments", {"reference": "r", "amount": 0}),
+    ),
+    ("/payments", "post", "408"): lambda s: exchange(
+        s, post_bytes(target=b"/payments")[:-5], half_close=False
+    ),
+    ("/payments", "post", "411"): lambda s: exchange(
+        s, post_bytes(length=None, target=b"/payments")
+    ),
+    ("/payments", "post", "413"): lambda s: exchange(
+        s, post_bytes(title_body("x" * 5000), target=b"/payments")
+    ),
+    ("/payments", "post", "503"): post_locked("/payments"),
     ("/webhooks", "post", "200"): on_a_receiver_of_its_own(delivered_to_a_subscriber),
     ("/webhooks", "post", "400"): (
         lambda s: exchange(s, post_bytes(b"{", target=b"/webhooks")),
