@@ -36,8 +36,10 @@ import lab
 import workflow
 from labs.graphs import classify
 
-CALLS = ("call-1", "call-2")  # the two tool calls the agent writes, in order
-TEXT = {"call-1": "Thursday at 10 works, see you then", "call-2": "Invite sent for Thursday at 10"}
+TEXT = {  # the two emails the agent drafts, by the number of their tool call
+    1: "Thursday at 10 works, see you then",
+    2: "I sent the invite for Thursday at 10",
+}
 
 
 class Conversation(TypedDict, total=False):
@@ -51,8 +53,8 @@ def agent(state: Conversation):
     """The model's turn, without a model: two send_email tool calls with stable ids."""
     to = state["conversation"]
     calls = [
-        {"id": f"{to}-{call}", "name": "send_email", "args": {"to": to, "text": TEXT[call]}}
-        for call in CALLS
+        {"id": f"{to}-call-{n}", "name": "send_email", "args": {"to": to, "text": text}}
+        for n, text in TEXT.items()
     ]
     return {"tool_calls": calls}
 
@@ -105,12 +107,12 @@ context = classify.context  # the receiver's client, and a ledger of the drill's
 
 
 def observe(thread):
-    """{email call-1, email call-2}: how many emails each tool call of `thread` sent."""
+    """{email-1, email-2}: how many times each of the two emails of `thread` was sent."""
     with contextlib.redirect_stdout(io.StringIO()):
         client = workflow.Settings.from_environ(os.environ).client()
         messages = client.call("/messages")["messages"]
     mine = [m for m in messages if m["to"] == thread]
-    return {f"email {call}": sum(m["text"] == TEXT[call] for m in mine) for call in CALLS}
+    return {f"email-{n}": sum(m["text"] == text for m in mine) for n, text in TEXT.items()}
 
 
 # helpers
