@@ -1734,8 +1734,9 @@ def columns(lines, width=TABLE_WIDTH):
         for i in range(len(lines[0]))
     ]
     least = dict(zip(SHRINKABLE, MIN_CELLS, strict=True)) | {len(widths) - 1: MIN_VERDICT}
-    for i in least:  # never narrower than a column's longest word: no cell breaks mid-word
-        words = [len(w) for line in lines for w in line[i].split()]
+    for i in least:  # never narrower than a column's longest word on a continuation line (its
+        #   two spaces' indent before it): no cell breaks mid-word
+        words = [len(w) + 2 for line in lines for w in line[i].split()]
         least[i] = min(widths[i], max([least[i], *words]))
     while sum(widths) + 2 * (len(widths) - 1) > width:
         shrinkable = [i for i in least if widths[i] > least[i]]

@@ -5,7 +5,9 @@ in the lessons' naive variants exactly the lessons' duplicates do, and nothing e
 The ticket graph's lesson is read from make drill's matrix (labs/tools/drill.py MATRIX, its
 after-ack row: the kill after the answer, before the node's result is saved), per mode. The
 other graphs' lessons are those their guides show: lab 11 (the shop, the approval), lab 13
-(the saga) and lab 18 (the webhook handler, whose re-run is a redelivery). A ledger row also
+(the saga), lab 18 (the webhook handler, whose re-run is a redelivery) and lab 20 (the
+assistant's approval handler, which sends after "accept" and repeats the first email in every
+run). Each table keeps every word of its cells whole, however long a node's name. A ledger row also
 checks that nothing was sent again: effectdrill records every HTTP request of every run
 (effectdrill/outbound.py), and a ledger that replays its receipt sends none, where lab 02's key
 sends the request again and lets the receiver answer it.
@@ -17,7 +19,7 @@ import pytest
 
 import effectdrill
 import lab as lab_cli
-from labs.graphs import approval, outbox, saga, shop, ticket, webhook
+from labs.graphs import approval, assistant, outbox, saga, shop, ticket, webhook
 from labs.tools.drill import MATRIX
 from labs.tools.local import ROOT, ReceiverProcess, free_port, lab_env
 
@@ -26,6 +28,12 @@ TICKET_AFTER_ACK = "put_writes create_ticket [ticket_id]"  # effectdrill's name 
 EVENT = {"event_id": "{thread}", "ticket": "{thread}", "status": "resolved", "version": 1}  # lab 18
 SAGA = {"operation_id": "{thread}", "title": "{thread}", "seats": 11}  # 11: refused (lab 13)
 OUTBOX = {"operation_id": "{thread}", "title": "{thread}"}  # lab 19
+CONVERSATION = {"conversation": "{thread}"}  # lab 20
+ASSISTANT_REPEATS = {  # lab 20: a kill inside the handler, after one email or after both
+    ("put_writes review_and_send [__interrupt__, __resume__] in approval", "email-1", 3),
+    ("put_writes review_and_send [__resume__, sent] in approval", "email-1", 3),
+    ("put_writes review_and_send [__resume__, sent] in approval", "email-2", 2),
+}
 APPROVAL_REPEATS = (  # lab 11: the request before interrupt() runs again wherever it is re-run
     "put_writes request_refund [__interrupt__]",
     "put_writes request_refund [__resume__, approved, branch:to:notify] (others saved)",
@@ -44,10 +52,11 @@ class Drill:
     ledger: bool = False  # through the ledger: no request is sent again anywhere
     resume_with: object = None
     needs: str = ""  # who makes this row pass, when it is not yet on main
+    variant: str = "graph"  # the module's graph, or a function of it that builds one
 
     @property
     def graph(self):
-        return self.module.graph
+        return getattr(self.module, self.variant)
 
     @property
     def context(self):
@@ -102,6 +111,17 @@ DRILLS = {
         frozenset({("put_writes take_event [applied, branch:to:close]", "notice", 2)}),
     ),
     "webhook-inbox": Drill(webhook, {**EVENT, "mode": "inbox"}, ledger=True),
+    "assistant-naive": Drill(  # lab 20: the handler sends after "accept", then returns
+        assistant,
+        CONVERSATION,
+        frozenset(ASSISTANT_REPEATS),
+        repeated_in_clean_run=("email-1",),  # two approvals, no crash: the first email twice
+        resume_with="accept",
+        variant="naive",
+    ),
+    "assistant-fixed": Drill(  # a decision-only approval; the send through the ledger
+        assistant, CONVERSATION, ledger=True, resume_with="accept", variant="fixed"
+    ),
 }
 
 
@@ -142,9 +162,21 @@ def test_the_drill_over_every_lab_graph_finds_exactly_the_lessons_duplicates(
     assert report.repeated_in_clean_run == list(drill.repeated_in_clean_run), why + report.table()
     assert report.missing == [] and report.failed == [], why + report.table()
     assert report.rows, "the drill found no crash point"
+    assert_cells_whole(report)
     if drill.ledger:  # the receipt, not the receiver: no row sent anything a second time
         again = {row.point: row.requests for row in report.rows if row.requests}
         assert again == {}, why + report.table()
+
+
+def assert_cells_whole(report):
+    """The table wraps a cell at spaces only: each word of a row's point, saved and ran cells
+    is a word of the table (lab 20's approval/review_and_send broke on a continuation line)."""
+    from effectdrill.core import ran_cell
+
+    words = set(report.table().split())
+    for row in report.rows:
+        for cell in (row.point, row.runs[0].saved, ran_cell(row.runs[0].ran)):
+            assert set(cell.split()) <= words, (cell, report.table())
 
 
 def test_every_graph_in_labs_graphs_is_drilled_through_the_ledger_and_in_its_lesson():
