@@ -125,7 +125,7 @@ def build_parser():
     parser.add_argument(
         "--html",
         metavar="PATH",
-        help="also write the report as one self-contained HTML file (a CI artifact, say)",
+        help="also write the report as one self-contained HTML file (to attach to a pull request)",
     )
     return parser
 

@@ -20,8 +20,8 @@ commands printed and the receiver holds (Ledger, Operation.lessons): the tickets
 each operation, what the ledger answered, a drain, a run that said done with no ticket, the
 relay's deliveries, the messages a customer got, a status that went back; a drill's own crash
 runs are its own line. --times adds each guide's wall time (and the backend, the commit and the
-load) to a JSON file (labs/workshop-times.json is one, for labs/WORKSHOP.md); --pictures writes
-each guide's timeline as DIR/lab-NN.svg and, natively, each drill's HTML report
+load) to a JSON file (labs/tools/workshop-times.json is one, for labs/WORKSHOP.md);
+--pictures writes each guide's timeline as DIR/lab-NN.svg and, natively, each drill's HTML report
 (effectdrill --html) beside it.
 
 Exit codes: 0 every command as its guide says; 1 some differ; 2 a guide that does not exist;
@@ -61,12 +61,12 @@ EXIT_OK, EXIT_DIFFERS, EXIT_USAGE, EXIT_NO_LAB, EXIT_STOPPED = 0, 1, 2, 3, 130
 WIDTH = 92
 EFFECTS = ("start", "resume", "approve", "post")  # lab.py's actions that can make a ticket
 WORKER_EFFECTS = ("run", "wait")  # worker.py's: run makes them, wait reports the background's
-SAYS = ("hooks", "reconcile", "messages")  # lab.py's: what they print is part of the verdict
+SAYS = ("hooks", "reconcile", "messages", "payments")  # lab.py's: part of the verdict
 FOLDED = re.compile(r"(What|How) LangGraph ")  # "What LangGraph does here (checked against ...)"
 END_OF_TABLE = re.compile(r"(requests|summary): ")  # the drill's lines after a table
 FOLD_LINES = 20  # projector mode: a command's output longer than this is folded
 FOLD_KEEP = 16  # a folded `logs`: its last lines stay
-LISTS = ("tickets", "messages", "refunds", "jobs")  # lab.py's and worker.py's listings
+LISTS = ("tickets", "messages", "refunds", "payments", "jobs")  # lab.py's, worker.py's listings
 FIGURES = re.compile(r'"(?:ticket_id|created)": (?:\d+|true|false)')
 
 
@@ -351,6 +351,13 @@ class Running:
 # ------------------------------------------------------------------ the verdict, from the receiver
 
 
+def other_receipt(event):
+    """An effect_receipt's answer for an effect other than the ticket: {"message_id": 1}."""
+    if isinstance(event.get("receipt"), dict):
+        return event["receipt"]
+    return {k: v for k, v in event.items() if k.endswith("_id") and k != "ticket_id"}
+
+
 @dataclass
 class Operation:
     mode: str
@@ -361,6 +368,7 @@ class Operation:
     done: bool = False  # a run said `done` without a ticket (lab 12: the effect silently lost)
     refunds: int = 0  # the receiver's refunds of this operation's charge (lab 13's saga)
     messages: list = field(default_factory=list)  # the texts sent about its ticket (15, 18)
+    charges: list = field(default_factory=list)  # the provider's payment ids for it (lab 15)
     deliveries: list = field(default_factory=list)  # the relay's answers: created true/false
     makers: list = field(default_factory=list)  # (ticket_id, who) where a worker made it (10)
 
@@ -369,7 +377,7 @@ class Operation:
         if self.mode == TOOL:
             return self.found
         repeated = len(set(self.messages)) < len(self.messages)
-        return len(self.tickets) > 1 or self.refunds > 1 or repeated
+        return len(self.tickets) > 1 or self.refunds > 1 or len(self.charges) > 1 or repeated
 
     @property
     def lost(self):
@@ -387,6 +395,12 @@ class Operation:
             twice = " (the refund ran twice)" if self.refunds > 1 else ""
             said.append(
                 f"{self.refunds} refund{'' if self.refunds == 1 else 's'} of its one charge{twice}"
+            )
+        if self.charges:
+            twice = f" (charged {len(self.charges)} times)" if len(self.charges) > 1 else ""
+            said.append(
+                f"{len(self.charges)} charge{'' if len(self.charges) == 1 else 's'} for its one "
+                f"payment{twice}"
             )
         if self.messages:
             count, same = len(self.messages), max(map(self.messages.count, self.messages))
@@ -582,8 +596,13 @@ class Ledger:
                 note = f"{action} adopted {thing} {number}, found by its key"
             elif event.get("how") == "receipt" or (kind == "effect_receipt" and number):
                 note = f"{action} took {thing} {number} from the ledger's receipt"
-            elif kind == "effect_receipt" and "settled" in event.get("receipt", {}):
-                note = f"{action} took the person's answer from the ledger"
+            elif kind == "effect_receipt" and len(receipt := other_receipt(event)) == 1:
+                # a receipt of another effect than the ticket (lab 15's message, which a person
+                # may have recorded, or its payment): {"message_id": 1} reads "message 1"
+                ((field, value),) = receipt.items()
+                note = (
+                    f"{action} took {field.removesuffix('_id')} {value} from the ledger's receipt"
+                )
             else:
                 continue
             if note not in op.notes:
@@ -618,6 +637,18 @@ class Ledger:
                     about = re.match(r"ticket (\d+) ", message.get("text", ""))
                     if about and (owner := self.owners.get(int(about.group(1)))) is not None:
                         self.operations[owner].messages.append(message["text"])
+            elif kind == "payments":  # the provider's charges by reference, the payment's key
+                charged = {}
+                for payment in event["payments"]:
+                    if (owner := self.owner_of_key(payment["reference"])) is not None:
+                        charged.setdefault(owner, []).append(payment["payment_id"])
+                for owner, ids in charged.items():  # a listing of one reference: only its own
+                    self.operations[owner].charges = ids
+            elif kind == "reconciled" and event.get("now") == "confirmed":
+                if (owner := self.owner_of_key(event["key"])) is not None:
+                    note = "reconcile found it at the provider (confirmed)"
+                    if note not in self.operations[owner].notes:
+                        self.operations[owner].notes.append(note)
             elif kind == "settled" and (owner := self.owner_of_key(event["key"])):
                 note = f"settled by a person ({event['state']})"
                 if note not in self.operations[owner].notes:

@@ -262,9 +262,16 @@ DEMO_VERDICTS = {
             "case-receipt:open-ticket:v1: 1 ticket, resume took ticket 2 from the ledger's receipt",
             "case-note:open-ticket:v1: 1 ticket, resume took ticket 3 from the ledger's receipt, "
             "resume stopped for a person (exit 6), settled by a person (confirmed), resume took "
-            "the person's answer from the ledger, 1 message sent about it",
+            "message 1 from the ledger's receipt, 1 message sent about it",
+            # the slow provider: "lookup found nothing, send again" charges twice, the ledger once
+            "case-twice:pay:v1: 1 ticket, reconcile found it at the provider (confirmed), "
+            "2 charges for its one payment (charged 2 times)",
+            "case-once:pay:v1: 1 ticket, start stopped for a person (exit 6), reconcile found it "
+            "at the provider (confirmed), resume took payment 3 from the ledger's receipt, "
+            "1 charge for its one payment",
         ],
-        "What the labs showed: ledger: 0 of 3 operations duplicated",
+        "What the labs showed: ledger: 0 of 4 operations duplicated; lookup-resend: 1 of 1 "
+        "operation duplicated",
     ),
     "18": (
         [  # the customer's messages (as `messages` lists them) and the status going back

@@ -1,5 +1,5 @@
 """labs/WORKSHOP.md, the plan for a room: each lab it names exists, each time it gives is the
-one `make demo` measured through Docker (labs/workshop-times.json, written by the demo's own
+one `make demo` measured through Docker (labs/tools/workshop-times.json, written by the demo's own
 --times), and each track's slots and breaks add up to the track's length. No run here: the
 demo's --times is exercised on a run test_demo.py makes anyway."""
 
@@ -13,7 +13,7 @@ from labs.tools.local import ROOT
 pytestmark = pytest.mark.fast
 
 PLAN = ROOT / "labs" / "WORKSHOP.md"
-TIMES = ROOT / "labs" / "workshop-times.json"
+TIMES = ROOT / "labs" / "tools" / "workshop-times.json"
 TRACK = re.compile(r"^## (?:The )?(\d+)-(minute|hour) track", re.M)
 ROW = re.compile(  # | order | [lab](guide) | type or show | measured | slot | ...
     r"^\| (\d+) \| \[[^\]]+\]\(([^)]+)\) \| (type|show) \| (\d+) s \| (\d+) min \|", re.M
