@@ -71,7 +71,7 @@ def stop_receivers_serving(data):
     """Stop every running api.py of this folder whose RECEIVER_DB lies in data (the pid file
     names one receiver at most, and a second `up` that could not listen left its own dead pid
     there): what was done, a line each."""
-    listed = run(["ps", "-A", "-o", "pid=,command="], timeout=10).stdout
+    listed = run(["ps", "-ww", "-A", "-o", "pid=,command="], timeout=10).stdout  # -ww: whole
     pids = [int(line.split(None, 1)[0]) for line in listed.splitlines() if "api.py" in line]
     for pid in pids:
         if pid != os.getpid() and is_this_labs_receiver(pid) and serves(pid, data):
