@@ -3,6 +3,7 @@ resume, against a real receiver (api.py) with real forks and SIGKILLs.
 
 tests/effectdrill_graphs/outbound.py sends one POST /tickets per node: keyed on the thread
 (book, by urllib), without a key (notify, by requests), under a fresh uuid4 (remind, by httpx).
+tests/effectdrill_graphs/httpx2graph.py sends through httpx2, sync and async.
 Which repeat each crash point makes follows from that: a kill before a node's writes are saved
 runs the node again.
 """
@@ -12,7 +13,7 @@ import os
 import sys
 
 import pytest
-from effectdrill_graphs import asyncclient
+from effectdrill_graphs import asyncclient, httpx2graph
 from effectdrill_graphs import mailer as mailer_graph
 from effectdrill_graphs import outbound as trips
 
@@ -96,6 +97,17 @@ def test_cli_observe_http_drills_the_requests_themselves(api, tmp_path):
     assert {f["count"] for f in summary["duplicates"]} == {4}
     assert summary["requests"]["not counted"] == 0
     assert list(temp.iterdir()) == []  # the request log's folder is gone, with the drill's
+
+
+def test_httpx2_requests_are_seen_sync_and_async(api):
+    """openai 3.x and langsmith send through httpx2, not httpx: an observer that missed it
+    drilled such a graph green (no effect in the clean run, nothing to repeat)."""
+    report = effectdrill.drill(httpx2graph.build, {"order": "{thread}"}, "http")
+
+    assert report.clean == {"sync": {"POST /tickets": 2}}  # send's and asend's
+    assert {writes_of(f["point"]) for f in report.duplicates} == {"send", "asend"}
+    assert {f["count"] for f in report.duplicates} == {3}
+    assert not report.ok
 
 
 def test_ignored_hosts_are_left_out(api):
