@@ -3,7 +3,8 @@ resume, against a real receiver (api.py) with real forks and SIGKILLs.
 
 tests/effectdrill_graphs/outbound.py sends one POST /tickets per node: keyed on the thread
 (book, by urllib), without a key (notify, by requests), under a fresh uuid4 (remind, by httpx).
-tests/effectdrill_graphs/httpx2graph.py sends through httpx2, sync and async.
+tests/effectdrill_graphs/httpx2graph.py sends through httpx2, sync and async; rawsocket.py through a
+client the observer does not see.
 Which repeat each crash point makes follows from that: a kill before a node's writes are saved
 runs the node again.
 """
@@ -18,6 +19,7 @@ from effectdrill_graphs import mailer as mailer_graph
 from effectdrill_graphs import outbound as trips
 
 import effectdrill
+from effectdrill.core import HTTP_SAW_NOTHING
 from effectdrill.outbound import NEW_KEY, NO_KEY, SAME_KEY
 from labs.tools.local import ROOT, run
 
@@ -108,6 +110,22 @@ def test_httpx2_requests_are_seen_sync_and_async(api):
     assert {writes_of(f["point"]) for f in report.duplicates} == {"send", "asend"}
     assert {f["count"] for f in report.duplicates} == {3}
     assert not report.ok
+
+
+def test_a_clean_run_the_http_observer_saw_nothing_of_is_not_a_green_drill(api, tmp_path):
+    """An application whose effects go through a client the observer does not see (aiohttp,
+    say) drilled green: 0 duplicates, exit 0, for an appointment booked twice."""
+    env = os.environ | {"PYTHONPATH": TESTS, "API_URL": api.url}
+    done = run(
+        [sys.executable, "-m", "effectdrill", "effectdrill_graphs.rawsocket:build"]
+        + ["--input", '{"order": "{thread}"}', "--observe", "http"],
+        env=env,
+    )
+
+    assert done.returncode == 2, done.stdout
+    assert done.stderr.splitlines() == ["effectdrill: " + HTTP_SAW_NOTHING]
+    assert done.stdout == ""  # no table: no row could have shown a repeat
+    assert [t["payload"]["title"] for t in trips.tickets()][-1].endswith("-sync-clean")  # sent
 
 
 def test_ignored_hosts_are_left_out(api):
