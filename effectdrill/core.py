@@ -53,6 +53,13 @@ PULL_PREFIX = "~__pregel_pull, "  # LangGraph's task_path of a node's task (_alg
 PUSH_PREFIX = "~__pregel_push, "  # of a Send's task or an @task call (_algo.task_path_str)
 
 
+HTTP_SAW_NOTHING = (
+    "--observe http: the clean run sent no POST or PATCH the observer sees (http.client, "
+    "httpx, httpx2; not aiohttp, gRPC or a database), or --http-ignore left them all out: "
+    "no repeat could show; count the effects with --observe MODULE:FUNC"
+)
+
+
 class DrillError(Exception):
     """The graph, its input, observer or database cannot be drilled: the message is one line."""
 
@@ -95,6 +102,7 @@ def drill(
     graph = compiled(graph)
     if not callable(observe) and observe != "http":
         raise DrillError(f"the observer must be callable as observe(thread_id), not {observe!r}")
+    http = observe == "http"
     # The HTTP observer records every run's requests (effectdrill/outbound.py).
     with (
         database(checkpoint_db) as db,
@@ -105,15 +113,17 @@ def drill(
         plan = Plan(graph, input, observe, resume_with, context, uuid.uuid4().hex[:8], stores)
         report, clean_threads = Report(expect), {}
         with warm_parent(plan, db) as warm, plan.event_loop():
-            drill_modes(plan, db, modes, repeat, report, clean_threads, warm)
+            drill_modes(plan, db, modes, repeat, report, clean_threads, warm, http)
         requests.annotate(report, clean_threads)
     return report
 
 
-def drill_modes(plan, db, modes, repeat, report, clean_threads, warm):
+def drill_modes(plan, db, modes, repeat, report, clean_threads, warm, http=False):
     """The clean run of each mode, then its crash runs (see drill)."""
     for mode in modes:
         clean = plan.clean_run(db, mode)
+        if http and not any(clean.counts.values()):  # nothing to repeat: not a green drill
+            raise DrillError(HTTP_SAW_NOTHING)
         report.clean[mode] = clean.counts
         report.reruns[mode] = clean.reruns
         clean_threads[mode] = clean.thread

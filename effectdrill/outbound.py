@@ -1,12 +1,12 @@
 """The HTTP observer: every request a graph's run sends, recorded by the process that sends it.
 
 While the drill runs (and `replay`), the process's `http.client.HTTPConnection` (which urllib
-and requests/urllib3 send through) and httpx's transports write each request to a log just
-before it goes out: method, host, path, Idempotency-Key, and the thread of the graph run that
-sent it (LangGraph's `get_config()` in the node's context). The log is a file opened for
-appending, so the requests of a crash child outlive its SIGKILL, and forked children inherit
-the patches. A request sent outside any graph run (an observer asking its service) has no
-thread and is not recorded.
+and requests/urllib3 send through) and the transports of httpx and httpx2 write each request
+to a log just before it goes out: method, host, path, Idempotency-Key, and the thread of the
+graph run that sent it (LangGraph's `get_config()` in the node's context). The log is a file
+opened for appending, so the requests of a crash child outlive its SIGKILL, and forked
+children inherit the patches. A request sent outside any graph run (an observer asking its
+service) has no thread and is not recorded.
 
 Per crash point the drill compares each run's POST and PATCH requests with the clean run's, by
 endpoint (method and path): sent again without a key, sent again under another key, or sent
@@ -16,6 +16,7 @@ effects: an endpoint's count is its requests without a key plus its distinct key
 """
 
 import fnmatch
+import importlib
 import json
 import os
 import shutil
@@ -268,7 +269,8 @@ def recording(ignore=()):
 
 @contextmanager
 def patched(log):
-    """http.client.HTTPConnection and httpx's transports record to `log`; restored after."""
+    """http.client.HTTPConnection and httpx's (and httpx2's) transports record to `log`;
+    restored after."""
     import http.client
 
     restore = []
@@ -313,25 +315,8 @@ def patched(log):
     patch(connection, "putheader", recording_putheader)
     patch(connection, "endheaders", recording_endheaders)
     patch(connection, "getresponse", recording_getresponse)
-    httpx = installed_httpx()
-    if httpx is not None:
-        sync_send = httpx.HTTPTransport.handle_request
-        async_send = httpx.AsyncHTTPTransport.handle_async_request
-
-        def handle_request(self, request):
-            sent = record_httpx(log, request)
-            answer = sync_send(self, request)
-            log.answered(sent)
-            return answer
-
-        async def handle_async_request(self, request):
-            sent = record_httpx(log, request)
-            answer = await async_send(self, request)
-            log.answered(sent)
-            return answer
-
-        patch(httpx.HTTPTransport, "handle_request", handle_request)
-        patch(httpx.AsyncHTTPTransport, "handle_async_request", handle_async_request)
+    for httpx in installed_httpx():
+        patch_httpx(httpx, log, patch)
     try:
         yield log
     finally:
@@ -340,11 +325,36 @@ def patched(log):
 
 
 def installed_httpx():
-    try:
-        import httpx
-    except ImportError:
-        return None
-    return httpx
+    """httpx, and httpx2 (its successor, which openai 3.x and langsmith send through), where
+    installed: their transports have the same names and arguments."""
+    found = []
+    for name in ("httpx", "httpx2"):
+        try:
+            found.append(importlib.import_module(name))
+        except ImportError:
+            pass
+    return found
+
+
+def patch_httpx(httpx, log, patch):
+    """httpx's (or httpx2's) default sync and async transports record to `log`."""
+    sync_send = httpx.HTTPTransport.handle_request
+    async_send = httpx.AsyncHTTPTransport.handle_async_request
+
+    def handle_request(self, request):
+        sent = record_httpx(log, request)
+        answer = sync_send(self, request)
+        log.answered(sent)
+        return answer
+
+    async def handle_async_request(self, request):
+        sent = record_httpx(log, request)
+        answer = await async_send(self, request)
+        log.answered(sent)
+        return answer
+
+    patch(httpx.HTTPTransport, "handle_request", handle_request)
+    patch(httpx.AsyncHTTPTransport, "handle_async_request", handle_async_request)
 
 
 def record_httpx(log, request):

@@ -3,6 +3,8 @@ resume, against a real receiver (api.py) with real forks and SIGKILLs.
 
 tests/effectdrill_graphs/outbound.py sends one POST /tickets per node: keyed on the thread
 (book, by urllib), without a key (notify, by requests), under a fresh uuid4 (remind, by httpx).
+tests/effectdrill_graphs/httpx2graph.py sends through httpx2, sync and async; rawsocket.py through a
+client the observer does not see.
 Which repeat each crash point makes follows from that: a kill before a node's writes are saved
 runs the node again.
 """
@@ -12,11 +14,12 @@ import os
 import sys
 
 import pytest
-from effectdrill_graphs import asyncclient
+from effectdrill_graphs import asyncclient, httpx2graph
 from effectdrill_graphs import mailer as mailer_graph
 from effectdrill_graphs import outbound as trips
 
 import effectdrill
+from effectdrill.core import HTTP_SAW_NOTHING
 from effectdrill.outbound import NEW_KEY, NO_KEY, SAME_KEY
 from labs.tools.local import ROOT, run
 
@@ -96,6 +99,33 @@ def test_cli_observe_http_drills_the_requests_themselves(api, tmp_path):
     assert {f["count"] for f in summary["duplicates"]} == {4}
     assert summary["requests"]["not counted"] == 0
     assert list(temp.iterdir()) == []  # the request log's folder is gone, with the drill's
+
+
+def test_httpx2_requests_are_seen_sync_and_async(api):
+    """openai 3.x and langsmith send through httpx2, not httpx: an observer that missed it
+    drilled such a graph green (no effect in the clean run, nothing to repeat)."""
+    report = effectdrill.drill(httpx2graph.build, {"order": "{thread}"}, "http")
+
+    assert report.clean == {"sync": {"POST /tickets": 2}}  # send's and asend's
+    assert {writes_of(f["point"]) for f in report.duplicates} == {"send", "asend"}
+    assert {f["count"] for f in report.duplicates} == {3}
+    assert not report.ok
+
+
+def test_a_clean_run_the_http_observer_saw_nothing_of_is_not_a_green_drill(api, tmp_path):
+    """An application whose effects go through a client the observer does not see (aiohttp,
+    say) drilled green: 0 duplicates, exit 0, for an appointment booked twice."""
+    env = os.environ | {"PYTHONPATH": TESTS, "API_URL": api.url}
+    done = run(
+        [sys.executable, "-m", "effectdrill", "effectdrill_graphs.rawsocket:build"]
+        + ["--input", '{"order": "{thread}"}', "--observe", "http"],
+        env=env,
+    )
+
+    assert done.returncode == 2, done.stdout
+    assert done.stderr.splitlines() == ["effectdrill: " + HTTP_SAW_NOTHING]
+    assert done.stdout == ""  # no table: no row could have shown a repeat
+    assert [t["payload"]["title"] for t in trips.tickets()][-1].endswith("-sync-clean")  # sent
 
 
 def test_ignored_hosts_are_left_out(api):
