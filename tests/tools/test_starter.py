@@ -60,10 +60,10 @@ def test_no_starter_file_speaks_of_the_teaching_around_it(built):
 
 
 def test_the_lock_holds_what_the_core_imports_and_leaves_postgres_out(built):
-    """Outside the standard library, the core imports langgraph (the lock), httpx where it is
-    installed (effectdrill's HTTP observer patches it; langgraph's own dependencies lock it)
-    and, only for a postgresql:// CHECKPOINT_DB, psycopg, and only with LAB_TRACE set,
-    opentelemetry (both left out: the README says to install them)."""
+    """Outside the standard library, the core imports langgraph (the lock) and, only for a
+    postgresql:// CHECKPOINT_DB, psycopg, and only with LAB_TRACE set, opentelemetry (both left
+    out: the README says to install them). effectdrill's HTTP observer patches httpx and httpx2
+    where they are installed (importlib, by name: langgraph's own dependencies lock httpx)."""
     imported = set()
     for name in starter.CORE:
         for node in ast.walk(ast.parse((built / name).read_text(encoding="utf-8"))):
@@ -75,7 +75,6 @@ def test_the_lock_holds_what_the_core_imports_and_leaves_postgres_out(built):
     assert imported - set(sys.stdlib_module_names) - core_modules == {
         "langgraph",
         "psycopg",
-        "httpx",
         "opentelemetry",
     }
     wanted = [
