@@ -24,8 +24,9 @@ nothing, and the next relay after a kill sends at once. (Not a row lock, FOR UPD
 LOCKED: that lasts only as long as its transaction, and the delivery count must commit before
 the POST leaves. Not a lease in the row: it outlives a killed relay, and the redelivery would
 wait for it.) A row the relay cannot read (its payload not JSON, say) is quarantined: kept,
-marked `quarantined` with the reason, listed by --show, said on stderr, and skipped, so the
-rows after it are still delivered.
+marked `quarantined` with the reason, listed by --show, said on stderr, counted by `worker.py
+metrics` (outbox_messages{state="quarantined"}), and skipped, so the rows after it are still
+delivered.
 
 What it does not buy: there is no transaction across the two databases. The relay still
 delivers at least once, never exactly once; exactly one effect comes from the receiver keeping

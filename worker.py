@@ -372,7 +372,7 @@ async def metrics(args):
 
 
 async def metrics_text(url):
-    ledger = await asyncio.to_thread(ledger_lines, url)
+    ledger = await asyncio.to_thread(lambda: ledger_lines(url) + outbox_lines(url))
     if not workflow.is_postgres(url):
         return "\n".join(ledger) + "\n"
     from pgqueuer import Queries
@@ -418,6 +418,38 @@ def ledger_lines(url):
         "# TYPE ledger_oldest_open_effect_age_seconds gauge",
         f"ledger_oldest_open_effect_age_seconds {oldest_s:.3f}",
     ]
+
+
+OUTBOX_STATES = ("pending", "published", "refused", "quarantined")  # relay.py's outbox rows
+
+
+def outbox_lines(url):
+    """The outbox's gauges (lab 19's relay.py, in the same database): its messages by state,
+    a quarantined one (a row the relay cannot read, kept and skipped) among them."""
+    by_state = dict.fromkeys(OUTBOX_STATES, 0) | outbox_counts(url)
+    return [
+        "# HELP outbox_messages The outbox's messages, by state (quarantined: unreadable, kept).",
+        "# TYPE outbox_messages gauge",
+        *(f'outbox_messages{{state="{state}"}} {n}' for state, n in by_state.items()),
+    ]
+
+
+def outbox_counts(url):
+    """{state: how many} of CHECKPOINT_DB's outbox, read only; none yet: {}."""
+    if not workflow.is_postgres(url) and not os.path.exists(url):
+        return {}
+    try:
+        with effects.read_ledger(url) as ledger:
+            rows = ledger.sql("SELECT state, COUNT(*) AS n FROM outbox GROUP BY state")
+            return {row["state"]: row["n"] for row in rows.fetchall()}
+    except sqlite3.OperationalError as error:
+        if "no such table" not in str(error):
+            raise
+    except Exception as error:
+        psycopg = sys.modules.get("psycopg")
+        if psycopg is None or not isinstance(error, psycopg.errors.UndefinedTable):
+            raise
+    return {}
 
 
 def ledger_counts(url):

@@ -150,7 +150,8 @@ def wait_line(block):
 
 def test_the_wait_line_gives_up_and_shows_the_receivers_error_when_the_port_is_taken(tmp_path):
     """Another program holds the port: the receiver exits at once with its one-line error in
-    data/receiver.log, and the wait line stops waiting and prints that line."""
+    data/receiver.log, and the wait line stops waiting, prints that line and removes the pid
+    file that names the receiver gone (no stale pid for make reset or the next wait line)."""
     (block,) = SHELL_BLOCK.findall(README.split("## Without Docker", 1)[1])
     lines = block.splitlines()
     up = lines[: lines.index(wait_line(block)) + 1]  # from `make .venv/.installed` to the wait
@@ -174,6 +175,7 @@ def test_the_wait_line_gives_up_and_shows_the_receivers_error_when_the_port_is_t
         f"receiver: cannot listen on 127.0.0.1:{port} (Address already in use); "
         "stop what uses it, or set PORT to a free one"
     ]
+    assert not (copy / "data" / "receiver.pid").exists()
 
 
 TABLE_ROW = re.compile(r"^\| `([^`]+)` \| `([^`]+)`", re.M)  # compose verb -> native command

@@ -19,10 +19,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families as parse_metrics
 
 import effects
 import failpoints
 import relay
+import worker
 from labs.tools.local import ROOT, events, run_workflow_here, shell_exit_code, wait_until
 
 OPERATION = "case-outbox:open-ticket:v1"
@@ -256,6 +258,10 @@ def test_a_row_the_relay_cannot_read_is_quarantined_and_the_rest_go_on(lab, rece
     garbled = next(m for m in shown(lab) if m["message_id"] == "garbled")
     assert (garbled["state"], garbled["payload"]) == ("quarantined", "{x")
     assert garbled["answer"]["error"].startswith("cannot be read: ")
+    # and counted where a dashboard looks: worker.py metrics's outbox gauges
+    gauges = "\n".join(worker.outbox_lines(lab["CHECKPOINT_DB"])) + "\n"
+    counted = {s.labels["state"]: s.value for f in parse_metrics(gauges) for s in f.samples}
+    assert counted == {"pending": 0, "published": 2, "refused": 0, "quarantined": 1}
 
 
 def test_the_relay_service_delivers_until_sigterm_and_waits_out_a_receiver_gone(
