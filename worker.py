@@ -436,31 +436,28 @@ def outbox_lines(url):
 
 def outbox_counts(url):
     """{state: how many} of CHECKPOINT_DB's outbox, read only; none yet: {}."""
-    if not workflow.is_postgres(url) and not os.path.exists(url):
-        return {}
-    try:
-        with effects.read_ledger(url) as ledger:
-            rows = ledger.sql("SELECT state, COUNT(*) AS n FROM outbox GROUP BY state")
-            return {row["state"]: row["n"] for row in rows.fetchall()}
-    except sqlite3.OperationalError as error:
-        if "no such table" not in str(error):
-            raise
-    except Exception as error:
-        psycopg = sys.modules.get("psycopg")
-        if psycopg is None or not isinstance(error, psycopg.errors.UndefinedTable):
-            raise
-    return {}
+
+    def read(ledger):
+        rows = ledger.sql("SELECT state, COUNT(*) AS n FROM outbox GROUP BY state")
+        return {row["state"]: row["n"] for row in rows.fetchall()}
+
+    return read_only(url, read, {})
 
 
 def ledger_counts(url):
     """effects.Ledger.counts() of CHECKPOINT_DB, opened to read only (a SQLite file is neither
     made nor written); no ledger yet (no file, no table): every state 0."""
-    none = dict.fromkeys(effects.STATES, 0), 0.0
+    return read_only(url, lambda ledger: ledger.counts(), (dict.fromkeys(effects.STATES, 0), 0.0))
+
+
+def read_only(url, read, none):
+    """read(ledger) on CHECKPOINT_DB opened to read only, or none where there is nothing to read
+    yet: no file (none is made), or no such table."""
     if not workflow.is_postgres(url) and not os.path.exists(url):
         return none
     try:
         with effects.read_ledger(url) as ledger:
-            return ledger.counts()
+            return read(ledger)
     except sqlite3.OperationalError as error:
         if "no such table" not in str(error):
             raise

@@ -285,7 +285,11 @@ def test_the_relay_service_delivers_until_sigterm_and_waits_out_a_receiver_gone(
         receiver.start()
         wait_until(lambda: len(tickets(receiver)) == 1, 60, "the pending message delivered")
         if postgres:  # killed as a crash would, then back on the same port
+            import psycopg  # the Postgres tier's
+
             cluster = request.getfixturevalue("postgres")
+            with psycopg.connect(cluster.url, autocommit=True) as conn:  # the test cluster runs
+                conn.execute("CHECKPOINT")  # with fsync off: what it committed reaches disk
             cluster.halt()
             wait_until(lambda: "reconnecting" in err.read_text(), 60, "the relay losing it")
             cluster.start_server()
