@@ -19,6 +19,7 @@ import os
 import re
 import shutil
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -36,6 +37,7 @@ PROJECT = "-".join(
 BUILD_TIMEOUT_S = 900  # a first build downloads the base image and ~40 packages
 COMMAND_TIMEOUT_S = 120
 HEALTHY_DEADLINE_S = 60
+DOWN_NOTICE_S = 15  # a container's start and two lookups of 1 s: 5.9-7 s measured, at load 1-5
 APP_UID = "10001"
 
 
@@ -309,3 +311,12 @@ def test_the_reset_removes_containers_network_and_volumes(project):
             listing.insert(3, "-a")
         left = run(listing).stdout.split()
         assert left == [], f"{kind}s left after the reset: {left}"
+    # A command typed with the api down says so in one line within seconds (43 s on cdb5f20:
+    # each lookup of the gone name waited out Docker's DNS, four times): compose.yaml's dns_opt
+    # and the client's two tries of a name that does not resolve (workflow.UNRESOLVED_TRIES).
+    began = time.monotonic()
+    down = lab(project, "run", "--rm", "workflow", "tickets", check=False)
+    took = time.monotonic() - began
+    lab(project, "down", "-v", "--remove-orphans")
+    assert down.returncode == 3 and "cannot reach the receiver" in down.stderr, down.stderr
+    assert took < DOWN_NOTICE_S, f"{took:.1f} s to say the receiver is down"
