@@ -177,7 +177,7 @@ def run_workflow_here(args, env):
     are redirected for the call); a command with a signal switch runs as a process instead.
     """
     if any(arg.split("=")[0] in SIGNALS_ITSELF for arg in args):
-        return run_workflow(args, env)
+        return run_workflow_forked(args, env)
     import lab
 
     out, err = io.StringIO(), io.StringIO()
@@ -187,6 +187,75 @@ def run_workflow_here(args, env):
         except SystemExit as exit:  # argparse: --help, or a usage mistake
             code = exit.code if isinstance(exit.code, int) else 1
     return subprocess.CompletedProcess(args, code, out.getvalue(), err.getvalue())
+
+
+def run_workflow_forked(args, env, timeout=60):
+    """lab.main(ARGS) in a forked copy of this process, for a command that kills or stops itself
+    (--crash, --crash-at, --term-at): a real process, which really gets its SIGKILL or SIGTERM,
+    started with lab and LangGraph already imported (~0.8 s less than `python lab.py ARGS`). Its
+    stdout and stderr come back through pipes; its own session, cwd and environment, as run()
+    gives a process. Returns the CompletedProcess, -9 for the SIGKILL, like run_workflow()."""
+    import lab  # imported before the fork: the child starts with it
+
+    pipes = [os.pipe(), os.pipe()]  # (read, write) for stdout, stderr
+    pid = os.fork()
+    if pid == 0:  # the child: never returns into the caller's code
+        code = 70  # EX_SOFTWARE, if anything below fails before lab.main has answered
+        try:
+            os.setsid()
+            os.chdir(ROOT)
+            os.environ.clear()
+            os.environ.update(env)
+            null = os.open(os.devnull, os.O_RDONLY)
+            os.dup2(null, 0)
+            for fd, (read, write) in ((1, pipes[0]), (2, pipes[1])):
+                os.dup2(write, fd)
+                os.close(read)
+                os.close(write)
+            sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), write_through=True)
+            sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), write_through=True)
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)  # run_graph sets its own drain
+            try:
+                code = lab.main(list(args), env)
+            except SystemExit as exit:  # argparse: --help, or a usage mistake
+                code = exit.code if isinstance(exit.code, int) else 1
+        finally:
+            os._exit(code or 0)
+    for _, write in pipes:
+        os.close(write)
+    try:
+        out, err = read_both(pipes[0][0], pipes[1][0], time.monotonic() + timeout)
+    except TimeoutError:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        raise subprocess.TimeoutExpired(["lab.py", *args], timeout) from None
+    finally:
+        os.close(pipes[0][0])
+        os.close(pipes[1][0])
+    _, status = os.waitpid(pid, 0)
+    return subprocess.CompletedProcess(args, os.waitstatus_to_exitcode(status), out, err)
+
+
+def read_both(out_fd, err_fd, deadline):
+    """Everything written to two pipes until both close, as text; TimeoutError past deadline."""
+    import selectors
+
+    chunks = {out_fd: [], err_fd: []}
+    with selectors.DefaultSelector() as selector:
+        for fd in chunks:
+            selector.register(fd, selectors.EVENT_READ)
+        while selector.get_map():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError
+            for key, _ in selector.select(left):
+                data = os.read(key.fd, 65536)
+                if data:
+                    chunks[key.fd].append(data)
+                else:
+                    selector.unregister(key.fd)
+    return tuple(b"".join(chunks[fd]).decode("utf-8", "replace") for fd in (out_fd, err_fd))
 
 
 def run_worker_here(args, env):
