@@ -87,8 +87,9 @@ def receiver(lab, tmp_path):
 @pytest.fixture
 def workflow(lab):
     """`workflow.py ARGS` against this test's receiver and checkpoint folder: a process that really
-    dies when ARGS has a crash or SIGTERM switch, else workflow.main in this process (the same
-    code without a new interpreter's second of LangGraph import)."""
+    dies when ARGS has a crash or SIGTERM switch (a fork of this one, LangGraph already imported),
+    else workflow.main in this process (the same code without a new interpreter's second of
+    LangGraph import)."""
 
     def run(*args):
         return run_workflow_here(args, lab)

@@ -123,7 +123,7 @@ def test_compose_yaml_turns_no_fault_on_and_the_override_does():
 
 @pytest.mark.parametrize("guide", each_guide())
 def test_guide_local(guide, tmp_path, capsys):
-    """Natively: workflow commands with a signal switch run as processes, the rest in-process
+    """Natively: workflow commands with a signal switch run as forked processes, the rest in-process
     (the same workflow.main, without LangGraph's import per command); the README's native
     section and `make demo` run every command as a process. The commands of the guides in
     DEMO_VERDICTS run through the demo's own step (labs.tools.demo.Demo.run), whose verdict is

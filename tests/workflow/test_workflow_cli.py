@@ -523,3 +523,30 @@ def test_a_ledger_made_unwritable_while_the_request_is_out_exits_74_and_names_th
     assert resumed.returncode == 0, resumed.stderr
     assert '"event": "effect_adopted"' in resumed.stdout
     assert len(workflow.TicketClient(receiver.url).tickets()) == 1
+
+
+def test_a_crash_command_forked_prints_and_dies_as_the_process_a_learner_starts(receiver, lab):
+    """The tests' crash commands run in a fork of the test process (LangGraph already imported):
+    the same lines on stdout, the same SIGKILL, the same ticket as `python lab.py ...`."""
+    from labs.tools.local import run_workflow, run_workflow_forked
+
+    start = ["start", "--mode", "naive", "--crash", "--title"]
+    forked = run_workflow_forked([*start, "forked", "--thread", "f", "--operation", "f"], lab)
+    fresh = run_workflow([*start, "fresh", "--thread", "n", "--operation", "n"], lab)
+    assert forked.returncode == fresh.returncode == -9, (forked.stderr, fresh.stderr)
+    assert [json.loads(line)["event"] for line in forked.stdout.splitlines()] == [
+        json.loads(line)["event"] for line in fresh.stdout.splitlines()
+    ]
+    assert forked.stderr == fresh.stderr == ""
+    titles = [t["payload"]["title"] for t in workflow.TicketClient(receiver.url).tickets()]
+    assert sorted(titles) == ["forked", "fresh"]  # each crash run made its ticket, then died
+
+
+@pytest.mark.fast
+def test_a_forked_command_that_hangs_is_killed_at_its_timeout(lab, tmp_path):
+    from labs.tools.local import run_workflow_forked
+
+    held = tmp_path / "held"  # a pause that nothing releases
+    env = {**lab, "FAILPOINTS": f"after-prepare=pause({held})"}
+    with pytest.raises(subprocess.TimeoutExpired):
+        run_workflow_forked(["start", "--crash", "--thread", "h"], env, timeout=1)
