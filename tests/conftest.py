@@ -11,7 +11,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from labs.tools.local import ReceiverProcess, free_port, lab_env, run_workflow_here  # noqa: E402
-from labs.tools.pg import PostgresUnavailable, find_bin_dir  # noqa: E402
+from labs.tools.pg import PostgresUnavailable, TempPostgres, find_bin_dir  # noqa: E402
 
 # The Ctrl-C tests send SIGINT to a child process. A shell that starts the suite in the
 # background (`make test &`) ignores SIGINT, and an ignored signal stays ignored across exec, so
@@ -68,6 +68,32 @@ def require_postgres():
         if os.environ.get("LAB_REQUIRE_POSTGRES") == "1":
             pytest.fail(reason.replace("SKIPPED", "REQUIRED (LAB_REQUIRE_POSTGRES=1)"))
         pytest.skip(reason)
+
+
+@pytest.fixture(scope="session")
+def postgres():
+    """One throwaway cluster for this test process (each pytest-xdist worker has its own),
+    started when a test first asks for it: each test takes a database of its own in it
+    (`database`). A test that halts it (a crash of Postgres) starts it again before it ends,
+    so the next test finds it running; a test that must stop it for good takes a TempPostgres
+    of its own. (One initdb per process instead of one per module or test: about 2 s each.)"""
+    require_postgres()
+    with TempPostgres() as cluster:
+        yield cluster
+
+
+@pytest.fixture
+def database(postgres, request):
+    """A new, empty database in the process's cluster for this test: its URL."""
+    import re
+
+    import psycopg
+
+    name = "t_" + re.sub(r"\W", "_", request.node.name).lower()[:50] + f"_{os.getpid()}"
+    with psycopg.connect(postgres.url, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}"')
+        conn.execute(f'CREATE DATABASE "{name}"')
+    return postgres.url.rsplit("/", 1)[0] + "/" + name
 
 
 @pytest.fixture

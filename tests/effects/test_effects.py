@@ -40,16 +40,6 @@ KEYLESS = effects.Effect(  # a provider that offers no lookup (an email service,
 )
 
 
-@pytest.fixture(scope="module")
-def postgres():
-    from labs.tools.pg import TempPostgres
-    from tests.conftest import require_postgres
-
-    require_postgres()
-    with TempPostgres() as pg:
-        yield pg
-
-
 @pytest.fixture(params=[pytest.param("sqlite", marks=pytest.mark.fast), "postgres"])
 def open_ledger(request, tmp_path):
     """A function that opens a new ledger on this test's database, as a new process would."""

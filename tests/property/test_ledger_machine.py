@@ -327,20 +327,14 @@ def test_the_ledger_keeps_its_promise_on_sqlite(provider, tmp_path):
     run_machine(provider, lambda: effects.Ledger(tmp_path / "ledger.sqlite"))
 
 
-def test_the_ledger_keeps_its_promise_on_postgres(provider):
+def test_the_ledger_keeps_its_promise_on_postgres(provider, database):
     import psycopg
     from psycopg.rows import dict_row
 
-    from labs.tools.pg import TempPostgres
-    from tests.conftest import require_postgres
+    def opened():  # on a database of the test's own, in the process's cluster (conftest)
+        conn = psycopg.connect(database, autocommit=True, row_factory=dict_row)
+        ledger = effects.PostgresLedger(conn)
+        ledger.close = conn.close
+        return ledger
 
-    require_postgres()
-    with TempPostgres() as pg:
-
-        def opened():
-            conn = psycopg.connect(pg.url, autocommit=True, row_factory=dict_row)
-            ledger = effects.PostgresLedger(conn)
-            ledger.close = conn.close
-            return ledger
-
-        run_machine(provider, opened, examples=6)  # the same code but the lock: fewer
+    run_machine(provider, opened, examples=6)  # the same code but the lock: fewer

@@ -6,7 +6,6 @@ with LAB_REQUIRE_POSTGRES=1 (CI) it fails instead.
 """
 
 import json
-import re
 import signal
 import subprocess
 import sys
@@ -19,32 +18,10 @@ from conftest import require_postgres
 from labs.tools import scale_chaos
 from labs.tools.backends import LocalBackend
 from labs.tools.local import ROOT, free_port, lab_env, run, run_workflow
-from labs.tools.pg import TempPostgres
 from labs.tools.runner import run_guide
 
 LAB_10 = ROOT / "labs" / "10-two-workers-one-thread.md"
 HANG_GUARD_S = 300  # a wait only a hang reaches, however busy the machine: not a speed bound
-
-
-@pytest.fixture(scope="session")
-def postgres():
-    require_postgres()
-    cluster = TempPostgres()
-    cluster.start()
-    yield cluster
-    cluster.stop()
-
-
-@pytest.fixture
-def database(postgres, request):
-    """A new, empty database in the cluster for this test: its URL."""
-    import psycopg
-
-    name = "t_" + re.sub(r"\W", "_", request.node.name).lower()[:50]
-    with psycopg.connect(postgres.url, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}"')
-        conn.execute(f'CREATE DATABASE "{name}"')
-    return postgres.url.rsplit("/", 1)[0] + "/" + name
 
 
 def outcomes_problems(outcomes):

@@ -41,17 +41,24 @@ HANG_GUARD_S = 300
 
 @pytest.fixture
 def cluster():
+    """A cluster of the test's own: the tests that halt Postgres ask for it."""
     require_postgres()
     with TempPostgres() as pg:
         yield pg
 
 
 @pytest.fixture
-def env(cluster, tmp_path):
+def env(request, tmp_path):
+    """The workers' environment: on the test's own cluster where it asks for one (to halt it),
+    else on a new database in the process's cluster (conftest)."""
+    if "cluster" in request.fixturenames:
+        url = request.getfixturevalue("cluster").url
+    else:
+        url = request.getfixturevalue("database")
     return lab_env(
         tmp_path / "data",
         free_port(),
-        CHECKPOINT_DB=cluster.url,
+        CHECKPOINT_DB=url,
         WORKER_HEARTBEAT_S="2",
         FAILPOINTS="",
     )

@@ -16,21 +16,18 @@ import time
 import urllib.request
 
 import pytest
-from conftest import require_postgres
 
 import effects
 import workflow
 from labs.tools.local import ROOT, ReceiverProcess, free_port, lab_env, run
-from labs.tools.pg import TempPostgres
 
 HANG_GUARD_S = 300  # only a hang reaches it, however busy the machine
 
 
-@pytest.fixture(scope="module")
-def cluster():
-    require_postgres()
-    with TempPostgres() as pg:
-        yield pg
+@pytest.fixture
+def cluster(postgres):
+    """The process's cluster (conftest): the restart test halts and restarts it."""
+    return postgres
 
 
 @pytest.fixture

@@ -38,17 +38,6 @@ STOPS = [  # (program, failpoint): where a real SIGKILL lands
 ]
 
 
-@pytest.fixture(scope="module")
-def postgres():
-    from conftest import require_postgres
-
-    from labs.tools.pg import TempPostgres
-
-    require_postgres()
-    with TempPostgres() as pg:
-        yield pg
-
-
 @pytest.fixture(params=[pytest.param("sqlite", marks=pytest.mark.fast), "postgres"])
 def env(request, lab, receiver):
     """The lab's environment with CHECKPOINT_DB on this backend (a new Postgres database)."""

@@ -6,22 +6,15 @@ takes seconds to start.
 """
 
 import pytest
-from conftest import require_postgres
 from test_recovery import history, run, tickets, v2
 
 import lab as lab_py  # `lab` is the fixture: the lab's environment
 import workflow
 
 
-@pytest.fixture(scope="module")
-def postgres_url():
-    require_postgres()
-    from labs.tools.pg import TempPostgres
-
-    cluster = TempPostgres()
-    cluster.start()
-    yield cluster.url
-    cluster.stop()
+@pytest.fixture
+def postgres_url(database):
+    return database
 
 
 def test_on_postgres_a_refused_move_writes_nothing_and_a_good_one_moves(

@@ -13,7 +13,6 @@ import urllib.request
 from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
-from conftest import require_postgres
 
 import effects
 import failpoints
@@ -105,20 +104,17 @@ def test_an_event_whose_transaction_failed_is_applied_by_its_redelivery(tmp_path
         assert box.receive("e1", "t1", 1, "opened") == inbox.Seen(first=True, applied=True)
 
 
-def test_the_inbox_in_postgres_applies_an_event_once_from_two_connections_at_once():
-    require_postgres()
+def test_the_inbox_in_postgres_applies_an_event_once_from_two_connections_at_once(database):
     import psycopg
 
-    from labs.tools.pg import TempPostgres
-
-    with TempPostgres() as pg, inbox.open_inbox(pg.url) as box:
+    with inbox.open_inbox(database) as box:
         check_inbox(box)
-        with psycopg.connect(pg.url, autocommit=True) as conn:  # the tables are in that database
+        with psycopg.connect(database, autocommit=True) as conn:  # the tables are in that database
             assert conn.execute("SELECT COUNT(*) FROM inbox").fetchone()[0] == 3
         seen, start = [], threading.Barrier(2)
 
         def deliver():
-            with inbox.open_inbox(pg.url) as own:
+            with inbox.open_inbox(database) as own:
                 start.wait()
                 seen.append(own.receive("e9", "t9", 1, "resolved"))
 
