@@ -131,7 +131,8 @@ def test_the_starter_with_one_effect_added_as_its_readme_says_passes_its_own_tes
     assert done.returncode == 0, done.stderr[-5000:]
     ran = re.search(r"^Ran (\d+) tests? ", done.stderr, re.MULTILINE)
     assert ran and int(ran.group(1)) >= 5 and "\nOK" in done.stderr, done.stderr[-3000:]
-    assert "test_every_effect_killed_in_its_window" in done.stderr
+    assert "test_every_effect_killed_after_its_answer" in done.stderr
+    assert "test_every_effect_killed_after_its_receipt" in done.stderr
 
 
 SHOW_EFFECTS = """
