@@ -192,11 +192,12 @@ def free_port():
 
 class StandInClient:
     """A client of the stand-in provider, for effects a test declares: post(path, body, key)
-    and made(**where). A timeout raises TimeoutError (sent; its outcome unknown), a refused
+    and made(**where). gives_up_s: how long it waits for the first POST's answer (later ones,
+    and lookups, wait 5 s). A timeout raises TimeoutError (sent; its outcome unknown), a refused
     connection URLError, an answer of 4xx or 5xx urllib's HTTPError."""
 
-    def __init__(self, url, timeout_s=5.0):
-        self.url, self.timeout_s = url, timeout_s
+    def __init__(self, url, gives_up_s=5.0):
+        self.url, self.waits = url, [gives_up_s]
 
     def post(self, path, body, key=None):
         request = urllib.request.Request(
@@ -204,7 +205,8 @@ class StandInClient:
         )
         if key is not None:
             request.add_header("Idempotency-Key", key)
-        with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
+        wait_s = self.waits.pop() if self.waits else 5.0
+        with urllib.request.urlopen(request, timeout=wait_s) as response:
             return json.load(response)
 
     def made(self, **where):

@@ -22,8 +22,8 @@ import failpoints
 import workflow
 from tests.service import ServiceTestCase, StandInClient, events, handled
 
-CLIENT_GIVES_UP_S = 1.0  # API_TIMEOUT_S where the provider is held: then no answer
-STANDIN_GIVES_UP_S = 0.3  # the same for the stand-in's client (its lookups wait 5 s)
+CLIENT_GIVES_UP_S = 2.0  # API_TIMEOUT_S where the provider is held: then no answer
+STANDIN_GIVES_UP_S = 0.3  # the stand-in's client's wait for its first POST (the rest: 5 s)
 
 
 class LostAnswerTest(ServiceTestCase):
