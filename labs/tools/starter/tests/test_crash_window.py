@@ -111,7 +111,12 @@ class CrashWindowTest(ServiceTestCase):
                     process.kill()
                     process.wait()
                     now = self.ledger_states()  # in the order the keys were claimed
-                    killed.append([k for k in now if now[k] != before.get(k)][-1])  # the newest
+                    moved = [k for k in now if now[k] != before.get(k)]
+                    self.assertTrue(
+                        moved,
+                        "held after a send, and no ledger row moved: a request it did not record",
+                    )
+                    killed.append(moved[-1])  # the newest
                     break
                 if waiting(at):  # a replay (or an adoption): nothing sent, not a window
                     replays += 1
@@ -132,9 +137,10 @@ class CrashWindowTest(ServiceTestCase):
         self.fail(f"the run did not finish after {attempt + 1} runs; killed {killed}")
 
     def ledger_states(self):
-        """{key: state} of the ledger's rows, in the order they were claimed."""
+        """{key: (state, transitions so far)} of the ledger's rows, in the order claimed."""
         with effects.Ledger(self.env["CHECKPOINT_DB"]) as ledger:
-            return dict(ledger.sql("SELECT key, state FROM effects ORDER BY rowid").fetchall())
+            rows = ledger.sql("SELECT key, state FROM effects ORDER BY rowid").fetchall()
+            return {key: (state, len(ledger.history(key))) for key, state in rows}
 
     def one_effect_per_key_at_each_provider(self, killed, every_key_killed=True):
         """Every effect declared was performed and killed once in its window; each provider
