@@ -40,8 +40,10 @@ class CrashWindowTest(ServiceTestCase):
     def test_every_effect_killed_after_its_answer_is_adopted_by_its_key_not_sent_again(self):
         # Killed in the window of the first effect the ledger holds no receipt of. On the resume
         # that effect's key is looked up (adopted, not sent) and the next effect is sent: killed
-        # in its window. And so on, until a run has no effect left to send and finishes.
-        killed, _ = self.walk("after-send")
+        # in its window. And so on, until a run has no effect left to send and finishes. Then
+        # a second order, walked the same way: each order's keys get things of their own (a
+        # lookup that ignored the key would adopt the first order's).
+        killed = self.walk("after-send", "order-1")[0] + self.walk("after-send", "order-2")[0]
         performed = self.one_effect_per_key_at_each_provider(killed)
         with effects.Ledger(self.env["CHECKPOINT_DB"]) as ledger:
             for record in performed:
@@ -61,7 +63,7 @@ class CrashWindowTest(ServiceTestCase):
         # the same point again: skipped, not killed), then sends the next effect: killed.
         # The point is where a node calls fail("after-ack") after its effect (create_ticket
         # does): an effect whose node does not is performed once here, and not killed.
-        killed, replays = self.walk("after-ack")
+        killed, replays = self.walk("after-ack", "order-1")
         self.assertGreaterEqual(len(killed), 1)
         self.assertEqual(replays, len(killed))  # each resume replayed the receipt killed before
         performed = self.one_effect_per_key_at_each_provider(killed, every_key_killed=False)
@@ -81,26 +83,29 @@ class CrashWindowTest(ServiceTestCase):
             self.standin_url = self.standin()
             self.env.update(dict.fromkeys(names, self.standin_url))
 
-    def walk(self, window):
-        """Run a new thread, killed in `window` of each effect once, resumed after each kill,
-        until a run finishes: ([the killed keys, in order], the replays met and skipped).
+    def walk(self, window, order):
+        """Run a new thread for order (its operation id), killed in `window` of each effect
+        once, resumed after each kill, until a run finishes: ([the killed keys, in order], the
+        replays met and skipped).
 
         The run is held at the point (a pause) and killed there by this test. At after-ack,
         only an arrival that follows a send in the same process is a window: a node that
         re-runs after a kill finds its receipt and meets the point again with nothing sent (a
         replay), and is let go; a kill there would be met by every resume for ever. The send is
         seen as a pause at after-send, which also lets this test re-arm the point in time."""
-        command, killed, replays = ["start", "--thread", "walk", "--operation", "walk-1"], [], 0
+        command, killed, replays = ["start", "--thread", order, "--operation", order], [], 0
         for attempt in range(3 * len(effects.declared(vars(workflow))) + 2):  # a hang guard
-            at = self.folder / f"{window}-{attempt}"
-            sent = self.folder / f"after-send-{attempt}"
+            at = self.folder / f"{order}-{window}-{attempt}"
+            sent = self.folder / f"{order}-after-send-{attempt}"
             spec = f"after-send=pause({sent})" + (
                 f";{window}=pause({at})" * (window != "after-send")
             )
             if window == "after-send":
                 at = sent
             before = self.ledger_states()
-            process, out, err = self.workflow_started(*command, fail=spec, name=f"walk-{attempt}")
+            process, out, err = self.workflow_started(
+                *command, fail=spec, name=f"{order}-{attempt}"
+            )
             seen_send = window == "after-send"
             while True:
                 held = functools.partial(stopped, process, at, None if seen_send else sent)
@@ -133,7 +138,7 @@ class CrashWindowTest(ServiceTestCase):
                 self.settle_as_a_person(err)
             else:
                 self.assertEqual(process.returncode, -signal.SIGKILL, err.read_text())
-            command = ["resume", "--thread", "walk"]
+            command = ["resume", "--thread", order]
         self.fail(f"the run did not finish after {attempt + 1} runs; killed {killed}")
 
     def ledger_states(self):
@@ -166,6 +171,9 @@ class CrashWindowTest(ServiceTestCase):
                 self.assertEqual(str(held), str(kept), record)
             else:  # no lookup: the stand-in provider's own records are the evidence
                 self.assertIsNotNone(self.standin_url, f"{record.effect}: no stand-in to ask")
+        # Each key's receipt names a thing of its own, not another key's.
+        named = [(r.effect, str(declared[r.effect].external_id(r.answer))) for r in performed]
+        self.assertEqual(len(set(named)), len(named), f"two keys name one thing: {named}")
         # Nothing made beyond one per key: the providers' own counts of what they made.
         made_here = made_by_receiver(self.url)
         if self.standin_url:

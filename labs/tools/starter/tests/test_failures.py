@@ -7,8 +7,9 @@ on a free loopback port, workflow.py run as a real process, failpoints for every
                          (unless the provider honours the key), adopted once it shows
     a 409                the key was used for another body: a refusal, the run stops, nothing done
     a tampered receipt   the ledger refuses it (exit 7) and sends nothing
-    a second order       killed in its own window: each order gets its own effect, one per key
     a wrong URL's 404    nothing made, the key still free: fixed, the resume makes exactly one
+
+A second order killed in its own window: test_crash_window.py walks two orders.
 """
 
 import json
@@ -130,25 +131,6 @@ class TamperTest(ServiceTestCase):
         self.assertNotIn("done", [e["event"] for e in events(resumed)])
         self.assertEqual(len(self.tickets()), 1)
         self.assertEqual(self.counted("idempotent_replays"), 0)  # nothing sent for it
-
-
-class SecondOrderTest(ServiceTestCase):
-    def test_a_second_order_killed_in_its_window_adopts_its_own_effect(self):
-        first = self.workflow("start", "--thread", "t1", "--operation", "op-1")
-        self.assertEqual(first.returncode, 0, first.stderr)
-        crashed = self.workflow(
-            "start", "--thread", "t2", "--operation", "op-2", fail="after-send=kill"
-        )
-        self.assertEqual(crashed.returncode, -9, crashed.stderr)
-        resumed = self.workflow("resume", "--thread", "t2")
-        self.assertEqual(resumed.returncode, 0, resumed.stderr)
-
-        with effects.Ledger(self.env["CHECKPOINT_DB"]) as ledger:
-            for key in ("op-1", "op-2"):
-                (ticket,) = self.tickets(key)  # one per key at the provider
-                self.assertEqual(ledger.get(key).answer["ticket_id"], ticket["ticket_id"])
-        self.assertEqual(events(resumed)[-1]["ticket_id"], self.tickets("op-2")[0]["ticket_id"])
-        self.assertEqual(self.counted("idempotent_replays"), 0)
 
 
 class WrongUrlTest(ServiceTestCase):
