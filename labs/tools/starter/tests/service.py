@@ -193,11 +193,12 @@ def free_port():
 class StandInClient:
     """A client of the stand-in provider, for effects a test declares: post(path, body, key)
     and made(**where). gives_up_s: how long it waits for the first POST's answer (later ones,
-    and lookups, wait 5 s). A timeout raises TimeoutError (sent; its outcome unknown), a refused
-    connection URLError, an answer of 4xx or 5xx urllib's HTTPError."""
+    and lookups, wait 5 s); first_arrived(): called before any later POST leaves, to wait until
+    the first is at the provider. A timeout raises TimeoutError (sent; its outcome unknown), a
+    refused connection URLError, an answer of 4xx or 5xx urllib's HTTPError."""
 
-    def __init__(self, url, gives_up_s=5.0):
-        self.url, self.waits = url, [gives_up_s]
+    def __init__(self, url, gives_up_s=5.0, first_arrived=lambda: None):
+        self.url, self.waits, self.first_arrived = url, [gives_up_s], first_arrived
 
     def post(self, path, body, key=None):
         request = urllib.request.Request(
@@ -205,6 +206,8 @@ class StandInClient:
         )
         if key is not None:
             request.add_header("Idempotency-Key", key)
+        if not self.waits:
+            self.first_arrived()
         wait_s = self.waits.pop() if self.waits else 5.0
         with urllib.request.urlopen(request, timeout=wait_s) as response:
             return json.load(response)

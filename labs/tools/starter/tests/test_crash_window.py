@@ -74,6 +74,46 @@ class CrashWindowTest(ServiceTestCase):
                     [(None, "requested", "claimed"), ("requested", "confirmed", "answered")],
                 )
 
+    def test_a_sigterm_drains_at_the_step_boundary_then_resume_leaves_one_ticket(self):
+        drained = self.workflow(
+            "start", "--thread", "t1", "--operation", "op-1", fail="after-prepare=term"
+        )
+        self.assertEqual(drained.returncode, workflow.EXIT_DRAINED, drained.stderr)
+        last = events(drained)[-1]
+        self.assertEqual((last["event"], last["next"]), ("drained", ["create_ticket"]))
+        self.assertEqual(self.tickets(), [])  # prepare finished and was saved; nothing was sent
+
+        resumed = self.workflow("resume", "--thread", "t1")
+        self.assertEqual(resumed.returncode, 0, resumed.stderr)
+        done = events(resumed)[-1]
+        (ticket,) = self.tickets("op-1")
+        self.assertEqual((done["event"], done["ticket_id"]), ("done", ticket["ticket_id"]))
+
+    def test_a_key_names_one_request_and_a_new_key_makes_a_new_ticket(self):
+        # No kill here: workflow.main in this process, the same code as workflow.py's.
+        def run(*args):
+            out, err = io.StringIO(), io.StringIO()
+            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+                code = workflow.main(list(args), environ=self.env)
+            return code, events(out.getvalue()), err.getvalue()
+
+        code, _, err = run("start", "--thread", "t1", "--operation", "op-1", "--title", "A")
+        self.assertEqual(code, 0, err)
+        # The same key for another request: the ledger refuses it before anything is sent.
+        code, _, err = run("start", "--thread", "t2", "--operation", "op-1", "--title", "B")
+        self.assertEqual(code, workflow.EXIT_HTTP_ERROR, err)
+        self.assertIn("claimed for another ticket request", err)
+        # And the receiver refuses it too, sent without the ledger (workflow.py post).
+        code, printed, err = run("post", "--operation", "op-1", "--title", "B")
+        self.assertEqual(code, workflow.EXIT_HTTP_ERROR, err)
+        self.assertEqual((printed[-1]["event"], printed[-1]["status"]), ("http_error", 409))
+        self.assertIn("Idempotency-Key", printed[-1]["body"]["error"])
+
+        code, _, err = run("start", "--thread", "t3", "--operation", "op-2", "--title", "B")
+        self.assertEqual(code, 0, err)
+        self.assertEqual([t["payload"] for t in self.tickets("op-1")], [{"title": "A"}])
+        self.assertEqual([t["payload"] for t in self.tickets("op-2")], [{"title": "B"}])
+
     # helpers
 
     def setUp(self):
@@ -193,46 +233,6 @@ class CrashWindowTest(ServiceTestCase):
         thing = made(self.standin_url)[-1]  # the newest: the run was killed just after it
         settled = self.workflow("reconcile", "--confirmed", f"{record.key}={thing['id']}")
         self.assertEqual(settled.returncode, 0, settled.stderr)
-
-    def test_a_sigterm_drains_at_the_step_boundary_then_resume_leaves_one_ticket(self):
-        drained = self.workflow(
-            "start", "--thread", "t1", "--operation", "op-1", fail="after-prepare=term"
-        )
-        self.assertEqual(drained.returncode, workflow.EXIT_DRAINED, drained.stderr)
-        last = events(drained)[-1]
-        self.assertEqual((last["event"], last["next"]), ("drained", ["create_ticket"]))
-        self.assertEqual(self.tickets(), [])  # prepare finished and was saved; nothing was sent
-
-        resumed = self.workflow("resume", "--thread", "t1")
-        self.assertEqual(resumed.returncode, 0, resumed.stderr)
-        done = events(resumed)[-1]
-        (ticket,) = self.tickets("op-1")
-        self.assertEqual((done["event"], done["ticket_id"]), ("done", ticket["ticket_id"]))
-
-    def test_a_key_names_one_request_and_a_new_key_makes_a_new_ticket(self):
-        # No kill here: workflow.main in this process, the same code as workflow.py's.
-        def run(*args):
-            out, err = io.StringIO(), io.StringIO()
-            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-                code = workflow.main(list(args), environ=self.env)
-            return code, events(out.getvalue()), err.getvalue()
-
-        code, _, err = run("start", "--thread", "t1", "--operation", "op-1", "--title", "A")
-        self.assertEqual(code, 0, err)
-        # The same key for another request: the ledger refuses it before anything is sent.
-        code, _, err = run("start", "--thread", "t2", "--operation", "op-1", "--title", "B")
-        self.assertEqual(code, workflow.EXIT_HTTP_ERROR, err)
-        self.assertIn("claimed for another ticket request", err)
-        # And the receiver refuses it too, sent without the ledger (workflow.py post).
-        code, printed, err = run("post", "--operation", "op-1", "--title", "B")
-        self.assertEqual(code, workflow.EXIT_HTTP_ERROR, err)
-        self.assertEqual((printed[-1]["event"], printed[-1]["status"]), ("http_error", 409))
-        self.assertIn("Idempotency-Key", printed[-1]["body"]["error"])
-
-        code, _, err = run("start", "--thread", "t3", "--operation", "op-2", "--title", "B")
-        self.assertEqual(code, 0, err)
-        self.assertEqual([t["payload"] for t in self.tickets("op-1")], [{"title": "A"}])
-        self.assertEqual([t["payload"] for t in self.tickets("op-2")], [{"title": "B"}])
 
 
 def stopped(process, at, sent=None):

@@ -53,14 +53,15 @@ class LateAnswerTest(ServiceTestCase):
 
     def test_nothing_is_sent_again_before_the_settle_time_and_the_late_one_is_adopted(self):
         held = self.folder / "before-commit"
-        client = StandInClient(self.standin(f"before-commit=pause({held})"), STANDIN_GIVES_UP_S)
+        url = self.standin(f"before-commit=pause({held})")
+        client = StandInClient(url, STANDIN_GIVES_UP_S, lambda: self.first_held(held))
         charge = effect("charge", keyed=False)
         request = {"amount": 500}
         with effects.Ledger(self.env["CHECKPOINT_DB"]) as ledger:
             with self.assertRaises(effects.Unsettled):  # no answer, and nothing found yet
                 charge.perform(ledger, "order-1:charge", request, client)
             self.assertEqual(ledger.get("order-1:charge").state, "unknown")
-        self.assertTrue(held.exists())  # the first request is held at the provider
+        self.first_held(held)  # the first request is held at the provider
         with effects.Ledger(self.env["CHECKPOINT_DB"]) as ledger:  # a resume, in the settle time
             with self.assertRaises(effects.Unsettled):
                 charge.perform(ledger, "order-1:charge", request, client)
@@ -80,7 +81,7 @@ class LateAnswerTest(ServiceTestCase):
     def test_a_provider_that_honours_the_key_is_sent_again_and_makes_one(self):
         held = self.folder / "before-commit"
         url = self.standin(f"before-commit=pause({held})", keyed=True)
-        client = StandInClient(url, STANDIN_GIVES_UP_S)
+        client = StandInClient(url, STANDIN_GIVES_UP_S, lambda: self.first_held(held))
         with effects.Ledger(self.env["CHECKPOINT_DB"]) as ledger:
             done = effect("reserve", keyed=True).perform(
                 ledger, "order-1:reserve", {"n": 1}, client
@@ -93,6 +94,10 @@ class LateAnswerTest(ServiceTestCase):
         self.wait_until(lambda: handled(url) == 2, "the held request to be answered")
         (made_once,) = client.made()  # the late first request found its key's answer
         self.assertEqual(made_once["id"], done.answer["id"])
+
+    def first_held(self, held):
+        """Until the first request is held at the provider (it made the pause's file)."""
+        self.wait_until(held.exists, "the first request to reach the provider")
 
 
 class RefusalTest(ServiceTestCase):
