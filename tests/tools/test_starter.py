@@ -114,8 +114,10 @@ def test_the_starter_with_one_effect_added_as_its_readme_says_passes_its_own_tes
 ):
     """A fresh starter, one effect added in at most two places of workflow.py (a follow-up
     ticket, from its README), and its own unittest suite, untouched: the crash test kills the
-    run in both effects' windows, the SIGTERM drain and the reused key, and the drill counts two
-    tickets a run. (The starter as written runs its suite in its own image: the Docker test.)"""
+    run after each effect's answer, for two orders (and after the receipt where a node has the
+    after-ack point: create_ticket), the failure tests, the SIGTERM drain and the reused key,
+    and the drill counts one of each effect a run. (The starter as written runs its suite in its
+    own image: the Docker test.)"""
     dest = tmp_path / "adapted"
     assert starter.main([str(dest)]) == 0
     capsys.readouterr()
