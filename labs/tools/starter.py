@@ -41,7 +41,8 @@ def write_starter(dest):
     for name in CORE:
         (dest / name).parent.mkdir(exist_ok=True)
         shutil.copyfile(ROOT / name, dest / name)
-    shutil.copytree(OWN, dest, dirs_exist_ok=True, ignore=shutil.ignore_patterns("__pycache__"))
+    caches = shutil.ignore_patterns("__pycache__", ".ruff_cache")  # made by running its tools here
+    shutil.copytree(OWN, dest, dirs_exist_ok=True, ignore=caches)
     return sorted(str(p.relative_to(dest)) for p in dest.rglob("*") if p.is_file())
 
 

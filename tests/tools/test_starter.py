@@ -7,6 +7,7 @@ import os
 import re
 import shutil
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -37,10 +38,11 @@ def files(folder):
 
 
 def test_the_starter_is_the_core_and_its_own_files(built):
-    own = [name for name in files(starter.OWN) if "__pycache__" not in name]
+    own = [n for n in files(starter.OWN) if not {"__pycache__", ".ruff_cache"} & set(Path(n).parts)]
     assert files(built) == sorted([*starter.CORE, *own])
     assert {"README.md", "Dockerfile", "compose.yaml", ".dockerignore"} <= set(own)
     assert {"requirements.in", "requirements.txt", "tests/test_crash_window.py"} <= set(own)
+    assert {"pyproject.toml", "tests/test_failures.py", "tests/service.py"} <= set(own)
     assert "tests/test_drill.py" in own and "effectdrill/core.py" in starter.CORE
 
 
@@ -112,15 +114,16 @@ def test_the_starter_with_one_effect_added_as_its_readme_says_passes_its_own_tes
 ):
     """A fresh starter, one effect added in at most two places of workflow.py (a follow-up
     ticket, from its README), and its own unittest suite, untouched: the crash test kills the
-    run in both effects' windows, the SIGTERM drain and the reused key, and the drill counts two
-    tickets a run. (The starter as written runs its suite in its own image: the Docker test.)"""
+    run after each effect's answer, for two orders (and after the receipt where a node has the
+    after-ack point: create_ticket), the failure tests, the SIGTERM drain and the reused key,
+    and the drill counts one of each effect a run. (The starter as written runs its suite in its
+    own image: the Docker test.)"""
     dest = tmp_path / "adapted"
     assert starter.main([str(dest)]) == 0
     capsys.readouterr()
     assert add_an_effect(dest) <= 2  # the Done-when line of issue 24: at most two places
-    config = str(ROOT / "pyproject.toml")
-    linted = run_command([sys.executable, "-m", "ruff", "check", "--config", config, "."], cwd=dest)
-    assert linted.returncode == 0, linted.stdout  # the README's lines are clean code
+    linted = run_command([sys.executable, "-m", "ruff", "check", "."], cwd=dest)
+    assert linted.returncode == 0, linted.stdout  # the README's lines are clean code (its ruff)
     shown = run_command(
         [sys.executable, "-c", SHOW_EFFECTS], timeout=COMMAND_TIMEOUT_S, cwd=dest
     )  # what the suite is about to crash: both effects, and the state field the answer goes to
@@ -131,7 +134,8 @@ def test_the_starter_with_one_effect_added_as_its_readme_says_passes_its_own_tes
     assert done.returncode == 0, done.stderr[-5000:]
     ran = re.search(r"^Ran (\d+) tests? ", done.stderr, re.MULTILINE)
     assert ran and int(ran.group(1)) >= 5 and "\nOK" in done.stderr, done.stderr[-3000:]
-    assert "test_every_effect_killed_in_its_window" in done.stderr
+    assert "test_every_effect_killed_after_its_answer" in done.stderr
+    assert "test_every_effect_killed_after_its_receipt" in done.stderr
 
 
 SHOW_EFFECTS = """
@@ -141,12 +145,20 @@ print("follow_up_id:" + str("follow_up_id" in workflow.build_graph(None).channel
 """
 
 
-def test_the_starter_is_ruff_clean(built):
-    config = str(ROOT / "pyproject.toml")
+def test_the_starter_is_ruff_clean_by_its_own_pyproject_which_has_our_rules(built):
+    """The starter's pyproject.toml carries ruff's settings (this repository's own, the same
+    rules) and the test command; ruff run in the starter's folder reads them, and passes."""
+    own = tomllib.loads((built / "pyproject.toml").read_text(encoding="utf-8"))
+    ours = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    first_party = own["tool"]["ruff"]["lint"].pop("isort")["known-first-party"]
+    assert own["tool"]["ruff"] == ours["tool"]["ruff"]  # the same rules
+    assert {Path(name).parts[0].removesuffix(".py") for name in starter.CORE} <= set(first_party)
+    assert "project" not in own and "build-system" not in own  # not a package to install
+    assert "# Test: python -m unittest " in (built / "pyproject.toml").read_text(encoding="utf-8")
+    shown = run_command([sys.executable, "-m", "ruff", "check", "--show-settings", "."], cwd=built)
+    assert f'Settings path: "{built / "pyproject.toml"}"' in shown.stdout  # its own, found
     for command in (["check"], ["format", "--check"]):
-        done = run_command(
-            [sys.executable, "-m", "ruff", *command, "--config", config, "."], cwd=built
-        )
+        done = run_command([sys.executable, "-m", "ruff", *command, "."], cwd=built)
         assert done.returncode == 0, done.stdout + done.stderr
 
 

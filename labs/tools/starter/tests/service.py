@@ -1,72 +1,110 @@
-"""The service for the tests: receiver.py on a free loopback port, its data in a temp folder."""
+"""The services for the tests, as real processes on free loopback ports, data in temp folders:
+receiver.py (the ticket provider, API_URL), and a stand-in provider this file serves itself
+(`python tests/service.py`) for what receiver.py cannot play: a provider that takes no key and
+is looked up by a reference, one that commits late, one without a lookup whose own count is the
+only evidence. It keeps what it made in memory, for the life of its process.
+
+    POST /ANY          a JSON object: 201 {"id": N, **body}, made under the path. With
+                       STANDIN_KEYED=1 an Idempotency-Key is honoured: its body again gets
+                       200 and the first answer, another body 409 {"error", "code"}
+    GET  /made?FIELD=V what was made, as {"made": [{"id", "path", "key", "body"}]}, only
+                       those whose body has FIELD equal to V (key=V: the Idempotency-Key),
+                       and "handled": how many POSTs it has made or refused (not those held)
+    GET  /health       200 {"ok": true}
+
+Its settings: PORT (0: any), STANDIN_KEYED ("": no key honoured), FAILPOINTS: before-commit
+(a POST received and not yet made, held once per body: a resend passes) and after-commit (made,
+its answer not yet written), e.g. before-commit=pause(PATH) for a provider that commits late.
+"""
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import unittest
 import urllib.parse
 import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent.parent  # the folder with receiver.py and workflow.py
-START_DEADLINE_S = 60.0  # a hang guard: receiver.py answers /health in under a second (unless busy)
+START_DEADLINE_S = 60.0  # a hang guard: a service answers /health in under a second (unless busy)
 RUN_TIMEOUT_S = 120.0  # seconds for one workflow.py command (LangGraph imports in about 1 s)
-POLL_S = 0.05  # seconds between two /health polls
+POLL_S = 0.01  # seconds between two looks at a condition a test waits for
+STANDIN_POINTS = ("before-commit", "after-commit")
 
 
 class ServiceTestCase(unittest.TestCase):
-    """Each test gets its own receiver.py (self.url) and environment for workflow.py (self.env)."""
+    """Each test gets its own receiver.py (self.url) and environment for workflow.py (self.env);
+    standin() starts a stand-in provider for it."""
 
     def setUp(self):
-        folder = Path(self.enterContext(tempfile.TemporaryDirectory()))
+        self.folder = Path(self.enterContext(tempfile.TemporaryDirectory()))
         port = free_port()
         self.url = f"http://127.0.0.1:{port}"
         self.env = {k: v for k, v in os.environ.items() if k != "FAILPOINTS"}
         self.env.update(
             PORT=str(port),
             API_URL=self.url,
-            RECEIVER_DB=str(folder / "receiver.sqlite"),
-            CHECKPOINT_DB=str(folder / "checkpoints.sqlite"),
+            RECEIVER_DB=str(self.folder / "receiver.sqlite"),
+            CHECKPOINT_DB=str(self.folder / "checkpoints.sqlite"),
         )
-        log = self.enterContext(open(folder / "receiver.log", "wb"))
-        service = [sys.executable, str(HERE / "receiver.py")]
-        receiver = subprocess.Popen(service, env=self.env, stderr=log)
-        self.addCleanup(receiver.wait, 10)
-        self.addCleanup(receiver.terminate)
-        deadline = time.monotonic() + START_DEADLINE_S
-        while not self.healthy():
-            log_text = (folder / "receiver.log").read_text()
-            self.assertIsNone(receiver.poll(), f"receiver.py exited: {log_text}")
-            self.assertLess(time.monotonic(), deadline, "receiver.py did not answer /health")
-            time.sleep(POLL_S)
+        self.receiver = self.serve([HERE / "receiver.py"], self.env, "receiver")
 
-    def healthy(self):
-        try:
-            with urllib.request.urlopen(self.url + "/health", timeout=1) as response:
-                return response.status == 200
-        except OSError:
-            return False
+    def receiver_with(self, fail):
+        """Another receiver.py, with FAILPOINTS=fail (e.g. after-commit=pause(PATH)), and its
+        own data, in place of the first for the rest of the test (self.url, API_URL)."""
+        port = free_port()
+        self.url = f"http://127.0.0.1:{port}"
+        env = dict(self.env, PORT=str(port), FAILPOINTS=fail)
+        env["RECEIVER_DB"] = str(self.folder / f"receiver-{port}.sqlite")
+        self.serve([HERE / "receiver.py"], env, f"receiver-{port}")
+        self.env.update(PORT=str(port), API_URL=self.url)
+
+    def serve(self, command, env, name):
+        """A service process, stopped after the test, once it answers /health at env's PORT."""
+        log_path = self.folder / f"{name}.log"
+        log = self.enterContext(open(log_path, "wb"))
+        process = subprocess.Popen([sys.executable, *map(str, command)], env=env, stderr=log)
+        self.addCleanup(process.wait, 10)
+        self.addCleanup(process.terminate)
+        url = f"http://127.0.0.1:{env['PORT']}"
+        self.wait_until(
+            lambda: healthy(url) or process.poll() is not None, f"{name} to answer /health"
+        )
+        self.assertIsNone(process.poll(), f"{name} exited: {log_path.read_text()}")
+        return process
+
+    def standin(self, fail="", keyed=False):
+        """A stand-in provider's URL (see this file's docstring)."""
+        env = dict(self.env, PORT=str(free_port()), FAILPOINTS=fail, STANDIN_KEYED="1" * keyed)
+        self.serve([Path(__file__)], env, f"standin-{env['PORT']}")
+        return f"http://127.0.0.1:{env['PORT']}"
+
+    def wait_until(self, condition, what, deadline_s=START_DEADLINE_S):
+        """Until condition() is true; a hang guard, not a timing: it fails after deadline_s."""
+        deadline = time.monotonic() + deadline_s
+        while not condition():
+            self.assertLess(time.monotonic(), deadline, f"waited {deadline_s} s for {what}")
+            time.sleep(POLL_S)
 
     def tickets(self, key=None):
         """What the outside world holds: every ticket the receiver has, or those of one key."""
         query = "" if key is None else "?" + urllib.parse.urlencode({"key": key})
-        with urllib.request.urlopen(self.url + "/tickets" + query, timeout=5) as response:
-            return json.load(response)["tickets"]
+        return get_json(self.url + "/tickets" + query)["tickets"]
 
     def counted(self, name):
         """One of the receiver's counters (GET /metrics): what it did since it started."""
-        with urllib.request.urlopen(self.url + "/metrics", timeout=5) as response:
-            for line in response.read().decode().splitlines():
-                if line.startswith(f"receiver_{name}_total "):
-                    return int(line.split()[1])
-        raise AssertionError(f"no counter {name} in /metrics")
+        return counters(self.url).get(name, 0)
 
-    def workflow(self, *args, fail=""):
-        env = dict(self.env, FAILPOINTS=fail) if fail else self.env
+    def workflow(self, *args, fail="", env=None):
+        """workflow.py run as a real process to its end (a CompletedProcess)."""
+        env = dict(env or self.env, FAILPOINTS=fail)
         return subprocess.run(
             [sys.executable, str(HERE / "workflow.py"), *args],
             env=env,
@@ -75,6 +113,20 @@ class ServiceTestCase(unittest.TestCase):
             timeout=RUN_TIMEOUT_S,
         )
 
+    def workflow_started(self, *args, fail="", name="run"):
+        """workflow.py started as a real process: (Popen, its stdout file, its stderr file)."""
+        out, err = self.folder / f"{name}.out", self.folder / f"{name}.err"
+        with open(out, "wb") as stdout, open(err, "wb") as stderr:
+            process = subprocess.Popen(
+                [sys.executable, str(HERE / "workflow.py"), *args],
+                env=dict(self.env, FAILPOINTS=fail),
+                stdout=stdout,
+                stderr=stderr,
+            )
+        self.addCleanup(process.wait, 10)
+        self.addCleanup(lambda: process.poll() is None and process.kill())
+        return process, out, err
+
 
 def events(done):
     """The JSON lines a workflow.py run printed (a CompletedProcess, or its output)."""
@@ -82,7 +134,153 @@ def events(done):
     return [json.loads(line) for line in text.splitlines()]
 
 
+def clients(env):
+    """What workflow.py's nodes get to talk to the providers with, made from env as its main()
+    makes it: the `client` an Effect's send and lookup are called with."""
+    import workflow
+
+    return workflow.Settings.from_environ(env).client()
+
+
+def provider_urls():
+    """The URL settings workflow.py names (NAME_URL) but API_URL, receiver.py's: the tests
+    point each at a stand-in provider."""
+    text = (HERE / "workflow.py").read_text(encoding="utf-8")
+    return sorted(set(re.findall(r"\b([A-Z][A-Z0-9_]*_URL)\b", text)) - {"API_URL"})
+
+
+def made_by_receiver(url):
+    """How many things receiver.py made since it started (its *_created counters, summed)."""
+    return sum(n for name, n in counters(url).items() if name.endswith("_created"))
+
+
+def counters(url):
+    """receiver.py's counters, {name: value}, from GET /metrics."""
+    with urllib.request.urlopen(url + "/metrics", timeout=5) as response:
+        text = response.read().decode()
+    return {m[1]: int(m[2]) for m in re.finditer(r"^receiver_(\w+)_total (\d+)$", text, re.M)}
+
+
+def made(url, **where):
+    """What a stand-in provider made, as it says (GET /made), those matching where only."""
+    return get_json(f"{url}/made?{urllib.parse.urlencode(where)}")["made"]
+
+
+def handled(url):
+    """How many POSTs a stand-in provider has made something for, or refused, so far."""
+    return get_json(f"{url}/made")["handled"]
+
+
+def get_json(url):
+    with urllib.request.urlopen(url, timeout=5) as response:
+        return json.load(response)
+
+
+def healthy(url):
+    try:
+        with urllib.request.urlopen(url + "/health", timeout=1) as response:
+            return response.status == 200
+    except OSError:
+        return False
+
+
 def free_port():
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+class StandInClient:
+    """A client of the stand-in provider, for effects a test declares: post(path, body, key)
+    and made(**where). gives_up_s: how long it waits for the first POST's answer (later ones,
+    and lookups, wait 5 s); first_arrived(): called before any later POST leaves, to wait until
+    the first is at the provider. A timeout raises TimeoutError (sent; its outcome unknown), a
+    refused connection URLError, an answer of 4xx or 5xx urllib's HTTPError."""
+
+    def __init__(self, url, gives_up_s=5.0, first_arrived=lambda: None):
+        self.url, self.waits, self.first_arrived = url, [gives_up_s], first_arrived
+
+    def post(self, path, body, key=None):
+        request = urllib.request.Request(
+            self.url + path, json.dumps(body).encode(), {"Content-Type": "application/json"}
+        )
+        if key is not None:
+            request.add_header("Idempotency-Key", key)
+        if not self.waits:
+            self.first_arrived()
+        wait_s = self.waits.pop() if self.waits else 5.0
+        with urllib.request.urlopen(request, timeout=wait_s) as response:
+            return json.load(response)
+
+    def made(self, **where):
+        return made(self.url, **where)
+
+
+# the stand-in provider: `python tests/service.py`
+
+
+class StandIn(BaseHTTPRequestHandler):
+    lock = threading.Lock()
+    things = []  # what was made: {"id", "path", "key", "body"}
+    handled = 0  # POSTs made or refused
+    keyed = False
+
+    def do_POST(self):
+        from failpoints import fail
+
+        raw = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        body, key = json.loads(raw), self.headers.get("Idempotency-Key")
+        fail("before-commit", once_per=raw)  # received, not made yet (a late commit)
+        with self.lock:
+            StandIn.handled += 1
+            first = next((t for t in self.things if self.keyed and key and t["key"] == key), None)
+            if first is None:
+                first = {"id": len(self.things) + 1, "path": self.path, "key": key, "body": body}
+                self.things.append(first)
+            elif first["body"] != body:
+                conflict = {"error": "key used for another body", "code": "key_conflict"}
+                return self.answer(409, conflict)
+        fail("after-commit")  # made, and its answer not written yet (a lost answer)
+        self.answer(201 if first["body"] is body else 200, {"id": first["id"], **body})
+
+    def do_GET(self):
+        url = urllib.parse.urlsplit(self.path)
+        if url.path == "/health":
+            return self.answer(200, {"ok": True})
+        where = dict(urllib.parse.parse_qsl(url.query))
+        with self.lock:
+            found = [t for t in self.things if all(matches(t, k, v) for k, v in where.items())]
+            self.answer(200, {"made": found, "handled": self.handled})
+
+    def answer(self, status, body):
+        data = json.dumps(body).encode()
+        try:
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+        except OSError:  # the client gave up: what was made stays made
+            pass
+
+    def log_message(self, *args):
+        pass
+
+
+def matches(thing, field, value):
+    return str(thing["key"] if field == "key" else thing["body"].get(field)) == value
+
+
+def serve_standin():
+    sys.path.insert(0, str(HERE))
+    import failpoints
+
+    failpoints.configure(os.environ.get("FAILPOINTS", ""), known=STANDIN_POINTS)
+    StandIn.keyed = os.environ.get("STANDIN_KEYED", "") == "1"
+    server = ThreadingHTTPServer(("127.0.0.1", int(os.environ.get("PORT", "0"))), StandIn)
+    server.daemon_threads = True
+    server.serve_forever()
+
+
+if __name__ == "__main__":
+    serve_standin()

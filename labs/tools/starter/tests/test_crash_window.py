@@ -4,79 +4,75 @@ resumed leaves exactly one of that effect, and a key is never reused for another
     python -m unittest            (from the starter's folder, with requirements.txt installed)
 
 Each test starts receiver.py on a free loopback port with its data in a temporary folder and runs
-workflow.py as a real subprocess, with FAILPOINTS opening the window for real: `kill` is a
-SIGKILL of the workflow process by itself, `term` a SIGTERM (see failpoints.py).
+workflow.py as a real subprocess, with FAILPOINTS opening the window for real (see failpoints.py).
 
-The first test is told nothing about the graph's effects: it kills the run in the window of
-each effect workflow.py performs (after-send: the receiver has committed, the ledger has no
-receipt yet), whatever effects you declare there, and checks that each was done exactly once.
+The first two tests are told nothing about the graph's effects: they walk the windows of every
+effect workflow.py performs, whatever effects you declare there, killing the run (SIGKILL) once
+in each: after the provider answered and before the ledger's receipt (after-send), or after the
+receipt and before the node returned (after-ack), resuming after each kill until a run
+finishes. Then each provider is asked, through the effect's own declaration (its lookup), what
+it holds under each key: one thing each, the one the receipt names, and nothing else.
 """
 
 import contextlib
+import functools
 import io
 import signal
 import unittest
 
 import effects
+import failpoints
 import workflow
-from tests.service import ServiceTestCase, events
+from tests.service import (
+    RUN_TIMEOUT_S,
+    ServiceTestCase,
+    clients,
+    events,
+    made,
+    made_by_receiver,
+    provider_urls,
+)
+
+EXIT_UNSETTLED = workflow.EXIT_UNSETTLED  # a run stopped for a person: an effect without lookup
 
 
 class CrashWindowTest(ServiceTestCase):
-    def test_every_effect_killed_in_its_window_is_adopted_by_its_key_not_sent_again(self):
-        # A kill lands in the window of the first effect the ledger holds no receipt of. On
-        # the resume that effect's key is looked up (it is adopted, not sent) and the next
-        # effect is sent: the same failpoint kills the run in its window. And so on, until a
-        # run has no effect left to send and finishes.
-        declared = effects.declared(vars(workflow))
-        command, kills = ["start", "--thread", "t1", "--operation", "op-1"], 0
-        for _ in range(len(declared) + 1):  # one kill per effect at most, then done
-            done = self.workflow(*command, fail="after-send=kill")
-            if done.returncode != -signal.SIGKILL:
-                break
-            self.assertIn({"event": "crash", "at": "after-send"}, events(done))
-            kills, command = kills + 1, ["resume", "--thread", "t1"]
-        self.assertEqual(done.returncode, 0, done.stderr)
-        self.assertEqual(events(done)[-1]["event"], "done")
-
+    def test_every_effect_killed_after_its_answer_is_adopted_by_its_key_not_sent_again(self):
+        # Killed in the window of the first effect the ledger holds no receipt of. On the resume
+        # that effect's key is looked up (adopted, not sent) and the next effect is sent: killed
+        # in its window. And so on, until a run has no effect left to send and finishes. Then
+        # a second order, walked the same way: each order's keys get things of their own (a
+        # lookup that ignored the key would adopt the first order's).
+        killed = self.walk("after-send", "order-1")[0] + self.walk("after-send", "order-2")[0]
+        performed = self.one_effect_per_key_at_each_provider(killed)
         with effects.Ledger(self.env["CHECKPOINT_DB"]) as ledger:
-            performed = [ledger.get(key) for (key,) in ledger.sql("SELECT key FROM effects")]
-            histories = {record.key: ledger.history(record.key) for record in performed}
-        # Every effect declared in workflow.py was performed (one not wired into STEPS fails
-        # here), and each one was killed in its window once.
-        self.assertEqual({record.effect for record in performed}, set(declared))
-        self.assertEqual(kills, len(performed))
-        for record in performed:
-            self.assertEqual(record.state, "confirmed", histories)
-            self.assertEqual(
-                histories[record.key],
-                [(None, "requested", "claimed"), ("requested", "confirmed", "adopted by lookup")],
-            )
-            (made,) = self.tickets(record.key)  # the receiver holds one under each key
-            self.assertEqual(made["ticket_id"], record.answer["ticket_id"])
-        self.assertEqual(len(self.tickets()), len(performed))  # and nothing else
-        self.assertEqual(self.counted("idempotent_replays"), 0)  # nothing was sent twice
+            for record in performed:
+                effect = effects.declared(vars(workflow))[record.effect]
+                if effect.lookup is not None:  # found under its key by the next attempt
+                    self.assertEqual(
+                        ledger.history(record.key),
+                        [
+                            (None, "requested", "claimed"),
+                            ("requested", "confirmed", "adopted by lookup"),
+                        ],
+                    )
 
-    def test_a_kill_after_the_receipt_then_resume_sends_nothing(self):
-        crashed = self.workflow(
-            "start", "--thread", "t1", "--operation", "op-1", fail="after-ack=kill"
-        )
-        # SIGKILL: subprocess reports -9 (a shell shows 137). The ticket was committed, and
-        # its receipt is in the ledger; the checkpoint does not know yet.
-        self.assertEqual(crashed.returncode, -signal.SIGKILL, crashed.stderr)
-        self.assertIn({"event": "crash", "at": "after-ack"}, events(crashed))
-        (ticket,) = self.tickets("op-1")
-
-        resumed = self.workflow("resume", "--thread", "t1")
-        self.assertEqual(resumed.returncode, 0, resumed.stderr)
-        # create_ticket ran again and found the receipt: the receiver was not asked again.
-        replayed = [e for e in events(resumed) if e["event"].startswith("effect_")][0]
-        self.assertEqual(
-            replayed, {"event": "effect_receipt", "key": "op-1", "ticket_id": ticket["ticket_id"]}
-        )
-        self.assertEqual(events(resumed)[-1]["event"], "done")
-        self.assertEqual(self.tickets("op-1"), [ticket])
-        self.assertEqual(self.counted("idempotent_replays"), 0)
+    def test_every_effect_killed_after_its_receipt_is_replayed_from_it_not_sent_again(self):
+        # Killed once its receipt is in the ledger and before its node returned: the resume
+        # re-runs the node, which finds the receipt and sends nothing (a replay, which meets
+        # the same point again: skipped, not killed), then sends the next effect: killed.
+        # The point is where a node calls fail("after-ack") after its effect (create_ticket
+        # does): an effect whose node does not is performed once here, and not killed.
+        killed, replays = self.walk("after-ack", "order-1")
+        self.assertGreaterEqual(len(killed), 1)
+        self.assertEqual(replays, len(killed))  # each resume replayed the receipt killed before
+        performed = self.one_effect_per_key_at_each_provider(killed, every_key_killed=False)
+        with effects.Ledger(self.env["CHECKPOINT_DB"]) as ledger:
+            for record in performed:
+                self.assertEqual(
+                    ledger.history(record.key),
+                    [(None, "requested", "claimed"), ("requested", "confirmed", "answered")],
+                )
 
     def test_a_sigterm_drains_at_the_step_boundary_then_resume_leaves_one_ticket(self):
         drained = self.workflow(
@@ -117,6 +113,139 @@ class CrashWindowTest(ServiceTestCase):
         self.assertEqual(code, 0, err)
         self.assertEqual([t["payload"] for t in self.tickets("op-1")], [{"title": "A"}])
         self.assertEqual([t["payload"] for t in self.tickets("op-2")], [{"title": "B"}])
+
+    # helpers
+
+    def setUp(self):
+        super().setUp()
+        self.standin_url = None  # each provider's URL but API_URL's: one stand-in provider
+        if names := provider_urls():
+            self.standin_url = self.standin()
+            self.env.update(dict.fromkeys(names, self.standin_url))
+
+    def walk(self, window, order):
+        """Run a new thread for order (its operation id), killed in `window` of each effect
+        once, resumed after each kill, until a run finishes: ([the killed keys, in order], the
+        replays met and skipped).
+
+        The run is held at the point (a pause) and killed there by this test. At after-ack,
+        only an arrival that follows a send in the same process is a window: a node that
+        re-runs after a kill finds its receipt and meets the point again with nothing sent (a
+        replay), and is let go; a kill there would be met by every resume for ever. The send is
+        seen as a pause at after-send, which also lets this test re-arm the point in time."""
+        command, killed, replays = ["start", "--thread", order, "--operation", order], [], 0
+        for attempt in range(3 * len(effects.declared(vars(workflow))) + 2):  # a hang guard
+            at = self.folder / f"{order}-{window}-{attempt}"
+            sent = self.folder / f"{order}-after-send-{attempt}"
+            spec = f"after-send=pause({sent})" + (
+                f";{window}=pause({at})" * (window != "after-send")
+            )
+            if window == "after-send":
+                at = sent
+            before = self.ledger_states()
+            process, out, err = self.workflow_started(
+                *command, fail=spec, name=f"{order}-{attempt}"
+            )
+            seen_send = window == "after-send"
+            while True:
+                held = functools.partial(stopped, process, at, None if seen_send else sent)
+                self.wait_until(held, f"the run to reach {window} or end", RUN_TIMEOUT_S)
+                if process.poll() is not None:
+                    break
+                if waiting(at) and seen_send:  # in the window: a kill, as a crash would
+                    process.kill()
+                    process.wait()
+                    now = self.ledger_states()  # in the order the keys were claimed
+                    moved = [k for k in now if now[k] != before.get(k)]
+                    self.assertTrue(
+                        moved,
+                        "held after a send, and no ledger row moved: a request it did not record",
+                    )
+                    killed.append(moved[-1])  # the newest
+                    break
+                if waiting(at):  # a replay (or an adoption): nothing sent, not a window
+                    replays += 1
+                    failpoints.unpause(at)
+                    continue
+                seen_send = True  # held after a send: the next arrival at `at` is a window
+                at.unlink(missing_ok=True)  # re-armed: passed by the replay, if any
+                failpoints.unpause(sent)
+            printed = events(out.read_text())
+            if process.returncode == 0:
+                self.assertEqual(printed[-1]["event"], "done", printed)
+                return killed, replays
+            if process.returncode == EXIT_UNSETTLED:  # an effect without lookup: a person
+                self.settle_as_a_person(err)
+            else:
+                self.assertEqual(process.returncode, -signal.SIGKILL, err.read_text())
+            command = ["resume", "--thread", order]
+        self.fail(f"the run did not finish after {attempt + 1} runs; killed {killed}")
+
+    def ledger_states(self):
+        """{key: (state, transitions so far)} of the ledger's rows, in the order claimed."""
+        with effects.Ledger(self.env["CHECKPOINT_DB"]) as ledger:
+            rows = ledger.sql("SELECT key, state FROM effects ORDER BY rowid").fetchall()
+            return {key: (state, len(ledger.history(key))) for key, state in rows}
+
+    def one_effect_per_key_at_each_provider(self, killed, every_key_killed=True):
+        """Every effect declared was performed and killed once in its window; each provider
+        holds under each key the one thing its receipt names, and nothing else was made.
+        Returns the ledger's records."""
+        declared = effects.declared(vars(workflow))
+        client = clients(self.env)
+        with effects.Ledger(self.env["CHECKPOINT_DB"]) as ledger:
+            keys = [key for (key,) in ledger.sql("SELECT key FROM effects")]
+            performed = [ledger.get(key) for key in keys]
+        self.assertEqual({record.effect for record in performed}, set(declared))
+        self.assertEqual(len(set(killed)), len(killed))  # no key killed twice in its window
+        self.assertLessEqual(set(killed), set(keys))
+        if every_key_killed:
+            self.assertEqual(sorted(killed), sorted(keys))
+        for record in performed:
+            self.assertEqual(record.state, "confirmed", record)
+            effect = declared[record.effect]
+            if effect.lookup is not None:  # asked as the effect asks its provider
+                found = effect.lookup(client, record.key)
+                self.assertIsNotNone(found, f"{record.effect} {record.key!r}: nothing found")
+                held, kept = effect.external_id(found), effect.external_id(record.answer)
+                self.assertEqual(str(held), str(kept), record)
+            else:  # no lookup: the stand-in provider's own records are the evidence
+                self.assertIsNotNone(self.standin_url, f"{record.effect}: no stand-in to ask")
+        # Each key's receipt names a thing of its own, not another key's.
+        named = [(r.effect, str(declared[r.effect].external_id(r.answer))) for r in performed]
+        self.assertEqual(len(set(named)), len(named), f"two keys name one thing: {named}")
+        # Nothing made beyond one per key: the providers' own counts of what they made.
+        made_here = made_by_receiver(self.url)
+        if self.standin_url:
+            made_here += len(made(self.standin_url))
+        self.assertEqual(made_here, len(performed))
+        return performed
+
+    def settle_as_a_person(self, err):
+        """A resume stopped (exit 6) at an effect whose provider has no lookup and does not
+        honour its key: what a person does, who asks the provider (here the stand-in, by its own
+        records) and tells the ledger what it made (reconcile --confirmed KEY=ID)."""
+        with effects.Ledger(self.env["CHECKPOINT_DB"]) as ledger:
+            (record,) = ledger.unsettled()
+        effect = effects.declared(vars(workflow))[record.effect]
+        self.assertIsNone(effect.lookup, err.read_text())
+        self.assertIsNotNone(self.standin_url, f"{record.effect}: no stand-in provider to ask")
+        thing = made(self.standin_url)[-1]  # the newest: the run was killed just after it
+        settled = self.workflow("reconcile", "--confirmed", f"{record.key}={thing['id']}")
+        self.assertEqual(settled.returncode, 0, settled.stderr)
+
+
+def stopped(process, at, sent=None):
+    """The run ended, or it is held at `at`, or (sent given) at the pause after a send."""
+    return process.poll() is not None or waiting(at) or (sent is not None and waiting(sent))
+
+
+def waiting(path):
+    """A run is held at the pause whose file is path (it made it), not yet told to go."""
+    try:
+        return path.read_text() != failpoints.GO
+    except FileNotFoundError:
+        return False
 
 
 if __name__ == "__main__":
