@@ -25,8 +25,9 @@ load) to a JSON file (labs/tools/workshop-times.json is one, for labs/WORKSHOP.m
 (effectdrill --html) beside it.
 
 Exit codes: 0 every command as its guide says; 1 some differ; 2 a guide that does not exist;
-3 the lab could not run; 130 stopped with Ctrl-C (through make, the recipe takes the 130 so that
-make adds no "Error 130").
+3 the lab could not run; 130 stopped with Ctrl-C. Through `make demo` on a terminal, make gets
+the Ctrl-C too and dies of it once the demo has cleaned up, so the shell sees 130 from make and
+make adds no "Error 130" (MakeParent).
 """
 
 import contextlib
@@ -1137,11 +1138,56 @@ def record_times(path, demo, backend):
     path.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n", encoding="utf-8")
 
 
+class MakeParent:
+    """`make demo` started the demo (the recipe execs it, so make is its parent) and shares its
+    process group: the terminal's Ctrl-C reaches make too. GNU make's SIGINT handler (4.3,
+    commands.c fatal_error_signal) waits for its child, then dies of the signal itself: the shell
+    sees status 130 and make prints nothing more, unless the child failed (job.c reap_children
+    calls child_error: "Error 130"). So when make is seen handling the SIGINT (Linux's
+    /proc/PID/status: pending, or no longer caught), the demo exits 0 after its one line and
+    make's own death says 130; otherwise (no /proc, a SIGINT sent to the demo alone) it exits
+    130, and make adds its line."""
+
+    SIGINT_BIT = 1 << (signal.SIGINT - 1)
+
+    def __init__(self, pid):
+        self.pid = pid
+
+    @classmethod
+    def find(cls, environ=os.environ):
+        pid = os.getppid()
+        status = cls.status(pid)
+        if "MAKELEVEL" not in environ or status.get("Name", "") not in ("make", "gmake"):
+            return None
+        try:
+            shares_group = os.getpgid(pid) == os.getpgrp()
+        except OSError:
+            return None
+        catches = int(status.get("SigCgt", "0"), 16) & cls.SIGINT_BIT
+        return cls(pid) if shares_group and catches else None
+
+    def interrupted(self):
+        """make got the SIGINT: pending, or its handler running (it sets the default first)."""
+        status = self.status(self.pid)
+        if not status:
+            return False
+        pending = int(status["SigPnd"], 16) | int(status["ShdPnd"], 16)
+        caught = int(status["SigCgt"], 16)
+        return bool(pending & self.SIGINT_BIT or not caught & self.SIGINT_BIT)
+
+    @staticmethod
+    def status(pid):
+        try:
+            text = Path(f"/proc/{pid}/status").read_text(encoding="utf-8")
+        except OSError:
+            return {}
+        return dict(line.split(":\t", 1) for line in text.splitlines() if ":\t" in line)
+
+
 class Foreground:
-    """On a terminal, the demo takes the terminal's foreground in a process group of its own,
-    so that Ctrl-C reaches the demo and the commands it runs, not the `make` that started it
-    (whose "Error 130" or "Interrupt" would follow the demo's one line); given back on the way
-    out."""
+    """On a terminal (and not under make: see MakeParent), the demo takes the terminal's
+    foreground in a process group of its own, so that Ctrl-C reaches the demo and the commands
+    it runs, not the shell or another tool that started it; given back on the way out."""
 
     def __init__(self, fd, group):
         self.fd, self.group = fd, group
@@ -1235,7 +1281,8 @@ def main(argv=None):
     projector = args.projector or (sys.stdout.isatty() and not args.plain)
     width = shutil.get_terminal_size((120, 32)).columns - 1 if projector else WIDTH
     backend = code = None
-    terminal = Foreground.take() if projector else None
+    make = MakeParent.find()  # Ctrl-C reaches make too: it reports it (see MakeParent)
+    terminal = Foreground.take() if projector and make is None else None
     try:
         backend, why = choose_backend(args.backend, args.project, args.port)
         introduce(backend, why, projector)
@@ -1271,7 +1318,7 @@ def main(argv=None):
         )
     if code is None:
         print(f"demo stopped; {'see above' if left else 'nothing left behind'}", file=sys.stderr)
-        return EXIT_STOPPED
+        return EXIT_OK if make is not None and make.interrupted() else EXIT_STOPPED
     return code
 
 
