@@ -24,6 +24,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -285,6 +286,8 @@ def test_ctrl_c_stops_the_demo_and_leaves_nothing_behind(step):
     assert err.decode() == "demo stopped; nothing left behind\n"
     wait_until(lambda: nothing_listens(int(port)), 5, f"port {port} free")
     assert not Path(data_dir).exists()
+    if step:  # a stop at a prompt leaves the same as mid-run: the next demo runs once, below
+        return
     again = subprocess.run(
         [sys.executable, "-m", "labs.tools.demo", "--backend", "local", str(LAB01)],
         cwd=ROOT,
@@ -405,28 +408,78 @@ def test_ctrl_c_while_a_docker_command_runs_leaves_nothing_behind(tmp_path):
     assert leftovers == {"container": [], "volume": [], "network": []}
 
 
-def test_ctrl_c_during_make_demo_is_the_demos_one_line_and_status_130(tmp_path):
-    """`make demo STEP=1` on a terminal (a real pty; make is its session's foreground, as in a
-    shell), Ctrl-C typed at the prompt: the demo's one line and nothing from make after it (no
-    "Error 130", no "Interrupt"), and make itself dies of the SIGINT, which a shell reports as
-    status 130 (a script's `make demo && ...` stops there)."""
+HELD = """# Lab 99: commands that take a while
+
+**What it shows.** Two commands, each held at a failpoint until the test lets it go.
+
+## Hold
+
+```console
+$ docker compose -p stateful-lab down -v --remove-orphans
+$ docker compose -p stateful-lab up -d --build api
+$ docker compose -p stateful-lab run --rm -e FAILPOINTS=after-prepare=pause({first}) \
+    workflow start --thread held --operation held:v1
+{{"event": "prepare", "operation": "held:v1"}}
+{{"created": true, "event": "effect_ack", "ticket_id": 1}}
+{{"event": "done", "key": "held:v1", "mode": "ledger", "operation_id": "held:v1", \
+"ticket_id": 1, "title": "Check supplier configuration"}}
+$ docker compose -p stateful-lab run --rm -e FAILPOINTS=after-prepare=pause({second}) \
+    workflow start --thread held-2 --operation held:v2
+```
+"""
+RUNNING = re.compile(rb"\r  running\.\.\. (\d+) s")
+
+
+def read_pty(master, marker, seen, deadline_s=60):
+    """The pty's output until the pattern marker matches after what was seen (bytes)."""
+    import select
+
+    start, deadline = len(seen), time.monotonic() + deadline_s
+    while not re.search(marker, seen[start:]):
+        if not select.select([master], [], [], max(0, deadline - time.monotonic()))[0]:
+            raise AssertionError(f"no {marker!r} within {deadline_s} s: {seen.decode()}")
+        seen += os.read(master, 4096)
+    return seen
+
+
+def test_make_demo_shows_a_long_command_running_and_ctrl_c_ends_it_with_status_130(tmp_path):
+    """`make demo` on a terminal (a real pty; make is its session's foreground, as in a shell),
+    a guide whose commands are held at a failpoint (pause(PATH)) until the test lets them go, so
+    each must outlast the couple of seconds: a live `running... N s` line appears under the
+    command, and is erased (\\r, erase line) before its output. The second is stopped with a
+    typed Ctrl-C: the demo's one line and nothing from make after it (no "Error 130", no
+    "Interrupt"), and make itself dies of the SIGINT, which a shell reports as status 130 (a
+    script's `make demo && ...` stops there)."""
     import pty
 
+    import failpoints
+
+    first, second = tmp_path / "first", tmp_path / "second"
+    guide = tmp_path / "99-held.md"
+    guide.write_text(HELD.format(first=first, second=second), encoding="utf-8")
     make = [
         "make", "-o", ".venv/.installed", f"PY={sys.executable}", "demo",
-        "BACKEND=local", "STEP=1", f"GUIDES={LAB01}", f"PICTURES={tmp_path}",
+        "BACKEND=local", f"GUIDES={guide}", f"PICTURES={tmp_path}",
     ]  # fmt: skip
     pid, master = pty.fork()
     if pid == 0:  # the child: a session whose controlling terminal is the pty, as a shell's is
         os.chdir(ROOT)
+        os.environ.pop("NO_COLOR", None)
         os.execvp("make", make)
     seen, typed = b"", False
     try:
-        while b"(Enter to run)" not in seen:
-            seen += os.read(master, 4096)
-        wait_until(lambda: children_of(pid), 10, "make's child")
-        (teller,) = children_of(pid)  # the recipe execs the demo: make's only child
-        wait_until(lambda: reading_stdin(teller), 10, "the demo reading the terminal")
+        seen = read_pty(master, rb"--operation held:v1\r\n", seen)  # shown as it runs
+        seen = read_pty(master, RUNNING, seen)  # held: the line must come
+        wait_until(first.exists, 30, "the command at its point")  # it waits there
+        failpoints.unpause(first)
+        seen = read_pty(master, rb'"event": "done"', seen)
+        *_, shown = RUNNING.finditer(seen)
+        assert int(shown.group(1)) >= demo.Running.AFTER_S
+        after = seen[shown.end() :]
+        assert after.startswith(b"\r\x1b[K"), after[:80]  # erased before the output
+        assert after.index(b"\r\x1b[K") < after.index(b'"event": "prepare"')
+        seen = read_pty(master, rb"--operation held:v2\r\n", seen)
+        seen = read_pty(master, RUNNING, seen)  # the second, held until Ctrl-C
         os.write(master, b"\x03")  # Ctrl-C, typed: the terminal sends SIGINT to its foreground
         typed = True
         while True:
