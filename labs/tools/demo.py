@@ -372,6 +372,7 @@ class Operation:
     charges: list = field(default_factory=list)  # the provider's payment ids for it (lab 15)
     deliveries: list = field(default_factory=list)  # the relay's answers: created true/false
     makers: list = field(default_factory=list)  # (ticket_id, who) where a worker made it (10)
+    sent: dict = field(default_factory=dict)  # a drill's: messages to each of its threads (20)
 
     @property
     def duplicated(self):
@@ -426,11 +427,28 @@ class Operation:
                     f"{count} ticket{'' if count == 1 else 's'} on its own {threads} "
                     f"thread{'' if threads == 1 else 's'}"
                 )
+            if self.sent:  # POST /messages: the drill's threads are their `to` (lab 20)
+                said.append(sent_line(self.sent))
             return f"{name}: " + ", ".join(said + self.notes or ["nothing to count"])
         line = f"{name}: {count} ticket{'' if count == 1 else 's'}"
         if count > 1:
             line += " for one operation (duplicate)"
         return ", ".join([line, *self.notes, *self.lessons()])
+
+
+def sent_line(sent):
+    """'66 messages to its own 21 threads (its clean run's got 3, each crash run's 3 to 5)'.
+    effectdrill names its clean run's thread drill-RUN-MODE-clean (core.py)."""
+    total, threads = sum(sent.values()), len(sent)
+    line = f"{total} message{'' if total == 1 else 's'} to its own {threads} thread"
+    line += "" if threads == 1 else "s"
+    clean = [n for to, n in sent.items() if to.endswith("-clean")]
+    crashes = sorted(n for to, n in sent.items() if not to.endswith("-clean"))
+    parts = [f"its clean run's got {sum(clean)}"] if clean else []
+    if crashes:
+        low, high = crashes[0], crashes[-1]
+        parts.append(f"each crash run's {low if low == high else f'{low} to {high}'}")
+    return line + (f" ({', '.join(parts)})" if parts else "")
 
 
 BACKGROUND = "a background worker"
@@ -460,6 +478,7 @@ class Ledger:
     def __init__(self):
         self.operations, self.threads, self.seen, self.owners = {}, {}, set(), {}
         self.workers = False  # a worker command ran: tickets at a verdict are the workers'
+        self.messages_seen = set()  # message ids already counted (a drill's: sent_to)
 
     def operation(self, command):
         """(action, operation name or None) for a command that can make a ticket or says what
@@ -619,6 +638,17 @@ class Ledger:
         if action == "resume" and kinds == ["done"] and not op.done:
             notes.append("resume redid nothing")
         op.notes += [n for n in notes if n not in op.notes]
+
+    def sent_to(self, name, messages):
+        """A drill's messages: those to its own threads (effectdrill's drill-RUN-..., which no
+        other command names) that no earlier drill counted."""
+        for message in messages:
+            if message["message_id"] in self.messages_seen:
+                continue
+            if str(message.get("to", "")).startswith("drill-"):
+                self.messages_seen.add(message["message_id"])
+                sent = self.operations[name].sent
+                sent[message["to"]] = sent.get(message["to"], 0) + 1
 
     def said(self, events):
         """What listing commands and the relay printed, on the operations they concern: the
@@ -880,6 +910,8 @@ class Demo:
             tickets = [] if effect[0] == "says" else self.backend.tickets()
             self.keys.update((t["ticket_id"], t["key"]) for t in tickets)
             ledger.record(*effect, result.stdout, tickets, result.exit_code)
+            if effect[0] == "drill":  # what its runs sent: each email one more (lab 20)
+                ledger.sent_to(effect[1], self.backend.messages())
         if verb == "run":
             last = [x for x in result.stdout.splitlines() if x.startswith("summary: ")]
             self.timeline.append(

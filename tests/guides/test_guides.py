@@ -224,11 +224,25 @@ DEMO_VERDICTS = {
     ),
     "16": (
         [  # the drills' tickets, not "no key" and not an operation each
-            "drill labs.graphs.classify:naive: 18 tickets on its own 17 threads, the drill says: "
+            "drill labs.graphs.classify:naive: 18 tickets on its own 17 threads, 37 messages to "
+            "its own 17 threads (its clean run's got 2, each crash run's 2 to 3), the drill says: "
             "16 crash points, 5 duplicate (email, seats, ticket), 0 missing, 0 failed resumes, "
             "the clean run repeated email (ask_and_email re-ran it after an interrupt)",
-            "drill labs.graphs.classify:fixed: 19 tickets on its own 19 threads, the drill says: "
+            "drill labs.graphs.classify:fixed: 19 tickets on its own 19 threads, 19 messages to "
+            "its own 19 threads (its clean run's got 1, each crash run's 1), the drill says: "
             "18 crash points, 0 duplicate, 0 missing, 0 failed resumes, clean run ok",
+        ],
+        "What the labs showed: 1 of 2 drills found an effect repeated or lost",
+    ),
+    "20": (
+        [  # the emails its runs sent, on the receiver: 2 approved, the clean run's 3 (lab 20)
+            "drill labs.graphs.assistant:naive: 66 messages to its own 21 threads (its clean "
+            "run's got 3, each crash run's 3 to 5), the drill says: 20 crash points, 3 duplicate "
+            "(email-1, email-2), 0 missing, 0 failed resumes, the clean run repeated email-1 "
+            "(approval/review_and_send re-ran it after an interrupt)",
+            "drill labs.graphs.assistant:fixed: 46 messages to its own 23 threads (its clean "
+            "run's got 2, each crash run's 2), the drill says: 22 crash points, 0 duplicate, "
+            "0 missing, 0 failed resumes, clean run ok",
         ],
         "What the labs showed: 1 of 2 drills found an effect repeated or lost",
     ),
