@@ -21,8 +21,9 @@ each operation, what the ledger answered, a drain, a run that said done with no 
 relay's deliveries, the messages a customer got, a status that went back; a drill's own crash
 runs are its own line. --times adds each guide's wall time (and the backend, the commit and the
 load) to a JSON file (labs/tools/workshop-times.json is one, for labs/WORKSHOP.md);
---pictures writes each guide's timeline as DIR/lab-NN.svg and, natively, each drill's HTML report
-(effectdrill --html) beside it.
+--pictures writes each guide's timeline as DIR/lab-NN.svg and each drill's HTML report
+(effectdrill --html) beside it (through Docker, by the drill service's /reports, which
+compose.yaml binds to DIR when LAB_REPORTS names it).
 
 Exit codes: 0 every command as its guide says; 1 some differ; 2 a guide that does not exist;
 3 the lab could not run; 130 stopped with Ctrl-C. Through `make demo` on a terminal, make gets
@@ -864,8 +865,9 @@ class Demo:
         began = time.monotonic()
         report = self.report_path(step)
         if report:  # the drill's own HTML report beside the timeline (effectdrill --html)
+            written = report if self.backend.name == "local" else f"/reports/{report.name}"
             step = Step(
-                f"{step.command} --html {shlex.quote(str(report))}", step.expected, step.exit_code
+                f"{step.command} --html {shlex.quote(str(written))}", step.expected, step.exit_code
             )
         with Running(self.projector and self.style.enabled and not building):
             result = outcome = run_step(step, self.backend)
@@ -925,12 +927,13 @@ class Demo:
         self.count(step.command, result)
 
     def report_path(self, step):
-        """PICTURES/lab-NN-drill-K.html for the guide's Kth drill of a graph (not a replay),
-        natively: the drill writes it where the demo can read it."""
+        """PICTURES/lab-NN-drill-K.html for the guide's Kth drill of a graph (not a replay).
+        Natively the drill writes it there; through Docker to /reports, which compose.yaml binds
+        to PICTURES when LAB_REPORTS names it (main sets it, and LAB_DRILL_USER)."""
         words = parse_command(step.command).run_env()[1]
         if self.pictures is None or words[1:2] != ["drill"] or words[2:3] == ["replay"]:
             return None
-        if self.backend.name != "local" or "--html" in words:
+        if "--html" in words:
             return None
         self.drills += 1
         return Path(self.pictures).resolve() / f"lab-{self.guide[:2]}-drill-{self.drills}.html"
@@ -1252,6 +1255,16 @@ def ignoring(signum):
         signal.signal(signum, previous)
 
 
+def docker_reports(folder):
+    """The environment compose.yaml reads for the drill's /reports: FOLDER (made here, so it is
+    yours) bound there, and the drill run as you, so that its --html report is yours too."""
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    return {
+        "LAB_REPORTS": str(Path(folder).resolve()),
+        "LAB_DRILL_USER": f"{os.getuid()}:{os.getgid()}",
+    }
+
+
 def introduce(backend, why, projector=False):
     if backend.name == "docker":
         where = (
@@ -1320,6 +1333,8 @@ def main(argv=None):
         introduce(backend, why, projector)
         if backend.name == "docker":
             backend.down()  # what an interrupted demo may have left
+            if args.pictures:  # the drill's --html to /reports lands in PICTURES, as yours
+                os.environ.update(docker_reports(args.pictures))
         demo = Demo(backend, style, args.step, projector, width, args.stderr, args.pictures)
         for guide in args.guides:
             demo.tell(guide)

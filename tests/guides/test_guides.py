@@ -442,14 +442,42 @@ def assert_the_drills_stderr_is_the_graphs_own_lines(outcomes):
 
 @pytest.mark.docker
 @pytest.mark.parametrize("guide", each_guide(LONG_DOCKER))
-def test_guide_docker(guide):
+def test_guide_docker(guide, tmp_path, monkeypatch):
     backend = DockerBackend(f"{PROJECT_PREFIX}-{guide.name[:2]}")
     try:
         assert backend.down().exit_code == 0  # leftovers of an interrupted run
-        assert_guide_holds(guide, backend)
+        if guide.name[:2] == "16":
+            assert_the_demos_drill_reports_reach_the_host(guide, backend, tmp_path, monkeypatch)
+        else:
+            assert_guide_holds(guide, backend)
         assert_reset_left_no_volume(guide, backend)
     finally:
         backend.close()
+
+
+def assert_the_demos_drill_reports_reach_the_host(guide, backend, folder, monkeypatch):
+    """`make demo BACKEND=docker` on lab 16, through the demo's own step (Demo.run): each drill
+    gets `--html /reports/lab-16-drill-K.html`, which compose.yaml binds to the demo's pictures
+    folder (demo.docker_reports, as main sets it), so the report is on the host, the user's own,
+    and the demo says where; the guide's commands print what it says all the same."""
+    for name, value in demo.docker_reports(folder).items():
+        monkeypatch.setenv(name, value)
+    teller, ledger = demo.Demo(backend, demo.Style(False), pictures=folder), demo.Ledger()
+    teller.guide = guide.name
+    for step in parse_guide(guide.read_text(encoding="utf-8")):
+        teller.run(step, ledger)
+    outcomes = teller.outcomes
+    assert all(o.ok for o in outcomes), f"{guide.name} differs:\n{describe(outcomes)}"
+    reports = sorted(folder.glob("lab-16-drill-*.html"))
+    assert [r.name for r in reports] == ["lab-16-drill-1.html", "lab-16-drill-2.html"]
+    drills = [o for o in outcomes if " drill " in o.step.command]
+    for report, outcome in zip(reports, drills, strict=True):
+        assert report.stat().st_uid == os.getuid()  # the drill ran as the user: theirs to remove
+        (summary,) = [x for x in outcome.stdout.splitlines() if x.startswith("summary: ")]
+        points = summary.split()[1]  # "summary: 16 crash points, ..."
+        page = report.read_text(encoding="utf-8")
+        assert "labs.graphs.classify" in page and f"{points} crash points" in page, summary
+        assert outcome.step.command.endswith(f"--html /reports/{report.name}")
 
 
 @pytest.mark.docker
