@@ -367,6 +367,7 @@ class Operation:
     notes: list = field(default_factory=list)
     threads: set = field(default_factory=set)  # a tool's: the titles of the tickets it made
     found: bool = False  # a drill's: it exited 1 (an effect repeated or went missing)
+    refused: bool = False  # a drill's: it did not run (exit 2, a usage mistake)
     done: bool = False  # a run said `done` without a ticket (lab 12: the effect silently lost)
     refunds: int = 0  # the receiver's refunds of this operation's charge (lab 13's saga)
     messages: list = field(default_factory=list)  # the texts sent about its ticket (15, 18)
@@ -541,7 +542,7 @@ class Ledger:
         if thread is not None:
             self.threads[thread] = name
 
-    def record(self, action, name, stdout, tickets, exit_code=0):
+    def record(self, action, name, stdout, tickets, exit_code=0, stderr=""):
         tool = name is not None and self.operations[name].mode == TOOL
         events = list(events_in(stdout.splitlines()))
         named = {}  # ticket_id -> operation, as the command's own output says
@@ -587,7 +588,7 @@ class Ledger:
             self.workers = True
         self.said(events)
         if tool:
-            self.tool_said(self.operations[name], stdout, exit_code)
+            self.tool_said(self.operations[name], stdout, exit_code, stderr)
             return
         kinds = [e["event"] for e in events]
         for event in events:  # each on the command's operation, else the one its key names
@@ -713,15 +714,19 @@ class Ledger:
         return max(names, key=len) if names else None
 
     @staticmethod
-    def tool_said(op, stdout, exit_code):
+    def tool_said(op, stdout, exit_code, stderr=""):
         """A drill's verdict is its own summary line (effectdrill: `summary: ...`); exit 1 says
-        it found an effect that repeated or went missing."""
+        it found an effect that repeated or went missing; a drill that did not run (a usage
+        mistake, exit 2: lab 11's interrupt without --resume-with) says why, in its own line."""
         op.found = op.found or exit_code == 1
         summary = [line for line in stdout.splitlines() if line.startswith("summary: ")]
+        why = [line for line in stderr.splitlines() if line.startswith("effectdrill: ")]
         if summary:
             op.notes.append("the drill says: " + summary[-1].removeprefix("summary: "))
         elif exit_code:
-            op.notes.append(f"exit {exit_code}")
+            op.refused = exit_code == EXIT_USAGE
+            said = f": {why[-1].removeprefix('effectdrill: ')}" if why else ""
+            op.notes.append(f"did not run (exit {exit_code}){said}")
 
 
 def tool_name(service, words):
@@ -911,7 +916,7 @@ class Demo:
         if effect:
             tickets = [] if effect[0] == "says" else self.backend.tickets()
             self.keys.update((t["ticket_id"], t["key"]) for t in tickets)
-            ledger.record(*effect, result.stdout, tickets, result.exit_code)
+            ledger.record(*effect, result.stdout, tickets, result.exit_code, result.stderr)
             if effect[0] == "drill":  # what its runs sent: each email one more (lab 20)
                 ledger.sent_to(effect[1], self.backend.messages())
         if verb == "run":
@@ -1003,9 +1008,14 @@ class Demo:
         modes = {}
         for op in self.operations:
             total, duplicated, lost = modes.get(op.mode, (0, 0, 0))
-            modes[op.mode] = (total + 1, duplicated + op.duplicated, lost + op.lost)
+            modes[op.mode] = (  # the third: lost operations, or drills that did not run
+                total + (not op.refused),
+                duplicated + op.duplicated,
+                lost + (op.refused or op.lost),
+            )
         shown = "; ".join(
             f"{dup} of {total} drill{'' if total == 1 else 's'} found an effect repeated or lost"
+            + (f", {lost} more did not run (exit 2)" if lost else "")
             if mode == TOOL
             else f"{mode}: {dup} of {total} operation{'' if total == 1 else 's'} duplicated"
             + (f", {lost} lost" if lost else "")

@@ -210,7 +210,9 @@ DEMO_VERDICTS = {
             "clean run ok",
             "drill labs.graphs.shop:graph: the drill says: 9 crash points, 1 duplicate (charge), "
             "0 missing, 0 failed resumes, clean run ok",
-            "drill labs.graphs.approval:graph: exit 2",
+            "drill labs.graphs.approval:graph: did not run (exit 2): the graph stopped at "
+            "interrupt() in request_refund: give the answer to resume with (--resume-with JSON "
+            "or MODULE:FUNC, or resume_with=)",
             "drill labs.graphs.approval:graph #2: the drill says: 10 crash points, 3 duplicate "
             "(request), 0 missing, 0 failed resumes, the clean run repeated request "
             "(request_refund re-ran it after an interrupt)",
@@ -219,7 +221,8 @@ DEMO_VERDICTS = {
             "drill replay labs.graphs.ticket:graph: the drill says: 1 unfinished thread, every "
             "one resumes",
         ],
-        "What the labs showed: 6 of 9 drills found an effect repeated or lost; "
+        "What the labs showed: 6 of 8 drills found an effect repeated or lost, 1 more did not "
+        "run (exit 2); "
         "ledger: 0 of 1 operation duplicated",
     ),
     "16": (
