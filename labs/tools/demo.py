@@ -635,6 +635,8 @@ class Ledger:
         notes = []
         if "sigterm" in kinds and "drained" not in kinds and "done" in kinds:
             notes.append(f"{action} finished its step after SIGTERM")
+        if exit_code == 3:  # the request may or may not have taken effect (labs 06 and 15)
+            notes.append(f"{action} got no answer (exit 3)")
         if exit_code == 6:
             notes.append(f"{action} stopped for a person (exit 6)")
         if action == "resume" and kinds == ["done"] and not op.done:

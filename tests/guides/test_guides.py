@@ -281,8 +281,8 @@ DEMO_VERDICTS = {
             "resume stopped for a person (exit 6), settled by a person (confirmed), resume took "
             "message 1 from the ledger's receipt, 1 message sent about it",
             # the slow provider: "lookup found nothing, send again" charges twice, the ledger once
-            "case-twice:pay:v1: 1 ticket, reconcile found it at the provider (confirmed), "
-            "2 charges for its one payment (charged 2 times)",
+            "case-twice:pay:v1: 1 ticket, start got no answer (exit 3), reconcile found it at the "
+            "provider (confirmed), 2 charges for its one payment (charged 2 times)",
             "case-once:pay:v1: 1 ticket, start stopped for a person (exit 6), reconcile found it "
             "at the provider (confirmed), resume took payment 3 from the ledger's receipt, "
             "1 charge for its one payment",
