@@ -693,14 +693,27 @@ class Ledger:
         self.webhooks(events)
 
     def webhooks(self, events):
-        """lab.py hooks: the status a ticket ends on, against the newest event applied to it."""
+        """lab.py hooks: the status a ticket ends on, against the newest event applied to it;
+        deliveries refused (a 403: another secret); and the endpoint's mode, which is the
+        lesson's (lab 18: the naive endpoint applies every delivery, the inbox's flags each
+        with "duplicate"), so the closing line counts by it, not by the ticket's `start`."""
         applied = [e for e in events if e["event"] == "webhook" and e.get("applied")]
+        refused = [e for e in events if e["event"] == "webhook_refused"]
         for status in (e for e in events if e["event"] == "ticket_status"):
             owner = self.owners.get(status["ticket_id"])
-            if owner is None or not applied:
+            if owner is None:
                 continue
-            newest = max(applied, key=lambda e: e["version"])
             op = self.operations[owner]
+            if refused:
+                op.notes.append(
+                    f"{len(refused)} deliver{'y' if len(refused) == 1 else 'ies'} refused "
+                    f"({refused[0]['status']}), nothing applied"
+                )
+            if not applied:
+                continue
+            naive = any("duplicate" not in e for e in applied)
+            op.mode = "webhooks, naive endpoint" if naive else "webhooks, inbox"
+            newest = max(applied, key=lambda e: e["version"])
             if status["version"] < newest["version"]:
                 op.notes.append(
                     f"its status went back from {newest['status']} (v{newest['version']}) "
