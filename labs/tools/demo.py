@@ -41,6 +41,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import termios
 import textwrap
 import threading
 import time
@@ -848,9 +849,14 @@ class Demo:
         tell_text(text, self.style, self.width)
 
     def prompt(self):
-        """STEP=1: Enter runs the command; o opens what was folded since the last prompt."""
+        """STEP=1: Enter runs the command; o opens what was folded since the last prompt. Keys
+        typed on a terminal while the last command ran are dropped first (an Enter pressed twice
+        runs one command, not the next one unseen)."""
         s = self.style
         while True:
+            with contextlib.suppress(OSError, ValueError, io.UnsupportedOperation):
+                if os.isatty(sys.stdin.fileno()):
+                    termios.tcflush(sys.stdin.fileno(), termios.TCIFLUSH)
             answer = input(
                 s.dim("  (Enter to run" + ("; o opens the folded" if self.folds else "") + ") ")
             )

@@ -442,6 +442,19 @@ def read_pty(master, marker, seen, deadline_s=60):
     return seen
 
 
+def drain(master):
+    """What the pty holds now, without waiting for more."""
+    import select
+
+    out = b""
+    while select.select([master], [], [], 0)[0]:
+        chunk = os.read(master, 4096)
+        if not chunk:
+            break
+        out += chunk
+    return out
+
+
 def test_make_demo_shows_a_long_command_running_and_ctrl_c_ends_it_with_status_130(tmp_path):
     """`make demo` on a terminal (a real pty; make is its session's foreground, as in a shell),
     a guide whose commands are held at a failpoint (pause(PATH)) until the test lets them go, so
@@ -501,6 +514,39 @@ def test_make_demo_shows_a_long_command_running_and_ctrl_c_ends_it_with_status_1
     assert said.rstrip().endswith("demo stopped; nothing left behind"), said
     assert "make:" not in said and "Traceback" not in said, said
     assert os.waitstatus_to_exitcode(status) == -signal.SIGINT  # a shell's $?: 130
+
+
+def test_an_enter_pressed_twice_runs_one_command_not_the_next(tmp_path):
+    """STEP=1 on a terminal (a real pty): Enter typed twice at a prompt runs that command; the
+    second Enter, typed while it ran, does not answer the next prompt, which waits."""
+    import pty
+
+    pid, master = pty.fork()
+    if pid == 0:
+        os.chdir(ROOT)
+        os.execvp(sys.executable, [sys.executable, "-m", "labs.tools.demo", "--backend", "local",
+                                   "--step", "--pictures", str(tmp_path), str(LAB01)])  # fmt: skip
+    seen, typed = b"", False
+    try:
+        seen = read_pty(master, rb"\(Enter to run", seen)
+        wait_until(lambda: reading_stdin(pid), 10, "the demo reading the terminal")
+        os.write(master, b"\r\r")  # the reset's prompt, answered twice at once
+        seen = read_pty(master, rb"\(Enter to run", seen)  # the next: `up`
+        wait_until(lambda: reading_stdin(pid), 30, "the demo reading the terminal")
+        seen += drain(master)  # all it printed before it began to wait
+        said = seen.decode(errors="replace")
+        assert said.count("(Enter to run") == 2, said  # waiting at `up`, which has not run
+        os.write(master, b"\x03")  # Ctrl-C: the demo's own group (it took the foreground)
+        typed = True
+        with contextlib.suppress(OSError):
+            while chunk := os.read(master, 4096):
+                seen += chunk
+    finally:
+        if not typed:
+            os.kill(pid, signal.SIGINT)
+        _, status = os.waitpid(pid, 0)
+        os.close(master)
+    assert os.waitstatus_to_exitcode(status) == demo.EXIT_STOPPED
 
 
 def test_o_at_the_prompt_opens_what_was_folded(monkeypatch, capsys):
