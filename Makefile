@@ -49,8 +49,9 @@ $(DRILL_OLDEST)/.installed: requirements-drill-oldest.txt
 drill-oldest: $(DRILL_OLDEST)/.installed  ## the oldest LangGraph effectdrill supports, in a second venv (tests/effectdrill/test_versions.py)
 
 demo: $(VENV)/.installed  ## labs 01-03 told to a room (STEP=1 waits for Enter before each command)
-	@$(PY) -m labs.tools.demo --backend $(BACKEND) $(if $(STEP),--step) --pictures $(PICTURES) $(GUIDES) \
-		|| { code=$$?; [ $$code -eq 130 ] || exit $$code; }  # Ctrl-C: the demo's one line, no make "Error 130"
+	@exec $(PY) -m labs.tools.demo --backend $(BACKEND) $(if $(STEP),--step) --pictures $(PICTURES) $(GUIDES)
+#	exec: make is the demo's parent, so on Ctrl-C make dies of the SIGINT after the demo's one line
+#	(status 130, no "Error 130": labs/tools/demo.py, MakeParent)
 
 reset: $(VENV)/.installed  ## your own lab: `down -v --remove-orphans` of project stateful-lab, the native data/ (.venv stays)
 	@$(PY) -m labs.tools.reset

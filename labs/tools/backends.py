@@ -176,6 +176,10 @@ class Backend:
     def tickets(self):
         raise NotImplementedError
 
+    def messages(self):
+        """Every message the receiver holds (its POST /messages, lab 15's email service)."""
+        raise NotImplementedError
+
     def close(self):
         pass
 
@@ -305,6 +309,14 @@ class LocalBackend(Backend):
 
         try:
             return TicketClient(self.env["API_URL"]).tickets()
+        except UserError as error:
+            raise LabError(str(error)) from None
+
+    def messages(self):
+        from workflow import TicketClient, UserError
+
+        try:
+            return TicketClient(self.env["API_URL"]).call("/messages")["messages"]
         except UserError as error:
             raise LabError(str(error)) from None
 
@@ -469,10 +481,17 @@ class DockerBackend(Backend):
         return self.compose_run(["run", "--rm", *options, "workflow", *args], timeout)
 
     def tickets(self):
-        done = self.compose_run(["exec", "-T", "api", "python", "-c", TICKETS_SCRIPT])
+        return self.listing("tickets")
+
+    def messages(self):
+        return self.listing("messages")
+
+    def listing(self, what):
+        script = TICKETS_SCRIPT.replace("/tickets", f"/{what}")
+        done = self.compose_run(["exec", "-T", "api", "python", "-c", script])
         if done.exit_code:
-            raise LabError(f"cannot list the receiver's tickets: {done.stderr.strip()[-300:]}")
-        return json.loads(done.stdout)["tickets"]
+            raise LabError(f"cannot list the receiver's {what}: {done.stderr.strip()[-300:]}")
+        return json.loads(done.stdout)[what]
 
     def close(self):
         self.down()

@@ -21,12 +21,14 @@ each operation, what the ledger answered, a drain, a run that said done with no 
 relay's deliveries, the messages a customer got, a status that went back; a drill's own crash
 runs are its own line. --times adds each guide's wall time (and the backend, the commit and the
 load) to a JSON file (labs/tools/workshop-times.json is one, for labs/WORKSHOP.md);
---pictures writes each guide's timeline as DIR/lab-NN.svg and, natively, each drill's HTML report
-(effectdrill --html) beside it.
+--pictures writes each guide's timeline as DIR/lab-NN.svg and each drill's HTML report
+(effectdrill --html) beside it (through Docker, by the drill service's /reports, which
+compose.yaml binds to DIR when LAB_REPORTS names it).
 
 Exit codes: 0 every command as its guide says; 1 some differ; 2 a guide that does not exist;
-3 the lab could not run; 130 stopped with Ctrl-C (through make, the recipe takes the 130 so that
-make adds no "Error 130").
+3 the lab could not run; 130 stopped with Ctrl-C. Through `make demo` on a terminal, make gets
+the Ctrl-C too and dies of it once the demo has cleaned up, so the shell sees 130 from make and
+make adds no "Error 130" (MakeParent).
 """
 
 import contextlib
@@ -39,6 +41,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import termios
 import textwrap
 import threading
 import time
@@ -365,12 +368,14 @@ class Operation:
     notes: list = field(default_factory=list)
     threads: set = field(default_factory=set)  # a tool's: the titles of the tickets it made
     found: bool = False  # a drill's: it exited 1 (an effect repeated or went missing)
+    refused: bool = False  # a drill's: it did not run (exit 2, a usage mistake)
     done: bool = False  # a run said `done` without a ticket (lab 12: the effect silently lost)
     refunds: int = 0  # the receiver's refunds of this operation's charge (lab 13's saga)
     messages: list = field(default_factory=list)  # the texts sent about its ticket (15, 18)
     charges: list = field(default_factory=list)  # the provider's payment ids for it (lab 15)
     deliveries: list = field(default_factory=list)  # the relay's answers: created true/false
     makers: list = field(default_factory=list)  # (ticket_id, who) where a worker made it (10)
+    sent: dict = field(default_factory=dict)  # a drill's: messages to each of its threads (20)
 
     @property
     def duplicated(self):
@@ -425,11 +430,28 @@ class Operation:
                     f"{count} ticket{'' if count == 1 else 's'} on its own {threads} "
                     f"thread{'' if threads == 1 else 's'}"
                 )
+            if self.sent:  # POST /messages: the drill's threads are their `to` (lab 20)
+                said.append(sent_line(self.sent))
             return f"{name}: " + ", ".join(said + self.notes or ["nothing to count"])
         line = f"{name}: {count} ticket{'' if count == 1 else 's'}"
         if count > 1:
             line += " for one operation (duplicate)"
         return ", ".join([line, *self.notes, *self.lessons()])
+
+
+def sent_line(sent):
+    """'66 messages to its own 21 threads (its clean run's got 3, each crash run's 3 to 5)'.
+    effectdrill names its clean run's thread drill-RUN-MODE-clean (core.py)."""
+    total, threads = sum(sent.values()), len(sent)
+    line = f"{total} message{'' if total == 1 else 's'} to its own {threads} thread"
+    line += "" if threads == 1 else "s"
+    clean = [n for to, n in sent.items() if to.endswith("-clean")]
+    crashes = sorted(n for to, n in sent.items() if not to.endswith("-clean"))
+    parts = [f"its clean run's got {sum(clean)}"] if clean else []
+    if crashes:
+        low, high = crashes[0], crashes[-1]
+        parts.append(f"each crash run's {low if low == high else f'{low} to {high}'}")
+    return line + (f" ({', '.join(parts)})" if parts else "")
 
 
 BACKGROUND = "a background worker"
@@ -459,6 +481,7 @@ class Ledger:
     def __init__(self):
         self.operations, self.threads, self.seen, self.owners = {}, {}, set(), {}
         self.workers = False  # a worker command ran: tickets at a verdict are the workers'
+        self.messages_seen = set()  # message ids already counted (a drill's: sent_to)
 
     def operation(self, command):
         """(action, operation name or None) for a command that can make a ticket or says what
@@ -520,7 +543,7 @@ class Ledger:
         if thread is not None:
             self.threads[thread] = name
 
-    def record(self, action, name, stdout, tickets, exit_code=0):
+    def record(self, action, name, stdout, tickets, exit_code=0, stderr=""):
         tool = name is not None and self.operations[name].mode == TOOL
         events = list(events_in(stdout.splitlines()))
         named = {}  # ticket_id -> operation, as the command's own output says
@@ -566,7 +589,7 @@ class Ledger:
             self.workers = True
         self.said(events)
         if tool:
-            self.tool_said(self.operations[name], stdout, exit_code)
+            self.tool_said(self.operations[name], stdout, exit_code, stderr)
             return
         kinds = [e["event"] for e in events]
         for event in events:  # each on the command's operation, else the one its key names
@@ -613,11 +636,24 @@ class Ledger:
         notes = []
         if "sigterm" in kinds and "drained" not in kinds and "done" in kinds:
             notes.append(f"{action} finished its step after SIGTERM")
+        if exit_code == 3:  # the request may or may not have taken effect (labs 06 and 15)
+            notes.append(f"{action} got no answer (exit 3)")
         if exit_code == 6:
             notes.append(f"{action} stopped for a person (exit 6)")
         if action == "resume" and kinds == ["done"] and not op.done:
             notes.append("resume redid nothing")
         op.notes += [n for n in notes if n not in op.notes]
+
+    def sent_to(self, name, messages):
+        """A drill's messages: those to its own threads (effectdrill's drill-RUN-..., which no
+        other command names) that no earlier drill counted."""
+        for message in messages:
+            if message["message_id"] in self.messages_seen:
+                continue
+            if str(message.get("to", "")).startswith("drill-"):
+                self.messages_seen.add(message["message_id"])
+                sent = self.operations[name].sent
+                sent[message["to"]] = sent.get(message["to"], 0) + 1
 
     def said(self, events):
         """What listing commands and the relay printed, on the operations they concern: the
@@ -658,14 +694,27 @@ class Ledger:
         self.webhooks(events)
 
     def webhooks(self, events):
-        """lab.py hooks: the status a ticket ends on, against the newest event applied to it."""
+        """lab.py hooks: the status a ticket ends on, against the newest event applied to it;
+        deliveries refused (a 403: another secret); and the endpoint's mode, which is the
+        lesson's (lab 18: the naive endpoint applies every delivery, the inbox's flags each
+        with "duplicate"), so the closing line counts by it, not by the ticket's `start`."""
         applied = [e for e in events if e["event"] == "webhook" and e.get("applied")]
+        refused = [e for e in events if e["event"] == "webhook_refused"]
         for status in (e for e in events if e["event"] == "ticket_status"):
             owner = self.owners.get(status["ticket_id"])
-            if owner is None or not applied:
+            if owner is None:
                 continue
-            newest = max(applied, key=lambda e: e["version"])
             op = self.operations[owner]
+            if refused:
+                op.notes.append(
+                    f"{len(refused)} deliver{'y' if len(refused) == 1 else 'ies'} refused "
+                    f"({refused[0]['status']}), nothing applied"
+                )
+            if not applied:
+                continue
+            naive = any("duplicate" not in e for e in applied)
+            op.mode = "webhooks, naive endpoint" if naive else "webhooks, inbox"
+            newest = max(applied, key=lambda e: e["version"])
             if status["version"] < newest["version"]:
                 op.notes.append(
                     f"its status went back from {newest['status']} (v{newest['version']}) "
@@ -681,15 +730,19 @@ class Ledger:
         return max(names, key=len) if names else None
 
     @staticmethod
-    def tool_said(op, stdout, exit_code):
+    def tool_said(op, stdout, exit_code, stderr=""):
         """A drill's verdict is its own summary line (effectdrill: `summary: ...`); exit 1 says
-        it found an effect that repeated or went missing."""
+        it found an effect that repeated or went missing; a drill that did not run (a usage
+        mistake, exit 2: lab 11's interrupt without --resume-with) says why, in its own line."""
         op.found = op.found or exit_code == 1
         summary = [line for line in stdout.splitlines() if line.startswith("summary: ")]
+        why = [line for line in stderr.splitlines() if line.startswith("effectdrill: ")]
         if summary:
             op.notes.append("the drill says: " + summary[-1].removeprefix("summary: "))
         elif exit_code:
-            op.notes.append(f"exit {exit_code}")
+            op.refused = exit_code == EXIT_USAGE
+            said = f": {why[-1].removeprefix('effectdrill: ')}" if why else ""
+            op.notes.append(f"did not run (exit {exit_code}){said}")
 
 
 def tool_name(service, words):
@@ -796,9 +849,14 @@ class Demo:
         tell_text(text, self.style, self.width)
 
     def prompt(self):
-        """STEP=1: Enter runs the command; o opens what was folded since the last prompt."""
+        """STEP=1: Enter runs the command; o opens what was folded since the last prompt. Keys
+        typed on a terminal while the last command ran are dropped first (an Enter pressed twice
+        runs one command, not the next one unseen)."""
         s = self.style
         while True:
+            with contextlib.suppress(OSError, ValueError, io.UnsupportedOperation):
+                if os.isatty(sys.stdin.fileno()):
+                    termios.tcflush(sys.stdin.fileno(), termios.TCIFLUSH)
             answer = input(
                 s.dim("  (Enter to run" + ("; o opens the folded" if self.folds else "") + ") ")
             )
@@ -833,8 +891,9 @@ class Demo:
         began = time.monotonic()
         report = self.report_path(step)
         if report:  # the drill's own HTML report beside the timeline (effectdrill --html)
+            written = report if self.backend.name == "local" else f"/reports/{report.name}"
             step = Step(
-                f"{step.command} --html {shlex.quote(str(report))}", step.expected, step.exit_code
+                f"{step.command} --html {shlex.quote(str(written))}", step.expected, step.exit_code
             )
         with Running(self.projector and self.style.enabled and not building):
             result = outcome = run_step(step, self.backend)
@@ -878,7 +937,9 @@ class Demo:
         if effect:
             tickets = [] if effect[0] == "says" else self.backend.tickets()
             self.keys.update((t["ticket_id"], t["key"]) for t in tickets)
-            ledger.record(*effect, result.stdout, tickets, result.exit_code)
+            ledger.record(*effect, result.stdout, tickets, result.exit_code, result.stderr)
+            if effect[0] == "drill":  # what its runs sent: each email one more (lab 20)
+                ledger.sent_to(effect[1], self.backend.messages())
         if verb == "run":
             last = [x for x in result.stdout.splitlines() if x.startswith("summary: ")]
             self.timeline.append(
@@ -892,12 +953,13 @@ class Demo:
         self.count(step.command, result)
 
     def report_path(self, step):
-        """PICTURES/lab-NN-drill-K.html for the guide's Kth drill of a graph (not a replay),
-        natively: the drill writes it where the demo can read it."""
+        """PICTURES/lab-NN-drill-K.html for the guide's Kth drill of a graph (not a replay).
+        Natively the drill writes it there; through Docker to /reports, which compose.yaml binds
+        to PICTURES when LAB_REPORTS names it (main sets it, and LAB_DRILL_USER)."""
         words = parse_command(step.command).run_env()[1]
         if self.pictures is None or words[1:2] != ["drill"] or words[2:3] == ["replay"]:
             return None
-        if self.backend.name != "local" or "--html" in words:
+        if "--html" in words:
             return None
         self.drills += 1
         return Path(self.pictures).resolve() / f"lab-{self.guide[:2]}-drill-{self.drills}.html"
@@ -967,9 +1029,14 @@ class Demo:
         modes = {}
         for op in self.operations:
             total, duplicated, lost = modes.get(op.mode, (0, 0, 0))
-            modes[op.mode] = (total + 1, duplicated + op.duplicated, lost + op.lost)
+            modes[op.mode] = (  # the third: lost operations, or drills that did not run
+                total + (not op.refused),
+                duplicated + op.duplicated,
+                lost + (op.refused or op.lost),
+            )
         shown = "; ".join(
             f"{dup} of {total} drill{'' if total == 1 else 's'} found an effect repeated or lost"
+            + (f", {lost} more did not run (exit 2)" if lost else "")
             if mode == TOOL
             else f"{mode}: {dup} of {total} operation{'' if total == 1 else 's'} duplicated"
             + (f", {lost} lost" if lost else "")
@@ -1137,11 +1204,56 @@ def record_times(path, demo, backend):
     path.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n", encoding="utf-8")
 
 
+class MakeParent:
+    """`make demo` started the demo (the recipe execs it, so make is its parent) and shares its
+    process group: the terminal's Ctrl-C reaches make too. GNU make's SIGINT handler (4.3,
+    commands.c fatal_error_signal) waits for its child, then dies of the signal itself: the shell
+    sees status 130 and make prints nothing more, unless the child failed (job.c reap_children
+    calls child_error: "Error 130"). So when make is seen handling the SIGINT (Linux's
+    /proc/PID/status: pending, or no longer caught), the demo exits 0 after its one line and
+    make's own death says 130; otherwise (no /proc, a SIGINT sent to the demo alone) it exits
+    130, and make adds its line."""
+
+    SIGINT_BIT = 1 << (signal.SIGINT - 1)
+
+    def __init__(self, pid):
+        self.pid = pid
+
+    @classmethod
+    def find(cls, environ=os.environ):
+        pid = os.getppid()
+        status = cls.status(pid)
+        if "MAKELEVEL" not in environ or status.get("Name", "") not in ("make", "gmake"):
+            return None
+        try:
+            shares_group = os.getpgid(pid) == os.getpgrp()
+        except OSError:
+            return None
+        catches = int(status.get("SigCgt", "0"), 16) & cls.SIGINT_BIT
+        return cls(pid) if shares_group and catches else None
+
+    def interrupted(self):
+        """make got the SIGINT: pending, or its handler running (it sets the default first)."""
+        status = self.status(self.pid)
+        if not status:
+            return False
+        pending = int(status["SigPnd"], 16) | int(status["ShdPnd"], 16)
+        caught = int(status["SigCgt"], 16)
+        return bool(pending & self.SIGINT_BIT or not caught & self.SIGINT_BIT)
+
+    @staticmethod
+    def status(pid):
+        try:
+            text = Path(f"/proc/{pid}/status").read_text(encoding="utf-8")
+        except OSError:
+            return {}
+        return dict(line.split(":\t", 1) for line in text.splitlines() if ":\t" in line)
+
+
 class Foreground:
-    """On a terminal, the demo takes the terminal's foreground in a process group of its own,
-    so that Ctrl-C reaches the demo and the commands it runs, not the `make` that started it
-    (whose "Error 130" or "Interrupt" would follow the demo's one line); given back on the way
-    out."""
+    """On a terminal (and not under make: see MakeParent), the demo takes the terminal's
+    foreground in a process group of its own, so that Ctrl-C reaches the demo and the commands
+    it runs, not the shell or another tool that started it; given back on the way out."""
 
     def __init__(self, fd, group):
         self.fd, self.group = fd, group
@@ -1172,6 +1284,16 @@ def ignoring(signum):
         yield
     finally:
         signal.signal(signum, previous)
+
+
+def docker_reports(folder):
+    """The environment compose.yaml reads for the drill's /reports: FOLDER (made here, so it is
+    yours) bound there, and the drill run as you, so that its --html report is yours too."""
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    return {
+        "LAB_REPORTS": str(Path(folder).resolve()),
+        "LAB_DRILL_USER": f"{os.getuid()}:{os.getgid()}",
+    }
 
 
 def introduce(backend, why, projector=False):
@@ -1235,12 +1357,15 @@ def main(argv=None):
     projector = args.projector or (sys.stdout.isatty() and not args.plain)
     width = shutil.get_terminal_size((120, 32)).columns - 1 if projector else WIDTH
     backend = code = None
-    terminal = Foreground.take() if projector else None
+    make = MakeParent.find()  # Ctrl-C reaches make too: it reports it (see MakeParent)
+    terminal = Foreground.take() if projector and make is None else None
     try:
         backend, why = choose_backend(args.backend, args.project, args.port)
         introduce(backend, why, projector)
         if backend.name == "docker":
             backend.down()  # what an interrupted demo may have left
+            if args.pictures:  # the drill's --html to /reports lands in PICTURES, as yours
+                os.environ.update(docker_reports(args.pictures))
         demo = Demo(backend, style, args.step, projector, width, args.stderr, args.pictures)
         for guide in args.guides:
             demo.tell(guide)
@@ -1271,7 +1396,7 @@ def main(argv=None):
         )
     if code is None:
         print(f"demo stopped; {'see above' if left else 'nothing left behind'}", file=sys.stderr)
-        return EXIT_STOPPED
+        return EXIT_OK if make is not None and make.interrupted() else EXIT_STOPPED
     return code
 
 

@@ -210,7 +210,9 @@ DEMO_VERDICTS = {
             "clean run ok",
             "drill labs.graphs.shop:graph: the drill says: 9 crash points, 1 duplicate (charge), "
             "0 missing, 0 failed resumes, clean run ok",
-            "drill labs.graphs.approval:graph: exit 2",
+            "drill labs.graphs.approval:graph: did not run (exit 2): the graph stopped at "
+            "interrupt() in request_refund: give the answer to resume with (--resume-with JSON "
+            "or MODULE:FUNC, or resume_with=)",
             "drill labs.graphs.approval:graph #2: the drill says: 10 crash points, 3 duplicate "
             "(request), 0 missing, 0 failed resumes, the clean run repeated request "
             "(request_refund re-ran it after an interrupt)",
@@ -219,16 +221,31 @@ DEMO_VERDICTS = {
             "drill replay labs.graphs.ticket:graph: the drill says: 1 unfinished thread, every "
             "one resumes",
         ],
-        "What the labs showed: 6 of 9 drills found an effect repeated or lost; "
+        "What the labs showed: 6 of 8 drills found an effect repeated or lost, 1 more did not "
+        "run (exit 2); "
         "ledger: 0 of 1 operation duplicated",
     ),
     "16": (
         [  # the drills' tickets, not "no key" and not an operation each
-            "drill labs.graphs.classify:naive: 18 tickets on its own 17 threads, the drill says: "
+            "drill labs.graphs.classify:naive: 18 tickets on its own 17 threads, 37 messages to "
+            "its own 17 threads (its clean run's got 2, each crash run's 2 to 3), the drill says: "
             "16 crash points, 5 duplicate (email, seats, ticket), 0 missing, 0 failed resumes, "
             "the clean run repeated email (ask_and_email re-ran it after an interrupt)",
-            "drill labs.graphs.classify:fixed: 19 tickets on its own 19 threads, the drill says: "
+            "drill labs.graphs.classify:fixed: 19 tickets on its own 19 threads, 19 messages to "
+            "its own 19 threads (its clean run's got 1, each crash run's 1), the drill says: "
             "18 crash points, 0 duplicate, 0 missing, 0 failed resumes, clean run ok",
+        ],
+        "What the labs showed: 1 of 2 drills found an effect repeated or lost",
+    ),
+    "20": (
+        [  # the emails its runs sent, on the receiver: 2 approved, the clean run's 3 (lab 20)
+            "drill labs.graphs.assistant:naive: 66 messages to its own 21 threads (its clean "
+            "run's got 3, each crash run's 3 to 5), the drill says: 20 crash points, 3 duplicate "
+            "(email-1, email-2), 0 missing, 0 failed resumes, the clean run repeated email-1 "
+            "(approval/review_and_send re-ran it after an interrupt)",
+            "drill labs.graphs.assistant:fixed: 46 messages to its own 23 threads (its clean "
+            "run's got 2, each crash run's 2), the drill says: 22 crash points, 0 duplicate, "
+            "0 missing, 0 failed resumes, clean run ok",
         ],
         "What the labs showed: 1 of 2 drills found an effect repeated or lost",
     ),
@@ -264,8 +281,8 @@ DEMO_VERDICTS = {
             "resume stopped for a person (exit 6), settled by a person (confirmed), resume took "
             "message 1 from the ledger's receipt, 1 message sent about it",
             # the slow provider: "lookup found nothing, send again" charges twice, the ledger once
-            "case-twice:pay:v1: 1 ticket, reconcile found it at the provider (confirmed), "
-            "2 charges for its one payment (charged 2 times)",
+            "case-twice:pay:v1: 1 ticket, start got no answer (exit 3), reconcile found it at the "
+            "provider (confirmed), 2 charges for its one payment (charged 2 times)",
             "case-once:pay:v1: 1 ticket, start stopped for a person (exit 6), reconcile found it "
             "at the provider (confirmed), resume took payment 3 from the ledger's receipt, "
             "1 charge for its one payment",
@@ -278,9 +295,10 @@ DEMO_VERDICTS = {
             "case-hook-1:open-ticket:v1: 1 ticket, its status went back from resolved (v3) to "
             "opened (v1), 2 messages sent about it, the same one 2 times (a double notice)",
             "case-hook-2:open-ticket:v1: 1 ticket, 4 deliveries seen before, flagged duplicate: "
-            "true, 1 message sent about it",
-        ],
-        "What the labs showed: ledger: 1 of 2 operations duplicated",
+            "true, 3 deliveries refused (403), nothing applied, 1 message sent about it",
+        ],  # counted by the endpoint's mode, not the tickets' (the ledger made both, once)
+        "What the labs showed: webhooks, naive endpoint: 1 of 1 operation duplicated; "
+        "webhooks, inbox: 0 of 1 operation duplicated",
     ),
     "19": (
         [  # the relay's deliveries, and what the receiver made of them
@@ -428,14 +446,42 @@ def assert_the_drills_stderr_is_the_graphs_own_lines(outcomes):
 
 @pytest.mark.docker
 @pytest.mark.parametrize("guide", each_guide(LONG_DOCKER))
-def test_guide_docker(guide):
+def test_guide_docker(guide, tmp_path, monkeypatch):
     backend = DockerBackend(f"{PROJECT_PREFIX}-{guide.name[:2]}")
     try:
         assert backend.down().exit_code == 0  # leftovers of an interrupted run
-        assert_guide_holds(guide, backend)
+        if guide.name[:2] == "16":
+            assert_the_demos_drill_reports_reach_the_host(guide, backend, tmp_path, monkeypatch)
+        else:
+            assert_guide_holds(guide, backend)
         assert_reset_left_no_volume(guide, backend)
     finally:
         backend.close()
+
+
+def assert_the_demos_drill_reports_reach_the_host(guide, backend, folder, monkeypatch):
+    """`make demo BACKEND=docker` on lab 16, through the demo's own step (Demo.run): each drill
+    gets `--html /reports/lab-16-drill-K.html`, which compose.yaml binds to the demo's pictures
+    folder (demo.docker_reports, as main sets it), so the report is on the host, the user's own,
+    and the demo says where; the guide's commands print what it says all the same."""
+    for name, value in demo.docker_reports(folder).items():
+        monkeypatch.setenv(name, value)
+    teller, ledger = demo.Demo(backend, demo.Style(False), pictures=folder), demo.Ledger()
+    teller.guide = guide.name
+    for step in parse_guide(guide.read_text(encoding="utf-8")):
+        teller.run(step, ledger)
+    outcomes = teller.outcomes
+    assert all(o.ok for o in outcomes), f"{guide.name} differs:\n{describe(outcomes)}"
+    reports = sorted(folder.glob("lab-16-drill-*.html"))
+    assert [r.name for r in reports] == ["lab-16-drill-1.html", "lab-16-drill-2.html"]
+    drills = [o for o in outcomes if " drill " in o.step.command]
+    for report, outcome in zip(reports, drills, strict=True):
+        assert report.stat().st_uid == os.getuid()  # the drill ran as the user: theirs to remove
+        (summary,) = [x for x in outcome.stdout.splitlines() if x.startswith("summary: ")]
+        points = summary.split()[1]  # "summary: 16 crash points, ..."
+        page = report.read_text(encoding="utf-8")
+        assert "labs.graphs.classify" in page and f"{points} crash points" in page, summary
+        assert outcome.step.command.endswith(f"--html /reports/{report.name}")
 
 
 @pytest.mark.docker

@@ -167,7 +167,12 @@ def test_compose_file_shape():
         assert "no-new-privileges:true" in config["security_opt"], service
         assert "/tmp" in config["tmpfs"], service
         assert config["networks"] == ["lab"], service
-    assert set(spec["volumes"]) == {*owners.values(), "postgres-data"}  # postgres-data: scale
+    assert set(spec["volumes"]) == {*owners.values(), "postgres-data", "report-data"}
+    drill = services["drill"]  # hardened as the others; its one writable mount: --html's reports
+    reports = "${LAB_REPORTS:-report-data}:/reports"  # a volume, or a folder the user names
+    assert drill["volumes"] == ["checkpoint-data:/data:ro", reports]
+    assert drill["read_only"] is True and drill["cap_drop"] == ["ALL"]
+    assert drill["user"] == "${LAB_DRILL_USER:-10001:10001}"  # the image's user unless told
     assert spec["networks"]["lab"]["internal"] is True
     # Only `up` starts or recreates the api: no `run` of the workflow or the drill touches it
     # (tests/guides/test_guides.py, test_a_run_without_the_override_leaves_the_receiver_alone).
