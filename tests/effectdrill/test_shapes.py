@@ -309,15 +309,31 @@ def test_a_retry_that_repeats_an_effect_is_flagged_in_the_clean_run_without_expe
     assert keyed.clean["sync"]["notice"] == 1 and keyed.ok
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="a known race: the drill counts a task's effects when it reads the task's result off "
-    "LangGraph's stream, and a subgraph's events can be read after the next task has run, "
-    "so confirm's effect is sometimes put on draft (1 of 6 runs at load 8): see the note",
-)
 def test_a_repeat_in_a_subgraph_is_pinned_on_its_node():
     report = effectdrill.drill(subapproval.build, INPUT, subapproval.observe, resume_with=True)
     assert report.clean_findings() == {"sent": "review/confirm re-ran it after an interrupt"}
+
+
+@pytest.mark.parametrize("build", [subapproval.build, subapproval.build_async])
+def test_a_repeat_is_pinned_on_its_node_however_late_the_stream_is_read(build, monkeypatch):
+    """Effects are counted in the task that made them, as it ends, not when its result is read
+    off LangGraph's stream: read after the whole invoke ran (the latest a reader can be), the
+    subgraph's repeat is still confirm's, and the retry's still notify's."""
+    stream, astream = effectdrill.core.Plan.stream, effectdrill.core.Plan.astream
+
+    def late(self, *args, **kwargs):  # every event of the invoke read once it has ended
+        return iter(list(stream(self, *args, **kwargs)))
+
+    async def alate(self, *args, **kwargs):
+        for chunk in [chunk async for chunk in astream(self, *args, **kwargs)]:
+            yield chunk
+
+    monkeypatch.setattr(effectdrill.core.Plan, "stream", late)
+    monkeypatch.setattr(effectdrill.core.Plan, "astream", alate)
+    report = effectdrill.drill(build, INPUT, subapproval.observe, resume_with=True)
+    assert report.clean_findings() == {"sent": "review/confirm re-ran it after an interrupt"}
+    retried = effectdrill.drill(retrying.build, INPUT, retrying.observe)
+    assert retried.clean_findings() == {"notice": "notify re-ran it on a retry, by its RetryPolicy"}
 
 
 def test_rows_of_a_subgraph_drill_carry_their_threads():
