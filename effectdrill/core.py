@@ -16,6 +16,7 @@ import asyncio
 import gc
 import itertools
 import json
+import linecache
 import os
 import pickle
 import re
@@ -1140,6 +1141,9 @@ class Killer(Counter):
                 except TimeoutError:
                     break
             die()
+        with self.changed:
+            self.held_keys.add(key)
+            self.watch()
         await asyncio.Event().wait()  # held: this call never finishes
 
     def decide(self, call):
@@ -1279,14 +1283,25 @@ def all_blocked(ours=()):
 
 THREADING = os.sep + "threading.py"
 IDLE_WORKER = os.path.join("concurrent", "futures", "thread.py")
+SELECTORS = os.sep + "selectors.py"
+AIOSQLITE = os.path.join("aiosqlite", "core.py")
 
 
 def blocked(frame):
     """A thread's innermost frame waits with no end of its own: a threading.py wait or acquire
-    with no timeout (a timed one ends by itself: a poll), or an idle pool worker."""
+    with no timeout (a timed one ends by itself: a poll), an idle pool worker, an idle event
+    loop, or an idle aiosqlite connection's worker."""
     code, local = frame.f_code, frame.f_locals
     if code.co_filename.endswith(IDLE_WORKER):  # and nothing queued it has yet to take
         return code.co_name == "_worker" and getattr(local.get("work_queue"), "empty", bool)()
+    if code.co_filename.endswith(SELECTORS):
+        return idle_loop(code, local)
+    if code.co_filename.endswith(AIOSQLITE):  # waits in tx.get() for a call, none queued
+        return (
+            code.co_name == "_connection_worker_thread"
+            and "tx.get()" in linecache.getline(code.co_filename, frame.f_lineno)
+            and getattr(local.get("tx"), "empty", bool)()
+        )
     if not code.co_filename.endswith(THREADING):
         return False
     if code.co_name not in ("wait", "wait_for", "acquire", "_wait_for_tstate_lock"):
@@ -1296,6 +1311,17 @@ def blocked(frame):
         return False
     timeout = local.get("timeout")
     return timeout is None or (code.co_name == "_wait_for_tstate_lock" and timeout == -1)
+
+
+def idle_loop(code, local):
+    """An asyncio event loop in its selector's select() with nothing to wait for: no timeout
+    (BaseEventLoop._run_once passes None when no callback is ready and no timer is scheduled;
+    EpollSelector.select makes it -1) and no socket but the loop's own wake-up pipe
+    (_UnixSelectorEventLoop's self-pipe, registered first): only another thread can wake it."""
+    if code.co_name != "select" or local.get("timeout") not in (None, -1):
+        return False
+    selector = local.get("self")
+    return selector is not None and len(selector.get_map()) <= 1
 
 
 def numbered(label, occurrence):

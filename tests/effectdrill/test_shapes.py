@@ -268,15 +268,17 @@ def test_the_prebuilt_agents_tool_calls_are_named_by_their_send():
     assert len(report.rows) == 3 + 2 + 3 + 3
 
 
-def test_a_state_langgraph_waits_for_ends_at_once_with_no_verdict(monkeypatch):
+@pytest.mark.parametrize("build", [handler.build, handler.build_async])
+def test_a_state_langgraph_waits_for_ends_at_once_with_no_verdict(build, monkeypatch):
     """An error handler's input (the failed task's error) is saved, and LangGraph waits for it
     before the handler runs: holding that save back cannot make the row's state, so the child
     ends as soon as LangGraph waits on it (not at the hold deadline, made short here so that a
-    wait would show as "held") and the row says so, with no counts and no verdict."""
+    wait would show as "held") and the row says so, with no counts and no verdict. An async
+    graph's child sees it too: its event loop waits with nothing to wake it."""
     import effectdrill.core
 
     monkeypatch.setattr(effectdrill.core, "HOLD_DEADLINE_S", 3.0)
-    report = effectdrill.drill(handler.build, INPUT, handler.observe)
+    report = effectdrill.drill(build, INPUT, handler.observe)
 
     unreached = [row for row in report.rows if row.verdict == "not reached"]
     assert [row.point for row in unreached] == [
