@@ -14,6 +14,7 @@ nodes are drilled through LangGraph's async API and async savers. Checked on Lan
 
 import asyncio
 import gc
+import importlib
 import itertools
 import json
 import linecache
@@ -55,7 +56,7 @@ PUSH_PREFIX = "~__pregel_push, "  # of a Send's task or an @task call (_algo.tas
 
 HTTP_SAW_NOTHING = (
     "--observe http: the clean run sent no POST or PATCH the observer sees (http.client, "
-    "httpx, httpx2; not aiohttp, gRPC or a database), or --http-ignore left them all out: "
+    "httpx, httpx2, aiohttp; not gRPC or a database), or --http-ignore left them all out: "
     "no repeat could show; count the effects with --observe MODULE:FUNC"
 )
 
@@ -977,9 +978,9 @@ def task_of(metadata):
 def task_clock(trace):
     """A TaskClock for `trace` (its class made here: LangChain comes with LangGraph, imported
     when a graph is drilled, not with this module)."""
-    from langchain_core.callbacks import BaseCallbackHandler
+    callbacks = importlib.import_module("langchain_core.callbacks")  # langgraph depends on it
 
-    class TaskClock(BaseCallbackHandler):
+    class TaskClock(callbacks.BaseCallbackHandler):
         """LangChain callbacks that LangGraph runs in each task, in the task's own thread (or
         coroutine) as it starts and ends: a task's outermost run (RunnableSeq._start in
         langgraph/_internal/_runnable.py) is an attempt of it; the runs inside it are not."""
