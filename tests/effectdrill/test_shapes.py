@@ -334,8 +334,11 @@ def test_a_repeat_is_pinned_on_its_node_however_late_the_stream_is_read(build, m
     monkeypatch.setattr(effectdrill.core.Plan, "astream", alate)
     report = effectdrill.drill(build, INPUT, subapproval.observe, resume_with=True)
     assert report.clean_findings() == {"sent": "review/confirm re-ran it after an interrupt"}
-    retried = effectdrill.drill(retrying.build, INPUT, retrying.observe)
-    assert retried.clean_findings() == {"notice": "notify re-ran it on a retry, by its RetryPolicy"}
+    if build is subapproval.build:  # and a retry's attempts (once: a sync graph)
+        retried = effectdrill.drill(retrying.build, INPUT, retrying.observe)
+        assert retried.clean_findings() == {
+            "notice": "notify re-ran it on a retry, by its RetryPolicy"
+        }
 
 
 def test_rows_of_a_subgraph_drill_carry_their_threads():
