@@ -274,26 +274,42 @@ def test_a_state_langgraph_waits_for_ends_at_once_with_no_verdict(build, monkeyp
     before the handler runs: holding that save back cannot make the row's state, so the child
     ends as soon as LangGraph waits on it (not at the hold deadline, made short here so that a
     wait would show as "held") and the row says so, with no counts and no verdict. An async
-    graph's child sees it too: its event loop waits with nothing to wake it."""
+    graph's child sees it too: its event loop waits with nothing to wake it.
+
+    Not always, under sync: Pregel.stream's runner (PregelRunner.tick, langgraph/pregel/
+    _runner.py) wakes from concurrent.futures.wait when the failed task's future is set, which
+    is before its done-callback commits the error writes (Future.set_exception notifies
+    waiters, then runs callbacks), so schedule_error_handler (_loop.py) may find no save to
+    wait for and run the handler first: then the state is reached, and the row is a row."""
     import effectdrill.core
 
     monkeypatch.setattr(effectdrill.core, "HOLD_DEADLINE_S", 3.0)
     report = effectdrill.drill(build, INPUT, handler.observe)
 
-    unreached = [row for row in report.rows if row.verdict == "not reached"]
-    assert [row.point for row in unreached] == [
+    waited_on = [
         "put_writes send [__error__, __error_source_node__] (others saved)",
         "put_writes send (error handler) + send (none saved)",
     ]
+    unreached = [row for row in report.rows if row.verdict == "not reached"]
+    assert {row.point for row in unreached} <= set(waited_on)
+    if build is handler.build_async:  # its runner commits before it looks: no race
+        assert [row.point for row in unreached] == waited_on
+    assert not any(run.saved.endswith("(held 3 s)") for row in report.rows for run in row.runs)
     assert all(
         run.saved == "point not reached" and run.counts == {} for r in unreached for run in r.runs
     )
     assert all(row.counts("sent") == [] and not row.duplicates() for row in unreached)
+    raced = [row for row in report.rows if row.point in waited_on and row not in unreached]
+    assert all(row.runs[0].reached and row.duplicates() for row in raced)  # reached: a row
     assert report.unreached == [{"durability": "sync", "point": r.point} for r in unreached]
-    assert report.table().splitlines()[-1].endswith("2 not reached, clean run ok")
+    assert (
+        report.table()
+        .splitlines()[-1]
+        .endswith(f"{len(unreached)} not reached, clean run ok" if unreached else "clean run ok")
+    )
     assert_cells_whole(report)  # "__error_handler__send, send" is wider than its column
     # The handler's own writes, lost: it runs again (sent happened once, in the failed node).
-    assert [f["point"] for f in report.duplicates] == [
+    assert [f["point"] for f in report.duplicates if f["point"] not in waited_on] == [
         "put_writes send (error handler) [recovered] (others saved)",
         "put step 1",
     ]
