@@ -125,6 +125,22 @@ def test_aiohttp_requests_are_seen_sync_and_async(api, build):
     assert not report.ok
 
 
+@pytest.mark.fast
+def test_the_observer_patches_aiohttp_only_where_the_graph_imported_it():
+    """Importing aiohttp costs about 0.3 s a drill: the observer patches it when the graph's
+    modules imported it (as the test graph above does at its top), and never imports it."""
+    check = (
+        "import sys\nfrom effectdrill import outbound\n"
+        "if sys.argv[1] == 'imported':\n    import aiohttp\n"
+        "with outbound.recording():\n"
+        "    aiohttp = sys.modules.get('aiohttp')\n"
+        "    print(aiohttp is not None and aiohttp.ClientRequest.send.__name__)\n"
+    )
+    for imported, seen in (("imported", "recording_send"), ("not", "False")):
+        done = run([sys.executable, "-c", check, imported], cwd=ROOT)
+        assert (done.returncode, done.stdout.strip()) == (0, seen), done.stderr
+
+
 def test_a_clean_run_the_http_observer_saw_nothing_of_is_not_a_green_drill(api, tmp_path):
     """An application whose effects go through a client the observer does not see (a raw
     socket, say) drilled green: 0 duplicates, exit 0, for an appointment booked twice."""
