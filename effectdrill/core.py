@@ -14,9 +14,10 @@ nodes are drilled through LangGraph's async API and async savers. Checked on Lan
 
 import asyncio
 import gc
+import importlib
 import itertools
 import json
-import logging
+import linecache
 import os
 import pickle
 import re
@@ -55,7 +56,7 @@ PUSH_PREFIX = "~__pregel_push, "  # of a Send's task or an @task call (_algo.tas
 
 HTTP_SAW_NOTHING = (
     "--observe http: the clean run sent no POST or PATCH the observer sees (http.client, "
-    "httpx, httpx2; not aiohttp, gRPC or a database), or --http-ignore left them all out: "
+    "httpx, httpx2, aiohttp; not gRPC or a database), or --http-ignore left them all out: "
     "no repeat could show; count the effects with --observe MODULE:FUNC"
 )
 
@@ -437,8 +438,7 @@ class Plan:
         recorder = Recorder()
         trace = Trace(self, thread, recorder)
         try:
-            with trace.watching_retries():
-                self.run(db, recorder, thread, mode, fresh=True, trace=trace)
+            self.run(db, recorder, thread, mode, fresh=True, trace=trace)
         except DrillError:
             raise
         except Exception as error:
@@ -563,7 +563,7 @@ class Plan:
                 trace.invoke_starts()
             with redirect_stdout(sys.stderr):  # the graph's own prints: stdout is the report's
                 steps = {(): [first_step(state), False]}  # as LangGraph numbers them
-                for chunk in graph.stream(step, config, **self.stream_options(mode)):
+                for chunk in self.stream(graph, step, config, mode, trace):
                     self.seen(chunk, ran, state, trace, steps)
         raise DrillError(f"the graph did not finish in {MAX_INVOKES} invokes (a loop?)")
 
@@ -587,9 +587,18 @@ class Plan:
                     trace.invoke_starts()
                 with redirect_stdout(sys.stderr):
                     steps = {(): [first_step(state), False]}
-                    async for chunk in graph.astream(step, config, **self.stream_options(mode)):
+                    async for chunk in self.astream(graph, step, config, mode, trace):
                         self.seen(chunk, ran, state, trace, steps)
             raise DrillError(f"the graph did not finish in {MAX_INVOKES} invokes (a loop?)")
+
+    def stream(self, graph, step, config, mode, trace=None):
+        """One invoke's stream of task events (the clean run's counts taken in each task)."""
+        config = trace.config(config) if trace else config
+        return graph.stream(step, config, **self.stream_options(mode))
+
+    def astream(self, graph, step, config, mode, trace=None):
+        config = trace.config(config) if trace else config
+        return graph.astream(step, config, **self.stream_options(mode))
 
     def stream_options(self, mode):
         # tasks: each task's start and result, with its id (a task whose writes were saved
@@ -606,8 +615,6 @@ class Plan:
         if "result" not in payload and "error" not in payload:  # a start
             if step[1]:
                 step[:] = [step[0] + 1, False]
-            if trace:
-                trace.task_start(namespace, payload)
             return
         step[1] = True
         where = "/".join(part.split(":")[0] for part in namespace)
@@ -865,70 +872,66 @@ class Ended:
 class Trace:
     """The clean run's tasks: their names by id, and which effects each made, so that a
     repeat made by a node re-run (after an interrupt, or by its RetryPolicy) can be told from
-    counts that are simply more than one. Each effect counted after a stream event is given to
-    the next task whose result arrives (LangGraph emits the events in its own thread after the
-    tasks ran); a subgraph's task reports before the parent's task holding it, so its effects
-    are its own (`child/send`), not its parent node's."""
+    counts that are simply more than one. The counts are taken in the task itself, as it
+    starts and as it ends (TaskClock, LangChain's callbacks that LangGraph runs around each
+    task), not when the stream's events are read: a subgraph's events can be read after the
+    next task ran. What was counted since the last task ended is the ending task's; a
+    subgraph's task ends before its parent's task holding it, so its effects are its own
+    (`child/send`), not its parent node's."""
 
     def __init__(self, plan, thread, recorder):
         self.plan = plan
         self.thread = thread
         self.recorder = recorder
         self.names = {}  # task id -> name
-        self.invokes = []  # per invoke: {task id: {effect: count}} and the interrupted ids
+        self.invokes = []  # per invoke: {task id: {effect: count}}, attempts, interrupted ids
         self.last = {}
-        self.retried = []  # (task name, counts just before LangGraph retried it)
-        self.retry_repeats = {}  # {effect: (times, node)} a retry made again
+        self.lock = threading.Lock()  # tasks side by side end on their own threads
 
     def invoke_starts(self):
         self.last = self.plan.counts(self.thread)
         self.recorder.invoke = len(self.invokes)
-        self.invokes.append({"own": {}, "interrupted": set(), "names": {}, "start": {}})
+        self.invokes.append({"own": {}, "interrupted": set(), "names": {}, "attempts": {}})
 
-    def task_start(self, namespace, payload):
-        self.invokes[-1]["start"][(namespace, payload["name"])] = self.plan.counts(self.thread)
+    def config(self, config):
+        """The invoke's config, with the TaskClock that counts in each task."""
+        return config | {"callbacks": [task_clock(self)]}
 
-    def retrying(self, name):
-        """LangGraph is about to run task `name` again (its RetryPolicy): the counts now."""
-        self.retried.append((name, self.plan.counts(self.thread)))
+    def attempt_starts(self, task):
+        """Task `task` (an id) starts an attempt (a retry by its RetryPolicy is another)."""
+        with self.lock:
+            self.invokes[-1]["attempts"].setdefault(task, []).append(
+                [self.plan.counts(self.thread), None]
+            )
+
+    def attempt_ends(self, task):
+        """It returned or raised (an interrupt, a failure its RetryPolicy retries)."""
+        with self.lock:
+            invoke = self.invokes[-1]
+            now = self.plan.counts(self.thread)
+            own = invoke["own"].setdefault(task, {})
+            for effect, count in now.items():
+                if count > self.last.get(effect, 0):
+                    own[effect] = own.get(effect, 0) + count - self.last.get(effect, 0)
+            self.last = now
+            attempts = invoke["attempts"].get(task)
+            if attempts:
+                attempts[-1][1] = now
 
     def task_result(self, namespace, payload):
+        """A task's result read off the stream: its name and whether it was interrupted."""
         self.names[payload["id"]] = payload["name"]
-        now = self.plan.counts(self.thread)
-        made = {e: n - self.last.get(e, 0) for e, n in now.items() if n > self.last.get(e, 0)}
-        self.last = now
         invoke = self.invokes[-1]
         where = "/".join(part.split(":")[0] for part in namespace)
         name = f"{where}/{payload['name']}" if where else payload["name"]
-        own = invoke["own"].setdefault(payload["id"], {})
-        for effect, count in made.items():
-            own[effect] = own.get(effect, 0) + count
         invoke["names"][payload["id"]] = name
         if payload.get("interrupts"):
             invoke["interrupted"].add(payload["id"])
-        self.attempts(invoke["start"].get((namespace, payload["name"])), payload["name"], now, name)
-
-    def attempts(self, start, task, now, name):
-        """An effect made by an attempt that failed and again by a later one: a retry's."""
-        retries = [counts for retried, counts in self.retried if retried == task]
-        self.retried = [(n, c) for n, c in self.retried if n != task]
-        if start is None or not retries:
-            return
-        marks = [start, *retries, now]
-        made = [
-            {e: n - before.get(e, 0) for e, n in after.items() if n > before.get(e, 0)}
-            for before, after in itertools.pairwise(marks)
-        ]
-        for i, failed in enumerate(made[:-1]):
-            for effect, count in failed.items():
-                again = min(count, sum(later.get(effect, 0) for later in made[i + 1 :]))
-                if again:
-                    times = self.retry_repeats.get(effect, (0, ""))[0] + again
-                    self.retry_repeats[effect] = (times, name)
 
     def reruns(self):
         """{effect: (times, node, why)}: what a task made before its interrupt and again when
-        the resume re-ran it from its first line, or before a retry and again after it."""
+        the resume re-ran it from its first line, or in an attempt that failed and again in a
+        later attempt of the same task (its RetryPolicy's)."""
         found = {}
         for before, after in itertools.pairwise(self.invokes):
             for task in before["interrupted"]:
@@ -939,44 +942,76 @@ class Trace:
                     if again:
                         times = found.get(effect, (0,))[0] + again
                         found[effect] = (times, before["names"][task], "after an interrupt")
-        for effect, (times, node) in self.retry_repeats.items():
+        for effect, (times, node) in self.retry_repeats().items():
             if effect not in found:
                 found[effect] = (times, node, "on a retry, by its RetryPolicy")
         return found
 
-    @contextmanager
-    def watching_retries(self):
-        """Hear LangGraph's retries: run_with_retry (langgraph/pregel/_retry.py) logs "Retrying
-        task NAME ..." at INFO on its logger, in the thread that retries, before it does."""
-        logger = logging.getLogger("langgraph.pregel._retry")
-        heard = RetryHeard(self, logger.getEffectiveLevel(), logger.parent)
-        level, propagate = logger.level, logger.propagate
-        logger.addHandler(heard)
-        if logger.getEffectiveLevel() > logging.INFO:  # the user's handlers see what they did
-            logger.setLevel(logging.INFO)
-            logger.propagate = False
-            heard.forward = True
-        try:
-            yield
-        finally:
-            logger.removeHandler(heard)
-            logger.setLevel(level)
-            logger.propagate = propagate
+    def retry_repeats(self):
+        """{effect: (times, node)}: made by an attempt that failed and again by a later one."""
+        found = {}
+        for invoke in self.invokes:
+            for task, attempts in invoke["attempts"].items():
+                made = [
+                    {e: n - start.get(e, 0) for e, n in end.items() if n > start.get(e, 0)}
+                    for start, end in attempts
+                    if end is not None
+                ]
+                for i, failed in enumerate(made[:-1]):
+                    for effect, count in failed.items():
+                        again = min(count, sum(later.get(effect, 0) for later in made[i + 1 :]))
+                        if again:
+                            times = found.get(effect, (0, ""))[0] + again
+                            found[effect] = (times, invoke["names"].get(task, "?"))
+        return found
 
 
-class RetryHeard(logging.Handler):
-    """Trace's ear on LangGraph's retry log (see Trace.watching_retries)."""
+def task_of(metadata):
+    """The id of the task a LangChain run belongs to, from the metadata LangGraph gives each
+    task's config (`langgraph_checkpoint_ns`, "NODE:TASK_ID", a subgraph's task's
+    "PARENT:ID|NODE:TASK_ID": prepare_single_task in langgraph/pregel/_algo.py), or None."""
+    namespace = (metadata or {}).get("langgraph_checkpoint_ns") or ""
+    last = namespace.split("|")[-1]
+    return last.split(":", 1)[1] if ":" in last else None
 
-    def __init__(self, trace, level, parent):
-        super().__init__(logging.DEBUG)
-        self.trace, self.level_before, self.parent, self.forward = trace, level, parent, False
 
-    def emit(self, record):
-        found = re.match(r"Retrying task (.+?) after ", record.getMessage())
-        if found:
-            self.trace.retrying(found.group(1))
-        if self.forward and record.levelno >= self.level_before and self.parent is not None:
-            self.parent.handle(record)  # what the user's handlers would have had
+def task_clock(trace):
+    """A TaskClock for `trace` (its class made here: LangChain comes with LangGraph, imported
+    when a graph is drilled, not with this module)."""
+    callbacks = importlib.import_module("langchain_core.callbacks")  # langgraph depends on it
+
+    class TaskClock(callbacks.BaseCallbackHandler):
+        """LangChain callbacks that LangGraph runs in each task, in the task's own thread (or
+        coroutine) as it starts and ends: a task's outermost run (RunnableSeq._start in
+        langgraph/_internal/_runnable.py) is an attempt of it; the runs inside it are not."""
+
+        run_inline = True  # in the task's coroutine too, not on an executor thread
+        raise_error = True  # an observer that raised stops the drill (DrillError)
+
+        def __init__(self):
+            self.runs, self.attempts = {}, set()
+
+        def on_chain_start(self, serialized, inputs, *, run_id, parent_run_id=None, **kw):
+            task = task_of(kw.get("metadata"))
+            if task is None:
+                return
+            self.runs[run_id] = task
+            if self.runs.get(parent_run_id) != task:  # the task's outermost run: an attempt
+                self.attempts.add(run_id)
+                trace.attempt_starts(task)
+
+        def on_chain_end(self, outputs, *, run_id, **kw):
+            self.ended(run_id)
+
+        def on_chain_error(self, error, *, run_id, **kw):
+            self.ended(run_id)
+
+        def ended(self, run_id):
+            if run_id in self.attempts:
+                self.attempts.discard(run_id)
+                trace.attempt_ends(self.runs[run_id])
+
+    return TaskClock()
 
 
 # helpers
@@ -1107,6 +1142,9 @@ class Killer(Counter):
                 except TimeoutError:
                     break
             die()
+        with self.changed:
+            self.held_keys.add(key)
+            self.watch()
         await asyncio.Event().wait()  # held: this call never finishes
 
     def decide(self, call):
@@ -1246,14 +1284,25 @@ def all_blocked(ours=()):
 
 THREADING = os.sep + "threading.py"
 IDLE_WORKER = os.path.join("concurrent", "futures", "thread.py")
+SELECTORS = os.sep + "selectors.py"
+AIOSQLITE = os.path.join("aiosqlite", "core.py")
 
 
 def blocked(frame):
     """A thread's innermost frame waits with no end of its own: a threading.py wait or acquire
-    with no timeout (a timed one ends by itself: a poll), or an idle pool worker."""
+    with no timeout (a timed one ends by itself: a poll), an idle pool worker, an idle event
+    loop, or an idle aiosqlite connection's worker."""
     code, local = frame.f_code, frame.f_locals
     if code.co_filename.endswith(IDLE_WORKER):  # and nothing queued it has yet to take
         return code.co_name == "_worker" and getattr(local.get("work_queue"), "empty", bool)()
+    if code.co_filename.endswith(SELECTORS):
+        return idle_loop(code, local)
+    if code.co_filename.endswith(AIOSQLITE):  # waits in tx.get() for a call, none queued
+        return (
+            code.co_name == "_connection_worker_thread"
+            and "tx.get()" in linecache.getline(code.co_filename, frame.f_lineno)
+            and getattr(local.get("tx"), "empty", bool)()
+        )
     if not code.co_filename.endswith(THREADING):
         return False
     if code.co_name not in ("wait", "wait_for", "acquire", "_wait_for_tstate_lock"):
@@ -1263,6 +1312,17 @@ def blocked(frame):
         return False
     timeout = local.get("timeout")
     return timeout is None or (code.co_name == "_wait_for_tstate_lock" and timeout == -1)
+
+
+def idle_loop(code, local):
+    """An asyncio event loop in its selector's select() with nothing to wait for: no timeout
+    (BaseEventLoop._run_once passes None when no callback is ready and no timer is scheduled;
+    EpollSelector.select makes it -1) and no socket but the loop's own wake-up pipe
+    (_UnixSelectorEventLoop's self-pipe, registered first): only another thread can wake it."""
+    if code.co_name != "select" or local.get("timeout") not in (None, -1):
+        return False
+    selector = local.get("self")
+    return selector is not None and len(selector.get_map()) <= 1
 
 
 def numbered(label, occurrence):

@@ -2,24 +2,27 @@
 
 While the drill runs (and `replay`), the process's `http.client.HTTPConnection` (which urllib
 and requests/urllib3 send through) and the transports of httpx and httpx2 write each request
-to a log just before it goes out: method, host, path, Idempotency-Key, and the thread of the
-graph run that sent it (LangGraph's `get_config()` in the node's context). The log is a file
-opened for appending, so the requests of a crash child outlive its SIGKILL, and forked
-children inherit the patches. A request sent outside any graph run (an observer asking its
-service) has no thread and is not recorded.
+to a log just before it goes out: method, host, path, query, a digest of the body,
+Idempotency-Key, and the thread of the graph run that sent it (LangGraph's `get_config()` in
+the node's context). The log is a file opened for appending, so the requests of a crash child
+outlive its SIGKILL, and forked children inherit the patches. A request sent outside any graph
+run (an observer asking its service) has no thread and is not recorded.
 
 Per crash point the drill compares each run's POST and PATCH requests with the clean run's, by
-endpoint (method and path): sent again without a key, sent again under another key, or sent
-again with its key (harmless where the service honours it). A repeat the observer did not count
-as a duplicate is a finding of its own. `observe="http"` makes the requests themselves the
-effects: an endpoint's count is its requests without a key plus its distinct keys.
+endpoint (method, path and query, the run's thread id taken out of them and of the body): sent
+again without a key, sent again under another key, or sent again with its key (harmless where
+the service honours it). A repeat the observer did not count as a duplicate is a finding of its
+own. `observe="http"` makes the requests themselves the effects: an endpoint's count is its
+requests without a key plus its distinct keys.
 """
 
 import fnmatch
+import hashlib
 import importlib
 import json
 import os
 import shutil
+import sys
 import tempfile
 import uuid
 from contextlib import contextmanager
@@ -45,10 +48,12 @@ class Request:
     path: str
     key: str | None
     answered: bool = True  # False: no answer came before the process died (in flight)
+    query: str = ""  # the query string, the run's thread id taken out (like the path)
+    body: str | None = None  # a digest of the body, the thread id taken out (None: unread)
 
     @property
     def endpoint(self):
-        return f"{self.method} {self.path}"
+        return f"{self.method} {self.path}" + (f"?{self.query}" if self.query else "")
 
 
 class RequestLog:
@@ -58,19 +63,29 @@ class RequestLog:
         self.path = path
         self.ignore = tuple(ignore)  # hosts or host/path prefixes left out (a model API, say)
 
-    def record(self, method, host, target, key):
+    def record(self, method, host, target, key, body=None):
+        """Request `target` (a path with its query, or a URL) is about to go out: its id, or
+        None when it belongs to no graph run or is ignored. body: bytes or str, if known."""
         thread = run_thread()
         if thread is None:
             return
-        path = urlsplit(target).path if "://" in target else target.split("?", 1)[0]
-        if any(ignored(f"{host}{path}", pattern) for pattern in self.ignore):
+        parts = urlsplit(target if "://" in target else f"//host{target}")
+        if any(ignored(f"{host}{parts.path}", pattern) for pattern in self.ignore):
             return
         # The run's thread id (and what the graph made from it, a message id "msg-{thread}")
-        # differs run to run: taken out, the same request of two runs is one endpoint.
-        path = (path or "/").replace(str(thread), THREAD_MARK)
+        # differs run to run: taken out of the path, the query and the body, the same request
+        # of two runs is one request.
+        path, query = (mark(part, thread) for part in (parts.path or "/", parts.query))
         sent = uuid.uuid4().hex[:16]
-        self.write(["sent", sent, str(thread), method.upper(), host, path, key])
+        entry = [str(thread), method.upper(), host, path, key, query, digest(body, thread)]
+        self.write(["sent", sent, *entry])
         return sent
+
+    def body(self, sent, body):
+        """The body of request `sent`, sent after its headers (urllib3 sends it so)."""
+        thread = run_thread()
+        if sent is not None and thread is not None:
+            self.write(["body", sent, digest(body, thread)])
 
     def answered(self, sent):
         """The answer to request `sent` (record's id) came: it was not in flight at a kill."""
@@ -90,17 +105,21 @@ class RequestLog:
                 lines = log.read().splitlines()
         except FileNotFoundError:
             return []
-        sent, answered = {}, set()
+        sent, answered, bodies = {}, set(), {}
         for line in lines:
             try:
                 entry = json.loads(line)
                 if entry[0] == "answered":
                     answered.add(entry[1])
+                elif entry[0] == "body":
+                    bodies[entry[1]] = entry[2]
                 elif entry[0] == "sent" and entry[2] == thread:
-                    sent[entry[1]] = Request(*entry[2:])
+                    sent[entry[1]] = Request(*entry[2:7], query=entry[7], body=entry[8])
             except (ValueError, TypeError, IndexError):
                 continue
-        return [replace(r, answered=i in answered) for i, r in sent.items()]
+        return [
+            replace(r, answered=i in answered, body=bodies.get(i, r.body)) for i, r in sent.items()
+        ]
 
     def effects(self, thread):
         """{endpoint: requests without a key + distinct keys} of the thread's POST and PATCH."""
@@ -144,6 +163,7 @@ def repeats(clean, runs, counted):
         if not any(len([r for r in s if r.answered]) > len(before) for s in sent):
             found.append(repeat_entry(endpoint, sent, before, IN_FLIGHT, True))
             continue  # more only with a request the kill left unanswered: it may never have
+        same = [any(bodies(s, b) > bodies(before, b) for b in bodies_of(before)) for s in sent]
         unkeyed = [sum(r.key is None for r in s) for s in sent]
         distinct = [len(keys(s)) for s in sent]
         if any(n > sum(r.key is None for r in before) for n in unkeyed):
@@ -152,7 +172,8 @@ def repeats(clean, runs, counted):
             kind = NEW_KEY
         else:
             kind = SAME_KEY
-        found.append(repeat_entry(endpoint, sent, before, kind, counted or kind == SAME_KEY))
+        entry = repeat_entry(endpoint, sent, before, kind, counted or kind == SAME_KEY)
+        found.append(entry | {"same_body": same})
     return found
 
 
@@ -230,6 +251,29 @@ def ignored(where, pattern):
     return where.startswith(pattern) or fnmatch.fnmatchcase(where, pattern)
 
 
+def mark(text, thread):
+    """`text` with the run's thread id taken out: what two runs' requests share."""
+    return text.replace(str(thread), THREAD_MARK)
+
+
+def digest(body, thread):
+    """A short digest of a request's body with the run's thread id taken out, or None."""
+    if isinstance(body, bytes | bytearray | memoryview):
+        body = bytes(body).decode("utf-8", errors="replace")
+    if not isinstance(body, str):
+        return None  # a file or a stream: not read here
+    return hashlib.sha256(mark(body, thread).encode()).hexdigest()[:16]
+
+
+def bodies_of(sent):
+    return {r.body for r in sent if r.body is not None}
+
+
+def bodies(sent, body):
+    """How many of `sent` carried `body`."""
+    return sum(r.body == body for r in sent)
+
+
 def run_thread():
     """The thread id of the graph run this code runs in, or None outside any run."""
     try:
@@ -257,7 +301,7 @@ def keys(sent):
 
 @contextmanager
 def recording(ignore=()):
-    """A RequestLog in a temporary folder, with http.client and httpx patched to feed it."""
+    """A RequestLog in a temporary folder, with the HTTP clients patched to feed it."""
     folder = tempfile.mkdtemp(prefix="effectdrill-http-")
     log = RequestLog(os.path.join(folder, LOG_NAME), ignore)
     try:
@@ -269,8 +313,8 @@ def recording(ignore=()):
 
 @contextmanager
 def patched(log):
-    """http.client.HTTPConnection and httpx's (and httpx2's) transports record to `log`;
-    restored after."""
+    """http.client.HTTPConnection, httpx's (and httpx2's) transports and aiohttp's client
+    record to `log`; restored after."""
     import http.client
 
     restore = []
@@ -287,6 +331,7 @@ def patched(log):
     )
 
     def recording_putrequest(self, method, url, *args, **kwargs):
+        self.__dict__.pop("_effectdrill_body", None)  # the last request's: it sent none
         self._effectdrill_request = [method, url, None]
         return putrequest(self, method, url, *args, **kwargs)
 
@@ -298,25 +343,38 @@ def patched(log):
             pending[2] = value.decode("latin-1") if isinstance(value, bytes) else str(value)
         return putheader(self, header, *values)
 
-    def recording_endheaders(self, *args, **kwargs):
+    def recording_endheaders(self, message_body=None, **kwargs):
         pending = self.__dict__.pop("_effectdrill_request", None)
         if pending is not None:  # before the headers go out: a kill after still counts it
             host = f"{self.host}:{self.port}"
-            self._effectdrill_sent = log.record(pending[0], host, pending[1], pending[2])
-        return endheaders(self, *args, **kwargs)
+            sent = log.record(pending[0], host, pending[1], pending[2], message_body)
+            self._effectdrill_sent = sent
+        sent_headers = endheaders(self, message_body, **kwargs)
+        if pending is not None and message_body is None:  # its body, if any, comes next
+            self._effectdrill_body = self._effectdrill_sent
+        return sent_headers
+
+    def recording_send(self, data):
+        sent = self.__dict__.pop("_effectdrill_body", None)
+        if sent is not None:
+            log.body(sent, data)
+        return send(self, data)
 
     def recording_getresponse(self, *args, **kwargs):
         answer = getresponse(self, *args, **kwargs)
         log.answered(self.__dict__.pop("_effectdrill_sent", None))
         return answer
 
-    getresponse = connection.getresponse
+    getresponse, send = connection.getresponse, connection.send
+    patch(connection, "send", recording_send)
     patch(connection, "putrequest", recording_putrequest)
     patch(connection, "putheader", recording_putheader)
     patch(connection, "endheaders", recording_endheaders)
     patch(connection, "getresponse", recording_getresponse)
     for httpx in installed_httpx():
         patch_httpx(httpx, log, patch)
+    if "aiohttp" in sys.modules:  # imported by the graph's modules: importing it costs 0.3 s
+        patch_aiohttp(sys.modules["aiohttp"], log, patch)
     try:
         yield log
     finally:
@@ -327,8 +385,13 @@ def patched(log):
 def installed_httpx():
     """httpx, and httpx2 (its successor, which openai 3.x and langsmith send through), where
     installed: their transports have the same names and arguments."""
+    return installed("httpx", "httpx2")
+
+
+def installed(*names):
+    """The modules of `names` that are installed (imported by name: none is a dependency)."""
     found = []
-    for name in ("httpx", "httpx2"):
+    for name in names:
         try:
             found.append(importlib.import_module(name))
         except ImportError:
@@ -357,9 +420,40 @@ def patch_httpx(httpx, log, patch):
     patch(httpx.AsyncHTTPTransport, "handle_async_request", handle_async_request)
 
 
+def patch_aiohttp(aiohttp, log, patch):
+    """aiohttp's ClientRequest.send (the request's head goes out in it) and
+    ClientResponse.start (it returns once the answer's head came) record to `log`."""
+    send, start = aiohttp.ClientRequest.send, aiohttp.ClientResponse.start
+    BytesPayload = importlib.import_module("aiohttp.payload").BytesPayload  # noqa: N806
+
+    async def recording_send(self, conn):
+        body = self.body  # a BytesPayload (bytes, a str, json=) is read; a stream is not
+        body = body.decode() if isinstance(body, BytesPayload) else body
+        url = self.url
+        host = f"{url.host}:{url.port}"
+        sent = log.record(self.method, host, url.raw_path_qs, self.headers.get(KEY_HEADER), body)
+        response = await send(self, conn)
+        if sent is not None:
+            response._effectdrill_sent = sent
+        return response
+
+    async def recording_start(self, connection):
+        answer = await start(self, connection)
+        log.answered(self.__dict__.pop("_effectdrill_sent", None))
+        return answer
+
+    patch(aiohttp.ClientRequest, "send", recording_send)
+    patch(aiohttp.ClientResponse, "start", recording_start)
+
+
 def record_httpx(log, request):
     url = request.url
     port = url.port or {"https": 443, "http": 80}.get(url.scheme)
+    try:
+        body = request.content  # read already, unless it is a stream
+    except Exception:
+        body = None
+    target = url.raw_path.decode("ascii", errors="replace")  # the path and the query, as sent
     return log.record(
-        request.method, f"{url.host}:{port}", url.path, request.headers.get(KEY_HEADER)
+        request.method, f"{url.host}:{port}", target, request.headers.get(KEY_HEADER), body
     )

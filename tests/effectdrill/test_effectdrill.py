@@ -323,11 +323,6 @@ def test_the_library_and_cli_agree_on_a_clean_graph(tmp_path, monkeypatch):
     assert code == 0
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="seen once in four full CI runs at load 5: the repeat was put on audit, the effect "
-    "after charge; suspected: the read-time attribution race of test_shapes' subgraph case",
-)
 def test_assert_clean_raises_with_the_table(orders_db):
     report = drill_orders()
     with pytest.raises(AssertionError) as raised:

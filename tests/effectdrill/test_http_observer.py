@@ -14,7 +14,7 @@ import os
 import sys
 
 import pytest
-from effectdrill_graphs import asyncclient, httpx2graph
+from effectdrill_graphs import aiohttpgraph, asyncclient, httpx2graph, notices
 from effectdrill_graphs import mailer as mailer_graph
 from effectdrill_graphs import outbound as trips
 
@@ -112,9 +112,38 @@ def test_httpx2_requests_are_seen_sync_and_async(api):
     assert not report.ok
 
 
+@pytest.mark.parametrize("build", [aiohttpgraph.build_sync, aiohttpgraph.build_async])
+def test_aiohttp_requests_are_seen_sync_and_async(api, build):
+    """aiohttp's ClientSession, run by asyncio.run in a sync node and awaited in an async one:
+    its POST is the clean run's effect, and a kill before send's writes sends it again."""
+    report = effectdrill.drill(build, {"order": "{thread}"}, "http")
+
+    assert report.clean == {"sync": {"POST /tickets": 1}}
+    assert [writes_of(f["point"]) for f in report.duplicates] == ["send"]
+    (resent,) = [r for row in report.rows for r in row.requests]
+    assert (resent["repeat"], resent["same_body"], resent["in_flight"]) == (NO_KEY, [True], [0])
+    assert not report.ok
+
+
+@pytest.mark.fast
+def test_the_observer_patches_aiohttp_only_where_the_graph_imported_it():
+    """Importing aiohttp costs about 0.3 s a drill: the observer patches it when the graph's
+    modules imported it (as the test graph above does at its top), and never imports it."""
+    check = (
+        "import sys\nfrom effectdrill import outbound\n"
+        "if sys.argv[1] == 'imported':\n    import aiohttp\n"
+        "with outbound.recording():\n"
+        "    aiohttp = sys.modules.get('aiohttp')\n"
+        "    print(aiohttp is not None and aiohttp.ClientRequest.send.__name__)\n"
+    )
+    for imported, seen in (("imported", "recording_send"), ("not", "False")):
+        done = run([sys.executable, "-c", check, imported], cwd=ROOT)
+        assert (done.returncode, done.stdout.strip()) == (0, seen), done.stderr
+
+
 def test_a_clean_run_the_http_observer_saw_nothing_of_is_not_a_green_drill(api, tmp_path):
-    """An application whose effects go through a client the observer does not see (aiohttp,
-    say) drilled green: 0 duplicates, exit 0, for an appointment booked twice."""
+    """An application whose effects go through a client the observer does not see (a raw
+    socket, say) drilled green: 0 duplicates, exit 0, for an appointment booked twice."""
     env = os.environ | {"PYTHONPATH": TESTS, "API_URL": api.url}
     done = run(
         [sys.executable, "-m", "effectdrill", "effectdrill_graphs.rawsocket:build"]
@@ -200,6 +229,26 @@ def test_paths_made_from_the_thread_id_are_one_endpoint_and_globs_leave_a_model_
     assert report.requests["not counted"] == 0
     again = sum(r["sent"][0] - r["clean"] for r in resent)  # the send before its writes
     assert report.requests["recorded"] == 1 + len(report.rows) + again  # a send a run, no chat
+
+
+def test_a_thread_id_in_the_query_and_body_is_taken_out_before_requests_are_compared(mailer):
+    """notify (requests: urllib3 sends the body after the headers) and confirm (httpx) carry the
+    thread id in their query and body only: every run's request is the same request, so only a
+    kill before notify's writes repeats anything, and that repeat is the same notice again."""
+    report = effectdrill.drill(notices.build, {"thread": "{thread}"}, "http")
+
+    notice, confirmation = (
+        "POST /v1/notices?message=msg-{thread}",
+        "POST /v1/confirmations?message=msg-{thread}",
+    )
+    assert report.clean == {"sync": {notice: 1, confirmation: 1}}
+    assert [(f["point"], f["effect"]) for f in report.duplicates] == [
+        ("put_writes notify [branch:to:confirm, notified]", notice)
+    ]
+    assert report.missing == []
+    resent = {(r["endpoint"], r["repeat"]): r for row in report.rows for r in row.requests}
+    assert set(resent) == {(notice, NO_KEY), (confirmation, SAME_KEY)}
+    assert all(r["same_body"] == [True] for r in resent.values())  # the same request again
 
 
 @pytest.mark.fast

@@ -3,7 +3,7 @@
 `send` records its effect (no key), then raises; `recover` records one of its own and ends the
 run. LangGraph saves the failed task's error before it runs the handler, and waits for that
 save (schedule_error_handler in langgraph/pregel/_loop.py): a kill that holds it back is a state
-no run can reach.
+no run can reach. build_async is the same graph of `async def` nodes.
 """
 
 from typing import TypedDict
@@ -28,12 +28,24 @@ def recover(state: Job):
     return {"recovered": True}
 
 
-def build():
+async def asend(state: Job):
+    return send(state)
+
+
+async def arecover(state: Job):
+    return recover(state)
+
+
+def build(nodes=(send, recover)):
     builder = StateGraph(Job)
-    builder.add_node("send", send, error_handler=recover)
+    builder.add_node("send", nodes[0], error_handler=nodes[1])
     builder.add_edge(START, "send")
     builder.add_edge("send", END)
     return builder.compile()
+
+
+def build_async():
+    return build((asend, arecover))
 
 
 observe = ledger.observe

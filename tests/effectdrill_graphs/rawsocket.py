@@ -1,5 +1,5 @@
 """One node that sends POST /tickets to the receiver through a socket of its own: a client the
-HTTP observer does not see, as aiohttp, gRPC or a database driver are not seen."""
+HTTP observer does not see, as gRPC or a database driver are not seen."""
 
 import json
 import os

@@ -3,6 +3,7 @@
 assistant -> review (a subgraph: draft -> confirm). `confirm` sends the draft (no key), then
 asks with interrupt(); answered, LangGraph runs `confirm` again from its first line, and it
 sends again. The repeat belongs to `review/confirm`, not to `review`, the parent's node.
+build_async is the same graph of `async def` nodes.
 """
 
 from typing import TypedDict
@@ -27,10 +28,18 @@ def confirm(state: Mail):
     return {"approved": bool(interrupt("send it?"))}
 
 
-def build():
+async def adraft(state: Mail):
+    return {}
+
+
+async def aconfirm(state: Mail):
+    return confirm(state)
+
+
+def build(nodes=(draft, confirm)):
     inner = StateGraph(Mail)
-    inner.add_node(draft)
-    inner.add_node(confirm)
+    inner.add_node("draft", nodes[0])
+    inner.add_node("confirm", nodes[1])
     inner.add_edge(START, "draft")
     inner.add_edge("draft", "confirm")
     inner.add_edge("confirm", END)
@@ -41,6 +50,10 @@ def build():
     builder.add_edge("assistant", "review")
     builder.add_edge("review", END)
     return builder.compile()
+
+
+def build_async():
+    return build((adraft, aconfirm))
 
 
 observe = ledger.observe
