@@ -430,7 +430,7 @@ $ docker compose -p stateful-lab run --rm -e FAILPOINTS=after-prepare=pause({sec
 RUNNING = re.compile(rb"\r  running\.\.\. (\d+) s")
 
 
-def read_pty(master, marker, seen, deadline_s=60):
+def read_pty(master, marker, seen, deadline_s=180):  # a hang guard, not a speed bound
     """The pty's output until the pattern marker matches after what was seen (bytes)."""
     import select
 
