@@ -32,7 +32,7 @@ has a connection of its own; so has SqliteSaver (SqliteSaver.from_conn_string op
 SqliteSaver.cursor commits on it: langgraph/checkpoint/sqlite/__init__.py), and LangGraph hands
 each node's writes to it from a background executor (PregelLoop.put_writes calls self.submit:
 langgraph/pregel/_loop.py). PostgresSaver's connection is autocommit (PostgresSaver.
-from_conn_string, langgraph/checkpoint/postgres/__init__.py; workflow.open_postgres does the
+from_conn_string, langgraph/checkpoint/postgres/__init__.py; plumbing.open_postgres does the
 same), the ledger's another. A crash between the receipt and the checkpoint (failpoint
 after-ack) re-runs the node; the node finds the receipt and the provider hears nothing. A crash
 between the provider's answer and the receipt (after-send) leaves `requested`: the lookup's case.

@@ -24,6 +24,7 @@ CORE = (  # copied unchanged; effectdrill without its pytest plugin (the starter
     "httpguard.py",
     "receiver.py",  # the core receiver: api.py is the lab's, which extends it
     "effects.py",
+    "plumbing.py",  # what workflow.py runs on: settings, clients, the checkpointer, reconcile
     "workflow.py",
     "effectdrill/__init__.py",
     "effectdrill/__main__.py",
