@@ -365,7 +365,7 @@ class Settings:
     checkpoint_db: str = "data/workflow/checkpoints.sqlite"
     providers: tuple = ()  # a subclass names its Provider declarations here
     failpoints: str = ""
-    trace: str = ""  # LAB_TRACE
+    trace: str = ""  # TRACE
     lease_s: float = effects.LEASE_S  # LEDGER_LEASE_S: how long a SQLite lease keeps others out
     receipt_key: str = dataclasses.field(default="", repr=False)  # LEDGER_RECEIPT_KEY: a secret
     receipt_unkeyed: str = "refuse"  # LEDGER_RECEIPT_UNKEYED
@@ -377,7 +377,7 @@ class Settings:
             checkpoint_db=environ.get("CHECKPOINT_DB", cls.checkpoint_db),
             providers=tuple(provider.configured(environ) for provider in cls.providers),
             failpoints=environ.get("FAILPOINTS", ""),
-            trace=environ.get("LAB_TRACE", ""),
+            trace=environ.get("TRACE", ""),
             lease_s=number(environ, "LEDGER_LEASE_S", effects.LEASE_S, float),
             receipt_key=environ.get("LEDGER_RECEIPT_KEY", ""),
             receipt_unkeyed=environ.get("LEDGER_RECEIPT_UNKEYED", cls.receipt_unkeyed),

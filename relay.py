@@ -51,7 +51,7 @@ Configuration (environment, read in main()):
     API_URL, CHECKPOINT_DB, API_TIMEOUT_S, API_ATTEMPTS   as workflow.py reads them
     RELAY_POLL_S     1 (seconds between the end of a round and the next, without --once)
     FAILPOINTS       "" (all off): before-publish, after-publish (see failpoints.py)
-    LAB_TRACE        "" (off): otlp or a file, as workflow.py reads it (tracing.py)
+    TRACE        "" (off): otlp or a file, as workflow.py reads it (tracing.py)
 """
 
 import fcntl
@@ -321,7 +321,7 @@ def main(argv=None, environ=None):
             failpoints.configure(settings.failpoints, known=POINTS, announce=plumbing.announce)
         except failpoints.FailpointSpecError as error:
             raise UserError(str(error), EXIT_USAGE) from None
-        try:  # LAB_TRACE: each delivery's POST a span with the message id as its key
+        try:  # TRACE: each delivery's POST a span with the message id as its key
             tracing.start(settings.trace, "relay")
         except tracing.TracingError as error:
             raise UserError(str(error), EXIT_USAGE) from None

@@ -68,7 +68,7 @@ or running, 5 when `wait` finds dead jobs; `run` exits 0 on SIGTERM once its gra
 
 Configuration (environment, read in main()):
     WORKER_GRAPH         lab:build_graph: the module:function that compiles the graph the jobs run
-    API_URL, API_TIMEOUT_S, API_ATTEMPTS, LAB_TRACE   as for workflow.py (compose sets API_URL)
+    API_URL, API_TIMEOUT_S, API_ATTEMPTS, TRACE   as for workflow.py (compose sets API_URL)
     CHECKPOINT_DB        postgresql://... (required: checkpoints and queue; compose sets it)
     WORKER_HEARTBEAT_S   10: a job whose worker has not beaten for this long goes to another one
     WORKER_JOB_ATTEMPTS  6: runs of a job that fails for a retryable reason, before it is dead;
@@ -848,7 +848,7 @@ def run_thread(graph, client, ledger, operation, job_id, control, lab_hold=None)
     points = {}
     if lab_hold and not resume:  # lab-only: only the run that starts the thread holds
         client, points = lab_hold.client(client), {lab_hold.at: "hold"}  # lab-only
-    with tracing.run(operation["thread"]) as span:  # LAB_TRACE: a drain is an event, not an error
+    with tracing.run(operation["thread"]) as span:  # TRACE: a drain is an event, not an error
         try:
             # sync: each node's result is saved before the next node starts, so a resume repeats
             # at most the node that was running. control: a drain stops it at the next step.

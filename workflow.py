@@ -28,7 +28,7 @@ Configuration (environment, read in main()):
     FAILPOINTS       "" (all off); e.g. "after-ack=kill" (see failpoints.py and POINTS)
     LEDGER_LEASE_S   300 (seconds a SQLite ledger's lease keeps a second performer of a key out
                      while its holder lives; a dead holder's lock ends at once: effects.py)
-    LAB_TRACE        "" (off); otlp, or a file: spans of each run, effect and request, with the
+    TRACE        "" (off); otlp, or a file: spans of each run, effect and request, with the
                      idempotency key, and traceparent sent to the receiver (tracing.py)
     LEDGER_RECEIPT_KEY      "" (a receipt's integrity hash is a plain sha256, which catches
                             damage, not a forger); a secret: an HMAC-SHA256 under it

@@ -61,7 +61,7 @@ def test_no_starter_file_speaks_of_the_teaching_around_it(built):
 
 def test_the_lock_holds_what_the_core_imports_and_leaves_postgres_out(built):
     """Outside the standard library, the core imports langgraph (the lock) and, only for a
-    postgresql:// CHECKPOINT_DB, psycopg, and only with LAB_TRACE set, opentelemetry (both left
+    postgresql:// CHECKPOINT_DB, psycopg, and only with TRACE set, opentelemetry (both left
     out: the README says to install them). effectdrill's HTTP observer patches httpx and httpx2
     where they are installed (importlib, by name: langgraph's own dependencies lock httpx)."""
     imported = set()
@@ -87,8 +87,62 @@ def test_the_lock_holds_what_the_core_imports_and_leaves_postgres_out(built):
     assert not {"psycopg", "langgraph-checkpoint-postgres", "pgqueuer"} & set(pinned)
     assert not {"opentelemetry-api", "opentelemetry-sdk"} & set(pinned)
     readme = (built / "README.md").read_text(encoding="utf-8")
-    assert "pip install langgraph-checkpoint-postgres psycopg[binary]" in readme
-    assert "pip install opentelemetry-sdk" in readme
+    assert "pip install --require-hashes -r requirements-postgres.txt" in readme
+    assert "pip install --require-hashes -r requirements-otel.txt" in readme
+
+
+def pins(path):
+    return dict(re.findall(r"^([a-z0-9._-]+)==(\S+)", path.read_text(encoding="utf-8"), re.M))
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize(
+    "extra, imports",
+    [
+        ("otel", ["opentelemetry.sdk.trace", "opentelemetry.exporter.otlp.proto.http"]),
+        ("postgres", ["psycopg", "langgraph.checkpoint.postgres"]),
+    ],
+)
+def test_each_extra_is_a_hashed_lock_of_the_base_and_what_its_code_imports(extra, imports):
+    """requirements-EXTRA.txt pins requirements.txt's packages at the same versions, by sha256,
+    and the packages whose modules the core imports for it at the lab's versions (the lab's
+    requirements.txt), which this environment has: each module the code imports is found."""
+    import importlib.util
+
+    base = pins(starter.OWN / "requirements.txt")
+    lock = starter.OWN / f"requirements-{extra}.txt"
+    pinned = pins(lock)
+    assert {name: pinned.get(name) for name in base} == base
+    added = set(pinned) - set(base)
+    lab = pins(ROOT / "requirements.txt")
+    assert added and {name: lab.get(name) for name in added} == {n: pinned[n] for n in added}
+    text = lock.read_text(encoding="utf-8")
+    blocks = re.split(r"^(?=[a-z0-9._-]+==)", text, flags=re.M)[1:]
+    assert all("--hash=sha256:" in block for block in blocks)  # every pin hashed
+    for module in imports:
+        assert importlib.util.find_spec(module) is not None, module
+
+
+@pytest.mark.fast
+def test_tracing_with_the_neutral_switch_writes_spans_with_the_extras_packages(tmp_path):
+    """TRACE=FILE (the starter's switch) in a fresh process whose OpenTelemetry is the one
+    requirements-otel.txt pins: a run's spans land in the file, the key on the effect's."""
+    import importlib.metadata
+
+    pinned = pins(starter.OWN / "requirements-otel.txt")
+    for name in ("opentelemetry-api", "opentelemetry-sdk"):
+        assert importlib.metadata.version(name) == pinned[name]
+    spans = tmp_path / "spans.jsonl"
+    code = (
+        "import plumbing, tracing\n"
+        "settings = plumbing.Settings.from_environ({'TRACE': '" + str(spans) + "'})\n"
+        "tracing.start(settings.trace, 'starter')\n"
+        "with tracing.run('t1'):\n    pass\n"
+        "tracing.stop()\n"
+    )
+    done = run_command([sys.executable, "-c", code], cwd=ROOT, timeout=COMMAND_TIMEOUT_S)
+    assert done.returncode == 0, done.stderr
+    assert spans.read_text(encoding="utf-8").strip(), "no span written"
 
 
 def add_an_effect(dest):
