@@ -709,3 +709,66 @@ def goes_on(args, values):
     if args.unkeyed(values):  # a resume sends it again, and nothing tells it from a new one
         return f"it sends no key, so {args.resume} would send it again: look at the receiver first"
     return f"resume it with: {args.resume} --thread {args.thread}"
+
+
+def said_http_error(args, settings, error):
+    """main()'s lines for a provider's error answer (exit 1): http_error with its body; one
+    line more for an answer that is not the receiver's JSON (another server), one that made
+    nothing (DID_NOTHING: the key is still free), and a 503 past every try."""
+    body = error.read()
+    try:
+        body = json.loads(body)
+    except ValueError:
+        body = body.decode("utf-8", "replace")
+    emit("http_error", status=error.code, body=body)
+    name = getattr(error, "provider", "API")  # which provider answered: NAME_URL is its
+    url = settings.provider(name).url
+    if not isinstance(body, dict):  # the receiver answers every error in JSON: another server
+        hint = resume_hint(args, settings, f"once {name}_URL names the receiver")
+        print(
+            f"{args.prog}: the server at {url} answered {error.code} without the "
+            f"receiver's JSON: {name}_URL (its port) names another program{hint}",
+            file=sys.stderr,
+        )
+    elif error.code in DID_NOTHING:  # the receiver's JSON, and nothing made
+        why = f"the receiver at {name}_URL {url} answered {error.code}"
+        when = f"once {name}_URL names the receiver and lets you in"
+        hint = resume_hint(args, settings, when)
+        print(
+            f"{args.prog}: {why}: nothing was made, and the key is still free; check "
+            f"{name}_URL (its host, port and path) and its credentials{hint}",
+            file=sys.stderr,
+        )
+    elif error.code == 503:  # busy past every try: rolled back each time: nothing committed
+        tries = settings.provider(name).attempts * BUSY_TRIES_PER_ATTEMPT
+        why = f"the receiver stayed busy (503) for {tries} tries; nothing was committed"
+        hint = resume_hint(args, settings, "once the receiver can write")
+        print(f"{args.prog}: {why}{hint}", file=sys.stderr)
+    return EXIT_HTTP_ERROR
+
+
+def said_database_error(args, settings, error):
+    """main()'s line for a SQLite error: exit 74 for a file that cannot be written (with the
+    resume, once it can be), else exit 2 (not a database, a locked file, ...)."""
+    where = f"{args.prog}: CHECKPOINT_DB {settings.checkpoint_db!r}: {error}"
+    if not unwritable(error):
+        print(where, file=sys.stderr)
+        return EXIT_USAGE
+    hint = ""
+    if args.graph_command and (found := saved(args, settings)) is not None:
+        hint = "; its request may have taken effect before the save failed"
+        hint += f"; once CHECKPOINT_DB can be written, {goes_on(args, found)}" if found else ""
+    print(f"{where}{hint}", file=sys.stderr)
+    return EXIT_CHECKPOINT_WRITE
+
+
+def said_lost_postgres(args, settings, error):
+    """main()'s line for a Postgres CHECKPOINT_DB that stopped answering (exit 3)."""
+    reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    hint = interrupted_hint(args, settings, "once CHECKPOINT_DB answers")
+    print(
+        f"{args.prog}: CHECKPOINT_DB stopped answering ({reason}); what it committed "
+        f"stays (the checkpoints, the ledger's rows){hint}",
+        file=sys.stderr,
+    )
+    return EXIT_NO_ANSWER

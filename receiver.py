@@ -50,7 +50,7 @@ Configuration (environment, read in main()):
                                  caller may wait before it retries (a crash, an approval).
     FAILPOINTS                   "" (none). Fault points for tests, never for a real service:
                                  after-commit=kill dies between the commit and the answer.
-    TRACE                    "" (off). otlp, or a file: a span per keyed POST, its parent
+    TRACE                        "" (off). otlp, or a file: a span per keyed POST, its parent
                                  the caller's traceparent (tracing.py; needs OpenTelemetry)
 """
 

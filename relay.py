@@ -51,7 +51,7 @@ Configuration (environment, read in main()):
     API_URL, CHECKPOINT_DB, API_TIMEOUT_S, API_ATTEMPTS   as workflow.py reads them
     RELAY_POLL_S     1 (seconds between the end of a round and the next, without --once)
     FAILPOINTS       "" (all off): before-publish, after-publish (see failpoints.py)
-    TRACE        "" (off): otlp or a file, as workflow.py reads it (tracing.py)
+    TRACE            "" (off): otlp or a file, as workflow.py reads it (tracing.py)
 """
 
 import fcntl

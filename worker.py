@@ -805,7 +805,7 @@ def open_checkpoints(url):
 
 
 def ticket_client(args):
-    return workflow.TicketClient(args.api_url, args.timeout_s, args.attempts)
+    return args.settings.client()  # the API provider's: API_URL, API_TIMEOUT_S, API_ATTEMPTS
 
 
 @contextlib.contextmanager

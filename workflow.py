@@ -18,18 +18,16 @@ deploy) drains: the node in flight finishes, its result is saved, exit 75; `resu
 
 Output is one JSON object per line, keys sorted. Exit codes: EXIT_* in plumbing.py.
 
-Configuration (environment, read in main()):
-    API_URL, API_TIMEOUT_S, API_ATTEMPTS, API_TOKEN   the receiver (provider API): its address
-                     (http://127.0.0.1:8000), seconds to wait for an answer (5), tries of a
-                     refused or busy request (4), a bearer token ("": none); every Provider
-                     below reads {NAME}_URL, ... the same way (plumbing.Provider)
+Configuration (environment, read in main()): each provider's {NAME}_URL, {NAME}_TIMEOUT_S,
+{NAME}_ATTEMPTS and {NAME}_TOKEN (API's: http://127.0.0.1:8000, 5 s, 4 tries, none; see
+plumbing.py), and
     CHECKPOINT_DB    data/workflow/checkpoints.sqlite, or a postgresql:// URL (PostgresSaver; needs
-                     the langgraph-checkpoint-postgres and psycopg packages)
+                     requirements-postgres.txt: langgraph-checkpoint-postgres, psycopg)
     FAILPOINTS       "" (all off); e.g. "after-ack=kill" (see failpoints.py and POINTS)
     LEDGER_LEASE_S   300 (seconds a SQLite ledger's lease keeps a second performer of a key out
                      while its holder lives; a dead holder's lock ends at once: effects.py)
-    TRACE        "" (off); otlp, or a file: spans of each run, effect and request, with the
-                     idempotency key, and traceparent sent to the receiver (tracing.py)
+    TRACE            "" (off); otlp, or a file: spans of each run, effect and request, with the
+                     idempotency key (tracing.py; needs requirements-otel.txt)
     LEDGER_RECEIPT_KEY      "" (a receipt's integrity hash is a plain sha256, which catches
                             damage, not a forger); a secret: an HMAC-SHA256 under it
     LEDGER_RECEIPT_UNKEYED  refuse; accept: with a key set, also read receipts written before it
@@ -46,7 +44,6 @@ if __name__ == "__main__":  # a Ctrl-C while the imports below run: one line, no
     signal.signal(signal.SIGINT, interrupted_while_importing)
 
 import dataclasses
-import json
 import os
 import signal
 import sqlite3
@@ -60,13 +57,15 @@ import effects
 import plumbing
 import tracing
 from failpoints import FailpointSpecError, fail
-from plumbing import (
-    EXIT_CHECKPOINT_WRITE,
+from plumbing import (  # the exit codes, workflow.EXIT_* to a caller too (their table: plumbing.py)
+    EXIT_CHECKPOINT_WRITE,  # noqa: F401
     EXIT_DRAINED,
-    EXIT_HTTP_ERROR,
+    EXIT_HTTP_ERROR,  # noqa: F401
     EXIT_INTERRUPTED,
-    EXIT_NO_ANSWER,
+    EXIT_LEDGER_DAMAGED,  # noqa: F401
+    EXIT_NO_ANSWER,  # noqa: F401
     EXIT_THREAD,
+    EXIT_UNSETTLED,  # noqa: F401
     EXIT_USAGE,
     Parser,
     Unreachable,
@@ -306,7 +305,7 @@ def main(argv=None, environ=None, parser=None, points=POINTS, settings_class=Set
     """The CLI; returns the exit code. environ: the settings (default: os.environ); parser,
     points and settings_class: those of a program that wraps this CLI with its own."""
     import failpoints
-    from plumbing import goes_on, interrupted_hint, resume_hint, saved
+    from plumbing import interrupted_hint, resume_hint
 
     args = (parser or build_parser()).parse_args(argv)
     args.thread_defaulted = isinstance(getattr(args, "thread", None), plumbing.Defaulted)
@@ -323,37 +322,8 @@ def main(argv=None, environ=None, parser=None, points=POINTS, settings_class=Set
         plumbing.key_receipts(settings)
         plumbing.require_text(args)
         exit_code = args.run(args, settings)
-    except urllib.error.HTTPError as error:
-        body = error.read()
-        try:
-            body = json.loads(body)
-        except ValueError:
-            body = body.decode("utf-8", "replace")
-        emit("http_error", status=error.code, body=body)
-        name = getattr(error, "provider", "API")  # which provider answered: NAME_URL is its
-        url = settings.provider(name).url
-        if not isinstance(body, dict):  # the receiver answers every error in JSON: another server
-            hint = resume_hint(args, settings, f"once {name}_URL names the receiver")
-            print(
-                f"{args.prog}: the server at {url} answered {error.code} without the "
-                f"receiver's JSON: {name}_URL (its port) names another program{hint}",
-                file=sys.stderr,
-            )
-        elif error.code in plumbing.DID_NOTHING:  # the receiver's JSON, and nothing made
-            why = f"the receiver at {name}_URL {url} answered {error.code}"
-            when = f"once {name}_URL names the receiver and lets you in"
-            hint = resume_hint(args, settings, when)
-            print(
-                f"{args.prog}: {why}: nothing was made, and the key is still free; check "
-                f"{name}_URL (its host, port and path) and its credentials{hint}",
-                file=sys.stderr,
-            )
-        elif error.code == 503:  # busy past every try: rolled back each time: nothing committed
-            tries = settings.provider(name).attempts * plumbing.BUSY_TRIES_PER_ATTEMPT
-            why = f"the receiver stayed busy (503) for {tries} tries; nothing was committed"
-            hint = resume_hint(args, settings, "once the receiver can write")
-            print(f"{args.prog}: {why}{hint}", file=sys.stderr)
-        return EXIT_HTTP_ERROR
+    except urllib.error.HTTPError as error:  # a provider answered with an error
+        return plumbing.said_http_error(args, settings, error)
     except effects.LedgerError as error:
         print(f"{args.prog}: {error}", file=sys.stderr)
         return plumbing.ledger_exit(error)
@@ -363,16 +333,7 @@ def main(argv=None, environ=None, parser=None, points=POINTS, settings_class=Set
         print(f"{args.prog}: {error}{plumbing.default_thread(args, error)}{hint}", file=sys.stderr)
         return error.exit_code
     except sqlite3.DatabaseError as error:  # not a database, read-only, a locked file, ...
-        where = f"{args.prog}: CHECKPOINT_DB {settings.checkpoint_db!r}: {error}"
-        if not plumbing.unwritable(error):
-            print(where, file=sys.stderr)
-            return EXIT_USAGE
-        hint = ""
-        if args.graph_command and (found := saved(args, settings)) is not None:
-            hint = "; its request may have taken effect before the save failed"
-            hint += f"; once CHECKPOINT_DB can be written, {goes_on(args, found)}" if found else ""
-        print(f"{where}{hint}", file=sys.stderr)
-        return EXIT_CHECKPOINT_WRITE
+        return plumbing.said_database_error(args, settings, error)
     except ModuleNotFoundError as error:  # a Python without requirements.txt's packages
         print(
             f"{args.prog}: {sys.executable} has no {error.name}; use the Python that has the "
@@ -386,14 +347,7 @@ def main(argv=None, environ=None, parser=None, points=POINTS, settings_class=Set
     except Exception as error:
         if not plumbing.lost_postgres(error):
             raise
-        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        hint = interrupted_hint(args, settings, "once CHECKPOINT_DB answers")
-        print(
-            f"{args.prog}: CHECKPOINT_DB stopped answering ({reason}); what it committed "
-            f"stays (the checkpoints, the ledger's rows){hint}",
-            file=sys.stderr,
-        )
-        return EXIT_NO_ANSWER
+        return plumbing.said_lost_postgres(args, settings, error)
     return exit_code or 0
 
 
