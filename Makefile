@@ -94,6 +94,8 @@ lock: $(VENV)/.installed  ## regenerate the hashed lock files (the starter's too
 	$(UV) -o requirements-dev.txt requirements-dev.in
 	$(UV) -o requirements-drill-oldest.txt requirements-drill-oldest.in  # effectdrill's oldest LangGraph
 	cd labs/tools/starter && $(UV) -o requirements.txt requirements.in  # what the starter imports
+	cd labs/tools/starter && $(UV) -o requirements-otel.txt requirements-otel.in  # TRACE's extra
+	cd labs/tools/starter && $(UV) -o requirements-postgres.txt requirements-postgres.in
 
 clean:  ## the native lab's data and the venv (Docker: make reset)
 	rm -rf data $(VENV) $(DRILL_OLDEST) .pytest_cache .ruff_cache .hypothesis

@@ -32,13 +32,13 @@ has a connection of its own; so has SqliteSaver (SqliteSaver.from_conn_string op
 SqliteSaver.cursor commits on it: langgraph/checkpoint/sqlite/__init__.py), and LangGraph hands
 each node's writes to it from a background executor (PregelLoop.put_writes calls self.submit:
 langgraph/pregel/_loop.py). PostgresSaver's connection is autocommit (PostgresSaver.
-from_conn_string, langgraph/checkpoint/postgres/__init__.py; workflow.open_postgres does the
+from_conn_string, langgraph/checkpoint/postgres/__init__.py; plumbing.open_postgres does the
 same), the ledger's another. A crash between the receipt and the checkpoint (failpoint
 after-ack) re-runs the node; the node finds the receipt and the provider hears nothing. A crash
 between the provider's answer and the receipt (after-send) leaves `requested`: the lookup's case.
 
 Standard library only, and psycopg for a Postgres ledger (open_ledger imports it only for a
-postgresql:// URL), OpenTelemetry only with LAB_TRACE set; importing this module changes nothing.
+postgresql:// URL), OpenTelemetry only with TRACE set; importing this module changes nothing.
 """
 
 import dataclasses
@@ -109,7 +109,7 @@ class Effect:
     def perform(self, ledger, key, request, client, thread=None):
         """The effect's Outcome, made at most once per key: from the receipt when there is one."""
         with ledger.performing(key):  # InFlight while another live process performs key
-            # LAB_TRACE: a span with the key, how it was made and the ledger's state (tracing.py)
+            # TRACE: a span with the key, how it was made and the ledger's state (tracing.py)
             with tracing.effect(self.name, key, ledger) as traced:
                 return traced(self.perform_claimed(ledger, key, request, client, thread))
 

@@ -38,6 +38,10 @@ from typing import NamedTuple
 import effects
 
 TABLES = ("inbox", "inbox_subjects")
+COLUMNS = {  # the columns each table has had from the start (plumbing.own_tables)
+    "inbox": {"event_id", "subject", "version", "status", "applied"},
+    "inbox_subjects": {"subject", "status", "version", "event_id"},
+}
 SCHEMA = (
     """CREATE TABLE IF NOT EXISTS inbox (
     event_id TEXT PRIMARY KEY,  -- the provider's id for the event: one row however often it came

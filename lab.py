@@ -62,6 +62,7 @@ if __name__ == "__main__":  # a Ctrl-C while the imports below run: one line, no
     signal.signal(signal.SIGINT, interrupted_while_importing)
 
 import dataclasses
+import hashlib
 import hmac
 import json
 import os
@@ -80,10 +81,12 @@ import effects
 import failpoints
 import httpguard
 import inbox
+import plumbing
+import relay
 import workflow
 from failpoints import fail
 from httpguard import DEFAULT_WEBHOOK_SECRET as LAB_SECRET
-from workflow import EXIT_THREAD, EXIT_USAGE, UserError, emit
+from plumbing import EXIT_THREAD, EXIT_USAGE, UserError, emit
 
 MODES = ("naive", "safe", "node-uuid", "ledger")  # ledger: the core's; the others, lessons
 PAYMENT_MODES = ("lookup-resend",)  # lab 15: the ticket as in ledger, the payment without settle_s
@@ -103,6 +106,7 @@ POINTS = (*workflow.POINTS, "step-boundary")
 FAILPOINT_TOKEN = "Failpoint-Token"  # api.py's before-answer point fires once per token
 EFFECT_NODE = {"1": "create_ticket", "2": "open_ticket"}  # LAB_GRAPH_VERSION: the effect's name
 RENAMES = {"2": {"create_ticket": "open_ticket"}}  # what migrate maps a saved next through
+LAB_TABLES = {**inbox.COLUMNS, **relay.COLUMNS}  # beside the checkpoints: the core knows none
 
 
 class State(workflow.State):
@@ -125,7 +129,7 @@ def create_ticket(state: State, runtime):
     fail("before-request")
     try:
         result = client.create(state["title"], key)
-    except workflow.NoAnswer as error:
+    except plumbing.NoAnswer as error:
         # Sent, and no answer: committed or not, nobody here can tell (lab 06). A refused
         # connection or a 503 is not NoAnswer: nothing was committed, and the client tried again.
         emit("effect_unknown", error=str(error.__cause__ or error))
@@ -278,8 +282,8 @@ MESSAGE = effects.Effect(
     send=lambda client, request, key: client.call("/messages", request),  # no key: none is read
     external_id=lambda answer: answer["message_id"],
     lookup=None,  # GET /messages lists them; no key finds one
-    not_sent=workflow.did_nothing,
-    refused=workflow.refusal,
+    not_sent=plumbing.did_nothing,
+    refused=plumbing.refusal,
     answer_of=lambda message_id: {"message_id": int(message_id)},  # reconcile --confirmed KEY=ID
     look_with=(
         "python lab.py messages (Docker: docker compose -p stateful-lab run --rm workflow messages)"
@@ -340,8 +344,8 @@ PAYMENT = effects.Effect(
     send=lambda client, request, key: client.call("/payments", request),  # no key: none is read
     lookup=lambda client, key: paid(client, key),
     external_id=lambda answer: answer["payment_id"],
-    not_sent=workflow.did_nothing,
-    refused=workflow.refusal,
+    not_sent=plumbing.did_nothing,
+    refused=plumbing.refusal,
     keyed=False,  # a resend is a second charge
     settle_s=PAYMENT_SETTLE_S,
     answer_of=lambda payment_id: {"payment_id": int(payment_id)},  # reconcile --confirmed KEY=ID
@@ -430,7 +434,7 @@ def approve(args, settings):
 
 def run(args, settings, graph_input):
     """workflow.run with the lab's failpoints, and its graph and client (LAB below)."""
-    if args.crash_at == "step-boundary" and workflow.is_postgres(settings.checkpoint_db):
+    if args.crash_at == "step-boundary" and plumbing.is_postgres(settings.checkpoint_db):
         raise UserError(
             "--crash-at step-boundary needs the SQLite checkpointer (its saver is a SqliteSaver); "
             "unset CHECKPOINT_DB",
@@ -439,7 +443,7 @@ def run(args, settings, graph_input):
     points = {args.crash_at: "kill"} if args.crash_at not in (None, "lost-ack") else {}
     points |= {args.term_at: "term"} if args.term_at else {}
     with failpoints.scoped(points):
-        return workflow.run(args, settings, graph_input)
+        return program_run(args, settings, graph_input)
 
 
 def state(args, settings):
@@ -492,7 +496,7 @@ def client_for(args, settings):
 
 def saver_for(args, settings):
     """The step-boundary saver for runs that may pass that point; SQLite's plain one otherwise."""
-    if args.graph_command and not workflow.is_postgres(settings.checkpoint_db):
+    if args.graph_command and not plumbing.is_postgres(settings.checkpoint_db):
         return step_boundary_saver()
     return None
 
@@ -512,7 +516,7 @@ def exists_hint(saved):
     resume would repeat a request that may have taken effect."""
     reset = RESET_HINT
     values = saved.checkpoint["channel_values"] if saved else {}
-    if values.get("mode") == "naive" and any(c.startswith(workflow.BRANCH) for c in values):
+    if values.get("mode") == "naive" and any(c.startswith(BRANCH) for c in values):
         return f"it sends no key (--mode naive), so a resume repeats its request; or {reset}"
     return f"resume it or pick a new --thread; or {reset}"
 
@@ -543,7 +547,7 @@ def saga_goes_on(saved):
     sends that refund without a key, so its resume refunds again if the first went through."""
     thread = saved.config["configurable"]["thread_id"]
     values = saved.checkpoint["channel_values"]
-    if values.get("mode") == "naive" and f"{workflow.BRANCH}refund" in values:
+    if values.get("mode") == "naive" and f"{BRANCH}refund" in values:
         return (
             "its refund goes without a key (--mode naive), so saga resume --thread "
             f"{thread} refunds again if the first refund went through: look at saga refunds first"
@@ -572,9 +576,7 @@ class LostAckClient(workflow.TicketClient):
     failpoint is set to drop-answer commits it and hangs up, once per token."""
 
     def __init__(self, client, token):
-        super().__init__(
-            client.api_url, client.timeout_s, client.attempts, {FAILPOINT_TOKEN: token}
-        )
+        super().__init__(client.url, client.timeout_s, client.attempts, {FAILPOINT_TOKEN: token})
         self.first = True
 
     def create(self, title, key=None):
@@ -763,8 +765,8 @@ def receiver_effect(name, path):
         send=lambda client, request, key: client.call(path, request, key),
         lookup=lambda client, key: looked_up(client, path.strip("/"), key),
         external_id=lambda answer: answer[f"{name}_id"],
-        not_sent=workflow.did_nothing,
-        refused=workflow.refusal,  # reservations: no_capacity (the saga's outcome), key_conflict
+        not_sent=plumbing.did_nothing,
+        refused=plumbing.refusal,  # reservations: no_capacity (the saga's outcome), key_conflict
         keyed=True,  # the receiver answers a repeated Idempotency-Key with the first result
         answer_of=lambda made_id: {f"{name}_id": int(made_id), "created": False},
         look_with=f"GET {path}?key={{key}} on API_URL",
@@ -832,7 +834,7 @@ def saga_run(args, settings, graph_input):
     ):
         graph = build_saga(saver)
         hint = saga_exists_hint(saver.get_tuple(workflow.thread_config(args.thread)))
-        snapshot = workflow.require_thread(graph, args.thread, graph_input is not None, hint)
+        snapshot = plumbing.require_thread(graph, args.thread, graph_input is not None, hint)
         if graph_input is None and "seats" not in snapshot.values:
             raise UserError(
                 f"thread {args.thread!r} is not a saga; resume it without saga", EXIT_THREAD
@@ -878,8 +880,8 @@ def seats(text):
 
 def add_saga_parser(actions):
     saga = actions.add_parser("saga", help="lab 13: charge, reserve, refund when refused")
-    steps = saga.add_subparsers(dest="saga_action", required=True, parser_class=workflow.Parser)
-    thread = dict(default=workflow.Defaulted("saga"), help="checkpoint thread id (default: saga)")
+    steps = saga.add_subparsers(dest="saga_action", required=True, parser_class=plumbing.Parser)
+    thread = dict(default=plumbing.Defaulted("saga"), help="checkpoint thread id (default: saga)")
     for name, action in [("start", saga_start), ("resume", saga_resume)]:
         sub = steps.add_parser(name, help=f"{name} a saga")
         sub.set_defaults(run=action, graph_command=True, resume="saga resume")
@@ -980,7 +982,7 @@ def outbox_run(args, settings, graph_input):
                 f"thread {args.thread!r} is not an outbox run; {other}{fresh}", EXIT_THREAD
             )
         hint = f"outbox resume --thread {args.thread}; or pick a new --thread; or {RESET_HINT}"
-        workflow.require_thread(graph, args.thread, graph_input is not None, hint)
+        plumbing.require_thread(graph, args.thread, graph_input is not None, hint)
         final = workflow.run_graph(graph, graph_input, args.thread, settings.client(), ledger)
     if final is None:
         return workflow.EXIT_DRAINED
@@ -1003,8 +1005,8 @@ def outbox_state(args, settings):
 
 def add_outbox_parser(actions):
     outbox = actions.add_parser("outbox", help="lab 19: the ticket as a message in an outbox")
-    steps = outbox.add_subparsers(dest="outbox_action", required=True, parser_class=workflow.Parser)
-    thread = dict(default=workflow.Defaulted("outbox"), help="thread id (default: outbox)")
+    steps = outbox.add_subparsers(dest="outbox_action", required=True, parser_class=plumbing.Parser)
+    thread = dict(default=plumbing.Defaulted("outbox"), help="thread id (default: outbox)")
     for name, action in [("start", outbox_start), ("resume", outbox_resume)]:
         sub = steps.add_parser(name, help=f"{name} a run")
         sub.set_defaults(run=action, graph_command=True, resume="outbox resume")
@@ -1055,13 +1057,13 @@ def hooks(args, settings):
     # The receiver answers /webhooks and /progress once its delivery round is over, after one
     # before it (a round tries a silent subscriber 3 times, 2 s each): wait for that, not 5 s.
     sender = workflow.TicketClient(settings.api_url, HOOKS_TIMEOUT_S, settings.attempts)
-    if not workflow.is_postgres(settings.checkpoint_db):  # as open_checkpointer checks it
+    if not plumbing.is_postgres(settings.checkpoint_db):  # as open_checkpointer checks it
         path = pathlib.Path(settings.checkpoint_db)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as error:
             raise UserError(f"CHECKPOINT_DB {str(path)!r}: {error.strerror}", EXIT_USAGE) from None
-        workflow.require_checkpoint_file(path)
+        plumbing.require_checkpoint_file(path)
     with (
         inbox.open_inbox(settings.checkpoint_db) as box,
         effects.open_ledger(settings.checkpoint_db) as ledger,
@@ -1304,16 +1306,205 @@ def add_hooks_parser(actions):
     sub.add_argument("--crash-at", choices=HOOK_POINTS, help="where the endpoint dies (SIGKILL)")
 
 
-LAB = workflow.Program(  # what workflow.run and migrate do differently for the lab
-    graph=graph_for,
-    version=lambda args: args.graph_version,
-    renames=lambda args: RENAMES.get(args.graph_version),
-    owner=owner,
-    exists_hint=exists_hint,
-    saver_class=saver_for,
-    client=client_for,
-    check=check_approval,
-)
+# --- lab 12: the contract a run is saved under, and migrate -------------------------------
+#
+# Each checkpoint records the run's contract (the code's version and the graph's shape): `resume`
+# under another refuses (exit 65, EXIT_CONTRACT), and `migrate` moves a thread to this one,
+# explicitly. The core (workflow.py) records none: its starter has one graph.
+
+VERSION = "1"  # the code's; bump it for a change that saved threads must not meet silently
+BRANCH = "branch:to:"  # the channel that sends a run to a node (LangGraph's graph/state.py)
+INTERRUPT = "__interrupt__"  # the write of a node waiting in interrupt() (_internal/_constants.py)
+EXIT_CONTRACT = 65  # resume of a thread saved under another contract: migrate it (EX_DATAERR)
+
+
+def program_run(args, settings, graph_input):
+    """Start (graph_input) or resume (None) args.thread with the lab's graph, client and saver,
+    under its contract: only a thread saved under it resumes (--no-contract skips that)."""
+    starting = isinstance(graph_input, dict)  # not a resume's Command
+    client = client_for(args, settings)
+    with (
+        workflow.open_checkpointer(settings.checkpoint_db, saver_for(args, settings)) as saver,
+        effects.open_ledger(settings.checkpoint_db, settings.lease_s) as ledger,
+    ):
+        head = saver.get_tuple(workflow.thread_config(args.thread))
+        graph = graph_for(saver, args, head)
+        current = contract(graph, args.graph_version)
+        if head and (line := owner(head)):  # another command's thread
+            raise UserError(line, EXIT_THREAD)
+        if head and not starting and not args.no_contract:  # only under its saved contract
+            require_contract(graph, args.thread, current, RENAMES.get(args.graph_version))
+        check_approval(args, graph.get_state(workflow.thread_config(args.thread)))
+        plumbing.require_thread(graph, args.thread, starting, exists_hint(head))
+        final = workflow.run_graph(
+            graph, graph_input, args.thread, client, ledger, args.durability, {"contract": current}
+        )
+    if final is None:
+        return workflow.EXIT_DRAINED
+    if INTERRUPT in final:  # the run waits for a human (a graph with interrupt())
+        emit("awaiting_approval", **final[INTERRUPT][0].value)
+        return 0
+    emit("done", **final)
+    return 0
+
+
+def migrate(args, settings):
+    with workflow.open_checkpointer(settings.checkpoint_db) as saver:
+        head = saver.get_tuple(workflow.thread_config(args.thread))
+        graph = graph_for(saver, args, head)
+        current = contract(graph, args.graph_version)
+        migrate_thread(graph, args.thread, current, RENAMES.get(args.graph_version), owner)
+
+
+def contract(graph, version=None):
+    """What a run's checkpoints are made under: the code's version (VERSION unless given) and the
+    graph's shape. Not how prepare derives the key: the key is prepare's output, saved in the
+    checkpoint, so a resumed thread sends the key it saved whatever prepare would derive now."""
+    shape = graph.get_graph()
+    edges = sorted([edge.source, edge.target, edge.conditional] for edge in shape.edges)
+    digest = hashlib.sha256(json.dumps([sorted(shape.nodes), edges]).encode()).hexdigest()[:8]
+    return f"v{version or VERSION} graph:{digest}"
+
+
+def require_contract(graph, thread, current, renames=None):
+    """Refuse, changing nothing, to resume a thread saved under another contract. The line says
+    whether `migrate` can move it here (tried in a copy, as migrate does) or why it cannot."""
+    saved = graph.checkpointer.get_tuple(workflow.thread_config(thread))
+    if saved.metadata.get("contract") == current:
+        return
+    was = saved.metadata.get("contract")
+    emit("contract_mismatch", current=current, saved=was, thread=thread)
+    why = f"thread {thread!r} was saved under {was!r}, this code is {current!r}"
+    try:
+        plan_migration(graph, saved, current, renames)
+    except CannotMigrate as error:  # no migrate hint that would be refused, or undo the thread
+        why += f"; migrate cannot move it ({error}): resume it with the code that saved it"
+        raise UserError(why, EXIT_CONTRACT) from None
+    raise UserError(f"{why}; migrate --thread {thread} moves it here", EXIT_CONTRACT)
+
+
+def migrate_thread(graph, thread, current, renames=None, owner=None):
+    """Move a thread to the current contract: its values kept, its saved next run next, by this
+    graph's names (renames: old name -> new). Nothing runs. The move is made in a copy of the
+    thread first (plan_migration), and written only when its next is what this prints.
+    owner(saved): the line for a thread another command runs, or None."""
+    saved = graph.checkpointer.get_tuple(workflow.thread_config(thread))
+    if saved is None:
+        raise UserError(f"no thread {thread!r}; check --thread", EXIT_THREAD)
+    if owner and (line := owner(saved)):
+        raise UserError(line, EXIT_THREAD)
+    if saved.metadata.get("contract") == current:  # nothing to move: write nothing
+        emit("unchanged", contract=current, next=list(graph.get_state(saved.config).next))
+        return
+    try:
+        was, moved, writes = plan_migration(graph, saved, current, renames)
+    except CannotMigrate as error:
+        raise UserError(f"thread {thread!r}: {error}; nothing written", EXIT_CONTRACT) from None
+    for write in writes:  # the copy's new checkpoint (one put), then the question it waits on
+        write(graph.checkpointer)
+    emit("migrated", contract=current, next=moved, saved=saved.metadata["contract"], was=was)
+
+
+def plan_migration(graph, saved, current, renames=None):
+    """The move of a saved thread (a CheckpointTuple) to this graph, made in a copy of it:
+    (was, next, the writes to replay on the real saver). CannotMigrate says why it would not do.
+
+    The new checkpoint is written as the node that wrote the saved one (its name here): LangGraph's
+    update_state, given no as_node, credits the write to the last writer that still exists
+    (Pregel._infer_as_node, pregel/main.py), and that node's edges fire too, so a finished thread
+    would be sent back to its effect. The copy is an InMemorySaver holding the thread's head; the
+    real saver gets its one put only once the copy's next is the saved one, so a refusal leaves
+    SQLite and Postgres alike untouched."""
+    from langgraph.types import Command
+
+    renames = renames or {}
+    if "contract" not in saved.metadata:
+        raise CannotMigrate("it has no contract: the program that saved it records none")
+    values = saved.checkpoint["channel_values"]
+    if strays := sorted(c for c in values if c not in graph.channels and not c.startswith(BRANCH)):
+        raise CannotMigrate(f"it holds {strays}, which this graph has no place for")
+    was = [c[len(BRANCH) :] for c in values if c.startswith(BRANCH)]
+    goto = [renames.get(name, name) for name in was]
+    if (writer := last_writer(saved.checkpoint)) is None:
+        raise CannotMigrate("no node has run on it yet")
+    writer = renames.get(writer, writer)
+    if missing := [name for name in [writer, *goto] if name not in graph.nodes]:
+        raise CannotMigrate(f"this graph has no node {missing}")
+    copy = copy_saver(graph.checkpointer, saved)
+    mover = graph.copy({"checkpointer": copy})
+    config = {
+        **workflow.thread_config(saved.config["configurable"]["thread_id"]),
+        "metadata": {"contract": current},
+    }
+    copy.recording = True
+    mover.update_state(config, Command(goto=goto), as_node=writer)
+    moved = mover.get_state(config)
+    asked = [value for _, channel, value in saved.pending_writes or [] if channel == INTERRUPT]
+    if asked and len(was) == 1 == len(moved.tasks):  # it waited in interrupt(): it still does
+        copy.put_writes(moved.config, [(INTERRUPT, asked[0])], moved.tasks[0].id)
+        moved = mover.get_state(config)
+    if sorted(moved.next) != sorted(goto):
+        raise CannotMigrate(
+            f"written as {writer}, its next would be {list(moved.next)}, not {goto}"
+        )
+    return was, list(moved.next), copy.replay
+
+
+class CannotMigrate(Exception):
+    """Why a saved thread cannot be moved to this graph."""
+
+
+def last_writer(checkpoint):
+    """The node that wrote a saved checkpoint, by its saved name: the one that read the newest
+    channel version (versions_seen), as Pregel._infer_as_node picks it, but over every name the
+    checkpoint knows, not only those of the graph reading it."""
+    seen = [
+        (version, node)
+        for node, versions in checkpoint["versions_seen"].items()
+        if node != "__input__" and not node.startswith("__snapshot")
+        for version in versions.values()
+    ]
+    return max(seen)[1] if seen else None
+
+
+def copy_saver(real, saved):
+    """A copy of a thread's head in memory, for plan_migration to write into: an InMemorySaver
+    holding the saved checkpoint and its pending writes, with the real saver's version format.
+    Once `recording` is set, the checkpoint it is given and the writes on that checkpoint are
+    kept in `replay`, to replay on the real saver; the update's record of itself on the saved
+    checkpoint (history only) is not replayed, so the saved checkpoint stays as it was."""
+    from langgraph.checkpoint.memory import InMemorySaver
+
+    class Copy(InMemorySaver):
+        recording, replay, new_id = False, [], None
+
+        def get_next_version(self, current, channel):
+            return real.get_next_version(current, channel)
+
+        def put(self, config, checkpoint, metadata, new_versions):
+            if self.recording:
+                self.new_id = checkpoint["id"]
+                self.replay.append(lambda to: to.put(config, checkpoint, metadata, new_versions))
+            return super().put(config, checkpoint, metadata, new_versions)
+
+        def put_writes(self, config, writes, task_id, task_path=""):
+            if self.recording and config["configurable"]["checkpoint_id"] == self.new_id:
+                self.replay.append(lambda to: to.put_writes(config, writes, task_id, task_path))
+            return super().put_writes(config, writes, task_id, task_path)
+
+    copy = Copy(serde=real.serde)
+    copy.replay = []
+    where = saved.config["configurable"]
+    parent = (saved.parent_config or {"configurable": {}})["configurable"].get("checkpoint_id")
+    head = {"configurable": {**where, "checkpoint_id": parent}}
+    head["configurable"].setdefault("checkpoint_ns", "")
+    copy.put(head, saved.checkpoint, saved.metadata, saved.checkpoint["channel_versions"])
+    tasks = {}
+    for task_id, channel, value in saved.pending_writes or []:
+        tasks.setdefault(task_id, []).append((channel, value))
+    for task_id, writes in tasks.items():
+        copy.put_writes(saved.config, writes, task_id)
+    return copy
 
 
 def build_parser():
@@ -1325,7 +1516,6 @@ def build_parser():
     actions = parser.actions
     for name, action in [("start", start), ("resume", resume), ("state", state)]:
         actions.choices[name].set_defaults(run=action)
-    parser.set_defaults(program=LAB)
     for name in ("start", "resume"):
         sub = actions.choices[name]
         crash = sub.add_mutually_exclusive_group()
@@ -1342,6 +1532,9 @@ def build_parser():
     actions.choices["resume"].add_argument(
         "--no-contract", action="store_true", help="skip the contract check (lab 12)"
     )
+    sub = actions.add_parser("migrate", help="move a thread to this code's contract (lab 12)")
+    sub.set_defaults(run=migrate)
+    sub.add_argument("--thread", default=plumbing.Defaulted("demo"), help="checkpoint thread id")
     start_parser = actions.choices["start"]
     start_parser.add_argument("--mode", choices=(*MODES, *PAYMENT_MODES), default="ledger")
     start_parser.add_argument(
@@ -1363,7 +1556,7 @@ def build_parser():
     sub.set_defaults(run=approve, graph_command=True)
     sub.set_defaults(resume="approve")  # what goes on after a stop: the answer, again
     sub.add_argument(
-        "--thread", default=workflow.Defaulted("demo"), help="checkpoint thread id (default: demo)"
+        "--thread", default=plumbing.Defaulted("demo"), help="checkpoint thread id (default: demo)"
     )
     sub.add_argument("--reject", dest="approve", action="store_false", help="answer no")
     add_saga_parser(actions)
@@ -1382,6 +1575,7 @@ def main(argv=None, environ=None):
     parser.set_defaults(graph_version=version, listen_host=environ.get("LISTEN_HOST", "127.0.0.1"))
     parser.set_defaults(webhook_secret=environ.get("WEBHOOK_SECRET") or LAB_SECRET)  # hooks
     points = (*POINTS, *SAGA_ACKS, *OUTBOX_POINTS, *HOOK_POINTS)
+    plumbing.own_tables(LAB_TABLES)  # inbox.py's and relay.py's, beside the checkpoints
     return workflow.main(argv, environ, parser=parser, points=points)
 
 

@@ -50,7 +50,7 @@ Configuration (environment, read in main()):
                                  caller may wait before it retries (a crash, an approval).
     FAILPOINTS                   "" (none). Fault points for tests, never for a real service:
                                  after-commit=kill dies between the commit and the answer.
-    LAB_TRACE                    "" (off). otlp, or a file: a span per keyed POST, its parent
+    TRACE                        "" (off). otlp, or a file: a span per keyed POST, its parent
                                  the caller's traceparent (tracing.py; needs OpenTelemetry)
 """
 
@@ -318,7 +318,7 @@ class Handler(GuardedHandler):
 
     routes = {"/health": "GET, HEAD", "/tickets": "GET, HEAD, POST", "/metrics": "GET, HEAD"}
 
-    @tracing.serves  # with LAB_TRACE: a span, joined to the caller's by its traceparent header
+    @tracing.serves  # with TRACE: a span, joined to the caller's by its traceparent header
     def post(self, path):
         body = self.read_body()
         # Whitespace around a header value is not part of it (RFC 9110, 5.5).
@@ -726,7 +726,7 @@ def open_server(environ, store_class=TicketStore, handler=Handler, known=POINTS)
     except failpoints.FailpointSpecError as error:
         raise ConfigError(str(error)) from None
     try:
-        tracing.start(environ.get("LAB_TRACE", ""), "receiver")
+        tracing.start(environ.get("TRACE", ""), "receiver")
     except tracing.TracingError as error:
         raise ConfigError(str(error)) from None
     try:

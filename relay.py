@@ -51,7 +51,7 @@ Configuration (environment, read in main()):
     API_URL, CHECKPOINT_DB, API_TIMEOUT_S, API_ATTEMPTS   as workflow.py reads them
     RELAY_POLL_S     1 (seconds between the end of a round and the next, without --once)
     FAILPOINTS       "" (all off): before-publish, after-publish (see failpoints.py)
-    LAB_TRACE        "" (off): otlp or a file, as workflow.py reads it (tracing.py)
+    TRACE            "" (off): otlp or a file, as workflow.py reads it (tracing.py)
 """
 
 import fcntl
@@ -70,12 +70,17 @@ from typing import NamedTuple
 
 import effects
 import failpoints
+import inbox
+import plumbing
 import tracing
 import workflow
 from failpoints import fail
-from workflow import EXIT_HTTP_ERROR, EXIT_NO_ANSWER, EXIT_USAGE, UserError, emit
+from plumbing import EXIT_HTTP_ERROR, EXIT_NO_ANSWER, EXIT_USAGE, UserError, emit
 
 POINTS = ("before-publish", "after-publish")  # this program's failpoints
+COLUMNS = {
+    "outbox": {"message_id", "destination", "payload", "state", "deliveries"}
+}  # from the start
 NOT_REFUSALS = (404, 405, 503)  # no such route (a wrong API_URL), or busy: not the message's fault
 POLL_S = 1.0  # seconds from the end of one round to the next: a message written meanwhile
 #               waits that long, plus the round it finds in progress
@@ -273,7 +278,7 @@ def deliver(outbox, message, client):
     try:
         answer = client.call(message.destination, message.payload, message.message_id)
     except urllib.error.HTTPError as error:
-        if error.code in NOT_REFUSALS or (refusal := workflow.refusal(error)) is None:
+        if error.code in NOT_REFUSALS or (refusal := plumbing.refusal(error)) is None:
             raise  # busy, a wrong API_URL, or not the receiver: the row stays pending
         outbox.refused(message.message_id, refusal)
         emit("refused", message_id=message.message_id, refusal=refusal)
@@ -301,21 +306,22 @@ def serve(outbox, client, poll_s, stopping):
 
 def main(argv=None, environ=None):
     """The relay's CLI; returns the exit code."""
-    parser = workflow.Parser(prog="relay.py", description=__doc__.splitlines()[0])
+    parser = plumbing.Parser(prog="relay.py", description=__doc__.splitlines()[0])
     what = parser.add_mutually_exclusive_group()
     what.add_argument("--once", action="store_true", help="deliver what is pending, then exit")
     what.add_argument("--show", action="store_true", help="list the outbox")
     parser.add_argument("--crash-at", choices=POINTS, help="where the relay dies (SIGKILL)")
     args = parser.parse_args(argv)
+    plumbing.own_tables({**inbox.COLUMNS, **COLUMNS})  # the lab's, beside the checkpoints
     environ, settings = os.environ if environ is None else environ, workflow.Settings()
     try:
         settings = workflow.Settings.from_environ(environ)
-        poll_s = workflow.number(environ, "RELAY_POLL_S", POLL_S, float)
+        poll_s = plumbing.number(environ, "RELAY_POLL_S", POLL_S, float)
         try:
-            failpoints.configure(settings.failpoints, known=POINTS, announce=workflow.announce)
+            failpoints.configure(settings.failpoints, known=POINTS, announce=plumbing.announce)
         except failpoints.FailpointSpecError as error:
             raise UserError(str(error), EXIT_USAGE) from None
-        try:  # LAB_TRACE: each delivery's POST a span with the message id as its key
+        try:  # TRACE: each delivery's POST a span with the message id as its key
             tracing.start(settings.trace, "relay")
         except tracing.TracingError as error:
             raise UserError(str(error), EXIT_USAGE) from None
@@ -400,13 +406,13 @@ def run_until_stopped(checkpoint_db, client, poll_s):
 def opened(checkpoint_db):
     """open_outbox, with workflow.py's checks: a SQLite file that is the workflow's (or new,
     its folder made), a Postgres that answers."""
-    if not workflow.is_postgres(checkpoint_db):
+    if not plumbing.is_postgres(checkpoint_db):
         path = Path(checkpoint_db)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as error:
             raise UserError(f"CHECKPOINT_DB {str(path)!r}: {error.strerror}", EXIT_USAGE) from None
-        workflow.require_checkpoint_file(path)
+        plumbing.require_checkpoint_file(path)
         with open_outbox(checkpoint_db) as outbox:
             yield outbox
         return

@@ -1,6 +1,6 @@
 """The key on the trace: OpenTelemetry spans that carry an effect's idempotency key, off by default.
 
-When LAB_TRACE is set, each program makes spans (OpenTelemetry's SDK) and joins them with W3C
+When TRACE is set, each program makes spans (OpenTelemetry's SDK) and joins them with W3C
 trace context (the `traceparent` header):
 
     workflow,  run                  one run of a thread; a drained run ends with a `drained`
@@ -16,16 +16,16 @@ trace context (the `traceparent` header):
 A resumed run is another process, so its spans are in another trace than the first attempt's:
 what joins the two attempts and the receiver's one ticket is the attribute idempotency.key.
 
-    LAB_TRACE=""                 off (the default): nothing here imports OpenTelemetry, and the
+    TRACE=""                 off (the default): nothing here imports OpenTelemetry, and the
                                  receiver and the ledger need nothing but the standard library
-    LAB_TRACE=otlp               spans sent by OTLP over HTTP to OTEL_EXPORTER_OTLP_ENDPOINT
+    TRACE=otlp               spans sent by OTLP over HTTP to OTEL_EXPORTER_OTLP_ENDPOINT
                                  (the exporter's own variable; default http://localhost:4318),
                                  in batches, every 5 s (OTEL_BSP_SCHEDULE_DELAY, in ms), each
                                  export given OTLP_TIMEOUT_S (1 s) unless
                                  OTEL_EXPORTER_OTLP_TIMEOUT says otherwise: the exporter's own
                                  10 s, spent retrying a collector that is not there, made every
                                  command ~7 s slower
-    LAB_TRACE=PATH               each span appended to the file PATH as one JSON line, as it ends
+    TRACE=PATH               each span appended to the file PATH as one JSON line, as it ends
                                  (a path with a / or ending in .jsonl: any other value, 1 or
                                  true, is a usage error, not a file of that name)
 
@@ -52,24 +52,24 @@ PROVIDER = None
 
 
 class TracingError(Exception):
-    """LAB_TRACE cannot work here: one line that says why."""
+    """TRACE cannot work here: one line that says why."""
 
 
 def start(setting, service):
-    """Turn tracing on as LAB_TRACE says (see above) for the program named service."""
+    """Turn tracing on as TRACE says (see above) for the program named service."""
     if not setting:
         return
     if setting != "otlp" and "/" not in setting and not setting.endswith(".jsonl"):
-        raise TracingError(  # LAB_TRACE=1, true, OTLP: a file of that name was never meant
-            f"LAB_TRACE={setting!r} is neither otlp nor a file (a path with a / or ending "
-            "in .jsonl); set LAB_TRACE=otlp, or LAB_TRACE=spans.jsonl, or unset it"
+        raise TracingError(  # TRACE=1, true, OTLP: a file of that name was never meant
+            f"TRACE={setting!r} is neither otlp nor a file (a path with a / or ending "
+            "in .jsonl); set TRACE=otlp, or TRACE=spans.jsonl, or unset it"
         )
     try:
         import opentelemetry.sdk.trace  # noqa: F401 (installed?)
     except ImportError:
         raise TracingError(
-            "LAB_TRACE is set and OpenTelemetry is not installed; install requirements.txt "
-            "(opentelemetry-sdk), or unset LAB_TRACE"
+            "TRACE is set and OpenTelemetry is not installed; install its hashed lock "
+            "(pip install --require-hashes -r requirements-otel.txt), or unset TRACE"
         ) from None
     if setting == "otlp":
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
@@ -80,7 +80,7 @@ def start(setting, service):
     try:
         return use(JsonLines(setting), service)
     except OSError as error:
-        raise TracingError(f"LAB_TRACE={setting!r} cannot be written: {error.strerror}") from None
+        raise TracingError(f"TRACE={setting!r} cannot be written: {error.strerror}") from None
 
 
 def use(exporter, service, batch=False):
@@ -207,7 +207,7 @@ QUIET = Quiet()
 
 
 class JsonLines:
-    """The span exporter of LAB_TRACE=PATH: each span one JSON line (ReadableSpan.to_json),
+    """The span exporter of TRACE=PATH: each span one JSON line (ReadableSpan.to_json),
     appended in one write (O_APPEND), so that threads, and processes sharing the file, never
     interleave two lines."""
 
@@ -225,7 +225,7 @@ class JsonLines:
             if not self.failed:
                 self.failed = True
                 print(
-                    f"tracing: LAB_TRACE={self.path!r} cannot be written ({error.strerror}); "
+                    f"tracing: TRACE={self.path!r} cannot be written ({error.strerror}); "
                     "this process's spans are lost, the run goes on",
                     file=sys.stderr,
                     flush=True,

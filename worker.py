@@ -68,7 +68,7 @@ or running, 5 when `wait` finds dead jobs; `run` exits 0 on SIGTERM once its gra
 
 Configuration (environment, read in main()):
     WORKER_GRAPH         lab:build_graph: the module:function that compiles the graph the jobs run
-    API_URL, API_TIMEOUT_S, API_ATTEMPTS, LAB_TRACE   as for workflow.py (compose sets API_URL)
+    API_URL, API_TIMEOUT_S, API_ATTEMPTS, TRACE   as for workflow.py (compose sets API_URL)
     CHECKPOINT_DB        postgresql://... (required: checkpoints and queue; compose sets it)
     WORKER_HEARTBEAT_S   10: a job whose worker has not beaten for this long goes to another one
     WORKER_JOB_ATTEMPTS  6: runs of a job that fails for a retryable reason, before it is dead;
@@ -106,9 +106,12 @@ from datetime import timedelta
 
 import effects
 import failpoints
+import inbox
+import plumbing
+import relay
 import tracing
 import workflow
-from workflow import EXIT_NO_ANSWER, EXIT_THREAD, EXIT_USAGE, UserError, emit
+from plumbing import EXIT_NO_ANSWER, EXIT_THREAD, EXIT_USAGE, UserError, emit
 
 ENTRYPOINT = "operation"  # the one kind of job: run one operation's thread
 JOBS_PER_WORKER = 2  # pgqueuer's minimum cap for a batch of 1 (max_concurrent_tasks >= 2 x batch)
@@ -227,7 +230,7 @@ def reconcile(args):
     settled as a person says (--confirmed, --not-sent). It looks up the effects the graph's
     module declares, and the core's."""
     args.effects = effects.declared(vars(workflow)) | effects.declared(vars(args.graph_module))
-    workflow.reconcile(args, args.settings)
+    plumbing.reconcile(args, args.settings)
 
 
 async def wait(args):
@@ -351,7 +354,7 @@ async def metrics(args):
     worker and then it exits, and a counter of its own would go with it. The tables are the
     queue's, not one worker's, so one process serves them: scraped from each of three workers,
     every drain would be there three times. The counters start again only with the database."""
-    if workflow.is_postgres(args.checkpoint_db):  # installs the queue
+    if plumbing.is_postgres(args.checkpoint_db):  # installs the queue
         await open_queue(args.checkpoint_db, time.monotonic() + args.db_wait_s)
     if args.port is None:
         print(await metrics_text(args.checkpoint_db), end="")
@@ -373,7 +376,7 @@ async def metrics(args):
 
 async def metrics_text(url):
     ledger = await asyncio.to_thread(lambda: ledger_lines(url) + outbox_lines(url))
-    if not workflow.is_postgres(url):
+    if not plumbing.is_postgres(url):
         return "\n".join(ledger) + "\n"
     from pgqueuer import Queries
 
@@ -453,7 +456,7 @@ def ledger_counts(url):
 def read_only(url, read, none):
     """read(ledger) on CHECKPOINT_DB opened to read only, or none where there is nothing to read
     yet: no file (none is made), or no such table."""
-    if not workflow.is_postgres(url) and not os.path.exists(url):
+    if not plumbing.is_postgres(url) and not os.path.exists(url):
         return none
     try:
         with effects.read_ledger(url) as ledger:
@@ -723,7 +726,7 @@ def retryable(error):
     import psycopg
     import psycopg_pool
 
-    if isinstance(error, workflow.NoAnswer | workflow.Unreachable):
+    if isinstance(error, plumbing.NoAnswer | plumbing.Unreachable):
         return "the receiver did not answer"
     if isinstance(error, effects.InFlight):  # its receipt will be there for the next try
         return "another worker is performing its effect"
@@ -778,12 +781,12 @@ def load_graph(spec):
 def open_checkpoints(url):
     """LangGraph's PostgresSaver on a connection pool that replaces broken connections
     (check_connection), so a worker's graphs work again once a lost database is back.
-    workflow.open_postgres creates or migrates the tables, under its lock."""
+    plumbing.open_postgres creates or migrates the tables, under its lock."""
     from langgraph.checkpoint.postgres import PostgresSaver
     from psycopg.rows import dict_row
     from psycopg_pool import ConnectionPool
 
-    with workflow.open_postgres(url):
+    with plumbing.open_postgres(url):
         pass
     settings = {"autocommit": True, "prepare_threshold": 0, "row_factory": dict_row}
     pool = ConnectionPool(
@@ -802,7 +805,7 @@ def open_checkpoints(url):
 
 
 def ticket_client(args):
-    return workflow.TicketClient(args.api_url, args.timeout_s, args.attempts)
+    return args.settings.client()  # the API provider's: API_URL, API_TIMEOUT_S, API_ATTEMPTS
 
 
 @contextlib.contextmanager
@@ -845,7 +848,7 @@ def run_thread(graph, client, ledger, operation, job_id, control, lab_hold=None)
     points = {}
     if lab_hold and not resume:  # lab-only: only the run that starts the thread holds
         client, points = lab_hold.client(client), {lab_hold.at: "hold"}  # lab-only
-    with tracing.run(operation["thread"]) as span:  # LAB_TRACE: a drain is an event, not an error
+    with tracing.run(operation["thread"]) as span:  # TRACE: a drain is an event, not an error
         try:
             # sync: each node's result is saved before the next node starts, so a resume repeats
             # at most the node that was running. control: a drain stops it at the next step.
@@ -949,8 +952,8 @@ def say(message):
 
 
 def parse_args(argv, graph_module):
-    parser = workflow.Parser(prog="worker.py", description=__doc__.split("\n")[0])
-    actions = parser.add_subparsers(dest="action", required=True, parser_class=workflow.Parser)
+    parser = plumbing.Parser(prog="worker.py", description=__doc__.split("\n")[0])
+    actions = parser.add_subparsers(dest="action", required=True, parser_class=plumbing.Parser)
     sub = actions.add_parser("submit", help="queue one operation for the workers")
     sub.set_defaults(run=submit)
     sub.add_argument("--thread", required=True, help="checkpoint thread id (one job at a time)")
@@ -982,6 +985,7 @@ def parse_args(argv, graph_module):
 
 
 def main(argv=None):
+    plumbing.own_tables({**inbox.COLUMNS, **relay.COLUMNS})  # the lab's, beside the checkpoints
     try:
         graph_module, build_graph = load_graph(os.environ.get("WORKER_GRAPH", GRAPH))
     except UserError as error:
@@ -995,7 +999,7 @@ def main(argv=None):
     for name in ("pgqueuer", "psycopg.pool"):
         logging.getLogger(name).setLevel(logging.CRITICAL)
     try:
-        workflow.require_text(args)  # a --title that is not UTF-8: one line, exit 2
+        plumbing.require_text(args)  # a --title that is not UTF-8: one line, exit 2
         settings = workflow.Settings.from_environ(os.environ)  # API_URL, CHECKPOINT_DB, ...
         vars(args).update(dataclasses.asdict(settings), settings=settings)
         try:  # the core's points (FAILPOINTS="after-ack=sleep(1)": every job of this worker)
@@ -1006,12 +1010,12 @@ def main(argv=None):
             tracing.start(settings.trace, "worker")
         except tracing.TracingError as error:
             raise UserError(str(error), EXIT_USAGE) from None
-        workflow.key_receipts(settings)  # LEDGER_RECEIPT_KEY
-        args.heartbeat_s = workflow.number(os.environ, "WORKER_HEARTBEAT_S", 10.0, float)
-        args.job_attempts = workflow.number(os.environ, "WORKER_JOB_ATTEMPTS", JOB_ATTEMPTS, int)
-        args.retry_s = workflow.number(os.environ, "WORKER_RETRY_S", RETRY_S, float)
-        args.retry_max_s = workflow.number(os.environ, "WORKER_RETRY_MAX_S", RETRY_MAX_S, float)
-        args.db_wait_s = workflow.number(os.environ, "WORKER_DB_WAIT_S", DB_WAIT_S, float)
+        plumbing.key_receipts(settings)  # LEDGER_RECEIPT_KEY
+        args.heartbeat_s = plumbing.number(os.environ, "WORKER_HEARTBEAT_S", 10.0, float)
+        args.job_attempts = plumbing.number(os.environ, "WORKER_JOB_ATTEMPTS", JOB_ATTEMPTS, int)
+        args.retry_s = plumbing.number(os.environ, "WORKER_RETRY_S", RETRY_S, float)
+        args.retry_max_s = plumbing.number(os.environ, "WORKER_RETRY_MAX_S", RETRY_MAX_S, float)
+        args.db_wait_s = plumbing.number(os.environ, "WORKER_DB_WAIT_S", DB_WAIT_S, float)
         if args.action != "metrics":  # metrics reads a SQLite ledger too
             require_postgres(args.checkpoint_db)
         if asyncio.iscoroutinefunction(args.run):
@@ -1025,7 +1029,7 @@ def main(argv=None):
         return error.exit_code
     except effects.LedgerError as error:  # reconcile on a damaged row: one line, as workflow.py's
         print(f"worker.py: {error}", file=sys.stderr)
-        return workflow.ledger_exit(error)
+        return plumbing.ledger_exit(error)
     return 0
 
 
@@ -1121,7 +1125,7 @@ def lab_hold_scope(hold):
 def announce(name, action):
     """failpoints' announce, in the thread that reached the point: the core's line, and lab 10's
     hold, which waits here until its job has moved on and then lets the failpoint go."""
-    workflow.announce(name, action)
+    plumbing.announce(name, action)
     hold = _lab_hold.get()
     if action == "hold" and hold is not None and name == hold.at:
         hold.wait()

@@ -51,7 +51,7 @@ from labs.tools import bench_ledger
 from labs.tools.bench_workers import bench_workers
 from labs.tools.local import ROOT, LabError, ReceiverProcess, free_port, lab_env
 from labs.tools.pg import PostgresUnavailable
-from workflow import EXIT_INTERRUPTED, Parser
+from plumbing import EXIT_INTERRUPTED, Parser
 
 DEFAULT_BASELINE = "HEAD"  # the last commit: what an uncommitted change costs, or the noise level
 CLIENT_THREADS = 8  # concurrent clients: the load shape (a room hammering one receiver)

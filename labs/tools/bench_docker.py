@@ -23,7 +23,7 @@ import time
 
 from labs.tools.backends import compose_command, docker_engine_answers
 from labs.tools.local import ROOT
-from workflow import Parser
+from plumbing import Parser
 
 IMAGE = "stateful-agent-lab:local"
 TIMEOUT_S = 900

@@ -29,7 +29,7 @@ from pathlib import Path
 
 from labs.tools.bench import NoBaseline, baseline_commit, export_commit
 from labs.tools.local import ROOT
-from workflow import EXIT_INTERRUPTED, Parser
+from plumbing import EXIT_INTERRUPTED, Parser
 
 RUNS = 5  # CLI drills per tree, and in-process drills per tree: their medians
 EXIT_NO_BASELINE = 4

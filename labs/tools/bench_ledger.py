@@ -42,7 +42,7 @@ from pathlib import Path
 import effects
 import workflow
 from labs.tools.local import ROOT, LabError, ReceiverProcess, free_port, lab_env
-from workflow import EXIT_INTERRUPTED, Parser
+from plumbing import EXIT_INTERRUPTED, Parser
 
 RUNS = 300  # per way: the N; medians over them
 QUICK_RUNS = 5  # --quick: shows the script works

@@ -26,7 +26,7 @@ from labs.tools.local import ROOT, ReceiverProcess, free_port, lab_env, wait_unt
 sys.path.insert(0, str(ROOT))
 import worker  # noqa: E402
 from labs.tools.native_workers import LocalWorkers  # noqa: E402
-from workflow import Parser  # noqa: E402
+from plumbing import Parser  # noqa: E402
 
 COUNTS = (1, 2, 4)
 ROUNDS = 3  # per worker count; the median ignores one round disturbed by the machine

@@ -44,7 +44,7 @@ from lab import MODES
 from labs.tools.backends import LabError, LocalBackend
 from labs.tools.local import ROOT
 from labs.tools.local import event_names as events
-from workflow import Parser
+from plumbing import Parser
 
 KILL_WINDOW_S = 0.015  # seconds after the first event: a bit longer than the graph's
 #                        ~5-10 ms here, so some kills land after `done` (the clean path)

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from lab import MODES
 from labs.tools.backends import LOST_ACK, DockerBackend, LabError, LocalBackend
 from labs.tools.local import event_names, shell_exit_code
-from workflow import API_TIMEOUT_S, EXIT_DRAINED, EXIT_NO_ANSWER, EXIT_THREAD, Parser
+from plumbing import EXIT_DRAINED, EXIT_NO_ANSWER, EXIT_THREAD, TIMEOUT_S, Parser
 
 EXIT_OK, EXIT_DIFFERS, EXIT_NO_LAB = 0, 1, 3  # and EXIT_USAGE (2) for bad arguments
 KILLED = shell_exit_code(-signal.SIGKILL)  # 137: the crash switch, as a shell reports it
@@ -194,7 +194,7 @@ def run_cell(lab, cell):
     if why and lost and cell.row.boundary != "lost-ack":  # no fault asked for: a slow receiver
         why.append(
             "an answer was lost without the lost-ack fault: the receiver took longer than "
-            f"workflow.py's {API_TIMEOUT_S:g} s request timeout (a loaded machine?)"
+            f"the client's {TIMEOUT_S:g} s request timeout (a loaded machine?)"
         )
     result = {
         "boundary": cell.row.boundary,

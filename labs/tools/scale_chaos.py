@@ -57,6 +57,7 @@ from labs.tools.local import ROOT, ReceiverProcess, free_port, lab_env, wait_unt
 sys.path.insert(0, str(ROOT))
 import failpoints  # noqa: E402
 import lab  # noqa: E402
+import plumbing  # noqa: E402
 import worker  # noqa: E402
 import workflow  # noqa: E402
 from labs.tools.native_workers import LocalWorkers, stopped  # noqa: E402
@@ -284,7 +285,7 @@ class Strike:
 
 
 def main(argv=None):
-    parser = workflow.Parser(description=__doc__.split("\n")[0])
+    parser = plumbing.Parser(description=__doc__.split("\n")[0])
     parser.add_argument("--workers", type=int, default=3)
     parser.add_argument("--operations", type=int, default=60)
     parser.add_argument("--mode", choices=("safe", "naive"), default="safe")

@@ -20,10 +20,11 @@ from labs.tools.local import ROOT
 
 CORE = (  # copied unchanged; effectdrill without its pytest plugin (the starter has no pytest)
     "failpoints.py",
-    "tracing.py",  # off unless LAB_TRACE is set (needs OpenTelemetry, which the starter leaves out)
+    "tracing.py",  # off unless TRACE is set (needs OpenTelemetry, which the starter leaves out)
     "httpguard.py",
     "receiver.py",  # the core receiver: api.py is the lab's, which extends it
     "effects.py",
+    "plumbing.py",  # what workflow.py runs on: settings, clients, the checkpointer, reconcile
     "workflow.py",
     "effectdrill/__init__.py",
     "effectdrill/__main__.py",

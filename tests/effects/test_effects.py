@@ -15,6 +15,7 @@ import urllib.request
 import pytest
 
 import effects
+import plumbing
 import workflow
 
 
@@ -32,7 +33,7 @@ TICKET = effects.Effect(
     send=sends,
     external_id=lambda answer: answer["ticket_id"],
     lookup=looks_up,
-    not_sent=workflow.did_nothing,
+    not_sent=plumbing.did_nothing,
     keyed=True,  # the receiver answers a repeated Idempotency-Key with the first ticket
 )
 KEYLESS = effects.Effect(  # a provider that offers no lookup (an email service, say)
@@ -152,7 +153,7 @@ def test_without_a_lookup_the_window_ends_in_unknown_not_in_a_second_request(
 def test_a_request_that_never_left_releases_its_claim(open_ledger, lab):
     down = workflow.TicketClient(lab["API_URL"], attempts=1)  # nothing listens there
     with open_ledger() as ledger:
-        with pytest.raises(workflow.Unreachable):
+        with pytest.raises(plumbing.Unreachable):
             TICKET.perform(ledger, "op-4", {"title": "t"}, down)
         assert ledger.history("op-4")[-1][1] == "released"
         assert ledger.unsettled() == []  # nothing to reconcile: provably not sent
@@ -407,15 +408,17 @@ def test_a_persons_not_sent_waits_out_the_settle_time_where_a_lookup_exists(tmp_
         with effects.Ledger(db) as ledger:
             ledger.claim("n1", "charge", {"amount": 1})
             ledger.move("n1", "unknown", "no answer: the test")
-        settings = workflow.Settings(api_url=provider.url, checkpoint_db=str(db))
+        settings = workflow.Settings.from_environ(
+            {"API_URL": provider.url, "CHECKPOINT_DB": str(db)}
+        )
         args = types.SimpleNamespace(confirmed=[], not_sent=["n1"], effects={"charge": effect})
         with pytest.raises(workflow.UserError, match="may take 30 s to commit"):
-            workflow.reconcile(args, settings)
+            plumbing.reconcile(args, settings)
         with effects.Ledger(db) as ledger:
             assert ledger.get("n1").state == "unknown"
         settled = dataclasses.replace(effect, settle_s=0.0)  # as if its settle time had passed
         args.effects = {"charge": settled}
-        workflow.reconcile(args, settings)
+        plumbing.reconcile(args, settings)
         with effects.Ledger(db) as ledger:
             assert ledger.get("n1").state == "released"
     finally:

@@ -268,7 +268,11 @@ def test_the_readme_lists_exactly_workflow_pys_actions_and_exit_codes():
     (subparsers,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
     for action in subparsers.choices:
         assert f"`{action}`" in README, f"README does not mention the `{action}` action"
-    codes = {v for k, v in vars(workflow).items() if k.startswith("EXIT_")} | {0}
+    import lab
+    import plumbing
+
+    codes = {v for m in (plumbing, lab) for k, v in vars(m).items() if k.startswith("EXIT_")}
+    codes |= {0}
     table = README.split("## Exit codes of workflow.py", 1)[1].split("\n## ", 1)[0]
     table = table.split("\n### ", 1)[0]  # worker.py's table follows under its own heading
     documented = {int(c) for c in re.findall(r"^\| (\d+) \|", table, re.M)}

@@ -78,6 +78,7 @@ from hypothesis.stateful import (
 )
 
 import lab
+import plumbing
 import relay
 import workflow
 from labs.tools.local import (
@@ -140,7 +141,7 @@ EXIT_CODES = exit_codes_in_the_readme()
 
 @pytest.mark.fast
 def test_the_readme_exit_table_lists_every_exit_code_of_workflow_py():
-    constants = {v for k, v in vars(workflow).items() if k.startswith("EXIT_")}
+    constants = {v for m in (plumbing, lab) for k, v in vars(m).items() if k.startswith("EXIT_")}
     assert EXIT_CODES == {0, *constants}
 
 
@@ -386,7 +387,7 @@ class Learner(RuleBasedStateMachine):
                 if outcome.done is not None or outcome.key_conflict or outcome.no_thread:
                     finished[thread] = outcome.done
                     break
-                if outcome.code == workflow.EXIT_UNSETTLED:  # a person looks, then settles
+                if outcome.code == plumbing.EXIT_UNSETTLED:  # a person looks, then settles
                     self.settle(outcome)
                     command = own, self.version
                 elif outcome.awaiting_approval:  # `approve` answers it (README, lab 07)
@@ -416,7 +417,7 @@ class Learner(RuleBasedStateMachine):
             code, out, err = in_process(argv, self.env, main=relay.main)
         self.transcript.append(f"$ relay.py {' '.join(argv)}\n{out}{err}[exit {code}]")
         assert "Traceback (most recent call last)" not in err, self.report("a traceback")
-        assert code in (0, workflow.EXIT_KILLED), self.report(f"relay.py exited {code}")
+        assert code in (0, plumbing.EXIT_KILLED), self.report(f"relay.py exited {code}")
         printed = [e["event"] for e in events(out)]
         if argv[-1:] == ["after-publish"] and "answered" in printed:
             self.relay_window_kills += 1

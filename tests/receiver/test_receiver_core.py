@@ -29,7 +29,7 @@ def imported(path):
 def test_the_core_receiver_imports_the_standard_library_and_its_three_helpers_only():
     assert imported(CORE) - set(sys.stdlib_module_names) == {"failpoints", "httpguard", "tracing"}
     assert "receiver" in imported(ROOT / "api.py")  # the lab's extends the core, not the reverse
-    # tracing.py imports OpenTelemetry in its functions, once LAB_TRACE is set: not at import
+    # tracing.py imports OpenTelemetry in its functions, once TRACE is set: not at import
     module = ast.parse((ROOT / "tracing.py").read_text(encoding="utf-8")).body
     on_import = {a.name for n in module if isinstance(n, ast.Import) for a in n.names}
     on_import |= {n.module.split(".")[0] for n in module if isinstance(n, ast.ImportFrom)}

@@ -2,19 +2,28 @@
 own tests and two Docker commands work as its README says."""
 
 import ast
+import contextlib
 import difflib
+import http.server
+import json
 import os
 import re
 import shutil
+import signal
 import sys
+import threading
 import tomllib
+import urllib.parse
+import urllib.request
 from pathlib import Path
 
 import pytest
 from conftest import require_docker
 
+import effects
+import plumbing
 from labs.tools import starter
-from labs.tools.local import ROOT
+from labs.tools.local import ROOT, ReceiverProcess, free_port, lab_env
 from labs.tools.local import run as run_command
 
 # Words that belong to this repository's teaching, not to a project that copies the starter.
@@ -63,7 +72,7 @@ def test_no_starter_file_speaks_of_the_teaching_around_it(built):
 
 def test_the_lock_holds_what_the_core_imports_and_leaves_postgres_out(built):
     """Outside the standard library, the core imports langgraph (the lock) and, only for a
-    postgresql:// CHECKPOINT_DB, psycopg, and only with LAB_TRACE set, opentelemetry (both left
+    postgresql:// CHECKPOINT_DB, psycopg, and only with TRACE set, opentelemetry (both left
     out: the README says to install them). effectdrill's HTTP observer patches httpx and httpx2
     where they are installed (importlib, by name: langgraph's own dependencies lock httpx)."""
     imported = set()
@@ -89,16 +98,72 @@ def test_the_lock_holds_what_the_core_imports_and_leaves_postgres_out(built):
     assert not {"psycopg", "langgraph-checkpoint-postgres", "pgqueuer"} & set(pinned)
     assert not {"opentelemetry-api", "opentelemetry-sdk"} & set(pinned)
     readme = (built / "README.md").read_text(encoding="utf-8")
-    assert "pip install langgraph-checkpoint-postgres psycopg[binary]" in readme
-    assert "pip install opentelemetry-sdk" in readme
+    assert "pip install --require-hashes -r requirements-postgres.txt" in readme
+    assert "pip install --require-hashes -r requirements-otel.txt" in readme
 
 
-def add_an_effect(dest):
-    """What a copier does: the two blocks under the starter README's "Add an effect", the first
-    pasted above STEPS in workflow.py, the second in place of the STEPS line. Returns the number
-    of places of workflow.py that changed (a diff's hunks: here the two edits touch, so one)."""
-    section = (dest / "README.md").read_text(encoding="utf-8").split("## Add an effect\n", 1)[1]
-    declaration, steps = re.findall(r"```python\n(.*?)```", section.split("\n## ", 1)[0], re.S)
+def pins(path):
+    return dict(re.findall(r"^([a-z0-9._-]+)==(\S+)", path.read_text(encoding="utf-8"), re.M))
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize(
+    "extra, imports",
+    [
+        ("otel", ["opentelemetry.sdk.trace", "opentelemetry.exporter.otlp.proto.http"]),
+        ("postgres", ["psycopg", "langgraph.checkpoint.postgres"]),
+    ],
+)
+def test_each_extra_is_a_hashed_lock_of_the_base_and_what_its_code_imports(extra, imports):
+    """requirements-EXTRA.txt pins requirements.txt's packages at the same versions, by sha256,
+    and the packages whose modules the core imports for it at the lab's versions (the lab's
+    requirements.txt), which this environment has: each module the code imports is found."""
+    import importlib.util
+
+    base = pins(starter.OWN / "requirements.txt")
+    lock = starter.OWN / f"requirements-{extra}.txt"
+    pinned = pins(lock)
+    assert {name: pinned.get(name) for name in base} == base
+    added = set(pinned) - set(base)
+    lab = pins(ROOT / "requirements.txt")
+    assert added and {name: lab.get(name) for name in added} == {n: pinned[n] for n in added}
+    text = lock.read_text(encoding="utf-8")
+    blocks = re.split(r"^(?=[a-z0-9._-]+==)", text, flags=re.M)[1:]
+    assert all("--hash=sha256:" in block for block in blocks)  # every pin hashed
+    for module in imports:
+        assert importlib.util.find_spec(module) is not None, module
+
+
+@pytest.mark.fast
+def test_tracing_with_the_neutral_switch_writes_spans_with_the_extras_packages(tmp_path):
+    """TRACE=FILE (the starter's switch) in a fresh process whose OpenTelemetry is the one
+    requirements-otel.txt pins: a run's spans land in the file, the key on the effect's."""
+    import importlib.metadata
+
+    pinned = pins(starter.OWN / "requirements-otel.txt")
+    for name in ("opentelemetry-api", "opentelemetry-sdk"):
+        assert importlib.metadata.version(name) == pinned[name]
+    spans = tmp_path / "spans.jsonl"
+    code = (
+        "import plumbing, tracing\n"
+        "settings = plumbing.Settings.from_environ({'TRACE': '" + str(spans) + "'})\n"
+        "tracing.start(settings.trace, 'starter')\n"
+        "with tracing.run('t1'):\n    pass\n"
+        "tracing.stop()\n"
+    )
+    done = run_command([sys.executable, "-c", code], cwd=ROOT, timeout=COMMAND_TIMEOUT_S)
+    assert done.returncode == 0, done.stderr
+    assert spans.read_text(encoding="utf-8").strip(), "no span written"
+
+
+def add_an_effect(dest, heading="## Add an effect\n"):
+    """What a copier does: the two blocks under a heading of the starter README (by default "Add
+    an effect"), the first pasted above STEPS in workflow.py, the second in place of the STEPS
+    line. Returns the number of places of workflow.py that changed (a diff's hunks: here the two
+    edits touch, so one)."""
+    section = (dest / "README.md").read_text(encoding="utf-8").split(heading, 1)[1]
+    section = re.split(r"\n##+ ", section, maxsplit=1)[0]
+    declaration, steps = re.findall(r"```python\n(.*?)```", section, re.S)
     path = dest / "workflow.py"
     before = path.read_text(encoding="utf-8")
     (line,) = [line for line in before.splitlines(keepends=True) if line.startswith("STEPS = (")]
@@ -106,6 +171,191 @@ def add_an_effect(dest):
     path.write_text(after, encoding="utf-8")
     changed = difflib.SequenceMatcher(None, before.splitlines(), after.splitlines())
     return sum(tag != "equal" for tag, *_ in changed.get_opcodes())
+
+
+class StandIn(http.server.BaseHTTPRequestHandler):
+    """A keyless provider on loopback: every POST /payments or /messages makes a new record (a
+    second POST, a second charge); GET /payments?reference=R finds charges by our reference
+    (without one: every charge), and only those the test has let show (server.visible: False
+    holds a new charge back, as a provider that commits late)."""
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        kind = self.path.strip("/")
+        if kind not in ("payments", "messages"):
+            return self.answer(404, {"error": "no such route"})
+        made = {**body, "id": len(self.server.made[kind]) + 1, "shown": self.server.visible}
+        self.server.made[kind].append(made)
+        self.answer(200, {f"{kind[:-1]}_id": made["id"], **body})
+
+    def do_GET(self):
+        url = urllib.parse.urlsplit(self.path)
+        if url.path != "/payments":
+            return self.answer(404, {"error": "no such route"})
+        reference = urllib.parse.parse_qs(url.query).get("reference", [None])[0]
+        found = [
+            {"payment_id": p["id"], "reference": p["reference"], "amount": p["amount"]}
+            for p in self.server.made["payments"]
+            if reference in (None, p["reference"]) and (p["shown"] or self.server.visible)
+        ]
+        self.answer(200, {"payments": found})
+
+    def answer(self, status, body):
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def stand_in():
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), StandIn)
+    server.made, server.visible = {"payments": [], "messages": []}, True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+def starter_with(tmp_path, capsys, heading):
+    """A fresh starter with the README's blocks under heading pasted in (at most two places,
+    clean code), and the env of a run: its own receiver.py on a free port, data in tmp_path."""
+    dest = tmp_path / "adapted"
+    assert starter.main([str(dest)]) == 0
+    capsys.readouterr()
+    assert add_an_effect(dest, heading) <= 2
+    config = str(ROOT / "pyproject.toml")
+    linted = run_command([sys.executable, "-m", "ruff", "check", "--config", config, "."], cwd=dest)
+    assert linted.returncode == 0, linted.stdout
+    return dest, lab_env(tmp_path / "data", free_port())
+
+
+@contextlib.contextmanager
+def receiving(env, dest):
+    """The starter's receiver.py at env's port, stopped afterwards."""
+    receiver = ReceiverProcess(env, script=dest / "receiver.py").start()
+    try:
+        yield receiver
+    finally:
+        receiver.stop()
+
+
+def workflow_in(dest, env, *args, fail=""):
+    """workflow.py of the starter at dest, as a real process; (exit code, events, stderr)."""
+    env = {**env, "FAILPOINTS": fail}
+    done = run_command([sys.executable, "workflow.py", *args], env, COMMAND_TIMEOUT_S, cwd=dest)
+    events = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    return done.returncode, events, done.stderr
+
+
+def receipt(env, key, field):
+    """(the provider's id in the key's receipt, how the ledger came to confirm it)."""
+    with effects.Ledger(env["CHECKPOINT_DB"]) as ledger:
+        record, history = ledger.get(key), ledger.history(key)
+    assert record.state == "confirmed", history
+    return record.answer[field], history[-1][2]
+
+
+def killed_in_both_windows(dest, env):
+    """start and resume, each killed after-send: in the ticket's window, then the new effect's."""
+    for command in (["start", "--thread", "t", "--operation", "op-1"], ["resume", "--thread", "t"]):
+        code, events, err = workflow_in(dest, env, *command, fail="after-send=kill")
+        assert code == -signal.SIGKILL and {"event": "crash", "at": "after-send"} in events, err
+
+
+@pytest.mark.long
+def test_a_keyed_provider_added_as_the_readme_says_is_adopted_by_its_key(tmp_path, capsys):
+    """DESK, a second keyed provider (a second receiver.py stands in): killed in its window,
+    the resume asks DESK by key and adopts the ticket; each receiver holds one ticket."""
+    dest, env = starter_with(tmp_path, capsys, "### A keyed provider\n")
+    desk_env = lab_env(tmp_path / "desk", free_port())
+    with receiving(env, dest) as api, receiving(desk_env, dest) as desk:
+        env["DESK_URL"] = desk.url
+        killed_in_both_windows(dest, env)
+        code, events, err = workflow_in(dest, env, "resume", "--thread", "t")
+        assert code == 0 and events[-1]["event"] == "done", err
+        desk_tickets = json.loads(urllib.request.urlopen(desk.url + "/tickets").read())["tickets"]
+        api_tickets = json.loads(urllib.request.urlopen(api.url + "/tickets").read())["tickets"]
+    assert [t["key"] for t in desk_tickets] == ["op-1:desk"]  # one, made by its key
+    assert [t["key"] for t in api_tickets] == ["op-1"]
+    assert receipt(env, "op-1:desk", "ticket_id") == (
+        desk_tickets[0]["ticket_id"],
+        "adopted by lookup",
+    )
+
+
+@pytest.mark.long
+def test_a_keyless_provider_with_a_lookup_added_as_the_readme_says_charges_once(
+    tmp_path, capsys, stand_in
+):
+    """PAY takes no key: killed in its window, the resume finds the charge by our reference and
+    adopts it. A charge the provider has not shown yet (it commits late) stops the run with
+    exit 6 inside settle_s, charging nothing; once it shows, reconcile records it and the resume
+    goes on: one charge in all."""
+    dest, env = starter_with(tmp_path, capsys, "### A keyless provider with a lookup by")
+    with receiving(env, dest):
+        env["PAY_URL"] = f"http://127.0.0.1:{stand_in.server_address[1]}"
+        killed_in_both_windows(dest, env)
+        code, events, err = workflow_in(dest, env, "resume", "--thread", "t")
+        assert code == 0 and events[-1]["event"] == "done", err
+        assert receipt(env, "op-1:pay", "payment_id") == (1, "adopted by lookup")
+        assert len(stand_in.made["payments"]) == 1
+
+        stand_in.visible = False  # a second order, whose charge shows late
+        for command in (
+            ["start", "--thread", "t2", "--operation", "op-2"],
+            ["resume", "--thread", "t2"],
+        ):
+            code, _, err = workflow_in(dest, env, *command, fail="after-send=kill")
+            assert code == -signal.SIGKILL, err
+        code, _, err = workflow_in(dest, env, "resume", "--thread", "t2")
+        assert code == plumbing.EXIT_UNSETTLED and err.count("\n") == 1, err
+        assert "may take 10 s to commit" in err and "reconcile" in err
+        assert len(stand_in.made["payments"]) == 2  # op-1's and op-2's: nothing sent again
+        stand_in.visible = True
+        code, events, err = workflow_in(dest, env, "reconcile")
+        assert code == 0 and {"event": "reconciled", "effect": "payment", "key": "op-2:pay",
+                              "now": "confirmed", "was": "unknown"} in events, err  # fmt: skip
+        code, events, err = workflow_in(dest, env, "resume", "--thread", "t2")
+        assert code == 0 and events[-1]["event"] == "done", err
+        assert receipt(env, "op-2:pay", "payment_id") == (2, "reconcile: adopted")
+    assert [p["reference"] for p in stand_in.made["payments"]] == ["op-1:pay", "op-2:pay"]
+
+
+@pytest.mark.long
+def test_a_keyless_provider_without_a_lookup_added_as_the_readme_says_waits_for_a_person(
+    tmp_path, capsys, stand_in
+):
+    """MAIL takes no key and has no lookup: killed in its window, the resume sends nothing and
+    stops with exit 6 naming where to look; reconcile --confirmed KEY=ID records the person's
+    answer and the resume finishes: one message."""
+    dest, env = starter_with(tmp_path, capsys, "### A keyless provider without a lookup\n")
+    with receiving(env, dest):
+        env["MAIL_URL"] = f"http://127.0.0.1:{stand_in.server_address[1]}"
+        killed_in_both_windows(dest, env)
+        code, _, err = workflow_in(dest, env, "resume", "--thread", "t")
+        assert code == plumbing.EXIT_UNSETTLED and err.count("\n") == 1, err
+        assert "the mail provider's sent messages" in err and "op-1:notice=ID" in err
+        ((message),) = stand_in.made["messages"]
+        assert message["text"].endswith("(op-1:notice)")  # what a person finds there
+        code, events, err = workflow_in(
+            dest, env, "reconcile", "--confirmed", f"op-1:notice={message['id']}"
+        )
+        assert (
+            code == 0 and {"event": "settled", "key": "op-1:notice", "state": "confirmed"} in events
+        )
+        code, events, err = workflow_in(dest, env, "resume", "--thread", "t")
+        assert code == 0 and events[-1]["event"] == "done", err
+        assert receipt(env, "op-1:notice", "message_id") == (
+            message["id"],
+            "settled: confirmed (a person: reconcile --confirmed)",
+        )
+    assert len(stand_in.made["messages"]) == 1
 
 
 @pytest.mark.long

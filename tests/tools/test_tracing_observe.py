@@ -35,12 +35,12 @@ def test_jaeger_is_pinned_by_digest_and_only_the_tracing_file_turns_tracing_on()
     assert PINNED.fullmatch(jaeger["image"]), jaeger["image"]
     assert jaeger["profiles"] == ["observe"]
     assert "127.0.0.1:${LAB_JAEGER_PORT:-16686}:16686" in jaeger["ports"]  # loopback only
-    assert not any("LAB_TRACE" in s.get("environment", {}) for s in compose["services"].values())
+    assert not any("TRACE" in s.get("environment", {}) for s in compose["services"].values())
     traced = load("observe/tracing.compose.yaml")["services"]
     assert sorted(traced) == sorted(TRACED)
     for name in TRACED:
         env = traced[name]["environment"]
-        assert env["LAB_TRACE"] == "otlp"
+        assert env["TRACE"] == "otlp"
         assert env["OTEL_EXPORTER_OTLP_ENDPOINT"] == "http://jaeger:4318"  # its OTLP/HTTP port
 
 
@@ -59,11 +59,11 @@ def test_compose_reads_the_profile_with_the_tracing_file():
         load("compose.yaml")["services"]["jaeger"]["image"]
     ).group(1)
     assert set(merged["jaeger"]["networks"]) == {"lab", "observe-ui"}
-    assert merged["api"]["environment"]["LAB_TRACE"] == "otlp"
+    assert merged["api"]["environment"]["TRACE"] == "otlp"
     assert merged["api"]["environment"]["RECEIVER_DB"] == "/data/receiver.sqlite"  # kept
     assert merged["workflow"]["environment"]["API_URL"] == "http://api:8000"
     relay = merged["relay"]["environment"]  # lab 19's: traced, and still on the workflow's file
-    assert relay["LAB_TRACE"] == "otlp" and relay["CHECKPOINT_DB"] == "/data/checkpoints.sqlite"
+    assert relay["TRACE"] == "otlp" and relay["CHECKPOINT_DB"] == "/data/checkpoints.sqlite"
 
 
 def profiles(*names):

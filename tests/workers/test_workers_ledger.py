@@ -18,6 +18,7 @@ import urllib.request
 import pytest
 
 import effects
+import plumbing
 import workflow
 from labs.tools.local import ROOT, ReceiverProcess, free_port, lab_env, run
 
@@ -306,7 +307,7 @@ def test_reconcile_on_a_receipt_that_fails_its_check_is_one_line_and_exit_7(
     finally:
         ledger.close()
     code, _, err = in_process(monkeypatch, capsys, env, "reconcile", "--confirmed", "k:op")
-    assert code == workflow.EXIT_LEDGER_DAMAGED, err
+    assert code == plumbing.EXIT_LEDGER_DAMAGED, err
     assert err.count("\n") == 1 and "the receipt of 'k:op' does not match" in err, err
 
 

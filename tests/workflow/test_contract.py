@@ -106,18 +106,18 @@ def test_config_metadata_is_saved_in_every_checkpoint(saver):
 
 
 def test_the_contract_names_the_version_and_the_shape(saver, monkeypatch):
-    core = workflow.contract(workflow.build_graph(saver))
-    assert core == workflow.contract(workflow.build_graph(saver))  # the same code, the same
+    core = lab_py.contract(workflow.build_graph(saver))
+    assert core == lab_py.contract(workflow.build_graph(saver))  # the same code, the same
     assert core.startswith("v1 graph:") and len(core) == len("v1 graph:") + 8
-    assert workflow.contract(lab_py.build_graph(saver)) == core  # the same nodes and edges
-    assert workflow.contract(lab_py.build_graph(saver, version="2"), "2") != core
-    assert workflow.contract(lab_py.build_graph(saver, "own-node")) != core
-    monkeypatch.setattr(workflow, "VERSION", "2")  # a deploy that bumps the code's version
-    assert workflow.contract(workflow.build_graph(saver)) == core.replace("v1 ", "v2 ")
+    assert lab_py.contract(lab_py.build_graph(saver)) == core  # the same nodes and edges
+    assert lab_py.contract(lab_py.build_graph(saver, version="2"), "2") != core
+    assert lab_py.contract(lab_py.build_graph(saver, "own-node")) != core
+    monkeypatch.setattr(lab_py, "VERSION", "2")  # a deploy that bumps the code's version
+    assert lab_py.contract(workflow.build_graph(saver)) == core.replace("v1 ", "v2 ")
 
 
-def core_main(capsys, env, *argv):
-    code = workflow.main(list(argv), env)
+def core_main(capsys, env, *argv):  # lab.py's: the contract is the lab's (lab 12)
+    code = lab_py.main(list(argv), env)
     out, err = capsys.readouterr()
     return code, [json.loads(line) for line in out.splitlines()], err
 
@@ -129,7 +129,7 @@ def test_resume_under_another_contract_refuses_changes_nothing_and_migrate_moves
         capsys, {**lab, "FAILPOINTS": "after-prepare=term"}, "start", "--thread", "t"
     )
     assert started[0] == workflow.EXIT_DRAINED and started[1][-1]["next"] == ["create_ticket"]
-    old = workflow.contract(workflow.build_graph(None))
+    old = lab_py.contract(workflow.build_graph(None))
 
     def head():
         with workflow.open_checkpointer(lab["CHECKPOINT_DB"]) as saver:
@@ -137,22 +137,20 @@ def test_resume_under_another_contract_refuses_changes_nothing_and_migrate_moves
 
     before = head()
     assert before.metadata["contract"] == old
-    monkeypatch.setattr(workflow, "VERSION", "2")  # the deploy: a change saved threads must see
-    new = workflow.contract(workflow.build_graph(None))
-    code, events, err = core_main(capsys, lab, "resume", "--thread", "t")
-    assert code == workflow.EXIT_CONTRACT == 65
+    v2 = {**lab, "LAB_GRAPH_VERSION": "2"}  # the deploy: a change saved threads must see
+    new = lab_py.contract(lab_py.build_graph(None, version="2"), "2")
+    code, events, err = core_main(capsys, v2, "resume", "--thread", "t")
+    assert code == lab_py.EXIT_CONTRACT == 65
     assert events == [{"event": "contract_mismatch", "current": new, "saved": old, "thread": "t"}]
     assert err.count("\n") == 1 and old in err and new in err and "migrate --thread t" in err
     assert head().checkpoint["id"] == before.checkpoint["id"]  # nothing saved
     assert workflow.TicketClient(lab["API_URL"]).tickets() == []  # nothing sent
 
-    code, events, _ = core_main(capsys, lab, "migrate", "--thread", "t")
+    code, events, _ = core_main(capsys, v2, "migrate", "--thread", "t")
     migrated = {"event": "migrated", "contract": new, "saved": old}
-    assert code == 0 and events == [
-        {**migrated, "next": ["create_ticket"], "was": ["create_ticket"]}
-    ]
+    assert code == 0 and events == [{**migrated, "next": ["open_ticket"], "was": ["create_ticket"]}]
     assert head().metadata["contract"] == new
-    code, events, _ = core_main(capsys, lab, "resume", "--thread", "t")
+    code, events, _ = core_main(capsys, v2, "resume", "--thread", "t")
     assert code == 0 and events[-1]["event"] == "done" and events[-1]["ticket_id"] == 1
     assert len(workflow.TicketClient(lab["API_URL"]).tickets()) == 1
 
@@ -183,7 +181,7 @@ def test_migrate_names_a_node_the_new_graph_does_not_have_and_changes_nothing(
     capsys.readouterr()
     code = lab_py.main(["migrate", "--thread", "t"], {**lab, "LAB_GRAPH_VERSION": "2"})
     out, err = capsys.readouterr()
-    assert code == workflow.EXIT_CONTRACT and out == "" and "create_ticket" in err
+    assert code == lab_py.EXIT_CONTRACT and out == "" and "create_ticket" in err
     assert lab_py.main(["state", "--thread", "t"], lab) == 0
     assert json.loads(capsys.readouterr().out)["next"] == ["create_ticket"]
 
@@ -195,7 +193,7 @@ def test_approve_under_another_contract_refuses_instead_of_swallowing(lab, recei
     nothing sent again)."""
     assert lab_py.main(["start", "--thread", "a", "--approval"], lab) == 0
     v2 = {**lab, "LAB_GRAPH_VERSION": "2"}
-    assert lab_py.main(["approve", "--thread", "a"], v2) == workflow.EXIT_CONTRACT
+    assert lab_py.main(["approve", "--thread", "a"], v2) == lab_py.EXIT_CONTRACT
     assert lab_py.main(["migrate", "--thread", "a"], v2) == 0
     capsys.readouterr()
     assert lab_py.main(["approve", "--thread", "a"], v2) == 0

@@ -13,6 +13,7 @@ import pytest
 import effects
 import failpoints
 import lab
+import plumbing
 import workflow
 from labs.tools.drill import MATRIX
 from labs.tools.local import wait_until
@@ -39,7 +40,7 @@ class FakeReceiver:
         self.tickets_made.append({"ticket_id": ticket_id, "key": key, "payload": {"title": title}})
         if self.lose_first:
             self.lose_first = False
-            raise workflow.NoAnswer("connection closed", workflow.EXIT_NO_ANSWER)
+            raise plumbing.NoAnswer("connection closed", workflow.EXIT_NO_ANSWER)
         return {"ticket_id": ticket_id, "created": True}
 
     def tickets(self, key=None):
@@ -55,7 +56,7 @@ def run_cell(boundary, mode, saver, ledger):
     try:
         with failpoints.scoped(point):
             workflow.run_graph(graph, first, thread, receiver, ledger)
-    except (failpoints.FailpointError, workflow.NoAnswer):
+    except (failpoints.FailpointError, plumbing.NoAnswer):
         pass
     snapshot = graph.get_state(workflow.thread_config(thread))
     if snapshot.next:  # the run stopped in a node: resume it, as `resume` does

@@ -333,7 +333,7 @@ def test_drill_and_chaos_refuse_bad_arguments_in_one_line():
 def test_a_drill_cell_that_lost_an_answer_without_the_fault_blames_the_slow_receiver(
     scripted, tmp_path
 ):
-    """A receiver slower than workflow.py's request timeout: the cell says so, not 'a bug'."""
+    """A receiver slower than the client's request timeout: the cell says so, not 'a bug'."""
     after_ack = next(r for r in drill.MATRIX if (r.boundary, r.durability) == ("after-ack", "sync"))
     cell = drill.Cell(after_ack, "naive")
     scripted.script = ["silence", (201, {"ticket_id": 1, "created": True})]
@@ -343,7 +343,7 @@ def test_a_drill_cell_that_lost_an_answer_without_the_fault_blames_the_slow_rece
         result = drill.run_cell(lab, cell)
     assert not result["ok"]
     assert "the crash exited 3, expected 137" in result["why"]
-    assert any("took longer than workflow.py's 5 s request timeout" in w for w in result["why"])
+    assert any("took longer than the client's 5 s request timeout" in w for w in result["why"])
 
 
 def test_lab_04s_table_is_the_drills_matrix():

@@ -177,7 +177,7 @@ with WritesThenKill.from_conn_string(os.environ["CHECKPOINT_DB"]) as saver:
     first = {"operation_id": "op", "mode": "naive", "title": "t"}
     context = workflow.Context(workflow.TicketClient(os.environ["API_URL"]), None)  # naive
     config = {"configurable": {"thread_id": "demo"}}
-    config["metadata"] = {"contract": workflow.contract(graph)}
+    config["metadata"] = {"contract": lab.contract(graph)}
     graph.invoke(first, config, durability="sync", context=context)  # as lab.py records a run
 """
 

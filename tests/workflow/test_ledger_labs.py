@@ -13,6 +13,7 @@ import urllib.request
 from prometheus_client.parser import text_string_to_metric_families
 from workflow_helpers import events, names
 
+import plumbing
 import workflow as core
 from labs.tools.local import shell_exit_code
 
@@ -49,7 +50,7 @@ def test_a_kill_in_the_messages_window_stops_the_resume_until_a_person_settles_i
 ):
     killed_in_the_messages_window(workflow)
     stopped = workflow("resume")
-    assert stopped.returncode == core.EXIT_UNSETTLED == 6
+    assert stopped.returncode == plumbing.EXIT_UNSETTLED == 6
     assert stopped.stdout == ""  # no message_sent: nothing went out
     assert stopped.stderr.count("\n") == 1
     assert f"reconcile --confirmed {KEY}=ID if it happened, --not-sent {KEY} if" in stopped.stderr

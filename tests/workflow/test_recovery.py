@@ -13,6 +13,7 @@ import pytest
 
 import effects
 import lab as lab_py  # `lab` is the fixture: the lab's environment
+import plumbing
 import workflow
 
 pytestmark = pytest.mark.fast
@@ -78,7 +79,7 @@ def test_a_move_whose_next_would_differ_is_refused_and_nothing_is_written(
     before = history(lab, "f")
     monkeypatch.setitem(lab_py.RENAMES, "2", {"create_ticket": "prepare"})
     code, events, err = run(capsys, v2(lab), "migrate", "--thread", "f")
-    assert (code, events) == (workflow.EXIT_CONTRACT, []) and err.count("\n") == 1, err
+    assert (code, events) == (lab_py.EXIT_CONTRACT, []) and err.count("\n") == 1, err
     assert "its next would be ['open_ticket'], not []" in err and "nothing written" in err
     assert history(lab, "f") == before
 
@@ -87,7 +88,7 @@ def test_migrate_to_the_contract_the_thread_has_writes_nothing_and_says_so(lab, 
     assert run(capsys, lab, "start", "--thread", "same")[0] == 0
     before = history(lab, "same")
     code, events, _ = run(capsys, lab, "migrate", "--thread", "same")
-    current = workflow.contract(lab_py.build_graph(None))
+    current = lab_py.contract(lab_py.build_graph(None))
     assert code == 0 and events == [{"event": "unchanged", "contract": current, "next": []}]
     assert history(lab, "same") == before
 
@@ -185,10 +186,10 @@ def test_the_exit_65_line_offers_migrate_only_toward_a_graph_it_can_move_to(lab,
     env = {**v2(lab), "FAILPOINTS": "after-prepare=term"}
     assert run(capsys, env, "start", "--thread", "new")[0] == workflow.EXIT_DRAINED
     code, events, err = run(capsys, lab, "resume", "--thread", "new")
-    assert code == workflow.EXIT_CONTRACT and events[0]["event"] == "contract_mismatch"
+    assert code == lab_py.EXIT_CONTRACT and events[0]["event"] == "contract_mismatch"
     assert err.count("\n") == 1 and "migrate --thread" not in err, err
     assert "migrate cannot move it (this graph has no node ['open_ticket'])" in err
-    assert run(capsys, lab, "migrate", "--thread", "new")[0] == workflow.EXIT_CONTRACT
+    assert run(capsys, lab, "migrate", "--thread", "new")[0] == lab_py.EXIT_CONTRACT
     assert tickets(lab) == []
 
 
@@ -216,12 +217,12 @@ def test_the_lines_after_a_naive_run_stopped_in_its_window_do_not_offer_resume(
     assert code == workflow.EXIT_THREAD and "a resume repeats its request" in err, err
     assert "resume it" not in err and "pick a new --thread" not in err
     args = lab_py.build_parser().parse_args(["resume", "--thread", "n"])
-    hint = workflow.interrupted_hint(args, workflow.Settings.from_environ(lab))
+    hint = plumbing.interrupted_hint(args, workflow.Settings.from_environ(lab))
     assert hint.endswith(
         "it sends no key, so resume would send it again: look at the receiver first"
     )
     assert run(capsys, env, "start", "--thread", "s")[0] == 75
     args = lab_py.build_parser().parse_args(["resume", "--thread", "s"])
-    hint = workflow.interrupted_hint(args, workflow.Settings.from_environ(lab))
+    hint = plumbing.interrupted_hint(args, workflow.Settings.from_environ(lab))
     assert hint.endswith("resume it with: resume --thread s")
     assert "resume it or pick a new --thread" in run(capsys, lab, "start", "--thread", "s")[2]

@@ -9,7 +9,6 @@ import pytest
 from test_recovery import history, run, tickets, v2
 
 import lab as lab_py  # `lab` is the fixture: the lab's environment
-import workflow
 
 
 @pytest.fixture
@@ -24,7 +23,7 @@ def test_on_postgres_a_refused_move_writes_nothing_and_a_good_one_moves(
     assert run(capsys, env, "start", "--thread", "pg", "--approval", "own-node")[0] == 0
     before = history(env, "pg")
     monkeypatch.setitem(lab_py.RENAMES, "2", {"create_ticket": "prepare"})
-    assert run(capsys, v2(env), "migrate", "--thread", "pg")[0] == workflow.EXIT_CONTRACT
+    assert run(capsys, v2(env), "migrate", "--thread", "pg")[0] == lab_py.EXIT_CONTRACT
     assert history(env, "pg") == before
     monkeypatch.undo()
     assert run(capsys, v2(env), "migrate", "--thread", "pg")[1][0]["next"] == ["approval"]

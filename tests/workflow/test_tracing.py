@@ -1,7 +1,7 @@
 """The key on the trace (tracing.py): a crash-and-resume's spans join on the idempotency key.
 
 The first attempt is a real process, really killed; the receiver is a real process. Their spans
-reach the test through the SDK's file exporter (LAB_TRACE=PATH, a JSON line per span as it ends);
+reach the test through the SDK's file exporter (TRACE=PATH, a JSON line per span as it ends);
 the resume runs in this process, its spans in the SDK's InMemorySpanExporter.
 """
 
@@ -26,9 +26,9 @@ OPERATION = "case-trace:open-ticket:v1"
 
 @pytest.fixture
 def traced_receiver(lab, tmp_path):
-    """api.py with LAB_TRACE: its spans in receiver-spans.jsonl."""
+    """api.py with TRACE: its spans in receiver-spans.jsonl."""
     spans = tmp_path / "receiver-spans.jsonl"
-    server = ReceiverProcess({**lab, "LAB_TRACE": str(spans)}, tmp_path / "receiver.log").start()
+    server = ReceiverProcess({**lab, "TRACE": str(spans)}, tmp_path / "receiver.log").start()
     yield spans
     server.stop()
 
@@ -68,7 +68,7 @@ def test_a_resumed_runs_two_attempts_and_the_receivers_replay_join_on_the_key(
     what joins them, and the receiver's span says which answer was a replay."""
     first_spans = tmp_path / "first-attempt.jsonl"
     start = ["start", "--thread", "t", "--operation", OPERATION, "--mode", "safe", "--crash"]
-    killed = run([sys.executable, "lab.py", *start], {**lab, "LAB_TRACE": str(first_spans)})
+    killed = run([sys.executable, "lab.py", *start], {**lab, "TRACE": str(first_spans)})
     assert killed.returncode == -9, killed.stderr
     # A span is exported when it ends: the killed run's own span never did; its POST had.
     assert [s["name"] for s in read(first_spans)] == ["POST /tickets"]
@@ -109,7 +109,7 @@ def test_the_relays_redelivery_and_the_receivers_replay_join_on_the_message_id(
     first_spans = tmp_path / "first-relay.jsonl"
     killed = run(
         [sys.executable, "relay.py", "--once", "--crash-at", "after-publish"],
-        {**lab, "LAB_TRACE": str(first_spans)},
+        {**lab, "TRACE": str(first_spans)},
     )
     assert killed.returncode == -9, killed.stderr
     assert relay.main(["--once"], lab) == 0
@@ -195,7 +195,7 @@ print([m for m, module in sys.modules.items() if m.startswith("opentelemetry") a
 @pytest.mark.fast
 def test_tracing_off_the_receiver_and_the_ledger_need_only_the_standard_library(lab, tmp_path):
     """With OpenTelemetry made unimportable, api.py serves a keyed POST and its replay, and the
-    ledger performs an effect; with LAB_TRACE set the receiver refuses to start, in one line."""
+    ledger performs an effect; with TRACE set the receiver refuses to start, in one line."""
     api = tmp_path / "api_without_opentelemetry.py"
     api.write_text(BLOCKED + API)
     server = ReceiverProcess(lab, tmp_path / "receiver.log", script=api).start()
@@ -206,12 +206,12 @@ def test_tracing_off_the_receiver_and_the_ledger_need_only_the_standard_library(
         assert done.stdout.splitlines() == ["sent", "False", "[]"], done.stderr
     finally:
         server.stop()
-    env = {**lab, "LAB_TRACE": str(tmp_path / "spans.jsonl")}
+    env = {**lab, "TRACE": str(tmp_path / "spans.jsonl")}
     refused = run([sys.executable, str(api)], env)
     assert refused.returncode == 2
     assert refused.stderr.splitlines() == [
-        "receiver: LAB_TRACE is set and OpenTelemetry is not installed; install "
-        "requirements.txt (opentelemetry-sdk), or unset LAB_TRACE"
+        "receiver: TRACE is set and OpenTelemetry is not installed; install its hashed lock "
+        "(pip install --require-hashes -r requirements-otel.txt), or unset TRACE"
     ]
 
 
@@ -246,12 +246,12 @@ class CollectorHandler(http.server.BaseHTTPRequestHandler):
 
 
 def test_otlp_sends_the_receivers_span_to_the_endpoint_it_is_given(lab, tmp_path):
-    """LAB_TRACE=otlp (the observe profile's setting): the receiver sends its batch by OTLP over
+    """TRACE=otlp (the observe profile's setting): the receiver sends its batch by OTLP over
     HTTP to OTEL_EXPORTER_OTLP_ENDPOINT, and flushes it when SIGTERM stops it."""
     collector = Collector()
     threading.Thread(target=collector.serve_forever, daemon=True).start()
     endpoint = f"http://127.0.0.1:{collector.server_port}"
-    env = {**lab, "LAB_TRACE": "otlp", "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint}
+    env = {**lab, "TRACE": "otlp", "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint}
     server = ReceiverProcess(env, tmp_path / "receiver.log").start()
     try:
         workflow.TicketClient(lab["API_URL"]).create("Traced", key=OPERATION)
@@ -267,10 +267,10 @@ def test_otlp_sends_the_receivers_span_to_the_endpoint_it_is_given(lab, tmp_path
 
 @pytest.mark.fast
 def test_a_trace_file_that_cannot_be_written_is_one_line_and_a_usage_error(lab, tmp_path, capsys):
-    env = {**lab, "LAB_TRACE": str(tmp_path / "no-such-folder" / "spans.jsonl")}
+    env = {**lab, "TRACE": str(tmp_path / "no-such-folder" / "spans.jsonl")}
     assert workflow.main(["start", "--thread", "t"], env) == workflow.EXIT_USAGE
     assert capsys.readouterr().err.splitlines() == [
-        f"workflow.py: LAB_TRACE={env['LAB_TRACE']!r} cannot be written: No such file or directory"
+        f"workflow.py: TRACE={env['TRACE']!r} cannot be written: No such file or directory"
     ]
     assert tracing.TRACER is None  # nothing half turned on
 
@@ -281,10 +281,10 @@ def test_a_trace_setting_that_is_neither_otlp_nor_a_file_is_a_usage_error(
     lab, tmp_path, monkeypatch, capsys, setting
 ):
     monkeypatch.chdir(tmp_path)  # where a file named 1 would land
-    env = {**lab, "LAB_TRACE": setting}
+    env = {**lab, "TRACE": setting}
     assert workflow.main(["tickets"], env) == workflow.EXIT_USAGE
     (line,) = capsys.readouterr().err.splitlines()
-    assert line.startswith(f"workflow.py: LAB_TRACE={setting!r} is neither otlp nor a file")
+    assert line.startswith(f"workflow.py: TRACE={setting!r} is neither otlp nor a file")
     assert list(tmp_path.iterdir()) == [] and tracing.TRACER is None
 
 
@@ -292,13 +292,13 @@ def test_a_trace_setting_that_is_neither_otlp_nor_a_file_is_a_usage_error(
 def test_a_full_disk_under_the_trace_file_is_one_line_and_the_run_goes_on(lab, receiver, capsys):
     """/dev/full: every write fails with ENOSPC. The command makes its ticket and says once that
     its spans are lost (the SDK would log a traceback for each span)."""
-    env = {**lab, "LAB_TRACE": "/dev/full"}
+    env = {**lab, "TRACE": "/dev/full"}
     try:
         assert workflow.main(["post", "--operation", OPERATION], env) == 0
     finally:
         tracing.stop()
     assert capsys.readouterr().err.splitlines() == [
-        "tracing: LAB_TRACE='/dev/full' cannot be written (No space left on device); this "
+        "tracing: TRACE='/dev/full' cannot be written (No space left on device); this "
         "process's spans are lost, the run goes on"
     ]
 

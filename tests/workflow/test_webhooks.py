@@ -19,6 +19,7 @@ import failpoints
 import httpguard
 import inbox
 import lab
+import plumbing
 import workflow
 from labs.tools.local import ROOT, ReceiverProcess, events, lab_env, wait_until
 
@@ -66,10 +67,13 @@ def test_the_inbox_waits_out_another_connection_making_a_new_file(tmp_path):
 
 
 @pytest.mark.fast
-def test_a_checkpoint_file_with_the_inbox_beside_it_is_the_workflows_own(tmp_path):
-    """workflow.py names the inbox's and the outbox's tables and columns without importing
-    inbox.py or relay.py (the starter's core has none): a file that SqliteSaver, the ledger,
-    `hooks` and the relay wrote to is not refused as another program's."""
+def test_a_checkpoint_file_with_the_inbox_beside_it_is_the_labs_own_not_the_cores(
+    tmp_path, monkeypatch
+):
+    """The core (plumbing.py) names no table of inbox.py or relay.py (the starter has neither):
+    to it a file holding them is another program's. The lab's programs count them as their
+    own (own_tables, in lab.py's, relay.py's and worker.py's main): a file that SqliteSaver, the
+    ledger, `hooks` and the relay wrote to is not refused by them."""
     from langgraph.checkpoint.sqlite import SqliteSaver
 
     import relay
@@ -79,8 +83,13 @@ def test_a_checkpoint_file_with_the_inbox_beside_it_is_the_workflows_own(tmp_pat
         saver.setup()
     with inbox.open_inbox(path), relay.open_outbox(path):
         pass
-    assert set(inbox.TABLES) <= workflow.OUR_TABLES
-    workflow.require_checkpoint_file(path)  # no UserError: every table and column is ours
+    core = {k: v for k, v in plumbing.OUR_COLUMNS.items() if k not in lab.LAB_TABLES}
+    monkeypatch.setattr(plumbing, "OUR_COLUMNS", core)  # as in a process of the core alone
+    with pytest.raises(plumbing.UserError, match="inbox, inbox_subjects, outbox"):
+        plumbing.require_checkpoint_file(path)
+    assert not set(inbox.TABLES) & set(plumbing.OUR_COLUMNS)
+    plumbing.own_tables(lab.LAB_TABLES)
+    plumbing.require_checkpoint_file(path)  # no UserError: every table and column is ours
 
 
 @pytest.mark.fast

@@ -18,6 +18,7 @@ import pytest
 
 import effects
 import failpoints
+import plumbing
 import workflow
 from labs.tools.local import (
     ROOT,
@@ -164,7 +165,7 @@ def test_ctrl_c_before_the_first_checkpoint_says_start_it_again(env, tmp_path):
     """Nothing saved yet: `resume` would find no thread, so the line says to start again."""
     args = workflow.build_parser().parse_args(["start", "--thread", "early"])
     settings = workflow.Settings.from_environ(env)
-    hint = workflow.interrupted_hint(args, settings)
+    hint = plumbing.interrupted_hint(args, settings)
     assert "has no checkpoint yet: start it again" in hint and "resume" not in hint
 
 
@@ -193,11 +194,11 @@ def test_ctrl_c_in_a_saga_names_saga_resume(env):
     settings = workflow.Settings.from_environ(env)
     with workflow.open_checkpointer(env["CHECKPOINT_DB"]) as saver:  # a saved saga thread
         lab.build_saga(saver).update_state(workflow.thread_config("s"), {"seats": 2}, "charge")
-    hint = workflow.interrupted_hint(args, settings)
+    hint = plumbing.interrupted_hint(args, settings)
     assert hint.endswith("; resume it with: saga resume --thread s"), hint
 
 
-@pytest.mark.parametrize("command", [["resume"], ["state"], ["migrate"]])
+@pytest.mark.parametrize("command", [["resume"], ["state"]])  # migrate: lab.py (test_contract)
 def test_a_thread_not_given_is_named_as_the_default(env, capsys, command):
     """`resume` alone looked up a thread 'demo' the learner never typed: the line says why."""
     returned = workflow.main(command)
@@ -282,8 +283,8 @@ def test_a_read_only_or_full_checkpoint_db_has_its_own_exit_and_names_the_resume
 def test_the_busy_budget_outlasts_the_review_s_10_s_lock_by_more_than_the_lock():
     import api
 
-    tries = workflow.API_ATTEMPTS * workflow.BUSY_TRIES_PER_ATTEMPT
-    delays = workflow.retry_delays()
+    tries = plumbing.ATTEMPTS * plumbing.BUSY_TRIES_PER_ATTEMPT
+    delays = plumbing.retry_delays()
     waited = sum(next(delays) for _ in range(tries - 1)) + tries * api.BUSY_TIMEOUT_S
     assert waited > 2 * 10.0, waited
 
@@ -440,7 +441,7 @@ def test_a_confirmed_row_without_its_receipt_is_one_line_and_exit_7(env, receive
     confirmed_by_hand(env, "k-gone")
     capsys.readouterr()
     returned = workflow.main(["resume", "--thread", "gone"])
-    one_line(capsys, workflow.EXIT_LEDGER_DAMAGED, returned, "'k-gone' is confirmed and its")
+    one_line(capsys, plumbing.EXIT_LEDGER_DAMAGED, returned, "'k-gone' is confirmed and its")
     assert workflow.TicketClient(receiver.url).tickets() == []  # nothing was sent
 
 
@@ -455,7 +456,7 @@ def test_a_forged_receipt_is_refused_under_a_receipt_key_and_a_real_one_is_read(
     confirmed_by_hand(env, "k-forged", receipt=999)
     capsys.readouterr()
     returned = workflow.main(["resume", "--thread", "forged"], keyed)
-    one_line(capsys, workflow.EXIT_LEDGER_DAMAGED, returned, "'k-forged'", "LEDGER_RECEIPT_KEY")
+    one_line(capsys, plumbing.EXIT_LEDGER_DAMAGED, returned, "'k-forged'", "LEDGER_RECEIPT_KEY")
     # Without a key the plain sha256 is all there is: the forgery is read (what the docs say).
     assert workflow.main(["resume", "--thread", "forged"], env) == 0
     assert json.loads(capsys.readouterr().out.splitlines()[-1])["ticket_id"] == 999
@@ -467,11 +468,11 @@ def test_a_forged_receipt_is_refused_under_a_receipt_key_and_a_real_one_is_read(
     assert '"event": "effect_receipt"' in capsys.readouterr().out
     unset = ["start", "--thread", "c", "--operation", "k-real"]  # a keyed receipt, no key here
     returned = workflow.main(unset, env)
-    one_line(capsys, workflow.EXIT_LEDGER_DAMAGED, returned, "LEDGER_RECEIPT_KEY, which is not")
+    one_line(capsys, plumbing.EXIT_LEDGER_DAMAGED, returned, "LEDGER_RECEIPT_KEY, which is not")
 
     assert workflow.main(["start", "--thread", "d", "--operation", "k-old"], env) == 0
     old = ["start", "--thread", "e", "--operation", "k-old"]
-    assert workflow.main(old, keyed) == workflow.EXIT_LEDGER_DAMAGED
+    assert workflow.main(old, keyed) == plumbing.EXIT_LEDGER_DAMAGED
     capsys.readouterr()
     accepted = {**keyed, "LEDGER_RECEIPT_UNKEYED": "accept"}
     assert workflow.main(["resume", "--thread", "e"], accepted) == 0
