@@ -211,6 +211,30 @@ def say(text, style, indent="  ", first=None, width=WIDTH):
     print(plain(wrapped, style))
 
 
+def shown_command(command, width=WIDTH):
+    """'$ COMMAND' in lines of at most `width` where it can (a word longer stays whole), broken
+    between the shell's words with ` \\`: pasted, it is the same command (a quoted JSON
+    argument is one word, never broken inside its quotes)."""
+    words, word, quote = [], "", None
+    for char in command:  # split at whitespace outside quotes, each word as written
+        if quote:
+            quote = None if char == quote else quote
+        elif char in "'\"":
+            quote = char
+        elif char.isspace():
+            words, word = words + [word] * bool(word), ""
+            continue
+        word += char
+    words += [word] * bool(word)
+    lines, line = [], "$"
+    for word in words:
+        if line.strip() not in ("$", "") and len(line) + 1 + len(word) + 2 > width:
+            lines.append(line + " \\")
+            line = "   "
+        line += " " + word
+    return "\n".join(lines + [line])
+
+
 def pieces(text):
     """The guide's text as written: ('para'|'bullet'|'table'|'code', text) in order, so that a
     list stays a list and a table a table (`- ` items with their indented lines; `|` rows;
@@ -875,8 +899,8 @@ class Demo:
         native = None  # Compose runs the command as written: no other line to show
         if isinstance(self.backend, LocalBackend):
             native = self.backend.native(step.command)
-        if self.projector:  # once: as it runs here
-            print(f"\n$ {native or step.command}")
+        if self.projector:  # once: as it runs here, fitted to the room's width
+            print("\n" + shown_command(native or step.command, self.width))
         else:
             print(f"\n$ {step.command}")
             if native:
@@ -1296,7 +1320,7 @@ def docker_reports(folder):
     }
 
 
-def introduce(backend, why, projector=False):
+def introduce(backend, why, projector=False, width=WIDTH):
     if backend.name == "docker":
         where = (
             f"The guides' commands run in the Compose project {backend.project}, not "
@@ -1314,7 +1338,12 @@ def introduce(backend, why, projector=False):
                 f"{backend.data_dir}; each command is shown as it runs natively, with the "
                 "defaults (data/, port 8000), to paste."
             )
-    print(f"backend: {backend.name} ({why}). {where}")
+    line = f"backend: {backend.name} ({why}). {where}"
+    if projector:  # the room's terminal would break it mid-word; a path stays whole
+        line = textwrap.fill(
+            line, width, subsequent_indent="  ", break_long_words=False, break_on_hyphens=False
+        )
+    print(line)
 
 
 def main(argv=None):
@@ -1361,7 +1390,7 @@ def main(argv=None):
     terminal = Foreground.take() if projector and make is None else None
     try:
         backend, why = choose_backend(args.backend, args.project, args.port)
-        introduce(backend, why, projector)
+        introduce(backend, why, projector, width)
         if backend.name == "docker":
             backend.down()  # what an interrupted demo may have left
             if args.pictures:  # the drill's --html to /reports lands in PICTURES, as yours

@@ -36,7 +36,7 @@ from labs.tools.runner import parse_guide
 
 LAB01 = ROOT / "labs" / "01-the-duplicate.md"
 LAB06 = ROOT / "labs" / "06-the-lost-acknowledgement.md"
-INTRO = re.compile(r"runs on 127\.0\.0\.1:(\d+) with its data in (\S+);")
+INTRO = re.compile(r"runs\s+on\s+127\.0\.0\.1:(\d+)\s+with\s+its\s+data\s+in\s+(\S+);")
 STOP_DEADLINE_S = 60
 
 
@@ -562,3 +562,43 @@ def test_o_at_the_prompt_opens_what_was_folded(monkeypatch, capsys):
     out = capsys.readouterr().out
     assert "  - graph/state.py: a channel\n  - the next\n" in out and "out 1\nout 2\n" in out
     assert out.count("(Enter to run") == 2 and teller.folds == []  # asked again, then Enter
+
+
+def bash_words(command):
+    """The words bash reads in COMMAND (one per line), as a paste into a shell would give them."""
+    done = subprocess.run(
+        ["bash", "-c", "f() { printf '%s\\n' \"$@\"; }; f " + command],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+@pytest.mark.fast
+def test_the_projector_breaks_a_long_command_between_its_words_and_bash_reads_the_same():
+    """Through Docker the room sees each guide command as written, some longer than 120 columns
+    (lab 11's drills): broken mid-word by the terminal, a pasted line would not run. Fitted, each
+    line fits and bash reads the same words (a quoted JSON argument stays one word)."""
+    lab11 = ROOT / "labs" / "11-drill-your-own-graph.md"
+    commands = [step.command for step in parse_guide(lab11.read_text(encoding="utf-8"))]
+    assert max(map(len, commands)) > 119  # the guide has them: otherwise this checks nothing
+    for command in commands:
+        shown = demo.shown_command(command, 119)
+        lines = shown.splitlines()
+        assert lines[0].startswith("$ ") and all(len(line) <= 119 for line in lines), shown
+        assert bash_words(shown[2:]) == bash_words(command), shown
+
+
+@pytest.mark.fast
+def test_the_projector_fits_the_backend_line_to_the_room(capsys):
+    """The demo's first line, long through Docker, is wrapped between words in projector mode
+    (not cut mid-word by the room's terminal); for a file it stays one line."""
+    backend = type("Backend", (), {"name": "docker", "project": "stateful-lab-demo"})()
+    demo.introduce(backend, "chosen", projector=True, width=60)
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) > 1 and all(len(line) <= 60 for line in lines)
+    assert " ".join(line.strip() for line in lines).endswith("your own lab is left alone.")
+    demo.introduce(backend, "chosen")
+    assert len(capsys.readouterr().out.splitlines()) == 1
