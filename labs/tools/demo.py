@@ -400,6 +400,7 @@ class Operation:
     deliveries: list = field(default_factory=list)  # the relay's answers: created true/false
     makers: list = field(default_factory=list)  # (ticket_id, who) where a worker made it (10)
     sent: dict = field(default_factory=dict)  # a drill's: messages to each of its threads (20)
+    keys: list = field(default_factory=list)  # the key each of its tickets carries (05)
 
     @property
     def duplicated(self):
@@ -412,9 +413,15 @@ class Operation:
     def lost(self):
         return self.mode != TOOL and self.done and not self.tickets
 
-    def lessons(self):
+    def lessons(self, name):
         """What the room saw happen to this operation, in plain words, each with its count."""
         said = []
+        if len(set(self.keys)) > 1 and None not in self.keys and name not in self.keys:
+            keys = len(set(self.keys))  # lab 05's node-uuid: a key made up on each attempt
+            said.append(
+                f"under {keys} different keys, none the operation's (to the receiver, "
+                f"{keys} operations)"
+            )
         if self.lost:
             said.append("LOST: the run said done and no ticket was ever made (0 tickets)")
         workers = [f"ticket {t} by {who}" for t, who in self.makers]
@@ -460,7 +467,7 @@ class Operation:
         line = f"{name}: {count} ticket{'' if count == 1 else 's'}"
         if count > 1:
             line += " for one operation (duplicate)"
-        return ", ".join([line, *self.notes, *self.lessons()])
+        return ", ".join([line, *self.notes, *self.lessons(name)])
 
 
 def sent_line(sent):
@@ -603,6 +610,7 @@ class Ledger:
             )
             op = self.operations.setdefault(owner, Operation("?"))
             op.tickets.append(ticket["ticket_id"])
+            op.keys.append(key)
             self.owners[ticket["ticket_id"]] = owner
             if action.startswith("worker") or action == "":
                 held = any(e["event"] == "held_run" for e in events)

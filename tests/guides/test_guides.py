@@ -155,6 +155,16 @@ def test_guide_local(guide, tmp_path, capsys):
 # What `make demo` says of these guides before their reset: the verdict, counted on the receiver
 # (labs.tools.demo.Ledger), and the closing line on the modes. Checked on the guide's native run.
 DEMO_VERDICTS = {
+    "05": (
+        [  # node-uuid's two tickets: two keys, neither the operation's (the lab's lesson)
+            "case-uuid:open-ticket:v1: 2 tickets for one operation (duplicate), under 2 different "
+            "keys, none the operation's (to the receiver, 2 operations)",
+            "case-safe:open-ticket:v1: 1 ticket, resume got created: false, start got created: "
+            "false",
+        ],
+        "What the labs showed: node-uuid: 1 of 1 operation duplicated; "
+        "safe: 0 of 1 operation duplicated",
+    ),
     "07": (
         [  # approve's in-node duplicate and keyed replay, each on its operation; each run's ask
             #   for approval (its own ticket, keyed OPERATION:approval) on the operation that asked
