@@ -235,6 +235,17 @@ def shown_command(command, width=WIDTH):
     return "\n".join(lines + [line])
 
 
+def fitted(line, width, indent="    "):
+    """A line longer than `width` (when given) as lines broken between words, the rest under
+    `indent`: the terminal would break it mid-word (a drill's summary, lab.py's stderr, a long
+    JSON event). A word longer than the width stays whole."""
+    if not width or len(line) <= width:
+        return [line]
+    return textwrap.wrap(
+        line, width, subsequent_indent=indent, break_long_words=False, break_on_hyphens=False
+    )
+
+
 def pieces(text):
     """The guide's text as written: ('para'|'bullet'|'table'|'code', text) in order, so that a
     list stays a list and a table a table (`- ` items with their indented lines; `|` rows;
@@ -936,7 +947,9 @@ class Demo:
         #                                 (`logs api` is: the receiver's side, lab 02's `replayed`)
         shown = [] if lifecycle else [TERMINAL_CODES.sub("", x) for x in result.stdout.splitlines()]
         if self.projector:
-            shown = self.fit(shown, step, quiet)
+            shown = [
+                part for line in self.fit(shown, step, quiet) for part in fitted(line, self.width)
+            ]
         for line in shown:
             print(s.figures(line))  # `logs`: Compose 2 erases each line
         said = result.stderr.strip().splitlines()
@@ -956,8 +969,9 @@ class Demo:
                         "--stderr shows them)"
                     )
                 )
-        for line in said:
-            print(s.dim(f"  stderr: {line}"))
+        for line in said:  # projector: a long line (lab.py's, the drill's) wrapped between words
+            parts = fitted(f"  stderr: {line}", self.width if self.projector else 0, " " * 10)
+            print("\n".join(map(s.dim, parts)))
         if result.exit_code:
             print(s.bold(f"[exit {result.exit_code}]"))
         if report and report.exists():
@@ -965,7 +979,7 @@ class Demo:
         for problem in outcome.problems:
             print(s.bad(f"  !! {problem}; the guide says:"))
             for line in step.expected + ([f"[exit {step.exit_code}]"] if step.exit_code else []):
-                print(f"     {line}")
+                print("\n".join(fitted(f"     {line}", self.projector and self.width, " " * 9)))
         if effect:
             tickets = [] if effect[0] == "says" else self.backend.tickets()
             self.keys.update((t["ticket_id"], t["key"]) for t in tickets)
@@ -1074,8 +1088,11 @@ class Demo:
             + (f", {lost} lost" if lost else "")
             for mode, (total, dup, lost) in modes.items()
         )
-        print("\n" + s.bold(f"What the labs showed: {shown or 'no operation made a ticket'}"))
-        print(f"What the workflow did (labs.tools.tally): {summary(self.counts)}")
+        width = self.projector and self.width  # the room's: broken between words
+        showed = fitted(f"What the labs showed: {shown or 'no operation made a ticket'}", width)
+        print("\n" + "\n".join(map(s.bold, showed)))
+        tallied = f"What the workflow did (labs.tools.tally): {summary(self.counts)}"
+        print("\n".join(fitted(tallied, width)))
         wrong = [o for o in self.outcomes if not o.ok]
         where = f"{len(guides)} guide{'' if len(guides) == 1 else 's'}, {self.backend.name} backend"
         if wrong:

@@ -58,7 +58,7 @@ def test_the_story_comes_from_the_guide_itself():
     assert len(reset.notice) == 3 and reset.notice[0].startswith("`prepare` did not run again")
 
 
-def test_the_verdict_follows_the_receiver_not_the_guide(capsys, tmp_path):
+def test_the_verdict_follows_the_receiver_not_the_guide(capsys, tmp_path, monkeypatch):
     """Lab 01 run in safe mode: its text still promises a duplicate, the receiver has one. The
     same run in projector mode, with its timeline and its time written: each command once (as
     it runs natively), a ticket a line, the timeline on the terminal and as an SVG that headless
@@ -67,6 +67,7 @@ def test_the_verdict_follows_the_receiver_not_the_guide(capsys, tmp_path):
     guide = tmp_path / "01-safe.md"
     guide.write_text(text, encoding="utf-8")
     pictures, times = tmp_path / "pictures", tmp_path / "times.json"
+    monkeypatch.setenv("COLUMNS", "120")  # the room's terminal (shutil.get_terminal_size)
     code, out, err = run_demo(
         capsys, "--projector", "--pictures", pictures, "--times", times, guide
     )
@@ -75,7 +76,11 @@ def test_the_verdict_follows_the_receiver_not_the_guide(capsys, tmp_path):
     assert "What the labs showed: safe: 0 of 1 operation duplicated" in out
     commands = len(parse_guide(text))
     assert re.search(rf"\d+ of {commands} commands differ from the guides", out)
-    # projector: each command once, as it runs here; the tickets one a line
+    # projector: each command once, as it runs here; the tickets one a line; every line fits
+    #   (the done events' JSON is longer: broken between its words, not mid-word by the terminal)
+    assert [line for line in out.splitlines() if len(line) > 119] == []
+    done = r'^\{"event": "done", [^\n]*,\n    [^\n]*"title": "Check supplier configuration"\}$'
+    assert re.search(done, out, re.M), out
     assert "natively:" not in out and "$ docker compose" not in out
     assert out.count("\n$ python lab.py start --thread naive ") == 1
     (ticket,) = set(re.findall(r"^  (\{\"key\": .*\"ticket_id\": \d+\}),$", out, re.M))
