@@ -60,6 +60,7 @@ GUIDES = [
     for name in ("01-the-duplicate.md", "02-the-keyed-fix.md", "03-a-retry-is-not-a-new-request.md")
 ]
 DOCKER_PROJECT = "stateful-lab-demo"
+IMAGE_GROUP = 10001  # the image's group, lab (Dockerfile: groupadd --gid 10001 lab)
 EXIT_OK, EXIT_DIFFERS, EXIT_USAGE, EXIT_NO_LAB, EXIT_STOPPED = 0, 1, 2, 3, 130
 WIDTH = 92
 EFFECTS = ("start", "resume", "approve", "post")  # lab.py's actions that can make a ticket
@@ -1337,11 +1338,14 @@ def ignoring(signum):
 
 def docker_reports(folder):
     """The environment compose.yaml reads for the drill's /reports: FOLDER (made here, so it is
-    yours) bound there, and the drill run as you, so that its --html report is yours too."""
+    yours) bound there, and the drill run as you, so that its --html report is yours too. Its
+    group stays the image's: replay reads the workflow's checkpoints, in a folder (/data) only
+    the image's user and group may enter, and the container has no capability to pass by (as
+    root:root, lab 11's replay said "no checkpoint database" and exited 2)."""
     Path(folder).mkdir(parents=True, exist_ok=True)
     return {
         "LAB_REPORTS": str(Path(folder).resolve()),
-        "LAB_DRILL_USER": f"{os.getuid()}:{os.getgid()}",
+        "LAB_DRILL_USER": f"{os.getuid()}:{IMAGE_GROUP}",
     }
 
 
