@@ -434,6 +434,9 @@ class Operation:
                 f"under {keys} different keys, none the operation's (to the receiver, "
                 f"{keys} operations)"
             )
+        forgotten = set(self.keys) <= {name, None}  # a key no longer held shows as null (14)
+        if self.mode in ("safe", "ledger") and len(self.tickets) > 1 and forgotten:
+            said.append("the receiver made a new ticket for a key it no longer held (expired)")
         if self.lost:
             said.append("LOST: the run said done and no ticket was ever made (0 tickets)")
         workers = [f"ticket {t} by {who}" for t, who in self.makers]
@@ -654,6 +657,11 @@ class Ledger:
                 note = f"{action} drained on SIGTERM at a step boundary"
             elif kind == "http_error":
                 note = f"{action} refused ({event['status']})"
+            elif kind == "after_ack_failed":  # lab 17: no crash, the node's RetryPolicy
+                error = str(event.get("error", "")).split(":")[0]
+                note = (
+                    f"{action}'s node failed after the answer ({error}) and LangGraph ran it again"
+                )
             elif kind == "done" and "ticket_id" not in event and "delivery" not in event:
                 op.done = True
                 continue

@@ -7,7 +7,7 @@ does. Checked elsewhere, on runs of the guides that happen anyway: the story of 
 BACKEND=local` run (tests/guides/test_readme.py); the verdicts of labs 07, 10 and 14 (an ask for
 approval, background workers' tickets, expired keys) on their native guide runs, through the
 demo's own Demo.run (tests/guides/test_guides.py, test_guide_local and DEMO_VERDICTS), and so
-are the lessons of labs 09-16 and 18-20 and the drills' own lines (11, 13, 16, 20); lab 16's native
+are the lessons of labs 05 and 09-20 and the drills' own lines (11, 13, 16, 20); lab 16's native
 run also fits its drill tables to 120 columns. Projector mode, the timeline SVG (in headless
 Chromium) and --times ride on the lab 01-safe run below.
 """

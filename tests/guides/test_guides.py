@@ -319,9 +319,23 @@ DEMO_VERDICTS = {
         'What the workflow did (labs.tools.tally): {"event": "tally", "started": 1, "resumed": '
         '1, "drained": 0, "acknowledged": 1, "replayed": 1, "settled": 0}',  # the relay's too
     ),
+    "17": (
+        [  # no crash: LangGraph's RetryPolicy ran the node again, in the same start
+            "case-017-naive:open-ticket:v1: 2 tickets for one operation (duplicate), start's node "
+            "failed after the answer (ReadTimeout) and LangGraph ran it again",
+            "case-017-safe:open-ticket:v1: 1 ticket, start's node failed after the answer "
+            "(ReadTimeout) and LangGraph ran it again, start got created: false",
+            "case-017-ledger:open-ticket:v1: 1 ticket, start's node failed after the answer "
+            "(JSONDecodeError) and LangGraph ran it again, start took ticket 4 from the ledger's "
+            "receipt",
+        ],
+        "What the labs showed: naive: 1 of 1 operation duplicated; safe: 0 of 1 operation "
+        "duplicated; ledger: 0 of 1 operation duplicated",
+    ),
     "14": (
         [  # expired keys show as null: each ticket still counts on the command's operation
-            "case-kept:open-ticket:v1: 2 tickets for one operation (duplicate)",
+            "case-kept:open-ticket:v1: 2 tickets for one operation (duplicate), the receiver "
+            "made a new ticket for a key it no longer held (expired)",
             "case-kept-day:open-ticket:v1: 1 ticket, resume got created: false",
         ],
         "What the labs showed: safe: 1 of 2 operations duplicated",  # the key had expired
