@@ -1235,7 +1235,14 @@ def draw(demo, guide, folder):
                     print(line)
                     line = "     "
                     piece = piece.removeprefix(" ->")
-                line += piece.replace(f"[{text}]", paint.get(kind, str)(f"[{text}]"))
+                chunks = [f"[{text}]"]  # a mark longer than a line (a drill's summary) too
+                if len(TERMINAL_CODES.sub("", line)) + len(piece) > width:
+                    chunks = fitted(chunks[0], width - 6, "")
+                prefix = piece[: piece.index("[")]
+                for chunk in chunks[:-1]:
+                    print(line + prefix + paint.get(kind, str)(chunk))
+                    line, prefix = "      ", ""
+                line += prefix + paint.get(kind, str)(chunks[-1])
             print(line)
     return path
 

@@ -607,3 +607,22 @@ def test_the_projector_fits_the_backend_line_to_the_room(capsys):
     assert " ".join(line.strip() for line in lines).endswith("your own lab is left alone.")
     demo.introduce(backend, "chosen")
     assert len(capsys.readouterr().out.splitlines()) == 1
+
+
+@pytest.mark.fast
+def test_the_terminal_timeline_breaks_a_long_mark_between_words(tmp_path):
+    """Lab 11's approval drill has a summary longer than the room's terminal: its mark in the
+    timeline is broken between words, every line within the width, every word kept."""
+    said = (
+        "10 crash points, 3 duplicate (request), 0 missing, 0 failed resumes, the clean run "
+        "repeated request (request_refund re-ran it after an interrupt)"
+    )
+    teller = demo.Demo(None, demo.Style(False), projector=True, width=60)
+    teller.timeline = [
+        ("docker compose -p stateful-lab run --rm drill labs.graphs.a:g", [], 1, said)
+    ]
+    with contextlib.redirect_stdout(io.StringIO()) as out:
+        demo.draw(teller, "labs/11-x.md", tmp_path)
+    drawn = out.getvalue().split("Timeline\n")[1].splitlines()
+    assert drawn[0] == "  drill labs.graphs.a:g" and all(len(line) <= 60 for line in drawn)
+    assert " ".join(" ".join(drawn[1:]).split()) == f"[{said}]"
