@@ -60,6 +60,7 @@ GUIDES = [
     for name in ("01-the-duplicate.md", "02-the-keyed-fix.md", "03-a-retry-is-not-a-new-request.md")
 ]
 DOCKER_PROJECT = "stateful-lab-demo"
+IMAGE_GROUP = 10001  # the image's group, lab (Dockerfile: groupadd --gid 10001 lab)
 EXIT_OK, EXIT_DIFFERS, EXIT_USAGE, EXIT_NO_LAB, EXIT_STOPPED = 0, 1, 2, 3, 130
 WIDTH = 92
 EFFECTS = ("start", "resume", "approve", "post")  # lab.py's actions that can make a ticket
@@ -209,6 +210,41 @@ def say(text, style, indent="  ", first=None, width=WIDTH):
     words = " ".join(text.split())
     wrapped = textwrap.fill(words, width, initial_indent=first or indent, subsequent_indent=indent)
     print(plain(wrapped, style))
+
+
+def shown_command(command, width=WIDTH):
+    """'$ COMMAND' in lines of at most `width` where it can (a word longer stays whole), broken
+    between the shell's words with ` \\`: pasted, it is the same command (a quoted JSON
+    argument is one word, never broken inside its quotes)."""
+    words, word, quote = [], "", None
+    for char in command:  # split at whitespace outside quotes, each word as written
+        if quote:
+            quote = None if char == quote else quote
+        elif char in "'\"":
+            quote = char
+        elif char.isspace():
+            words, word = words + [word] * bool(word), ""
+            continue
+        word += char
+    words += [word] * bool(word)
+    lines, line = [], "$"
+    for word in words:
+        if line.strip() not in ("$", "") and len(line) + 1 + len(word) + 2 > width:
+            lines.append(line + " \\")
+            line = "   "
+        line += " " + word
+    return "\n".join(lines + [line])
+
+
+def fitted(line, width, indent="    "):
+    """A line longer than `width` (when given) as lines broken between words, the rest under
+    `indent`: the terminal would break it mid-word (a drill's summary, lab.py's stderr, a long
+    JSON event). A word longer than the width stays whole."""
+    if not width or len(line) <= width:
+        return [line]
+    return textwrap.wrap(
+        line, width, subsequent_indent=indent, break_long_words=False, break_on_hyphens=False
+    )
 
 
 def pieces(text):
@@ -376,6 +412,7 @@ class Operation:
     deliveries: list = field(default_factory=list)  # the relay's answers: created true/false
     makers: list = field(default_factory=list)  # (ticket_id, who) where a worker made it (10)
     sent: dict = field(default_factory=dict)  # a drill's: messages to each of its threads (20)
+    keys: list = field(default_factory=list)  # the key each of its tickets carries (05)
 
     @property
     def duplicated(self):
@@ -388,9 +425,18 @@ class Operation:
     def lost(self):
         return self.mode != TOOL and self.done and not self.tickets
 
-    def lessons(self):
+    def lessons(self, name):
         """What the room saw happen to this operation, in plain words, each with its count."""
         said = []
+        if len(set(self.keys)) > 1 and None not in self.keys and name not in self.keys:
+            keys = len(set(self.keys))  # lab 05's node-uuid: a key made up on each attempt
+            said.append(
+                f"under {keys} different keys, none the operation's (to the receiver, "
+                f"{keys} operations)"
+            )
+        forgotten = set(self.keys) <= {name, None}  # a key no longer held shows as null (14)
+        if self.mode in ("safe", "ledger") and len(self.tickets) > 1 and forgotten:
+            said.append("the receiver made a new ticket for a key it no longer held (expired)")
         if self.lost:
             said.append("LOST: the run said done and no ticket was ever made (0 tickets)")
         workers = [f"ticket {t} by {who}" for t, who in self.makers]
@@ -436,7 +482,7 @@ class Operation:
         line = f"{name}: {count} ticket{'' if count == 1 else 's'}"
         if count > 1:
             line += " for one operation (duplicate)"
-        return ", ".join([line, *self.notes, *self.lessons()])
+        return ", ".join([line, *self.notes, *self.lessons(name)])
 
 
 def sent_line(sent):
@@ -579,6 +625,7 @@ class Ledger:
             )
             op = self.operations.setdefault(owner, Operation("?"))
             op.tickets.append(ticket["ticket_id"])
+            op.keys.append(key)
             self.owners[ticket["ticket_id"]] = owner
             if action.startswith("worker") or action == "":
                 held = any(e["event"] == "held_run" for e in events)
@@ -610,6 +657,11 @@ class Ledger:
                 note = f"{action} drained on SIGTERM at a step boundary"
             elif kind == "http_error":
                 note = f"{action} refused ({event['status']})"
+            elif kind == "after_ack_failed":  # lab 17: no crash, the node's RetryPolicy
+                error = str(event.get("error", "")).split(":")[0]
+                note = (
+                    f"{action}'s node failed after the answer ({error}) and LangGraph ran it again"
+                )
             elif kind == "done" and "ticket_id" not in event and "delivery" not in event:
                 op.done = True
                 continue
@@ -875,8 +927,8 @@ class Demo:
         native = None  # Compose runs the command as written: no other line to show
         if isinstance(self.backend, LocalBackend):
             native = self.backend.native(step.command)
-        if self.projector:  # once: as it runs here
-            print(f"\n$ {native or step.command}")
+        if self.projector:  # once: as it runs here, fitted to the room's width
+            print("\n" + shown_command(native or step.command, self.width))
         else:
             print(f"\n$ {step.command}")
             if native:
@@ -904,7 +956,9 @@ class Demo:
         #                                 (`logs api` is: the receiver's side, lab 02's `replayed`)
         shown = [] if lifecycle else [TERMINAL_CODES.sub("", x) for x in result.stdout.splitlines()]
         if self.projector:
-            shown = self.fit(shown, step, quiet)
+            shown = [
+                part for line in self.fit(shown, step, quiet) for part in fitted(line, self.width)
+            ]
         for line in shown:
             print(s.figures(line))  # `logs`: Compose 2 erases each line
         said = result.stderr.strip().splitlines()
@@ -924,8 +978,9 @@ class Demo:
                         "--stderr shows them)"
                     )
                 )
-        for line in said:
-            print(s.dim(f"  stderr: {line}"))
+        for line in said:  # projector: a long line (lab.py's, the drill's) wrapped between words
+            parts = fitted(f"  stderr: {line}", self.width if self.projector else 0, " " * 10)
+            print("\n".join(map(s.dim, parts)))
         if result.exit_code:
             print(s.bold(f"[exit {result.exit_code}]"))
         if report and report.exists():
@@ -933,7 +988,7 @@ class Demo:
         for problem in outcome.problems:
             print(s.bad(f"  !! {problem}; the guide says:"))
             for line in step.expected + ([f"[exit {step.exit_code}]"] if step.exit_code else []):
-                print(f"     {line}")
+                print("\n".join(fitted(f"     {line}", self.projector and self.width, " " * 9)))
         if effect:
             tickets = [] if effect[0] == "says" else self.backend.tickets()
             self.keys.update((t["ticket_id"], t["key"]) for t in tickets)
@@ -1042,8 +1097,11 @@ class Demo:
             + (f", {lost} lost" if lost else "")
             for mode, (total, dup, lost) in modes.items()
         )
-        print("\n" + s.bold(f"What the labs showed: {shown or 'no operation made a ticket'}"))
-        print(f"What the workflow did (labs.tools.tally): {summary(self.counts)}")
+        width = self.projector and self.width  # the room's: broken between words
+        showed = fitted(f"What the labs showed: {shown or 'no operation made a ticket'}", width)
+        print("\n" + "\n".join(map(s.bold, showed)))
+        tallied = f"What the workflow did (labs.tools.tally): {summary(self.counts)}"
+        print("\n".join(fitted(tallied, width)))
         wrong = [o for o in self.outcomes if not o.ok]
         where = f"{len(guides)} guide{'' if len(guides) == 1 else 's'}, {self.backend.name} backend"
         if wrong:
@@ -1177,7 +1235,14 @@ def draw(demo, guide, folder):
                     print(line)
                     line = "     "
                     piece = piece.removeprefix(" ->")
-                line += piece.replace(f"[{text}]", paint.get(kind, str)(f"[{text}]"))
+                chunks = [f"[{text}]"]  # a mark longer than a line (a drill's summary) too
+                if len(TERMINAL_CODES.sub("", line)) + len(piece) > width:
+                    chunks = fitted(chunks[0], width - 6, "")
+                prefix = piece[: piece.index("[")]
+                for chunk in chunks[:-1]:
+                    print(line + prefix + paint.get(kind, str)(chunk))
+                    line, prefix = "      ", ""
+                line += prefix + paint.get(kind, str)(chunks[-1])
             print(line)
     return path
 
@@ -1288,15 +1353,18 @@ def ignoring(signum):
 
 def docker_reports(folder):
     """The environment compose.yaml reads for the drill's /reports: FOLDER (made here, so it is
-    yours) bound there, and the drill run as you, so that its --html report is yours too."""
+    yours) bound there, and the drill run as you, so that its --html report is yours too. Its
+    group stays the image's: replay reads the workflow's checkpoints, in a folder (/data) only
+    the image's user and group may enter, and the container has no capability to pass by (as
+    root:root, lab 11's replay said "no checkpoint database" and exited 2)."""
     Path(folder).mkdir(parents=True, exist_ok=True)
     return {
         "LAB_REPORTS": str(Path(folder).resolve()),
-        "LAB_DRILL_USER": f"{os.getuid()}:{os.getgid()}",
+        "LAB_DRILL_USER": f"{os.getuid()}:{IMAGE_GROUP}",
     }
 
 
-def introduce(backend, why, projector=False):
+def introduce(backend, why, projector=False, width=WIDTH):
     if backend.name == "docker":
         where = (
             f"The guides' commands run in the Compose project {backend.project}, not "
@@ -1314,7 +1382,12 @@ def introduce(backend, why, projector=False):
                 f"{backend.data_dir}; each command is shown as it runs natively, with the "
                 "defaults (data/, port 8000), to paste."
             )
-    print(f"backend: {backend.name} ({why}). {where}")
+    line = f"backend: {backend.name} ({why}). {where}"
+    if projector:  # the room's terminal would break it mid-word; a path stays whole
+        line = textwrap.fill(
+            line, width, subsequent_indent="  ", break_long_words=False, break_on_hyphens=False
+        )
+    print(line)
 
 
 def main(argv=None):
@@ -1361,7 +1434,7 @@ def main(argv=None):
     terminal = Foreground.take() if projector and make is None else None
     try:
         backend, why = choose_backend(args.backend, args.project, args.port)
-        introduce(backend, why, projector)
+        introduce(backend, why, projector, width)
         if backend.name == "docker":
             backend.down()  # what an interrupted demo may have left
             if args.pictures:  # the drill's --html to /reports lands in PICTURES, as yours

@@ -7,7 +7,7 @@ does. Checked elsewhere, on runs of the guides that happen anyway: the story of 
 BACKEND=local` run (tests/guides/test_readme.py); the verdicts of labs 07, 10 and 14 (an ask for
 approval, background workers' tickets, expired keys) on their native guide runs, through the
 demo's own Demo.run (tests/guides/test_guides.py, test_guide_local and DEMO_VERDICTS), and so
-are the lessons of labs 09-16 and 18-20 and the drills' own lines (11, 13, 16, 20); lab 16's native
+are the lessons of labs 05 and 09-20 and the drills' own lines (11, 13, 16, 20); lab 16's native
 run also fits its drill tables to 120 columns. Projector mode, the timeline SVG (in headless
 Chromium) and --times ride on the lab 01-safe run below.
 """
@@ -36,7 +36,7 @@ from labs.tools.runner import parse_guide
 
 LAB01 = ROOT / "labs" / "01-the-duplicate.md"
 LAB06 = ROOT / "labs" / "06-the-lost-acknowledgement.md"
-INTRO = re.compile(r"runs on 127\.0\.0\.1:(\d+) with its data in (\S+);")
+INTRO = re.compile(r"runs\s+on\s+127\.0\.0\.1:(\d+)\s+with\s+its\s+data\s+in\s+(\S+);")
 STOP_DEADLINE_S = 60
 
 
@@ -58,7 +58,7 @@ def test_the_story_comes_from_the_guide_itself():
     assert len(reset.notice) == 3 and reset.notice[0].startswith("`prepare` did not run again")
 
 
-def test_the_verdict_follows_the_receiver_not_the_guide(capsys, tmp_path):
+def test_the_verdict_follows_the_receiver_not_the_guide(capsys, tmp_path, monkeypatch):
     """Lab 01 run in safe mode: its text still promises a duplicate, the receiver has one. The
     same run in projector mode, with its timeline and its time written: each command once (as
     it runs natively), a ticket a line, the timeline on the terminal and as an SVG that headless
@@ -67,6 +67,7 @@ def test_the_verdict_follows_the_receiver_not_the_guide(capsys, tmp_path):
     guide = tmp_path / "01-safe.md"
     guide.write_text(text, encoding="utf-8")
     pictures, times = tmp_path / "pictures", tmp_path / "times.json"
+    monkeypatch.setenv("COLUMNS", "120")  # the room's terminal (shutil.get_terminal_size)
     code, out, err = run_demo(
         capsys, "--projector", "--pictures", pictures, "--times", times, guide
     )
@@ -75,7 +76,11 @@ def test_the_verdict_follows_the_receiver_not_the_guide(capsys, tmp_path):
     assert "What the labs showed: safe: 0 of 1 operation duplicated" in out
     commands = len(parse_guide(text))
     assert re.search(rf"\d+ of {commands} commands differ from the guides", out)
-    # projector: each command once, as it runs here; the tickets one a line
+    # projector: each command once, as it runs here; the tickets one a line; every line fits
+    #   (the done events' JSON is longer: broken between its words, not mid-word by the terminal)
+    assert [line for line in out.splitlines() if len(line) > 119] == []
+    done = r'^\{"event": "done", [^\n]*,\n    [^\n]*"title": "Check supplier configuration"\}$'
+    assert re.search(done, out, re.M), out
     assert "natively:" not in out and "$ docker compose" not in out
     assert out.count("\n$ python lab.py start --thread naive ") == 1
     (ticket,) = set(re.findall(r"^  (\{\"key\": .*\"ticket_id\": \d+\}),$", out, re.M))
@@ -562,3 +567,62 @@ def test_o_at_the_prompt_opens_what_was_folded(monkeypatch, capsys):
     out = capsys.readouterr().out
     assert "  - graph/state.py: a channel\n  - the next\n" in out and "out 1\nout 2\n" in out
     assert out.count("(Enter to run") == 2 and teller.folds == []  # asked again, then Enter
+
+
+def bash_words(command):
+    """The words bash reads in COMMAND (one per line), as a paste into a shell would give them."""
+    done = subprocess.run(
+        ["bash", "-c", "f() { printf '%s\\n' \"$@\"; }; f " + command],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+@pytest.mark.fast
+def test_the_projector_breaks_a_long_command_between_its_words_and_bash_reads_the_same():
+    """Through Docker the room sees each guide command as written, some longer than 120 columns
+    (lab 11's drills): broken mid-word by the terminal, a pasted line would not run. Fitted, each
+    line fits and bash reads the same words (a quoted JSON argument stays one word)."""
+    lab11 = ROOT / "labs" / "11-drill-your-own-graph.md"
+    commands = [step.command for step in parse_guide(lab11.read_text(encoding="utf-8"))]
+    assert max(map(len, commands)) > 119  # the guide has them: otherwise this checks nothing
+    for command in commands:
+        shown = demo.shown_command(command, 119)
+        lines = shown.splitlines()
+        assert lines[0].startswith("$ ") and all(len(line) <= 119 for line in lines), shown
+        assert bash_words(shown[2:]) == bash_words(command), shown
+
+
+@pytest.mark.fast
+def test_the_projector_fits_the_backend_line_to_the_room(capsys):
+    """The demo's first line, long through Docker, is wrapped between words in projector mode
+    (not cut mid-word by the room's terminal); for a file it stays one line."""
+    backend = type("Backend", (), {"name": "docker", "project": "stateful-lab-demo"})()
+    demo.introduce(backend, "chosen", projector=True, width=60)
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) > 1 and all(len(line) <= 60 for line in lines)
+    assert " ".join(line.strip() for line in lines).endswith("your own lab is left alone.")
+    demo.introduce(backend, "chosen")
+    assert len(capsys.readouterr().out.splitlines()) == 1
+
+
+@pytest.mark.fast
+def test_the_terminal_timeline_breaks_a_long_mark_between_words(tmp_path):
+    """Lab 11's approval drill has a summary longer than the room's terminal: its mark in the
+    timeline is broken between words, every line within the width, every word kept."""
+    said = (
+        "10 crash points, 3 duplicate (request), 0 missing, 0 failed resumes, the clean run "
+        "repeated request (request_refund re-ran it after an interrupt)"
+    )
+    teller = demo.Demo(None, demo.Style(False), projector=True, width=60)
+    teller.timeline = [
+        ("docker compose -p stateful-lab run --rm drill labs.graphs.a:g", [], 1, said)
+    ]
+    with contextlib.redirect_stdout(io.StringIO()) as out:
+        demo.draw(teller, "labs/11-x.md", tmp_path)
+    drawn = out.getvalue().split("Timeline\n")[1].splitlines()
+    assert drawn[0] == "  drill labs.graphs.a:g" and all(len(line) <= 60 for line in drawn)
+    assert " ".join(" ".join(drawn[1:]).split()) == f"[{said}]"
