@@ -268,25 +268,38 @@ def killed_in_both_windows(dest, env):
         assert code == -signal.SIGKILL and {"event": "crash", "at": "after-send"} in events, err
 
 
+KINDS = (  # the README's headings of its three provider blocks
+    "### A keyed provider\n",
+    "### A keyless provider with a lookup by",
+    "### A keyless provider without a lookup\n",
+)
+
+
 @pytest.mark.long
-def test_a_keyed_provider_added_as_the_readme_says_is_adopted_by_its_key(tmp_path, capsys):
-    """DESK, a second keyed provider (a second receiver.py stands in): killed in its window,
-    the resume asks DESK by key and adopts the ticket; each receiver holds one ticket."""
-    dest, env = starter_with(tmp_path, capsys, "### A keyed provider\n")
-    desk_env = lab_env(tmp_path / "desk", free_port())
-    with receiving(env, dest) as api, receiving(desk_env, dest) as desk:
-        env["DESK_URL"] = desk.url
-        killed_in_both_windows(dest, env)
-        code, events, err = workflow_in(dest, env, "resume", "--thread", "t")
-        assert code == 0 and events[-1]["event"] == "done", err
-        desk_tickets = json.loads(urllib.request.urlopen(desk.url + "/tickets").read())["tickets"]
-        api_tickets = json.loads(urllib.request.urlopen(api.url + "/tickets").read())["tickets"]
-    assert [t["key"] for t in desk_tickets] == ["op-1:desk"]  # one, made by its key
-    assert [t["key"] for t in api_tickets] == ["op-1"]
-    assert receipt(env, "op-1:desk", "ticket_id") == (
-        desk_tickets[0]["ticket_id"],
-        "adopted by lookup",
-    )
+def test_the_starter_suite_passes_with_a_provider_of_each_kind_added_as_the_readme_says(
+    tmp_path, capsys
+):
+    """The README's three provider blocks pasted into one fresh starter (each at most two edit
+    places; STEPS then runs all three nodes), and the starter's own suite passes: its crash
+    test kills every effect's windows, finds one effect per key at each provider (each asked
+    with its own provider's client), and its drill finds no crash point that repeats one."""
+    dest = tmp_path / "adapted"
+    assert starter.main([str(dest)]) == 0
+    capsys.readouterr()
+    nodes = []
+    for heading in KINDS:
+        assert add_an_effect(dest, heading) <= 2
+        (steps,) = re.findall(r"^STEPS = \((.*)\)", (dest / "workflow.py").read_text(), re.M)
+        nodes.append(steps.split(", ")[-1])
+    path = dest / "workflow.py"
+    text = path.read_text(encoding="utf-8")
+    (line,) = [line for line in text.splitlines() if line.startswith("STEPS = (")]
+    path.write_text(text.replace(line, line.replace(nodes[-1], ", ".join(nodes))), "utf-8")
+    assert "STEPS = (prepare, create_ticket, copy_to_desk, pay, notify)" in path.read_text()
+    env = {k: v for k, v in os.environ.items() if not k.endswith("_URL")}
+    done = run_command([sys.executable, "-m", "unittest"], env, 600, cwd=dest)
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert re.search(r"^OK", done.stderr, re.M), done.stderr[-2000:]
 
 
 @pytest.mark.long
