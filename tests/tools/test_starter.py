@@ -268,25 +268,59 @@ def killed_in_both_windows(dest, env):
         assert code == -signal.SIGKILL and {"event": "crash", "at": "after-send"} in events, err
 
 
+BLOCKS = (  # the README's headings of its blocks: an effect, and a provider of each kind
+    "## Add an effect\n",
+    "### A keyed provider\n",
+    "### A keyless provider with a lookup by",
+    "### A keyless provider without a lookup\n",
+)
+
+
 @pytest.mark.long
-def test_a_keyed_provider_added_as_the_readme_says_is_adopted_by_its_key(tmp_path, capsys):
-    """DESK, a second keyed provider (a second receiver.py stands in): killed in its window,
-    the resume asks DESK by key and adopts the ticket; each receiver holds one ticket."""
-    dest, env = starter_with(tmp_path, capsys, "### A keyed provider\n")
-    desk_env = lab_env(tmp_path / "desk", free_port())
-    with receiving(env, dest) as api, receiving(desk_env, dest) as desk:
-        env["DESK_URL"] = desk.url
-        killed_in_both_windows(dest, env)
-        code, events, err = workflow_in(dest, env, "resume", "--thread", "t")
-        assert code == 0 and events[-1]["event"] == "done", err
-        desk_tickets = json.loads(urllib.request.urlopen(desk.url + "/tickets").read())["tickets"]
-        api_tickets = json.loads(urllib.request.urlopen(api.url + "/tickets").read())["tickets"]
-    assert [t["key"] for t in desk_tickets] == ["op-1:desk"]  # one, made by its key
-    assert [t["key"] for t in api_tickets] == ["op-1"]
-    assert receipt(env, "op-1:desk", "ticket_id") == (
-        desk_tickets[0]["ticket_id"],
-        "adopted by lookup",
-    )
+def test_the_starter_with_an_effect_and_a_provider_of_each_kind_added_passes_its_own_tests(
+    tmp_path, capsys
+):
+    """A fresh starter, the README's effect (a follow-up ticket) and its three provider blocks
+    pasted in, each in at most two places of workflow.py (STEPS then runs all four nodes), and
+    its own unittest suite, untouched, passes: the crash test kills the run after each effect's
+    answer, for two orders (and after the receipt where a node has the after-ack point:
+    create_ticket), and asks each provider, with its own client, for one thing per key; the
+    failure tests, the SIGTERM drain, the reused key, and the drill counts one of each effect a
+    run. (The starter as written runs its suite in its own image: the Docker test.)"""
+    dest = tmp_path / "adapted"
+    assert starter.main([str(dest)]) == 0
+    capsys.readouterr()
+    nodes = []
+    for heading in BLOCKS:
+        assert add_an_effect(dest, heading) <= 2  # the Done-when line of issue 24 and 36
+        (steps,) = re.findall(r"^STEPS = \((.*)\)", (dest / "workflow.py").read_text(), re.M)
+        nodes.append(steps.split(", ")[-1])
+    path = dest / "workflow.py"
+    text = path.read_text(encoding="utf-8")
+    (line,) = [line for line in text.splitlines() if line.startswith("STEPS = (")]
+    every = line.split(")")[0].replace(nodes[-1], ", ".join(nodes))  # a copier's own line
+    path.write_text(text.replace(line, every + ")"), "utf-8")
+    linted = run_command([sys.executable, "-m", "ruff", "check", "."], cwd=dest)
+    assert linted.returncode == 0, linted.stdout  # the README's lines are clean code (its ruff)
+    keys = "follow_up_id desk_ticket_id payment_id message_id"
+    shown = run_command(
+        [sys.executable, "-c", SHOW_EFFECTS.replace("KEYS", repr(keys))],
+        timeout=COMMAND_TIMEOUT_S,
+        cwd=dest,
+    )  # what the suite is about to crash: every effect, and the state fields the answers go to
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout.split() == [
+        *("desk-copy", "follow-up", "notice", "payment", "ticket"),
+        *(f"{key}:True" for key in keys.split()),
+    ], shown.stdout
+
+    env = {k: v for k, v in os.environ.items() if not k.endswith("_URL")}
+    done = run_command([sys.executable, "-m", "unittest", "-v"], env, 600, cwd=dest)
+    assert done.returncode == 0, done.stderr[-5000:]
+    ran = re.search(r"^Ran (\d+) tests? ", done.stderr, re.MULTILINE)
+    assert ran and int(ran.group(1)) >= 5 and "\nOK" in done.stderr, done.stderr[-3000:]
+    assert "test_every_effect_killed_after_its_answer" in done.stderr
+    assert "test_every_effect_killed_after_its_receipt" in done.stderr
 
 
 @pytest.mark.long
@@ -358,40 +392,10 @@ def test_a_keyless_provider_without_a_lookup_added_as_the_readme_says_waits_for_
     assert len(stand_in.made["messages"]) == 1
 
 
-@pytest.mark.long
-def test_the_starter_with_one_effect_added_as_its_readme_says_passes_its_own_tests(
-    tmp_path, capsys
-):
-    """A fresh starter, one effect added in at most two places of workflow.py (a follow-up
-    ticket, from its README), and its own unittest suite, untouched: the crash test kills the
-    run after each effect's answer, for two orders (and after the receipt where a node has the
-    after-ack point: create_ticket), the failure tests, the SIGTERM drain and the reused key,
-    and the drill counts one of each effect a run. (The starter as written runs its suite in its
-    own image: the Docker test.)"""
-    dest = tmp_path / "adapted"
-    assert starter.main([str(dest)]) == 0
-    capsys.readouterr()
-    assert add_an_effect(dest) <= 2  # the Done-when line of issue 24: at most two places
-    linted = run_command([sys.executable, "-m", "ruff", "check", "."], cwd=dest)
-    assert linted.returncode == 0, linted.stdout  # the README's lines are clean code (its ruff)
-    shown = run_command(
-        [sys.executable, "-c", SHOW_EFFECTS], timeout=COMMAND_TIMEOUT_S, cwd=dest
-    )  # what the suite is about to crash: both effects, and the state field the answer goes to
-    assert shown.returncode == 0, shown.stderr
-    assert shown.stdout.split() == ["follow-up", "ticket", "follow_up_id:True"], shown.stdout
-
-    done = run_command([sys.executable, "-m", "unittest", "-v"], timeout=300, cwd=dest)
-    assert done.returncode == 0, done.stderr[-5000:]
-    ran = re.search(r"^Ran (\d+) tests? ", done.stderr, re.MULTILINE)
-    assert ran and int(ran.group(1)) >= 5 and "\nOK" in done.stderr, done.stderr[-3000:]
-    assert "test_every_effect_killed_after_its_answer" in done.stderr
-    assert "test_every_effect_killed_after_its_receipt" in done.stderr
-
-
 SHOW_EFFECTS = """
 import effects, workflow
 print(*sorted(effects.declared(vars(workflow))))
-print("follow_up_id:" + str("follow_up_id" in workflow.build_graph(None).channels))
+print(*(f"{k}:{k in workflow.build_graph(None).channels}" for k in KEYS.split()))
 """
 
 

@@ -4,13 +4,16 @@ receiver.py (the ticket provider, API_URL), and a stand-in provider this file se
 is looked up by a reference, one that commits late, one without a lookup whose own count is the
 only evidence. It keeps what it made in memory, for the life of its process.
 
-    POST /ANY          a JSON object: 201 {"id": N, **body}, made under the path. With
-                       STANDIN_KEYED=1 an Idempotency-Key is honoured: its body again gets
-                       200 and the first answer, another body 409 {"error", "code"}
-    GET  /made?FIELD=V what was made, as {"made": [{"id", "path", "key", "body"}]}, only
-                       those whose body has FIELD equal to V (key=V: the Idempotency-Key),
-                       and "handled": how many POSTs it has made or refused (not those held)
-    GET  /health       200 {"ok": true}
+    POST /THINGS        a JSON object: 201 {"id": N, "THING_id": N, **body}, made under the path
+                        (/payments: payment_id). With STANDIN_KEYED=1 an Idempotency-Key is
+                        honoured: its body again gets 200 and the first answer, another body
+                        409 {"error", "code"}
+    GET  /THINGS?F=V    {"THINGS": [answers]}: what was made under the path whose body has F
+                        equal to V (GET /payments?reference=R: the charges made for R)
+    GET  /made?FIELD=V  what was made, as {"made": [{"id", "path", "key", "body"}]}, only
+                        those whose body has FIELD equal to V (key=V: the Idempotency-Key),
+                        and "handled": how many POSTs it has made or refused (not those held)
+    GET  /health        200 {"ok": true}
 
 Its settings: PORT (0: any), STANDIN_KEYED ("": no key honoured), FAILPOINTS: before-commit
 (a POST received and not yet made, held once per body: a resend passes) and after-commit (made,
@@ -40,7 +43,8 @@ STANDIN_POINTS = ("before-commit", "after-commit")
 
 
 class ServiceTestCase(unittest.TestCase):
-    """Each test gets its own receiver.py (self.url) and environment for workflow.py (self.env);
+    """Each test gets its own receiver.py (self.url), one service for each other provider
+    workflow.py declares (self.urls, by name) and environment for workflow.py (self.env);
     standin() starts a stand-in provider for it."""
 
     def setUp(self):
@@ -55,6 +59,7 @@ class ServiceTestCase(unittest.TestCase):
             CHECKPOINT_DB=str(self.folder / "checkpoints.sqlite"),
         )
         self.receiver = self.serve([HERE / "receiver.py"], self.env, "receiver")
+        self.urls = self.providers()  # each other provider workflow.py declares: its own
 
     def receiver_with(self, fail):
         """Another receiver.py, with FAILPOINTS=fail (e.g. after-commit=pause(PATH)), and its
@@ -85,6 +90,34 @@ class ServiceTestCase(unittest.TestCase):
         env = dict(self.env, PORT=str(free_port()), FAILPOINTS=fail, STANDIN_KEYED="1" * keyed)
         self.serve([Path(__file__)], env, f"standin-{env['PORT']}")
         return f"http://127.0.0.1:{env['PORT']}"
+
+    def providers(self):
+        """Every provider workflow.py declares but API (receiver.py's) pointed at one of its own:
+        a receiver.py for one that speaks the receiver's client (TicketClient), else a stand-in.
+        Returns {name: its URL}; what they made is made_at_providers()."""
+        import workflow
+
+        self.others = {}
+        for provider in declared_providers():
+            if provider.name == "API":
+                continue
+            if issubclass(provider.client_class, workflow.TicketClient):
+                port = free_port()
+                env = dict(self.env, PORT=str(port), FAILPOINTS="")
+                env["RECEIVER_DB"] = str(self.folder / f"{provider.name}.sqlite")
+                self.serve([HERE / "receiver.py"], env, provider.name)
+                url = f"http://127.0.0.1:{port}"
+                self.others[provider.name] = (url, made_by_receiver)
+            else:
+                url = self.standin()
+                self.others[provider.name] = (url, lambda url: len(made(url)))
+            self.env[f"{provider.name.upper()}_URL"] = url
+        return {name: url for name, (url, _) in self.others.items()}
+
+    def made_at_providers(self):
+        """How many things every provider made since it started: receiver.py's and those
+        providers() started, each by its own count."""
+        return made_by_receiver(self.url) + sum(count(url) for url, count in self.others.values())
 
     def wait_until(self, condition, what, deadline_s=START_DEADLINE_S):
         """Until condition() is true; a hang guard, not a timing: it fails after deadline_s."""
@@ -134,19 +167,22 @@ def events(done):
     return [json.loads(line) for line in text.splitlines()]
 
 
-def clients(env):
-    """What workflow.py's nodes get to talk to the providers with, made from env as its main()
-    makes it: the `client` an Effect's send and lookup are called with."""
+def context(env, ledger=None):
+    """What workflow.py's nodes get as runtime.context, made from env as its main() makes it:
+    each provider's client, context(...).client_for(effect) the one an effect's send and lookup
+    are called with."""
     import workflow
 
-    return workflow.Settings.from_environ(env).client()
+    clients = workflow.Settings.from_environ(env).clients()
+    return workflow.Context(clients.get("API"), ledger, clients)
 
 
-def provider_urls():
-    """The URL settings workflow.py names (NAME_URL) but API_URL, receiver.py's: the tests
-    point each at a stand-in provider."""
-    text = (HERE / "workflow.py").read_text(encoding="utf-8")
-    return sorted(set(re.findall(r"\b([A-Z][A-Z0-9_]*_URL)\b", text)) - {"API_URL"})
+def declared_providers():
+    """The providers workflow.py declares: its plumbing.Provider instances."""
+    import plumbing
+    import workflow
+
+    return [v for v in vars(workflow).values() if isinstance(v, plumbing.Provider)]
 
 
 def made_by_receiver(url):
@@ -241,7 +277,7 @@ class StandIn(BaseHTTPRequestHandler):
                 conflict = {"error": "key used for another body", "code": "key_conflict"}
                 return self.answer(409, conflict)
         fail("after-commit")  # made, and its answer not written yet (a lost answer)
-        self.answer(201 if first["body"] is body else 200, {"id": first["id"], **body})
+        self.answer(201 if first["body"] is body else 200, answer_of(first))
 
     def do_GET(self):
         url = urllib.parse.urlsplit(self.path)
@@ -250,7 +286,11 @@ class StandIn(BaseHTTPRequestHandler):
         where = dict(urllib.parse.parse_qsl(url.query))
         with self.lock:
             found = [t for t in self.things if all(matches(t, k, v) for k, v in where.items())]
-            self.answer(200, {"made": found, "handled": self.handled})
+            if url.path == "/made":
+                return self.answer(200, {"made": found, "handled": self.handled})
+            things = url.path.strip("/")  # a provider's own look: GET /payments?reference=R
+            found = [answer_of(t) for t in found if t["path"] == url.path]
+            self.answer(200, {things: found})
 
     def answer(self, status, body):
         data = json.dumps(body).encode()
@@ -265,6 +305,13 @@ class StandIn(BaseHTTPRequestHandler):
 
     def log_message(self, *args):
         pass
+
+
+def answer_of(thing):
+    """What the provider answers about a thing: its id, also as THING_id (/payments:
+    payment_id), and the body it was made with."""
+    singular = thing["path"].strip("/").split("/")[-1].removesuffix("s")
+    return {"id": thing["id"], f"{singular}_id": thing["id"], **thing["body"]}
 
 
 def matches(thing, field, value):

@@ -22,16 +22,9 @@ import unittest
 
 import effects
 import failpoints
+import plumbing
 import workflow
-from tests.service import (
-    RUN_TIMEOUT_S,
-    ServiceTestCase,
-    clients,
-    events,
-    made,
-    made_by_receiver,
-    provider_urls,
-)
+from tests.service import RUN_TIMEOUT_S, ServiceTestCase, context, events, made
 
 EXIT_UNSETTLED = workflow.EXIT_UNSETTLED  # a run stopped for a person: an effect without lookup
 
@@ -116,13 +109,6 @@ class CrashWindowTest(ServiceTestCase):
 
     # helpers
 
-    def setUp(self):
-        super().setUp()
-        self.standin_url = None  # each provider's URL but API_URL's: one stand-in provider
-        if names := provider_urls():
-            self.standin_url = self.standin()
-            self.env.update(dict.fromkeys(names, self.standin_url))
-
     def walk(self, window, order):
         """Run a new thread for order (its operation id), killed in `window` of each effect
         once, resumed after each kill, until a run finishes: ([the killed keys, in order], the
@@ -192,7 +178,7 @@ class CrashWindowTest(ServiceTestCase):
         holds under each key the one thing its receipt names, and nothing else was made.
         Returns the ledger's records."""
         declared = effects.declared(vars(workflow))
-        client = clients(self.env)
+        clients = context(self.env)  # each effect's provider's client, as main() makes them
         with effects.Ledger(self.env["CHECKPOINT_DB"]) as ledger:
             keys = [key for (key,) in ledger.sql("SELECT key FROM effects")]
             performed = [ledger.get(key) for key in keys]
@@ -205,20 +191,17 @@ class CrashWindowTest(ServiceTestCase):
             self.assertEqual(record.state, "confirmed", record)
             effect = declared[record.effect]
             if effect.lookup is not None:  # asked as the effect asks its provider
-                found = effect.lookup(client, record.key)
+                found = effect.lookup(clients.client_for(effect), record.key)
                 self.assertIsNotNone(found, f"{record.effect} {record.key!r}: nothing found")
                 held, kept = effect.external_id(found), effect.external_id(record.answer)
                 self.assertEqual(str(held), str(kept), record)
-            else:  # no lookup: the stand-in provider's own records are the evidence
-                self.assertIsNotNone(self.standin_url, f"{record.effect}: no stand-in to ask")
+            else:  # no lookup: its stand-in provider's own records are the evidence
+                self.assertIn(plumbing.provider_of(effect), self.urls, f"{record.effect}")
         # Each key's receipt names a thing of its own, not another key's.
         named = [(r.effect, str(declared[r.effect].external_id(r.answer))) for r in performed]
         self.assertEqual(len(set(named)), len(named), f"two keys name one thing: {named}")
         # Nothing made beyond one per key: the providers' own counts of what they made.
-        made_here = made_by_receiver(self.url)
-        if self.standin_url:
-            made_here += len(made(self.standin_url))
-        self.assertEqual(made_here, len(performed))
+        self.assertEqual(self.made_at_providers(), len(performed))
         return performed
 
     def settle_as_a_person(self, err):
@@ -229,8 +212,9 @@ class CrashWindowTest(ServiceTestCase):
             (record,) = ledger.unsettled()
         effect = effects.declared(vars(workflow))[record.effect]
         self.assertIsNone(effect.lookup, err.read_text())
-        self.assertIsNotNone(self.standin_url, f"{record.effect}: no stand-in provider to ask")
-        thing = made(self.standin_url)[-1]  # the newest: the run was killed just after it
+        url = self.urls.get(plumbing.provider_of(effect))
+        self.assertIsNotNone(url, f"{record.effect}: no stand-in provider to ask")
+        thing = made(url)[-1]  # the newest: the run was killed just after it
         settled = self.workflow("reconcile", "--confirmed", f"{record.key}={thing['id']}")
         self.assertEqual(settled.returncode, 0, settled.stderr)
 

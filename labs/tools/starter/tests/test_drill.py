@@ -15,15 +15,13 @@ import unittest
 import effectdrill
 import effects
 import workflow
-from tests.service import ServiceTestCase, clients, provider_urls
+from tests.service import ServiceTestCase, context
 
 
 class DrillTest(ServiceTestCase):
     def test_no_crash_point_in_any_durability_mode_repeats_or_loses_an_effect(self):
-        if names := provider_urls():  # each provider but receiver.py: a stand-in
-            self.env.update(dict.fromkeys(names, self.standin()))
         declared = effects.declared(vars(workflow))
-        client = clients(self.env)
+        run = context(self.env, effects.Ledger(self.env["CHECKPOINT_DB"]))  # as main() makes it
 
         def graph():
             return workflow.build_graph(None)  # the drill gives it a saver of its own
@@ -42,7 +40,7 @@ class DrillTest(ServiceTestCase):
                     if effect.lookup is None:
                         counts[name] += state == "confirmed"
                     else:
-                        counts[name] += effect.lookup(client, key) is not None
+                        counts[name] += effect.lookup(run.client_for(effect), key) is not None
             return counts
 
         with contextlib.redirect_stdout(io.StringIO()):  # the nodes' event lines
@@ -51,7 +49,7 @@ class DrillTest(ServiceTestCase):
                 {"operation_id": "{thread}", "title": "{thread}"},
                 observe,
                 durability="all",
-                context=workflow.Context(client, effects.Ledger(self.env["CHECKPOINT_DB"])),
+                context=run,
             )
         self.assertEqual(set(report.clean), {"sync", "async", "exit"})
         # A clean run makes one of each effect workflow.py declares.
