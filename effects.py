@@ -34,8 +34,10 @@ each node's writes to it from a background executor (PregelLoop.put_writes calls
 langgraph/pregel/_loop.py). PostgresSaver's connection is autocommit (PostgresSaver.
 from_conn_string, langgraph/checkpoint/postgres/__init__.py; plumbing.open_postgres does the
 same), the ledger's another. A crash between the receipt and the checkpoint (failpoint
-after-ack) re-runs the node; the node finds the receipt and the provider hears nothing. A crash
-between the provider's answer and the receipt (after-send) leaves `requested`: the lookup's case.
+after-receipt, which perform passes once it has kept a receipt it did not have, so a replay never
+meets it; or a node's own after-ack) re-runs the node; the node finds the receipt and the provider
+hears nothing. A crash between the provider's answer and the receipt (after-send) leaves
+`requested`: the lookup's case.
 
 Standard library only, and psycopg for a Postgres ledger (open_ledger imports it only for a
 postgresql:// URL), OpenTelemetry only with TRACE set; importing this module changes nothing.
@@ -111,7 +113,10 @@ class Effect:
         with ledger.performing(key):  # InFlight while another live process performs key
             # TRACE: a span with the key, how it was made and the ledger's state (tracing.py)
             with tracing.effect(self.name, key, ledger) as traced:
-                return traced(self.perform_claimed(ledger, key, request, client, thread))
+                done = traced(self.perform_claimed(ledger, key, request, client, thread))
+        if done.how != "receipt":  # a receipt kept just now, the node not returned: a kill here
+            fail("after-receipt")  # leaves it for the re-run node (a replay does not come here)
+        return done
 
     def perform_claimed(self, ledger, key, request, client, thread=None):
         record = ledger.claim(key, self.name, request, thread)

@@ -75,7 +75,14 @@ from plumbing import (  # the exit codes, workflow.EXIT_* to a caller too (their
     thread_config,
 )
 
-POINTS = ("after-prepare", "before-request", "after-send", "after-ack", "after-checkpoint")
+POINTS = (
+    "after-prepare",
+    "before-request",
+    "after-send",  # effects.py: the provider answered, the receipt not kept yet
+    "after-receipt",  # effects.py: any effect's receipt kept, its node not returned
+    "after-ack",
+    "after-checkpoint",
+)
 
 
 class State(TypedDict):

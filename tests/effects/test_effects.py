@@ -132,6 +132,37 @@ def test_a_kill_after_the_answer_is_adopted_by_lookup_not_sent_again(open_ledger
     assert len(client.tickets()) == 1
 
 
+def test_a_kill_at_after_receipt_leaves_the_receipt_and_a_replay_never_meets_the_point(
+    open_ledger, receiver, client
+):
+    """after-receipt: every effect passes it once it has kept a receipt it did not have (sent,
+    or adopted), before its node returns. A kill there leaves the receipt; the next attempt
+    returns it without a request, and does not pass the point (it kept nothing new)."""
+    import failpoints
+
+    pid = os.fork()
+    if pid == 0:  # the child: its own connection, killed at the point
+        try:
+            failpoints.configure("after-receipt=kill", known=workflow.POINTS)
+            with open_ledger() as ledger:
+                TICKET.perform(ledger, "op-r", {"title": "t"}, client)
+        finally:
+            os._exit(1)  # not reached when the kill lands
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
+    before = posts(receiver)
+    try:
+        failpoints.configure("after-receipt=raise", known=workflow.POINTS)  # met: a failure here
+        with open_ledger() as ledger:
+            assert ledger.history("op-r")[-1] == ("requested", "confirmed", "answered")
+            done = TICKET.perform(ledger, "op-r", {"title": "t"}, client)
+    finally:
+        failpoints.configure("", known=workflow.POINTS)
+    assert done.how == "receipt"
+    assert posts(receiver) == before  # the receipt, not a request
+    assert len(client.tickets()) == 1
+
+
 def test_without_a_lookup_the_window_ends_in_unknown_not_in_a_second_request(
     open_ledger, receiver, client
 ):
