@@ -470,13 +470,18 @@ def test_the_starters_docker_commands_work_and_survive_a_kill_in_the_window(buil
         assert listed.returncode == 0, listed.stderr[-2000:]
         assert re.findall(r'"key": "(o-\d)"', listed.stdout) == ["o-1", "o-2"]
 
-        # Its own suite in its own image: the lock alone is enough to run it.
+        # Its own suite in its own image: the lock alone is enough to run it. Discovery imports
+        # every test module; the drill and a kill in each window run (the whole suite runs
+        # natively in test_the_starter_with_an_effect_and_a_provider_of_each_kind_added...).
         suite = run_command(
             ["docker", "run", "--rm", "--read-only", "--tmpfs", "/tmp", "-v", f"{built}:/src:ro",
-             "-w", "/src", f"{tag}:local", "python", "-m", "unittest"],
+             "-w", "/src", f"{tag}:local", "python", "-m", "unittest", "-v",
+             "-k", "durability_mode", "-k", "killed_after"],
             timeout=300,
         )  # fmt: skip
         assert suite.returncode == 0 and "\nOK" in suite.stderr, suite.stderr[-3000:]
+        ran = re.findall(r"^(test_\w+) \(", suite.stderr, re.MULTILINE)
+        assert len(ran) == 3 and any("durability_mode" in name for name in ran), suite.stderr
     finally:
         starter_image = image_id(f"{tag}:local")
         down = run("down", "-v", "--remove-orphans")
