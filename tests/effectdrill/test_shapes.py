@@ -64,21 +64,29 @@ def test_an_agent_loops_two_model_calls_are_its_baseline_not_a_failure():
 
     assert report.clean == {"sync": {"model_call": 2, "lookup": 1}}
     assert report.repeated_in_clean_run == []
-    # 3 for the input, then agent, tools, agent: a put_writes and a put each.
+    # 3 for the input, then agent, tools, agent: a put_writes and a put each. A task's writes and
+    # the next checkpoint are saved by background jobs with no order between them (langgraph#8039:
+    # a put_writes was seen once after the next put): each kind in its order, and no other call.
     points = [row.point for row in report.rows]
-    assert points == [
+    first, second = "put_writes agent [branch:to:tools, turn]", "put_writes agent [turn]"
+    expected = [
         "put step -1",
         "put_writes __start__ [branch:to:agent, thread]",
         "put step 0",
-        "put_writes agent [branch:to:tools, turn]",
+        first,
         "put step 1",
         "put_writes tools [branch:to:agent]",
         "put step 2",
-        "put_writes agent [turn]",  # the second turn routes to END: no branch write
+        second,  # the second turn routes to END: no branch write
         "put step 3",
     ]
+    assert sorted(points) == sorted(expected)
+    for kind in ("put step", "put_writes"):
+        assert [p for p in points if p.startswith(kind)] == [
+            p for p in expected if p.startswith(kind)
+        ]
     # agent's call is repeated where its writes were not saved, and only there.
-    assert {f["point"] for f in report.duplicates} == {points[3], points[7]}
+    assert {f["point"] for f in report.duplicates} == {first, second}
     assert all(f["count"] == 3 and f["clean"] == 2 for f in report.duplicates)
     assert all(row.counts("lookup") == [1] for row in report.rows)  # keyed on the turn
 
