@@ -509,7 +509,7 @@ def test_ctrl_c_exits_130_and_reaps_the_child(tmp_path, temp_root):
         if proc.poll() is not None:
             pytest.fail(f"the drill ended before Ctrl-C: {proc.communicate()}")
     proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=60)
+    out, err = proc.communicate(timeout=180)  # a hang guard: one run passed 60 s at a loaded end
 
     assert (proc.returncode, err, out) == (130, "effectdrill: interrupted\n", "")
     assert list(temp_root.iterdir()) == []
