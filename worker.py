@@ -517,11 +517,11 @@ async def work(args):
         loop.add_signal_handler(signum, worker.stop, signum)
     sys.stdout = LineStdout(sys.stdout)
     await open_queue(args.checkpoint_db, time.monotonic() + args.db_wait_s)  # installs the queue
-    emit("worker", heartbeat_s=args.heartbeat_s, drain=args.drain)
     with open_checkpoints(args.checkpoint_db) as (saver, pool):
         worker.saver, worker.pool = saver, pool
         # before the first job: LangGraph's import would stop its heartbeat
         warm_up(saver, args.build_graph)
+        emit("worker", heartbeat_s=args.heartbeat_s, drain=args.drain)  # ready: jobs from here
         while not worker.stopping:
             try:
                 await worker.serve()
