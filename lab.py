@@ -55,11 +55,8 @@ if __name__ == "__main__":  # a Ctrl-C while the imports below run: one line, no
     import os
     import signal
 
-    def interrupted_while_importing(*_):
-        os.write(2, b"lab.py: interrupted\n")
-        os._exit(130)  # workflow.EXIT_INTERRUPTED: nothing has run yet
-
-    signal.signal(signal.SIGINT, interrupted_while_importing)
+    said = b"lab.py: interrupted\n"  # exit 130, EXIT_INTERRUPTED: nothing has run yet
+    signal.signal(signal.SIGINT, lambda *_: (os.write(2, said), os._exit(130)))
 
 import dataclasses
 import hashlib
@@ -812,7 +809,7 @@ def not_refunded(state, why):
         f"reservation {why} the key {saga_key(state, 'reserve')} for another reservation (an "
         f"earlier saga with this --operation?), so ticket {state['ticket_id']} is not refunded; "
         "look at that saga's state (saga state --thread ITS-THREAD)",
-        workflow.EXIT_HTTP_ERROR,
+        plumbing.EXIT_HTTP_ERROR,
     )
 
 
@@ -841,7 +838,7 @@ def saga_run(args, settings, graph_input):
             )
         final = workflow.run_graph(graph, graph_input, args.thread, settings.client(), ledger)
     if final is None:
-        return workflow.EXIT_DRAINED
+        return plumbing.EXIT_DRAINED
     emit("done", **final)
     return 0
 
@@ -985,7 +982,7 @@ def outbox_run(args, settings, graph_input):
         plumbing.require_thread(graph, args.thread, graph_input is not None, hint)
         final = workflow.run_graph(graph, graph_input, args.thread, settings.client(), ledger)
     if final is None:
-        return workflow.EXIT_DRAINED
+        return plumbing.EXIT_DRAINED
     emit("done", **final)
     return 0
 
@@ -1101,7 +1098,7 @@ def hooks(args, settings):
                 again = "--mode naive applies it again"
             raise UserError(
                 f"interrupted; the receiver keeps what got no answer pending: {again}",
-                workflow.EXIT_INTERRUPTED,
+                plumbing.EXIT_INTERRUPTED,
             ) from None
         finally:
             server.shutdown()  # the accepting loop; a client still sending holds only its
@@ -1340,7 +1337,7 @@ def program_run(args, settings, graph_input):
             graph, graph_input, args.thread, client, ledger, args.durability, {"contract": current}
         )
     if final is None:
-        return workflow.EXIT_DRAINED
+        return plumbing.EXIT_DRAINED
     if INTERRUPT in final:  # the run waits for a human (a graph with interrupt())
         emit("awaiting_approval", **final[INTERRUPT][0].value)
         return 0
@@ -1580,9 +1577,4 @@ def main(argv=None, environ=None):
 
 
 if __name__ == "__main__":
-    signal.signal(signal.SIGINT, signal.default_int_handler)  # main() has its own line for Ctrl-C
-    try:
-        sys.exit(main())
-    except KeyboardInterrupt:  # Ctrl-C before main() took over (while it parsed the arguments)
-        print("lab.py: interrupted", file=sys.stderr)
-        sys.exit(workflow.EXIT_INTERRUPTED)
+    plumbing.run_script(main, "lab.py")

@@ -631,6 +631,68 @@ def ledger_exit(error):
     return EXIT_HTTP_ERROR
 
 
+def run_action(args, make_settings, points):
+    """Run the parsed command: its settings (make_settings()), failpoints (the names in
+    points), tracing, then args.run(args, settings). Every error a user can meet is one line on
+    stderr and its exit code, never a traceback."""
+    import failpoints
+
+    args.thread_defaulted = isinstance(getattr(args, "thread", None), Defaulted)
+    if args.thread_defaulted:
+        args.thread = str(args.thread)  # a plain str for the savers' drivers
+    settings = Settings()
+    try:
+        settings = make_settings()
+        try:
+            failpoints.configure(settings.failpoints, known=points, announce=announce)
+            tracing.start(settings.trace, "workflow")
+        except (failpoints.FailpointSpecError, tracing.TracingError) as error:
+            raise UserError(str(error), EXIT_USAGE) from None
+        key_receipts(settings)
+        require_text(args)
+        return args.run(args, settings) or 0
+    except urllib.error.HTTPError as error:  # a provider answered with an error
+        return said_http_error(args, settings, error)
+    except effects.LedgerError as error:
+        print(f"{args.prog}: {error}", file=sys.stderr)
+        return ledger_exit(error)
+    except UserError as error:
+        unreachable = isinstance(error, Unreachable)
+        hint = resume_hint(args, settings, "once the receiver answers") if unreachable else ""
+        print(f"{args.prog}: {error}{default_thread(args, error)}{hint}", file=sys.stderr)
+        return error.exit_code
+    except sqlite3.DatabaseError as error:  # not a database, read-only, a locked file, ...
+        return said_database_error(args, settings, error)
+    except ModuleNotFoundError as error:  # a Python without requirements.txt's packages
+        print(
+            f"{args.prog}: {sys.executable} has no {error.name}; use the Python that has the "
+            "requirements installed (natively .venv/bin/python) or Docker",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print(f"{args.prog}: interrupted{interrupted_hint(args, settings)}", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except Exception as error:
+        if not lost_postgres(error):
+            raise
+        return said_lost_postgres(args, settings, error)
+
+
+def run_script(main, name):
+    """`python NAME ...`: main()'s exit code; a Ctrl-C before main() took over (while it parsed
+    the arguments) is one line and exit 130 too. (The script's own first lines catch one while
+    Python imports it.)"""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # main() has its own line for Ctrl-C
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:
+        print(f"{name}: interrupted", file=sys.stderr)
+        sys.exit(EXIT_INTERRUPTED)
+
+
 def key_receipts(settings):
     """LEDGER_RECEIPT_KEY and LEDGER_RECEIPT_UNKEYED for this process's ledger (effects.py)."""
     try:

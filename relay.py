@@ -362,7 +362,7 @@ def main(argv=None, environ=None):
         print(
             "relay.py: interrupted; the message in flight, if any, stays pending", file=sys.stderr
         )
-        return workflow.EXIT_INTERRUPTED
+        return plumbing.EXIT_INTERRUPTED
 
 
 # helpers

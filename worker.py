@@ -535,7 +535,7 @@ async def work(args):
                     say(f"the database is back after {time.monotonic() - lost:.1f} s")
     if worker.stopping == signal.SIGINT:
         say("interrupted; running graphs drained")
-        return workflow.EXIT_INTERRUPTED
+        return plumbing.EXIT_INTERRUPTED
     return 0
 
 
@@ -1023,7 +1023,7 @@ def main(argv=None):
         args.run(args)
     except KeyboardInterrupt:
         print("worker.py: interrupted", file=sys.stderr)
-        return workflow.EXIT_INTERRUPTED
+        return plumbing.EXIT_INTERRUPTED
     except UserError as error:
         print(f"worker.py: {error}", file=sys.stderr)
         return error.exit_code

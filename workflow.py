@@ -37,38 +37,24 @@ if __name__ == "__main__":  # a Ctrl-C while the imports below run: one line, no
     import os
     import signal
 
-    def interrupted_while_importing(*_):
-        os.write(2, b"workflow.py: interrupted\n")
-        os._exit(130)  # EXIT_INTERRUPTED: nothing has run yet
-
-    signal.signal(signal.SIGINT, interrupted_while_importing)
+    said = b"workflow.py: interrupted\n"  # exit 130, EXIT_INTERRUPTED: nothing has run yet
+    signal.signal(signal.SIGINT, lambda *_: (os.write(2, said), os._exit(130)))
 
 import dataclasses
 import os
 import signal
-import sqlite3
-import sys
 import threading
-import urllib.error
 import urllib.parse
 from typing import NotRequired, TypedDict
 
 import effects
 import plumbing
 import tracing
-from failpoints import FailpointSpecError, fail
-from plumbing import (  # the exit codes, workflow.EXIT_* to a caller too (their table: plumbing.py)
-    EXIT_CHECKPOINT_WRITE,  # noqa: F401
+from failpoints import fail
+from plumbing import (  # the exit codes: their table in plumbing.py
     EXIT_DRAINED,
-    EXIT_HTTP_ERROR,  # noqa: F401
-    EXIT_INTERRUPTED,
-    EXIT_LEDGER_DAMAGED,  # noqa: F401
-    EXIT_NO_ANSWER,  # noqa: F401
     EXIT_THREAD,
-    EXIT_UNSETTLED,  # noqa: F401
-    EXIT_USAGE,
     Parser,
-    Unreachable,
     UserError,
     emit,
     open_checkpointer,
@@ -310,58 +296,12 @@ def build_parser(prog="workflow.py"):
 
 def main(argv=None, environ=None, parser=None, points=POINTS, settings_class=Settings):
     """The CLI; returns the exit code. environ: the settings (default: os.environ); parser,
-    points and settings_class: those of a program that wraps this CLI with its own."""
-    import failpoints
-    from plumbing import interrupted_hint, resume_hint
-
+    points and settings_class: those of a program that wraps this CLI with its own. Each error
+    is one line and an exit code (plumbing.run_action)."""
     args = (parser or build_parser()).parse_args(argv)
-    args.thread_defaulted = isinstance(getattr(args, "thread", None), plumbing.Defaulted)
-    if args.thread_defaulted:
-        args.thread = str(args.thread)  # a plain str for the savers' drivers
-    settings = plumbing.Settings()
-    try:
-        settings = settings_class.from_environ(os.environ if environ is None else environ)
-        try:
-            failpoints.configure(settings.failpoints, known=points, announce=plumbing.announce)
-            tracing.start(settings.trace, "workflow")
-        except (FailpointSpecError, tracing.TracingError) as error:
-            raise UserError(str(error), EXIT_USAGE) from None
-        plumbing.key_receipts(settings)
-        plumbing.require_text(args)
-        exit_code = args.run(args, settings)
-    except urllib.error.HTTPError as error:  # a provider answered with an error
-        return plumbing.said_http_error(args, settings, error)
-    except effects.LedgerError as error:
-        print(f"{args.prog}: {error}", file=sys.stderr)
-        return plumbing.ledger_exit(error)
-    except UserError as error:
-        unreachable = isinstance(error, Unreachable)
-        hint = resume_hint(args, settings, "once the receiver answers") if unreachable else ""
-        print(f"{args.prog}: {error}{plumbing.default_thread(args, error)}{hint}", file=sys.stderr)
-        return error.exit_code
-    except sqlite3.DatabaseError as error:  # not a database, read-only, a locked file, ...
-        return plumbing.said_database_error(args, settings, error)
-    except ModuleNotFoundError as error:  # a Python without requirements.txt's packages
-        print(
-            f"{args.prog}: {sys.executable} has no {error.name}; use the Python that has the "
-            "requirements installed (natively .venv/bin/python) or Docker",
-            file=sys.stderr,
-        )
-        return EXIT_USAGE
-    except KeyboardInterrupt:
-        print(f"{args.prog}: interrupted{interrupted_hint(args, settings)}", file=sys.stderr)
-        return EXIT_INTERRUPTED
-    except Exception as error:
-        if not plumbing.lost_postgres(error):
-            raise
-        return plumbing.said_lost_postgres(args, settings, error)
-    return exit_code or 0
+    environ = os.environ if environ is None else environ
+    return plumbing.run_action(args, lambda: settings_class.from_environ(environ), points)
 
 
 if __name__ == "__main__":
-    signal.signal(signal.SIGINT, signal.default_int_handler)  # main() has its own line for Ctrl-C
-    try:
-        sys.exit(main())
-    except KeyboardInterrupt:  # Ctrl-C before main() took over (while it parsed the arguments)
-        print("workflow.py: interrupted", file=sys.stderr)
-        sys.exit(EXIT_INTERRUPTED)
+    plumbing.run_script(main, "workflow.py")

@@ -347,7 +347,7 @@ def test_a_second_live_process_on_sqlite_meets_in_flight_and_a_dead_ones_lock_is
             ]
             env = {**lab, "CHECKPOINT_DB": str(db), "API_URL": receiver.url}
             code = workflow.main(["reconcile", "--confirmed", "live"], env)
-            assert code == workflow.EXIT_THREAD and ledger.get("live").state == "requested"
+            assert code == plumbing.EXIT_THREAD and ledger.get("live").state == "requested"
     finally:
         os.kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)

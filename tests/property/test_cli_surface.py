@@ -80,7 +80,6 @@ from hypothesis.stateful import (
 import lab
 import plumbing
 import relay
-import workflow
 from labs.tools.local import (
     ROOT,
     SIGNALS_ITSELF,
@@ -511,7 +510,7 @@ class Learner(RuleBasedStateMachine):
         self.all_made.append(made)
         before = self.threads.get(thread)  # a thread with no checkpoint yet: start makes it anew
         self.threads[thread] = made
-        if self.type(argv, stop=stop).code == workflow.EXIT_THREAD:
+        if self.type(argv, stop=stop).code == plumbing.EXIT_THREAD:
             self.threads[thread] = before
             if before is None:
                 del self.threads[thread]
@@ -547,7 +546,7 @@ class Learner(RuleBasedStateMachine):
         again whose result the thread's checkpoint already holds."""
         assert "Traceback (most recent call last)" not in outcome.err, self.report("a traceback")
         if outcome.interrupted:  # the standards: Ctrl-C exits 130 with one line
-            assert outcome.code == workflow.EXIT_INTERRUPTED, self.report("Ctrl-C: not exit 130")
+            assert outcome.code == plumbing.EXIT_INTERRUPTED, self.report("Ctrl-C: not exit 130")
             assert outcome.err.count("\n") == 1, self.report("Ctrl-C: not one line on stderr")
         assert outcome.code in EXIT_CODES, self.report(
             f"exit {outcome.code} is not in the README's exit-code table {sorted(EXIT_CODES)}"
@@ -616,14 +615,14 @@ class Outcome:
     @property
     def no_thread(self):
         """No checkpoint under this thread (a start stopped before its first one)."""
-        return self.code == workflow.EXIT_THREAD and "no thread" in self.err
+        return self.code == plumbing.EXIT_THREAD and "no thread" in self.err
 
     @property
     def key_conflict(self):
         """Refused for a key reused with another body: 409 by the receiver (an http_error event,
         or a line that names the 409), or by the ledger, which holds the key for another request
         and sent nothing. The thread cannot go on, rightly."""
-        return self.code == workflow.EXIT_HTTP_ERROR and (
+        return self.code == plumbing.EXIT_HTTP_ERROR and (
             any(e["event"] == "http_error" and e["status"] == 409 for e in self.events)
             or "409" in self.err
             or "the ledger holds the key" in self.err

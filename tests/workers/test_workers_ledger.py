@@ -165,7 +165,7 @@ def test_status_shows_what_is_stuck_and_reconcile_settles_it_on_the_workers_ledg
     code, lines, _ = in_process(monkeypatch, capsys, env, "status")
     assert (lines[0]["effects_unknown"], lines[0]["oldest_unknown_s"]) == (0, 0)
     code, _, err = in_process(monkeypatch, capsys, env, "reconcile", "--not-sent", "made:op")
-    assert code == workflow.EXIT_THREAD and err.startswith("worker.py: effect 'made:op' is not")
+    assert code == plumbing.EXIT_THREAD and err.startswith("worker.py: effect 'made:op' is not")
 
     sent_before = posts(receiver)
     env["WORKER_GRAPH"] = "workflow:build_graph"
@@ -225,7 +225,7 @@ def test_worker_py_imports_no_lab_and_offers_mode_only_with_a_graph_that_has_var
 
     with pytest.raises(SystemExit) as refused:
         worker_py.main(["submit", "--thread", "t", "--operation", "k", "--mode", "safe"])
-    assert refused.value.code == workflow.EXIT_USAGE
+    assert refused.value.code == plumbing.EXIT_USAGE
 
 
 @pytest.mark.fast
@@ -233,7 +233,7 @@ def test_a_worker_graph_that_names_nothing_is_one_line_and_exit_2(monkeypatch, c
     monkeypatch.setenv("WORKER_GRAPH", "workflow:no_such_builder")
     import worker as worker_py
 
-    assert worker_py.main(["status"]) == workflow.EXIT_USAGE
+    assert worker_py.main(["status"]) == plumbing.EXIT_USAGE
     out, err = capsys.readouterr()
     assert out == "" and len(err.splitlines()) == 1
     assert err.startswith("worker.py: WORKER_GRAPH='workflow:no_such_builder' names no graph")
@@ -344,7 +344,7 @@ def test_a_run_held_across_a_postgres_restart_is_one_line_exit_3_and_its_resume_
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    assert proc.returncode == workflow.EXIT_NO_ANSWER, err
+    assert proc.returncode == plumbing.EXIT_NO_ANSWER, err
     assert err.count("\n") == 1 and "Traceback" not in err, err
     assert err.startswith("workflow.py: CHECKPOINT_DB stopped answering ("), err
     assert err.endswith("resume it with: resume --thread pg\n"), err

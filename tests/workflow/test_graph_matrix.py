@@ -40,7 +40,7 @@ class FakeReceiver:
         self.tickets_made.append({"ticket_id": ticket_id, "key": key, "payload": {"title": title}})
         if self.lose_first:
             self.lose_first = False
-            raise plumbing.NoAnswer("connection closed", workflow.EXIT_NO_ANSWER)
+            raise plumbing.NoAnswer("connection closed", plumbing.EXIT_NO_ANSWER)
         return {"ticket_id": ticket_id, "created": True}
 
     def tickets(self, key=None):
@@ -116,6 +116,6 @@ def test_an_unknown_failpoint_or_action_is_one_line_exit_2(capsys):
         ("after-ack=explode", ["unknown action 'explode'", "sleep(S)", "pause(PATH)"]),
         ("after-ack=pause()", ["unknown action 'pause()'", "pause(PATH)"]),
     ]:
-        assert workflow.main(["tickets"], {"FAILPOINTS": spec}) == workflow.EXIT_USAGE
+        assert workflow.main(["tickets"], {"FAILPOINTS": spec}) == plumbing.EXIT_USAGE
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and all(w in err for w in words), err

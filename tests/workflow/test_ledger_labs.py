@@ -14,7 +14,6 @@ from prometheus_client.parser import text_string_to_metric_families
 from workflow_helpers import events, names
 
 import plumbing
-import workflow as core
 from labs.tools.local import shell_exit_code
 
 KILLED = 137
@@ -59,10 +58,10 @@ def test_a_kill_in_the_messages_window_stops_the_resume_until_a_person_settles_i
 
     # A person's mistakes write nothing: each is one line, and the key stays unknown.
     for mistake, code in [
-        (("--confirmed", KEY), core.EXIT_USAGE),  # no id: a receipt the node could not read
-        (("--confirmed", f"{KEY}=1", "--not-sent", KEY), core.EXIT_THREAD),  # both
-        (("--not-sent", KEY, "no-such-key"), core.EXIT_THREAD),  # one key of two is wrong
-        (("--confirmed", f"{KEY}=one"), core.EXIT_USAGE),  # not a message id
+        (("--confirmed", KEY), plumbing.EXIT_USAGE),  # no id: a receipt the node could not read
+        (("--confirmed", f"{KEY}=1", "--not-sent", KEY), plumbing.EXIT_THREAD),  # both
+        (("--not-sent", KEY, "no-such-key"), plumbing.EXIT_THREAD),  # one key of two is wrong
+        (("--confirmed", f"{KEY}=one"), plumbing.EXIT_USAGE),  # not a message id
     ]:
         refused = workflow("reconcile", *mistake)
         assert (refused.returncode, refused.stdout) == (code, ""), (mistake, refused)
@@ -97,7 +96,7 @@ def test_a_persons_word_on_a_ticket_is_checked_against_the_receiver(receiver, wo
     killed = workflow("start", "--operation", "ct", "--crash-at", "after-send")
     assert shell_exit_code(killed.returncode) == KILLED  # ticket 1 exists, the ledger: requested
     refused = workflow("reconcile", "--not-sent", "ct")
-    assert refused.returncode == core.EXIT_THREAD and "holds 1 under 'ct'" in refused.stderr
+    assert refused.returncode == plumbing.EXIT_THREAD and "holds 1 under 'ct'" in refused.stderr
     assert "tickets --operation ct" in refused.stderr  # the command to look with
     settled = workflow("reconcile", "--confirmed", "ct")
     assert settled.returncode == 0, settled.stderr

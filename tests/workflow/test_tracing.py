@@ -16,6 +16,7 @@ import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 import lab as lab_py  # `lab` is the fixture: the lab's environment
+import plumbing
 import tracing
 import workflow
 from labs.tools.local import ROOT, ReceiverProcess, run
@@ -172,7 +173,7 @@ def test_a_drained_run_ends_its_span_with_a_drain_not_an_error(lab, receiver, me
     """SIGTERM (a deploy) drains the run at its next step boundary: exit 75, and the run's span
     says drained, with its status left unset, not ERROR."""
     env = {**lab, "FAILPOINTS": "after-prepare=term"}
-    assert workflow.main(["start", "--thread", "t"], env) == workflow.EXIT_DRAINED
+    assert workflow.main(["start", "--thread", "t"], env) == plumbing.EXIT_DRAINED
     [run_span] = [s for s in exported(memory) if s["name"] == "run"]
     assert run_span["attributes"]["run.drained"] is True
     assert [e["name"] for e in run_span["events"]] == ["drained"]
@@ -268,7 +269,7 @@ def test_otlp_sends_the_receivers_span_to_the_endpoint_it_is_given(lab, tmp_path
 @pytest.mark.fast
 def test_a_trace_file_that_cannot_be_written_is_one_line_and_a_usage_error(lab, tmp_path, capsys):
     env = {**lab, "TRACE": str(tmp_path / "no-such-folder" / "spans.jsonl")}
-    assert workflow.main(["start", "--thread", "t"], env) == workflow.EXIT_USAGE
+    assert workflow.main(["start", "--thread", "t"], env) == plumbing.EXIT_USAGE
     assert capsys.readouterr().err.splitlines() == [
         f"workflow.py: TRACE={env['TRACE']!r} cannot be written: No such file or directory"
     ]
@@ -282,7 +283,7 @@ def test_a_trace_setting_that_is_neither_otlp_nor_a_file_is_a_usage_error(
 ):
     monkeypatch.chdir(tmp_path)  # where a file named 1 would land
     env = {**lab, "TRACE": setting}
-    assert workflow.main(["tickets"], env) == workflow.EXIT_USAGE
+    assert workflow.main(["tickets"], env) == plumbing.EXIT_USAGE
     (line,) = capsys.readouterr().err.splitlines()
     assert line.startswith(f"workflow.py: TRACE={setting!r} is neither otlp nor a file")
     assert list(tmp_path.iterdir()) == [] and tracing.TRACER is None

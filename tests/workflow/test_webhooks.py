@@ -508,7 +508,7 @@ def test_a_hooks_mistake_is_one_line_and_a_usage_error(tmp_path, capsys, argv, l
         code = lab.main(["hooks", "--ticket", "1", *argv], env)
     except SystemExit as stop:  # argparse's own exit, as the command line gets it
         code = stop.code
-    assert code == workflow.EXIT_USAGE
+    assert code == plumbing.EXIT_USAGE
     (got,) = capsys.readouterr().err.splitlines()
     assert got.startswith(line), got
 
@@ -528,7 +528,7 @@ def test_a_hooks_mistake_is_one_line_and_a_usage_error(tmp_path, capsys, argv, l
 def test_a_switch_on_the_wrong_command_says_which_takes_it(tmp_path, capsys, argv, line):
     with pytest.raises(SystemExit) as stop:
         lab.main(argv, lab_env(tmp_path / "data", 9))
-    assert stop.value.code == workflow.EXIT_USAGE
+    assert stop.value.code == plumbing.EXIT_USAGE
     assert capsys.readouterr().err.splitlines() == [line]
 
 
@@ -570,7 +570,7 @@ def test_hooks_says_what_it_did_and_refuses_naive_on_the_inboxs_ticket(receiver,
     assert err == "lab.py: ticket 1 has each status of --move already: no event, no message\n"
     assert messages(receiver) == ["ticket 1 resolved (evt_1)"]
     naive = ["hooks", "--ticket", "1", "--mode", "naive", "--move", "opened"]
-    assert lab.main(naive, receiver.env) == workflow.EXIT_USAGE
+    assert lab.main(naive, receiver.env) == plumbing.EXIT_USAGE
     out, err = capsys.readouterr()
     assert out == "" and err.startswith("lab.py: ticket 1 is the inbox's (a hooks without --mode")
     assert len(err.splitlines()) == 1 and messages(receiver) == ["ticket 1 resolved (evt_1)"]
@@ -648,7 +648,7 @@ def test_ctrl_c_while_hooks_waits_is_one_line_and_exit_130(tmp_path):
             hooks.kill()
         silent.close()
     held.close()
-    assert hooks.returncode == workflow.EXIT_INTERRUPTED and out == ""
+    assert hooks.returncode == plumbing.EXIT_INTERRUPTED and out == ""
     assert err.splitlines() == [
         "lab.py: interrupted; the receiver keeps what got no answer pending: hooks --ticket 2 "
         "takes it"

@@ -60,7 +60,7 @@ def one_line(capsys, code, returned, *words):
 )
 def test_a_bad_setting_is_one_line_and_exit_2(env, monkeypatch, capsys, name, value, words):
     monkeypatch.setenv(name, value)
-    one_line(capsys, workflow.EXIT_USAGE, workflow.main(["tickets"]), *words)
+    one_line(capsys, plumbing.EXIT_USAGE, workflow.main(["tickets"]), *words)
 
 
 def test_a_checkpoint_db_that_is_not_sqlite_is_one_line_and_left_alone(
@@ -70,14 +70,14 @@ def test_a_checkpoint_db_that_is_not_sqlite_is_one_line_and_left_alone(
     notes.write_text("not a database\n" * 200)
     monkeypatch.setenv("CHECKPOINT_DB", str(notes))
     returned = workflow.main(["state", "--thread", "x"])
-    one_line(capsys, workflow.EXIT_USAGE, returned, "CHECKPOINT_DB", "not a database")
+    one_line(capsys, plumbing.EXIT_USAGE, returned, "CHECKPOINT_DB", "not a database")
     assert notes.read_text() == "not a database\n" * 200
 
 
 def test_a_checkpoint_db_below_a_file_is_one_line(env, monkeypatch, capsys, tmp_path):
     (tmp_path / "file").write_text("")
     monkeypatch.setenv("CHECKPOINT_DB", str(tmp_path / "file" / "checkpoints.sqlite"))
-    one_line(capsys, workflow.EXIT_USAGE, workflow.main(["state"]), "CHECKPOINT_DB")
+    one_line(capsys, plumbing.EXIT_USAGE, workflow.main(["state"]), "CHECKPOINT_DB")
 
 
 @pytest.mark.parametrize("args", [["state", "--thread", "x"], ["start"], ["resume"]])
@@ -89,7 +89,7 @@ def test_a_python_without_langgraph_is_told_which_python_to_use(lab, args):
         text=True,
         timeout=60,
     )
-    assert done.returncode == workflow.EXIT_USAGE and done.stderr.count("\n") == 1, done.stderr
+    assert done.returncode == plumbing.EXIT_USAGE and done.stderr.count("\n") == 1, done.stderr
     assert "has no langgraph" in done.stderr and ".venv/bin/python" in done.stderr
 
 
@@ -110,7 +110,7 @@ def test_ctrl_c_mid_request_exits_130_and_names_the_thread_to_resume(tmp_path):
         with connection:
             proc.send_signal(signal.SIGINT)
             out, err = proc.communicate(timeout=30)
-    assert proc.returncode == workflow.EXIT_INTERRUPTED, err
+    assert proc.returncode == plumbing.EXIT_INTERRUPTED, err
     assert err.count("\n") == 1 and "Traceback" not in err, err
     assert "may have taken effect" in err and "resume --thread t-int" in err
     assert [json.loads(line)["event"] for line in out.splitlines()] == ["prepare"]
@@ -172,7 +172,7 @@ def test_ctrl_c_before_the_first_checkpoint_says_start_it_again(env, tmp_path):
 def test_approve_of_an_unknown_thread_says_no_such_thread_waits(env, capsys):
     import lab
 
-    assert lab.main(["approve", "--thread", "ghost"], env) == workflow.EXIT_THREAD
+    assert lab.main(["approve", "--thread", "ghost"], env) == plumbing.EXIT_THREAD
     err = capsys.readouterr().err
     assert err == "lab.py: no thread 'ghost' waits for approval; check --thread\n"
 
@@ -183,7 +183,7 @@ def test_the_step_boundary_switch_refuses_a_postgres_checkpointer(env, capsys):
     env = {**env, "CHECKPOINT_DB": "postgresql://127.0.0.1:1/none"}
     code = lab.main(["start", "--crash-at", "step-boundary"], env)
     err = capsys.readouterr().err
-    assert code == workflow.EXIT_USAGE and err.count("\n") == 1, err
+    assert code == plumbing.EXIT_USAGE and err.count("\n") == 1, err
     assert "needs the SQLite checkpointer" in err and "unset CHECKPOINT_DB" in err
 
 
@@ -202,8 +202,8 @@ def test_ctrl_c_in_a_saga_names_saga_resume(env):
 def test_a_thread_not_given_is_named_as_the_default(env, capsys, command):
     """`resume` alone looked up a thread 'demo' the learner never typed: the line says why."""
     returned = workflow.main(command)
-    one_line(capsys, workflow.EXIT_THREAD, returned, "(no --thread given: 'demo' is its default)")
-    assert workflow.main([*command, "--thread", "demo"]) == workflow.EXIT_THREAD
+    one_line(capsys, plumbing.EXIT_THREAD, returned, "(no --thread given: 'demo' is its default)")
+    assert workflow.main([*command, "--thread", "demo"]) == plumbing.EXIT_THREAD
     assert "default" not in capsys.readouterr().err  # typed: no note
 
 
@@ -233,7 +233,7 @@ def test_a_checkpoint_db_holding_another_programs_tables_is_refused_untouched(
     for path in foreign_files(tmp_path, receiver):
         before = snapshot(path)
         returned = workflow.main(command, {**env, "CHECKPOINT_DB": str(path)})
-        one_line(capsys, workflow.EXIT_USAGE, returned, "not LangGraph's", "nothing was written")
+        one_line(capsys, plumbing.EXIT_USAGE, returned, "not LangGraph's", "nothing was written")
         assert snapshot(path) == before
     assert workflow.TicketClient(receiver.url).tickets() == [
         {"ticket_id": 1, "key": "k-1", "payload": {"title": "A ticket"}}
@@ -258,7 +258,7 @@ def test_a_read_only_or_full_checkpoint_db_has_its_own_exit_and_names_the_resume
         conn.execute("VACUUM")  # an empty database, written with that page size
     conn.close()
     drained = workflow.main(["start", "--thread", "t"], {**env, "FAILPOINTS": "after-prepare=term"})
-    assert drained == workflow.EXIT_DRAINED
+    assert drained == plumbing.EXIT_DRAINED
     capsys.readouterr()
     setup = SqliteSaver.setup
 
@@ -270,7 +270,7 @@ def test_a_read_only_or_full_checkpoint_db_has_its_own_exit_and_names_the_resume
     with monkeypatch.context() as patch:
         patch.setattr(SqliteSaver, "setup", unwritable_after_setup)
         returned = workflow.main(["resume", "--thread", "t"])
-    assert returned == workflow.EXIT_CHECKPOINT_WRITE != workflow.EXIT_USAGE
+    assert returned == plumbing.EXIT_CHECKPOINT_WRITE != plumbing.EXIT_USAGE
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and words in err, err
     assert "may have taken effect" in err and err.endswith(
@@ -305,7 +305,7 @@ def test_a_receiver_busy_past_every_try_names_the_resume_that_goes_on(env, capsy
     finally:
         holder.close()
         receiver.stop()
-    assert returned == workflow.EXIT_HTTP_ERROR
+    assert returned == plumbing.EXIT_HTTP_ERROR
     assert json.loads(out.splitlines()[-1])["status"] == 503
     assert err == (
         "workflow.py: the receiver stayed busy (503) for 2 tries; nothing was committed; "
@@ -334,7 +334,7 @@ def test_ctrl_c_while_python_imports_the_script_is_one_line(lab, script):
             break
     out, err = proc.communicate(timeout=60)
     said = [line for line in err.splitlines() if not line.startswith("import time:")]
-    assert proc.returncode == workflow.EXIT_INTERRUPTED, "".join(seen) + err
+    assert proc.returncode == plumbing.EXIT_INTERRUPTED, "".join(seen) + err
     assert said == [f"{script}: interrupted"] and out == "", said
 
 
@@ -360,9 +360,9 @@ def test_an_api_url_naming_another_server_is_one_line_naming_api_url(env, monkey
     finally:
         server.shutdown()
         server.server_close()
-    assert returned == workflow.EXIT_HTTP_ERROR
+    assert returned == plumbing.EXIT_HTTP_ERROR
     out, err = capsys.readouterr()
-    assert code == workflow.EXIT_HTTP_ERROR and err.count("\n") == 1, err
+    assert code == plumbing.EXIT_HTTP_ERROR and err.count("\n") == 1, err
     assert "without the receiver's JSON: API_URL (its port) names another program" in err, err
     assert err.endswith("the run is saved: once API_URL names the receiver, resume --thread w\n")
 
@@ -381,7 +381,7 @@ def test_a_title_that_is_not_utf8_is_refused_before_anything_runs(lab, tmp_path)
         timeout=60,
     )
     err = done.stderr.decode()
-    assert done.returncode == workflow.EXIT_USAGE and err.count("\n") == 1, err
+    assert done.returncode == plumbing.EXIT_USAGE and err.count("\n") == 1, err
     assert err.startswith("lab.py: --title b'bad\\xff' is not UTF-8 text"), err
     assert done.stdout == b"" and not Path(lab["CHECKPOINT_DB"]).exists()
     # worker.py's submit alike (in-process: the str a shell's bytes become), before any database
@@ -395,7 +395,7 @@ def test_a_title_that_is_not_utf8_is_refused_before_anything_runs(lab, tmp_path)
         title.decode(errors="surrogateescape"),
     ]
     done = run_worker_here(submit, dict(lab, CHECKPOINT_DB="postgresql://127.0.0.1:1/none"))
-    assert done.returncode == workflow.EXIT_USAGE, done.stderr
+    assert done.returncode == plumbing.EXIT_USAGE, done.stderr
     assert done.stderr == "worker.py: --title b'bad\\xff' is not UTF-8 text; nothing was run\n"
 
 
@@ -514,7 +514,7 @@ def test_a_ledger_made_unwritable_while_the_request_is_out_exits_74_and_names_th
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    assert proc.returncode == workflow.EXIT_CHECKPOINT_WRITE, err
+    assert proc.returncode == plumbing.EXIT_CHECKPOINT_WRITE, err
     assert err.count("\n") == 1 and "disk I/O error" in err, err
     assert err.endswith(
         "may have taken effect before the save failed; once CHECKPOINT_DB can be written, "

@@ -26,7 +26,7 @@ import plumbing
 import workflow
 from tests.service import RUN_TIMEOUT_S, ServiceTestCase, context, events, made
 
-EXIT_UNSETTLED = workflow.EXIT_UNSETTLED  # a run stopped for a person: an effect without lookup
+EXIT_UNSETTLED = plumbing.EXIT_UNSETTLED  # a run stopped for a person: an effect without lookup
 
 
 class CrashWindowTest(ServiceTestCase):
@@ -69,7 +69,7 @@ class CrashWindowTest(ServiceTestCase):
         drained = self.workflow(
             "start", "--thread", "t1", "--operation", "op-1", fail="after-prepare=term"
         )
-        self.assertEqual(drained.returncode, workflow.EXIT_DRAINED, drained.stderr)
+        self.assertEqual(drained.returncode, plumbing.EXIT_DRAINED, drained.stderr)
         last = events(drained)[-1]
         self.assertEqual((last["event"], last["next"]), ("drained", ["create_ticket"]))
         self.assertEqual(self.tickets(), [])  # prepare finished and was saved; nothing was sent
@@ -92,11 +92,11 @@ class CrashWindowTest(ServiceTestCase):
         self.assertEqual(code, 0, err)
         # The same key for another request: the ledger refuses it before anything is sent.
         code, _, err = run("start", "--thread", "t2", "--operation", "op-1", "--title", "B")
-        self.assertEqual(code, workflow.EXIT_HTTP_ERROR, err)
+        self.assertEqual(code, plumbing.EXIT_HTTP_ERROR, err)
         self.assertIn("claimed for another ticket request", err)
         # And the receiver refuses it too, sent without the ledger (workflow.py post).
         code, printed, err = run("post", "--operation", "op-1", "--title", "B")
-        self.assertEqual(code, workflow.EXIT_HTTP_ERROR, err)
+        self.assertEqual(code, plumbing.EXIT_HTTP_ERROR, err)
         self.assertEqual((printed[-1]["event"], printed[-1]["status"]), ("http_error", 409))
         self.assertIn("Idempotency-Key", printed[-1]["body"]["error"])
 

@@ -20,7 +20,7 @@ import urllib.request
 
 import effects
 import failpoints
-import workflow
+import plumbing
 from tests.service import ServiceTestCase, StandInClient, events, handled
 
 CLIENT_GIVES_UP_S = 2.0  # API_TIMEOUT_S where the provider is held: then no answer
@@ -105,7 +105,7 @@ class RefusalTest(ServiceTestCase):
         # Another client used the key first, for another body.
         post(self.url + "/tickets", {"title": "B"}, "op-1")
         refused = self.workflow("start", "--thread", "t1", "--operation", "op-1", "--title", "A")
-        self.assertEqual(refused.returncode, workflow.EXIT_HTTP_ERROR, refused.stderr)
+        self.assertEqual(refused.returncode, plumbing.EXIT_HTTP_ERROR, refused.stderr)
         self.assertEqual(len(refused.stderr.splitlines()), 1, refused.stderr)  # no traceback
         self.assertIn("refused", refused.stderr)
         self.assertNotIn("done", [e["event"] for e in events(refused)])
@@ -130,7 +130,7 @@ class TamperTest(ServiceTestCase):
         db.close()
 
         resumed = self.workflow("resume", "--thread", "t1")
-        self.assertEqual(resumed.returncode, workflow.EXIT_LEDGER_DAMAGED, resumed.stderr)
+        self.assertEqual(resumed.returncode, plumbing.EXIT_LEDGER_DAMAGED, resumed.stderr)
         self.assertEqual(len(resumed.stderr.splitlines()), 1, resumed.stderr)
         self.assertIn("integrity", resumed.stderr)
         self.assertNotIn("done", [e["event"] for e in events(resumed)])
@@ -143,7 +143,7 @@ class WrongUrlTest(ServiceTestCase):
         right = self.env["API_URL"]
         self.env["API_URL"] = right + "/wrong"
         lost = self.workflow("start", "--thread", "t1", "--operation", "op-1")
-        self.assertEqual(lost.returncode, workflow.EXIT_HTTP_ERROR, lost.stderr)
+        self.assertEqual(lost.returncode, plumbing.EXIT_HTTP_ERROR, lost.stderr)
         self.assertIn({"event": "http_error", "status": 404}, strip_body(events(lost)))
         self.assertIn("the key is still free", lost.stderr)
         self.assertEqual(self.tickets(), [])
