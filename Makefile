@@ -22,7 +22,8 @@ TEST_WORKERS ?= 4  # pytest-xdist processes: most of a test waits on a receiver,
 FAST_WORKERS ?= 3  # make test-fast's: its tests are short, so each process's start (importing
 #                   LangGraph and hypothesis, collecting) is much of its cost: 3 measured 26-27 s
 #                   against 28-32 s with 4, idle on 2 cores; two plugins no test uses (schemathesis
-#                   runs as a command, nothing is marked anyio) are not loaded, about 1 s less
+#                   runs as a command, nothing is marked anyio) are not loaded, about 1 s less;
+#                   its property tests run a quarter of their examples (make test: all of them)
 PICTURES ?= data/demo
 GUIDES ?= labs/01-the-duplicate.md labs/02-the-keyed-fix.md labs/03-a-retry-is-not-a-new-request.md
 UV := $(abspath $(PY)) -m uv pip compile --quiet --universal --python-version 3.11 --generate-hashes --no-header
@@ -60,7 +61,7 @@ test: $(VENV)/.installed lint  ## the whole suite; the Docker tier runs when an 
 	$(PY) -m pytest -n $(TEST_WORKERS)
 
 test-fast: $(VENV)/.installed  ## the inner loop: tests marked fast (no Docker, no Postgres)
-	$(PY) -m pytest -n $(FAST_WORKERS) -m "fast and not long" -q -p no:schemathesis -p no:anyio
+	LAB_PROPERTY_SCALE=0.25 $(PY) -m pytest -n $(FAST_WORKERS) -m "fast and not long" -q -p no:schemathesis -p no:anyio
 
 lint: $(VENV)/.installed
 	$(PY) -m ruff check .

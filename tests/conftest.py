@@ -34,6 +34,12 @@ def pytest_runtest_setup(item):
         require_docker()
 
 
+def examples(n):
+    """A property test's number of examples: n, scaled by LAB_PROPERTY_SCALE (default 1; make
+    test-fast's inner loop sets 0.25, make test runs each property at its full size)."""
+    return max(2, round(n * float(os.environ.get("LAB_PROPERTY_SCALE", "1"))))
+
+
 def require_docker(compose_v2=False):
     """The Docker tier: skip loudly without an engine that answers and Compose (v2 when asked),
     or fail when LAB_REQUIRE_DOCKER=1 (CI)."""

@@ -13,6 +13,7 @@ import urllib.error
 import urllib.request
 
 import pytest
+from conftest import examples
 
 import effects
 import plumbing
@@ -222,7 +223,7 @@ def test_two_processes_making_a_new_ledger_at_once_both_open_it(tmp_path):
     once ("database is locked", no busy wait), and Ledger.open waits it out. Forty pairs: a
     third of them met it when it did not."""
     failures = []
-    for pair in range(40):
+    for pair in range(examples(40)):  # a quarter in make test-fast
         path = tmp_path / f"new-{pair}.sqlite"
         results, done = os.pipe()
         children = []

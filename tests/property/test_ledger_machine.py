@@ -27,6 +27,7 @@ import urllib.parse
 import urllib.request
 
 import pytest
+from conftest import examples
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -298,7 +299,7 @@ class LedgerMachine(RuleBasedStateMachine):
 
 
 SETTINGS = settings(
-    max_examples=10,
+    max_examples=examples(10),
     stateful_step_count=8,
     deadline=None,
     derandomize=True,

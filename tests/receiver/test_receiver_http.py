@@ -26,6 +26,7 @@ from http import HTTPStatus
 
 import pytest
 import yaml
+from conftest import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from jsonschema import Draft202012Validator, ValidationError
@@ -43,7 +44,7 @@ STALL_TIMEOUT_S = 1.0  # the receiver's per-connection timeout in this module: a
 BUSY_TIMEOUT_S = 0.3  # its wait for a locked database before a 503 (default 2 s)
 VALID = json.dumps({"title": TITLE}).encode()
 AUTO = object()  # post_bytes: send the body's real length
-PROPERTY = settings(max_examples=100, deadline=None)  # 100 requests each: about a second
+PROPERTY = settings(max_examples=examples(100), deadline=None)  # 100 requests: about a second
 
 
 @pytest.fixture(scope="module")
