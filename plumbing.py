@@ -18,6 +18,7 @@ import dataclasses
 import http.client
 import json
 import logging
+import os
 import socket
 import sqlite3
 import sys
@@ -687,10 +688,28 @@ def run_script(main, name):
 
     signal.signal(signal.SIGINT, signal.default_int_handler)  # main() has its own line for Ctrl-C
     try:
-        sys.exit(main())
+        code = main()
     except KeyboardInterrupt:
         print(f"{name}: interrupted", file=sys.stderr)
-        sys.exit(EXIT_INTERRUPTED)
+        code = EXIT_INTERRUPTED
+    if code == EXIT_INTERRUPTED:
+        end_if_stranded(code)
+    sys.exit(code)
+
+
+def end_if_stranded(code):
+    """After a Ctrl-C: end the process at once, with code, if a thread is left that nothing
+    will stop. A KeyboardInterrupt that lands in ThreadPoolExecutor._adjust_thread_count
+    (concurrent/futures/thread.py) between a worker's start() and its entry in _threads_queues
+    leaves that worker waiting for work forever, and the interpreter's exit joins it forever
+    (LangGraph runs a graph's saves on such an executor). Else it returns: a normal exit."""
+    import threading
+
+    main = threading.main_thread()
+    if any(t is not main and not t.daemon and t.is_alive() for t in threading.enumerate()):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
 
 
 def key_receipts(settings):

@@ -13,9 +13,11 @@ differs; or a resume failed), 2 for a usage mistake (one line on stderr), 130 on
 import argparse
 import importlib
 import json
+import os
 import re
 import shlex
 import sys
+import threading
 
 from effectdrill import html
 from effectdrill.core import DURABILITIES, DrillError, drill, require_posix
@@ -55,6 +57,7 @@ def main(argv=None):
         return EXIT_USAGE
     except KeyboardInterrupt:
         print("effectdrill: interrupted", file=sys.stderr)
+        end_if_stranded(EXIT_INTERRUPTED)
         return EXIT_INTERRUPTED
     if args.html is not None:
         try:
@@ -192,6 +195,20 @@ def answers(text):
     if not callable(function):
         raise DrillError(f"--resume-with {text} is not callable (a function of the interrupts)")
     return function
+
+
+def end_if_stranded(code):
+    """After a Ctrl-C: end the process at once, with code, if a thread is left that nothing
+    will stop. A KeyboardInterrupt that lands in ThreadPoolExecutor._adjust_thread_count
+    (concurrent/futures/thread.py) between a worker's start() and its entry in _threads_queues
+    leaves that worker waiting for work forever, and the interpreter's exit joins it forever
+    (seen with LangGraph's executor: about one Ctrl-C in 30 on a busy machine). Without such a
+    thread (nothing else non-daemon runs here once the drill returned) it returns."""
+    main = threading.main_thread()
+    if any(t is not main and not t.daemon and t.is_alive() for t in threading.enumerate()):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
 
 
 def parse_json(text, option):

@@ -475,11 +475,14 @@ def test_without_fork_it_says_posix_only(monkeypatch, capsys):
 
 
 def test_ctrl_c_exits_130_and_reaps_the_child(tmp_path, temp_root):
-    """A real SIGINT to a drill whose crash child blocks: one line, 130, nothing left."""
+    """A real SIGINT to a drill whose crash child blocks: one line, 130, nothing left. The
+    drill process also holds a thread nothing will stop, as CPython leaves one when the
+    KeyboardInterrupt lands inside ThreadPoolExecutor._adjust_thread_count (LangGraph's
+    executor, about one Ctrl-C in 30 under load): the interpreter's exit would join it forever."""
     env = os.environ | {"ORDERS_DB": str(tmp_path / "o.sqlite"), "TMPDIR": str(temp_root)}
     env["PYTHONPATH"] = TESTS
     script = (
-        "import effectdrill.__main__ as m, sys, time\n"
+        "import effectdrill.__main__ as m, sys, threading, time\n"
         "from effectdrill_graphs import orders\n"
         "import effectdrill.core as d\n"
         "ready = open(sys.argv[1], 'w')\n"
@@ -487,6 +490,11 @@ def test_ctrl_c_exits_130_and_reaps_the_child(tmp_path, temp_root):
         "def fork_child(self, *a):\n"
         "    ready.write('forking'); ready.flush()\n"
         "    return real(self, *a)\n"
+        "crash_all = d.crash_all\n"
+        "def stranding(*a):  # in the drill's own process\n"
+        "    threading.Thread(target=threading.Event().wait, name='stranded').start()\n"
+        "    return crash_all(*a)\n"
+        "d.crash_all = stranding\n"
         "d.Plan.fork_child = fork_child\n"
         "sys.exit(m.main(sys.argv[2:]))\n"
     )
@@ -509,7 +517,7 @@ def test_ctrl_c_exits_130_and_reaps_the_child(tmp_path, temp_root):
         if proc.poll() is not None:
             pytest.fail(f"the drill ended before Ctrl-C: {proc.communicate()}")
     proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=180)  # a hang guard: one run passed 60 s at a loaded end
+    out, err = proc.communicate(timeout=180)  # a hang guard: the stranded thread hung it here
 
     assert (proc.returncode, err, out) == (130, "effectdrill: interrupted\n", "")
     assert list(temp_root.iterdir()) == []

@@ -314,6 +314,24 @@ def test_a_receiver_busy_past_every_try_names_the_resume_that_goes_on(env, capsy
     assert resumed == 0 and json.loads(capsys.readouterr().out.splitlines()[-1])["ticket_id"] == 1
 
 
+def test_a_ctrl_c_that_strands_a_thread_still_exits_130_at_once(tmp_path):
+    """A KeyboardInterrupt inside ThreadPoolExecutor._adjust_thread_count (LangGraph's saves run
+    on one) can leave a worker thread that the interpreter's exit joins forever: python
+    workflow.py's exit (plumbing.run_script) ends the process itself then. The stranded thread
+    is made here as CPython leaves it: non-daemon, waiting for work that never comes."""
+    script = (
+        "import threading, plumbing\n"
+        "def main():\n"
+        "    threading.Thread(target=threading.Event().wait, name='stranded').start()\n"
+        "    raise KeyboardInterrupt\n"
+        "plumbing.run_script(main, 'workflow.py')\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert (done.returncode, done.stderr, done.stdout) == (130, "workflow.py: interrupted\n", "")
+
+
 @pytest.mark.parametrize("script", ["workflow.py", "lab.py"])
 def test_ctrl_c_while_python_imports_the_script_is_one_line(lab, script):
     """SIGINT as soon as -X importtime reports one of the script's own imports done (effects,
