@@ -13,7 +13,6 @@ nodes are drilled through LangGraph's async API and async savers. Checked on Lan
 """
 
 import asyncio
-import collections
 import gc
 import importlib
 import itertools
@@ -42,7 +41,6 @@ DURABILITIES = ("sync", "async", "exit")  # LangGraph's durability modes, in the
 THREAD_MARK = "{thread}"  # replaced by the run's thread id everywhere in the input
 MAX_INVOKES = 50  # invokes one run may take (one per interrupt answered); more means a loop
 CHILD_DEADLINE_S = 300.0  # seconds a crash child may run: a graph that hangs is an error
-CHILDREN_AT_ONCE = 2  # crash children running at once, each on a thread of its own (WarmParent)
 SETTLE_DEADLINE_S = 30.0  # seconds a sync kill waits for the calls it lets finish (Killer)
 HOLD_DEADLINE_S = 30.0  # seconds a child holding writes waits for the rest of their step
 WATCH_EVERY_S = 0.005  # how often a child holding a call checks that LangGraph does not wait on it
@@ -798,16 +796,10 @@ class WarmParent:
                 with os.fdopen(jobs_read, "rb") as incoming:
                     while batch := incoming.readline():
                         mode, jobs = pickle.loads(bytes.fromhex(batch.decode()))
-                        running = collections.deque()  # forked, in order, not reaped yet
                         for state, thread in jobs:
                             killer = Killer(state, mode == "sync")
-                            running.append(plan.fork_child(db, mode, state, thread, killer))
-                            if len(running) >= CHILDREN_AT_ONCE:
-                                ended = running.popleft().wait()
-                                os.write(write_end, (json.dumps(ended) + "\n").encode())
-                        while running:
-                            ended = running.popleft().wait()
-                            os.write(write_end, (json.dumps(ended) + "\n").encode())
+                            child = plan.fork_child(db, mode, state, thread, killer)
+                            os.write(write_end, (json.dumps(child.wait()) + "\n").encode())
             except BaseException as error:
                 os.write(write_end, (json.dumps([None, task_error(error)]) + "\n").encode())
                 code = CHILD_FAILED
