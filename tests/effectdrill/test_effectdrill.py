@@ -9,7 +9,6 @@ SIGKILL); the CLI runs in-process where nothing is killed (bad input), and as a 
 import json
 import os
 import re
-import shutil
 import signal
 import sqlite3
 import subprocess
@@ -18,6 +17,7 @@ import tempfile
 from importlib.metadata import entry_points
 
 import pytest
+from chromium_helpers import chromium
 from conftest import require_postgres
 from effectdrill_graphs import asyncgraph, broken, contextual, nested, orders, review
 from langgraph.checkpoint.sqlite import SqliteSaver
@@ -587,41 +587,6 @@ def test_a_read_only_checkout_installs_effectdrill_its_plugin_and_command(tmp_pa
 # helpers
 
 
-CHROMIUM = "/usr/bin/chromium"  # Debian's package (.ci/run installs it)
-CHROMIUM_FLAGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
-
-
-def chromium(page, *flags):
-    if not os.path.exists(CHROMIUM):
-        reason = f"CHROMIUM SKIPPED: no {CHROMIUM} (apt-get install chromium)"
-        if os.environ.get("LAB_REQUIRE_CHROMIUM") == "1":
-            pytest.fail(reason.replace("SKIPPED", "REQUIRED (LAB_REQUIRE_CHROMIUM=1)"))
-        pytest.skip(reason)
-    # A short temp folder: Chromium's socket path under pytest's tmp_path is too long for it.
-    profile = tempfile.mkdtemp(prefix="chromium-", dir="/tmp")
-    try:
-        done = subprocess.run(
-            [CHROMIUM, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", *flags, page.as_uri()],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            env=os.environ | {"TMPDIR": profile},
-        )
-    finally:
-        shutil.rmtree(profile, ignore_errors=True)
-    assert done.returncode == 0, done.stderr
-    return done.stdout
-
-
 def chromium_dom(page, png):
     """The rows, counts and clean run of the report as Chromium's DOM holds them (and its
     picture in png, from the same launch)."""
@@ -669,7 +634,8 @@ def chromium_dom(page, png):
                 self.counts[self.count] = int(data)
 
     reader = Reader()
-    reader.feed(chromium(page, "--dump-dom", "--window-size=1400,1800", f"--screenshot={png}"))
+    flags = ["--dump-dom", "--window-size=1400,1800", f"--screenshot={png}"]
+    reader.feed(chromium(page.as_uri(), *flags))
     rows = [
         {
             "mode": r["mode"],

@@ -18,16 +18,15 @@ import io
 import json
 import os
 import re
-import shutil
 import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import pytest
+from chromium_helpers import chromium
 
 from labs.tools import demo
 from labs.tools.backends import compose_command
@@ -103,34 +102,9 @@ def test_the_verdict_follows_the_receiver_not_the_guide(capsys, tmp_path, monkey
 def chromium_text(page):
     """The text of each <text> of the page as headless Chromium's DOM holds it (one launch);
     a page Chromium cannot parse fails here."""
-    chromium = "/usr/bin/chromium"  # Debian's package (.ci/run installs it)
-    if not os.path.exists(chromium):
-        reason = f"CHROMIUM SKIPPED: no {chromium} (apt-get install chromium)"
-        if os.environ.get("LAB_REQUIRE_CHROMIUM") == "1":
-            pytest.fail(reason.replace("SKIPPED", "REQUIRED (LAB_REQUIRE_CHROMIUM=1)"))
-        pytest.skip(reason)
-    flags = "--headless --no-sandbox --disable-gpu --disable-quic --no-first-run "
-    flags += "--disable-background-networking --disable-component-update --disable-sync"
-    profile = tempfile.mkdtemp(prefix="chromium-", dir="/tmp")  # a short socket path
-    try:
-        done = subprocess.run(
-            [
-                "/usr/bin/chromium",
-                *flags.split(),
-                f"--user-data-dir={profile}",
-                "--dump-dom",
-                page.as_uri(),
-            ],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            env=os.environ | {"TMPDIR": profile},
-        )
-    finally:
-        shutil.rmtree(profile, ignore_errors=True)
-    assert done.returncode == 0, done.stderr
-    assert "<svg" in done.stdout and "parsererror" not in done.stdout, done.stdout[:500]
-    return [html.unescape(t) for t in re.findall(r"<text[^>]*>([^<]*)</text>", done.stdout)]
+    dom = chromium(page.as_uri(), "--dump-dom")
+    assert "<svg" in dom and "parsererror" not in dom, dom[:500]
+    return [html.unescape(t) for t in re.findall(r"<text[^>]*>([^<]*)</text>", dom)]
 
 
 def test_projector_mode_keeps_the_guides_lists():
