@@ -500,22 +500,24 @@ def test_run_drain_says_when_the_only_jobs_left_run_on_another_worker(env, recei
 
 
 def test_a_live_workers_job_stays_its_own_from_its_first_job_on(env, receiver, workers):
-    """Jobs queued before three workers start together: each job runs once, and no worker
-    imports LangGraph once it said it takes jobs. A worker that imported it in its event loop on
+    """Jobs queued before the workers start; one takes its first job, two more join: each job
+    runs once, and the first imports no LangGraph once it said it takes jobs. A worker that imported it in its event loop on
     its first job (about 1 s idle, more with three starting at once) stopped that job's heartbeat
     past WORKER_HEARTBEAT_S, and another worker ran the job again (lab 10: the held job changed
     hands before the freeze). The import is what is checked, in the order the interpreter wrote
     it (`-X importtime`), not a heartbeat's timing: a loaded machine can lapse any lease."""
     env.update(WORKER_HEARTBEAT_S="10", FAILPOINTS="")
     submit_all(env, 6)
-    workers.start(1, python=("-X", "importtime"))
+    workers.start(1, python=("-X", "importtime"))  # alone first: it takes a first job
+    out = workers.folder / "worker0.out"
+    wait_until(lambda: '"event": "job"' in out.read_text(), HANG_GUARD_S, "worker 0's first job")
     workers.start(2)
     waited = worker(env, "wait", "--timeout", str(HANG_GUARD_S))
     assert waited.returncode == 0, waited.stderr
     runs = Counter(e["job"] for e in workers.events("job"))
     assert runs == Counter({job: 1 for job in range(1, 7)}), runs
     assert_each_operation_has_one_ticket(env, 6)
-    lines = (workers.folder / "worker0.out").read_text().splitlines()
+    lines = out.read_text().splitlines()
     ready = next(i for i, line in enumerate(lines) if '"event": "worker"' in line)
     assert any(" langgraph." in line for line in lines[:ready]), "no import was seen"
     late = [line for line in lines[ready:] if "import time:" in line and "langgraph" in line]
