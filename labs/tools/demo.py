@@ -207,8 +207,15 @@ def plain(text, style):
 
 def say(text, style, indent="  ", first=None, width=WIDTH):
     """A paragraph of the guide, wrapped (escape codes are added after wrapping)."""
-    words = " ".join(text.split())
-    wrapped = textwrap.fill(words, width, initial_indent=first or indent, subsequent_indent=indent)
+    words = " ".join(text.split())  # never broken at a hyphen: `--remove-orphans`, `term-at:`
+    wrapped = textwrap.fill(
+        words,
+        width,
+        initial_indent=first or indent,
+        subsequent_indent=indent,
+        break_long_words=False,
+        break_on_hyphens=False,
+    )
     print(plain(wrapped, style))
 
 
@@ -1072,7 +1079,13 @@ class Demo:
         for name, op in ledger.operations.items():
             line = op.verdict(name)
             if self.projector:  # wrapped, the rest of the line under its name
-                line = textwrap.fill(line, self.width - 2, subsequent_indent="    ")
+                line = textwrap.fill(
+                    line,
+                    self.width - 2,
+                    subsequent_indent="    ",
+                    break_long_words=False,
+                    break_on_hyphens=False,
+                )
             paint = s.bad if op.duplicated or op.lost else s.good
             print("\n".join("  " + paint(part) for part in line.splitlines()))
             self.operations.append(op)

@@ -626,3 +626,28 @@ def test_the_terminal_timeline_breaks_a_long_mark_between_words(tmp_path):
     drawn = out.getvalue().split("Timeline\n")[1].splitlines()
     assert drawn[0] == "  drill labs.graphs.a:g" and all(len(line) <= 60 for line in drawn)
     assert " ".join(" ".join(drawn[1:]).split()) == f"[{said}]"
+
+
+@pytest.mark.fast
+def test_the_guides_text_and_a_verdict_break_between_words_never_at_a_hyphen(capsys):
+    """At 120 columns lab 01's paragraph broke `--remove-orphans` as `--remove-` / `orphans` and
+    lab 09's `term-at:after-ack` as `term-` / `at:after-ack` (textwrap breaks at hyphens by
+    default): a room reads, and an instructor pastes, the word whole."""
+    text = (ROOT / "labs" / "01-the-duplicate.md").read_text(encoding="utf-8")
+    paragraph = next(p for p in text.split("\n\n") if "--remove-orphans" in p)
+    words = demo.plain(" ".join(paragraph.split()), demo.Style(False)).split()
+    for width in range(40, 121):
+        demo.say(paragraph, demo.Style(False), width=width)
+        lines = capsys.readouterr().out.splitlines()
+        assert [w for line in lines for w in line.split()] == words, (width, lines)
+    op = demo.Operation("naive", tickets=[1, 2], notes=["start was killed at crash-at:after-ack"])
+    teller = demo.Demo(None, demo.Style(False), projector=True, width=60)
+    ledger = demo.Ledger()
+    ledger.operations["case-a-long-operation-name:open-ticket:v1"] = op
+    teller.backend = type("B", (), {"tickets": lambda self: []})()
+    teller.verdict(ledger)
+    said = capsys.readouterr().out.split("Verdict, counted on the receiver\n")[1].splitlines()
+    assert " ".join(" ".join(said).split()) == op.verdict(
+        "case-a-long-operation-name:open-ticket:v1"
+    ) and all(len(line) <= 60 for line in said)
+    assert not any(line.rstrip().endswith("-") for line in said), said
