@@ -512,6 +512,7 @@ MAKERS = {
     "worker run": "the worker started by hand (`worker run`)",
     "held": "the frozen worker, once woken",
 }
+AGAIN = ("start", "resume", "approve")  # lab.py's commands that may send an effect again
 TOOL = "tool"  # a drill's or another tool's command: its tickets are its own, not an operation's
 ASK = ":approval"  # an operation's ask for approval (lab.py's ask_approval) is keyed OP:approval
 
@@ -599,6 +600,7 @@ class Ledger:
     def record(self, action, name, stdout, tickets, exit_code=0, stderr=""):
         tool = name is not None and self.operations[name].mode == TOOL
         events = list(events_in(stdout.splitlines()))
+        had = {n: len(op.tickets) for n, op in self.operations.items()}  # before this command
         named = {}  # ticket_id -> operation, as the command's own output says
         for event in events:
             if "ticket_id" not in event:
@@ -641,6 +643,14 @@ class Ledger:
                     op.makers.append((ticket["ticket_id"], who))
         if action.startswith("worker"):
             self.workers = True
+        for owner, before in had.items():  # the room's duplicate, said as it happened
+            op = self.operations[owner]
+            if before and len(op.tickets) > before and action in AGAIN:
+                made = ", ".join(map(str, op.tickets[before:]))
+                note = (
+                    f"{action} sent it again (ticket{'s' * (len(op.tickets) - before > 1)} {made})"
+                )
+                op.notes.append(note)
         self.said(events)
         if tool:
             self.tool_said(self.operations[name], stdout, exit_code, stderr)
@@ -653,7 +663,13 @@ class Ledger:
             op = self.operations.setdefault(target, Operation("?"))
             kind, thing = event["event"], "refund" if "refund_id" in event else "ticket"
             number = event.get("refund_id", event.get("ticket_id"))
-            if kind == "reconcile" and event.get("found"):
+            if kind == "crash":  # lab.py's --crash-at: SIGKILL at a named point (exit 137)
+                note = f"{action} killed at {event['at']}"
+            elif kind == "held_run" and not event.get("sent"):  # lab 10: the woken worker
+                note = f"{MAKERS['held']}, sent nothing (the ledger held ticket {number}'s receipt)"
+            elif kind == "held_run" and event.get("created") is False:
+                note = f"{MAKERS['held']}, sent it again and got created: false (the key)"
+            elif kind == "reconcile" and event.get("found"):
                 ids = ", ".join(map(str, event["found"]))
                 note = f"{action} lost the answer and adopted ticket {ids}, found by its key"
             elif kind == "reconcile":
@@ -699,6 +715,8 @@ class Ledger:
             notes.append(f"{action} got no answer (exit 3)")
         if exit_code == 6:
             notes.append(f"{action} stopped for a person (exit 6)")
+        if exit_code == 65:  # lab 12's resume contract
+            notes.append(f"{action} refused: the thread was saved under another graph (exit 65)")
         if action == "resume" and kinds == ["done"] and not op.done:
             notes.append("resume redid nothing")
         op.notes += [n for n in notes if n not in op.notes]

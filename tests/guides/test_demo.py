@@ -72,7 +72,9 @@ def test_the_verdict_follows_the_receiver_not_the_guide(capsys, tmp_path, monkey
         capsys, "--projector", "--pictures", pictures, "--times", times, guide
     )
     assert code == demo.EXIT_DIFFERS
-    assert "case-naive:open-ticket:v1: 1 ticket, resume got created: false" in out
+    assert (
+        "case-naive:open-ticket:v1: 1 ticket, start killed at after-ack, resume got created: false"
+    ) in out
     assert "What the labs showed: safe: 0 of 1 operation duplicated" in out
     commands = len(parse_guide(text))
     assert re.search(rf"\d+ of {commands} commands differ from the guides", out)
@@ -496,7 +498,8 @@ def test_make_demo_shows_a_long_command_running_and_ctrl_c_ends_it_with_status_1
         after = seen[shown.end() :]
         assert after.startswith(b"\r\x1b[K"), after[:80]  # erased before the output
         assert after.index(b"\r\x1b[K") < after.index(b'"event": "prepare"')
-        seen = read_pty(master, rb"--operation held:v2\r\n", seen)
+        if b"--operation held:v2\r\n" not in after:  # it may have come with the first's output
+            seen = read_pty(master, rb"--operation held:v2\r\n", seen)
         seen = read_pty(master, RUNNING, seen)  # the second, held until Ctrl-C
         os.write(master, b"\x03")  # Ctrl-C, typed: the terminal sends SIGINT to its foreground
         typed = True
@@ -651,3 +654,76 @@ def test_the_guides_text_and_a_verdict_break_between_words_never_at_a_hyphen(cap
         "case-a-long-operation-name:open-ticket:v1"
     ) and all(len(line) <= 60 for line in said)
     assert not any(line.rstrip().endswith("-") for line in said), said
+
+
+def ticket(number, key=None, title="Check supplier configuration"):
+    return {"ticket_id": number, "key": key, "payload": {"title": title}}
+
+
+@pytest.mark.fast
+def test_the_verdict_says_where_the_run_was_killed_and_which_command_sent_it_again():
+    """What the room saw, in the verdict: the kill (lab.py's crash event names its point), the
+    command that sent the effect again (lab 01's resume, lab 07's approve, lab 04's second
+    start), lab 12's refusal by the resume contract, and lab 10's woken worker (sent nothing,
+    or sent again and got created: false). The commands' own output, as lab.py and worker.py
+    print it, fed to the demo's Ledger."""
+    ledger, op = demo.Ledger(), "case-naive:open-ticket:v1"
+    start = f"start --thread naive --operation {op} --mode naive --crash"
+    say = "docker compose -p stateful-lab run --rm workflow "
+    action, name = ledger.operation(say + start)
+    crashed = (
+        '{"created": true, "event": "effect_ack", "ticket_id": 1}\n'
+        '{"at": "after-ack", "event": "crash"}\n'
+    )
+    ledger.record(action, name, crashed, [ticket(1)], 137)
+    action, name = ledger.operation(say + "resume --thread naive")
+    done = f'{{"event": "done", "operation_id": "{op}", "ticket_id": 2}}\n'
+    resumed = '{"created": true, "event": "effect_ack", "ticket_id": 2}\n' + done
+    ledger.record(action, name, resumed, [ticket(1), ticket(2)])
+    assert ledger.operations[op].verdict(op) == (
+        f"{op}: 2 tickets for one operation (duplicate), start killed at after-ack, "
+        "resume sent it again (ticket 2)"
+    )
+    # a command that made the operation's first ticket sent nothing again (lab 17's start, whose
+    #   two tickets LangGraph's retry made, says so in its own words)
+    ledger, op = demo.Ledger(), "case-017-naive:open-ticket:v1"
+    action, name = ledger.operation(say + f"start --thread r --operation {op} --mode naive")
+    ledger.record(action, name, "", [ticket(1), ticket(2)])
+    assert "again" not in ledger.operations[op].verdict(op)
+    # lab 12: the resume refused by the contract, then the migrated resume makes the ticket
+    ledger, op = demo.Ledger(), "case-guarded:open-ticket:v1"
+    action, name = ledger.operation(say + f"start --thread guarded --operation {op}")
+    ledger.record(action, name, '{"event": "drained", "next": ["create_ticket"]}', [], 75)
+    action, name = ledger.operation(say + "resume --thread guarded")
+    ledger.record(action, name, '{"event": "contract_mismatch"}', [], 65)
+    made = '{"created": true, "event": "effect_ack", "ticket_id": 1}\n'
+    ledger.record(action, name, made + done.replace("2}", "1}"), [ticket(1, op)])
+    assert ledger.operations[op].verdict(op) == (
+        f"{op}: 1 ticket, start drained on SIGTERM at a step boundary, "
+        "resume refused: the thread was saved under another graph (exit 65)"
+    )
+    # lab 10: the woken worker's run, as `worker wait --thread` reports it
+    ledger = demo.Ledger()
+    for thread, outcome, verdict in (
+        (
+            "case-6",
+            '"created": false, "sent": true, "ticket_id": 7',
+            "1 ticket, the frozen worker, once woken, sent it again and got created: false "
+            "(the key), ticket 7 by the worker started by hand (`worker run`)",
+        ),
+        (
+            "case-7",
+            '"sent": false, "ticket_id": 8',
+            "1 ticket, the frozen worker, once woken, sent nothing (the ledger held ticket 8's "
+            "receipt), ticket 8 by the worker started by hand (`worker run`)",
+        ),
+    ):
+        op = f"{thread}:open-ticket:v1"
+        work = "docker compose -p stateful-lab run --rm worker "
+        ledger.operation(work + f"submit --thread {thread} --operation {op} --lab-hold x")
+        number = int(outcome.rsplit(" ", 1)[1])
+        ran = f'{{"event": "done", "operation_id": "{op}", "ticket_id": {number}}}'
+        ledger.record(*ledger.operation(work + "run --drain"), ran, [ticket(number, op)])
+        woke = f'{{"at": "before-request", "event": "held_run", "thread": "{thread}", {outcome}}}'
+        ledger.record(*ledger.operation(work + f"wait --thread {thread}"), woke, [])
+        assert ledger.operations[op].verdict(op) == f"{op}: {verdict}"
