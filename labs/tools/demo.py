@@ -33,6 +33,7 @@ make adds no "Error 130" (MakeParent).
 
 import contextlib
 import io
+import itertools
 import json
 import os
 import re
@@ -66,7 +67,7 @@ WIDTH = 92
 EFFECTS = ("start", "resume", "approve", "post")  # lab.py's actions that can make a ticket
 WORKER_EFFECTS = ("run", "wait")  # worker.py's: run makes them, wait reports the background's
 SAYS = ("hooks", "reconcile", "messages", "payments")  # lab.py's: part of the verdict
-FOLDED = re.compile(r"(What|How) LangGraph ")  # "What LangGraph does here (checked against ...)"
+FOLDED = re.compile(r".*\(checked against langgraph ")  # "What LangGraph does here (checked ...)"
 END_OF_TABLE = re.compile(r"(requests|summary): ")  # the drill's lines after a table
 FOLD_LINES = 20  # projector mode: a command's output longer than this is folded
 FOLD_KEEP = 16  # a folded `logs`: its last lines stay
@@ -177,6 +178,10 @@ def parse_story(text):
     for index, (kind, content) in enumerate(items):
         if kind == "heading":
             heading = content
+            section = list(itertools.takewhile(lambda i: i[0] != "heading", items[index + 1 :]))
+            told = [t if k == "text" else textwrap.indent(t.rstrip(), "    ") for k, t in section]
+            if index and heading != "What to notice" and told and "console" not in dict(section):
+                chapters.append(Chapter(heading, [], before="\n\n".join(told)))  # no command
         elif kind == "text" and heading == "What to notice":
             notice += bullets(content)
         elif kind == "console":
@@ -715,6 +720,8 @@ class Ledger:
             notes.append(f"{action} got no answer (exit 3)")
         if exit_code == 6:
             notes.append(f"{action} stopped for a person (exit 6)")
+        if exit_code == 4 and "no thread" in stderr:  # lab 04: "exit" durability saved nothing
+            notes.append(f"{action} found no thread to resume (exit 4)")
         if exit_code == 65:  # lab 12's resume contract
             notes.append(f"{action} refused: the thread was saved under another graph (exit 65)")
         if action == "resume" and kinds == ["done"] and not op.done:
@@ -904,10 +911,10 @@ class Demo:
                 if chapter.before:
                     self.text(chapter.before, fold)
             if fold:
+                commands = f" and its {len(chapter.steps)} command(s)" if chapter.steps else ""
                 print(
                     s.dim(
-                        f"  (folded: the guide's section and its {len(chapter.steps)} "
-                        "command(s); o at the next prompt opens it)"
+                        f"  (folded: the guide's section{commands}; o at the next prompt opens it)"
                     )
                 )
             for step in chapter.steps:

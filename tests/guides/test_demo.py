@@ -727,3 +727,56 @@ def test_the_verdict_says_where_the_run_was_killed_and_which_command_sent_it_aga
         woke = f'{{"at": "before-request", "event": "held_run", "thread": "{thread}", {outcome}}}'
         ledger.record(*ledger.operation(work + f"wait --thread {thread}"), woke, [])
         assert ledger.operations[op].verdict(op) == f"{op}: {verdict}"
+
+
+@pytest.mark.fast
+def test_every_section_of_every_guide_is_told_and_each_on_langgraphs_source_folds():
+    """A section with no command (lab 09's grace period, lab 15's "When is 'nothing found'
+    proof?", lab 06's receiver that offers neither, ...) was dropped from the demo: every
+    heading but "What to notice" is now a chapter, its text and code as the guide has them.
+    Every section on LangGraph's own source, titled "(checked against langgraph ...)", folds
+    in projector mode (lab 17's "Which exceptions LangGraph retries" was told in full)."""
+    for path in sorted((ROOT / "labs").glob("[0-9][0-9]-*.md")):
+        text = path.read_text(encoding="utf-8")
+        items = demo.markdown_items(text)
+        headings = [t for kind, t in items if kind == "heading"][1:]
+        story = demo.parse_story(text)
+        told = [c.heading for c in story.chapters]
+        assert set(headings) - {"What to notice"} <= set(told), path.name
+        for chapter in story.chapters:
+            assert chapter.folded == ("(checked against langgraph " in chapter.heading)
+    lab09 = demo.parse_story((ROOT / "labs" / "09-a-deploy-mid-run.md").read_text("utf-8"))
+    (grace,) = [c for c in lab09.chapters if c.heading.startswith("What a deploy sends")]
+    assert grace.steps == [] and "\n      workflow:\n        stop_grace_period: 2m" in grace.before
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        demo.tell_text(grace.before, demo.Style(False), 100)
+    assert "\n        workflow:\n" in out.getvalue()  # the guide's yaml, indented as a block
+
+
+@pytest.mark.fast
+def test_a_resume_that_finds_no_thread_says_so_and_one_waiting_for_approval_does_not():
+    """Lab 04's "exit" durability: the resume finds no thread (exit 4, stderr `no thread ...`)
+    and the start again sends it again; lab 07's refused resume (exit 4, the thread waits for
+    approval) is no such thing."""
+    ledger, op = demo.Ledger(), "case-exit:open-ticket:v1"
+    say = "docker compose -p stateful-lab run --rm workflow "
+    start = say + f"start --thread exit --operation {op} --mode naive --durability exit"
+    crashed = (
+        '{"created": true, "event": "effect_ack", "ticket_id": 6}\n'
+        '{"at": "after-ack", "event": "crash"}\n'
+    )
+    ledger.record(*ledger.operation(start + " --crash-at after-ack"), crashed, [ticket(6)], 137)
+    missing = "lab.py: no thread 'exit' to resume; check --thread\n"
+    ledger.record(*ledger.operation(say + "resume --thread exit"), "", [], 4, missing)
+    again = '{"created": true, "event": "effect_ack", "ticket_id": 7}\n'
+    ledger.record(*ledger.operation(start), again, [ticket(6), ticket(7)])
+    assert ledger.operations[op].verdict(op) == (
+        f"{op}: 2 tickets for one operation (duplicate), start killed at after-ack, resume found "
+        "no thread to resume (exit 4), start sent it again (ticket 7)"
+    )
+    ledger, op = demo.Ledger(), "case-in-node:open-ticket:v1"
+    ledger.record(*ledger.operation(say + f"start --thread t --operation {op}"), "", [ticket(1)])
+    waits = "lab.py: thread 't' waits for approval; answer with approve (or --reject)\n"
+    ledger.record(*ledger.operation(say + "resume --thread t"), "", [ticket(1)], 4, waits)
+    assert ledger.operations[op].verdict(op) == f"{op}: 1 ticket"
