@@ -1,7 +1,8 @@
 """make demo: the guides told to a room, each one checked against what really happens.
 
 For each guide: its title and what it shows; then each console block's commands with what
-they printed (stderr indented below), and the guide's own paragraph after the block; before
+they printed (stderr indented below), and the guide's own paragraph after the block (a section
+with no command is told as text where the guide has it); before
 the guide's reset, its "What to notice" bullets and a verdict computed from the receiver:
 the tickets each operation the guide touched really has. The guide is the only copy of the
 prose. The closing lines say what the labs showed and, separately, whether every command
