@@ -400,6 +400,31 @@ class Running:
             self.thread.join()
 
 
+@contextlib.contextmanager
+def keys_unseen(fd=None):
+    """While a command runs, keys typed on the terminal are not echoed: an Enter pressed twice
+    would print an empty line into the command's output and push the `running... N s` line up,
+    out of reach of its erasing. The next prompt drops them (Demo.prompt); Ctrl-C still works
+    (ISIG is left on), and the terminal's echo is put back however the command ends."""
+    try:
+        fd = sys.stdin.fileno() if fd is None else fd
+        saved = termios.tcgetattr(fd) if os.isatty(fd) else None
+    except (OSError, ValueError, io.UnsupportedOperation, termios.error):
+        saved = None
+    if saved is None:
+        yield
+        return
+    quiet = list(saved)
+    quiet[3] &= ~termios.ECHO
+    with ignoring(signal.SIGTTOU), contextlib.suppress(termios.error):
+        termios.tcsetattr(fd, termios.TCSANOW, quiet)
+    try:
+        yield
+    finally:
+        with ignoring(signal.SIGTTOU), contextlib.suppress(termios.error):
+            termios.tcsetattr(fd, termios.TCSANOW, saved)
+
+
 # ------------------------------------------------------------------ the verdict, from the receiver
 
 
@@ -980,7 +1005,7 @@ class Demo:
             step = Step(
                 f"{step.command} --html {shlex.quote(str(written))}", step.expected, step.exit_code
             )
-        with Running(self.projector and self.style.enabled and not building):
+        with Running(self.projector and self.style.enabled and not building), keys_unseen():
             result = outcome = run_step(step, self.backend)
         if building:
             print(s.dim(f" {time.monotonic() - began:.1f} s"))

@@ -466,10 +466,11 @@ def test_make_demo_shows_a_long_command_running_and_ctrl_c_ends_it_with_status_1
     """`make demo` on a terminal (a real pty; make is its session's foreground, as in a shell),
     a guide whose commands are held at a failpoint (pause(PATH)) until the test lets them go, so
     each must outlast the couple of seconds: a live `running... N s` line appears under the
-    command, and is erased (\\r, erase line) before its output. The second is stopped with a
-    typed Ctrl-C: the demo's one line and nothing from make after it (no "Error 130", no
-    "Interrupt"), and make itself dies of the SIGINT, which a shell reports as status 130 (a
-    script's `make demo && ...` stops there)."""
+    command, and is erased (\\r, erase line) before its output (keys typed meanwhile are not
+    echoed into it: an Enter pressed twice left the line above the output). The second is
+    stopped with a typed Ctrl-C: the demo's one line and nothing from make after it (no
+    "Error 130", no "Interrupt"), and make itself dies of the SIGINT, which a shell reports as
+    status 130 (a script's `make demo && ...` stops there)."""
     import pty
 
     import failpoints
@@ -491,8 +492,10 @@ def test_make_demo_shows_a_long_command_running_and_ctrl_c_ends_it_with_status_1
         seen = read_pty(master, rb"--operation held:v1\r\n", seen)  # shown as it runs
         seen = read_pty(master, RUNNING, seen)  # held: the line must come
         wait_until(first.exists, 30, "the command at its point")  # it waits there
+        os.write(master, b"typed ahead\r")  # keys pressed while it runs: not echoed into it
         failpoints.unpause(first)
         seen = read_pty(master, rb'"event": "done"', seen)
+        assert b"typed ahead" not in seen, seen
         *_, shown = RUNNING.finditer(seen)
         assert int(shown.group(1)) >= demo.Running.AFTER_S
         after = seen[shown.end() :]
