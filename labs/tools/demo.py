@@ -986,7 +986,7 @@ class Demo:
         if isinstance(self.backend, LocalBackend):
             native = self.backend.native(step.command)
         if self.projector:  # once: as it runs here, fitted to the room's width
-            print("\n" + shown_command(native or step.command, self.width))
+            print("\n" + self.command_line(native or step.command, quiet))
         else:
             print(f"\n$ {step.command}")
             if native:
@@ -1064,6 +1064,16 @@ class Demo:
                 )
             )
         self.count(step.command, result)
+
+    def command_line(self, command, folded=False):
+        """Projector mode: the command broken between its words to the room's width; in a folded
+        section, one line, the whole command folded with its output (lab 08's `python -c`, a
+        word wider than the room, was broken mid-word by the terminal)."""
+        shown = shown_command(command, self.width)
+        if folded and "\n" in shown:
+            self.folds.append(("output", shown))
+            return f"$ {command[: self.width - 32]} ... (o opens the whole)"
+        return shown
 
     def report_path(self, step):
         """PICTURES/lab-NN-drill-K.html for the guide's Kth drill of a graph (not a replay).

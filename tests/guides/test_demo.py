@@ -29,8 +29,8 @@ from pathlib import Path
 
 import pytest
 
-from labs.tools import demo
-from labs.tools.backends import compose_command
+from labs.tools import demo, native
+from labs.tools.backends import compose_command, parse_command
 from labs.tools.local import ROOT, wait_until
 from labs.tools.runner import parse_guide
 
@@ -783,3 +783,24 @@ def test_a_resume_that_finds_no_thread_says_so_and_one_waiting_for_approval_does
     waits = "lab.py: thread 't' waits for approval; answer with approve (or --reject)\n"
     ledger.record(*ledger.operation(say + "resume --thread t"), "", [ticket(1)], 4, waits)
     assert ledger.operations[op].verdict(op) == f"{op}: 1 ticket"
+
+
+@pytest.mark.fast
+def test_a_folded_sections_long_command_is_one_line_and_o_opens_it_whole():
+    """Lab 08's native `python -c '...'` in its folded section on LangGraph's source is one
+    quoted word wider than 120 columns: the terminal broke it mid-word. Folded, it is one line
+    within the width, and the whole command (as bash reads it) is among what `o` opens;
+    outside a folded section a long command is still shown whole, broken between words."""
+    lab08 = ROOT / "labs" / "08-the-window-is-longer-than-the-node.md"
+    story = demo.parse_story(lab08.read_text(encoding="utf-8"))
+    (chapter,) = [c for c in story.chapters if c.folded]
+    command = native.line(parse_command(chapter.steps[0].command), {}, True, False)
+    whole = demo.shown_command(command, 119)  # its quoted word stays whole: too wide
+    assert max(map(len, whole.splitlines())) > 119  # else this checks nothing
+    teller = demo.Demo(None, demo.Style(False), projector=True, width=119)
+    line = teller.command_line(command, folded=True)
+    assert "\n" not in line and len(line) <= 119 and line.endswith("(o opens the whole)")
+    ((kind, whole),) = teller.folds
+    assert kind == "output" and bash_words(whole[2:]) == bash_words(command)
+    start = story.chapters[1].steps[0].command  # a start, not folded: whole, between words
+    assert bash_words(teller.command_line(start)[2:]) == bash_words(start)
