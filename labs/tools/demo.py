@@ -291,7 +291,8 @@ def tell_text(text, style, width=WIDTH):
         last = kind
         if kind == "bullet":
             mark, _, rest = piece.partition(" ")
-            say(rest, style, "    ", f"  {mark} ", width)
+            first = f"  {mark} "  # a numbered item's lines under its text, as a bullet's are
+            say(rest, style, " " * len(first), first, width)
         elif kind in ("table", "code"):
             print(plain("  " + piece.rstrip(), style))
         else:

@@ -15,6 +15,7 @@ Chromium) and --times ride on the lab 01-safe run below.
 import contextlib
 import html
 import io
+import itertools
 import json
 import os
 import re
@@ -804,3 +805,20 @@ def test_a_folded_sections_long_command_is_one_line_and_o_opens_it_whole():
     assert kind == "output" and bash_words(whole[2:]) == bash_words(command)
     start = story.chapters[1].steps[0].command  # a start, not folded: whole, between words
     assert bash_words(teller.command_line(start)[2:]) == bash_words(start)
+
+
+@pytest.mark.fast
+def test_a_numbered_items_lines_stand_under_its_text(capsys):
+    """Lab 18's "How the inbox holds" is a numbered list: each item's later lines start where
+    its text does ("  1. " is five columns), as a bullet's do ("  - ", four)."""
+    lab18 = ROOT / "labs" / "18-the-webhook-that-came-twice.md"
+    story = demo.parse_story(lab18.read_text(encoding="utf-8"))
+    (holds,) = [c for c in story.chapters if c.heading == "How the inbox holds"]
+    demo.tell_text(holds.before, demo.Style(False), 100)
+    lines = capsys.readouterr().out.splitlines()
+    items = [i for i, line in enumerate(lines) if re.match(r"  \d\. ", line)]
+    assert len(items) == 3 and lines[items[0] + 1].startswith("     ")  # wrapped: five spaces
+    for i in items:
+        for line in itertools.takewhile(str.strip, lines[i + 1 :]):
+            if not re.match(r"  \d\. ", line):
+                assert re.match(r" {5}\S", line), line
