@@ -707,7 +707,7 @@ class Ledger:
             elif kind == "reconcile":
                 note = f"{action} lost the answer, found nothing by its key and sent again"
             elif event.get("created") is False and "reconcile" not in kinds:
-                note = f"{action} got created: false"
+                note = f"{action} sent it again and got created: false (the key)"
             elif kind == "drained":
                 note = f"{action} drained on SIGTERM at a step boundary"
             elif kind == "http_error":

@@ -74,7 +74,8 @@ def test_the_verdict_follows_the_receiver_not_the_guide(capsys, tmp_path, monkey
     )
     assert code == demo.EXIT_DIFFERS
     assert (
-        "case-naive:open-ticket:v1: 1 ticket, start killed at after-ack, resume got created: false"
+        "case-naive:open-ticket:v1: 1 ticket, start killed at after-ack, resume sent it again and "
+        "got created: false (the key)"
     ) in out
     assert "What the labs showed: safe: 0 of 1 operation duplicated" in out
     commands = len(parse_guide(text))

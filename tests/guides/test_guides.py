@@ -160,8 +160,9 @@ DEMO_VERDICTS = {
             "case-uuid:open-ticket:v1: 2 tickets for one operation (duplicate), start killed at "
             "after-ack, resume sent it again (ticket 2), under 2 different keys, none the "
             "operation's (to the receiver, 2 operations)",
-            "case-safe:open-ticket:v1: 1 ticket, start killed at after-ack, resume got created: "
-            "false, start got created: false",
+            "case-safe:open-ticket:v1: 1 ticket, start killed at after-ack, resume sent it again "
+            "and got created: false (the key), start sent it again and got created: false (the "
+            "key)",
         ],
         "What the labs showed: node-uuid: 1 of 1 operation duplicated; "
         "safe: 0 of 1 operation duplicated",
@@ -172,7 +173,7 @@ DEMO_VERDICTS = {
             "case-in-node:open-ticket:v1: 2 tickets for one operation (duplicate), "
             "asked for approval once, approve sent it again (ticket 3)",
             "case-in-node-safe:open-ticket:v1: 1 ticket, asked for approval once, "
-            "approve got created: false",
+            "approve sent it again and got created: false (the key)",
             "case-in-node-ledger:open-ticket:v1: 1 ticket, asked for approval once, approve took "
             "ticket 6 from the ledger's receipt",
             "case-own-node:open-ticket:v1: 1 ticket, asked for approval once",
@@ -333,7 +334,8 @@ DEMO_VERDICTS = {
             "case-017-naive:open-ticket:v1: 2 tickets for one operation (duplicate), start's node "
             "failed after the answer (ReadTimeout) and LangGraph ran it again",
             "case-017-safe:open-ticket:v1: 1 ticket, start's node failed after the answer "
-            "(ReadTimeout) and LangGraph ran it again, start got created: false",
+            "(ReadTimeout) and LangGraph ran it again, start sent it again and got created: "
+            "false (the key)",
             "case-017-ledger:open-ticket:v1: 1 ticket, start's node failed after the answer "
             "(JSONDecodeError) and LangGraph ran it again, start took ticket 4 from the ledger's "
             "receipt",
@@ -346,8 +348,8 @@ DEMO_VERDICTS = {
             "case-kept:open-ticket:v1: 2 tickets for one operation (duplicate), start killed at "
             "after-ack, resume sent it again (ticket 2), the receiver made a new ticket for a key "
             "it no longer held (expired)",
-            "case-kept-day:open-ticket:v1: 1 ticket, start killed at after-ack, resume got "
-            "created: false",
+            "case-kept-day:open-ticket:v1: 1 ticket, start killed at after-ack, resume sent it "
+            "again and got created: false (the key)",
         ],
         "What the labs showed: safe: 1 of 2 operations duplicated",  # the key had expired
     ),

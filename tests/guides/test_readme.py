@@ -51,7 +51,8 @@ def assert_the_demo_tells_labs_01_and_02_with_a_verdict_per_operation(out):
         "after-ack, resume sent it again (ticket 2)"
     ) in out
     assert (
-        "case-safe:open-ticket:v1: 1 ticket, start killed at after-ack, resume got created: false"
+        "case-safe:open-ticket:v1: 1 ticket, start killed at after-ack, resume sent it again and "
+        "got created: false (the key)"
     ) in out
     assert out.index("What to notice") < out.index("Verdict") < out.index("-- Reset")
     # `logs api` shows the receiver's side: lab 02's proof is its `replayed` line
