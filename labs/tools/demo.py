@@ -1,7 +1,8 @@
 """make demo: the guides told to a room, each one checked against what really happens.
 
 For each guide: its title and what it shows; then each console block's commands with what
-they printed (stderr indented below), and the guide's own paragraph after the block; before
+they printed (stderr indented below), and the guide's own paragraph after the block (a section
+with no command is told as text where the guide has it); before
 the guide's reset, its "What to notice" bullets and a verdict computed from the receiver:
 the tickets each operation the guide touched really has. The guide is the only copy of the
 prose. The closing lines say what the labs showed and, separately, whether every command
@@ -33,6 +34,7 @@ make adds no "Error 130" (MakeParent).
 
 import contextlib
 import io
+import itertools
 import json
 import os
 import re
@@ -66,7 +68,7 @@ WIDTH = 92
 EFFECTS = ("start", "resume", "approve", "post")  # lab.py's actions that can make a ticket
 WORKER_EFFECTS = ("run", "wait")  # worker.py's: run makes them, wait reports the background's
 SAYS = ("hooks", "reconcile", "messages", "payments")  # lab.py's: part of the verdict
-FOLDED = re.compile(r"(What|How) LangGraph ")  # "What LangGraph does here (checked against ...)"
+FOLDED = re.compile(r".*\(checked against langgraph ")  # "What LangGraph does here (checked ...)"
 END_OF_TABLE = re.compile(r"(requests|summary): ")  # the drill's lines after a table
 FOLD_LINES = 20  # projector mode: a command's output longer than this is folded
 FOLD_KEEP = 16  # a folded `logs`: its last lines stay
@@ -177,6 +179,10 @@ def parse_story(text):
     for index, (kind, content) in enumerate(items):
         if kind == "heading":
             heading = content
+            section = list(itertools.takewhile(lambda i: i[0] != "heading", items[index + 1 :]))
+            told = [t if k == "text" else textwrap.indent(t.rstrip(), "    ") for k, t in section]
+            if index and heading != "What to notice" and told and "console" not in dict(section):
+                chapters.append(Chapter(heading, [], before="\n\n".join(told)))  # no command
         elif kind == "text" and heading == "What to notice":
             notice += bullets(content)
         elif kind == "console":
@@ -207,8 +213,15 @@ def plain(text, style):
 
 def say(text, style, indent="  ", first=None, width=WIDTH):
     """A paragraph of the guide, wrapped (escape codes are added after wrapping)."""
-    words = " ".join(text.split())
-    wrapped = textwrap.fill(words, width, initial_indent=first or indent, subsequent_indent=indent)
+    words = " ".join(text.split())  # never broken at a hyphen: `--remove-orphans`, `term-at:`
+    wrapped = textwrap.fill(
+        words,
+        width,
+        initial_indent=first or indent,
+        subsequent_indent=indent,
+        break_long_words=False,
+        break_on_hyphens=False,
+    )
     print(plain(wrapped, style))
 
 
@@ -278,7 +291,8 @@ def tell_text(text, style, width=WIDTH):
         last = kind
         if kind == "bullet":
             mark, _, rest = piece.partition(" ")
-            say(rest, style, "    ", f"  {mark} ", width)
+            first = f"  {mark} "  # a numbered item's lines under its text, as a bullet's are
+            say(rest, style, " " * len(first), first, width)
         elif kind in ("table", "code"):
             print(plain("  " + piece.rstrip(), style))
         else:
@@ -385,6 +399,31 @@ class Running:
         if self.enabled:
             self.stop.set()
             self.thread.join()
+
+
+@contextlib.contextmanager
+def keys_unseen(fd=None):
+    """While a command runs, keys typed on the terminal are not echoed: an Enter pressed twice
+    would print an empty line into the command's output and push the `running... N s` line up,
+    out of reach of its erasing. The next prompt drops them (Demo.prompt); Ctrl-C still works
+    (ISIG is left on), and the terminal's echo is put back however the command ends."""
+    try:
+        fd = sys.stdin.fileno() if fd is None else fd
+        saved = termios.tcgetattr(fd) if os.isatty(fd) else None
+    except (OSError, ValueError, io.UnsupportedOperation, termios.error):
+        saved = None
+    if saved is None:
+        yield
+        return
+    quiet = list(saved)
+    quiet[3] &= ~termios.ECHO
+    with ignoring(signal.SIGTTOU), contextlib.suppress(termios.error):
+        termios.tcsetattr(fd, termios.TCSANOW, quiet)
+    try:
+        yield
+    finally:
+        with ignoring(signal.SIGTTOU), contextlib.suppress(termios.error):
+            termios.tcsetattr(fd, termios.TCSANOW, saved)
 
 
 # ------------------------------------------------------------------ the verdict, from the receiver
@@ -505,6 +544,7 @@ MAKERS = {
     "worker run": "the worker started by hand (`worker run`)",
     "held": "the frozen worker, once woken",
 }
+AGAIN = ("start", "resume", "approve")  # lab.py's commands that may send an effect again
 TOOL = "tool"  # a drill's or another tool's command: its tickets are its own, not an operation's
 ASK = ":approval"  # an operation's ask for approval (lab.py's ask_approval) is keyed OP:approval
 
@@ -592,6 +632,7 @@ class Ledger:
     def record(self, action, name, stdout, tickets, exit_code=0, stderr=""):
         tool = name is not None and self.operations[name].mode == TOOL
         events = list(events_in(stdout.splitlines()))
+        had = {n: len(op.tickets) for n, op in self.operations.items()}  # before this command
         named = {}  # ticket_id -> operation, as the command's own output says
         for event in events:
             if "ticket_id" not in event:
@@ -634,6 +675,14 @@ class Ledger:
                     op.makers.append((ticket["ticket_id"], who))
         if action.startswith("worker"):
             self.workers = True
+        for owner, before in had.items():  # the room's duplicate, said as it happened
+            op = self.operations[owner]
+            if before and len(op.tickets) > before and action in AGAIN:
+                made = ", ".join(map(str, op.tickets[before:]))
+                note = (
+                    f"{action} sent it again (ticket{'s' * (len(op.tickets) - before > 1)} {made})"
+                )
+                op.notes.append(note)
         self.said(events)
         if tool:
             self.tool_said(self.operations[name], stdout, exit_code, stderr)
@@ -646,13 +695,19 @@ class Ledger:
             op = self.operations.setdefault(target, Operation("?"))
             kind, thing = event["event"], "refund" if "refund_id" in event else "ticket"
             number = event.get("refund_id", event.get("ticket_id"))
-            if kind == "reconcile" and event.get("found"):
+            if kind == "crash":  # lab.py's --crash-at: SIGKILL at a named point (exit 137)
+                note = f"{action} killed at {event['at']}"
+            elif kind == "held_run" and not event.get("sent"):  # lab 10: the woken worker
+                note = f"{MAKERS['held']}, sent nothing (the ledger held ticket {number}'s receipt)"
+            elif kind == "held_run" and event.get("created") is False:
+                note = f"{MAKERS['held']}, sent it again and got created: false (the key)"
+            elif kind == "reconcile" and event.get("found"):
                 ids = ", ".join(map(str, event["found"]))
                 note = f"{action} lost the answer and adopted ticket {ids}, found by its key"
             elif kind == "reconcile":
                 note = f"{action} lost the answer, found nothing by its key and sent again"
             elif event.get("created") is False and "reconcile" not in kinds:
-                note = f"{action} got created: false"
+                note = f"{action} sent it again and got created: false (the key)"
             elif kind == "drained":
                 note = f"{action} drained on SIGTERM at a step boundary"
             elif kind == "http_error":
@@ -692,6 +747,10 @@ class Ledger:
             notes.append(f"{action} got no answer (exit 3)")
         if exit_code == 6:
             notes.append(f"{action} stopped for a person (exit 6)")
+        if exit_code == 4 and "no thread" in stderr:  # lab 04: "exit" durability saved nothing
+            notes.append(f"{action} found no thread to resume (exit 4)")
+        if exit_code == 65:  # lab 12's resume contract
+            notes.append(f"{action} refused: the thread was saved under another graph (exit 65)")
         if action == "resume" and kinds == ["done"] and not op.done:
             notes.append("resume redid nothing")
         op.notes += [n for n in notes if n not in op.notes]
@@ -879,10 +938,10 @@ class Demo:
                 if chapter.before:
                     self.text(chapter.before, fold)
             if fold:
+                commands = f" and its {len(chapter.steps)} command(s)" if chapter.steps else ""
                 print(
                     s.dim(
-                        f"  (folded: the guide's section and its {len(chapter.steps)} "
-                        "command(s); o at the next prompt opens it)"
+                        f"  (folded: the guide's section{commands}; o at the next prompt opens it)"
                     )
                 )
             for step in chapter.steps:
@@ -928,7 +987,7 @@ class Demo:
         if isinstance(self.backend, LocalBackend):
             native = self.backend.native(step.command)
         if self.projector:  # once: as it runs here, fitted to the room's width
-            print("\n" + shown_command(native or step.command, self.width))
+            print("\n" + self.command_line(native or step.command, quiet))
         else:
             print(f"\n$ {step.command}")
             if native:
@@ -947,7 +1006,7 @@ class Demo:
             step = Step(
                 f"{step.command} --html {shlex.quote(str(written))}", step.expected, step.exit_code
             )
-        with Running(self.projector and self.style.enabled and not building):
+        with Running(self.projector and self.style.enabled and not building), keys_unseen():
             result = outcome = run_step(step, self.backend)
         if building:
             print(s.dim(f" {time.monotonic() - began:.1f} s"))
@@ -1006,6 +1065,16 @@ class Demo:
                 )
             )
         self.count(step.command, result)
+
+    def command_line(self, command, folded=False):
+        """Projector mode: the command broken between its words to the room's width; in a folded
+        section, one line, the whole command folded with its output (lab 08's `python -c`, a
+        word wider than the room, was broken mid-word by the terminal)."""
+        shown = shown_command(command, self.width)
+        if folded and "\n" in shown:
+            self.folds.append(("output", shown))
+            return f"$ {command[: self.width - 32]} ... (o opens the whole)"
+        return shown
 
     def report_path(self, step):
         """PICTURES/lab-NN-drill-K.html for the guide's Kth drill of a graph (not a replay).
@@ -1072,7 +1141,13 @@ class Demo:
         for name, op in ledger.operations.items():
             line = op.verdict(name)
             if self.projector:  # wrapped, the rest of the line under its name
-                line = textwrap.fill(line, self.width - 2, subsequent_indent="    ")
+                line = textwrap.fill(
+                    line,
+                    self.width - 2,
+                    subsequent_indent="    ",
+                    break_long_words=False,
+                    break_on_hyphens=False,
+                )
             paint = s.bad if op.duplicated or op.lost else s.good
             print("\n".join("  " + paint(part) for part in line.splitlines()))
             self.operations.append(op)

@@ -15,6 +15,7 @@ Chromium) and --times ride on the lab 01-safe run below.
 import contextlib
 import html
 import io
+import itertools
 import json
 import os
 import re
@@ -28,8 +29,8 @@ from pathlib import Path
 import pytest
 from chromium_helpers import chromium
 
-from labs.tools import demo
-from labs.tools.backends import compose_command
+from labs.tools import demo, native
+from labs.tools.backends import compose_command, parse_command
 from labs.tools.local import ROOT, wait_until
 from labs.tools.runner import parse_guide
 
@@ -71,7 +72,10 @@ def test_the_verdict_follows_the_receiver_not_the_guide(capsys, tmp_path, monkey
         capsys, "--projector", "--pictures", pictures, "--times", times, guide
     )
     assert code == demo.EXIT_DIFFERS
-    assert "case-naive:open-ticket:v1: 1 ticket, resume got created: false" in out
+    assert (
+        "case-naive:open-ticket:v1: 1 ticket, start killed at after-ack, resume sent it again and "
+        "got created: false (the key)"
+    ) in out
     assert "What the labs showed: safe: 0 of 1 operation duplicated" in out
     commands = len(parse_guide(text))
     assert re.search(rf"\d+ of {commands} commands differ from the guides", out)
@@ -438,10 +442,11 @@ def test_make_demo_shows_a_long_command_running_and_ctrl_c_ends_it_with_status_1
     """`make demo` on a terminal (a real pty; make is its session's foreground, as in a shell),
     a guide whose commands are held at a failpoint (pause(PATH)) until the test lets them go, so
     each must outlast the couple of seconds: a live `running... N s` line appears under the
-    command, and is erased (\\r, erase line) before its output. The second is stopped with a
-    typed Ctrl-C: the demo's one line and nothing from make after it (no "Error 130", no
-    "Interrupt"), and make itself dies of the SIGINT, which a shell reports as status 130 (a
-    script's `make demo && ...` stops there)."""
+    command, and is erased (\\r, erase line) before its output (keys typed meanwhile are not
+    echoed into it: an Enter pressed twice left the line above the output). The second is
+    stopped with a typed Ctrl-C: the demo's one line and nothing from make after it (no
+    "Error 130", no "Interrupt"), and make itself dies of the SIGINT, which a shell reports as
+    status 130 (a script's `make demo && ...` stops there)."""
     import pty
 
     import failpoints
@@ -463,14 +468,17 @@ def test_make_demo_shows_a_long_command_running_and_ctrl_c_ends_it_with_status_1
         seen = read_pty(master, rb"--operation held:v1\r\n", seen)  # shown as it runs
         seen = read_pty(master, RUNNING, seen)  # held: the line must come
         wait_until(first.exists, 30, "the command at its point")  # it waits there
+        os.write(master, b"typed ahead\r")  # keys pressed while it runs: not echoed into it
         failpoints.unpause(first)
         seen = read_pty(master, rb'"event": "done"', seen)
+        assert b"typed ahead" not in seen, seen
         *_, shown = RUNNING.finditer(seen)
         assert int(shown.group(1)) >= demo.Running.AFTER_S
         after = seen[shown.end() :]
         assert after.startswith(b"\r\x1b[K"), after[:80]  # erased before the output
         assert after.index(b"\r\x1b[K") < after.index(b'"event": "prepare"')
-        seen = read_pty(master, rb"--operation held:v2\r\n", seen)
+        if b"--operation held:v2\r\n" not in after:  # it may have come with the first's output
+            seen = read_pty(master, rb"--operation held:v2\r\n", seen)
         seen = read_pty(master, RUNNING, seen)  # the second, held until Ctrl-C
         os.write(master, b"\x03")  # Ctrl-C, typed: the terminal sends SIGINT to its foreground
         typed = True
@@ -600,3 +608,192 @@ def test_the_terminal_timeline_breaks_a_long_mark_between_words(tmp_path):
     drawn = out.getvalue().split("Timeline\n")[1].splitlines()
     assert drawn[0] == "  drill labs.graphs.a:g" and all(len(line) <= 60 for line in drawn)
     assert " ".join(" ".join(drawn[1:]).split()) == f"[{said}]"
+
+
+@pytest.mark.fast
+def test_the_guides_text_and_a_verdict_break_between_words_never_at_a_hyphen(capsys):
+    """At 120 columns lab 01's paragraph broke `--remove-orphans` as `--remove-` / `orphans` and
+    lab 09's `term-at:after-ack` as `term-` / `at:after-ack` (textwrap breaks at hyphens by
+    default): a room reads, and an instructor pastes, the word whole."""
+    text = (ROOT / "labs" / "01-the-duplicate.md").read_text(encoding="utf-8")
+    paragraph = next(p for p in text.split("\n\n") if "--remove-orphans" in p)
+    words = demo.plain(" ".join(paragraph.split()), demo.Style(False)).split()
+    for width in range(40, 121):
+        demo.say(paragraph, demo.Style(False), width=width)
+        lines = capsys.readouterr().out.splitlines()
+        assert [w for line in lines for w in line.split()] == words, (width, lines)
+    op = demo.Operation("naive", tickets=[1, 2], notes=["start was killed at crash-at:after-ack"])
+    teller = demo.Demo(None, demo.Style(False), projector=True, width=60)
+    ledger = demo.Ledger()
+    ledger.operations["case-a-long-operation-name:open-ticket:v1"] = op
+    teller.backend = type("B", (), {"tickets": lambda self: []})()
+    teller.verdict(ledger)
+    said = capsys.readouterr().out.split("Verdict, counted on the receiver\n")[1].splitlines()
+    assert " ".join(" ".join(said).split()) == op.verdict(
+        "case-a-long-operation-name:open-ticket:v1"
+    ) and all(len(line) <= 60 for line in said)
+    assert not any(line.rstrip().endswith("-") for line in said), said
+
+
+def ticket(number, key=None, title="Check supplier configuration"):
+    return {"ticket_id": number, "key": key, "payload": {"title": title}}
+
+
+@pytest.mark.fast
+def test_the_verdict_says_where_the_run_was_killed_and_which_command_sent_it_again():
+    """What the room saw, in the verdict: the kill (lab.py's crash event names its point), the
+    command that sent the effect again (lab 01's resume, lab 07's approve, lab 04's second
+    start), lab 12's refusal by the resume contract, and lab 10's woken worker (sent nothing,
+    or sent again and got created: false). The commands' own output, as lab.py and worker.py
+    print it, fed to the demo's Ledger."""
+    ledger, op = demo.Ledger(), "case-naive:open-ticket:v1"
+    start = f"start --thread naive --operation {op} --mode naive --crash"
+    say = "docker compose -p stateful-lab run --rm workflow "
+    action, name = ledger.operation(say + start)
+    crashed = (
+        '{"created": true, "event": "effect_ack", "ticket_id": 1}\n'
+        '{"at": "after-ack", "event": "crash"}\n'
+    )
+    ledger.record(action, name, crashed, [ticket(1)], 137)
+    action, name = ledger.operation(say + "resume --thread naive")
+    done = f'{{"event": "done", "operation_id": "{op}", "ticket_id": 2}}\n'
+    resumed = '{"created": true, "event": "effect_ack", "ticket_id": 2}\n' + done
+    ledger.record(action, name, resumed, [ticket(1), ticket(2)])
+    assert ledger.operations[op].verdict(op) == (
+        f"{op}: 2 tickets for one operation (duplicate), start killed at after-ack, "
+        "resume sent it again (ticket 2)"
+    )
+    # a command that made the operation's first ticket sent nothing again (lab 17's start, whose
+    #   two tickets LangGraph's retry made, says so in its own words)
+    ledger, op = demo.Ledger(), "case-017-naive:open-ticket:v1"
+    action, name = ledger.operation(say + f"start --thread r --operation {op} --mode naive")
+    ledger.record(action, name, "", [ticket(1), ticket(2)])
+    assert "again" not in ledger.operations[op].verdict(op)
+    # lab 12: the resume refused by the contract, then the migrated resume makes the ticket
+    ledger, op = demo.Ledger(), "case-guarded:open-ticket:v1"
+    action, name = ledger.operation(say + f"start --thread guarded --operation {op}")
+    ledger.record(action, name, '{"event": "drained", "next": ["create_ticket"]}', [], 75)
+    action, name = ledger.operation(say + "resume --thread guarded")
+    ledger.record(action, name, '{"event": "contract_mismatch"}', [], 65)
+    made = '{"created": true, "event": "effect_ack", "ticket_id": 1}\n'
+    ledger.record(action, name, made + done.replace("2}", "1}"), [ticket(1, op)])
+    assert ledger.operations[op].verdict(op) == (
+        f"{op}: 1 ticket, start drained on SIGTERM at a step boundary, "
+        "resume refused: the thread was saved under another graph (exit 65)"
+    )
+    # lab 10: the woken worker's run, as `worker wait --thread` reports it
+    ledger = demo.Ledger()
+    for thread, outcome, verdict in (
+        (
+            "case-6",
+            '"created": false, "sent": true, "ticket_id": 7',
+            "1 ticket, the frozen worker, once woken, sent it again and got created: false "
+            "(the key), ticket 7 by the worker started by hand (`worker run`)",
+        ),
+        (
+            "case-7",
+            '"sent": false, "ticket_id": 8',
+            "1 ticket, the frozen worker, once woken, sent nothing (the ledger held ticket 8's "
+            "receipt), ticket 8 by the worker started by hand (`worker run`)",
+        ),
+    ):
+        op = f"{thread}:open-ticket:v1"
+        work = "docker compose -p stateful-lab run --rm worker "
+        ledger.operation(work + f"submit --thread {thread} --operation {op} --lab-hold x")
+        number = int(outcome.rsplit(" ", 1)[1])
+        ran = f'{{"event": "done", "operation_id": "{op}", "ticket_id": {number}}}'
+        ledger.record(*ledger.operation(work + "run --drain"), ran, [ticket(number, op)])
+        woke = f'{{"at": "before-request", "event": "held_run", "thread": "{thread}", {outcome}}}'
+        ledger.record(*ledger.operation(work + f"wait --thread {thread}"), woke, [])
+        assert ledger.operations[op].verdict(op) == f"{op}: {verdict}"
+
+
+@pytest.mark.fast
+def test_every_section_of_every_guide_is_told_and_each_on_langgraphs_source_folds():
+    """A section with no command (lab 09's grace period, lab 15's "When is 'nothing found'
+    proof?", lab 06's receiver that offers neither, ...) was dropped from the demo: every
+    heading but "What to notice" is now a chapter, its text and code as the guide has them.
+    Every section on LangGraph's own source, titled "(checked against langgraph ...)", folds
+    in projector mode (lab 17's "Which exceptions LangGraph retries" was told in full)."""
+    for path in sorted((ROOT / "labs").glob("[0-9][0-9]-*.md")):
+        text = path.read_text(encoding="utf-8")
+        items = demo.markdown_items(text)
+        headings = [t for kind, t in items if kind == "heading"][1:]
+        story = demo.parse_story(text)
+        told = [c.heading for c in story.chapters]
+        assert set(headings) - {"What to notice"} <= set(told), path.name
+        for chapter in story.chapters:
+            assert chapter.folded == ("(checked against langgraph " in chapter.heading)
+    lab09 = demo.parse_story((ROOT / "labs" / "09-a-deploy-mid-run.md").read_text("utf-8"))
+    (grace,) = [c for c in lab09.chapters if c.heading.startswith("What a deploy sends")]
+    assert grace.steps == [] and "\n      workflow:\n        stop_grace_period: 2m" in grace.before
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        demo.tell_text(grace.before, demo.Style(False), 100)
+    assert "\n        workflow:\n" in out.getvalue()  # the guide's yaml, indented as a block
+
+
+@pytest.mark.fast
+def test_a_resume_that_finds_no_thread_says_so_and_one_waiting_for_approval_does_not():
+    """Lab 04's "exit" durability: the resume finds no thread (exit 4, stderr `no thread ...`)
+    and the start again sends it again; lab 07's refused resume (exit 4, the thread waits for
+    approval) is no such thing."""
+    ledger, op = demo.Ledger(), "case-exit:open-ticket:v1"
+    say = "docker compose -p stateful-lab run --rm workflow "
+    start = say + f"start --thread exit --operation {op} --mode naive --durability exit"
+    crashed = (
+        '{"created": true, "event": "effect_ack", "ticket_id": 6}\n'
+        '{"at": "after-ack", "event": "crash"}\n'
+    )
+    ledger.record(*ledger.operation(start + " --crash-at after-ack"), crashed, [ticket(6)], 137)
+    missing = "lab.py: no thread 'exit' to resume; check --thread\n"
+    ledger.record(*ledger.operation(say + "resume --thread exit"), "", [], 4, missing)
+    again = '{"created": true, "event": "effect_ack", "ticket_id": 7}\n'
+    ledger.record(*ledger.operation(start), again, [ticket(6), ticket(7)])
+    assert ledger.operations[op].verdict(op) == (
+        f"{op}: 2 tickets for one operation (duplicate), start killed at after-ack, resume found "
+        "no thread to resume (exit 4), start sent it again (ticket 7)"
+    )
+    ledger, op = demo.Ledger(), "case-in-node:open-ticket:v1"
+    ledger.record(*ledger.operation(say + f"start --thread t --operation {op}"), "", [ticket(1)])
+    waits = "lab.py: thread 't' waits for approval; answer with approve (or --reject)\n"
+    ledger.record(*ledger.operation(say + "resume --thread t"), "", [ticket(1)], 4, waits)
+    assert ledger.operations[op].verdict(op) == f"{op}: 1 ticket"
+
+
+@pytest.mark.fast
+def test_a_folded_sections_long_command_is_one_line_and_o_opens_it_whole():
+    """Lab 08's native `python -c '...'` in its folded section on LangGraph's source is one
+    quoted word wider than 120 columns: the terminal broke it mid-word. Folded, it is one line
+    within the width, and the whole command (as bash reads it) is among what `o` opens;
+    outside a folded section a long command is still shown whole, broken between words."""
+    lab08 = ROOT / "labs" / "08-the-window-is-longer-than-the-node.md"
+    story = demo.parse_story(lab08.read_text(encoding="utf-8"))
+    (chapter,) = [c for c in story.chapters if c.folded]
+    command = native.line(parse_command(chapter.steps[0].command), {}, True, False)
+    whole = demo.shown_command(command, 119)  # its quoted word stays whole: too wide
+    assert max(map(len, whole.splitlines())) > 119  # else this checks nothing
+    teller = demo.Demo(None, demo.Style(False), projector=True, width=119)
+    line = teller.command_line(command, folded=True)
+    assert "\n" not in line and len(line) <= 119 and line.endswith("(o opens the whole)")
+    ((kind, whole),) = teller.folds
+    assert kind == "output" and bash_words(whole[2:]) == bash_words(command)
+    start = story.chapters[1].steps[0].command  # a start, not folded: whole, between words
+    assert bash_words(teller.command_line(start)[2:]) == bash_words(start)
+
+
+@pytest.mark.fast
+def test_a_numbered_items_lines_stand_under_its_text(capsys):
+    """Lab 18's "How the inbox holds" is a numbered list: each item's later lines start where
+    its text does ("  1. " is five columns), as a bullet's do ("  - ", four)."""
+    lab18 = ROOT / "labs" / "18-the-webhook-that-came-twice.md"
+    story = demo.parse_story(lab18.read_text(encoding="utf-8"))
+    (holds,) = [c for c in story.chapters if c.heading == "How the inbox holds"]
+    demo.tell_text(holds.before, demo.Style(False), 100)
+    lines = capsys.readouterr().out.splitlines()
+    items = [i for i, line in enumerate(lines) if re.match(r"  \d\. ", line)]
+    assert len(items) == 3 and lines[items[0] + 1].startswith("     ")  # wrapped: five spaces
+    for i in items:
+        for line in itertools.takewhile(str.strip, lines[i + 1 :]):
+            if not re.match(r"  \d\. ", line):
+                assert re.match(r" {5}\S", line), line

@@ -157,10 +157,12 @@ def test_guide_local(guide, tmp_path, capsys):
 DEMO_VERDICTS = {
     "05": (
         [  # node-uuid's two tickets: two keys, neither the operation's (the lab's lesson)
-            "case-uuid:open-ticket:v1: 2 tickets for one operation (duplicate), under 2 different "
-            "keys, none the operation's (to the receiver, 2 operations)",
-            "case-safe:open-ticket:v1: 1 ticket, resume got created: false, start got created: "
-            "false",
+            "case-uuid:open-ticket:v1: 2 tickets for one operation (duplicate), start killed at "
+            "after-ack, resume sent it again (ticket 2), under 2 different keys, none the "
+            "operation's (to the receiver, 2 operations)",
+            "case-safe:open-ticket:v1: 1 ticket, start killed at after-ack, resume sent it again "
+            "and got created: false (the key), start sent it again and got created: false (the "
+            "key)",
         ],
         "What the labs showed: node-uuid: 1 of 1 operation duplicated; "
         "safe: 0 of 1 operation duplicated",
@@ -169,9 +171,9 @@ DEMO_VERDICTS = {
         [  # approve's in-node duplicate and keyed replay, each on its operation; each run's ask
             #   for approval (its own ticket, keyed OPERATION:approval) on the operation that asked
             "case-in-node:open-ticket:v1: 2 tickets for one operation (duplicate), "
-            "asked for approval once",
+            "asked for approval once, approve sent it again (ticket 3)",
             "case-in-node-safe:open-ticket:v1: 1 ticket, asked for approval once, "
-            "approve got created: false",
+            "approve sent it again and got created: false (the key)",
             "case-in-node-ledger:open-ticket:v1: 1 ticket, asked for approval once, approve took "
             "ticket 6 from the ledger's receipt",
             "case-own-node:open-ticket:v1: 1 ticket, asked for approval once",
@@ -188,9 +190,10 @@ DEMO_VERDICTS = {
             "case-4:open-ticket:v1: 1 ticket, worker run took ticket 4 from the ledger's receipt",
             "case-5:open-ticket:v1: 2 tickets for one operation (duplicate), ticket 5 by the "
             "worker started by hand (`worker run`), ticket 6 by the frozen worker, once woken",
-            "case-6:open-ticket:v1: 1 ticket, worker wait got created: false, ticket 7 by the "
-            "worker started by hand (`worker run`)",
-            "case-7:open-ticket:v1: 1 ticket, ticket 8 by the worker started by hand "
+            "case-6:open-ticket:v1: 1 ticket, the frozen worker, once woken, sent it again and "
+            "got created: false (the key), ticket 7 by the worker started by hand (`worker run`)",
+            "case-7:open-ticket:v1: 1 ticket, the frozen worker, once woken, sent nothing (the "
+            "ledger held ticket 8's receipt), ticket 8 by the worker started by hand "
             "(`worker run`)",
         ],
         "What the labs showed: ledger: 0 of 5 operations duplicated; "
@@ -202,7 +205,8 @@ DEMO_VERDICTS = {
             "boundary",
             "case-deploy-ack:open-ticket:v1: 1 ticket, start finished its step after SIGTERM, "
             "resume redid nothing",
-            "case-deploy-killed:open-ticket:v1: 2 tickets for one operation (duplicate)",
+            "case-deploy-killed:open-ticket:v1: 2 tickets for one operation (duplicate), start "
+            "killed at after-ack, resume sent it again (ticket 4)",
         ],
         "What the labs showed: naive: 1 of 3 operations duplicated",
     ),
@@ -226,7 +230,7 @@ DEMO_VERDICTS = {
             "drill labs.graphs.approval:graph #2: the drill says: 10 crash points, 3 duplicate "
             "(request), 0 missing, 0 failed resumes, the clean run repeated request "
             "(request_refund re-ran it after an interrupt)",
-            "case-before-deploy: 1 ticket",  # not the drills' 29
+            "case-before-deploy: 1 ticket, start killed at after-ack",  # not the drills' 29
             "drill replay labs.graphs.ticket:graph_v2: the drill says: 1 unfinished thread, 1 LOST",
             "drill replay labs.graphs.ticket:graph: the drill says: 1 unfinished thread, every "
             "one resumes",
@@ -263,18 +267,21 @@ DEMO_VERDICTS = {
         [  # the renamed node: done, and no ticket ever made; the guarded one made its ticket
             "case-renamed:open-ticket:v1: 0 tickets, start drained on SIGTERM at a step boundary, "
             "LOST: the run said done and no ticket was ever made (0 tickets)",
-            "case-guarded:open-ticket:v1: 1 ticket, start drained on SIGTERM at a step boundary",
+            "case-guarded:open-ticket:v1: 1 ticket, start drained on SIGTERM at a step boundary, "
+            "resume refused: the thread was saved under another graph (exit 65)",
         ],
         "What the labs showed: ledger: 0 of 2 operations duplicated, 1 lost",
     ),
     "13": (
         [  # the refunds as `saga refunds` lists them, on the operation whose charge they undo
             "case-booked:book:v1: 1 ticket",
-            "case-naive:book:v1: 1 ticket, 2 refunds of its one charge (the refund ran twice)",
-            "case-safe:book:v1: 1 ticket, saga resume took refund 3 from the ledger's receipt, "
-            "1 refund of its one charge",
-            "case-window:book:v1: 1 ticket, saga resume adopted ticket 4, found by its key, "
-            "saga resume adopted refund 4, found by its key",
+            "case-naive:book:v1: 1 ticket, saga start killed at after-refund-ack, 2 refunds of its "
+            "one charge (the refund ran twice)",
+            "case-safe:book:v1: 1 ticket, saga start killed at after-refund-ack, saga resume took "
+            "refund 3 from the ledger's receipt, 1 refund of its one charge",
+            "case-window:book:v1: 1 ticket, saga start killed at after-send, saga resume adopted "
+            "ticket 4, found by its key, saga resume killed at after-send, saga resume adopted "
+            "refund 4, found by its key",
             "drill labs.graphs.saga:graph (naive): 10 tickets on its own 10 threads, the drill "
             "says: 9 crash points, 1 duplicate (refund), 0 missing, 0 failed resumes, clean run ok",
         ],
@@ -285,11 +292,14 @@ DEMO_VERDICTS = {
     ),
     "15": (
         [  # adopted, from the receipt, settled by a person: each on its operation
-            "case-adopt:open-ticket:v1: 1 ticket, resume adopted ticket 1, found by its key",
-            "case-receipt:open-ticket:v1: 1 ticket, resume took ticket 2 from the ledger's receipt",
-            "case-note:open-ticket:v1: 1 ticket, resume took ticket 3 from the ledger's receipt, "
-            "resume stopped for a person (exit 6), settled by a person (confirmed), resume took "
-            "message 1 from the ledger's receipt, 1 message sent about it",
+            "case-adopt:open-ticket:v1: 1 ticket, start killed at after-send, resume adopted "
+            "ticket 1, found by its key",
+            "case-receipt:open-ticket:v1: 1 ticket, start killed at after-ack, resume took ticket "
+            "2 from the ledger's receipt",
+            "case-note:open-ticket:v1: 1 ticket, start killed at after-ack, resume took ticket 3 "
+            "from the ledger's receipt, resume killed at after-send, resume stopped for a person "
+            "(exit 6), settled by a person (confirmed), resume took message 1 from the ledger's "
+            "receipt, 1 message sent about it",
             # the slow provider: "lookup found nothing, send again" charges twice, the ledger once
             "case-twice:pay:v1: 1 ticket, start got no answer (exit 3), reconcile found it at the "
             "provider (confirmed), 2 charges for its one payment (charged 2 times)",
@@ -312,8 +322,8 @@ DEMO_VERDICTS = {
     ),
     "19": (
         [  # the relay's deliveries, and what the receiver made of them
-            "case-outbox:open-ticket:v1: 1 ticket, the relay delivered it 2 times, the receiver "
-            "made 1 and answered 1 from its key",
+            "case-outbox:open-ticket:v1: 1 ticket, outbox start killed at after-outbox, the relay "
+            "delivered it 2 times, the receiver made 1 and answered 1 from its key",
         ],
         "What the labs showed: ledger: 0 of 1 operation duplicated\n"
         'What the workflow did (labs.tools.tally): {"event": "tally", "started": 1, "resumed": '
@@ -324,7 +334,8 @@ DEMO_VERDICTS = {
             "case-017-naive:open-ticket:v1: 2 tickets for one operation (duplicate), start's node "
             "failed after the answer (ReadTimeout) and LangGraph ran it again",
             "case-017-safe:open-ticket:v1: 1 ticket, start's node failed after the answer "
-            "(ReadTimeout) and LangGraph ran it again, start got created: false",
+            "(ReadTimeout) and LangGraph ran it again, start sent it again and got created: "
+            "false (the key)",
             "case-017-ledger:open-ticket:v1: 1 ticket, start's node failed after the answer "
             "(JSONDecodeError) and LangGraph ran it again, start took ticket 4 from the ledger's "
             "receipt",
@@ -334,9 +345,11 @@ DEMO_VERDICTS = {
     ),
     "14": (
         [  # expired keys show as null: each ticket still counts on the command's operation
-            "case-kept:open-ticket:v1: 2 tickets for one operation (duplicate), the receiver "
-            "made a new ticket for a key it no longer held (expired)",
-            "case-kept-day:open-ticket:v1: 1 ticket, resume got created: false",
+            "case-kept:open-ticket:v1: 2 tickets for one operation (duplicate), start killed at "
+            "after-ack, resume sent it again (ticket 2), the receiver made a new ticket for a key "
+            "it no longer held (expired)",
+            "case-kept-day:open-ticket:v1: 1 ticket, start killed at after-ack, resume sent it "
+            "again and got created: false (the key)",
         ],
         "What the labs showed: safe: 1 of 2 operations duplicated",  # the key had expired
     ),

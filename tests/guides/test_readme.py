@@ -46,8 +46,14 @@ def assert_the_demo_tells_labs_01_and_02_with_a_verdict_per_operation(out):
     assert "=== Lab 01: the duplicate ===" in out
     assert "The receiver starts empty." in out  # the guide's paragraph after its block
     assert "  natively: python lab.py tickets" in out
-    assert "case-naive:open-ticket:v1: 2 tickets for one operation (duplicate)" in out
-    assert "case-safe:open-ticket:v1: 1 ticket, resume got created: false" in out
+    assert (  # what the room saw, then the count: the kill, the resume that sent it again
+        "case-naive:open-ticket:v1: 2 tickets for one operation (duplicate), start killed at "
+        "after-ack, resume sent it again (ticket 2)"
+    ) in out
+    assert (
+        "case-safe:open-ticket:v1: 1 ticket, start killed at after-ack, resume sent it again and "
+        "got created: false (the key)"
+    ) in out
     assert out.index("What to notice") < out.index("Verdict") < out.index("-- Reset")
     # `logs api` shows the receiver's side: lab 02's proof is its `replayed` line
     logs = out.split("$ docker compose -p stateful-lab logs api\n")
