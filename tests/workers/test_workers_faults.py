@@ -501,11 +501,12 @@ def test_run_drain_says_when_the_only_jobs_left_run_on_another_worker(env, recei
 
 def test_a_live_workers_job_stays_its_own_from_its_first_job_on(env, receiver, workers):
     """Jobs queued before the workers start; one takes its first job, two more join: each job
-    runs once, and the first imports no LangGraph once it said it takes jobs. A worker that imported it in its event loop on
-    its first job (about 1 s idle, more with three starting at once) stopped that job's heartbeat
-    past WORKER_HEARTBEAT_S, and another worker ran the job again (lab 10: the held job changed
-    hands before the freeze). The import is what is checked, in the order the interpreter wrote
-    it (`-X importtime`), not a heartbeat's timing: a loaded machine can lapse any lease."""
+    runs once, and the first imports no LangGraph once it said it takes jobs. A worker that
+    imported it in its event loop on its first job (about 1 s idle, more with three starting at
+    once) stopped that job's heartbeat past WORKER_HEARTBEAT_S, and another worker ran the job
+    again (lab 10: the held job changed hands before the freeze). The import is what is checked,
+    in the order the interpreter wrote it (`-X importtime`), not a heartbeat's timing: a loaded
+    machine can lapse any lease."""
     env.update(WORKER_HEARTBEAT_S="10", FAILPOINTS="")
     submit_all(env, 6)
     workers.start(1, python=("-X", "importtime"))  # alone first: it takes a first job
