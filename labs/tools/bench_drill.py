@@ -19,6 +19,7 @@ baseline, 130 Ctrl-C.
 """
 
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -146,6 +147,9 @@ def bench(tmp, ref, sha, short, runs):
     (tmp / "bench_graph.py").write_text(GRAPH)
     trees = {"this_tree": ROOT, "baseline": baseline}
     figures = {"baseline": {"ref": ref, "short": short}, "runs": runs, "cli_s": {}}
+    if not (baseline / "effectdrill" / "core.py").is_file():  # a commit older than the drill
+        del trees["baseline"]
+        figures["baseline"]["no_drill"] = True
     figures["load_before"] = os.getloadavg()
     times = {tree: [] for tree in trees}
     for attempt in range(runs):  # alternate the trees: a busy moment hits both alike
@@ -202,10 +206,14 @@ def report(figures):
     short = figures["baseline"]["short"]
     load = " ".join(f"{x:.2f}" for x in figures["load_before"])
     print(f"# bench_drill: this tree against {figures['baseline']['ref']} ({short}); load {load}")
-    mine, theirs = figures["in_process"]["this_tree"], figures["in_process"]["baseline"]
+    if figures["baseline"].get("no_drill"):
+        print(f"# {short} has no effectdrill (it came later): this tree's figures only")
+    mine = figures["in_process"]["this_tree"]
+    theirs = figures["in_process"].get("baseline") or dict.fromkeys(mine, math.nan)
+    cli = figures["cli_s"]["this_tree"], figures["cli_s"].get("baseline", math.nan)
     print(f"{'4-node sync graph':<40}{'this tree':>11}{short:>11}{'ratio':>9}  target")
     rows = [
-        ("whole CLI drill, s", figures["cli_s"]["this_tree"], figures["cli_s"]["baseline"], 1.5),
+        ("whole CLI drill, s", *cli, 1.5),
         ("in-process drill, s", mine["drill_s"], theirs["drill_s"], None),
         ("crash run (median), ms", mine["crash_run_ms"], theirs["crash_run_ms"], 50),
         ("clean invoke (median), ms", mine["clean_invoke_ms"], theirs["clean_invoke_ms"], None),
@@ -213,15 +221,20 @@ def report(figures):
     ]
     for name, ours, base, target in rows:
         mark = "" if target is None else f"  <= {target:g}" + (" ok" if ours <= target else " OVER")
-        print(f"  {name:<38}{ours:>11.3f}{base:>11.3f}{ours / base:>8.2f}x{mark}")
-    print(
-        f"  crash run (fastest drill), ms{'':<9}{mine['fastest_crash_run_ms']:>11.3f}"
-        f"{theirs['fastest_crash_run_ms']:>11.3f}"
-    )
-    print(f"  crash points: {mine['points']} here, {theirs['points']} in {short}")
+        ratio = f"{ours / base:>8.2f}x" if base == base else f"{'-':>9}"  # NaN: no baseline
+        print(f"  {name:<38}{ours:>11.3f}{figure(base)}{ratio}{mark}")
+    fastest = mine["fastest_crash_run_ms"], theirs["fastest_crash_run_ms"]
+    print(f"  crash run (fastest drill), ms{'':<9}{fastest[0]:>11.3f}{figure(fastest[1])}")
+    points = theirs["points"] if theirs["points"] == theirs["points"] else "-"
+    print(f"  crash points: {mine['points']} here, {points} in {short}")
     after = " ".join(f"{x:.2f}" for x in figures["load_after"])
     print(f"# load average after: {after} (2 cores: above 2 the figures are the machine's)")
     print(json.dumps(figures))
+
+
+def figure(value):
+    """A baseline's figure in its column, or "-" where the baseline has none (NaN)."""
+    return f"{value:>11.3f}" if value == value else f"{'-':>11}"
 
 
 if __name__ == "__main__":

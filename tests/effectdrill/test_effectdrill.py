@@ -670,6 +670,22 @@ def test_the_benchmark_prints_this_tree_and_the_last_commit_side_by_side():
     assert figures["in_process"]["this_tree"]["points"] == 11  # 3 for the input, 2 per node
 
 
+def test_the_benchmark_against_a_commit_older_than_the_drill_prints_this_tree_alone():
+    """make bench BASELINE=2a0ed38 (the README's Performance figures; the lab's first commit,
+    which has no effectdrill): this tree's figures, "-" in the baseline's column, valid JSON."""
+    done = run(
+        [sys.executable, "-m", "labs.tools.bench_drill", "--runs", "1", "--baseline", "2a0ed38"]
+    )
+
+    assert (done.returncode, done.stderr) == (0, "")
+    lines = done.stdout.splitlines()
+    assert lines[1] == "# 2a0ed38 has no effectdrill (it came later): this tree's figures only"
+    assert re.match(r"  whole CLI drill, s +[\d.]+ +- +-  <= 1.5 (ok|OVER)$", lines[3])
+    figures = json.loads(lines[-1])
+    assert figures["in_process"]["this_tree"]["points"] == 11
+    assert "baseline" not in figures["in_process"]
+
+
 def test_a_graph_that_expects_the_platforms_store_says_so_and_drills_with_one(
     tmp_path, monkeypatch, capsys, temp_root
 ):
