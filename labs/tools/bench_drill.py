@@ -5,7 +5,11 @@ graph, and the median crash run, this tree and the baseline side by side (part o
    every crash run), wall seconds, median of --runs, alternating the trees;
 2. per crash run (fork, the killed child, a fresh saver, the resume, the observer): the time
    of an in-process drill after its clean run, over its crash runs, the median of --runs
-   drills in each tree (wall time: this tree resumes one run while the next child runs).
+   drills in each tree (wall time: this tree resumes one run while the next child runs),
+   and where its CPU goes (getrusage): the drill's own process (its clean run left out), the
+   warm parent and its crash children (forks, runs up to the kill, exits), of which system
+   time (mostly the children's copy-on-write page faults), and those page faults. A baseline
+   with no effectdrill (older than the drill) shows "-".
 
     python -m labs.tools.bench_drill [--runs N] [--baseline REF]
 
@@ -33,6 +37,8 @@ from labs.tools.local import ROOT
 from plumbing import EXIT_INTERRUPTED, Parser
 
 RUNS = 5  # CLI drills per tree, and in-process drills per tree: their medians
+CPU_FIGURES = [("drill_cpu_ms", 1000), ("children_cpu_ms", 1000), ("children_sys_ms", 1000),
+               ("children_faults", 1)]  # fmt: skip
 EXIT_NO_BASELINE = 4
 
 GRAPH = '''
@@ -82,7 +88,7 @@ def observe(thread):
 '''
 
 IN_PROCESS = """
-import json, os, sqlite3, statistics, sys, time
+import json, os, resource, sqlite3, statistics, sys, time
 import effectdrill, effectdrill.core as core
 import bench_graph
 from langgraph.checkpoint.sqlite import SqliteSaver
@@ -100,24 +106,33 @@ def clean_invoke():  # what a crash run is measured against: one invoke, warm, o
         graph.invoke({"order": thread}, {"configurable": {"thread_id": thread}}, durability="sync")
         times.append(time.perf_counter() - start)
     invokes.append(statistics.median(times))
-clean = []
+clean, clean_cpu = [], []
 real = core.Plan.clean_run
 def clean_run(self, *args):
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     try:
         return real(self, *args)
     finally:
         clean.append(time.perf_counter() - start)
+        clean_cpu.append(time.process_time() - cpu)
 core.Plan.clean_run = clean_run
-whole, per_run = [], []
+def usage():  # CPU s of this process, CPU s and system s and page faults of its reaped children
+    me = resource.getrusage(resource.RUSAGE_SELF)
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return (me.ru_utime + me.ru_stime, kids.ru_utime + kids.ru_stime, kids.ru_stime,
+            kids.ru_minflt)
+whole, per_run, cpu = [], [], []
 for _ in range(int(sys.argv[1])):
     clean_invoke()  # before each drill: the same moment's load
-    start = time.perf_counter()
+    before, start = usage(), time.perf_counter()
     report = effectdrill.drill(bench_graph.build, {"order": "{thread}"}, bench_graph.observe)
     whole.append(time.perf_counter() - start)
-    per_run.append((whole[-1] - clean[-1]) / len(report.rows))
+    used = [b - a for a, b in zip(before, usage())]
+    rows = len(report.rows)
+    per_run.append((whole[-1] - clean[-1]) / rows)
+    cpu.append([(used[0] - clean_cpu[-1]) / rows, used[1] / rows, used[2] / rows, used[3] / rows])
 print(json.dumps({"per_run": per_run, "whole": whole, "points": len(report.rows),
-                  "invoke": invokes}))
+                  "invoke": invokes, "cpu": cpu}))
 """
 
 
@@ -177,6 +192,12 @@ def bench(tmp, ref, sha, short, runs):
             "crash_per_invoke": statistics.median(
                 run / invoke for run, invoke in zip(got["per_run"], got["invoke"], strict=True)
             ),
+            # per crash run, medians: CPU ms of the drill's process (its clean run left out),
+            # of the warm parent and its crash children, of which system time, and their faults
+            **{
+                name: statistics.median(c[i] for c in got["cpu"]) * scale
+                for i, (name, scale) in enumerate(CPU_FIGURES)
+            },
         }
     figures["load_after"] = os.getloadavg()
     return figures
@@ -223,6 +244,14 @@ def report(figures):
         mark = "" if target is None else f"  <= {target:g}" + (" ok" if ours <= target else " OVER")
         ratio = f"{ours / base:>8.2f}x" if base == base else f"{'-':>9}"  # NaN: no baseline
         print(f"  {name:<38}{ours:>11.3f}{figure(base)}{ratio}{mark}")
+    for name, key in [
+        ("CPU per crash run, drill, ms", "drill_cpu_ms"),
+        ("CPU per crash run, children, ms", "children_cpu_ms"),
+        ("  of which system time, ms", "children_sys_ms"),
+        ("children's page faults per crash run", "children_faults"),
+    ]:
+        ours, base = mine[key], theirs.get(key, math.nan)  # an older tree's has none
+        print(f"  {name:<38}{ours:>11.3f}{figure(base)}")
     fastest = mine["fastest_crash_run_ms"], theirs["fastest_crash_run_ms"]
     print(f"  crash run (fastest drill), ms{'':<9}{fastest[0]:>11.3f}{figure(fastest[1])}")
     points = theirs["points"] if theirs["points"] == theirs["points"] else "-"

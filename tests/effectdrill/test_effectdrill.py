@@ -666,8 +666,11 @@ def test_the_benchmark_prints_this_tree_and_the_last_commit_side_by_side():
     assert re.match(
         r"  crash run \(median\), ms +[\d.]+ +[\d.]+ +[\d.]+x  <= 50 (ok|OVER)$", lines[4]
     )
+    assert re.match(r"  CPU per crash run, children, ms +[\d.]+ +[\d.]+$", lines[8])
     figures = json.loads(lines[-1])
     assert figures["in_process"]["this_tree"]["points"] == 11  # 3 for the input, 2 per node
+    mine = figures["in_process"]["this_tree"]
+    assert 0 < mine["children_sys_ms"] < mine["children_cpu_ms"] and mine["children_faults"] > 0
 
 
 def test_the_benchmark_against_a_commit_older_than_the_drill_prints_this_tree_alone():
