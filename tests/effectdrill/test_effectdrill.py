@@ -517,7 +517,12 @@ def test_ctrl_c_exits_130_and_reaps_the_child(tmp_path, temp_root):
         if proc.poll() is not None:
             pytest.fail(f"the drill ended before Ctrl-C: {proc.communicate()}")
     proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=180)  # a hang guard: the stranded thread hung it here
+    try:
+        out, err = proc.communicate(timeout=180)  # a hang guard: the stranded thread hung it here
+    except subprocess.TimeoutExpired:
+        proc.kill()  # a hang fails the test and leaves no process behind
+        proc.communicate()
+        raise
 
     assert (proc.returncode, err, out) == (130, "effectdrill: interrupted\n", "")
     assert list(temp_root.iterdir()) == []
