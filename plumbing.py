@@ -29,6 +29,7 @@ import urllib.request
 from pathlib import Path
 
 import effects
+import failpoints
 import tracing
 
 TIMEOUT_S = 5.0  # a provider's default; the receiver answers in milliseconds: 5 s means gone
@@ -636,8 +637,6 @@ def run_action(args, make_settings, points):
     """Run the parsed command: its settings (make_settings()), failpoints (the names in
     points), tracing, then args.run(args, settings). Every error a user can meet is one line on
     stderr and its exit code, never a traceback."""
-    import failpoints
-
     args.thread_defaulted = isinstance(getattr(args, "thread", None), Defaulted)
     if args.thread_defaulted:
         args.thread = str(args.thread)  # a plain str for the savers' drivers
@@ -701,8 +700,10 @@ def end_if_stranded(code):
     """After a Ctrl-C: end the process at once, with code, if a thread is left that nothing
     will stop. A KeyboardInterrupt that lands in ThreadPoolExecutor._adjust_thread_count
     (concurrent/futures/thread.py) between a worker's start() and its entry in _threads_queues
-    leaves that worker waiting for work forever, and the interpreter's exit joins it forever
-    (LangGraph runs a graph's saves on such an executor). Else it returns: a normal exit."""
+    leaves that worker waiting for work forever, and the interpreter's exit joins it forever.
+    LangGraph runs a graph's tasks and saves on such an executor (BackgroundExecutor in
+    langgraph/pregel/_executor.py submits to langchain_core's ContextThreadPoolExecutor,
+    langchain_core/runnables/config.py). Else it returns: a normal exit."""
     import threading
 
     main = threading.main_thread()
