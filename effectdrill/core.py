@@ -30,6 +30,7 @@ import tempfile
 import threading
 import time
 import uuid
+from collections import deque
 from collections.abc import Mapping
 from contextlib import asynccontextmanager, contextmanager, nullcontext, redirect_stdout
 from dataclasses import dataclass, field, replace
@@ -39,6 +40,7 @@ from effectdrill import outbound
 
 DURABILITIES = ("sync", "async", "exit")  # LangGraph's durability modes, in the order drilled
 THREAD_MARK = "{thread}"  # replaced by the run's thread id everywhere in the input
+CHILDREN_AT_ONCE = 2  # crash children the warm parent keeps running side by side
 MAX_INVOKES = 50  # invokes one run may take (one per interrupt answered); more means a loop
 CHILD_DEADLINE_S = 300.0  # seconds a crash child may run: a graph that hangs is an error
 SETTLE_DEADLINE_S = 30.0  # seconds a sync kill waits for the calls it lets finish (Killer)
@@ -759,9 +761,10 @@ class Child:
 
 def crash_all(plan, db, mode, jobs, warm):
     """Each (row, state, thread) job's crash run, appended to its row. The warm parent (forked
-    before any run: the graph imported and built, nothing run yet) forks the crash children one
-    after the other and reports how each ended; this process resumes each thread meanwhile. So
-    a child runs while the last one's thread resumes (two cores), its fork is not on this
+    before any run: the graph imported and built, nothing run yet) forks the crash children,
+    CHILDREN_AT_ONCE of them running side by side, and reports how each ended, in the jobs'
+    order; this process resumes each thread meanwhile. So two children run while the last
+    one's thread resumes (a crash run's CPU is mostly the child's), its fork is not on this
     process's path, this process copies the pages it shares with a live child (copy-on-write)
     once, not at each run, and a child holds no connection a client pooled in this process's
     runs (a keep-alive socket, an async client's connections on this process's event loop)."""
@@ -775,9 +778,10 @@ def crash_all(plan, db, mode, jobs, warm):
 
 class WarmParent:
     """A process forked from the drill before its first run. It reads a mode's crash jobs
-    (pickled), forks their children one after the other and writes each one's wait status and
-    message back, one JSON line each. It leads a process group of its own, with its children:
-    stop() kills them all at once (a Ctrl-C, an error)."""
+    (pickled), forks their children (CHILDREN_AT_ONCE at a time, in the jobs' order) and
+    writes each one's wait status and message back in that order, one JSON line each. It leads
+    a process group of its own, with its children: stop() kills them all at once (a Ctrl-C, an
+    error)."""
 
     def __init__(self, plan, db):
         sys.stdout.flush()
@@ -796,10 +800,14 @@ class WarmParent:
                 with os.fdopen(jobs_read, "rb") as incoming:
                     while batch := incoming.readline():
                         mode, jobs = pickle.loads(bytes.fromhex(batch.decode()))
+                        live = deque()  # forked, not yet reaped: in the jobs' order
                         for state, thread in jobs:
+                            if len(live) == CHILDREN_AT_ONCE:
+                                report_end(live.popleft(), write_end)
                             killer = Killer(state, mode == "sync")
-                            child = plan.fork_child(db, mode, state, thread, killer)
-                            os.write(write_end, (json.dumps(child.wait()) + "\n").encode())
+                            live.append(plan.fork_child(db, mode, state, thread, killer))
+                        while live:
+                            report_end(live.popleft(), write_end)
             except BaseException as error:
                 os.write(write_end, (json.dumps([None, task_error(error)]) + "\n").encode())
                 code = CHILD_FAILED
@@ -848,6 +856,11 @@ class WarmParent:
                 pipe.close()
             except OSError:
                 pass
+
+
+def report_end(child, pipe):
+    """The warm parent's: wait for a crash child and write its end to the drill."""
+    os.write(pipe, (json.dumps(child.wait()) + "\n").encode())
 
 
 @contextmanager

@@ -19,7 +19,7 @@ from importlib.metadata import entry_points
 import pytest
 from chromium_helpers import chromium
 from conftest import require_postgres
-from effectdrill_graphs import asyncgraph, broken, contextual, nested, orders, review
+from effectdrill_graphs import asyncgraph, broken, contextual, nested, orders, review, sidebyside
 from langgraph.checkpoint.sqlite import SqliteSaver
 
 import effectdrill
@@ -423,6 +423,21 @@ def test_bad_input_is_one_line_and_exit_2_with_nothing_left(
     assert "secret" not in err
     assert list(temp_root.iterdir()) == []
     assert (tmp_path / "notes.txt").read_text() == "not a database, " * 100
+    assert_no_children()
+
+
+def test_two_crash_children_run_side_by_side(tmp_path, monkeypatch):
+    """The warm parent keeps two crash children running at once (a crash run's CPU is mostly
+    its child's; two cores). In sidebyside's graph, the first child to pass its gate waits
+    for a second child's mark: one child at a time, it would wait alone (and say so)."""
+    (tmp_path / "marks").mkdir()
+    monkeypatch.setenv("SIDE_DIR", str(tmp_path))
+    monkeypatch.setenv("SIDE_DRILL_PID", str(os.getpid()))
+    report = effectdrill.drill(sidebyside.build, {"run": "{thread}"}, sidebyside.observe)
+    assert not (tmp_path / "alone").exists(), "a crash child passed its gate alone"
+    marked = {mark.name for mark in (tmp_path / "marks").iterdir()}
+    assert len(marked) >= 2 and marked <= {run.thread for row in report.rows for run in row.runs}
+    assert report.clean["sync"] == {"send": 1} and report.duplicates  # verdicts as ever
     assert_no_children()
 
 
