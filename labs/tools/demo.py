@@ -903,7 +903,7 @@ class Demo:
         self.pictures, self.guide, self.drills = pictures, "", 0
         self.projector, self.width, self.stderr = projector, width, stderr or not projector
         self.outcomes, self.operations = [], []
-        self.counts = tally([])  # what the workflow and the workers did (labs.tools.tally)
+        self.counts = tally([])  # what the commands told did (labs.tools.tally, count())
         self.folds = []  # projector mode: what was folded since the last prompt
         self.durations = []  # (guide, seconds, load): what each guide took (labs/WORKSHOP.md)
         self.commit = subprocess.run(  # the tree the demo told, as it started
@@ -1175,7 +1175,7 @@ class Demo:
         width = self.projector and self.width  # the room's: broken between words
         showed = fitted(f"What the labs showed: {shown or 'no operation made a ticket'}", width)
         print("\n" + "\n".join(map(s.bold, showed)))
-        tallied = f"What the workflow did (labs.tools.tally): {summary(self.counts)}"
+        tallied = f"What the commands above did (labs.tools.tally): {summary(self.counts)}"
         print("\n".join(fitted(tallied, width)))
         wrong = [o for o in self.outcomes if not o.ok]
         where = f"{len(guides)} guide{'' if len(guides) == 1 else 's'}, {self.backend.name} backend"

@@ -145,7 +145,7 @@ def test_stderr_comes_with_its_exit_code_and_lab_06_turns_its_fault_on(capsys):
         "case-lost-safe:open-ticket:v1: 1 ticket, "
         "start lost the answer and adopted ticket 3, found by its key"
     ) in out
-    (tally,) = [line for line in out.splitlines() if line.startswith("What the workflow did")]
+    (tally,) = [line for line in out.splitlines() if line.startswith("What the commands above did")]
     counts = json.loads(tally.split(": ", 1)[1])  # the first start lost its answer: no ack
     assert counts == {
         "event": "tally",

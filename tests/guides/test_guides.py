@@ -287,8 +287,8 @@ DEMO_VERDICTS = {
         ],
         "What the labs showed: safe: 0 of 3 operations duplicated; naive: 1 of 1 operation "
         "duplicated; 1 of 1 drill found an effect repeated or lost\n"
-        'What the workflow did (labs.tools.tally): {"event": "tally", "started": 4, "resumed": '
-        '4, "drained": 0, "acknowledged": 7, "replayed": 0, "settled": 0}',  # the saga's too
+        'What the commands above did (labs.tools.tally): {"event": "tally", "started": 4, '
+        '"resumed": 4, "drained": 0, "acknowledged": 7, "replayed": 0, "settled": 0}',  # + saga
     ),
     "15": (
         [  # adopted, from the receipt, settled by a person: each on its operation
@@ -326,8 +326,8 @@ DEMO_VERDICTS = {
             "delivered it 2 times, the receiver made 1 and answered 1 from its key",
         ],
         "What the labs showed: ledger: 0 of 1 operation duplicated\n"
-        'What the workflow did (labs.tools.tally): {"event": "tally", "started": 1, "resumed": '
-        '1, "drained": 0, "acknowledged": 1, "replayed": 1, "settled": 0}',  # the relay's too
+        'What the commands above did (labs.tools.tally): {"event": "tally", "started": 1, '
+        '"resumed": 1, "drained": 0, "acknowledged": 1, "replayed": 1, "settled": 0}',  # + relay
     ),
     "17": (
         [  # no crash: LangGraph's RetryPolicy ran the node again, in the same start
