@@ -135,8 +135,10 @@ def fixed():
 def context():
     """The drill's --context: the receiver's client, and a ledger of the drill's own (a new
     temporary file), opened for each call (PerCall)."""
-    path = Path(tempfile.mkdtemp(prefix="drill-ledger-")) / "ledger.sqlite"
-    return workflow.Context(workflow.Settings.from_environ(os.environ).client(), PerCall(path))
+    folder = tempfile.TemporaryDirectory(prefix="drill-ledger-")
+    ledger = PerCall(Path(folder.name) / "ledger.sqlite")
+    ledger.folder = folder  # removed once the drill lets go of the context (at exit at the latest)
+    return workflow.Context(workflow.Settings.from_environ(os.environ).client(), ledger)
 
 
 def observe(thread):

@@ -13,13 +13,15 @@ checks that nothing was sent again: effectdrill records every HTTP request of ev
 sends the request again and lets the receiver answer it.
 """
 
+import gc
+import tempfile
 from dataclasses import dataclass
 
 import pytest
 
 import effectdrill
 import lab as lab_cli
-from labs.graphs import approval, assistant, outbox, saga, shop, ticket, webhook
+from labs.graphs import approval, assistant, classify, outbox, saga, shop, ticket, webhook
 from labs.tools.drill import MATRIX
 from labs.tools.local import ROOT, ReceiverProcess, free_port, lab_env
 
@@ -144,11 +146,12 @@ def world(tmp_path_factory):
 
 @pytest.mark.parametrize("name", DRILLS)
 def test_the_drill_over_every_lab_graph_finds_exactly_the_lessons_duplicates(
-    name, world, monkeypatch
+    name, world, monkeypatch, tmp_path
 ):
     drill = DRILLS[name]
     for variable, value in world.items():
         monkeypatch.setenv(variable, value)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where a context's ledger goes
     report = effectdrill.drill(
         drill.graph,
         drill.input,
@@ -166,6 +169,9 @@ def test_the_drill_over_every_lab_graph_finds_exactly_the_lessons_duplicates(
     if drill.ledger:  # the receipt, not the receiver: no row sent anything a second time
         again = {row.point: row.requests for row in report.rows if row.requests}
         assert again == {}, why + report.table()
+    del report
+    gc.collect()  # the drill let go of its context: its ledger's temporary folder went with it
+    assert list(tmp_path.iterdir()) == []
 
 
 def assert_cells_whole(report):
@@ -188,6 +194,22 @@ def test_every_graph_in_labs_graphs_is_drilled_through_the_ledger_and_in_its_les
     for name in graphs:
         drills = [d for d in DRILLS.values() if d.module.__name__.endswith("." + name)]
         assert any(d.ledger for d in drills) and any(d.duplicates for d in drills), name
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize("module", [ticket, classify], ids=["ticket", "classify"])
+def test_a_contexts_ledger_folder_goes_with_the_context(module, tmp_path, monkeypatch):
+    """--context labs.graphs.ticket:context (lab 11) and classify:context (lab 16) give the
+    drill a ledger in a temporary folder of its own: removed once the drill lets go of the
+    context, not left in the system's temp folder after every drill."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setenv("API_URL", "http://127.0.0.1:9")  # a client is made; nothing is sent
+    context = module.context()
+    context.ledger.counts()  # a call: the ledger's file is made (PerCall opens it per call)
+    assert [p.name.startswith("drill-ledger-") for p in tmp_path.iterdir()] == [True]
+    del context
+    gc.collect()
+    assert list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.fast
