@@ -145,7 +145,9 @@ def test_a_rolling_deploy_under_compose_loses_and_duplicates_nothing(compose):
 
 def test_lab_10_reset_leaves_nothing_while_a_run_rm_worker_is_still_attached(compose):
     """`down -v` alone leaves the one-off container and its network (`Resource is still in
-    use`): the worker service is in a profile `down` was not given. The guide's reset holds."""
+    use`): the worker service is in a profile `down` was not given. The guide's reset holds:
+    it stops the run container, which the engine then removes on its own (`run --rm` makes it
+    with HostConfig.AutoRemove), possibly just after `down` returned."""
     lab = compose
     lab("up", "-d", "--build", "api", "postgres", timeout=BUILD_TIMEOUT_S)
     lab("run", "--rm", "worker", "submit", "--thread", "a", "--operation", "a:op")
@@ -165,7 +167,9 @@ def test_lab_10_reset_leaves_nothing_while_a_run_rm_worker_is_still_attached(com
         reset = parse_guide(guide)[-1].command.split()
         assert reset[:4] == ["docker", "compose", "-p", "stateful-lab"], reset
         lab(*reset[4:], files=None)
-        assert leftovers() == {"containers": [], "networks": [], "volumes": []}
+        assert run_command(one_off).stdout.strip() == "", "the reset left the run container up"
+        nothing = {"containers": [], "networks": [], "volumes": []}
+        wait_until(lambda: leftovers() == nothing, HANG_GUARD_S, "the run container's removal")
     finally:
         waiting.kill()
         waiting.wait()
