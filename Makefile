@@ -27,7 +27,8 @@ FAST_WORKERS ?= 3  # make test-fast's: its tests are short, so each process's st
 CACHED := PYTHONDONTWRITEBYTECODE=  # the tests keep .pyc files (pytest's rewritten test modules
 #                   too) even where the environment turns them off (PYTHONDONTWRITEBYTECODE=1, as in
 #                   many images): the suite starts hundreds of Python processes and 3-4 collections;
-#                   measured test-fast 22.8-23.9 s against 29-33 s (2 cores, the second run on)
+#                   test-fast measured 25.6 s on a first run and 20.5-24.0 s after, against
+#                   28.6-33.4 s without (2 cores, quiet, 4a6305c)
 PICTURES ?= data/demo
 GUIDES ?= labs/01-the-duplicate.md labs/02-the-keyed-fix.md labs/03-a-retry-is-not-a-new-request.md
 UV := $(abspath $(PY)) -m uv pip compile --quiet --universal --python-version 3.11 --generate-hashes --no-header
