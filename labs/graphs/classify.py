@@ -39,6 +39,7 @@ from typing import TypedDict
 import effects
 import lab
 import workflow
+from labs.graphs.ticket import drill_context
 
 SEATS = 2  # what every order asks for
 
@@ -135,10 +136,7 @@ def fixed():
 def context():
     """The drill's --context: the receiver's client, and a ledger of the drill's own (a new
     temporary file), opened for each call (PerCall)."""
-    folder = tempfile.TemporaryDirectory(prefix="drill-ledger-")
-    ledger = PerCall(Path(folder.name) / "ledger.sqlite")
-    ledger.folder = folder  # removed once the drill lets go of the context (at exit at the latest)
-    return workflow.Context(workflow.Settings.from_environ(os.environ).client(), ledger)
+    return drill_context(PerCall)
 
 
 def observe(thread):

@@ -36,9 +36,15 @@ def graph_v2():
 def context():
     """The receiver's client, and a ledger of the drill's own (a new temporary file): the drill's
     crash runs are forked from one process, and each opens its own connection to it."""
+    return drill_context(effects.Ledger)
+
+
+def drill_context(make_ledger):
+    """A drill's --context: the receiver's client (API_URL), and make_ledger(path) on a new file
+    in a temporary folder, removed once the drill lets go of the context (at exit at the latest)."""
     folder = tempfile.TemporaryDirectory(prefix="drill-ledger-")
-    ledger = effects.Ledger(Path(folder.name) / "ledger.sqlite")
-    ledger.folder = folder  # removed once the drill lets go of the context (at exit at the latest)
+    ledger = make_ledger(Path(folder.name) / "ledger.sqlite")
+    ledger.folder = folder  # the folder lives as long as the ledger
     return workflow.Context(workflow.Settings.from_environ(os.environ).client(), ledger)
 
 

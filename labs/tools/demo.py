@@ -903,7 +903,7 @@ class Demo:
         self.pictures, self.guide, self.drills = pictures, "", 0
         self.projector, self.width, self.stderr = projector, width, stderr or not projector
         self.outcomes, self.operations = [], []
-        self.counts = tally([])  # what the commands told did (labs.tools.tally, count())
+        self.counts = tally([])  # what the commands it ran did (labs.tools.tally, count())
         self.folds = []  # projector mode: what was folded since the last prompt
         self.durations = []  # (guide, seconds, load): what each guide took (labs/WORKSHOP.md)
         self.commit = subprocess.run(  # the tree the demo told, as it started
