@@ -188,11 +188,11 @@ def test_a_taken_port_is_one_line_naming_it(capsys):
     assert err.count("\n") == 1 and f"port {port} is already taken" in err, err
 
 
-def start_demo(*args):
+def start_demo(*args, env=()):
     return subprocess.Popen(
         [sys.executable, "-m", "labs.tools.demo", "--backend", "local", *args],
         cwd=ROOT,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        env={**os.environ, "PYTHONUNBUFFERED": "1", **dict(env)},
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -279,6 +279,45 @@ def test_ctrl_c_stops_the_demo_and_leaves_nothing_behind(step):
         timeout=120,
     )
     assert again.returncode == 0, again.stdout + again.stderr
+
+
+DRILLING = """# Lab 99: a drill still running
+
+**What it shows.** The demo stopped while a drill runs natively.
+
+## Start
+
+```console
+$ docker compose -p stateful-lab run --rm drill effectdrill_graphs.sidebyside:build --input \
+'{"run": "{thread}"}' --observe effectdrill_graphs.sidebyside:observe
+```
+"""
+
+
+def test_ctrl_c_mid_drill_leaves_nothing_in_the_temporary_folder(tmp_path):
+    """The demo kills the command a Ctrl-C stops (local.run): a drill killed so removes none of
+    its temporary files (its checkpoints' folder, a --context's ledger). They are in the lab's
+    folder, and go with it. The drill is held in its clean run: sidebyside's gate, in every
+    process (SIDE_DRILL_PID names none), waits for a second mark that does not come."""
+    guide, side, temp = tmp_path / "99-drilling.md", tmp_path / "side", tmp_path / "temp"
+    guide.write_text(DRILLING, encoding="utf-8")
+    (side / "marks").mkdir(parents=True)
+    temp.mkdir()
+    env = {"TMPDIR": str(temp), "SIDE_DIR": str(side), "SIDE_DRILL_PID": "0"}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])
+    proc = start_demo(str(guide), env=env)
+    try:
+        read_until(proc, "python -m effectdrill")
+        wait_until(lambda: any((side / "marks").iterdir()), 60, "the drill's clean run held")
+        assert any(temp.glob("stateful-lab-*/tmp/effectdrill-*"))  # its checkpoints' folder
+        os.killpg(proc.pid, signal.SIGINT)
+        out, err = proc.communicate(timeout=STOP_DEADLINE_S)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err
+    assert err.decode() == "demo stopped; nothing left behind\n"
+    assert list(temp.iterdir()) == []
 
 
 @pytest.mark.docker
