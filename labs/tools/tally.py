@@ -11,8 +11,10 @@ prints one line, {"event": "tally", ...}, with
     acknowledged       effects the receiver created (`effect_ack`, `held_run`, the saga's
                        `charged`, `reserved` and `refunded`, the relay's `answered`: created true)
     replayed           effects the receiver answered from their key (created false)
-    settled            unknown outcomes settled by looking the key up (`reconcile` found the
-                       ticket; its `effect_ack` then says created false: not a replay)
+    settled            open effects settled: by a lookup (a resume's `effect_adopted`; lab 06's
+                       `reconcile` that found the ticket, whose `effect_ack` then says created
+                       false: not a replay; `reconciled` now confirmed or not sent) or by a
+                       person (`settled`: reconcile --confirmed or --not-sent)
 
 The core prints its events and no counters of its own: the counts are derived here, from lines
 a tool already reads. `replayed` is the workflow's view of the receiver's own counter,
@@ -27,6 +29,8 @@ from collections import Counter
 COUNTS = ("started", "resumed", "drained", "acknowledged", "replayed", "settled")
 # Events that carry the receiver's answer (created true or false): a ticket's, a woken worker's,
 # the saga's charge, reservation and refund (lab 13), the relay's delivery (lab 19)
+# What `reconcile` says it made of an open effect when that settled it (effects.reconcile_one)
+SETTLED_BY_RECONCILE = ("confirmed", "not sent")
 ANSWERS = ("effect_ack", "held_run", "charged", "reserved", "refunded", "answered")
 
 
@@ -55,6 +59,10 @@ def tally(events):
             counts["drained"] += 1
         elif kind == "reconcile":
             adopted = bool(event.get("found"))
+        elif kind in ("effect_adopted", "settled") or (
+            kind == "reconciled" and event.get("now") in SETTLED_BY_RECONCILE
+        ):
+            counts["settled"] += 1
         elif kind in ANSWERS and "created" in event:
             if event["created"]:
                 counts["acknowledged"] += 1

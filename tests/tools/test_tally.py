@@ -11,6 +11,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from labs.tools.backends import LocalBackend
 from labs.tools.local import ROOT
 from labs.tools.runner import parse_guide
+from labs.tools.tally import events_in, tally
 
 LAB06 = ROOT / "labs" / "06-the-lost-acknowledgement.md"
 LAB02 = ROOT / "labs" / "02-the-keyed-fix.md"
@@ -92,3 +93,15 @@ def test_stdin_skips_what_is_not_an_event_and_a_missing_file_is_one_line(tmp_pat
     )
     assert missing.returncode == 2 and missing.stdout == ""
     assert missing.stderr.count("\n") == 1 and "cannot read" in missing.stderr
+
+
+def test_lab15s_adoptions_and_reconciles_are_settled():
+    """Lab 15 as its guide prints it (the guide tests run those lines for real): a resume
+    adopted ticket 1 by its lookup, a person confirmed a message, reconcile adopted two payments.
+    Four settled; none of them is a replay."""
+    guide = ROOT / "labs" / "15-the-ledger.md"
+    steps = parse_guide(guide.read_text(encoding="utf-8"))
+    lines = [line for step in steps for line in step.expected]
+    counts = tally(events_in(lines))
+    assert counts["settled"] == 4, counts
+    assert counts["replayed"] == 0, counts
