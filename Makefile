@@ -33,7 +33,12 @@ PICTURES ?= data/demo
 GUIDES ?= labs/01-the-duplicate.md labs/02-the-keyed-fix.md labs/03-a-retry-is-not-a-new-request.md
 UV := $(abspath $(PY)) -m uv pip compile --quiet --universal --python-version 3.11 --generate-hashes --no-header
 
-.PHONY: demo reset test test-fast lint bench bench-workers bench-docker drill drill-oldest chaos scale-chaos starter lock clean
+.PHONY: help demo reset test test-fast lint bench bench-workers bench-docker drill drill-oldest chaos scale-chaos starter lock clean
+
+help:  ## this list (a bare `make` prints it too)
+	@awk -F':.*## ' '/^[a-z][a-z-]*:.*## / { printf "  make %-14s %s\n", $$1, $$2 }' $(MAKEFILE_LIST)
+
+.DEFAULT_GOAL := help
 
 $(VENV)/.installed: requirements.txt requirements-dev.txt
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' \
@@ -68,7 +73,7 @@ test: $(VENV)/.installed lint  ## the whole suite; the Docker tier runs when an 
 test-fast: $(VENV)/.installed  ## the inner loop: tests marked fast (no Docker, no Postgres)
 	$(CACHED) LAB_PROPERTY_SCALE=0.25 $(PY) -m pytest -n $(FAST_WORKERS) -m "fast and not long" -q -p no:schemathesis -p no:anyio
 
-lint: $(VENV)/.installed
+lint: $(VENV)/.installed  ## ruff check and ruff format --check (make test runs it first)
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 

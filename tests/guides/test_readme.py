@@ -258,6 +258,15 @@ def test_every_make_target_is_in_the_readme_and_every_documented_one_exists():
     assert documented <= set(targets), documented - set(targets)
 
 
+def test_a_bare_make_lists_every_target_with_what_it_does():
+    """`make` alone (and `make help`) prints one line per public target: no venv is made."""
+    for argv in (["make"], ["make", "help"]):
+        shown = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=60)
+        assert shown.returncode == 0 and shown.stderr == "", shown.stderr
+        listed = re.findall(r"^  make ([a-z][a-z-]*) +\S", shown.stdout, re.M)
+        assert sorted(listed) == sorted(makefile_targets()), shown.stdout
+
+
 def test_every_labs_tool_is_in_the_readme():
     modules = sorted(p for p in (ROOT / "labs" / "tools").glob("*.py") if p.stem != "__init__")
     for module in modules:
