@@ -383,6 +383,13 @@ def run_until_stopped(checkpoint_db, client, poll_s):
                         back = f"CHECKPOINT_DB is back after {time.monotonic() - lost:.1f} s"
                         print(f"relay.py: {back}", file=sys.stderr, flush=True)
                         lost, delay = None, RECONNECT_FIRST_S
+                    if not began:  # a loop that prints nothing until work comes: say so
+                        print(
+                            f"relay.py: delivering the outbox every {poll_s:g} s until Ctrl-C "
+                            "or SIGTERM (--once delivers what is pending, then exits)",
+                            file=sys.stderr,
+                            flush=True,
+                        )
                     began = True
                     serve(outbox, client, poll_s, stopping)
             except UserError as error:  # opened(): Postgres is away (or was, mid-round)

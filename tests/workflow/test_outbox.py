@@ -297,6 +297,11 @@ def test_the_relay_service_delivers_until_sigterm_and_waits_out_a_receiver_gone(
     assert [t["key"] for t in tickets(receiver)] == ["m-gone", "m-up"]
     assert [m["state"] for m in shown(env)] == ["published", "published"]
     assert ("CHECKPOINT_DB is back after" in err.read_text()) is postgres
+    # issue 49: without --once it said nothing until a message came; its first line says what
+    assert err.read_text().splitlines()[0] == (
+        "relay.py: delivering the outbox every 0.05 s until Ctrl-C or SIGTERM "
+        "(--once delivers what is pending, then exits)"
+    )
 
 
 # helpers
