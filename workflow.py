@@ -263,7 +263,7 @@ class Settings(plumbing.Settings):
 
 def build_parser(prog="workflow.py"):
     """The CLI's parser; parser.actions holds its subcommands, for a caller to extend."""
-    parser = Parser(prog=prog, description=__doc__.split("\n")[0])
+    parser = Parser(prog=prog, description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.set_defaults(prog=prog, graph_command=False, resume="resume", unkeyed=lambda _: False)
     parser.set_defaults(effects=effects.declared(globals()))  # what reconcile can look up
     parser.actions = parser.add_subparsers(dest="action", required=True, parser_class=type(parser))

@@ -569,3 +569,15 @@ def test_a_forked_command_that_hangs_is_killed_at_its_timeout(lab, tmp_path):
     env = {**lab, "FAILPOINTS": f"after-prepare=pause({held})"}
     with pytest.raises(subprocess.TimeoutExpired):
         run_workflow_forked(["start", "--crash", "--thread", "h"], env, timeout=1)
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize("script", ["lab.py", "workflow.py", "worker.py", "relay.py"])
+def test_help_says_what_the_program_is_in_whole_sentences(script):
+    """Issue 49: lab.py --help cut its description mid-sentence ("... as long as the")."""
+    shown = subprocess.run(
+        [sys.executable, script, "--help"], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert shown.returncode == 0, shown.stderr
+    description = " ".join(shown.stdout.split("\n\n")[1].split())
+    assert description.endswith((".", ".)")), description
