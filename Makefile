@@ -1,5 +1,6 @@
 # Thin wrappers: each target bootstraps .venv from the hashed lock files, then runs one script.
 # Variables: BACKEND=auto|local|docker  STEP=1  RUNS=30  JSON=1  PYTHON=python3 (3.11+)
+#            PROJECT=name (demo through Docker: its Compose project, stateful-lab-demo by default)
 #            SEED=N (chaos: the seed a chaos run printed, to draw the same kill offsets)
 #            WORKERS=3  OPERATIONS=60  MODE=safe|naive (scale-chaos; chaos also node-uuid)
 # Recipes are silent (@) and the bootstrap talks on stderr, so `make drill JSON=1 | jq .` and
@@ -60,7 +61,8 @@ $(DRILL_OLDEST)/.installed: requirements-drill-oldest.txt
 drill-oldest: $(DRILL_OLDEST)/.installed  ## the oldest LangGraph effectdrill supports, in a second venv (tests/effectdrill/test_versions.py)
 
 demo: $(VENV)/.installed  ## labs 01-03 told to a room (STEP=1 waits for Enter before each command)
-	@exec $(PY) -m labs.tools.demo --backend $(BACKEND) $(if $(STEP),--step) --pictures $(PICTURES) $(GUIDES)
+	@exec $(PY) -m labs.tools.demo --backend $(BACKEND) $(if $(STEP),--step) --pictures $(PICTURES) \
+		$(if $(PROJECT),--project $(PROJECT)) $(GUIDES)
 #	exec: make is the demo's parent, so on Ctrl-C make dies of the SIGINT after the demo's one line
 #	(status 130, no "Error 130": labs/tools/demo.py, MakeParent)
 

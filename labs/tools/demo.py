@@ -32,6 +32,7 @@ the Ctrl-C too and dies of it once the demo has cleaned up, so the shell sees 13
 make adds no "Error 130" (MakeParent).
 """
 
+import argparse
 import contextlib
 import io
 import itertools
@@ -51,7 +52,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import lab
-from labs.tools.backends import LabError, LocalBackend, choose_backend, parse_command
+from labs.tools.backends import (
+    LEARNER_PROJECT,
+    LabError,
+    LocalBackend,
+    choose_backend,
+    parse_command,
+)
 from labs.tools.local import ROOT
 from labs.tools.runner import LIFECYCLE, TERMINAL_CODES, Step, parse_block, run_step
 from labs.tools.tally import events_in, summary, tally
@@ -62,6 +69,7 @@ GUIDES = [
     for name in ("01-the-duplicate.md", "02-the-keyed-fix.md", "03-a-retry-is-not-a-new-request.md")
 ]
 DOCKER_PROJECT = "stateful-lab-demo"
+COMPOSE_PROJECT = re.compile(r"[a-z0-9][a-z0-9_-]*")  # Compose v2's project name rule
 IMAGE_GROUP = 10001  # the image's group, lab (Dockerfile: groupadd --gid 10001 lab)
 EXIT_OK, EXIT_DIFFERS, EXIT_USAGE, EXIT_NO_LAB, EXIT_STOPPED = 0, 1, 2, 3, 130
 WIDTH = 92
@@ -371,12 +379,14 @@ def row_groups(rows):
 
 class Running:
     """A live `running... N s` line under a command that takes more than a couple of seconds
-    (a terminal only), erased when it ends."""
+    (a terminal only), erased when it ends; `building the image... N s` from the first second
+    while Compose builds (a minute on a cold engine)."""
 
     AFTER_S = 2
 
-    def __init__(self, enabled):
+    def __init__(self, enabled, doing="running", after_s=AFTER_S):
         self.enabled, self.stop = enabled, threading.Event()
+        self.doing, self.after_s = doing, after_s
 
     def __enter__(self):
         if self.enabled:
@@ -389,8 +399,8 @@ class Running:
         shown = False
         while not self.stop.wait(1):
             elapsed = time.monotonic() - self.began
-            if elapsed >= self.AFTER_S:
-                print(f"\r  running... {elapsed:.0f} s", end="", flush=True)
+            if elapsed >= self.after_s:
+                print(f"\r  {self.doing}... {elapsed:.0f} s", end="", flush=True)
                 shown = True
         if shown:
             print("\r\033[K", end="", flush=True)
@@ -997,7 +1007,8 @@ class Demo:
         effect = ledger.operation(step.command)
         verb = parse_command(step.command).verb
         building = verb == "up" and self.backend.name == "docker"
-        if building:
+        live = self.projector and self.style.enabled  # a terminal: a live counter
+        if building and not live:
             print(s.dim("  building the image..."), end="", flush=True)
         began = time.monotonic()
         report = self.report_path(step)
@@ -1006,10 +1017,12 @@ class Demo:
             step = Step(
                 f"{step.command} --html {shlex.quote(str(written))}", step.expected, step.exit_code
             )
-        with Running(self.projector and self.style.enabled and not building), keys_unseen():
+        doing = "building the image" if building else "running"
+        with Running(live, doing, 0 if building else Running.AFTER_S), keys_unseen():
             result = outcome = run_step(step, self.backend)
         if building:
-            print(s.dim(f" {time.monotonic() - began:.1f} s"))
+            took = f"{time.monotonic() - began:.1f} s"
+            print(s.dim(f"  building the image... {took}" if live else f" {took}"))
         self.outcomes.append(outcome)
         lifecycle = verb in LIFECYCLE  # Compose's own output (build steps, progress): not the story
         #                                 (`logs api` is: the receiver's side, lab 02's `replayed`)
@@ -1465,13 +1478,34 @@ def introduce(backend, why, projector=False, width=WIDTH):
     print(line)
 
 
+def demo_project(name):
+    """--project: a name Compose takes (its rule, checked against `docker compose -p`), and never
+    the learner's own project, which the demo's first `down -v` would empty."""
+    if not COMPOSE_PROJECT.fullmatch(name):
+        raise argparse.ArgumentTypeError(
+            f"{name!r} is not a Compose project name: lowercase letters, digits, - and _, "
+            "starting with a letter or a digit"
+        )
+    if name == LEARNER_PROJECT:
+        raise argparse.ArgumentTypeError(
+            f"{name!r} is your own lab's project: the demo runs in one of its own "
+            f"(default {DOCKER_PROJECT}), and would empty yours"
+        )
+    return name
+
+
 def main(argv=None):
     parser = Parser(prog="python -m labs.tools.demo", description="Tell the lab guides to a room.")
     parser.add_argument("guides", nargs="*", type=Path, default=GUIDES)
     parser.add_argument("--backend", choices=("auto", "local", "docker"), default="auto")
     parser.add_argument("--step", action="store_true", help="wait for Enter before each command")
     parser.add_argument("--port", type=int, help="local backend: this port (default: a free one)")
-    parser.add_argument("--project", default=DOCKER_PROJECT, help="docker backend: the project")
+    parser.add_argument(
+        "--project",
+        default=DOCKER_PROJECT,
+        type=demo_project,
+        help="docker backend: the Compose project (two instructors on one engine: one each)",
+    )
     screen = parser.add_mutually_exclusive_group()
     screen.add_argument(
         "--projector",

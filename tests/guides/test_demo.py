@@ -320,6 +320,40 @@ def test_ctrl_c_mid_drill_leaves_nothing_in_the_temporary_folder(tmp_path):
     assert list(temp.iterdir()) == []
 
 
+@pytest.mark.fast
+@pytest.mark.parametrize(
+    "project, words",
+    [
+        ("stateful-lab", "'stateful-lab' is your own lab's project"),
+        ("Class_A", "'Class_A' is not a Compose project name"),
+    ],
+)
+def test_make_demo_project_names_a_project_of_its_own_and_never_the_learners(project, words):
+    """Issue 49: two instructors on one engine shared stateful-lab-demo; PROJECT=... names one.
+    The learner's own project is refused before anything runs: the demo starts with `down -v`."""
+    make = [
+        "make", "-o", ".venv/.installed", f"PY={sys.executable}", "demo", "BACKEND=docker",
+        f"PROJECT={project}", f"GUIDES={LAB01}",
+    ]  # fmt: skip
+    done = subprocess.run(make, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and done.stdout == "", done.stdout
+    line, *makes = done.stderr.splitlines()  # the demo's one line, then make's own
+    assert line.startswith("python -m labs.tools.demo: argument --project: " + words), line
+    assert [m for m in makes if not m.startswith("make: ")] == [], done.stderr
+
+
+@pytest.mark.fast
+def test_an_image_build_counts_its_seconds_from_the_first_on_a_terminal():
+    """Issue 49: "building the image..." stood still for 54 s. On a terminal the build's line
+    counts from its first second (a command's `running...` waits two), and is erased after."""
+    shown = io.StringIO()
+    with contextlib.redirect_stdout(shown):
+        with demo.Running(True, "building the image", 0):
+            wait_until(lambda: "building the image... 1 s" in shown.getvalue(), 10, "a count")
+    assert shown.getvalue().startswith("\r  building the image... ")
+    assert shown.getvalue().endswith("\r\x1b[K")  # erased: the demo prints the total after it
+
+
 @pytest.mark.docker
 def test_the_docker_demo_runs_in_its_own_project_and_leaves_nothing(capsys):
     from labs.tools.local import run
