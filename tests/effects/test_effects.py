@@ -456,3 +456,22 @@ def test_a_persons_not_sent_waits_out_the_settle_time_where_a_lookup_exists(tmp_
     finally:
         provider.shutdown()
         provider.server_close()
+
+
+@pytest.mark.fast
+def test_lab_15_names_every_table_the_ledger_makes(tmp_path):
+    """REVIEW F: lab 15 said three tables; the ledger makes four (effect_extras too)."""
+    import sqlite3
+
+    from labs.tools.local import ROOT
+
+    db = tmp_path / "ledger.sqlite"
+    with effects.open_ledger(str(db)) as ledger:
+        ledger.claim("k", "ticket", {"title": "t"})  # the ledger at work: every table there
+    with sqlite3.connect(db) as conn:
+        made = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    guide = (ROOT / "labs" / "15-the-ledger.md").read_text(encoding="utf-8")
+    (said,) = re.findall(r"The ledger's (\w+) tables \(([^)]*)\)", guide)
+    named = set(re.findall(r"`(\w+)`", said[1]))
+    assert named == made, (named, made)
+    assert said[0] == {3: "three", 4: "four"}.get(len(made)), said[0]
