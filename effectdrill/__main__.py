@@ -10,26 +10,32 @@ clean run was flagged: a node re-run after an interrupt repeated an effect, or -
 differs; or a resume failed), 2 for a usage mistake (one line on stderr), 130 on Ctrl-C.
 """
 
-import argparse
-import importlib
 import json
-import os
-import re
 import shlex
 import sys
-import threading
 
-from effectdrill import html
-from effectdrill.core import DURABILITIES, DrillError, drill, require_posix
-
-EXIT_CLEAN, EXIT_FOUND, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+from effectdrill import html, replay
+from effectdrill.api import DURABILITIES, drill
+from effectdrill.cli import (
+    EXIT_CLEAN,
+    EXIT_FOUND,
+    EXIT_INTERRUPTED,
+    EXIT_USAGE,
+    Parser,
+    answers,
+    end_if_stranded,
+    load,
+    make_context,
+    parse_json,
+    positive,
+    store_spec,
+)
+from effectdrill.errors import DrillError, require_posix
 
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["replay"]:  # never a MODULE:GRAPH: that has a colon
-        from effectdrill import replay
-
         return replay.main(argv[1:])
     try:
         args = build_parser().parse_args(argv)
@@ -72,16 +78,6 @@ def main(argv=None):
     else:
         print(report.table())
     return EXIT_CLEAN if report.ok else EXIT_FOUND
-
-
-# helpers
-
-
-class Parser(argparse.ArgumentParser):
-    def error(self, message):  # one line, not a usage dump
-        if message.startswith("unrecognized arguments: ") and "}" in message:  # split JSON
-            message += '; quote a JSON value for the shell: --input \'{"thread": "{thread}"}\''
-        self.exit(EXIT_USAGE, f"effectdrill: {message} (see --help)\n")
 
 
 def build_parser():
@@ -131,94 +127,6 @@ def build_parser():
         help="also write the report as one self-contained HTML file (to attach to a pull request)",
     )
     return parser
-
-
-def positive(text):
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a whole number of 1 or more: {text!r}")
-    return value
-
-
-def load(name, what):
-    module_name, _, attribute = name.partition(":")
-    if not module_name or not attribute:
-        raise DrillError(f"{what} must be MODULE:NAME, not {name!r}")
-    if "" not in sys.path and "." not in sys.path:
-        sys.path.insert(0, "")  # the current folder, as `python -m` does
-    try:
-        module = importlib.import_module(module_name)
-    except Exception as error:
-        raise DrillError(f"cannot import {module_name}: {type(error).__name__}: {error}") from None
-    try:
-        value = module
-        for part in attribute.split("."):
-            value = getattr(value, part)
-    except AttributeError:
-        raise DrillError(f"{module_name} has no {attribute}") from None
-    return value
-
-
-def make_context(name):
-    factory = load(name, "--context")
-    if not callable(factory):
-        raise DrillError(f"--context {name} is not callable (a function returning the context)")
-    try:
-        return factory()
-    except Exception as error:
-        raise DrillError(f"--context {name} raised {type(error).__name__}: {error}") from None
-
-
-def store_spec(text):
-    if text == "sqlite":
-        return text
-    factory = load(text, "--store")
-    if not callable(factory):
-        raise DrillError(f"--store {text} is not callable (a function returning a store)")
-    return factory
-
-
-def answers(text):
-    """--resume-with: a JSON value, else MODULE:FUNC (a function of the interrupts)."""
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError:
-        if not re.fullmatch(r"[\w.]+:[\w.]+", text):
-            raise DrillError(
-                f"--resume-with is neither JSON nor MODULE:FUNC: {text!r} (a JSON string needs "
-                "its quotes: '\"ok\"')"
-            ) from None
-    function = load(text, "--resume-with")
-    if not callable(function):
-        raise DrillError(f"--resume-with {text} is not callable (a function of the interrupts)")
-    return function
-
-
-def end_if_stranded(code):
-    """After a Ctrl-C: end the process at once, with code, if a thread is left that nothing
-    will stop. A KeyboardInterrupt that lands in ThreadPoolExecutor._adjust_thread_count
-    (concurrent/futures/thread.py) between a worker's start() and its entry in _threads_queues
-    leaves that worker waiting for work forever, and the interpreter's exit joins it forever
-    (seen with LangGraph's BackgroundExecutor, langgraph/pregel/_executor.py, which submits to
-    langchain_core's ContextThreadPoolExecutor: about one Ctrl-C in 30 on a busy machine). The
-    same function is plumbing.end_if_stranded: the drill stands alone, importing no file of
-    yours. Without such a thread (nothing else non-daemon runs here once the drill returned) it
-    returns."""
-    main = threading.main_thread()
-    if any(t is not main and not t.daemon and t.is_alive() for t in threading.enumerate()):
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
-
-
-def parse_json(text, option):
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as error:
-        raise DrillError(f"{option} is not valid JSON: {error}") from None
 
 
 if __name__ == "__main__":

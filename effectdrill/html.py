@@ -1,7 +1,7 @@
-"""The drill's report as one HTML file (`--html PATH`): a page people open, or CI keeps.
+"""The drill's report as one HTML file (`--html PATH`): a page people open, or a build keeps.
 
 One self-contained file: the styles are inline, there is no script, no font and no image, so
-it opens the same from a CI artifact, a mail attachment or a disk with no network. A header
+it opens the same from a build's artifact, a mail attachment or a disk with no network. A header
 names the graph, the command and the LangGraph version; then the counts, the clean run, a
 legend and one matrix per durability mode, each row coloured by its verdict with the verdict
 word in the cell (colour is never the only sign), what the database held at the kill and what
@@ -153,7 +153,7 @@ def legend():
 
 
 def matrix(report, mode):
-    from effectdrill.core import counts_cell, distinct, plural, ran_cell, verdict_cell
+    from effectdrill.report import counts_cell, distinct, plural, ran_cell, verdict_cell
 
     rows = [row for row in report.rows if row.durability == mode]
     clean = report.clean[mode]

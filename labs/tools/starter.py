@@ -28,9 +28,20 @@ CORE = (  # copied unchanged; effectdrill without its pytest plugin (the starter
     "workflow.py",
     "effectdrill/__init__.py",
     "effectdrill/__main__.py",
-    "effectdrill/core.py",
+    "effectdrill/api.py",
+    "effectdrill/cli.py",
+    "effectdrill/errors.py",
+    "effectdrill/html.py",
+    "effectdrill/introspect.py",
+    "effectdrill/kill.py",
     "effectdrill/outbound.py",
+    "effectdrill/plan.py",
+    "effectdrill/processes.py",
     "effectdrill/replay.py",
+    "effectdrill/report.py",
+    "effectdrill/runs.py",
+    "effectdrill/savers.py",
+    "effectdrill/trace.py",
 )
 OWN = ROOT / "labs" / "tools" / "starter"  # the starter's own files, copied as they are
 EXIT_USAGE = 2

@@ -89,7 +89,10 @@ def test_sync_reports_each_unkeyed_effect_where_it_happened_and_its_node_was_not
 
 def test_a_kill_before_the_first_checkpoint_leaves_no_next_node_but_a_task(orders_db, tmp_path):
     """Why the drill resumes on get_state().tasks, not .next (effectdrill/README.md)."""
-    from effectdrill.core import CrashState, Killer, Plan, Sqlite
+    from effectdrill.kill import Killer
+    from effectdrill.plan import CrashState
+    from effectdrill.runs import Plan
+    from effectdrill.savers import Sqlite
 
     db = Sqlite(str(tmp_path / "checkpoints.sqlite"))
     db.check()  # makes the tables, as drill() does first
@@ -499,17 +502,17 @@ def test_ctrl_c_exits_130_and_reaps_the_child(tmp_path, temp_root):
     script = (
         "import effectdrill.__main__ as m, sys, threading, time\n"
         "from effectdrill_graphs import orders\n"
-        "import effectdrill.core as d\n"
+        "import effectdrill.api as api, effectdrill.runs as d\n"
         "ready = open(sys.argv[1], 'w')\n"
         "real = d.Plan.fork_child\n"
         "def fork_child(self, *a):\n"
         "    ready.write('forking'); ready.flush()\n"
         "    return real(self, *a)\n"
-        "crash_all = d.crash_all\n"
+        "crash_all = api.crash_all\n"
         "def stranding(*a):  # in the drill's own process\n"
         "    threading.Thread(target=threading.Event().wait, name='stranded').start()\n"
         "    return crash_all(*a)\n"
-        "d.crash_all = stranding\n"
+        "api.crash_all = stranding\n"
         "d.Plan.fork_child = fork_child\n"
         "sys.exit(m.main(sys.argv[2:]))\n"
     )

@@ -177,7 +177,7 @@ def test_the_drill_over_every_lab_graph_finds_exactly_the_lessons_duplicates(
 def assert_cells_whole(report):
     """The table wraps a cell at spaces only: each word of a row's point, saved and ran cells
     is a word of the table (lab 20's approval/review_and_send broke on a continuation line)."""
-    from effectdrill.core import ran_cell
+    from effectdrill.report import ran_cell
 
     words = set(report.table().split())
     for row in report.rows:
