@@ -12,7 +12,7 @@ from contextlib import contextmanager, nullcontext, redirect_stdout
 from dataclasses import dataclass
 
 from effectdrill.errors import DrillError, one_line, task_error
-from effectdrill.introspect import needs_async, uses_store
+from effectdrill.introspect import needs_async, probe, uses_store
 from effectdrill.kill import CHILD_FAILED, CHILD_UNREACHED, HOLD_DEADLINE_S
 from effectdrill.plan import CleanRun, Recorder, describe_saved, name_calls, task_label
 from effectdrill.processes import GAVE_UP, NOT_REACHED, UNREACHED, Child
@@ -308,7 +308,7 @@ class Plan:
         """What to do about a clean run that failed, where the drill can tell."""
         if (
             self.stores is None
-            and getattr(self.graph, "store", None) is None
+            and probe(self.graph, "store") is None
             and isinstance(error, AttributeError | TypeError | KeyError)
             and uses_store(self.graph)
         ):
@@ -319,10 +319,10 @@ class Plan:
             )
         if (
             self.context is None
-            and getattr(self.graph, "context_schema", None) is not None
+            and probe(self.graph, "context_schema") is not None
             and isinstance(error, AttributeError | TypeError | KeyError)
         ):
-            name = getattr(self.graph.context_schema, "__name__", "a context")
+            name = probe(self.graph.context_schema, "__name__", "a context")
             return (
                 f" (the graph takes a runtime context, {name}: give it with --context "
                 "MODULE:FUNC, or context= in the library)"
