@@ -7,9 +7,12 @@ under the graph as it is now (effectdrill/replay.py).
 Prints a table per durability mode and a summary line (--json: one JSON object per crash point,
 then a summary object). Exit 0 when no effect repeated or went missing, 1 when one did (or the
 clean run was flagged: a node re-run after an interrupt repeated an effect, or --expect's count
-differs; or a resume failed), 2 for a usage mistake (one line on stderr), 130 on Ctrl-C.
+differs; or a resume failed), 2 for a usage mistake (one line on stderr), 3 when the graph
+failed on its own, 4 for a bug in effectdrill (each one line, the traceback in a file), 130 on
+Ctrl-C (effectdrill/cli.py's EXIT_CODES, shown by --help).
 """
 
+import argparse
 import json
 import shlex
 import sys
@@ -18,22 +21,27 @@ from effectdrill import html, replay
 from effectdrill.api import DURABILITIES, drill
 from effectdrill.cli import (
     EXIT_CLEAN,
+    EXIT_CODES,
+    EXIT_DRILL_BUG,
     EXIT_FOUND,
+    EXIT_GRAPH_FAILED,
     EXIT_INTERRUPTED,
     EXIT_USAGE,
     Parser,
     answers,
     end_if_stranded,
+    keep_log,
     load,
     make_context,
     parse_json,
     positive,
     store_spec,
 )
-from effectdrill.errors import DrillError, require_posix
+from effectdrill.errors import DrillError, GraphFailed, one_line, require_posix, traceback_of
 
 
 def main(argv=None):
+    """The command: its exit code (EXIT_* in effectdrill/cli.py, listed in --help)."""
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["replay"]:  # never a MODULE:GRAPH: that has a colon
         return replay.main(argv[1:])
@@ -42,35 +50,46 @@ def main(argv=None):
     except SystemExit as stop:  # --help (0) or a usage mistake (2), already printed
         return stop.code
     try:
-        require_posix()  # before importing the user's modules
-        if args.html is not None and (refused := html.refuse_foreign(args.html)):
-            raise DrillError(refused)  # before the drill: a file not ours is never written
-        report = drill(
-            load(args.graph, "MODULE:GRAPH"),
-            parse_json(args.input, "--input"),
-            "http" if args.observe == "http" else load(args.observe, "--observe"),
-            durability=args.durability,
-            repeat=args.repeat,
-            resume_with=None if args.resume_with is None else answers(args.resume_with),
-            context=None if args.context is None else make_context(args.context),
-            checkpoint_db=args.checkpoint_db,
-            expect=None if args.expect is None else parse_json(args.expect, "--expect"),
-            http_ignore=args.http_ignore,
-            store=None if args.store is None else store_spec(args.store),
-        )
+        return drill_and_report(args, argv)
+    except GraphFailed as error:  # the graph's own failure: one line, its traceback kept
+        path = keep_log("effectdrill-graph-failed-", error.details)
+        say(f"{error} (its traceback: {path})")
+        return EXIT_GRAPH_FAILED
     except DrillError as error:
-        print(f"effectdrill: {error}", file=sys.stderr)
+        say(str(error))
         return EXIT_USAGE
     except KeyboardInterrupt:
-        print("effectdrill: interrupted", file=sys.stderr)
+        say("interrupted")
         end_if_stranded(EXIT_INTERRUPTED)
         return EXIT_INTERRUPTED
+    except Exception as error:  # the drill's own: never a traceback on the terminal
+        path = keep_log("effectdrill-bug-", traceback_of(error))
+        say(f"a bug in effectdrill: {one_line(error)} (the traceback: {path}; please report it)")
+        return EXIT_DRILL_BUG
+
+
+def drill_and_report(args, argv):
+    require_posix()  # before importing the user's modules
+    if args.html is not None and (refused := html.refuse_foreign(args.html)):
+        raise DrillError(refused)  # before the drill: a file not ours is never written
+    report = drill(
+        load(args.graph, "MODULE:GRAPH"),
+        parse_json(args.input, "--input"),
+        "http" if args.observe == "http" else load(args.observe, "--observe"),
+        durability=args.durability,
+        repeat=args.repeat,
+        resume_with=None if args.resume_with is None else answers(args.resume_with),
+        context=None if args.context is None else make_context(args.context),
+        checkpoint_db=args.checkpoint_db,
+        expect=None if args.expect is None else parse_json(args.expect, "--expect"),
+        http_ignore=args.http_ignore,
+        store=None if args.store is None else store_spec(args.store),
+    )
     if args.html is not None:
         try:
             html.write(report, args.html, args.graph, shlex.join(["effectdrill", *argv]))
         except OSError as error:
-            print(f"effectdrill: cannot write --html {args.html}: {error}", file=sys.stderr)
-            return EXIT_USAGE
+            raise DrillError(f"cannot write --html {args.html}: {error}") from None
     if args.json:
         for row in report.rows:
             print(json.dumps(row.as_json()))
@@ -80,11 +99,17 @@ def main(argv=None):
     return EXIT_CLEAN if report.ok else EXIT_FOUND
 
 
+def say(line):
+    print(f"effectdrill: {line}", file=sys.stderr)
+
+
 def build_parser():
     parser = Parser(
         prog="effectdrill",
         description="Kill a LangGraph graph just before each saver call of a clean run, resume "
         "it, and report the effects that repeated or went missing.",
+        epilog=EXIT_CODES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("graph", help="MODULE:NAME of a compiled graph or a function returning one")
     parser.add_argument("--input", required=True, help="the run's input as JSON ({thread} = id)")

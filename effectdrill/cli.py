@@ -7,11 +7,23 @@ import json
 import os
 import re
 import sys
+import tempfile
 import threading
 
 from effectdrill.errors import DrillError
 
 EXIT_CLEAN, EXIT_FOUND, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+EXIT_GRAPH_FAILED = 3  # the graph raised on its own (its clean run): not the drill's finding
+EXIT_DRILL_BUG = 4  # the drill itself failed: a bug in effectdrill
+EXIT_CODES = """exit codes:
+  0    nothing repeated or went missing
+  1    an effect repeated or went missing (or the clean run repeated one, a resume failed,
+       a request went out again that the observer did not count)
+  2    a usage mistake (one line on stderr)
+  3    the graph failed on its own, in its clean run or a crash run before its point
+       (one line; its traceback in a file)
+  4    a bug in effectdrill (one line; the traceback in a file)
+  130  interrupted (Ctrl-C)"""
 
 
 class Parser(argparse.ArgumentParser):
@@ -83,6 +95,15 @@ def answers(text):
     if not callable(function):
         raise DrillError(f"--resume-with {text} is not callable (a function of the interrupts)")
     return function
+
+
+def keep_log(prefix, text):
+    """Write text to a new file of the temporary folder (made by us: never an existing file,
+    never through a link) and return its path."""
+    fd, path = tempfile.mkstemp(prefix=prefix, suffix=".log")
+    with os.fdopen(fd, "w", encoding="utf-8", errors="replace") as log:
+        log.write(text)
+    return path
 
 
 def end_if_stranded(code):

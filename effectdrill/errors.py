@@ -1,11 +1,26 @@
-"""The drill's one error (a usage mistake, said in one line) and how it words an exception."""
+"""The drill's errors (a usage mistake; the graph failing on its own), each said in one line,
+and how the drill words an exception."""
 
 import os
 import re
+import traceback
 
 
 class DrillError(Exception):
     """The graph, its input, observer or database cannot be drilled: the message is one line."""
+
+
+class GraphFailed(DrillError):
+    """The graph raised on its own, in a run the drill did not crash (its clean run, or a
+    crash run before its point): the message is one line, `details` the traceback."""
+
+    def __init__(self, message, details=""):
+        super().__init__(message)
+        self.details = details
+
+
+def traceback_of(error):
+    return "".join(traceback.format_exception(error))
 
 
 def task_error(error):

@@ -12,7 +12,7 @@ import time
 from collections import deque
 from contextlib import contextmanager
 
-from effectdrill.errors import DrillError, task_error
+from effectdrill.errors import DrillError, GraphFailed, task_error
 from effectdrill.kill import CHILD_FAILED, CHILD_GAVE_UP, CHILD_UNREACHED, Killer
 
 CHILDREN_AT_ONCE = 2  # crash children the warm parent keeps running side by side
@@ -194,7 +194,8 @@ def judge_child(status, message, where):
         return GAVE_UP  # the same, seen only by the deadline (an async graph, say)
     if os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0:
         return False  # the run ended without that call (async saves vary)
-    raise DrillError(f"the graph failed in the crash run at {where}: {message}")
+    line, _, details = message.partition("\n")
+    raise GraphFailed(f"the graph failed in the crash run at {where}: {line}", details)
 
 
 def wait_child(pid, pipe):

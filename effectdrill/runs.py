@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from contextlib import contextmanager, nullcontext, redirect_stdout
 from dataclasses import dataclass
 
-from effectdrill.errors import DrillError, one_line, task_error
+from effectdrill.errors import DrillError, GraphFailed, one_line, task_error, traceback_of
 from effectdrill.introspect import needs_async, probe, uses_store
 from effectdrill.kill import CHILD_FAILED, CHILD_UNREACHED, HOLD_DEADLINE_S
 from effectdrill.plan import CleanRun, Recorder, describe_saved, name_calls, task_label
@@ -51,8 +51,9 @@ class Plan:
         except DrillError:
             raise
         except Exception as error:
-            raise DrillError(
-                f"the graph failed in its clean run: {task_error(error)}{self.hint(error)}"
+            raise GraphFailed(
+                f"the graph failed in its clean run: {task_error(error)}{self.hint(error)}",
+                traceback_of(error),
             ) from None
         name_calls(recorder.calls, trace.names)
         return CleanRun(self.counts(thread), recorder.calls, trace.reruns(), thread)
@@ -139,7 +140,8 @@ class Plan:
                 self.run(db, killer, thread, mode, fresh=True)
                 code = CHILD_UNREACHED if killer.holding else 0
             except BaseException as error:
-                os.write(write_end, task_error(error).encode()[:4000])
+                failed = f"{task_error(error)}\n{traceback_of(error)}"  # a line, then details
+                os.write(write_end, failed.encode()[:20000])
                 code = CHILD_FAILED
             finally:
                 os._exit(code)

@@ -338,17 +338,6 @@ BAD_INPUTS = {
     "no attribute": ([f"{GRAPHS}.broken:nothing"], f"{GRAPHS}.broken has no nothing"),
     "not a graph": ([f"{GRAPHS}.broken:NOT_A_GRAPH"], "not a compiled LangGraph graph: str"),
     "bad json": ([f"{GRAPHS}.orders:build", "--input", "{order: 1}"], "--input is not valid JSON"),
-    "node fails": (
-        [f"{GRAPHS}.broken:build", "--observe", f"{GRAPHS}.broken:observe_nothing"],
-        "the graph failed in its clean run: node pick: ValueError: no stock for x",
-    ),
-    "no context": (
-        [f"{GRAPHS}.contextual:build", "--input", '{"to": "{thread}"}']
-        + ["--observe", f"{GRAPHS}.contextual:observe"],
-        "the graph failed in its clean run: node notify: AttributeError: 'NoneType' object has "
-        "no attribute 'db_path' (the graph takes a runtime context, Deps: give it with "
-        "--context MODULE:FUNC, or context= in the library)",
-    ),
     "resume-with neither": (
         [f"{GRAPHS}.orders:build", "--resume-with", "ok"],
         "--resume-with is neither JSON nor MODULE:FUNC: 'ok'",
@@ -400,6 +389,67 @@ BAD_INPUTS = {
         f"--context {GRAPHS}.broken:observe_raises raised TypeError",
     ),
 }
+
+
+GRAPH_FAILS = {
+    "node fails": (
+        [f"{GRAPHS}.broken:build", "--observe", f"{GRAPHS}.broken:observe_nothing"],
+        "the graph failed in its clean run: node pick: ValueError: no stock for x",
+    ),
+    "no context": (
+        [f"{GRAPHS}.contextual:build", "--input", '{"to": "{thread}"}']
+        + ["--observe", f"{GRAPHS}.contextual:observe"],
+        "the graph failed in its clean run: node notify: AttributeError: 'NoneType' object has "
+        "no attribute 'db_path' (the graph takes a runtime context, Deps: give it with "
+        "--context MODULE:FUNC, or context= in the library)",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", GRAPH_FAILS, ids=str)
+def test_a_graph_failing_in_its_clean_run_is_exit_3_one_line_and_its_traceback_kept(
+    case, orders_db, tmp_path, temp_root, capsys, monkeypatch
+):
+    """Not a usage mistake (2) nor a finding (1): CI tells the graph's own failure apart."""
+    monkeypatch.setenv("CONTEXT_DB", str(tmp_path / "context.sqlite"))
+    argv, message = GRAPH_FAILS[case]
+    argv = (
+        [*argv, "--input", '{"item": "x", "order": "{thread}"}'] if "--input" not in argv else argv
+    )
+
+    code = main(argv)
+
+    err = capsys.readouterr().err
+    assert code == 3
+    assert err.count("\n") == 1 and err.startswith(f"effectdrill: {message} (its traceback: ")
+    (log,) = temp_root.iterdir()  # nothing else left behind
+    assert err.endswith(f"{log})\n")
+    assert log.name.startswith("effectdrill-graph-failed-")
+    assert "Traceback (most recent call last)" in log.read_text()
+    assert_no_children()
+
+
+def test_a_bug_in_the_drill_is_exit_4_one_line_and_no_traceback_on_the_terminal(
+    orders_db, temp_root, capsys, monkeypatch
+):
+    """The drill's own failure (here its table, made to raise as a bug would): one line that
+    says so, the traceback in a file, never on the terminal."""
+    import effectdrill.report
+
+    def broken(self, width=None):
+        raise TypeError("a bug of ours")
+
+    monkeypatch.setattr(effectdrill.report.Report, "table", broken)
+    argv = [f"{GRAPHS}.orders:build", "--input", '{"item": "x", "order": "{thread}"}']
+    code = main([*argv, "--observe", f"{GRAPHS}.orders:observe"])
+
+    out, err = capsys.readouterr()
+    assert code == 4 and "Traceback" not in out + err
+    assert err.startswith("effectdrill: a bug in effectdrill: TypeError: a bug of ours (the ")
+    assert err.count("\n") == 1
+    (log,) = temp_root.iterdir()
+    assert f"{log}; please report it)" in err
+    assert 'raise TypeError("a bug of ours")' in log.read_text()
 
 
 @pytest.mark.parametrize("case", BAD_INPUTS, ids=str)
