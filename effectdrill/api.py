@@ -80,7 +80,7 @@ def drill(
         observe = requests.observe if observe == "http" else observe
         plan = Plan(graph, input, observe, resume_with, context, uuid.uuid4().hex[:8], stores)
         report, clean_threads = Report(expect), {}
-        with warm_parent(plan, db) as warm, plan.event_loop():
+        with warm_parent(plan, db) as warm:
             drill_modes(plan, db, modes, repeat, report, clean_threads, warm, http)
         requests.annotate(report, clean_threads)
     return report
@@ -89,7 +89,7 @@ def drill(
 def drill_modes(plan, db, modes, repeat, report, clean_threads, warm, http=False):
     """The clean run of each mode, then its crash runs (see drill)."""
     for mode in modes:
-        clean = plan.clean_run(db, mode)
+        clean = plan.clean_run(db, mode, warm)
         if http and not any(clean.counts.values()):  # nothing to repeat: not a green drill
             raise DrillError(HTTP_SAW_NOTHING)
         report.clean[mode] = clean.counts
@@ -101,7 +101,7 @@ def drill_modes(plan, db, modes, repeat, report, clean_threads, warm, http=False
             report.rows.append(row)
             for attempt in range(repeat):
                 jobs.append((row, state, f"drill-{plan.run_id}-{mode}-{index}-{attempt}"))
-        crash_all(plan, db, mode, jobs, warm)
+        crash_all(plan, mode, jobs, warm)
 
 
 def durability_modes(durability):

@@ -59,6 +59,16 @@ class Killer(Counter):
         self.ours = set()  # idents of the Killer's own threads (the watchdog's is its own)
         self.watching = False
 
+    @property
+    def carried(self):
+        """The numbering and the saves an earlier invoke made (all of them finished: LangGraph
+        waits for its saves as an invoke ends): what the next invoke's process goes on from."""
+        return self.seen, self.done, self.puts, self.started
+
+    @carried.setter
+    def carried(self, value):
+        self.seen, self.done, self.puts, self.started = value
+
     def before(self, call):
         with self.changed:
             key, action = self.decide(call)

@@ -84,6 +84,15 @@ class Counter:
     def __init__(self):
         self.seen = {}
 
+    @property
+    def carried(self):
+        """What the next invoke's process needs of this one's (restart.py): the numbering."""
+        return self.seen
+
+    @carried.setter
+    def carried(self, value):
+        self.seen = value
+
     def number(self, call):
         self.seen[call.key] = self.seen.get(call.key, 0) + 1
         call.key = numbered(call.key, self.seen[call.key])
@@ -108,6 +117,14 @@ class Recorder(Counter):
 
     async def abefore(self, call):
         return self.before(call)
+
+    @property
+    def carried(self):
+        return self.seen, self.calls
+
+    @carried.setter
+    def carried(self, value):
+        self.seen, self.calls = value
 
     def after(self, key, checkpoint=None):
         pass

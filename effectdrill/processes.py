@@ -1,4 +1,5 @@
-"""The processes: the warm parent (forked before the first run) forks the crash children, and
+"""The processes: the warm parent (forked before the first run) forks a chain process per job
+(restart.py: the clean run, or a crash run and its resume, each invoke in a new process), and
 the drill reads how each ended."""
 
 import gc
@@ -13,7 +14,8 @@ from collections import deque
 from contextlib import contextmanager
 
 from effectdrill.errors import DrillError, GraphFailed, task_error
-from effectdrill.kill import CHILD_FAILED, CHILD_GAVE_UP, CHILD_UNREACHED, Killer
+from effectdrill.kill import CHILD_FAILED
+from effectdrill.restart import fork_chain, write_all
 
 CHILDREN_AT_ONCE = 2  # crash children the warm parent keeps running side by side
 
@@ -21,29 +23,21 @@ CHILDREN_AT_ONCE = 2  # crash children the warm parent keeps running side by sid
 CHILD_DEADLINE_S = 300.0  # seconds a crash child may run: a graph that hangs is an error
 
 
-UNREACHED = "unreached"  # Child.reached(): LangGraph waits on a held call (seen at once)
-
-
-GAVE_UP = "gave up"  # Child.reached(): the held state did not come by HOLD_DEADLINE_S
-
-
 NOT_REACHED = "point not reached"  # the saved cell of such a run
 
 
 class Child:
-    """A forked crash child: reached() waits for it (True when it died by its SIGKILL)."""
+    """A forked job's chain (restart.py), as the warm parent waits for it."""
 
     def __init__(self, pid, pipe, where):
         self.pid, self.pipe, self.where = pid, pipe, where
 
-    def reached(self):
-        return judge_child(*self.wait(), self.where)
-
     def wait(self):
-        """[wait status, what it wrote]; killed and reaped past CHILD_DEADLINE_S."""
+        """[wait status, what it wrote]; killed and reaped past CHILD_DEADLINE_S. Read to the
+        end first: a long answer fills the pipe before the child can exit."""
         try:
-            status = wait_child(self.pid, self.pipe)
-            message = read_all(self.pipe)
+            message = read_until_end(self.pipe, time.monotonic() + CHILD_DEADLINE_S)
+            status = os.waitpid(self.pid, 0)[1]
         except BaseException:
             self.kill()
             raise
@@ -60,27 +54,27 @@ class Child:
             self.pipe = None
 
 
-def crash_all(plan, db, mode, jobs, warm):
+def crash_all(plan, mode, jobs, warm):
     """Each (row, state, thread) job's crash run, appended to its row. The warm parent (forked
-    before any run: the graph imported and built, nothing run yet) forks the crash children,
+    before any run: the graph imported and built, nothing run yet) forks a chain per job,
     CHILDREN_AT_ONCE of them running side by side, and reports how each ended, in the jobs'
-    order; this process resumes each thread meanwhile. So two children run while the last
-    one's thread resumes (a crash run's CPU is mostly the child's), its fork is not on this
-    process's path, this process copies the pages it shares with a live child (copy-on-write)
-    once, not at each run, and a child holds no connection a client pooled in this process's
-    runs (a keep-alive socket, an async client's connections on this process's event loop)."""
+    order; this process observes each thread meanwhile. Each chain kills its crash run and
+    resumes it, every invoke in a process of its own that never ran the graph
+    (restart.py): no process holds what another run left in memory or a connection a client
+    pooled in it."""
     if not jobs:
         return
     plan.expect_nothing_yet(jobs[0][2])  # after the clean run's effects: a new thread counts 0
-    warm.start(mode, [(state, thread) for _row, state, thread in jobs])
+    warm.start("crash", mode, [(state, thread) for _row, state, thread in jobs])
     for row, _state, thread in jobs:
-        row.runs.append(plan.end_crash(db, mode, warm.next(), thread))
+        row.runs.append(plan.end_crash(warm.next(), thread))
 
 
 class WarmParent:
-    """A process forked from the drill before its first run. It reads a mode's crash jobs
-    (pickled), forks their children (CHILDREN_AT_ONCE at a time, in the jobs' order) and
-    writes each one's wait status and message back in that order, one JSON line each. It leads
+    """A process forked from the drill before its first run. It reads a batch of jobs
+    (pickled: the clean run, or a mode's crash runs), forks their chains (CHILDREN_AT_ONCE at
+    a time, in the jobs' order) and writes each one's wait status and message back in that
+    order, one JSON line each. It leads
     a process group of its own, with its children: stop() kills them all at once (a Ctrl-C, an
     error)."""
 
@@ -100,13 +94,13 @@ class WarmParent:
                 gc.disable()
                 with os.fdopen(jobs_read, "rb") as incoming:
                     while batch := incoming.readline():
-                        mode, jobs = pickle.loads(bytes.fromhex(batch.decode()))
+                        kind, mode, jobs = pickle.loads(bytes.fromhex(batch.decode()))
                         live = deque()  # forked, not yet reaped: in the jobs' order
                         for state, thread in jobs:
                             if len(live) == CHILDREN_AT_ONCE:
                                 report_end(live.popleft(), write_end)
-                            killer = Killer(state, mode == "sync")
-                            live.append(plan.fork_child(db, mode, state, thread, killer))
+                            pid, pipe = fork_chain(plan, db, kind, mode, state, thread)
+                            live.append(Child(pid, pipe, thread))
                         while live:
                             report_end(live.popleft(), write_end)
             except BaseException as error:
@@ -129,14 +123,15 @@ class WarmParent:
             self.stop()
             raise
 
-    def start(self, mode, jobs):
-        """Hand it a mode's jobs: [(CrashState, thread)], forked in that order."""
-        self.where = iter([f"{state.label} ({mode})" for state, _ in jobs])
-        self.jobs.write(pickle.dumps((mode, jobs)).hex().encode() + b"\n")
+    def start(self, kind, mode, jobs):
+        """Hand it jobs of a kind ("clean", "crash"): [(CrashState or None, thread)], forked
+        in that order."""
+        self.where = iter([f"{state.label} ({mode})" if state else mode for state, _ in jobs])
+        self.jobs.write(pickle.dumps((kind, mode, jobs)).hex().encode() + b"\n")
         self.jobs.flush()
 
     def next(self):
-        """The next crash child's ending: an Ended whose reached() says how it died."""
+        """The next job's end: an Ended whose result() says how it went."""
         where = next(self.where)
         line = self.lines.readline()
         if not line:
@@ -160,8 +155,8 @@ class WarmParent:
 
 
 def report_end(child, pipe):
-    """The warm parent's: wait for a crash child and write its end to the drill."""
-    os.write(pipe, (json.dumps(child.wait()) + "\n").encode())
+    """The warm parent's: wait for a job's chain and write its end to the drill."""
+    write_all(pipe, (json.dumps(child.wait()) + "\n").encode())
 
 
 @contextmanager
@@ -174,28 +169,31 @@ def warm_parent(plan, db):
 
 
 class Ended:
-    """A crash child reaped by the warm parent: its wait status and what it wrote."""
+    """A job's chain reaped by the warm parent: its wait status and the JSON it wrote."""
 
     def __init__(self, status, message, where):
         self.status, self.message, self.where = status, message, where
 
-    def reached(self):
-        return judge_child(self.status, self.message, self.where)
-
-
-def judge_child(status, message, where):
-    """How a crash child ended: True (killed at its point), False (the run ended without it),
-    UNREACHED / GAVE_UP (held saves LangGraph waited on), or a DrillError (the graph raised)."""
-    if os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL:
-        return True
-    if os.WIFEXITED(status) and os.WEXITSTATUS(status) == CHILD_UNREACHED:
-        return UNREACHED  # LangGraph waited on a held call: the state cannot be made
-    if os.WIFEXITED(status) and os.WEXITSTATUS(status) == CHILD_GAVE_UP:
-        return GAVE_UP  # the same, seen only by the deadline (an async graph, say)
-    if os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0:
-        return False  # the run ended without that call (async saves vary)
-    line, _, details = message.partition("\n")
-    raise GraphFailed(f"the graph failed in the crash run at {where}: {line}", details)
+    def result(self):
+        """The chain's end (restart.py): a crash run's {"reached", "saved", "ran", "error"},
+        or the clean run's (calls, task names, per-invoke counts); DrillError or GraphFailed
+        for a failure."""
+        try:
+            end = json.loads(self.message)
+        except ValueError:
+            raise DrillError(
+                f"the run at {self.where} ended with status {self.status} and no answer"
+            ) from None
+        if "drill_error" in end:
+            raise DrillError(end["drill_error"])
+        if "graph_failed" in end:
+            raise GraphFailed(end["graph_failed"], end["details"])
+        if "crash_failed" in end:
+            line = f"the graph failed in the crash run at {self.where}: {end['crash_failed']}"
+            raise GraphFailed(line, end["details"])
+        if "clean" in end:
+            return pickle.loads(bytes.fromhex(end["clean"]))
+        return end
 
 
 def wait_child(pid, pipe):
@@ -218,6 +216,21 @@ def kill_and_reap(pid):
         os.waitpid(pid, 0)
     except (ProcessLookupError, ChildProcessError):
         pass
+
+
+def read_until_end(fd, deadline):
+    """What fd carries up to its end of file, or DrillError past the deadline."""
+    chunks = []
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise DrillError(f"a crash run took more than {CHILD_DEADLINE_S:.0f} s")
+        ready, _, _ = select.select([fd], [], [], remaining)
+        if ready:
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                return b"".join(chunks).decode(errors="replace")
+            chunks.append(chunk)
 
 
 def read_all(fd):

@@ -42,7 +42,7 @@ from effectdrill.cli import (
 )
 from effectdrill.errors import DrillError, one_line, require_posix, task_error
 from effectdrill.processes import kill_and_reap, read_all, wait_child
-from effectdrill.runs import MAX_INVOKES
+from effectdrill.restart import MAX_INVOKES
 
 BRANCH = "branch:to:"  # the channel an edge to a node writes (langgraph/graph/state.py)
 START = "__start__"  # the channel of an input that was saved before any node ran

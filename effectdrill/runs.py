@@ -2,27 +2,22 @@
 interrupt (or after a crash) until no task is left, streamed to see which tasks ran."""
 
 import asyncio
-import gc
 import itertools
-import os
-import signal
 import sys
 from collections.abc import Mapping
-from contextlib import contextmanager, nullcontext, redirect_stdout
+from contextlib import nullcontext, redirect_stdout
 from dataclasses import dataclass
 
-from effectdrill.errors import DrillError, GraphFailed, one_line, task_error, traceback_of
+from effectdrill.errors import DrillError, one_line
 from effectdrill.introspect import needs_async, probe, uses_store
-from effectdrill.kill import CHILD_FAILED, CHILD_UNREACHED, HOLD_DEADLINE_S
+from effectdrill.kill import HOLD_DEADLINE_S
 from effectdrill.plan import CleanRun, Recorder, describe_saved, name_calls, task_label
-from effectdrill.processes import GAVE_UP, NOT_REACHED, UNREACHED, Child
+from effectdrill.processes import NOT_REACHED
 from effectdrill.report import Run
+from effectdrill.restart import GAVE_UP, UNREACHED
 from effectdrill.trace import Trace
 
 THREAD_MARK = "{thread}"  # replaced by the run's thread id everywhere in the input
-
-
-MAX_INVOKES = 50  # invokes one run may take (one per interrupt answered); more means a loop
 
 
 @dataclass
@@ -39,72 +34,44 @@ class Plan:
 
     def __post_init__(self):
         self.is_async = needs_async(self.graph)
-        self.loop = None  # event_loop(): the drill's one loop; a crash child makes its own
 
-    def clean_run(self, db, mode):
+    def clean_run(self, db, mode, warm):
+        """The clean run, each of its invokes in a process that never ran the graph (see
+        restart.py): its counts, its saver calls, and what its nodes re-ran."""
         thread = f"drill-{self.run_id}-{mode}-clean"
         self.expect_nothing_yet(thread)
-        recorder = Recorder()
-        trace = Trace(self, thread, recorder)
-        try:
-            self.run(db, recorder, thread, mode, fresh=True, trace=trace)
-        except DrillError:
-            raise
-        except Exception as error:
-            raise GraphFailed(
-                f"the graph failed in its clean run: {task_error(error)}{self.hint(error)}",
-                traceback_of(error),
-            ) from None
-        name_calls(recorder.calls, trace.names)
-        return CleanRun(self.counts(thread), recorder.calls, trace.reruns(), thread)
+        warm.start("clean", mode, [(None, thread)])
+        calls, names, invokes = warm.next().result()
+        trace = Trace(self, thread, Recorder())
+        trace.names, trace.invokes = names, invokes
+        name_calls(calls, names)
+        return CleanRun(self.counts(thread), calls, trace.reruns(), thread)
 
-    def end_crash(self, db, mode, child, thread):
-        """A crash run's second half: the child's end read, the thread resumed and observed.
-        (Its thread is new: crash_all checked that the observer counts nothing on one.)"""
-        reached = child.reached()
+    def end_crash(self, ended, thread):
+        """A crash run's end, read from its chain (restart.crash_chain: the kill, then the
+        resume in a new process), and the thread observed. (Its thread is new: crash_all
+        checked that the observer counts nothing on one.)"""
+        result = ended.result()
+        reached = result["reached"]
         if reached in (UNREACHED, GAVE_UP):  # the child died in a state of no row: no verdict
             saved = (
                 NOT_REACHED
-                if reached is UNREACHED
+                if reached == UNREACHED
                 else f"{NOT_REACHED} (held {HOLD_DEADLINE_S:.0f} s)"
             )
             return Run(False, saved, [], {}, None, thread, unreached=True)
-        saved, ran, error = "?", [], None
-        self.saved = "?"
-        try:
-            saved, ran = self.run(db, None, thread, mode, fresh=False)
-        except DrillError:
-            raise
-        except Exception as failure:  # the resume itself failed: a finding, not a usage error
-            saved, error = self.saved, task_error(failure)
-        if not reached:
-            saved = NOT_REACHED
-        return Run(reached, saved, ran, self.counts(thread), error, thread)
+        saved = result["saved"] if reached else NOT_REACHED
+        counts = self.counts(thread)
+        return Run(reached, saved, result["ran"], counts, result["error"], thread)
 
-    def run(self, db, recorder, thread, mode, fresh, trace=None):
-        """Finish the thread on a saver of db; returns (what was saved at the start, the tasks
-        that ran). Async graphs through asyncio and the async saver."""
-        if self.is_async:  # on this process's one loop: a client's pooled connections stay
-            run = self.afinish(db, recorder, thread, mode, fresh, trace)  # on it between runs
-            return self.loop.run_until_complete(run) if self.loop else asyncio.run(run)
+    def one_invoke(self, db, recorder, thread, mode, fresh, trace=None):
+        """One invoke of the thread on a saver of db (the input if fresh or nothing saved, else
+        a resume): (what was saved when it started, the tasks that ran, whether a task is left
+        after it). Async graphs through asyncio and the async saver."""
+        if self.is_async:
+            return asyncio.run(self.ainvoke_once(db, recorder, thread, mode, fresh, trace))
         with db.saver(recorder) as saver, self.store() as store:
-            return self.finish(saver, thread, mode, fresh, trace, store)
-
-    @contextmanager
-    def event_loop(self):
-        """One event loop for every async run of this process (the clean run, the resumes),
-        as an application has: an httpx.AsyncClient made at import keeps its connections on
-        the loop of its first request ("Event loop is closed" on the next asyncio.run)."""
-        if not self.is_async:
-            yield
-            return
-        self.loop = asyncio.new_event_loop()
-        try:
-            yield
-        finally:
-            loop, self.loop = self.loop, None
-            loop.run_until_complete(loop.shutdown_asyncgens())
-            loop.close()
+            return self.invoke_once(saver, thread, mode, fresh, trace, store)
 
     def store(self):
         return self.stores.sync() if self.stores else nullcontext(None)
@@ -116,91 +83,45 @@ class Plan:
         update = {"checkpointer": saver} | ({} if store is None else {"store": store})
         return self.graph.copy(update=update)
 
-    def run_child(self, db, mode, state, thread, killer):
-        """Fork a child that runs the graph and SIGKILLs itself at `state`: was it reached?"""
-        return self.fork_child(db, mode, state, thread, killer).reached()
-
-    def fork_child(self, db, mode, state, thread, killer):
-        """Fork a child that runs the graph and SIGKILLs itself at `state`: its Child."""
-        sys.stdout.flush()
-        sys.stderr.flush()
-        read_end, write_end = os.pipe()
-        # A Ctrl-C during fork() would land in an at-fork hook (logging's), which swallows it:
-        # held back across the fork, it is delivered just after, in the code that handles it.
-        mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-        pid = os.fork()
-        if pid == 0:  # the child: never returns into the caller's code
-            code = 0
-            try:
-                gc.disable()  # it lives for one run: no collection touching the parent's pages
-                self.loop = None  # not the drill's (its selector is the drill's): its own
-                signal.pthread_sigmask(signal.SIG_SETMASK, mask)
-                os.close(read_end)
-                os.dup2(2, 1)  # the graph's prints go to stderr: stdout is the report's
-                self.run(db, killer, thread, mode, fresh=True)
-                code = CHILD_UNREACHED if killer.holding else 0
-            except BaseException as error:
-                failed = f"{task_error(error)}\n{traceback_of(error)}"  # a line, then details
-                os.write(write_end, failed.encode()[:20000])
-                code = CHILD_FAILED
-            finally:
-                os._exit(code)
-        child = Child(pid, read_end, f"{state.label} ({mode})")
-        try:  # a Ctrl-C held back lands here, where the child is killed and reaped with it
-            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
-            os.close(write_end)
-        except BaseException:
-            child.kill()
-            raise
-        return child
-
-    def finish(self, saver, thread, mode, fresh, trace=None, store=None):
-        """Run the thread to its end: the input first if fresh, else resume it. Returns what
-        was saved when it started and the tasks that ran."""
+    def invoke_once(self, saver, thread, mode, fresh, trace=None, store=None):
         graph = self.with_saver(saver, store)
         config = {"configurable": {"thread_id": thread}}
-        ran, saved = [], None
-        for _ in range(MAX_INVOKES):
-            if fresh or saver.get_tuple(config) is None:
-                state = None
-            else:
-                state = graph.get_state(config, subgraphs=True)
-            saved = self.saved = describe_saved(state) if saved is None else saved
-            step = self.next_input(state, thread, fresh)
-            if step is DONE:
-                return saved, in_steps(ran)
-            fresh = False
-            if trace:
-                trace.invoke_starts()
-            with redirect_stdout(sys.stderr):  # the graph's own prints: stdout is the report's
-                steps = {(): [first_step(state), False]}  # as LangGraph numbers them
-                for chunk in self.stream(graph, step, config, mode, trace):
-                    self.seen(chunk, ran, state, trace, steps)
-        raise DrillError(f"the graph did not finish in {MAX_INVOKES} invokes (a loop?)")
+        state = None
+        if not fresh and saver.get_tuple(config) is not None:
+            state = graph.get_state(config, subgraphs=True)
+        self.saved = describe_saved(state)
+        step = self.next_input(state, thread, fresh)
+        if step is DONE:
+            return self.saved, [], False
+        if trace:
+            trace.invoke_starts()
+        ran = []
+        with redirect_stdout(sys.stderr):  # the graph's own prints: stdout is the report's
+            steps = {(): [first_step(state), False]}  # as LangGraph numbers them
+            for chunk in self.stream(graph, step, config, mode, trace):
+                self.seen(chunk, ran, state, trace, steps)
+        return self.saved, in_steps(ran), bool(graph.get_state(config).tasks)
 
-    async def afinish(self, db, recorder, thread, mode, fresh, trace=None):
-        """finish() for a graph of async nodes: astream, aget_state, an async saver."""
+    async def ainvoke_once(self, db, recorder, thread, mode, fresh, trace=None):
+        """invoke_once() for a graph of async nodes: astream, aget_state, an async saver."""
         async with db.asaver(recorder) as saver, self.astore() as store:
             graph = self.with_saver(saver, store)
             config = {"configurable": {"thread_id": thread}}
-            ran, saved = [], None
-            for _ in range(MAX_INVOKES):
-                if fresh or await saver.aget_tuple(config) is None:
-                    state = None
-                else:
-                    state = await graph.aget_state(config, subgraphs=True)
-                saved = self.saved = describe_saved(state) if saved is None else saved
-                step = self.next_input(state, thread, fresh)
-                if step is DONE:
-                    return saved, in_steps(ran)
-                fresh = False
-                if trace:
-                    trace.invoke_starts()
-                with redirect_stdout(sys.stderr):
-                    steps = {(): [first_step(state), False]}
-                    async for chunk in self.astream(graph, step, config, mode, trace):
-                        self.seen(chunk, ran, state, trace, steps)
-            raise DrillError(f"the graph did not finish in {MAX_INVOKES} invokes (a loop?)")
+            state = None
+            if not fresh and await saver.aget_tuple(config) is not None:
+                state = await graph.aget_state(config, subgraphs=True)
+            self.saved = describe_saved(state)
+            step = self.next_input(state, thread, fresh)
+            if step is DONE:
+                return self.saved, [], False
+            if trace:
+                trace.invoke_starts()
+            ran = []
+            with redirect_stdout(sys.stderr):
+                steps = {(): [first_step(state), False]}
+                async for chunk in self.astream(graph, step, config, mode, trace):
+                    self.seen(chunk, ran, state, trace, steps)
+            return self.saved, in_steps(ran), bool((await graph.aget_state(config)).tasks)
 
     def stream(self, graph, step, config, mode, trace=None):
         """One invoke's stream of task events (the clean run's counts taken in each task)."""

@@ -70,3 +70,26 @@ def test_every_probe_of_a_users_object_tolerates_what_it_raises():
     graph.nodes["hostile"].bound = Hostile()  # reached by the walk, read by every probe
     assert needs_async(graph) is False and uses_store(graph) is False
     assert needs_async(apps.support()) is False  # the NameError of with_fallbacks' __getattr__
+
+
+GUARDED = {"thread": "{thread}", "customer": "c-1"}
+
+
+def test_a_resume_starts_cold_as_a_restarted_process_does():
+    """A module-level 'already sent' guard: the drill's resumes run in a process that imported
+    the graph and never ran it, so the guard is empty there, as after a real restart, and the
+    kill after the send, before welcome's writes are saved, shows the second welcome."""
+    from effectdrill_graphs import guarded
+
+    report = effectdrill.drill(guarded.build, GUARDED, guarded.observe)
+    assert report.clean == {"sync": {"welcome": 1}}
+    assert flagged(report) == {"put_writes welcome [done]": "DUPLICATE"}
+
+
+def test_the_clean_runs_resume_after_an_interrupt_starts_cold_too():
+    """The node sends, then asks: answered in a new process, it runs again from its first line
+    with an empty guard and sends again, as a server restarted between the two would."""
+    from effectdrill_graphs import guarded
+
+    report = effectdrill.drill(guarded.build_asking, GUARDED, guarded.observe, resume_with=True)
+    assert report.clean_findings() == {"welcome": "welcome re-ran it after an interrupt"}

@@ -89,8 +89,8 @@ def test_sync_reports_each_unkeyed_effect_where_it_happened_and_its_node_was_not
 
 def test_a_kill_before_the_first_checkpoint_leaves_no_next_node_but_a_task(orders_db, tmp_path):
     """Why the drill resumes on get_state().tasks, not .next (effectdrill/README.md)."""
-    from effectdrill.kill import Killer
     from effectdrill.plan import CrashState
+    from effectdrill.restart import KILLED, crash
     from effectdrill.runs import Plan
     from effectdrill.savers import Sqlite
 
@@ -99,7 +99,7 @@ def test_a_kill_before_the_first_checkpoint_leaves_no_next_node_but_a_task(order
     plan = Plan(orders.build(), {"order": "o-1"}, orders.observe, None, None, "t")
     writes = "put_writes __start__ [branch:to:validate, order]"  # the input's, saved first
     state = CrashState("put step 0", "put step 0", frozenset({writes}))
-    assert plan.run_child(db, "sync", state, "thread-1", Killer(state, settle=True))
+    assert crash(plan, db, "sync", state, "thread-1") is KILLED
 
     with db.saver() as saver:
         state = (
@@ -480,12 +480,11 @@ def test_bad_input_is_one_line_and_exit_2_with_nothing_left(
 
 
 def test_two_crash_children_run_side_by_side(tmp_path, monkeypatch):
-    """The warm parent keeps two crash children running at once (a crash run's CPU is mostly
-    its child's; two cores). In sidebyside's graph, the first child to pass its gate waits
-    for a second child's mark: one child at a time, it would wait alone (and say so)."""
+    """The warm parent keeps two crash runs (each a chain of processes: the killed run, its
+    resume) running at once (two cores). In sidebyside's graph, the first run to pass its gate
+    waits for a second run's mark: one at a time, it would wait alone (and say so)."""
     (tmp_path / "marks").mkdir()
     monkeypatch.setenv("SIDE_DIR", str(tmp_path))
-    monkeypatch.setenv("SIDE_DRILL_PID", str(os.getpid()))
     report = effectdrill.drill(sidebyside.build, {"run": "{thread}"}, sidebyside.observe)
     assert not (tmp_path / "alone").exists(), "a crash child passed its gate alone"
     marked = {mark.name for mark in (tmp_path / "marks").iterdir()}
@@ -552,18 +551,18 @@ def test_ctrl_c_exits_130_and_reaps_the_child(tmp_path, temp_root):
     script = (
         "import effectdrill.__main__ as m, sys, threading, time\n"
         "from effectdrill_graphs import orders\n"
-        "import effectdrill.api as api, effectdrill.runs as d\n"
+        "import effectdrill.api as api, effectdrill.processes as d\n"
         "ready = open(sys.argv[1], 'w')\n"
-        "real = d.Plan.fork_child\n"
-        "def fork_child(self, *a):\n"
+        "real = d.fork_chain\n"
+        "def fork_chain(*a):  # in the warm parent\n"
         "    ready.write('forking'); ready.flush()\n"
-        "    return real(self, *a)\n"
+        "    return real(*a)\n"
         "crash_all = api.crash_all\n"
         "def stranding(*a):  # in the drill's own process\n"
         "    threading.Thread(target=threading.Event().wait, name='stranded').start()\n"
         "    return crash_all(*a)\n"
         "api.crash_all = stranding\n"
-        "d.Plan.fork_child = fork_child\n"
+        "d.fork_chain = fork_chain\n"
         "sys.exit(m.main(sys.argv[2:]))\n"
     )
     ready = tmp_path / "ready"
@@ -769,9 +768,11 @@ def test_a_graph_that_expects_the_platforms_store_says_so_and_drills_with_one(
     argv = [f"{GRAPHS}.memory:build", "--input", '{"thread": "{thread}"}']
     argv += ["--observe", f"{GRAPHS}.memory:observe"]
 
-    assert main(argv) == 2
+    assert main(argv) == 3  # the graph failed in its clean run, and the drill says why
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "the graph reads a store" in err and "--store sqlite" in err
+    for log in temp_root.iterdir():  # its traceback, kept for the user
+        log.unlink()
 
     assert main([*argv, "--store", "sqlite", "--json"]) == 0  # the saved memory is found again
     *rows, summary = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
