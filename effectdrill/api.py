@@ -16,7 +16,7 @@ import uuid
 from collections.abc import Mapping
 
 from effectdrill import outbound
-from effectdrill.errors import DrillError, one_line, require_posix
+from effectdrill.errors import DrillError, one_line, require_posix, safe
 from effectdrill.processes import crash_all, warm_parent
 from effectdrill.report import Report, Row
 from effectdrill.runs import Plan
@@ -120,7 +120,7 @@ def expected_counts(expect):
         for k, v in expect.items()
     ):
         raise DrillError(f"expect must be a dict of effect name -> count, not {expect!r:.200}")
-    return dict(expect)
+    return {safe(effect): count for effect, count in expect.items()}  # as Plan.counts
 
 
 def compiled(graph):

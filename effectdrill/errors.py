@@ -19,6 +19,17 @@ class GraphFailed(DrillError):
         self.details = details
 
 
+def safe(text):
+    """text as a report may show it: UTF-8 (a name the command line could not decode, kept as
+    surrogates, becomes U+FFFD) with its control characters escaped (\\x1b, \\n)."""
+    text = str(text)
+    try:
+        text = text.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+    except UnicodeEncodeError:  # a lone surrogate not from the command line
+        text = text.encode("utf-8", "replace").decode("utf-8")
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode() for c in text)
+
+
 def traceback_of(error):
     return "".join(traceback.format_exception(error))
 
@@ -31,7 +42,7 @@ def task_error(error):
 
 
 def one_line(error):
-    text = " ".join(str(error).split())
+    text = safe(" ".join(str(error).split()))
     return f"{type(error).__name__}: {text}" if text else type(error).__name__
 
 

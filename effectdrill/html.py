@@ -10,11 +10,13 @@ ran on recovery; then the requests sent again.
 
 import html
 import os
+import stat
 import tempfile
 from datetime import UTC, datetime
 from importlib.metadata import PackageNotFoundError, version
 
 from effectdrill import outbound
+from effectdrill.errors import safe
 
 MARK = "<!-- effectdrill report -->"  # the first line of every report: ours to overwrite
 VERDICTS = (  # css class, the word a row's verdict starts with, what it means
@@ -49,8 +51,12 @@ def refuse_foreign(path):
     folder = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(folder):
         return f"--html {path}: no folder {folder}"
+    if os.path.islink(path):  # replaced, a link would be gone; followed, it writes elsewhere
+        return f"--html {path} is a symbolic link: name the file itself"
     if os.path.isdir(path):
         return f"--html {path} is a folder: name a file"
+    if os.path.exists(path) and not stat.S_ISREG(os.lstat(path).st_mode):  # a FIFO: open hangs
+        return f"--html {path} is not a regular file (a FIFO, a device): name a file"
     if os.path.exists(path):
         try:
             with open(path, encoding="utf-8", errors="replace") as existing:
@@ -237,7 +243,7 @@ def installed(name):
 
 
 def esc(value):
-    return html.escape(str(value), quote=True)
+    return html.escape(safe(value), quote=True)
 
 
 STYLE = """

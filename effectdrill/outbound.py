@@ -29,6 +29,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from urllib.parse import urlsplit
 
+from effectdrill.errors import safe
 from effectdrill.kinds import EFFECT, MODEL, classify, query_template
 from effectdrill.resent import (  # noqa: F401 - outbound's names too
     FINDINGS,
@@ -69,7 +70,7 @@ class Request:
         """Its name (kinds.py): method, path, the query's steady values, a GraphQL operation."""
         query = query_template(self.query)
         named = f"{self.method} {self.path}" + (f"?{query}" if query else "")
-        return named + (f" ({self.operation})" if self.operation else "")
+        return safe(named + (f" ({self.operation})" if self.operation else ""))
 
 
 class RequestLog:

@@ -6,6 +6,8 @@ import itertools
 import threading
 from dataclasses import dataclass, replace
 
+from effectdrill.errors import safe
+
 MAX_HELD = 4  # steps with more writes than this get fewer unsaved sets (see CleanRun.states)
 
 
@@ -217,6 +219,7 @@ def name_calls(calls, names):
             )
             nth = "@task" if nth == "call" else nth
             label = f"put_writes {name} ({nth}) [{call.channels}]{call.ns}"
+        label = safe(label)  # a node's name, as a report shows it
         seen[label] = seen.get(label, 0) + 1
         call.label = numbered(label, seen[label])
 
@@ -241,7 +244,7 @@ def describe_saved(state):
     """'nothing', or 'step N: TASK, ...', a subgraph's own saved step in brackets."""
     if state is None:
         return "nothing"
-    return f"step {state.metadata.get('step')}: " + (describe_tasks(state) or "done")
+    return safe(f"step {state.metadata.get('step')}: " + (describe_tasks(state) or "done"))
 
 
 def describe_tasks(state):

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from contextlib import nullcontext, redirect_stdout
 from dataclasses import dataclass
 
-from effectdrill.errors import DrillError, one_line
+from effectdrill.errors import DrillError, one_line, safe
 from effectdrill.introspect import needs_async, probe, uses_store
 from effectdrill.kill import HOLD_DEADLINE_S
 from effectdrill.plan import CleanRun, Recorder, describe_saved, name_calls, task_label
@@ -153,7 +153,7 @@ class Plan:
         if trace:
             trace.task_result(namespace, payload)
         name = task_label(payload["id"], payload["name"], state)
-        ran.append((len(namespace), step[0], f"{where}/{name}" if where else name))
+        ran.append((len(namespace), step[0], safe(f"{where}/{name}" if where else name)))
 
     def next_input(self, state, thread, fresh):
         """The input of the next invoke: the input (fresh, or nothing saved), None to resume,
@@ -212,7 +212,7 @@ class Plan:
             raise DrillError(
                 f"the observer must return a dict of effect name -> count, not {counts!r:.200}"
             )
-        return dict(counts)
+        return {safe(effect): count for effect, count in counts.items()}  # names a report shows
 
     def expect_nothing_yet(self, thread):
         counts = self.counts(thread)

@@ -2,13 +2,15 @@
 a mixin that tells a recorder about each put and put_writes, the checkpoint database, the store."""
 
 import os
+import pathlib
 import shutil
 import sqlite3
+import stat
 import tempfile
 from contextlib import asynccontextmanager, contextmanager
 from urllib.parse import urlsplit, urlunsplit
 
-from effectdrill.errors import DrillError, one_line
+from effectdrill.errors import DrillError, one_line, safe
 from effectdrill.plan import parent, put_call, writes_call
 
 MEMORY_DATABASES = ("", ":memory:", "memory")  # names of an in-memory SQLite database
@@ -143,6 +145,7 @@ class Sqlite:
         self.path = path
 
     def check(self):
+        refuse_foreign_database(self.path)  # before SqliteSaver.setup writes a byte
         try:
             with self.saver(setup_done=False) as saver:
                 saver.setup()
@@ -180,6 +183,56 @@ class Sqlite:
             saver.is_setup = True
             saver.recorder = recorder
             yield saver
+
+
+OURS = {  # SqliteSaver.setup's tables and the columns each was made with (a subset: ours may
+    # gain columns; another program's table of that name lacks some): langgraph/checkpoint/
+    # sqlite/__init__.py
+    "checkpoints": {"thread_id", "checkpoint_ns", "checkpoint_id", "checkpoint", "metadata"},
+    "writes": {"thread_id", "checkpoint_ns", "checkpoint_id", "task_id", "idx", "channel"},
+}
+
+
+def refuse_foreign_database(path):
+    """A DrillError, before anything is written, for a path that is a link or not a regular file
+    (a FIFO would hang the open; a link writes through), or a SQLite file holding tables that
+    are not LangGraph's checkpoints: another program's database. Read on a read-only connection
+    (mode=ro): the check itself writes nothing."""
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return  # a new file: the saver makes it
+    except OSError as error:
+        raise DrillError(f"--checkpoint-db {path}: {error.strerror}") from None
+    if stat.S_ISLNK(mode):
+        raise DrillError(f"--checkpoint-db {path} is a symbolic link: name the file itself")
+    if not stat.S_ISREG(mode):
+        raise DrillError(f"--checkpoint-db {path} is not a regular file: name a SQLite file")
+    if os.path.getsize(path) == 0:
+        return
+    try:
+        conn = sqlite3.connect(f"{pathlib.Path(path).resolve().as_uri()}?mode=ro", uri=True)
+        try:
+            tables = {
+                r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")
+            }
+            unlike = [
+                table
+                for table, columns in OURS.items()
+                if table in tables
+                and not columns <= {r[1] for r in conn.execute(f'PRAGMA table_info("{table}")')}
+            ]
+        finally:
+            conn.close()
+    except sqlite3.Error as error:
+        raise DrillError(f"cannot open the SQLite database {path}: {error}") from None
+    foreign = sorted(t for t in tables - set(OURS) if not t.startswith("sqlite_")) + unlike
+    if foreign:
+        raise DrillError(
+            f"--checkpoint-db {path} holds tables that are not LangGraph's checkpoints "
+            f"({', '.join(safe(t) for t in foreign)}): another program's database; nothing was "
+            "written to it. Give the drill a file of its own (or none: a temporary one)"
+        )
 
 
 class Postgres:
