@@ -14,6 +14,8 @@ Ctrl-C (effectdrill/cli.py's EXIT_CODES, shown by --help).
 
 import argparse
 import json
+import os
+import re
 import shlex
 import sys
 
@@ -84,10 +86,11 @@ def drill_and_report(args, argv):
         expect=None if args.expect is None else parse_json(args.expect, "--expect"),
         http_ignore=args.http_ignore,
         store=None if args.store is None else store_spec(args.store),
+        allow_no_effects=args.allow_no_effects,
     )
     if args.html is not None:
         try:
-            html.write(report, args.html, args.graph, shlex.join(["effectdrill", *argv]))
+            html.write(report, args.html, args.graph, typed(argv))
         except OSError as error:
             raise DrillError(f"cannot write --html {args.html}: {error}") from None
     if args.json:
@@ -97,6 +100,23 @@ def drill_and_report(args, argv):
     else:
         print(report.table())
     return EXIT_CLEAN if report.ok else EXIT_FOUND
+
+
+def typed(argv):
+    """The command line as a person types it: `python -m effectdrill` when run so, each argument
+    quoted only when the shell needs it, in single quotes, or double ones around a single
+    quote (`"it's"`), not shlex's '"'"' splices."""
+    by_module = sys.argv[0].endswith(os.path.join("effectdrill", "__main__.py"))
+    program = "python -m effectdrill" if by_module else "effectdrill"
+    words = []
+    for arg in argv:
+        if arg and shlex.quote(arg) == arg:
+            words.append(arg)
+        elif "'" not in arg:
+            words.append(f"'{arg}'")
+        else:
+            words.append('"' + re.sub(r'(["$`\\])', r"\\\1", arg) + '"')
+    return " ".join([program, *words])
 
 
 def say(line):
@@ -136,6 +156,11 @@ def build_parser():
     parser.add_argument(
         "--expect",
         help='JSON {"effect": count} the clean run must count (default: its own counts)',
+    )
+    parser.add_argument(
+        "--allow-no-effects",
+        action="store_true",
+        help="drill a clean run that counts no effect (refused by default: it tests nothing)",
     )
     parser.add_argument("--context", help="MODULE:FUNC returning the runtime context")
     parser.add_argument(

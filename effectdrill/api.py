@@ -30,6 +30,12 @@ HTTP_SAW_NOTHING = (
     "httpx, httpx2, aiohttp; not gRPC or a database), or --http-ignore left them all out: "
     "no repeat could show; count the effects with --observe MODULE:FUNC"
 )
+NOTHING_COUNTED = (
+    "the clean run made no effect the observer counts ({counts}): no crash could repeat one, "
+    "so the drill would test nothing. The graph may act only on some answers or inputs: give "
+    "a --resume-with or --input that makes it act, or --allow-no-effects if this run is meant "
+    "to make none"
+)
 
 
 def drill(
@@ -44,6 +50,7 @@ def drill(
     expect=None,
     http_ignore=(),
     store=None,
+    allow_no_effects=False,
 ):
     """Drill `graph` (compiled, or a no-argument callable returning one) and return a Report.
 
@@ -61,6 +68,8 @@ def drill(
     store: the store LangGraph's platform would give the graph (get_store(), a node's `store`
       argument): "sqlite" for a SqliteStore on a temporary file every run shares (it outlives
       the kill), or a function with no arguments returning a store of yours.
+    allow_no_effects: drill a clean run that counts no effect (by default a DrillError: a
+      drill of a run that makes nothing tests nothing, and would read as all clear).
     """
     require_posix()
     modes = durability_modes(durability)
@@ -81,23 +90,25 @@ def drill(
         plan = Plan(graph, input, observe, resume_with, context, uuid.uuid4().hex[:8], stores)
         report, clean_threads = Report(expect), {}
         with warm_parent(plan, db) as warm:
-            drill_modes(plan, db, modes, repeat, report, clean_threads, warm, http)
+            empty_ok = allow_no_effects
+            drill_modes(plan, db, modes, repeat, report, clean_threads, warm, http, empty_ok)
         requests.annotate(report, clean_threads)
     return report
 
 
-def drill_modes(plan, db, modes, repeat, report, clean_threads, warm, http=False):
+def drill_modes(plan, db, modes, repeat, report, clean_threads, warm, http, empty_ok):
     """The clean run of each mode, then its crash runs (see drill)."""
     for mode in modes:
         clean = plan.clean_run(db, mode, warm)
-        if http and not any(clean.counts.values()):  # nothing to repeat: not a green drill
-            raise DrillError(HTTP_SAW_NOTHING)
+        if not any(clean.counts.values()) and not empty_ok:  # nothing to repeat: not green
+            counts = ", ".join(f"{e} 0" for e in clean.counts) or "none"
+            raise DrillError(HTTP_SAW_NOTHING if http else NOTHING_COUNTED.format(counts=counts))
         report.clean[mode] = clean.counts
         report.reruns[mode] = clean.reruns
         clean_threads[mode] = clean.thread
         jobs = []
         for index, state in enumerate(clean.states(mode)):
-            row = Row(mode, state.label, clean.counts)
+            row = Row(mode, state.label, clean.counts, tools=list(state.tools))
             report.rows.append(row)
             for attempt in range(repeat):
                 jobs.append((row, state, f"drill-{plan.run_id}-{mode}-{index}-{attempt}"))

@@ -15,7 +15,7 @@ import tempfile
 from datetime import UTC, datetime
 from importlib.metadata import PackageNotFoundError, version
 
-from effectdrill import outbound
+from effectdrill import advice, outbound
 from effectdrill.errors import safe
 
 MARK = "<!-- effectdrill report -->"  # the first line of every report: ours to overwrite
@@ -136,7 +136,9 @@ def clean_section(report):
         cells = ", ".join(f"{esc(e)} {n}" for e, n in counts.items()) or "no effect counted"
         rows.append(f'<tr data-mode="{esc(mode)}"><th>{esc(mode)}</th><td>{cells}</td></tr>')
     flags = "".join(
-        f'<li class="duplicate"><b>REPEATED</b> {esc(effect)}: {esc(why)}</li>'
+        f'<li class="duplicate"><b>REPEATED</b> {esc(effect)}: {esc(why)}'
+        + (f"<br><small>fix: {esc(advice.clean_fix(why))}</small>" if advice.clean_fix(why) else "")
+        + "</li>"
         for effect, why in wrong.items()
     )
     verdict = (
@@ -152,14 +154,29 @@ def clean_section(report):
 
 def legend():
     items = "".join(
-        f'<li><span class="chip {cls}">{esc(word)}</span> {esc(meaning)}</li>'
+        f'<li><span class="chip {cls}">{esc(word)}</span> {esc(meaning)}'
+        + (
+            f"<br><small>fix: {esc(advice.VERDICTS[word][1])}</small>"
+            if advice.VERDICTS[word][1]
+            else ""
+        )
+        + "</li>"
         for cls, word, meaning in VERDICTS
     )
-    return f'<section id="legend"><h2>Legend</h2><ul class="legend">{items}</ul></section>'
+    repeats = "".join(
+        f'<li data-repeat="{esc(kind)}"><b>{esc(words)}</b>: {esc(meaning)}</li>'
+        for kind, (words, meaning) in advice.REPEATS.items()
+    )
+    return (
+        f'<section id="legend"><h2>Legend</h2><ul class="legend">{items}</ul>'
+        f'<h3>Requests sent again</h3><ul class="legend">{repeats}</ul></section>'
+    )
 
 
 def matrix(report, mode):
     from effectdrill.report import counts_cell, distinct, plural, ran_cell, verdict_cell
+
+    row_fixes = advice.row_fixes
 
     rows = [row for row in report.rows if row.durability == mode]
     clean = report.clean[mode]
@@ -184,6 +201,13 @@ def matrix(report, mode):
             f'<td class="ran">{esc(distinct(ran_cell(run.ran) for run in row.runs))}</td>'
             f'{counts}<td class="verdict {cls}">{esc(verdict_cell(row))}</td></tr>'
         )
+        fixes = row_fixes(row)
+        if fixes:  # how to fix it, under the row: its node, its tool call, the fix, the lab
+            lines = "".join(f"<li>{esc(fix)}</li>" for fix in fixes)
+            body.append(
+                f'<tr class="fix {cls}" data-point="{esc(row.point)}"><td></td>'
+                f'<td colspan="{len(effects) + 4}"><b>how to fix</b><ul>{lines}</ul></td></tr>'
+            )
     runs = f", {len(rows[0].runs)} runs each" if rows and len(rows[0].runs) > 1 else ""
     return (
         f'<section class="mode" id="mode-{esc(mode)}" data-mode="{esc(mode)}">'
@@ -198,27 +222,26 @@ def requests_section(report):
     lines = []
     for row in report.rows:
         for repeat in row.requests:
-            words = {
-                outbound.NO_KEY: "REPEATED WITHOUT A KEY",
-                outbound.NEW_KEY: "REPEATED UNDER A NEW KEY",
-                outbound.SAME_KEY: "resent with its key",
-            }.get(repeat["repeat"], repeat["repeat"])
+            words, meaning = advice.REPEATS.get(repeat["repeat"], (repeat["repeat"], ""))
             if not repeat.get("counted", True):
                 words += ", NOT COUNTED by the observer"
-            cls = "ok" if repeat["repeat"] == outbound.SAME_KEY else "duplicate"
+            cls = "duplicate" if repeat["repeat"] in outbound.FINDINGS else "ok"
             sent = " ".join(map(str, repeat["sent"]))
             lines.append(
                 f"<tr><td>{esc(row.durability)}</td><td>{esc(row.point)}</td>"
                 f"<td><code>{esc(repeat['endpoint'])}</code></td>"
                 f"<td>{esc(sent)} (clean {repeat['clean']})</td>"
-                f'<td class="verdict {cls}">{esc(words)}</td></tr>'
+                f'<td class="verdict {cls}">{esc(words)}</td>'
+                f"<td>{esc(row.node)}{esc(''.join(f'; {t}' for t in row.tools))}</td>"
+                f"<td><small>{esc(meaning)}</small></td></tr>"
             )
     if not lines:
         return ""
     return (
         '<section id="requests"><h2>Requests sent again (POST and PATCH)</h2>'
         '<table class="matrix"><thead><tr><th>durability</th><th>point</th><th>request</th>'
-        f"<th>sent</th><th>repeat</th></tr></thead><tbody>{''.join(lines)}</tbody></table>"
+        "<th>sent</th><th>repeat</th><th>node</th><th>what it means, how to fix it</th></tr>"
+        f"</thead><tbody>{''.join(lines)}</tbody></table>"
         f"<p>{esc(outbound.totals_line(report.requests))}</p></section>"
     )
 

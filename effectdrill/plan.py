@@ -28,6 +28,7 @@ class CrashState:
     hold: frozenset = frozenset()
     group: frozenset = frozenset()
     parent_put: bool = False  # a put_writes: its checkpoint's put must be saved first
+    tools: tuple = ()  # the tool calls of the tasks whose writes it leaves unsaved
 
 
 @dataclass
@@ -42,6 +43,7 @@ class Call:
     channels: str = ""
     ns: str = ""
     label: str = ""  # what the table shows (set once the clean run's task names are known)
+    tool: str = ""  # "tool NAME, call ID" when the task ran a tool call (a Send's)
 
 
 @dataclass
@@ -70,7 +72,13 @@ class CleanRun:
                 c.key for c in earlier if c.kind == "put_writes" and c.group == call.group
             )
             states.append(
-                CrashState(call.label, call.key, wait, parent_put=call.kind == "put_writes")
+                CrashState(
+                    call.label,
+                    call.key,
+                    wait,
+                    parent_put=call.kind == "put_writes",
+                    tools=(call.tool,) if call.tool else (),
+                )
             )
         seen = {}  # a label two states share (two held sets of like names): numbered
         for i, state in enumerate(states):
@@ -168,6 +176,7 @@ def held_state(unsaved, step):
         None,
         hold=frozenset(c.key for c in unsaved),
         group=frozenset(c.key for c in step),
+        tools=tuple(c.tool for c in unsaved if c.tool),
     )
 
 
@@ -191,7 +200,7 @@ def held_label(unsaved, step):
     return f"put_writes {names} (others saved)"
 
 
-def name_calls(calls, names):
+def name_calls(calls, names, tools=None):
     """Each call's label: `put_writes NODE [channels]`, or for a Send's task or an @task call
     `put_writes NAME (Send 2 of 3) [channels]` / `(call 1 of 2)`, numbered when it recurs."""
     kinds = {}
@@ -220,6 +229,7 @@ def name_calls(calls, names):
             nth = "@task" if nth == "call" else nth
             label = f"put_writes {name} ({nth}) [{call.channels}]{call.ns}"
         label = safe(label)  # a node's name, as a report shows it
+        call.tool = safe((tools or {}).get(call.task_id, ""))
         seen[label] = seen.get(label, 0) + 1
         call.label = numbered(label, seen[label])
 

@@ -5,6 +5,7 @@ import itertools
 from dataclasses import dataclass, field
 
 from effectdrill import outbound
+from effectdrill.advice import row_fixes
 
 
 @dataclass
@@ -29,6 +30,19 @@ class Row:
     clean: dict
     runs: list = field(default_factory=list)
     requests: list = field(default_factory=list)  # sent again: effectdrill/outbound.py
+    tools: list = field(default_factory=list)  # "tool NAME, call ID" of the tasks it re-runs
+
+    @property
+    def node(self):
+        """The node the point is about: a put_writes' task (a subgraph's as `parent/node`), or
+        for a checkpoint the tasks its recovery ran."""
+        if self.point.startswith("put_writes "):
+            rest = self.point.removeprefix("put_writes ")
+            name = rest.split(" [")[0].split(" (")[0].split(" #")[0]
+            inside = rest.rsplit("] in ", 1)
+            return f"{inside[1].split(' ')[0]}/{name}" if len(inside) == 2 else name
+        ran = self.runs[0].ran if self.runs else []
+        return ", ".join(dict.fromkeys(ran)) or "-"
 
     def effects(self):
         names = dict.fromkeys(self.clean)
@@ -81,6 +95,9 @@ class Row:
             "errors": self.failures(),
             "verdict": self.verdict,
             "requests": self.requests,
+            "node": self.node,
+            "tools": self.tools,
+            "fix": row_fixes(self),
         }
 
 

@@ -155,12 +155,13 @@ def clean_chain(plan, db, mode, thread, outward):
             except Exception as error:
                 line = f"the graph failed in its clean run: {task_error(error)}{plan.hint(error)}"
                 raise Failed({"graph_failed": line, "details": traceback_of(error)}) from None
-            return more, (recorder.carried, trace.names, trace.invokes)
+            return more, (recorder.carried, trace.names, trace.invokes, trace.tools)
 
         status, answer = cold(plan, invoke, outward)
-        more, (recorder.carried, trace.names, trace.invokes) = answer_of(status, answer, "")
+        more, carried = answer_of(status, answer, "")
+        recorder.carried, trace.names, trace.invokes, trace.tools = carried
         if not more:
-            data = (recorder.calls, trace.names, trace.invokes)
+            data = (recorder.calls, trace.names, trace.invokes, trace.tools)
             return {"clean": pickle.dumps(data).hex()}
         fresh = False
     raise Failed({"drill_error": too_many_invokes()})

@@ -41,10 +41,10 @@ class Plan:
         thread = f"drill-{self.run_id}-{mode}-clean"
         self.expect_nothing_yet(thread)
         warm.start("clean", mode, [(None, thread)])
-        calls, names, invokes = warm.next().result()
+        calls, names, invokes, tools = warm.next().result()
         trace = Trace(self, thread, Recorder())
         trace.names, trace.invokes = names, invokes
-        name_calls(calls, names)
+        name_calls(calls, names, tools)
         return CleanRun(self.counts(thread), calls, trace.reruns(), thread)
 
     def end_crash(self, ended, thread):
@@ -145,6 +145,8 @@ class Plan:
         namespace, payload = chunk
         step = steps.setdefault(namespace, [0, False])
         if "result" not in payload and "error" not in payload:  # a start
+            if trace:
+                trace.task_starts(payload)
             if step[1]:
                 step[:] = [step[0] + 1, False]
             return

@@ -22,6 +22,7 @@ class Trace:
         self.thread = thread
         self.recorder = recorder
         self.names = {}  # task id -> name
+        self.tools = {}  # task id -> "tool NAME, call ID": a Send's tool call (its input)
         self.invokes = []  # per invoke: {task id: {effect: count}}, attempts, interrupted ids
         self.last = {}
         self.lock = threading.Lock()  # tasks side by side end on their own threads
@@ -55,6 +56,14 @@ class Trace:
             attempts = invoke["attempts"].get(task)
             if attempts:
                 attempts[-1][1] = now
+
+    def task_starts(self, payload):
+        """A task's start read off the stream: the tool call its input carries, if any (a
+        prebuilt ToolNode's Send per tool call: ToolCallWithContext, or the call itself)."""
+        given = payload.get("input")
+        call = given.get("tool_call", given) if isinstance(given, dict) else None
+        if isinstance(call, dict) and isinstance(call.get("name"), str) and "args" in call:
+            self.tools[payload["id"]] = f"tool {call['name']}, call {call.get('id') or '?'}"
 
     def task_result(self, namespace, payload):
         """A task's result read off the stream: its name and whether it was interrupted."""

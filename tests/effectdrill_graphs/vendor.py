@@ -102,3 +102,23 @@ class Handler(BaseHTTPRequestHandler):
 
     def log_message(self, *args):
         pass
+
+
+def agent():
+    """A prebuilt agent (create_react_agent, a Send per tool call) whose one tool pays through
+    the SDK: the scripted model asks for `create_price` (call id `call-create_price`)."""
+    import warnings
+
+    from langchain_core.tools import tool
+    from langgraph.prebuilt import create_react_agent
+
+    from effectdrill_graphs.apps import Scripted
+
+    @tool
+    def create_price(thread: str) -> str:
+        """Create a price through the vendor's SDK."""
+        return PaymentSDK().create_price(thread)["id"]
+
+    with warnings.catch_warnings():  # deprecated in favour of langchain's create_agent
+        warnings.simplefilter("ignore")
+        return create_react_agent(Scripted(tool="create_price"), [create_price], version="v2")
