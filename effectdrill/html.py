@@ -202,7 +202,7 @@ def matrix(report, mode):
             f'{counts}<td class="verdict {cls}">{esc(verdict_cell(row))}</td></tr>'
         )
         fixes = row_fixes(row)
-        if fixes:  # how to fix it, under the row: its node, its tool call, the fix, the lab
+        if fixes:  # how to fix it, under the row: its node, its tool call, the fix
             lines = "".join(f"<li>{esc(fix)}</li>" for fix in fixes)
             body.append(
                 f'<tr class="fix {cls}" data-point="{esc(row.point)}"><td></td>'
