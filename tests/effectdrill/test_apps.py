@@ -46,6 +46,11 @@ def test_an_agent_run_inside_an_async_node_repeats_its_tools_call_only():
     assert flagged(report) == {
         "put_writes tools (Send) [branch:to:agent, messages] in comment": "DUPLICATE"
     }
+    (row,) = [row for row in report.rows if row.verdict != "ok"]
+    assert row.node == "comment/tools"  # the inner step, named inside its outer node
+    assert row.tools == ["tool post_comment, call call-post_comment"]
+    assert "comment/tools" in row.runs[0].ran  # what the recovery ran, inner steps included
+    assert any("node comment/tools, tool post_comment" in fix for fix in row.as_json()["fix"])
 
 
 def test_a_tool_run_through_a_runnable_lambda_is_a_node_like_any():
