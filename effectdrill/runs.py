@@ -34,6 +34,7 @@ class Plan:
 
     def __post_init__(self):
         self.is_async = needs_async(self.graph)
+        self.saved = "?"  # what the current invoke found saved (set as it starts)
 
     def clean_run(self, db, mode, warm):
         """The clean run, each of its invokes in a process that never ran the graph (see
