@@ -20,6 +20,8 @@ survives a kill); the `postgres` extra adds langgraph-checkpoint-postgres and ps
 postgresql:// database.
 """
 
-from effectdrill.core import DURABILITIES, DrillError, Report, Row, Run, drill
+from effectdrill.api import DURABILITIES, drill
+from effectdrill.errors import DrillError
+from effectdrill.report import Report, Row, Run
 
 __all__ = ["DURABILITIES", "DrillError", "Report", "Row", "Run", "drill"]

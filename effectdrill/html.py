@@ -1,7 +1,7 @@
-"""The drill's report as one HTML file (`--html PATH`): a page people open, or CI keeps.
+"""The drill's report as one HTML file (`--html PATH`): a page people open, or a build keeps.
 
 One self-contained file: the styles are inline, there is no script, no font and no image, so
-it opens the same from a CI artifact, a mail attachment or a disk with no network. A header
+it opens the same from a build's artifact, a mail attachment or a disk with no network. A header
 names the graph, the command and the LangGraph version; then the counts, the clean run, a
 legend and one matrix per durability mode, each row coloured by its verdict with the verdict
 word in the cell (colour is never the only sign), what the database held at the kill and what
@@ -10,11 +10,13 @@ ran on recovery; then the requests sent again.
 
 import html
 import os
+import stat
 import tempfile
 from datetime import UTC, datetime
 from importlib.metadata import PackageNotFoundError, version
 
-from effectdrill import outbound
+from effectdrill import advice, outbound
+from effectdrill.errors import safe
 
 MARK = "<!-- effectdrill report -->"  # the first line of every report: ours to overwrite
 VERDICTS = (  # css class, the word a row's verdict starts with, what it means
@@ -49,8 +51,12 @@ def refuse_foreign(path):
     folder = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(folder):
         return f"--html {path}: no folder {folder}"
+    if os.path.islink(path):  # replaced, a link would be gone; followed, it writes elsewhere
+        return f"--html {path} is a symbolic link: name the file itself"
     if os.path.isdir(path):
         return f"--html {path} is a folder: name a file"
+    if os.path.exists(path) and not stat.S_ISREG(os.lstat(path).st_mode):  # a FIFO: open hangs
+        return f"--html {path} is not a regular file (a FIFO, a device): name a file"
     if os.path.exists(path):
         try:
             with open(path, encoding="utf-8", errors="replace") as existing:
@@ -130,7 +136,9 @@ def clean_section(report):
         cells = ", ".join(f"{esc(e)} {n}" for e, n in counts.items()) or "no effect counted"
         rows.append(f'<tr data-mode="{esc(mode)}"><th>{esc(mode)}</th><td>{cells}</td></tr>')
     flags = "".join(
-        f'<li class="duplicate"><b>REPEATED</b> {esc(effect)}: {esc(why)}</li>'
+        f'<li class="duplicate"><b>REPEATED</b> {esc(effect)}: {esc(why)}'
+        + (f"<br><small>fix: {esc(advice.clean_fix(why))}</small>" if advice.clean_fix(why) else "")
+        + "</li>"
         for effect, why in wrong.items()
     )
     verdict = (
@@ -146,14 +154,29 @@ def clean_section(report):
 
 def legend():
     items = "".join(
-        f'<li><span class="chip {cls}">{esc(word)}</span> {esc(meaning)}</li>'
+        f'<li><span class="chip {cls}">{esc(word)}</span> {esc(meaning)}'
+        + (
+            f"<br><small>fix: {esc(advice.VERDICTS[word][1])}</small>"
+            if advice.VERDICTS[word][1]
+            else ""
+        )
+        + "</li>"
         for cls, word, meaning in VERDICTS
     )
-    return f'<section id="legend"><h2>Legend</h2><ul class="legend">{items}</ul></section>'
+    repeats = "".join(
+        f'<li data-repeat="{esc(kind)}"><b>{esc(words)}</b>: {esc(meaning)}</li>'
+        for kind, (words, meaning) in advice.REPEATS.items()
+    )
+    return (
+        f'<section id="legend"><h2>Legend</h2><ul class="legend">{items}</ul>'
+        f'<h3>Requests sent again</h3><ul class="legend">{repeats}</ul></section>'
+    )
 
 
 def matrix(report, mode):
-    from effectdrill.core import counts_cell, distinct, plural, ran_cell, verdict_cell
+    from effectdrill.report import counts_cell, distinct, plural, ran_cell, verdict_cell
+
+    row_fixes = advice.row_fixes
 
     rows = [row for row in report.rows if row.durability == mode]
     clean = report.clean[mode]
@@ -178,6 +201,13 @@ def matrix(report, mode):
             f'<td class="ran">{esc(distinct(ran_cell(run.ran) for run in row.runs))}</td>'
             f'{counts}<td class="verdict {cls}">{esc(verdict_cell(row))}</td></tr>'
         )
+        fixes = row_fixes(row)
+        if fixes:  # how to fix it, under the row: its node, its tool call, the fix
+            lines = "".join(f"<li>{esc(fix)}</li>" for fix in fixes)
+            body.append(
+                f'<tr class="fix {cls}" data-point="{esc(row.point)}"><td></td>'
+                f'<td colspan="{len(effects) + 4}"><b>how to fix</b><ul>{lines}</ul></td></tr>'
+            )
     runs = f", {len(rows[0].runs)} runs each" if rows and len(rows[0].runs) > 1 else ""
     return (
         f'<section class="mode" id="mode-{esc(mode)}" data-mode="{esc(mode)}">'
@@ -192,27 +222,26 @@ def requests_section(report):
     lines = []
     for row in report.rows:
         for repeat in row.requests:
-            words = {
-                outbound.NO_KEY: "REPEATED WITHOUT A KEY",
-                outbound.NEW_KEY: "REPEATED UNDER A NEW KEY",
-                outbound.SAME_KEY: "resent with its key",
-            }.get(repeat["repeat"], repeat["repeat"])
+            words, meaning = advice.REPEATS.get(repeat["repeat"], (repeat["repeat"], ""))
             if not repeat.get("counted", True):
                 words += ", NOT COUNTED by the observer"
-            cls = "ok" if repeat["repeat"] == outbound.SAME_KEY else "duplicate"
+            cls = "duplicate" if repeat["repeat"] in outbound.FINDINGS else "ok"
             sent = " ".join(map(str, repeat["sent"]))
             lines.append(
                 f"<tr><td>{esc(row.durability)}</td><td>{esc(row.point)}</td>"
                 f"<td><code>{esc(repeat['endpoint'])}</code></td>"
                 f"<td>{esc(sent)} (clean {repeat['clean']})</td>"
-                f'<td class="verdict {cls}">{esc(words)}</td></tr>'
+                f'<td class="verdict {cls}">{esc(words)}</td>'
+                f"<td>{esc(row.node)}{esc(''.join(f'; {t}' for t in row.tools))}</td>"
+                f"<td><small>{esc(meaning)}</small></td></tr>"
             )
     if not lines:
         return ""
     return (
         '<section id="requests"><h2>Requests sent again (POST and PATCH)</h2>'
         '<table class="matrix"><thead><tr><th>durability</th><th>point</th><th>request</th>'
-        f"<th>sent</th><th>repeat</th></tr></thead><tbody>{''.join(lines)}</tbody></table>"
+        "<th>sent</th><th>repeat</th><th>node</th><th>what it means, how to fix it</th></tr>"
+        f"</thead><tbody>{''.join(lines)}</tbody></table>"
         f"<p>{esc(outbound.totals_line(report.requests))}</p></section>"
     )
 
@@ -237,7 +266,7 @@ def installed(name):
 
 
 def esc(value):
-    return html.escape(str(value), quote=True)
+    return html.escape(safe(value), quote=True)
 
 
 STYLE = """

@@ -29,15 +29,27 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from urllib.parse import urlsplit
 
+from effectdrill.errors import safe
+from effectdrill.kinds import EFFECT, MODEL, classify, query_template
+from effectdrill.resent import (  # noqa: F401 - outbound's names too
+    FINDINGS,
+    IN_FLIGHT,
+    NEW_KEY,
+    NO_KEY,
+    SAME_KEY,
+    by_endpoint,
+    effect_requests,
+    keys,
+    model_repeats,
+    repeats,
+    summary_words,
+    table,
+    totals_line,
+)
+
 KEY_HEADER = "idempotency-key"  # compared case-insensitively, as HTTP header names are
-# RFC 9110 section 9.2.2: GET, HEAD, OPTIONS and TRACE are safe, PUT and DELETE idempotent; a
-# repeat of POST or PATCH is a new effect unless the service deduplicates it.
-EFFECT_METHODS = ("POST", "PATCH")
 LOG_NAME = "requests.jsonl"
 THREAD_MARK = "{thread}"  # what a run's thread id becomes in a recorded path
-NO_KEY, NEW_KEY, SAME_KEY = "no key", "new key", "same key"  # what a repeat carried
-IN_FLIGHT = "in flight"  # more only by a request the kill left without its answer
-FINDINGS = (NO_KEY, NEW_KEY)  # the repeats that make a new effect at a key-honouring service
 
 
 @dataclass(frozen=True)
@@ -50,10 +62,15 @@ class Request:
     answered: bool = True  # False: no answer came before the process died (in flight)
     query: str = ""  # the query string, the run's thread id taken out (like the path)
     body: str | None = None  # a digest of the body, the thread id taken out (None: unread)
+    kind: str = EFFECT  # EFFECT, READ or MODEL (kinds.py)
+    operation: str = ""  # a GraphQL request's operation ("mutation closeIssue")
 
     @property
     def endpoint(self):
-        return f"{self.method} {self.path}" + (f"?{self.query}" if self.query else "")
+        """Its name (kinds.py): method, path, the query's steady values, a GraphQL operation."""
+        query = query_template(self.query)
+        named = f"{self.method} {self.path}" + (f"?{query}" if query else "")
+        return safe(named + (f" ({self.operation})" if self.operation else ""))
 
 
 class RequestLog:
@@ -62,6 +79,7 @@ class RequestLog:
     def __init__(self, path, ignore=()):
         self.path = path
         self.ignore = tuple(ignore)  # hosts or host/path prefixes left out (a model API, say)
+        self.pending = {}  # sent id -> (method, host, path): this process's requests
 
     def record(self, method, host, target, key, body=None):
         """Request `target` (a path with its query, or a URL) is about to go out: its id, or
@@ -78,14 +96,16 @@ class RequestLog:
         path, query = (mark(part, thread) for part in (parts.path or "/", parts.query))
         sent = uuid.uuid4().hex[:16]
         entry = [str(thread), method.upper(), host, path, key, query, digest(body, thread)]
-        self.write(["sent", sent, *entry])
+        self.write(["sent", sent, *entry, *classify(method, host, path, body)])
+        self.pending[sent] = (method, host, path)  # classified again once its body is sent
         return sent
 
     def body(self, sent, body):
         """The body of request `sent`, sent after its headers (urllib3 sends it so)."""
         thread = run_thread()
         if sent is not None and thread is not None:
-            self.write(["body", sent, digest(body, thread)])
+            kind = classify(*self.pending.get(sent, ("POST", "", "")), body)
+            self.write(["body", sent, digest(body, thread), *kind])
 
     def answered(self, sent):
         """The answer to request `sent` (record's id) came: it was not in flight at a kill."""
@@ -112,14 +132,18 @@ class RequestLog:
                 if entry[0] == "answered":
                     answered.add(entry[1])
                 elif entry[0] == "body":
-                    bodies[entry[1]] = entry[2]
+                    bodies[entry[1]] = {"body": entry[2], "kind": entry[3], "operation": entry[4]}
                 elif entry[0] == "sent" and entry[2] == thread:
-                    sent[entry[1]] = Request(*entry[2:7], query=entry[7], body=entry[8])
+                    sent[entry[1]] = Request(
+                        *entry[2:7],
+                        query=entry[7],
+                        body=entry[8],
+                        kind=entry[9],
+                        operation=entry[10],
+                    )
             except (ValueError, TypeError, IndexError):
                 continue
-        return [
-            replace(r, answered=i in answered, body=bodies.get(i, r.body)) for i, r in sent.items()
-        ]
+        return [replace(r, answered=i in answered, **bodies.get(i, {})) for i, r in sent.items()]
 
     def effects(self, thread):
         """{endpoint: requests without a key + distinct keys} of the thread's POST and PATCH."""
@@ -134,7 +158,7 @@ class RequestLog:
 
     def annotate(self, report, clean_threads):
         """Give each row its repeated requests and the report their totals (report.requests)."""
-        totals = dict.fromkeys(FINDINGS, 0) | {"not counted": 0, "recorded": 0}
+        totals = dict.fromkeys(FINDINGS, 0) | {"not counted": 0, "recorded": 0, MODEL: 0}
         for thread in clean_threads.values():
             totals["recorded"] += len(effect_requests(self.requests(thread)))
         for row in report.rows:
@@ -142,104 +166,13 @@ class RequestLog:
             runs = [self.requests(run.thread) for run in row.judged()]
             totals["recorded"] += sum(len(effect_requests(sent)) for sent in runs)
             row.requests = repeats(clean, runs, counted=bool(row.duplicates()))
+            row.requests += model_repeats(clean, runs)
             for repeat in row.requests:
+                totals[MODEL] += repeat["repeat"] == MODEL
                 if repeat["repeat"] in FINDINGS:
                     totals[repeat["repeat"]] += 1
                     totals["not counted"] += not repeat["counted"]
         report.requests = totals
-
-
-def repeats(clean, runs, counted):
-    """The endpoints a row's runs sent more often than the clean run, and with what key."""
-    found = []
-    clean_by = by_endpoint(clean)
-    runs_by = [by_endpoint(sent) for sent in runs]
-    endpoints = dict.fromkeys(e for sent in runs_by for e in sent)
-    for endpoint in endpoints:
-        before = clean_by.get(endpoint, [])
-        sent = [s.get(endpoint, []) for s in runs_by]
-        if not any(len(s) > len(before) for s in sent):
-            continue
-        if not any(len([r for r in s if r.answered]) > len(before) for s in sent):
-            found.append(repeat_entry(endpoint, sent, before, IN_FLIGHT, True))
-            continue  # more only with a request the kill left unanswered: it may never have
-        same = [any(bodies(s, b) > bodies(before, b) for b in bodies_of(before)) for s in sent]
-        unkeyed = [sum(r.key is None for r in s) for s in sent]
-        distinct = [len(keys(s)) for s in sent]
-        if any(n > sum(r.key is None for r in before) for n in unkeyed):
-            kind = NO_KEY
-        elif any(n > len(keys(before)) for n in distinct):
-            kind = NEW_KEY
-        else:
-            kind = SAME_KEY
-        entry = repeat_entry(endpoint, sent, before, kind, counted or kind == SAME_KEY)
-        found.append(entry | {"same_body": same})
-    return found
-
-
-def repeat_entry(endpoint, sent, before, kind, counted):
-    return {
-        "endpoint": endpoint,
-        "hosts": sorted({r.host for s in sent for r in s}),
-        "sent": [len(s) for s in sent],
-        "in_flight": [sum(not r.answered for r in s) for s in sent],
-        "clean": len(before),
-        "without_key": [sum(r.key is None for r in s) for s in sent],
-        "keys": [len(keys(s)) for s in sent],
-        "repeat": kind,
-        "counted": counted,
-    }
-
-
-def table(report):
-    """The requests block of the drill's table: one line per endpoint a crash point resent."""
-    lines = [["durability", "point", "request", "sent", "keys", "repeat"]]
-    for row in report.rows:
-        for repeat in getattr(row, "requests", []):
-            clean = repeat["clean"]
-            words = {
-                NO_KEY: "REPEATED WITHOUT A KEY",
-                NEW_KEY: "REPEATED UNDER A NEW KEY",
-                SAME_KEY: "resent with its key",
-                IN_FLIGHT: "in flight at the kill, sent again",
-            }[repeat["repeat"]]
-            if not repeat["counted"]:
-                words += ", NOT COUNTED by the observer"
-            lines.append(
-                [
-                    row.durability,
-                    row.point,
-                    repeat["endpoint"],
-                    f"{' '.join(map(str, repeat['sent']))} (clean {clean})",
-                    " ".join(map(str, repeat["keys"])),
-                    words,
-                ]
-            )
-    if len(lines) == 1:
-        return ""
-    if len({line[0] for line in lines[1:]}) == 1:
-        lines = [line[1:] for line in lines]
-    widths = [max(len(line[i]) for line in lines) for i in range(len(lines[0]))]
-    body = "\n".join(
-        "  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip() for line in lines
-    )
-    title = "requests sent again (POST and PATCH; http.client and httpx)"
-    return f"{title}\n{body}\n{totals_line(report.requests)}"
-
-
-def totals_line(totals):
-    """The requests block's last line: how many repeats of each kind the crash points made."""
-    return (
-        f"requests: {totals[NO_KEY]} repeated without a key, {totals[NEW_KEY]} under a new "
-        f"key, {totals['not counted']} not counted by the observer"
-    )
-
-
-def summary_words(totals):
-    """', N requests ...' for the summary line when a repeat went uncounted, else ''."""
-    if not totals or not totals["not counted"]:
-        return ""
-    return f", {totals['not counted']} repeated requests not counted by the observer"
 
 
 # helpers
@@ -265,15 +198,6 @@ def digest(body, thread):
     return hashlib.sha256(mark(body, thread).encode()).hexdigest()[:16]
 
 
-def bodies_of(sent):
-    return {r.body for r in sent if r.body is not None}
-
-
-def bodies(sent, body):
-    """How many of `sent` carried `body`."""
-    return sum(r.body == body for r in sent)
-
-
 def run_thread():
     """The thread id of the graph run this code runs in, or None outside any run."""
     try:
@@ -282,21 +206,6 @@ def run_thread():
         return get_config().get("configurable", {}).get("thread_id")
     except (ImportError, RuntimeError):
         return None
-
-
-def effect_requests(sent):
-    return [r for r in sent if r.method in EFFECT_METHODS]
-
-
-def by_endpoint(sent):
-    grouped = {}
-    for request in effect_requests(sent):
-        grouped.setdefault(request.endpoint, []).append(request)
-    return grouped
-
-
-def keys(sent):
-    return {r.key for r in sent if r.key is not None}
 
 
 @contextmanager

@@ -6,7 +6,7 @@ def test_no_crash_repeats_an_effect(effect_drill):
 
 import pytest
 
-from effectdrill.core import drill
+from effectdrill.api import drill
 
 
 @pytest.fixture

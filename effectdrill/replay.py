@@ -29,17 +29,20 @@ import tempfile
 from contextlib import contextmanager, redirect_stdout
 
 from effectdrill import outbound
-from effectdrill.core import (
-    MAX_INVOKES,
-    DrillError,
-    compiled,
-    kill_and_reap,
-    one_line,
-    read_all,
-    require_posix,
-    task_error,
-    wait_child,
+from effectdrill.api import compiled
+from effectdrill.cli import (
+    EXIT_CLEAN,
+    EXIT_FOUND,
+    EXIT_INTERRUPTED,
+    EXIT_USAGE,
+    Parser,
+    load,
+    make_context,
+    parse_json,
 )
+from effectdrill.errors import DrillError, one_line, require_posix, task_error
+from effectdrill.processes import kill_and_reap, read_all, wait_child
+from effectdrill.restart import MAX_INVOKES
 
 BRANCH = "branch:to:"  # the channel an edge to a node writes (langgraph/graph/state.py)
 START = "__start__"  # the channel of an input that was saved before any node ran
@@ -47,7 +50,6 @@ SEND = "__pregel_tasks"  # Send() packets waiting for their step
 INTERRUPT = "__interrupt__"  # a pending write of a task stopped at interrupt()
 SENT = "Send packets"  # how the report names SEND
 MARKS = (START, SENT, INTERRUPT)  # pending work that is not a node's name
-EXIT_CLEAN, EXIT_FOUND, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 LOST, REPEATED, RESENT, FAILED, WAITS, OK = (
     "LOST",
     "REPEATED",
@@ -166,7 +168,6 @@ def summary_line(outcomes):
 
 
 def main(argv):
-    from effectdrill.__main__ import load, make_context, parse_json
 
     try:
         args = build_parser().parse_args(argv)
@@ -215,7 +216,6 @@ def all_ok(outcomes):
 
 
 def build_parser():
-    from effectdrill.__main__ import Parser  # the drill's own: one line, not a usage dump
 
     parser = Parser(
         prog="python -m effectdrill replay",
@@ -311,7 +311,7 @@ def resume_in_child(graph, copy, thread, resume_with, context):
     sys.stdout.flush()
     sys.stderr.flush()
     read_end, write_end = os.pipe()
-    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})  # as core.Plan.run_child
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})  # as runs.Plan.fork_child
     pid = os.fork()
     if pid == 0:  # the child: never returns into the caller's code
         code = 0
@@ -360,6 +360,6 @@ def resume(graph, copy, thread, resume_with, context):
             step = Command(resume=resume_with) if waiting else None
             with redirect_stdout(sys.stderr):
                 for chunk in graph.stream(step, config, context=context, stream_mode="tasks"):
-                    if "input" not in chunk:  # a task's result: it ran (see core.Plan.finish)
+                    if "input" not in chunk:  # a task's result: it ran (see runs.Plan.finish)
                         ran.append(chunk["name"])
         return {"next_now": next_now, "ran": ran, "error": f"not done in {MAX_INVOKES} invokes"}

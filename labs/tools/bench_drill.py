@@ -89,7 +89,11 @@ def observe(thread):
 
 IN_PROCESS = """
 import json, os, resource, sqlite3, statistics, sys, time
-import effectdrill, effectdrill.core as core
+import effectdrill
+try:
+    from effectdrill.runs import Plan
+except ImportError:  # a tree from before core.py was split
+    from effectdrill.core import Plan
 import bench_graph
 from langgraph.checkpoint.sqlite import SqliteSaver
 conn = sqlite3.connect(os.environ["BENCH_EFFECTS"] + ".checkpoints", check_same_thread=False)
@@ -107,7 +111,7 @@ def clean_invoke():  # what a crash run is measured against: one invoke, warm, o
         times.append(time.perf_counter() - start)
     invokes.append(statistics.median(times))
 clean, clean_cpu = [], []
-real = core.Plan.clean_run
+real = Plan.clean_run
 def clean_run(self, *args):
     start, cpu = time.perf_counter(), time.process_time()
     try:
@@ -115,7 +119,7 @@ def clean_run(self, *args):
     finally:
         clean.append(time.perf_counter() - start)
         clean_cpu.append(time.process_time() - cpu)
-core.Plan.clean_run = clean_run
+Plan.clean_run = clean_run
 def usage():  # CPU s of this process, CPU s and system s and page faults of its reaped children
     me = resource.getrusage(resource.RUSAGE_SELF)
     kids = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -162,7 +166,7 @@ def bench(tmp, ref, sha, short, runs):
     (tmp / "bench_graph.py").write_text(GRAPH)
     trees = {"this_tree": ROOT, "baseline": baseline}
     figures = {"baseline": {"ref": ref, "short": short}, "runs": runs, "cli_s": {}}
-    if not (baseline / "effectdrill" / "core.py").is_file():  # a commit older than the drill
+    if not (baseline / "effectdrill" / "__init__.py").is_file():  # a commit older than the drill
         del trees["baseline"]
         figures["baseline"]["no_drill"] = True
     figures["load_before"] = os.getloadavg()

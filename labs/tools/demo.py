@@ -536,7 +536,7 @@ class Operation:
 
 def sent_line(sent):
     """'66 messages to its own 21 threads (its clean run's got 3, each crash run's 3 to 5)'.
-    effectdrill names its clean run's thread drill-RUN-MODE-clean (core.py)."""
+    effectdrill names its clean run's thread drill-RUN-MODE-clean (effectdrill/runs.py)."""
     total, threads = sum(sent.values()), len(sent)
     line = f"{total} message{'' if total == 1 else 's'} to its own {threads} thread"
     line += "" if threads == 1 else "s"

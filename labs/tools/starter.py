@@ -19,6 +19,7 @@ from pathlib import Path
 from labs.tools.local import ROOT
 
 CORE = (  # copied unchanged; effectdrill without its pytest plugin (the starter has no pytest)
+    # and without taught.py (where the labs teach each fix: the starter has no labs)
     "failpoints.py",
     "tracing.py",  # off unless TRACE is set (needs OpenTelemetry, which the starter leaves out)
     "httpguard.py",
@@ -28,9 +29,24 @@ CORE = (  # copied unchanged; effectdrill without its pytest plugin (the starter
     "workflow.py",
     "effectdrill/__init__.py",
     "effectdrill/__main__.py",
-    "effectdrill/core.py",
+    "effectdrill/advice.py",
+    "effectdrill/api.py",
+    "effectdrill/cli.py",
+    "effectdrill/errors.py",
+    "effectdrill/html.py",
+    "effectdrill/introspect.py",
+    "effectdrill/kill.py",
+    "effectdrill/kinds.py",
     "effectdrill/outbound.py",
+    "effectdrill/plan.py",
+    "effectdrill/processes.py",
     "effectdrill/replay.py",
+    "effectdrill/report.py",
+    "effectdrill/resent.py",
+    "effectdrill/restart.py",
+    "effectdrill/runs.py",
+    "effectdrill/savers.py",
+    "effectdrill/trace.py",
 )
 OWN = ROOT / "labs" / "tools" / "starter"  # the starter's own files, copied as they are
 EXIT_USAGE = 2

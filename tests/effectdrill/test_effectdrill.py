@@ -89,14 +89,17 @@ def test_sync_reports_each_unkeyed_effect_where_it_happened_and_its_node_was_not
 
 def test_a_kill_before_the_first_checkpoint_leaves_no_next_node_but_a_task(orders_db, tmp_path):
     """Why the drill resumes on get_state().tasks, not .next (effectdrill/README.md)."""
-    from effectdrill.core import CrashState, Killer, Plan, Sqlite
+    from effectdrill.plan import CrashState
+    from effectdrill.restart import KILLED, crash
+    from effectdrill.runs import Plan
+    from effectdrill.savers import Sqlite
 
     db = Sqlite(str(tmp_path / "checkpoints.sqlite"))
     db.check()  # makes the tables, as drill() does first
     plan = Plan(orders.build(), {"order": "o-1"}, orders.observe, None, None, "t")
     writes = "put_writes __start__ [branch:to:validate, order]"  # the input's, saved first
     state = CrashState("put step 0", "put step 0", frozenset({writes}))
-    assert plan.run_child(db, "sync", state, "thread-1", Killer(state, settle=True))
+    assert crash(plan, db, "sync", state, "thread-1") is KILLED
 
     with db.saver() as saver:
         state = (
@@ -335,17 +338,6 @@ BAD_INPUTS = {
     "no attribute": ([f"{GRAPHS}.broken:nothing"], f"{GRAPHS}.broken has no nothing"),
     "not a graph": ([f"{GRAPHS}.broken:NOT_A_GRAPH"], "not a compiled LangGraph graph: str"),
     "bad json": ([f"{GRAPHS}.orders:build", "--input", "{order: 1}"], "--input is not valid JSON"),
-    "node fails": (
-        [f"{GRAPHS}.broken:build", "--observe", f"{GRAPHS}.broken:observe_nothing"],
-        "the graph failed in its clean run: node pick: ValueError: no stock for x",
-    ),
-    "no context": (
-        [f"{GRAPHS}.contextual:build", "--input", '{"to": "{thread}"}']
-        + ["--observe", f"{GRAPHS}.contextual:observe"],
-        "the graph failed in its clean run: node notify: AttributeError: 'NoneType' object has "
-        "no attribute 'db_path' (the graph takes a runtime context, Deps: give it with "
-        "--context MODULE:FUNC, or context= in the library)",
-    ),
     "resume-with neither": (
         [f"{GRAPHS}.orders:build", "--resume-with", "ok"],
         "--resume-with is neither JSON nor MODULE:FUNC: 'ok'",
@@ -399,6 +391,67 @@ BAD_INPUTS = {
 }
 
 
+GRAPH_FAILS = {
+    "node fails": (
+        [f"{GRAPHS}.broken:build", "--observe", f"{GRAPHS}.broken:observe_nothing"],
+        "the graph failed in its clean run: node pick: ValueError: no stock for x",
+    ),
+    "no context": (
+        [f"{GRAPHS}.contextual:build", "--input", '{"to": "{thread}"}']
+        + ["--observe", f"{GRAPHS}.contextual:observe"],
+        "the graph failed in its clean run: node notify: AttributeError: 'NoneType' object has "
+        "no attribute 'db_path' (the graph takes a runtime context, Deps: give it with "
+        "--context MODULE:FUNC, or context= in the library)",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", GRAPH_FAILS, ids=str)
+def test_a_graph_failing_in_its_clean_run_is_exit_3_one_line_and_its_traceback_kept(
+    case, orders_db, tmp_path, temp_root, capsys, monkeypatch
+):
+    """Not a usage mistake (2) nor a finding (1): CI tells the graph's own failure apart."""
+    monkeypatch.setenv("CONTEXT_DB", str(tmp_path / "context.sqlite"))
+    argv, message = GRAPH_FAILS[case]
+    argv = (
+        [*argv, "--input", '{"item": "x", "order": "{thread}"}'] if "--input" not in argv else argv
+    )
+
+    code = main(argv)
+
+    err = capsys.readouterr().err
+    assert code == 3
+    assert err.count("\n") == 1 and err.startswith(f"effectdrill: {message} (its traceback: ")
+    (log,) = temp_root.iterdir()  # nothing else left behind
+    assert err.endswith(f"{log})\n")
+    assert log.name.startswith("effectdrill-graph-failed-")
+    assert "Traceback (most recent call last)" in log.read_text()
+    assert_no_children()
+
+
+def test_a_bug_in_the_drill_is_exit_4_one_line_and_no_traceback_on_the_terminal(
+    orders_db, temp_root, capsys, monkeypatch
+):
+    """The drill's own failure (here its table, made to raise as a bug would): one line that
+    says so, the traceback in a file, never on the terminal."""
+    import effectdrill.report
+
+    def broken(self, width=None):
+        raise TypeError("a bug of ours")
+
+    monkeypatch.setattr(effectdrill.report.Report, "table", broken)
+    argv = [f"{GRAPHS}.orders:build", "--input", '{"item": "x", "order": "{thread}"}']
+    code = main([*argv, "--observe", f"{GRAPHS}.orders:observe"])
+
+    out, err = capsys.readouterr()
+    assert code == 4 and "Traceback" not in out + err
+    assert err.startswith("effectdrill: a bug in effectdrill: TypeError: a bug of ours (the ")
+    assert err.count("\n") == 1
+    (log,) = temp_root.iterdir()
+    assert f"{log}; please report it)" in err
+    assert 'raise TypeError("a bug of ours")' in log.read_text()
+
+
 @pytest.mark.parametrize("case", BAD_INPUTS, ids=str)
 def test_bad_input_is_one_line_and_exit_2_with_nothing_left(
     case, orders_db, tmp_path, temp_root, capsys, monkeypatch
@@ -427,12 +480,11 @@ def test_bad_input_is_one_line_and_exit_2_with_nothing_left(
 
 
 def test_two_crash_children_run_side_by_side(tmp_path, monkeypatch):
-    """The warm parent keeps two crash children running at once (a crash run's CPU is mostly
-    its child's; two cores). In sidebyside's graph, the first child to pass its gate waits
-    for a second child's mark: one child at a time, it would wait alone (and say so)."""
+    """The warm parent keeps two crash runs (each a chain of processes: the killed run, its
+    resume) running at once (two cores). In sidebyside's graph, the first run to pass its gate
+    waits for a second run's mark: one at a time, it would wait alone (and say so)."""
     (tmp_path / "marks").mkdir()
     monkeypatch.setenv("SIDE_DIR", str(tmp_path))
-    monkeypatch.setenv("SIDE_DRILL_PID", str(os.getpid()))
     report = effectdrill.drill(sidebyside.build, {"run": "{thread}"}, sidebyside.observe)
     assert not (tmp_path / "alone").exists(), "a crash child passed its gate alone"
     marked = {mark.name for mark in (tmp_path / "marks").iterdir()}
@@ -499,18 +551,18 @@ def test_ctrl_c_exits_130_and_reaps_the_child(tmp_path, temp_root):
     script = (
         "import effectdrill.__main__ as m, sys, threading, time\n"
         "from effectdrill_graphs import orders\n"
-        "import effectdrill.core as d\n"
+        "import effectdrill.api as api, effectdrill.processes as d\n"
         "ready = open(sys.argv[1], 'w')\n"
-        "real = d.Plan.fork_child\n"
-        "def fork_child(self, *a):\n"
+        "real = d.fork_chain\n"
+        "def fork_chain(*a):  # in the warm parent\n"
         "    ready.write('forking'); ready.flush()\n"
-        "    return real(self, *a)\n"
-        "crash_all = d.crash_all\n"
+        "    return real(*a)\n"
+        "crash_all = api.crash_all\n"
         "def stranding(*a):  # in the drill's own process\n"
         "    threading.Thread(target=threading.Event().wait, name='stranded').start()\n"
         "    return crash_all(*a)\n"
-        "d.crash_all = stranding\n"
-        "d.Plan.fork_child = fork_child\n"
+        "api.crash_all = stranding\n"
+        "d.fork_chain = fork_chain\n"
         "sys.exit(m.main(sys.argv[2:]))\n"
     )
     ready = tmp_path / "ready"
@@ -716,9 +768,11 @@ def test_a_graph_that_expects_the_platforms_store_says_so_and_drills_with_one(
     argv = [f"{GRAPHS}.memory:build", "--input", '{"thread": "{thread}"}']
     argv += ["--observe", f"{GRAPHS}.memory:observe"]
 
-    assert main(argv) == 2
+    assert main(argv) == 3  # the graph failed in its clean run, and the drill says why
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "the graph reads a store" in err and "--store sqlite" in err
+    for log in temp_root.iterdir():  # its traceback, kept for the user
+        log.unlink()
 
     assert main([*argv, "--store", "sqlite", "--json"]) == 0  # the saved memory is found again
     *rows, summary = [json.loads(line) for line in capsys.readouterr().out.splitlines()]

@@ -19,7 +19,7 @@ from effectdrill_graphs import mailer as mailer_graph
 from effectdrill_graphs import outbound as trips
 
 import effectdrill
-from effectdrill.core import HTTP_SAW_NOTHING
+from effectdrill.api import HTTP_SAW_NOTHING
 from effectdrill.outbound import NEW_KEY, NO_KEY, SAME_KEY
 from labs.tools.local import ROOT, run
 

@@ -289,9 +289,9 @@ def test_a_state_langgraph_waits_for_ends_at_once_with_no_verdict(build, monkeyp
     is before its done-callback commits the error writes (Future.set_exception notifies
     waiters, then runs callbacks), so schedule_error_handler (_loop.py) may find no save to
     wait for and run the handler first: then the state is reached, and the row is a row."""
-    import effectdrill.core
+    import effectdrill.kill
 
-    monkeypatch.setattr(effectdrill.core, "HOLD_DEADLINE_S", 3.0)
+    monkeypatch.setattr(effectdrill.kill, "HOLD_DEADLINE_S", 3.0)
     report = effectdrill.drill(build, INPUT, handler.observe)
 
     waited_on = [
@@ -345,7 +345,7 @@ def test_a_repeat_is_pinned_on_its_node_however_late_the_stream_is_read(build, m
     """Effects are counted in the task that made them, as it ends, not when its result is read
     off LangGraph's stream: read after the whole invoke ran (the latest a reader can be), the
     subgraph's repeat is still confirm's, and the retry's still notify's."""
-    stream, astream = effectdrill.core.Plan.stream, effectdrill.core.Plan.astream
+    stream, astream = effectdrill.runs.Plan.stream, effectdrill.runs.Plan.astream
 
     def late(self, *args, **kwargs):  # every event of the invoke read once it has ended
         return iter(list(stream(self, *args, **kwargs)))
@@ -354,8 +354,8 @@ def test_a_repeat_is_pinned_on_its_node_however_late_the_stream_is_read(build, m
         for chunk in [chunk async for chunk in astream(self, *args, **kwargs)]:
             yield chunk
 
-    monkeypatch.setattr(effectdrill.core.Plan, "stream", late)
-    monkeypatch.setattr(effectdrill.core.Plan, "astream", alate)
+    monkeypatch.setattr(effectdrill.runs.Plan, "stream", late)
+    monkeypatch.setattr(effectdrill.runs.Plan, "astream", alate)
     report = effectdrill.drill(build, INPUT, subapproval.observe, resume_with=True)
     assert report.clean_findings() == {"sent": "review/confirm re-ran it after an interrupt"}
     if build is subapproval.build:  # and a retry's attempts (once: a sync graph)
@@ -377,7 +377,7 @@ def test_rows_of_a_subgraph_drill_carry_their_threads():
 
 def assert_cells_whole(report):
     """The table's cells wrap at spaces only: every word of every cell is whole in it."""
-    from effectdrill.core import ran_cell
+    from effectdrill.report import ran_cell
 
     tokens = set(report.table().split())
     for row in report.rows:

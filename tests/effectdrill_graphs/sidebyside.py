@@ -1,8 +1,8 @@
 """gate -> send, to show the drill's crash children running side by side.
 
-In a crash child (any process but the one named by SIDE_DRILL_PID), `gate` leaves a mark in
-SIDE_DIR/marks and waits for a second child's mark; past WAIT_S it writes SIDE_DIR/alone and
-goes on. `send` records one unkeyed effect in SIDE_DIR/effects.sqlite.
+In a crash run or its resume (any run but the clean one, whose thread ends in "-clean"),
+`gate` leaves a mark in SIDE_DIR/marks and waits for a second run's mark; past WAIT_S it writes
+SIDE_DIR/alone and goes on. `send` records one unkeyed effect in SIDE_DIR/effects.sqlite.
 """
 
 import os
@@ -23,7 +23,7 @@ class Run(TypedDict, total=False):
 
 
 def gate(state: Run):
-    if os.getpid() == int(os.environ["SIDE_DRILL_PID"]):  # the clean run and the resumes
+    if state["run"].endswith("-clean"):  # the drill's clean run: alone by design
         return {}
     marks = Path(os.environ["SIDE_DIR"]) / "marks"
     (marks / state["run"]).touch()

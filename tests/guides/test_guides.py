@@ -257,11 +257,17 @@ DEMO_VERDICTS = {
             "run's got 3, each crash run's 3 to 5), the drill says: 20 crash points, 3 duplicate "
             "(email-1, email-2), 0 missing, 0 failed resumes, the clean run repeated email-1 "
             "(approval/review_and_send re-ran it after an interrupt)",
+            "drill labs.graphs.assistant:naive #2: did not run (exit 2): the clean run made no "
+            "effect the observer counts (email-1 0, email-2 0): no crash could repeat one, so "
+            "the drill would test nothing. The graph may act only on some answers or inputs: "
+            "give a --resume-with or --input that makes it act, or --allow-no-effects if this "
+            "run is meant to make none",
             "drill labs.graphs.assistant:fixed: 46 messages to its own 23 threads (its clean "
             "run's got 2, each crash run's 2), the drill says: 22 crash points, 0 duplicate, "
             "0 missing, 0 failed resumes, clean run ok",
         ],
-        "What the labs showed: 1 of 2 drills found an effect repeated or lost",
+        "What the labs showed: 1 of 2 drills found an effect repeated or lost, 1 more did not "
+        "run (exit 2)",
     ),
     "12": (
         [  # the renamed node: done, and no ticket ever made; the guarded one made its ticket

@@ -174,10 +174,29 @@ def test_the_drill_over_every_lab_graph_finds_exactly_the_lessons_duplicates(
     assert list(tmp_path.iterdir()) == []
 
 
+def test_lab_20s_graph_drilled_with_an_answer_that_sends_nothing_is_not_all_clear(
+    world, monkeypatch, tmp_path
+):
+    """Lab 16's answer (true) given to lab 20's handler, which sends only on "accept": the clean
+    run sends nothing, so no crash could repeat anything. The drill says so and stops (it used
+    to print '20 crash points, 0 duplicate ... clean run ok' and exit 0), unless told that a
+    run without effects is what is meant."""
+    for variable, value in world.items():
+        monkeypatch.setenv(variable, value)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    options = {"context": assistant.context(), "resume_with": True}
+    with pytest.raises(effectdrill.DrillError, match="the clean run made no effect the observer"):
+        effectdrill.drill(assistant.naive, CONVERSATION, assistant.observe, **options)
+    report = effectdrill.drill(
+        assistant.naive, CONVERSATION, assistant.observe, allow_no_effects=True, **options
+    )
+    assert report.ok and report.clean == {"sync": {"email-1": 0, "email-2": 0}}
+
+
 def assert_cells_whole(report):
     """The table wraps a cell at spaces only: each word of a row's point, saved and ran cells
     is a word of the table (lab 20's approval/review_and_send broke on a continuation line)."""
-    from effectdrill.core import ran_cell
+    from effectdrill.report import ran_cell
 
     words = set(report.table().split())
     for row in report.rows:

@@ -52,7 +52,7 @@ def test_the_starter_is_the_core_and_its_own_files(built):
     assert {"README.md", "Dockerfile", "compose.yaml", ".dockerignore"} <= set(own)
     assert {"requirements.in", "requirements.txt", "tests/test_crash_window.py"} <= set(own)
     assert {"pyproject.toml", "tests/test_failures.py", "tests/service.py"} <= set(own)
-    assert "tests/test_drill.py" in own and "effectdrill/core.py" in starter.CORE
+    assert "tests/test_drill.py" in own and "effectdrill/api.py" in starter.CORE
 
 
 @pytest.mark.parametrize("name", starter.CORE)
