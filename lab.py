@@ -1035,6 +1035,7 @@ HOOK_POINTS = ("after-inbox",)  # committed, not yet answered: the sender will d
 HOOK_STATUSES = ("opened", "in_progress", "resolved")  # api.py's STATUSES
 CUSTOMER = "customer@example.com"
 HOOKS_TIMEOUT_S = 60.0  # seconds for the receiver's answer to /webhooks and /progress
+HOOKS_WAIT_S = 30  # seconds the receiver waits for its delivery round before it answers
 HOOK_CONNECTIONS = 32  # deliveries served at once, a thread each; one more gets a quick 503
 SIGNATURE_TOLERANCE_S = 300  # seconds a webhook's timestamp may be away from our clock (the
 #                             spec's example: 5 minutes); an older one is a replay, refused
@@ -1051,8 +1052,9 @@ def hooks(args, settings):
     except ValueError as error:
         raise UserError(f"WEBHOOK_SECRET: {error}", EXIT_USAGE) from None
     client = settings.client()
-    # The receiver answers /webhooks and /progress once its delivery round is over, after one
-    # before it (a round tries a silent subscriber 3 times, 2 s each): wait for that, not 5 s.
+    # The receiver delivers apart from the requests; ?wait=S asks it to answer /webhooks and
+    # /progress once the delivery round after them is over (a round tries a silent subscriber
+    # 3 times, 2 s each), so what it delivers is taken before this command ends.
     sender = workflow.TicketClient(settings.api_url, HOOKS_TIMEOUT_S, settings.attempts)
     if not plumbing.is_postgres(settings.checkpoint_db):  # as open_checkpointer checks it
         path = pathlib.Path(settings.checkpoint_db)
@@ -1088,9 +1090,10 @@ def hooks(args, settings):
         delivered, moved = 0, None
         try:
             url = hook_url(args.listen_host, server.server_port)
-            delivered += sender.call("/webhooks", {"url": url})["delivered"]
+            delivered += sender.call(f"/webhooks?wait={HOOKS_WAIT_S}", {"url": url})["delivered"]
             if args.move:
-                moved = sender.call("/progress", {"ticket_id": args.ticket, "statuses": args.move})
+                move = {"ticket_id": args.ticket, "statuses": args.move}
+                moved = sender.call(f"/progress?wait={HOOKS_WAIT_S}", move)
                 delivered += moved["delivered"]
         except KeyboardInterrupt:  # Ctrl-C: what got no 2xx waits at the receiver
             again = f"hooks --ticket {args.ticket} takes it"

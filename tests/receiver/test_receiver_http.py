@@ -650,7 +650,7 @@ def delivered_to_a_subscriber(server):
     threading.Thread(target=subscriber.serve_forever, daemon=True).start()
     try:
         url = f"http://127.0.0.1:{subscriber.server_port}/webhook"
-        reply = request(server, "POST", "/webhooks", {"url": url})
+        reply = request(server, "POST", "/webhooks?wait=30", {"url": url})
     finally:
         subscriber.shutdown()
         subscriber.server_close()
