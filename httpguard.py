@@ -290,6 +290,8 @@ class GuardedHandler(BaseHTTPRequestHandler):
             raise ClientError(400, "send Content-Length once")
         if not DIGITS.fullmatch(values[0].strip()):  # also refuses "-1", "+1", "1e3"
             raise ClientError(400, "Content-Length must be a non-negative whole number")
+        if len(values[0].strip()) > 18:  # bounded before int(): 5,000 digits are its ValueError
+            raise ClientError(413, f"body larger than {self.max_body_bytes} bytes")
         return int(values[0])
 
     def discard_unread_body(self):

@@ -64,6 +64,7 @@ import hmac
 import json
 import os
 import pathlib
+import re
 import signal
 import sqlite3
 import sys
@@ -1037,6 +1038,7 @@ CUSTOMER = "customer@example.com"
 HOOKS_TIMEOUT_S = 60.0  # seconds for the receiver's answer to /webhooks and /progress
 HOOKS_WAIT_S = 30  # seconds the receiver waits for its delivery round before it answers
 HOOK_CONNECTIONS = 32  # deliveries served at once, a thread each; one more gets a quick 503
+TIMESTAMP = re.compile(r"[0-9]{1,12}")  # a webhook-timestamp: Unix seconds (10 digits until 2286)
 SIGNATURE_TOLERANCE_S = 300  # seconds a webhook's timestamp may be away from our clock (the
 #                             spec's example: 5 minutes); an older one is a replay, refused
 
@@ -1243,10 +1245,12 @@ def check_signed(key, headers, body, now=None, tolerance_s=SIGNATURE_TOLERANCE_S
     message_id = headers.get("webhook-id")
     timestamp = headers.get("webhook-timestamp") or ""
     sent = (headers.get("webhook-signature") or "").split()
-    if not message_id or not sent or not httpguard.DIGITS.fullmatch(timestamp):
+    if not message_id or not sent or not timestamp:
         raise httpguard.ClientError(
             400, "a webhook is signed: send webhook-id, webhook-timestamp and webhook-signature"
         )
+    if not TIMESTAMP.fullmatch(timestamp):  # bounded before int(): 400 digits overflow a float
+        raise httpguard.ClientError(400, "webhook-timestamp is Unix seconds: 1 to 12 digits")
     age = (time.time() if now is None else now) - int(timestamp)
     if abs(age) > tolerance_s:
         raise httpguard.ClientError(

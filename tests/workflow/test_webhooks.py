@@ -189,11 +189,15 @@ MALFORMED = {
     "unsigned": (EVENT, 400, "a webhook is signed"),
     "another secret": (EVENT, 403, "webhook-signature does not match"),
     "six minutes old": (EVENT, 403, "s old, over 300 s: a replayed or delayed"),
+    "a timestamp of 400 digits": (EVENT, 400, "webhook-timestamp is Unix seconds"),  # was a
+    "a timestamp of 5000 digits": (EVENT, 400, "webhook-timestamp is Unix seconds"),  # 500
 }
 SIGNING = {  # how the cases above are signed, when not as the receiver signs
     "unsigned": {"key": None},
     "another secret": {"key": b"another secret, sixteen bytes or more"},
     "six minutes old": {"age_s": 360},
+    "a timestamp of 400 digits": {"headers": {"webhook-timestamp": "9" * 400}},
+    "a timestamp of 5000 digits": {"headers": {"webhook-timestamp": "1" * 5000}},
 }
 
 
