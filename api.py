@@ -97,8 +97,11 @@ FAILPOINTS_ADDED = """\
                                  (CIDR). A receiver that calls any url it is given lets its
                                  callers reach whatever it can reach (SSRF)
     WEBHOOK_SECRET               the lab's own (httpguard.DEFAULT_WEBHOOK_SECRET, public): the
-                                 webhooks' signing secret, whsec_ and base64, as Standard
-                                 Webhooks has it; lab.py hooks checks with the same setting
+                                 webhooks' signing secret, whsec_ and the base64 of at least
+                                 24 random bytes, as Standard Webhooks has it; lab.py hooks
+                                 checks with the same setting. Several, space-separated,
+                                 while one replaces another: each delivery is signed with
+                                 each, and hooks accepts any
 """
 ALLOWED_HOSTS = "localhost,127.0.0.0/8,::1"  # WEBHOOK_ALLOWED_HOSTS unless set: loopback
 TOKEN_HEADER = "Failpoint-Token"  # before-answer and before-body fire once for each value
@@ -481,7 +484,7 @@ class LabHandler(receiver.Handler):
                 self.server.deliveries = webhooks.Deliveries(
                     self.server.store,
                     self.server.metrics,
-                    self.webhook_key,
+                    self.webhook_keys,
                     self.allowed_hosts,
                     lambda text: sys.stderr.write(f"{prefix}: {text}\n"),
                 )
@@ -489,8 +492,8 @@ class LabHandler(receiver.Handler):
 
     # helpers
 
-    allowed_hosts = None  # WEBHOOK_ALLOWED_HOSTS and WEBHOOK_SECRET's key, set by configured()
-    webhook_key = None
+    allowed_hosts = None  # WEBHOOK_ALLOWED_HOSTS and WEBHOOK_SECRET's keys, set by configured()
+    webhook_keys = None
 
     def head_written(self):
         headers = getattr(self, "headers", None)  # none yet: a malformed request line
@@ -538,10 +541,10 @@ def configured(environ):
         raise ConfigError(f"WEBHOOK_ALLOWED_HOSTS={text!r}: {error}") from None
     secret = environ.get("WEBHOOK_SECRET") or httpguard.DEFAULT_WEBHOOK_SECRET  # empty: unset
     try:
-        key = httpguard.webhook_key(secret)
+        keys = httpguard.webhook_keys(secret)
     except ValueError as error:
         raise ConfigError(f"WEBHOOK_SECRET: {error}") from None
-    return type("LabHandler", (LabHandler,), {"allowed_hosts": allowed, "webhook_key": key})
+    return type("LabHandler", (LabHandler,), {"allowed_hosts": allowed, "webhook_keys": keys})
 
 
 # helpers: input validation

@@ -35,7 +35,8 @@ Variants, built here from the core's nodes (the core's State and build_graph kno
                       a line after the answer that fails once: LangGraph runs the node again in
                       the same process (lab 17; see the section below)
 Lab 18's `hooks`: the workflow's endpoint for the receiver's webhooks (see its section below),
-    signed ones only (WEBHOOK_SECRET, the lab's own unless set, as api.py's):
+    signed ones only (WEBHOOK_SECRET, the lab's own unless set, as api.py's; several secrets,
+    space-separated, while one replaces another: it accepts any):
     --mode naive applies every delivery; inbox (the default) applies each event once (inbox.py);
     --move STATUS,... moves --ticket through them; --crash-at after-inbox kills it after its
     commit, before its answer
@@ -1050,7 +1051,7 @@ def hooks(args, settings):
             f"--crash-at {args.crash_at} is the inbox's window: drop --mode naive", EXIT_USAGE
         )
     try:
-        key = httpguard.webhook_key(args.webhook_secret)
+        keys = httpguard.webhook_keys(args.webhook_secret)
     except ValueError as error:
         raise UserError(f"WEBHOOK_SECRET: {error}", EXIT_USAGE) from None
     client = settings.client()
@@ -1078,7 +1079,7 @@ def hooks(args, settings):
             )
         taker = Taker(args.mode, box, ledger, client)
         points = {args.crash_at: "kill"} if args.crash_at else {}
-        handler = type("Hook", (HookHandler,), {"taker": taker, "points": points, "key": key})
+        handler = type("Hook", (HookHandler,), {"taker": taker, "points": points, "keys": keys})
         try:
             server = open_endpoint(args.listen_host, handler)
         except OSError as error:
@@ -1214,11 +1215,11 @@ class HookHandler(httpguard.GuardedHandler):
     unavailable_errors = (sqlite3.Error,)  # the inbox busy: a 503, and the sender retries
     taker = None
     points = {}
-    key = None  # WEBHOOK_SECRET's HMAC key
+    keys = ()  # WEBHOOK_SECRET's HMAC keys: one, or several while one replaces another
 
     def post(self, path):
         body = self.read_body()  # a Content-Length of at most 4096 bytes, as the receiver's
-        check_signed(self.key, self.headers, body)  # signed, and recently
+        check_signed(self.keys, self.headers, body)  # signed, and recently
         event = parse_event(body)
         with self.taker.taking, failpoints.scoped(self.points):
             try:
@@ -1237,8 +1238,8 @@ class HookHandler(httpguard.GuardedHandler):
         emit("webhook_refused", status=error.status, error=error.message)
 
 
-def check_signed(key, headers, body, now=None, tolerance_s=SIGNATURE_TOLERANCE_S):
-    """The webhook-id of a body whose signature is key's and whose timestamp is within
+def check_signed(keys, headers, body, now=None, tolerance_s=SIGNATURE_TOLERANCE_S):
+    """The webhook-id of a body signed with one of keys (bytes: one key), its timestamp within
     tolerance_s of now; ClientError 400 (headers missing or malformed) or 403 (a signature
     that does not match: another secret or a changed body; or a timestamp out of the window:
     a replay of an old delivery) otherwise. Signatures are compared in constant time."""
@@ -1258,8 +1259,9 @@ def check_signed(key, headers, body, now=None, tolerance_s=SIGNATURE_TOLERANCE_S
             f"webhook-timestamp is {abs(age):.0f} s {'old' if age > 0 else 'ahead'}, over "
             f"{tolerance_s:g} s: a replayed or delayed delivery is refused",
         )
-    expected = httpguard.signature(key, message_id, timestamp, body).encode()
-    if not any(hmac.compare_digest(expected, each.encode()) for each in sent):
+    keys = (keys,) if isinstance(keys, bytes) else keys
+    expected = [httpguard.signature(k, message_id, timestamp, body).encode() for k in keys]
+    if not any(hmac.compare_digest(e, each.encode()) for e in expected for each in sent):
         raise httpguard.ClientError(
             403, "webhook-signature does not match: another secret, or a changed body"
         )

@@ -212,8 +212,8 @@ class Deliveries:
     ask() after a commit asks for a round that begins after it; wait(asked, seconds) waits for
     that round to end: {"delivered" by the rounds since, "pending" after the last}."""
 
-    def __init__(self, store, metrics, key, allowed, log, getaddrinfo=socket.getaddrinfo):
-        self.store, self.metrics, self.key, self.allowed = store, metrics, key, allowed
+    def __init__(self, store, metrics, keys, allowed, log, getaddrinfo=socket.getaddrinfo):
+        self.store, self.metrics, self.keys, self.allowed = store, metrics, keys, allowed
         self.log, self.getaddrinfo = log, getaddrinfo  # getaddrinfo: a test's resolver
         self.changed = threading.Condition()
         self.asked = self.done = 0  # rounds asked for; the asked count the last round began at
@@ -281,7 +281,7 @@ class Deliveries:
             target, why = None, f"not sent (url {error})"
         for attempt in range(1, WEBHOOK_ATTEMPTS + 1):
             if target is not None:
-                headers = httpguard.signed_headers(self.key, each["event_id"], body)
+                headers = httpguard.signed_headers(self.keys, each["event_id"], body)
                 try:
                     status = post(
                         target, resolved, body, {"Content-Type": "application/json", **headers}

@@ -149,7 +149,7 @@ def endpoint(tmp_path):
         effects.open_ledger(tmp_path / "c.sqlite") as ledger,
     ):
         taker = lab.Taker("inbox", box, ledger, client=None)
-        handler = type("Hook", (lab.HookHandler,), {"taker": taker, "points": {}, "key": KEY})
+        handler = type("Hook", (lab.HookHandler,), {"taker": taker, "points": {}, "keys": (KEY,)})
         server = lab.open_endpoint("127.0.0.1", handler)
         threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
         yield f"http://127.0.0.1:{server.server_port}", box, server
