@@ -201,7 +201,11 @@ def parse_wait(query):
     values = query.get("wait")
     if values is None:
         return None
-    if len(values) != 1 or not re.fullmatch(r"[0-9]{1,2}", values[0]) or int(values[0]) > 60:
+    if (
+        len(values) != 1
+        or not re.fullmatch(r"[0-9]{1,2}", values[0])
+        or int(values[0]) > MAX_WAIT_S
+    ):
         raise ValueError(f"?wait= is a whole number of seconds from 0 to {MAX_WAIT_S}, once")
     return int(values[0])
 
@@ -277,8 +281,10 @@ class Deliveries:
         try:  # checked again: WEBHOOK_ALLOWED_HOSTS may have changed, an older receiver stored it
             target = checked(url, self.allowed)
             resolved = resolve(target, self.getaddrinfo)  # once: every attempt goes to this address
-        except (ValueError, OSError) as error:
+        except ValueError as error:
             target, why = None, f"not sent (url {error})"
+        except OSError as error:  # the name does not resolve (now): this delivery fails
+            target, why = None, f"not sent (cannot resolve the url's host: {error})"
         for attempt in range(1, WEBHOOK_ATTEMPTS + 1):
             if target is not None:
                 headers = httpguard.signed_headers(self.keys, each["event_id"], body)

@@ -274,3 +274,48 @@ def test_a_secret_under_24_bytes_is_refused_with_the_specs_reason(lab, tmp_path)
         (line,) = done.stderr.splitlines()
         assert line.startswith("receiver: WEBHOOK_SECRET: ") and why in line, line
         assert lab_py.main(["hooks", "--ticket", "1"], env) == 2  # hooks refuses it too
+
+
+def test_an_attempt_is_cut_off_when_a_subscriber_trickles_its_answer(tmp_path):
+    """A subscriber that answers a byte a second (each read within the socket's timeout, so a
+    per-read timeout never fires): each attempt ends after WEBHOOK_TIMEOUT_S in all, and the
+    delivery gives up after its tries, instead of being held for as long as the bytes come."""
+    server = socket.create_server(("127.0.0.1", 0))
+    stop = threading.Event()
+
+    def trickle():
+        with contextlib.suppress(OSError):
+            while not stop.is_set():
+                connection, _ = server.accept()
+                threading.Thread(target=drip, args=(connection,), daemon=True).start()
+
+    def drip(connection):
+        with connection, contextlib.suppress(OSError):
+            for byte in b"HTTP/1.1 200 OK\r\nX-Slow: " + b"y" * 40:  # 57 s at this pace
+                if stop.wait(1.0):
+                    return
+                connection.sendall(bytes([byte]))
+
+    threading.Thread(target=trickle, daemon=True).start()
+    metrics = api.receiver.Metrics(api.COUNTERS)
+    store = api.LabStore(tmp_path / "r.sqlite", 5.0, None, metrics)
+    lines = []
+    try:
+        key = httpguard.webhook_key(httpguard.DEFAULT_WEBHOOK_SECRET)
+        deliveries = webhooks.Deliveries(
+            store, metrics, (key,), webhooks.allowed_hosts("127.0.0.1"), lines.append
+        )
+        event = {"event_id": "evt_1", "ticket_id": 1, "status": "opened", "version": 1}
+        began = time.monotonic()
+        url = f"http://127.0.0.1:{server.getsockname()[1]}/hook"
+        assert deliveries.deliver(url, event) is False
+        took = time.monotonic() - began
+    finally:
+        stop.set()
+        server.close()
+        store.close()
+    tries = webhooks.WEBHOOK_ATTEMPTS
+    assert lines == [f"webhook evt_1 attempt {n}: no answer" for n in range(1, tries + 1)] + [
+        f"webhook evt_1 pending: no 2xx in {tries} tries"
+    ]
+    assert took < 40, took  # 3 x 2 s and the pauses on a quiet machine; 3 x 57 s before
