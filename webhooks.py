@@ -64,19 +64,35 @@ def parse_url(url):
     if "#" in rest:
         raise ValueError("has a #fragment, which is never sent: leave it out")
     host, port = split_authority(authority)
+    if port is not None and not 0 < port < 65536:
+        raise ValueError(GENERIC if port > 65535 else "has port 0: name the port it listens on")
+    if other_readings(url) != {(host, port)}:  # belt and braces: the other readers agree
+        raise ValueError("is read differently by Python's URL parsers: write its host plainly")
     scheme = match["scheme"].lower()
     port = (443 if scheme == "https" else 80) if port is None else port
-    if not 0 < port < 65536:
-        raise ValueError(GENERIC if port > 65535 else "has port 0: name the port it listens on")
-    try:  # belt and braces: the readers that other code may use agree, or it is refused
-        parts = urlsplit(url)
-        agree = parts.hostname == host and (parts.port or port) == port
-        agree = agree and urllib.request.Request(url).host.lower() == authority.lower()
-    except ValueError:
-        agree = False
-    if not agree:
-        raise ValueError("is read differently by Python's URL parsers: write its host plainly")
     return Target(scheme, host, port, rest or "/")
+
+
+def other_readings(url):
+    """{(host, port or None)} as urlsplit reads url and as urllib.request hands it to
+    http.client (which would connect there); an empty set if one of them refuses it."""
+
+    def plain(name):
+        with suppress(ValueError):
+            return str(ipaddress.ip_address(name))
+        return name.lower()
+
+    try:
+        parts = urlsplit(url)
+        authority = urllib.request.Request(url).host
+        client = http.client.HTTPConnection(authority)  # reads host and port, connects nowhere
+        has_port = authority.rpartition(":")[2].isdigit() and not authority.endswith("]")
+    except (ValueError, http.client.InvalidURL):
+        return set()
+    return {
+        (plain(parts.hostname or ""), parts.port),
+        (plain(client.host), client.port if has_port else None),
+    }
 
 
 def split_authority(authority):

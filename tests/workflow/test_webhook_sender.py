@@ -319,3 +319,60 @@ def test_an_attempt_is_cut_off_when_a_subscriber_trickles_its_answer(tmp_path):
         f"webhook evt_1 pending: no 2xx in {tries} tries"
     ]
     assert took < 40, took  # 3 x 2 s and the pauses on a quiet machine; 3 x 57 s before
+
+
+@pytest.mark.fast
+def test_any_url_is_read_one_way_or_refused_with_a_reason():
+    """parse_url on strings built of the pieces that made parsers disagree: it returns a Target
+    that urlsplit and urllib read the same way (host and port), or raises ValueError (the
+    400's reason); never another exception (a 500)."""
+    import http.client
+    import ipaddress
+    from urllib.parse import urlsplit
+
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    hosts = st.sampled_from(
+        ["::1", "0:0::1", "127.0.0.1", "localhost", "name.test", "v1.x", "::1%25eth0", "::1%",
+         "ffff::", "", "_x", "a b", "é"]
+    )  # fmt: skip
+    after = st.lists(
+        st.sampled_from([".", "name", "x", ":", "9", "]", "[", "@", "%25"]), max_size=3
+    )
+    urls = st.builds(
+        lambda scheme, open_, host, close, more, port, path: (
+            scheme + open_ + host + close + "".join(more) + port + path
+        ),
+        st.sampled_from(["http://", "https://", "HTTP://", "ftp://", "http:/"]),
+        st.sampled_from(["", "["]),
+        hosts,
+        st.sampled_from(["", "]"]),
+        after,
+        st.sampled_from(["", ":9", ":80", ":443", ":", ":x", ":0", ":99999"]),
+        st.sampled_from(["", "/", "/h?x=1", "#f", "/a\tb"]),
+    )
+
+    @settings(max_examples=3000, deadline=None, derandomize=True)
+    @given(urls)
+    def check(url):
+        try:
+            target = webhooks.parse_url(url)
+        except ValueError as error:
+            assert str(error), url
+            return
+        # where urllib would connect: its Request's host, read by the http.client class
+        # urllib picks for the scheme; and the host urlsplit reads (the allow-list's before)
+        kind = (
+            http.client.HTTPSConnection if target.scheme == "https" else http.client.HTTPConnection
+        )
+        client = kind(urllib.request.Request(url).host)  # connects nowhere
+        assert (plain(client.host), client.port) == (target.host, target.port), url
+        assert plain(urlsplit(url).hostname) == target.host, url
+
+    def plain(host):
+        with contextlib.suppress(ValueError):
+            return str(ipaddress.ip_address(host))
+        return host.lower()
+
+    check()
