@@ -35,7 +35,7 @@ RUN pip install --no-cache-dir --require-hashes -r requirements.txt
 # Nothing may write bytecode at run time (read-only root fs). The code stays owned by root:
 # the app user cannot change it. api.py is the lab's receiver, built on receiver.py (the core's).
 ENV PYTHONDONTWRITEBYTECODE=1
-COPY failpoints.py httpguard.py tracing.py receiver.py api.py effects.py inbox.py plumbing.py workflow.py lab.py \
+COPY failpoints.py httpguard.py tracing.py receiver.py api.py webhooks.py effects.py inbox.py plumbing.py workflow.py lab.py \
      worker.py relay.py ./
 COPY effectdrill/ effectdrill/
 COPY labs/graphs/ labs/graphs/

@@ -26,27 +26,31 @@ lookup by key); the starter takes it unchanged. This file extends it, by subclas
     POST /messages               body {"to": "...", "text": "..."}: 201 {"message_id"}, lab 15's
                                  stand-in for an email service: no key read, no lookup, so
                                  every request is one more message
-    POST /webhooks               body {"url": "http://HOST:PORT/PATH"}: the one subscriber to
-                                 tickets' progress (it replaces the last), then every event
-                                 not yet delivered is delivered to it: 200 {"delivered",
+    POST /webhooks[?wait=S]      body {"url": "http://HOST:PORT/PATH"}: the one subscriber to
+                                 tickets' progress (it replaces the last), then a delivery
+                                 round of every event not yet delivered: 200 {"delivered",
                                  "pending"} (lab 18); 400 a url that is not plain http(s),
-                                 or whose host is not in WEBHOOK_ALLOWED_HOSTS: not stored,
-                                 the subscriber before it stays
-    POST /progress               body {"ticket_id": N, "statuses": [...]} (opened, in_progress,
+                                 whose host one parser could read another way than the
+                                 sender (webhooks.parse_url), or whose host is not in
+                                 WEBHOOK_ALLOWED_HOSTS: not stored, the subscriber stays
+    POST /progress[?wait=S]      body {"ticket_id": N, "statuses": [...]} (opened, in_progress,
                                  resolved), optional Idempotency-Key: each status that
                                  changes the ticket's (not the one it has) one event
                                  {"event_id", "ticket_id", "status", "version"} (version: 1,
-                                 2, ... per ticket), committed, then delivered with every
-                                 pending one: 200 {"events", "delivered", "pending"}; 404 no
+                                 2, ... per ticket), committed, then a delivery round:
+                                 200 {"events", "delivered", "pending"}; 404 no
                                  ticket N. The same key and body again: the events it made
                                  the first time, none made now; another body: 409
 A webhook is a POST of one event's JSON to the subscriber, signed as Standard Webhooks says
-(httpguard.signed_headers: webhook-id is the event id), delivered at least once: an answer
-that is not a 2xx (or none, or a redirect, which is never followed) is retried
-WEBHOOK_ATTEMPTS times, WEBHOOK_RETRY_S apart; an event still not delivered then stays
-pending, and so do the ones after it, until the next POST /webhooks or /progress. One
-delivery round at a time, in event order. Once /progress has committed its events it answers
-200, whatever its delivery round met: the events wait for the next round.
+(httpguard.signed_headers: webhook-id is the event id), delivered at least once by the
+receiver's one sender thread (webhooks.Deliveries), apart from the requests: an answer that is
+not a 2xx (or none, or a redirect, which is never followed) is retried WEBHOOK_ATTEMPTS times,
+WEBHOOK_RETRY_S apart; an event still not delivered then stays pending, and so do the ones
+after it, until the next POST /webhooks or /progress asks for a round. One round at a time, in
+event order. A request answers once its own write is committed ("delivered": 0), or, with
+?wait=S (whole seconds, at most 60), once the round it asked for is over: what that round
+delivered and what is still pending. A subscriber that never answers delays only the
+deliveries; a committed /progress answers 200 whatever its round met.
 The routes of receiver.py (/health, /metrics, /tickets) answer as it says; /metrics also counts
 refunds and reservations created and messages sent. A tickets table made before created_at was
 kept (an older lab's file) gets the column when the receiver opens it.
@@ -55,19 +59,16 @@ Run it as `python api.py` (compose.yaml's api service and every guide do); its s
 receiver.py's, two of its own (below), and FAILPOINTS knows more points (below).
 """
 
-import ipaddress
 import json
 import os
-import re
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 from urllib.parse import parse_qs, urlsplit
 
 import httpguard
 import receiver
+import webhooks
 from failpoints import fail
 from httpguard import ClientError
 from receiver import ConfigError, parse_key, parse_object
@@ -96,12 +97,13 @@ FAILPOINTS_ADDED = """\
                                  (CIDR). A receiver that calls any url it is given lets its
                                  callers reach whatever it can reach (SSRF)
     WEBHOOK_SECRET               the lab's own (httpguard.DEFAULT_WEBHOOK_SECRET, public): the
-                                 webhooks' signing secret, whsec_ and base64, as Standard
-                                 Webhooks has it; lab.py hooks checks with the same setting
+                                 webhooks' signing secret, whsec_ and the base64 of at least
+                                 24 random bytes, as Standard Webhooks has it; lab.py hooks
+                                 checks with the same setting. Several, space-separated,
+                                 while one replaces another: each delivery is signed with
+                                 each, and hooks accepts any
 """
 ALLOWED_HOSTS = "localhost,127.0.0.0/8,::1"  # WEBHOOK_ALLOWED_HOSTS unless set: loopback
-URL_CHARACTERS = re.compile(r"[A-Za-z0-9\-._~:/?#\[\]@!$&'()*+,;=%]+")  # RFC 3986's, no other
-BAD_ESCAPE = re.compile(r"%(?![0-9A-Fa-f]{2})")  # a % not followed by two hex digits
 TOKEN_HEADER = "Failpoint-Token"  # before-answer and before-body fire once for each value
 BUSY_TIMEOUT_S = receiver.BUSY_TIMEOUT_S  # the core's: workflow.py sizes its 503 retries by it
 SEATS = 10  # seats for all reservations together: few, so a caller can ask for more than are left
@@ -160,9 +162,6 @@ WEBHOOK_SCHEMA = (  # lab 18: the provider's side of a webhook
 )""",
 )
 STATUSES = ("opened", "in_progress", "resolved")  # a ticket's progress, as webhooks tell it
-WEBHOOK_ATTEMPTS = 3  # tries of one delivery in a round, before it waits for the next round
-WEBHOOK_RETRY_S = 0.2  # seconds between them
-WEBHOOK_TIMEOUT_S = 2.0  # seconds for the subscriber to answer one delivery
 OLDER_TICKETS = {"id", "operation_key", "payload"}  # a tickets table before created_at was kept
 COUNTERS = {  # receiver.COUNTERS, and this file's routes' own
     "tickets_created": receiver.COUNTERS["tickets_created"],
@@ -401,9 +400,11 @@ class LabHandler(receiver.Handler):
             fail("after-commit")
             return 201, {"message_id": message_id}
         if path == "/webhooks":
+            wait = self.waiting()
             self.server.store.subscribe(parse_subscriber(self.read_body(), self.allowed_hosts))
-            return 200, self.deliver()
+            return 200, self.deliver(wait)
         if path == "/progress":
+            wait = self.waiting()
             body = self.read_body()
             key = parse_key([v.strip(" \t") for v in self.headers.get_all("Idempotency-Key", [])])
             try:
@@ -422,7 +423,7 @@ class LabHandler(receiver.Handler):
                 )
             # Committed: from here the answer is a 200 whatever the round meets (a "retry"
             # would make the events again), and what was not delivered waits.
-            return 200, {"events": events, **self.deliver(committed=events)}
+            return 200, {"events": events, **self.deliver(wait, committed=events)}
         answer = super().post(path)  # committed (and after-commit passed): now the answer
         token = self.headers.get(TOKEN_HEADER)
         if token and fail("before-answer", once_per=token) == "drop-answer":
@@ -451,67 +452,48 @@ class LabHandler(receiver.Handler):
             return 200, {"reservations": self.server.store.reservations(self.query_key())}
         return super().get(path)
 
-    def deliver(self, committed=None):
-        """One delivery round: every pending event to the subscriber, in order (reorder: newest
-        first), each retried until a 2xx or WEBHOOK_ATTEMPTS tries; the first that gets none
-        ends the round (the subscriber is down: the rest wait too). {"delivered", "pending"}
-
-        committed: the events this request has just committed. A round that then fails (the
-        database busy) is one line in the log, not an error answer: they wait, pending."""
-        delivered, events = 0, committed or []
+    def deliver(self, wait, committed=None):
+        """Ask for a delivery round (webhooks.Deliveries: on a thread of its own) and answer at
+        once, or, with ?wait=S, once that round is over (at most S seconds): {"delivered",
+        "pending"}. committed: the events this request has just committed; a pending count the
+        database cannot give then is theirs (they wait, pending), not an error answer."""
+        deliveries = self.deliveries()
+        asked = deliveries.ask()
         try:
-            with DELIVERING:  # one round at a time: two would deliver the same events at once
-                url, events = self.server.store.pending()
-                if fail("reorder") == "on":
-                    events.reverse()
-                for each in events if url else ():
-                    if not self.deliver_one(url, each):
-                        break
-                    self.server.store.delivered(each["event_id"])
-                    delivered += 1
-                    if fail("redeliver") == "on":  # a sender that lost track of its 2xx
-                        self.deliver_one(url, each)
-                left = len(self.server.store.pending()[1])
+            if wait is None:  # the round runs after the answer
+                return {"delivered": 0, "pending": len(self.server.store.pending()[1])}
+            return deliveries.wait(asked, wait)
         except Exception as error:
             if committed is None:
                 raise  # nothing committed by this request: its answer may say retry
-            self.log_line(f"delivery round stopped ({error}); the events stay pending")
-            left = max(len(events) - delivered, 0)
-        return {"delivered": delivered, "pending": left}
+            self.log_line(f"pending count failed ({error}); the events stay pending")
+            return {"delivered": 0, "pending": len(committed)}
 
-    def deliver_one(self, url, each):
-        """POST the event to url until a 2xx, at most WEBHOOK_ATTEMPTS times: whether one came.
-        A redirect is an answer without a 2xx: never followed (a POST's 302 would become a
-        bodiless GET, and its 2xx would mark the event delivered), and no proxy is asked."""
-        body = json.dumps(each).encode()
-        for attempt in range(1, WEBHOOK_ATTEMPTS + 1):
-            headers = httpguard.signed_headers(self.webhook_key, each["event_id"], body)
-            request = urllib.request.Request(
-                url, body, {"Content-Type": "application/json", **headers}
-            )
-            try:
-                with SENDER.open(request, timeout=WEBHOOK_TIMEOUT_S) as answer:
-                    answer.read()
-                self.server.metrics.add("webhooks_delivered")
-                self.log_line(f"webhook {each['event_id']} attempt {attempt}: {answer.status}")
-                return True
-            except urllib.error.HTTPError as error:  # answered, not with a 2xx: retried
-                why = f"{error.code}{' (a redirect: not followed)' if error.code < 400 else ''}"
-            except OSError:  # refused, reset, timed out: no answer, retried
-                why = "no answer"
-            except Exception as error:  # a url the sender cannot use (stored by an older
-                why = f"not sent ({error})"  # receiver): a failed delivery, kept pending
-            self.server.metrics.add("webhooks_failed")
-            self.log_line(f"webhook {each['event_id']} attempt {attempt}: {why}")
-            if attempt < WEBHOOK_ATTEMPTS:
-                time.sleep(WEBHOOK_RETRY_S)
-        self.log_line(f"webhook {each['event_id']} pending: no 2xx in {WEBHOOK_ATTEMPTS} tries")
-        return False
+    def waiting(self):
+        """?wait=S of a POST /webhooks or /progress, read before anything is committed."""
+        try:
+            return webhooks.parse_wait(parse_qs(urlsplit(self.path).query, keep_blank_values=True))
+        except ValueError as error:
+            raise ClientError(400, str(error)) from None
+
+    def deliveries(self):
+        """The server's one sender (webhooks.Deliveries), started by the first request."""
+        with STARTING:
+            if getattr(self.server, "deliveries", None) is None:
+                prefix = self.log_prefix
+                self.server.deliveries = webhooks.Deliveries(
+                    self.server.store,
+                    self.server.metrics,
+                    self.webhook_keys,
+                    self.allowed_hosts,
+                    lambda text: sys.stderr.write(f"{prefix}: {text}\n"),
+                )
+            return self.server.deliveries
 
     # helpers
 
-    allowed_hosts = None  # WEBHOOK_ALLOWED_HOSTS and WEBHOOK_SECRET's key, set by configured()
-    webhook_key = None
+    allowed_hosts = None  # WEBHOOK_ALLOWED_HOSTS and WEBHOOK_SECRET's keys, set by configured()
+    webhook_keys = None
 
     def head_written(self):
         headers = getattr(self, "headers", None)  # none yet: a malformed request line
@@ -520,15 +502,7 @@ class LabHandler(receiver.Handler):
             fail("before-body", once_per=token)
 
 
-DELIVERING = threading.Lock()  # held by the one delivery round at a time (LabHandler.deliver)
-
-
-class NoRedirects(urllib.request.HTTPRedirectHandler):
-    def redirect_request(self, *args):
-        return None  # urllib then raises the 3xx as an HTTPError: a failed delivery
-
-
-SENDER = urllib.request.build_opener(urllib.request.ProxyHandler({}), NoRedirects)
+STARTING = threading.Lock()  # LabHandler.deliveries: one sender per server
 
 
 def event(event_id, ticket_id, status, version):
@@ -562,15 +536,15 @@ def configured(environ):
     """LabHandler with WEBHOOK_ALLOWED_HOSTS and WEBHOOK_SECRET read; ConfigError if one is bad."""
     text = environ.get("WEBHOOK_ALLOWED_HOSTS", ALLOWED_HOSTS)
     try:
-        allowed = allowed_hosts(text)
+        allowed = webhooks.allowed_hosts(text)
     except ValueError as error:
         raise ConfigError(f"WEBHOOK_ALLOWED_HOSTS={text!r}: {error}") from None
     secret = environ.get("WEBHOOK_SECRET") or httpguard.DEFAULT_WEBHOOK_SECRET  # empty: unset
     try:
-        key = httpguard.webhook_key(secret)
+        keys = httpguard.webhook_keys(secret)
     except ValueError as error:
         raise ConfigError(f"WEBHOOK_SECRET: {error}") from None
-    return type("LabHandler", (LabHandler,), {"allowed_hosts": allowed, "webhook_key": key})
+    return type("LabHandler", (LabHandler,), {"allowed_hosts": allowed, "webhook_keys": keys})
 
 
 # helpers: input validation
@@ -628,65 +602,16 @@ def parse_payments_query(target):
 
 
 def parse_subscriber(body, allowed):
-    """Validate a POST /webhooks body: the url, plain http(s) to a host the allow-list names."""
+    """Validate a POST /webhooks body: the url, plain http(s) to a host the allow-list names,
+    read by the one parser the deliveries use (webhooks.checked)."""
     url = parse_object(body, '{"url": "http://HOST:PORT/PATH"}', "url")["url"]
-    parts = urlsplit(url) if isinstance(url, str) and len(url) <= 500 else None
     try:
-        port = parts and parts.port  # ValueError: a port that is not a number from 0 to 65535
-    except ValueError:
-        parts = None
-    if not parts or parts.scheme not in ("http", "https") or not parts.hostname:
+        webhooks.checked(url, allowed)
+    except ValueError as error:
         raise ClientError(
-            400, "url must be an http:// or https:// URL with a host, at most 500 characters"
-        )
-    if why := url_problem(url, parts, port, allowed):
-        raise ClientError(400, f"url {why}; nothing stored, the subscriber stays as it was")
+            400, f"url {error}; nothing stored, the subscriber stays as it was"
+        ) from None
     return url
-
-
-def url_problem(url, parts, port, allowed):
-    """Why a url that urlsplit took is still not one to call, or None. urlsplit takes nearly
-    anything (it even drops a tab, CR or LF without a word): the url itself must be RFC 3986's."""
-    if not URL_CHARACTERS.fullmatch(url) or BAD_ESCAPE.search(url):
-        return "holds a space, a control or non-ASCII character, or a bad %-escape"
-    if "@" in parts.netloc:
-        return "names a user (user:password@), which would be sent along: send none"
-    if "#" in url:
-        return "has a #fragment, which is never sent: leave it out"
-    if port == 0:
-        return "has port 0: name the port the subscriber listens on"
-    if not host_allowed(parts.hostname, allowed):
-        return (
-            f"names host {parts.hostname!r}, which is not in WEBHOOK_ALLOWED_HOSTS (the "
-            "receiver calls only the hosts it is told it may)"
-        )
-    return None
-
-
-def allowed_hosts(text):
-    """WEBHOOK_ALLOWED_HOSTS: (host names, IP networks); ValueError for an entry of neither."""
-    names, networks = set(), []
-    for entry in (each.strip() for each in text.split(",")):
-        try:
-            networks.append(ipaddress.ip_network(entry, strict=False))
-        except ValueError:
-            if not re.fullmatch(r"[A-Za-z0-9]([A-Za-z0-9.-]{0,251}[A-Za-z0-9])?", entry):
-                raise ValueError(
-                    f"{entry!r} is neither a host name, an IP address nor a network"
-                ) from None
-            names.add(entry.lower())
-    return names, networks
-
-
-def host_allowed(host, allowed):
-    """A name on the list, or an IP address inside one of its networks (urlsplit gives the
-    host lower-cased, without the [] of an IPv6 address)."""
-    names, networks = allowed
-    try:
-        address = ipaddress.ip_address(host)
-    except ValueError:
-        return host in names  # a name is called as it is listed: no other spelling of it
-    return any(address in network for network in networks)
 
 
 def parse_progress(body):

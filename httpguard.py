@@ -25,7 +25,8 @@ JSON, or nested deeper than the parser's recursion limit). A webhook is signed a
 the Standard Webhooks specification says (standardwebhooks.com): headers webhook-id,
 webhook-timestamp and webhook-signature, "v1," and the base64 HMAC-SHA256 of
 "ID.TIMESTAMP.BODY" under a secret "whsec_" + base64 key bytes (signed_headers; the endpoint
-that takes them computes signature() again and compares).
+that takes them computes signature() again and compares). While a secret is replaced, the
+sender signs with each of several (webhook_keys) and the endpoint accepts any.
 """
 
 import base64
@@ -65,6 +66,7 @@ FULL_ANSWER = (  # written by the accepting thread itself, so it is prepared onc
 )
 
 
+MIN_SECRET_BYTES = 24  # Standard Webhooks' symmetric secret: "At least 24 bytes (192 bits)"
 DEFAULT_WEBHOOK_SECRET = "whsec_c3RhdGVmdWwtYWdlbnQtbGFiIHdlYmhvb2tzLCBsYWIgb25seQ=="  # the
 #   WEBHOOK_SECRET of both sides unless set: public, so it proves nothing; set your own
 
@@ -97,15 +99,39 @@ def parse_json(body, example, object_pairs_hook=None, hook_errors=()):
 
 
 def webhook_key(secret):
-    """The HMAC key of a Standard Webhooks secret, "whsec_" + base64; ValueError if it is not."""
+    """The HMAC key of a Standard Webhooks secret, "whsec_" + base64; ValueError if it is not,
+    or if it is shorter than the spec's symmetric secret: "At least 24 bytes (192 bits)"."""
     encoded = secret.removeprefix("whsec_")
     try:
         key = base64.b64decode(encoded, validate=True)
     except (binascii.Error, ValueError):
         key = b""
-    if not secret.startswith("whsec_") or len(key) < 16:
-        raise ValueError("a webhook secret is whsec_ and the base64 of at least 16 bytes")
+    if not secret.startswith("whsec_") or not key:
+        raise ValueError("a webhook secret is whsec_ and the base64 of at least 24 random bytes")
+    if len(key) < MIN_SECRET_BYTES:
+        raise ValueError(
+            f"a secret of {len(key)} bytes is too short: Standard Webhooks asks for at least "
+            f"{MIN_SECRET_BYTES} random bytes (192 bits) under its whsec_"
+        )
     return key
+
+
+def webhook_keys(setting):
+    """The keys of WEBHOOK_SECRET: one secret, or several space-separated while one replaces
+    another (the spec's zero-downtime rotation: sign with each, accept any); ValueError says
+    which is not one."""
+    secrets = setting.split()
+    if not secrets:
+        raise ValueError("a webhook secret is whsec_ and the base64 of at least 24 random bytes")
+    keys = []
+    for number, secret in enumerate(secrets, 1):
+        try:
+            keys.append(webhook_key(secret))
+        except ValueError as error:
+            raise ValueError(
+                f"secret {number} of {len(secrets)}: {error}" if len(secrets) > 1 else str(error)
+            ) from None
+    return tuple(keys)
 
 
 def signature(key, message_id, timestamp, body):
@@ -114,13 +140,15 @@ def signature(key, message_id, timestamp, body):
     return "v1," + base64.b64encode(mac.digest()).decode()
 
 
-def signed_headers(key, message_id, body, now=None):
-    """The three headers that sign body as the webhook message_id, now (Unix seconds)."""
+def signed_headers(keys, message_id, body, now=None):
+    """The three headers that sign body as the webhook message_id, now (Unix seconds), with
+    each of keys (one key's bytes, or several: their signatures space-separated)."""
+    keys = (keys,) if isinstance(keys, bytes) else keys
     timestamp = str(int(time.time() if now is None else now))
     return {
         "webhook-id": message_id,
         "webhook-timestamp": timestamp,
-        "webhook-signature": signature(key, message_id, timestamp, body),
+        "webhook-signature": " ".join(signature(k, message_id, timestamp, body) for k in keys),
     }
 
 
@@ -290,6 +318,8 @@ class GuardedHandler(BaseHTTPRequestHandler):
             raise ClientError(400, "send Content-Length once")
         if not DIGITS.fullmatch(values[0].strip()):  # also refuses "-1", "+1", "1e3"
             raise ClientError(400, "Content-Length must be a non-negative whole number")
+        if len(values[0].strip()) > 18:  # bounded before int(): 5,000 digits are its ValueError
+            raise ClientError(413, f"body larger than {self.max_body_bytes} bytes")
         return int(values[0])
 
     def discard_unread_body(self):

@@ -35,7 +35,8 @@ Variants, built here from the core's nodes (the core's State and build_graph kno
                       a line after the answer that fails once: LangGraph runs the node again in
                       the same process (lab 17; see the section below)
 Lab 18's `hooks`: the workflow's endpoint for the receiver's webhooks (see its section below),
-    signed ones only (WEBHOOK_SECRET, the lab's own unless set, as api.py's):
+    signed ones only (WEBHOOK_SECRET, the lab's own unless set, as api.py's; several secrets,
+    space-separated, while one replaces another: it accepts any):
     --mode naive applies every delivery; inbox (the default) applies each event once (inbox.py);
     --move STATUS,... moves --ticket through them; --crash-at after-inbox kills it after its
     commit, before its answer
@@ -64,6 +65,7 @@ import hmac
 import json
 import os
 import pathlib
+import re
 import signal
 import sqlite3
 import sys
@@ -1035,7 +1037,9 @@ HOOK_POINTS = ("after-inbox",)  # committed, not yet answered: the sender will d
 HOOK_STATUSES = ("opened", "in_progress", "resolved")  # api.py's STATUSES
 CUSTOMER = "customer@example.com"
 HOOKS_TIMEOUT_S = 60.0  # seconds for the receiver's answer to /webhooks and /progress
+HOOKS_WAIT_S = 30  # seconds the receiver waits for its delivery round before it answers
 HOOK_CONNECTIONS = 32  # deliveries served at once, a thread each; one more gets a quick 503
+TIMESTAMP = re.compile(r"[0-9]{1,12}")  # a webhook-timestamp: Unix seconds (10 digits until 2286)
 SIGNATURE_TOLERANCE_S = 300  # seconds a webhook's timestamp may be away from our clock (the
 #                             spec's example: 5 minutes); an older one is a replay, refused
 
@@ -1047,12 +1051,13 @@ def hooks(args, settings):
             f"--crash-at {args.crash_at} is the inbox's window: drop --mode naive", EXIT_USAGE
         )
     try:
-        key = httpguard.webhook_key(args.webhook_secret)
+        keys = httpguard.webhook_keys(args.webhook_secret)
     except ValueError as error:
         raise UserError(f"WEBHOOK_SECRET: {error}", EXIT_USAGE) from None
     client = settings.client()
-    # The receiver answers /webhooks and /progress once its delivery round is over, after one
-    # before it (a round tries a silent subscriber 3 times, 2 s each): wait for that, not 5 s.
+    # The receiver delivers apart from the requests; ?wait=S asks it to answer /webhooks and
+    # /progress once the delivery round after them is over (a round tries a silent subscriber
+    # 3 times, 2 s each), so what it delivers is taken before this command ends.
     sender = workflow.TicketClient(settings.api_url, HOOKS_TIMEOUT_S, settings.attempts)
     if not plumbing.is_postgres(settings.checkpoint_db):  # as open_checkpointer checks it
         path = pathlib.Path(settings.checkpoint_db)
@@ -1074,7 +1079,7 @@ def hooks(args, settings):
             )
         taker = Taker(args.mode, box, ledger, client)
         points = {args.crash_at: "kill"} if args.crash_at else {}
-        handler = type("Hook", (HookHandler,), {"taker": taker, "points": points, "key": key})
+        handler = type("Hook", (HookHandler,), {"taker": taker, "points": points, "keys": keys})
         try:
             server = open_endpoint(args.listen_host, handler)
         except OSError as error:
@@ -1088,9 +1093,10 @@ def hooks(args, settings):
         delivered, moved = 0, None
         try:
             url = hook_url(args.listen_host, server.server_port)
-            delivered += sender.call("/webhooks", {"url": url})["delivered"]
+            delivered += sender.call(f"/webhooks?wait={HOOKS_WAIT_S}", {"url": url})["delivered"]
             if args.move:
-                moved = sender.call("/progress", {"ticket_id": args.ticket, "statuses": args.move})
+                move = {"ticket_id": args.ticket, "statuses": args.move}
+                moved = sender.call(f"/progress?wait={HOOKS_WAIT_S}", move)
                 delivered += moved["delivered"]
         except KeyboardInterrupt:  # Ctrl-C: what got no 2xx waits at the receiver
             again = f"hooks --ticket {args.ticket} takes it"
@@ -1209,11 +1215,11 @@ class HookHandler(httpguard.GuardedHandler):
     unavailable_errors = (sqlite3.Error,)  # the inbox busy: a 503, and the sender retries
     taker = None
     points = {}
-    key = None  # WEBHOOK_SECRET's HMAC key
+    keys = ()  # WEBHOOK_SECRET's HMAC keys: one, or several while one replaces another
 
     def post(self, path):
         body = self.read_body()  # a Content-Length of at most 4096 bytes, as the receiver's
-        check_signed(self.key, self.headers, body)  # signed, and recently
+        check_signed(self.keys, self.headers, body)  # signed, and recently
         event = parse_event(body)
         with self.taker.taking, failpoints.scoped(self.points):
             try:
@@ -1232,18 +1238,20 @@ class HookHandler(httpguard.GuardedHandler):
         emit("webhook_refused", status=error.status, error=error.message)
 
 
-def check_signed(key, headers, body, now=None, tolerance_s=SIGNATURE_TOLERANCE_S):
-    """The webhook-id of a body whose signature is key's and whose timestamp is within
+def check_signed(keys, headers, body, now=None, tolerance_s=SIGNATURE_TOLERANCE_S):
+    """The webhook-id of a body signed with one of keys (bytes: one key), its timestamp within
     tolerance_s of now; ClientError 400 (headers missing or malformed) or 403 (a signature
     that does not match: another secret or a changed body; or a timestamp out of the window:
     a replay of an old delivery) otherwise. Signatures are compared in constant time."""
     message_id = headers.get("webhook-id")
     timestamp = headers.get("webhook-timestamp") or ""
     sent = (headers.get("webhook-signature") or "").split()
-    if not message_id or not sent or not httpguard.DIGITS.fullmatch(timestamp):
+    if not message_id or not sent or not timestamp:
         raise httpguard.ClientError(
             400, "a webhook is signed: send webhook-id, webhook-timestamp and webhook-signature"
         )
+    if not TIMESTAMP.fullmatch(timestamp):  # bounded before int(): 400 digits overflow a float
+        raise httpguard.ClientError(400, "webhook-timestamp is Unix seconds: 1 to 12 digits")
     age = (time.time() if now is None else now) - int(timestamp)
     if abs(age) > tolerance_s:
         raise httpguard.ClientError(
@@ -1251,8 +1259,9 @@ def check_signed(key, headers, body, now=None, tolerance_s=SIGNATURE_TOLERANCE_S
             f"webhook-timestamp is {abs(age):.0f} s {'old' if age > 0 else 'ahead'}, over "
             f"{tolerance_s:g} s: a replayed or delayed delivery is refused",
         )
-    expected = httpguard.signature(key, message_id, timestamp, body).encode()
-    if not any(hmac.compare_digest(expected, each.encode()) for each in sent):
+    keys = (keys,) if isinstance(keys, bytes) else keys
+    expected = [httpguard.signature(k, message_id, timestamp, body).encode() for k in keys]
+    if not any(hmac.compare_digest(e, each.encode()) for e in expected for each in sent):
         raise httpguard.ClientError(
             403, "webhook-signature does not match: another secret, or a changed body"
         )

@@ -41,6 +41,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from labs.tools import safefiles
 from labs.tools.local import (
     COMMAND_TIMEOUT_S,
     LabError,
@@ -256,7 +257,7 @@ class LocalBackend(Backend):
     def start_receiver(self):
         try:
             self.receiver.start()
-        except (RuntimeError, TimeoutError) as error:
+        except (RuntimeError, TimeoutError, safefiles.NotAFile) as error:  # NotAFile: its log
             self.receiver.stop()
             raise LabError(f"the receiver did not start: {error} (log: {self.log_path})") from None
 

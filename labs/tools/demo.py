@@ -52,6 +52,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import lab
+from labs.tools import safefiles
 from labs.tools.backends import (
     LEARNER_PROJECT,
     LabError,
@@ -1267,10 +1268,20 @@ COLOURS = {
 }
 
 
+NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")  # XML 1.0's
+
+
+def escape(text):
+    """text for an SVG's <text>: &, < and > escaped, and each character XML 1.0 cannot hold (a
+    control character in a thread id, a lone surrogate) shown as its \\xNN or \\uNNNN."""
+    from xml.sax.saxutils import escape as xml_escape
+
+    shown = NOT_XML.sub(lambda m: m[0].encode("unicode_escape").decode("ascii"), text)
+    return xml_escape(shown)
+
+
 def svg(title, rows):
     """The timeline as an SVG: a row per command, its marks left to right."""
-    from xml.sax.saxutils import escape
-
     row_h, left, char_w = 34, 300, 7.2
     width = max([left + sum(len(t) * char_w + 24 for _, t in marks) for _, marks in rows] + [900])
     height = 60 + row_h * len(rows)
@@ -1303,13 +1314,11 @@ def draw(demo, guide, folder):
     """Write the guide's timeline as FOLDER/lab-NN.svg (and, in projector mode, draw it on the
     terminal); return the path. A file there that is not a picture of ours is refused."""
     rows = timeline(demo)
-    path = Path(folder) / f"lab-{Path(guide).name[:2]}.svg"
-    if path.exists() and not path.read_text(encoding="utf-8", errors="replace").startswith(
-        "<svg xmlns"
-    ):
+    path = picture(folder, guide)
+    there = safefiles.read_regular(path)  # NotAFile: a link, a FIFO, a device
+    if there is not None and not there.startswith("<svg xmlns"):
         raise LabError(f"{path} is not a picture the demo wrote; not overwriting it")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(svg(f"{Path(guide).stem}: what the commands printed", rows), encoding="utf-8")
+    safefiles.write_beside(path, svg(f"{Path(guide).stem}: what the commands printed", rows))
     if demo.projector:
         s = demo.style
         print("\n" + s.bold("Timeline"))
@@ -1335,13 +1344,32 @@ def draw(demo, guide, folder):
     return path
 
 
+def picture(folder, guide):
+    return Path(folder) / f"lab-{Path(guide).name[:2]}.svg"
+
+
+def refuse_outputs(args):
+    """Where the demo will write, checked before anything runs: NotAFile says why not. Its
+    pictures go to a real folder, outside the lab's source (data/demo by default), each
+    lab-NN.svg absent or a file; the times file too."""
+    if args.pictures is not None:
+        folder = args.pictures
+        if folder.is_symlink() or (folder.exists() and not folder.is_dir()):
+            raise safefiles.NotAFile(f"PICTURES {folder} is not a folder; name a folder")
+        safefiles.refuse_source(folder, "PICTURES")
+        for guide in args.guides:
+            safefiles.refuse_special(picture(folder, guide))
+    if args.times is not None:
+        safefiles.refuse_special(args.times)
+
+
 def record_times(path, demo, backend):
     """Add each guide's time to PATH (JSON), with the backend, the commit and the load: what
     labs/WORKSHOP.md's times are checked against. A file that is not ours is refused."""
     data = {"guides": {}}
-    if path.exists():
+    if (there := safefiles.read_regular(path)) is not None:
         try:
-            data = json.loads(path.read_text(encoding="utf-8"))
+            data = json.loads(there)
         except ValueError:
             data = None
         if not isinstance(data, dict) or "guides" not in data:
@@ -1354,7 +1382,7 @@ def record_times(path, demo, backend):
             "load": round(load, 1),
         }
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    safefiles.write_beside(path, json.dumps(data, indent=1, sort_keys=True) + "\n")
 
 
 class MakeParent:
@@ -1535,6 +1563,11 @@ def main(argv=None):
             file=sys.stderr,
         )
         return EXIT_USAGE
+    try:
+        refuse_outputs(args)
+    except safefiles.NotAFile as error:  # before anything starts, as a missing guide
+        print(f"demo: {error}", file=sys.stderr)
+        return EXIT_USAGE
     style = style_for(sys.stdout)
     projector = args.projector or (sys.stdout.isatty() and not args.plain)
     width = shutil.get_terminal_size((120, 32)).columns - 1 if projector else WIDTH
@@ -1558,7 +1591,7 @@ def main(argv=None):
             record_times(args.times, demo, backend)
     except (KeyboardInterrupt, EOFError):
         code = None
-    except (LabError, ValueError, subprocess.TimeoutExpired) as error:
+    except (LabError, ValueError, subprocess.TimeoutExpired, safefiles.NotAFile) as error:
         print(f"demo: {error}", file=sys.stderr)
         code = EXIT_NO_LAB
     finally:

@@ -19,6 +19,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+from labs.tools import safefiles
+
 ROOT = Path(__file__).resolve().parents[2]
 COMMAND_TIMEOUT_S = 600  # seconds for one command; a first `up --build` installs packages
 # A hang guard, not a speed bound: a receiver answers /health in well under a second, and a
@@ -116,7 +118,7 @@ class ReceiverProcess:
         check_port_free(self.env["HOST"], int(self.env["PORT"]))
         if self.log_path:
             self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        log = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
+        log = safefiles.open_log(self.log_path) if self.log_path else subprocess.DEVNULL
         try:
             self.proc = subprocess.Popen(
                 [sys.executable, str(self.script)],

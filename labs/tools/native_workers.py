@@ -27,6 +27,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from labs.tools import safefiles
 from labs.tools.local import ROOT, STOP_DEADLINE_S, wait_until
 from labs.tools.pg import TempPostgres
 
@@ -66,7 +67,7 @@ class LocalWorkers:
 
     def spawn(self):
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        with open(self.data_dir / "workers.log", "ab") as log:
+        with safefiles.open_log(self.data_dir / "workers.log") as log:
             return subprocess.Popen(
                 [sys.executable, str(ROOT / "worker.py"), "run"],
                 env=self.env,
@@ -150,7 +151,7 @@ def is_ours(pid, what):
 
 def read_pid(pid_file, what):
     try:
-        pid = int(pid_file.read_text().strip())
+        pid = int((safefiles.read_regular(pid_file) or "").strip())  # a FIFO: NotAFile, no hang
     except (OSError, ValueError):
         return None
     return pid if is_ours(pid, what) else None
@@ -163,7 +164,8 @@ def up(data, replicas):
         pid_file = folder / f"worker-{index}.pid"
         if read_pid(pid_file, "worker.py run"):
             continue
-        with open(Path(data) / "workers.log", "ab") as log:
+        safefiles.refuse_special(pid_file)  # before a worker starts that nothing would name
+        with safefiles.open_log(Path(data) / "workers.log") as log:
             proc = subprocess.Popen(
                 [sys.executable, str(ROOT / "worker.py"), "run"],
                 stdin=subprocess.DEVNULL,
@@ -171,7 +173,7 @@ def up(data, replicas):
                 stderr=log,
                 start_new_session=True,  # not in the shell's job control: Ctrl-C there is not ours
             )
-        pid_file.write_text(f"{proc.pid}\n")
+        safefiles.write_beside(pid_file, f"{proc.pid}\n")
         print(f"workers: worker {index} started (pid {proc.pid})")
     for pid_file in pid_files(data)[replicas:]:
         stop_one(pid_file)
@@ -217,12 +219,16 @@ def main(argv=None):
     actions.add_parser("signal").add_argument("signal", choices=[s.name for s in signal.Signals])
     actions.add_parser("stop")
     args = parser.parse_args(argv)
-    if args.action == "up":
-        up(args.data, args.replicas)
-    elif args.action == "signal":
-        send(args.data, signal.Signals[args.signal])
-    else:
-        stop(args.data)
+    try:
+        if args.action == "up":
+            up(args.data, args.replicas)
+        elif args.action == "signal":
+            send(args.data, signal.Signals[args.signal])
+        else:
+            stop(args.data)
+    except safefiles.NotAFile as error:  # a link or a FIFO where its log or a pid file goes
+        print(f"workers: {error}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -7,8 +7,8 @@ every file under labs/tools/starter/: a README, a Dockerfile and compose.yaml wi
 and project names, requirements.in and its hashed lock with only what the core imports, and a
 unittest suite that crashes a run in the window of every effect workflow.py declares, drills its
 graph and counts the tickets.
-Exit codes: 0 written; 2 DEST exists and is not an empty folder, or a core file is missing
-(nothing is written).
+Exit codes: 0 written; 2 DEST exists and is not an empty folder, is a symbolic link, lies under
+a file or inside this repository, or a core file is missing (nothing is written).
 """
 
 import argparse
@@ -16,6 +16,7 @@ import shutil
 import sys
 from pathlib import Path
 
+from labs.tools import safefiles
 from labs.tools.local import ROOT
 
 CORE = (  # copied unchanged; effectdrill without its pytest plugin (the starter has no pytest)
@@ -63,21 +64,42 @@ def write_starter(dest):
     return sorted(str(p.relative_to(dest)) for p in dest.rglob("*") if p.is_file())
 
 
+def refusal(dest):
+    """Why DEST cannot be the starter's folder, or None: it must be a new or empty folder, not
+    a symbolic link (the files would land where it points), not under a file, and outside
+    this repository (inside labs/tools/starter, every later starter would carry a copy)."""
+    if dest.is_symlink():
+        return f"DEST {dest} is a symbolic link; name a real folder (new or empty)"
+    above = dest.parent
+    while not above.exists() and above != above.parent:
+        above = above.parent
+    if not above.is_dir():
+        return f"DEST {dest} is under {above}, a file, not a folder; name another DEST"
+    try:
+        safefiles.refuse_source(dest, "DEST")
+    except safefiles.NotAFile as error:
+        return str(error)
+    if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
+        return f"{dest} exists and is not an empty folder; name a new DEST"
+    return None
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="make starter", description=__doc__.split("\n")[0])
     parser.add_argument("dest", type=Path, help="a new or empty folder")
     args = parser.parse_args(argv)
-    if args.dest.exists() and (not args.dest.is_dir() or any(args.dest.iterdir())):
-        print(
-            f"starter: {args.dest} exists and is not an empty folder; name a new DEST",
-            file=sys.stderr,
-        )
+    if why := refusal(args.dest):
+        print(f"starter: {why}", file=sys.stderr)
         return EXIT_USAGE
     missing = [name for name in CORE if not (ROOT / name).is_file()]
     if missing:
         print(f"starter: {', '.join(missing)} missing from {ROOT}", file=sys.stderr)
         return EXIT_USAGE
-    write_starter(args.dest)
+    try:
+        write_starter(args.dest)
+    except OSError as error:  # the disk full, a folder made read-only meanwhile
+        print(f"starter: cannot write into {args.dest}: {error.strerror or error}", file=sys.stderr)
+        return EXIT_USAGE
     print(f"starter: wrote {len(CORE)} core files and the starter's own into {args.dest}")
     print(f"next: cd {args.dest} and follow its README.md")
     return 0

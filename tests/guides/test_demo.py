@@ -870,3 +870,70 @@ def test_a_numbered_items_lines_stand_under_its_text(capsys):
         for line in itertools.takewhile(str.strip, lines[i + 1 :]):
             if not re.match(r"  \d\. ", line):
                 assert re.match(r" {5}\S", line), line
+
+
+@pytest.mark.parametrize("case", ["link to a file", "dangling link", "FIFO", "inside the source"])
+def test_a_picture_path_the_demo_must_not_write_to_is_one_line_and_exit_2(tmp_path, case):
+    """REVIEW part B: a link at PICTURES/lab-01.svg was written through (a dangling one made its
+    target outside the folder), a FIFO there hung the demo. Each is refused before anything
+    runs: one line, exit 2, and the file a link points to is unchanged."""
+    pictures = tmp_path / "pictures"
+    pictures.mkdir()
+    target, elsewhere = pictures / "lab-01.svg", tmp_path / "elsewhere.svg"
+    if case == "link to a file":
+        elsewhere.write_text("someone's file", encoding="utf-8")
+        target.symlink_to(elsewhere)
+    elif case == "dangling link":
+        target.symlink_to(elsewhere)
+    elif case == "FIFO":
+        os.mkfifo(target)
+    else:
+        pictures = ROOT / "labs"  # the guides' own folder
+    done = subprocess.run(
+        [sys.executable, "-m", "labs.tools.demo", "--backend", "local", "--plain",
+         "--pictures", str(pictures), str(LAB01)],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == demo.EXIT_USAGE and done.stdout == "", done
+    (line,) = done.stderr.splitlines()
+    why = {
+        "link to a file": "is a symbolic link, not a file",
+        "dangling link": "is a symbolic link, not a file",
+        "FIFO": "is a FIFO, not a file",
+        "inside the source": "inside the lab's own source",
+    }[case]
+    assert line.startswith("demo: ") and why in line, line
+    if case == "link to a file":
+        assert elsewhere.read_text(encoding="utf-8") == "someone's file"
+    if case == "dangling link":
+        assert not elsewhere.exists()
+    assert not (ROOT / "labs" / "lab-01.svg").exists()
+
+
+def test_a_thread_id_with_control_characters_makes_a_well_formed_picture(tmp_path):
+    """A command's words reach the picture as its label: a thread id holding control
+    characters (ESC, BEL, NUL) is shown escaped, and the SVG is XML an XML parser and Chromium
+    read (before: a character XML 1.0 cannot hold, and Chromium's parser error)."""
+    import types
+    import xml.etree.ElementTree as ElementTree
+
+    thread = "t\x1b[2J\x07\x00x"
+    ran = types.SimpleNamespace(
+        timeline=[
+            (
+                f"docker compose -p stateful-lab run --rm workflow start --thread '{thread}'",
+                [{"event": "effect_ack", "created": True, "ticket_id": 1}],
+                0,
+                "",
+            )
+        ],
+        keys={1: "case-\x01:open-ticket:v1"},
+        projector=False,
+    )
+    path = demo.draw(ran, LAB01, tmp_path)
+    page = path.read_text(encoding="utf-8")
+    parsed = ElementTree.fromstring(page)  # well-formed, or a ParseError here
+    texts = [t.text for t in parsed.iter("{http://www.w3.org/2000/svg}text")]
+    for shown in (texts, chromium_text(path)):  # as an XML parser reads it, then Chromium
+        assert "start (thread t\\x1b[2J\\x07\\x00x)" in shown, shown
+        assert "ticket 1, key case-\\x01:open-ticket:v1: created" in shown, shown

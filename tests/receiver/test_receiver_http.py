@@ -85,6 +85,7 @@ BAD_REQUESTS = {  # id -> (raw request, status, words the error must use)
     "signed Content-Length": (post_bytes(length=[b"+41"]), 400, ["whole number"]),
     "non-ASCII digit Content-Length": (post_bytes(length=[b"\xb2"]), 400, ["Content-Length"]),
     "oversized Content-Length": (post_bytes(length=[b"4097"]), 413, ["4096 bytes"]),
+    "Content-Length of 5000 digits": (post_bytes(length=[b"9" * 5000]), 413, ["4096 bytes"]),
     "oversized body": (post_bytes(title_body("x" * 5000)), 413, ["4096 bytes"]),
     "Content-Length twice": (post_bytes(length=[b"41", b"41"]), 400, ["once"]),
     "chunked body": (
@@ -650,7 +651,7 @@ def delivered_to_a_subscriber(server):
     threading.Thread(target=subscriber.serve_forever, daemon=True).start()
     try:
         url = f"http://127.0.0.1:{subscriber.server_port}/webhook"
-        reply = request(server, "POST", "/webhooks", {"url": url})
+        reply = request(server, "POST", "/webhooks?wait=30", {"url": url})
     finally:
         subscriber.shutdown()
         subscriber.server_close()

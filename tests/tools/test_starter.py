@@ -442,6 +442,47 @@ def test_a_dest_that_is_not_empty_is_refused_and_left_alone(tmp_path, capsys):
     assert (tmp_path / "mine.txt").read_text(encoding="utf-8") == "keep me"
 
 
+@pytest.mark.fast
+@pytest.mark.parametrize(
+    "case", ["inside the starter", "inside the repository", "dangling link", "link", "under a file"]
+)
+def test_a_dest_the_starter_must_not_write_to_is_one_line_and_exit_2(tmp_path, case):
+    """REVIEW part B: DEST inside labs/tools/starter copied the starter into itself; a dangling
+    symbolic link or a path under a file was a traceback. Each is refused before a byte is
+    written, as the command line shows it (make starter runs this module)."""
+    elsewhere = tmp_path / "elsewhere"
+    dest = {
+        "inside the starter": ROOT / "labs" / "tools" / "starter" / f"mine-{tmp_path.name}",
+        "inside the repository": ROOT / f"mine-{tmp_path.name}",
+        "dangling link": tmp_path / "dangling",
+        "link": tmp_path / "link",
+        "under a file": tmp_path / "a-file" / "dest",
+    }[case]
+    if case == "dangling link":
+        dest.symlink_to(elsewhere)
+    if case == "link":
+        elsewhere.mkdir()
+        dest.symlink_to(elsewhere)
+    (tmp_path / "a-file").write_text("a file", encoding="utf-8")
+    try:
+        done = run_command([sys.executable, "-m", "labs.tools.starter", str(dest)], timeout=60)
+    finally:  # a starter written into this repository by a regression is not left there
+        if dest.is_relative_to(ROOT) and dest.is_dir():
+            shutil.rmtree(dest)
+    assert done.returncode == starter.EXIT_USAGE and done.stdout == "", done
+    (line,) = done.stderr.splitlines()
+    why = {
+        "inside the starter": "inside the lab's own source",
+        "inside the repository": "inside the lab's own source",
+        "dangling link": "is a symbolic link",
+        "link": "is a symbolic link",
+        "under a file": "a file, not a folder",
+    }[case]
+    assert line.startswith("starter: ") and why in line, line
+    assert not dest.exists() or dest.is_symlink()  # nothing made there
+    assert not elsewhere.exists() or not any(elsewhere.iterdir())  # nor where a link points
+
+
 @pytest.mark.docker
 @pytest.mark.long  # the longest test of all: an image of its own, built with its lock
 def test_the_starters_docker_commands_work_and_survive_a_kill_in_the_window(built):

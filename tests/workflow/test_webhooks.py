@@ -149,7 +149,7 @@ def endpoint(tmp_path):
         effects.open_ledger(tmp_path / "c.sqlite") as ledger,
     ):
         taker = lab.Taker("inbox", box, ledger, client=None)
-        handler = type("Hook", (lab.HookHandler,), {"taker": taker, "points": {}, "key": KEY})
+        handler = type("Hook", (lab.HookHandler,), {"taker": taker, "points": {}, "keys": (KEY,)})
         server = lab.open_endpoint("127.0.0.1", handler)
         threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
         yield f"http://127.0.0.1:{server.server_port}", box, server
@@ -189,11 +189,15 @@ MALFORMED = {
     "unsigned": (EVENT, 400, "a webhook is signed"),
     "another secret": (EVENT, 403, "webhook-signature does not match"),
     "six minutes old": (EVENT, 403, "s old, over 300 s: a replayed or delayed"),
+    "a timestamp of 400 digits": (EVENT, 400, "webhook-timestamp is Unix seconds"),  # was a
+    "a timestamp of 5000 digits": (EVENT, 400, "webhook-timestamp is Unix seconds"),  # 500
 }
 SIGNING = {  # how the cases above are signed, when not as the receiver signs
     "unsigned": {"key": None},
     "another secret": {"key": b"another secret, sixteen bytes or more"},
     "six minutes old": {"age_s": 360},
+    "a timestamp of 400 digits": {"headers": {"webhook-timestamp": "9" * 400}},
+    "a timestamp of 5000 digits": {"headers": {"webhook-timestamp": "1" * 5000}},
 }
 
 
@@ -305,6 +309,10 @@ class Subscriber(BaseHTTPRequestHandler):
 
 
 def call(receiver, path, body, key=None):
+    """The receiver's answer; for /webhooks and /progress once their delivery round is over
+    (?wait=30), as lab.py hooks asks."""
+    if path in ("/webhooks", "/progress"):
+        path += "?wait=30"
     return workflow.TicketClient(receiver.url).call(path, body, key)
 
 
@@ -408,7 +416,7 @@ def test_progress_committed_answers_200_when_its_round_then_fails(lab, tmp_path)
         call(server, "/tickets", {"title": "webhooks"})
         call(server, "/webhooks", {"url": f"http://127.0.0.1:{sub.server_port}/hook"})
         request = urllib.request.Request(  # one try: the client would retry a 503
-            server.url + "/progress",
+            server.url + "/progress?wait=30",
             json.dumps({"ticket_id": 1, "statuses": ["opened"]}).encode(),
             {"Content-Type": "application/json"},
         )

@@ -1,0 +1,324 @@
+"""Lab 18's sender: where a webhook may go, and its delivery, apart from the requests.
+
+One parser decides where a subscriber's url points (parse_url), and the connection goes there:
+a url whose host two parsers could read differently (brackets around anything but an IPv6
+address, an IPv6 zone, a character outside a host name's, a ] followed by more than a port) is
+refused before it is stored; a listed name is resolved once per delivery and its attempts go to
+that address, with the name in the Host header (PinnedConnection); no proxy, no redirect.
+
+Deliveries run on one thread of their own (Deliveries): a request that commits events asks for
+a round and answers at once, unless it asks to wait for that round (?wait=S). A subscriber that
+never answers delays only the deliveries, each attempt at most WEBHOOK_TIMEOUT_S. The queue is
+the receiver's table of pending events; in memory only counters, whatever the requests.
+"""
+
+import collections
+import http.client
+import ipaddress
+import json
+import re
+import socket
+import ssl
+import threading
+import time
+import urllib.request
+from contextlib import suppress
+from typing import NamedTuple
+from urllib.parse import urlsplit
+
+import httpguard
+from failpoints import fail
+
+WEBHOOK_ATTEMPTS = 3  # tries of one delivery in a round, before it waits for the next round
+WEBHOOK_RETRY_S = 0.2  # seconds between them
+WEBHOOK_TIMEOUT_S = 2.0  # seconds for one attempt, from the connection to the status line
+MAX_WAIT_S = 60  # ?wait=S at most: a request waits for its delivery round no longer
+URL_CHARACTERS = re.compile(r"[A-Za-z0-9\-._~:/?#\[\]@!$&'()*+,;=%]+")  # RFC 3986's, no other
+BAD_ESCAPE = re.compile(r"%(?![0-9A-Fa-f]{2})")  # a % not followed by two hex digits
+URL = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*)://(?P<authority>[^/?#]*)(?P<rest>.*)", re.S)
+NAME = re.compile(r"[A-Za-z0-9.-]+")  # a host name's letters, digits, - and . (or an IPv4)
+PORT = re.compile(r"[0-9]{1,5}")
+GENERIC = "must be an http:// or https:// URL with a host, at most 500 characters"
+
+
+class Target(NamedTuple):
+    """Where a url points, as the one parser read it: the connection goes here."""
+
+    scheme: str  # http or https
+    host: str  # a name, or an IP address without brackets, lower-case
+    port: int
+    path: str  # the request target: path and query, "/" for none
+
+
+def parse_url(url):
+    """The Target of a subscriber's url; ValueError with the reason for the client otherwise.
+    Only what Python's other URL readers (urlsplit, urllib.request) read the same way passes."""
+    match = URL.fullmatch(url) if isinstance(url, str) and len(url) <= 500 else None
+    if not match or match["scheme"].lower() not in ("http", "https") or not match["authority"]:
+        raise ValueError(GENERIC)
+    if not URL_CHARACTERS.fullmatch(url) or BAD_ESCAPE.search(url):
+        raise ValueError("holds a space, a control or non-ASCII character, or a bad %-escape")
+    authority, rest = match["authority"], match["rest"]
+    if "@" in authority:
+        raise ValueError("names a user (user:password@), which would be sent along: send none")
+    if "#" in rest:
+        raise ValueError("has a #fragment, which is never sent: leave it out")
+    host, port = split_authority(authority)
+    if port is not None and not 0 < port < 65536:
+        raise ValueError(GENERIC if port > 65535 else "has port 0: name the port it listens on")
+    if other_readings(url) != {(host, port)}:  # belt and braces: the other readers agree
+        raise ValueError("is read differently by Python's URL parsers: write its host plainly")
+    scheme = match["scheme"].lower()
+    port = (443 if scheme == "https" else 80) if port is None else port
+    return Target(scheme, host, port, rest or "/")
+
+
+def other_readings(url):
+    """{(host, port or None)} as urlsplit reads url and as urllib.request hands it to
+    http.client (which would connect there); an empty set if one of them refuses it."""
+
+    def plain(name):
+        with suppress(ValueError):
+            return str(ipaddress.ip_address(name))
+        return name.lower()
+
+    try:
+        parts = urlsplit(url)
+        authority = urllib.request.Request(url).host
+        client = http.client.HTTPConnection(authority)  # reads host and port, connects nowhere
+        has_port = authority.rpartition(":")[2].isdigit() and not authority.endswith("]")
+    except (ValueError, http.client.InvalidURL):
+        return set()
+    return {
+        (plain(parts.hostname or ""), parts.port),
+        (plain(client.host), client.port if has_port else None),
+    }
+
+
+def split_authority(authority):
+    """(host, port or None) of HOST[:PORT]; ValueError says what is not a plain host."""
+    if authority.startswith("["):
+        inside, bracket, after = authority[1:].partition("]")
+        if not bracket:
+            raise ValueError("has a [ without its ]: an IPv6 address is written [ADDRESS]")
+        if "%" in inside:
+            raise ValueError(
+                "names an IPv6 zone (%...): a zone is an interface of one machine, not an "
+                "address to call; leave it out"
+            )
+        try:
+            host = str(ipaddress.IPv6Address(inside))
+        except ValueError:
+            raise ValueError("has brackets around something that is not an IPv6 address") from None
+        if after and not after.startswith(":"):
+            raise ValueError(f"has {after[:20]!r} after the ] of its IPv6 address: only :PORT")
+        port = after[1:] if after else None
+    else:
+        host, colon, port = authority.partition(":")
+        port = port if colon else None
+        if not NAME.fullmatch(host):
+            raise ValueError(
+                f"host {host[:40]!r} holds a character outside a host name's letters, digits, "
+                "- and . (an IPv6 address goes in [brackets])"
+            )
+        host = host.lower()
+        with suppress(ValueError):
+            host = str(ipaddress.IPv4Address(host))
+    if port is not None and not PORT.fullmatch(port):
+        raise ValueError(GENERIC)
+    return host, None if port is None else int(port)
+
+
+def allowed_hosts(text):
+    """WEBHOOK_ALLOWED_HOSTS: (host names, IP networks); ValueError for an entry of neither."""
+    names, networks = set(), []
+    for entry in (each.strip() for each in text.split(",")):
+        try:
+            networks.append(ipaddress.ip_network(entry, strict=False))
+        except ValueError:
+            if not re.fullmatch(r"[A-Za-z0-9]([A-Za-z0-9.-]{0,251}[A-Za-z0-9])?", entry):
+                raise ValueError(
+                    f"{entry!r} is neither a host name, an IP address nor a network"
+                ) from None
+            names.add(entry.lower())
+    return names, networks
+
+
+def host_allowed(host, allowed):
+    """A name on the list, or an IP address inside one of its networks."""
+    names, networks = allowed
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return host in names  # a name is called as it is listed: no other spelling of it
+    return any(address in network for network in networks)
+
+
+def checked(url, allowed):
+    """The Target of a url the receiver may call; ValueError with the reason otherwise."""
+    target = parse_url(url)
+    if not host_allowed(target.host, allowed):
+        raise ValueError(
+            f"names host {target.host!r}, which is not in WEBHOOK_ALLOWED_HOSTS (the "
+            "receiver calls only the hosts it is told it may)"
+        )
+    return target
+
+
+def resolve(target, getaddrinfo=socket.getaddrinfo):
+    """The one address a delivery's attempts connect to (a name is not asked again)."""
+    family, _, _, _, address = getaddrinfo(target.host, target.port, type=socket.SOCK_STREAM)[0]
+    return family, address
+
+
+class PinnedConnection(http.client.HTTPConnection):
+    """An HTTP(S) connection to an address resolved already; Host (and TLS's server name) stay
+    the url's. http.client follows no redirect and asks no proxy."""
+
+    def __init__(self, target, resolved, timeout):
+        super().__init__(target.host, target.port, timeout=timeout)
+        self.family, self.address = resolved
+        self.tls = ssl.create_default_context() if target.scheme == "https" else None
+        self.default_port = 443 if self.tls else 80  # Host names the port unless default
+
+    def connect(self):
+        sock = socket.socket(self.family, socket.SOCK_STREAM)
+        try:
+            sock.settimeout(self.timeout)
+            sock.connect(self.address)
+            self.sock = self.tls.wrap_socket(sock, server_hostname=self.host) if self.tls else sock
+        except BaseException:
+            sock.close()
+            raise
+
+
+def post(target, resolved, body, headers, timeout_s=WEBHOOK_TIMEOUT_S):
+    """POST body to the target at its resolved address: the answer's status. The whole attempt,
+    the connection to the status line, takes at most timeout_s (a subscriber that trickles
+    its answer a byte at a time is cut off then)."""
+    connection = PinnedConnection(target, resolved, timeout_s)
+    deadline = threading.Timer(timeout_s, lambda: shut(connection))
+    deadline.start()
+    try:
+        connection.request("POST", target.path, body, headers)
+        return connection.getresponse().status
+    finally:
+        deadline.cancel()
+        connection.close()
+
+
+def shut(connection):
+    with suppress(OSError, AttributeError):  # no socket yet, or closed already
+        connection.sock.shutdown(socket.SHUT_RDWR)
+
+
+def parse_wait(query):
+    """?wait=S: whole seconds from 0 to MAX_WAIT_S (None: not asked); ValueError says the range."""
+    values = query.get("wait")
+    if values is None:
+        return None
+    if (
+        len(values) != 1
+        or not re.fullmatch(r"[0-9]{1,2}", values[0])
+        or int(values[0]) > MAX_WAIT_S
+    ):
+        raise ValueError(f"?wait= is a whole number of seconds from 0 to {MAX_WAIT_S}, once")
+    return int(values[0])
+
+
+class Deliveries:
+    """One thread delivers the store's pending events to its subscriber, a round at a time.
+
+    ask() after a commit asks for a round that begins after it; wait(asked, seconds) waits for
+    that round to end: {"delivered" by the rounds since, "pending" after the last}."""
+
+    def __init__(self, store, metrics, keys, allowed, log, getaddrinfo=socket.getaddrinfo):
+        self.store, self.metrics, self.keys, self.allowed = store, metrics, keys, allowed
+        self.log, self.getaddrinfo = log, getaddrinfo  # getaddrinfo: a test's resolver
+        self.changed = threading.Condition()
+        self.asked = self.done = 0  # rounds asked for; the asked count the last round began at
+        self.rounds = collections.deque(maxlen=64)  # (asked when it began, delivered, pending)
+        threading.Thread(target=self.run, name="webhook deliveries", daemon=True).start()
+
+    def ask(self):
+        with self.changed:
+            self.asked += 1
+            self.changed.notify_all()
+            return self.asked
+
+    def wait(self, asked, seconds):
+        """What the rounds since asked did, once one that began after it ended (or seconds
+        passed: pending then as the store has it now)."""
+        with self.changed:
+            ended = self.changed.wait_for(lambda: self.done >= asked, seconds)
+            delivered = sum(d for began, d, _ in self.rounds if began >= asked)
+            pending = self.rounds[-1][2] if ended else None
+        if pending is None:
+            pending = len(self.store.pending()[1])
+        return {"delivered": delivered, "pending": pending}
+
+    def run(self):
+        while True:
+            with self.changed:
+                self.changed.wait_for(lambda: self.asked > self.done)
+                began = self.asked
+            delivered, pending = self.round()
+            with self.changed:
+                self.done = began
+                self.rounds.append((began, delivered, pending))
+                self.changed.notify_all()
+
+    def round(self):
+        """Every pending event to the subscriber, in order (reorder: newest first), each until
+        a 2xx or WEBHOOK_ATTEMPTS tries; the first that gets none ends the round (the
+        subscriber is down: the rest wait for the next). (delivered, pending)"""
+        delivered, events = 0, []
+        try:
+            url, events = self.store.pending()
+            if fail("reorder") == "on":
+                events.reverse()
+            for each in events if url else ():
+                if not self.deliver(url, each):
+                    break
+                self.store.delivered(each["event_id"])
+                delivered += 1
+                if fail("redeliver") == "on":  # a sender that lost track of its 2xx
+                    self.deliver(url, each)
+            return delivered, len(self.store.pending()[1])
+        except Exception as error:  # the database busy or gone: the events stay pending
+            self.log(f"delivery round stopped ({error}); the events stay pending")
+            return delivered, max(len(events) - delivered, 0)
+
+    def deliver(self, url, each):
+        """POST the event to url until a 2xx, at most WEBHOOK_ATTEMPTS times: whether one came.
+        A redirect is an answer without a 2xx: never followed (a POST's 302 would become a
+        bodiless GET, and its 2xx would mark the event delivered)."""
+        body = json.dumps(each).encode()
+        try:  # checked again: WEBHOOK_ALLOWED_HOSTS may have changed, an older receiver stored it
+            target = checked(url, self.allowed)
+            resolved = resolve(target, self.getaddrinfo)  # once: every attempt goes to this address
+        except ValueError as error:
+            target, why = None, f"not sent (url {error})"
+        except OSError as error:  # the name does not resolve (now): this delivery fails
+            target, why = None, f"not sent (cannot resolve the url's host: {error})"
+        for attempt in range(1, WEBHOOK_ATTEMPTS + 1):
+            if target is not None:
+                headers = httpguard.signed_headers(self.keys, each["event_id"], body)
+                try:
+                    status = post(
+                        target, resolved, body, {"Content-Type": "application/json", **headers}
+                    )
+                except (OSError, http.client.HTTPException):  # refused, reset, timed out
+                    status, why = None, "no answer"
+                if status is not None and 200 <= status < 300:
+                    self.metrics.add("webhooks_delivered")
+                    self.log(f"webhook {each['event_id']} attempt {attempt}: {status}")
+                    return True
+                if status is not None:
+                    why = f"{status}{' (a redirect: not followed)' if 300 <= status < 400 else ''}"
+            self.metrics.add("webhooks_failed")
+            self.log(f"webhook {each['event_id']} attempt {attempt}: {why}")
+            if attempt < WEBHOOK_ATTEMPTS:
+                time.sleep(WEBHOOK_RETRY_S)
+        self.log(f"webhook {each['event_id']} pending: no 2xx in {WEBHOOK_ATTEMPTS} tries")
+        return False
