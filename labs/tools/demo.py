@@ -1272,7 +1272,7 @@ def timeline(demo):
         words = parse_command(command).run_env()[1][1:]
         if words[:1] == ["drill"] and said:  # its own crash runs: its summary and its table
             kind = "found" if exit_code else "passed"
-            rows.append((" ".join(words[:2]), [(kind, said)], more[0] if more else []))
+            rows.append((tool_name("drill", words[1:]), [(kind, said)], more[0] if more else []))
             continue
         thread = option(words, "--thread")
         label = " ".join(w for w in words[:3] if not w.startswith("-") and w != thread)
@@ -1455,9 +1455,9 @@ MARKS = {  # kind: (colour, what the legend says)
     "passed": ("#2e7d32", "the drill: every crash point as the clean run"),
 }
 CELLS = {  # a drill's matrix: a crash point's count of an effect against the clean run's
-    "ok": ("#c8e6c9", "as the clean run"),
-    "duplicate": ("#ef9a9a", "DUPLICATE: more than the clean run"),
-    "missing": ("#ffe082", "MISSING: fewer than the clean run"),
+    "ok": ("#c8e6c9", "a count as the clean run's"),
+    "duplicate": ("#ef9a9a", "DUPLICATE: a count above the clean run's"),
+    "missing": ("#ffe082", "MISSING: a count below the clean run's"),
     "none": ("#eeeeee", "no count (not reached)"),
 }
 PICTURE_W = 1280  # a projector's width: every picture fits it
@@ -1486,7 +1486,7 @@ def svg(title, rows):
         text(
             10,
             y + 17,
-            label[:40] + ("..." if len(label) > 40 else ""),
+            label[:39] + ("..." if len(label) > 39 else ""),
             font_weight="bold" if tables else "normal",
         )
         x = left
