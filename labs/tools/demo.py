@@ -910,10 +910,12 @@ def option(words, name, default=None):
 class Demo:
     """Tells guides. Plain (a pipe, a file, --plain): every command as the guide has it, with its
     native line, and all it printed. Projector (a terminal, --projector): each command once (as
-    it runs here), the drill's tables fitted to the terminal, one ticket a line, the graph's own
-    stderr JSON hidden (--stderr shows it), long output and the sections on LangGraph's source
-    folded to a line the presenter opens with `o` at the next prompt, and a live `running... N s`
-    line for a command that takes more than a couple of seconds."""
+    it runs here), the drill's tables fitted to the terminal (a long one as its summary, the whole
+    folded), one ticket a line, the graph's own stderr JSON hidden (--stderr shows it), long
+    output and the sections on LangGraph's source folded to a line the presenter opens with `o`
+    at the next prompt, with --step the guide's text paged so that a command's output is still
+    on screen at the next prompt, and a live `running... N s` line for a command that takes
+    more than a couple of seconds."""
 
     def __init__(
         self,

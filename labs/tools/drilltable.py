@@ -12,9 +12,11 @@ as the table aligns them.
 """
 
 import re
+import textwrap
 from dataclasses import dataclass, field
 
 FIRST = ("point", "saved", "ran on recovery")  # the columns before the effects
+POINT_W = 44  # the summary's point column: the verdict beside it stays whole on a projector
 
 
 @dataclass
@@ -116,8 +118,13 @@ def summary(lines):
             rows = [
                 ["point", *table.effects, "verdict"],
                 ["", *(f"(clean {table.clean[e]})" for e in table.effects), ""],
-                *([p.name, *(p.counts[e] for e in table.effects), p.verdict] for p in differ),
             ]
+            for p in differ:  # a long point on lines of its own, as the drill wraps it
+                names = textwrap.wrap(
+                    p.name, POINT_W, subsequent_indent="  ", break_on_hyphens=False
+                )
+                rows.append([names[0], *(p.counts[e] for e in table.effects), p.verdict])
+                rows += [[name, *[""] * (len(table.effects) + 1)] for name in names[1:]]
             widths = [max(len(row[c]) for row in rows) for c in range(len(rows[0]))]
             out += [
                 "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
