@@ -2,10 +2,12 @@
 screen read at each prompt. The output a command printed is on screen, down to its last line,
 at the first prompt after it (the guide's text about it is paged, never pushed above it), a
 drill's long table is its summary with the whole folded, and no line is wider than the
-terminal. Natively: labs 01, 16 and 20.
+terminal. Labs 01, 16 and 20, natively and through Docker (a Compose project of the test's own).
 """
 
+import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -44,17 +46,18 @@ class Tmux:
         return every[top:], top
 
 
-def tell_in_tmux(tmp_path):
+def tell_in_tmux(tmp_path, backend="local"):
     """Run the demo in tmux at 120x32 with --step; at each prompt, keep the screen and press
     Enter. Returns ([(the prompt's line, the screen's top line, the screen)], the whole
     history, lines numbered from its first, and the history with the lines the terminal
     wrapped joined again (capture-pane -J))."""
     tmux = Tmux(f"demo-room-{tmp_path.name}")
     command = [
-        sys.executable, "-m", "labs.tools.demo", "--backend", "local", "--step",
+        sys.executable, "-m", "labs.tools.demo", "--backend", backend, "--step",
+        "--project", os.environ.get("LAB_DOCKER_PROJECT", "stateful-lab-test") + "-room",
         "--pictures", str(tmp_path / "pictures"), *(str(ROOT / "labs" / g) for g in GUIDES),
     ]  # fmt: skip
-    shell = f"cd {ROOT} && {' '.join(command)}; echo DEMO-EXIT $?; sleep 3600"
+    shell = f"cd {ROOT} && {shlex.join(command)}; echo DEMO-EXIT $?; sleep 3600"
     tmux("new-session", "-d", "-s", "room", "-x", str(COLUMNS), "-y", str(ROWS), shell)
     tmux("set-option", "-t", "room", "history-limit", "100000")
     seen, prompts, state = set(), [], {}
@@ -101,8 +104,9 @@ def output_after(history, at):
     return out
 
 
-def test_at_each_prompt_the_last_commands_output_is_on_screen(tmp_path):
-    prompts, history, joined = tell_in_tmux(tmp_path)
+@pytest.mark.parametrize("backend", ["local", pytest.param("docker", marks=pytest.mark.docker)])
+def test_at_each_prompt_the_last_commands_output_is_on_screen(tmp_path, backend):
+    prompts, history, joined = tell_in_tmux(tmp_path, backend)
     runs = [
         i for i, (row, _, _) in enumerate(prompts) if history[row].startswith("  (Enter to run")
     ]
