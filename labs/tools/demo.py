@@ -1333,16 +1333,22 @@ class Seen:
             )
             if not event["created"]:
                 return [("replayed", text)]
-            if self.new(("ticket", self.operation or ticket)):
+            asked = key if key.endswith(ASK) else None  # lab 07's ask: a ticket of its own
+            if self.new(("ticket", asked or self.operation or ticket)):
                 return [("sent", text)]
             return [("duplicate", f"{text}, a second ticket for {self.operation}")]
-        if kind == "charged" and "created" in event:
-            text = f"payment {event.get('payment_id', '')}: " + (
-                "created" if event["created"] else "created: false"
-            )
-            return [("payment" if event["created"] else "replayed", text)]
-        if kind == "refunded" and event.get("created"):
-            return [("sent", f"refund {event['refund_id']}: created")]
+        if kind == "charged" and "created" in event:  # lab 13's charge: a ticket on the receiver
+            text = f"{thing(event)}: " + ("created" if event["created"] else "created: false")
+            if not event["created"]:
+                return [("replayed", text)]
+            if self.new(("charge", self.operation or ticket)):
+                return [("payment", text)]
+            return [("duplicate", f"{text}, a second charge for {self.operation}")]
+        if kind == "refunded" and event.get("created"):  # lab 13's: one refund an operation
+            text = f"refund {event['refund_id']}: created"
+            if self.new(("refund", self.operation or event["refund_id"])):
+                return [("sent", text)]
+            return [("duplicate", f"{text}, a second refund for {self.operation}")]
         if kind == "message_sent":
             self.messages.add(event["message_id"])
             about = event.get("key") or self.about
@@ -1364,9 +1370,7 @@ class Seen:
                 else:
                     found.append(("duplicate", f"{text}: a second one"))
             return found
-        if (
-            kind == "payments"
-        ):  # the provider's listing: each charge once, a second for one reference a duplicate
+        if kind == "payments":  # the provider's listing: a second charge for one reference
             found = []
             for payment in event["payments"]:
                 if payment["payment_id"] in self.payments:
@@ -1381,17 +1385,9 @@ class Seen:
                     found.append(("duplicate", f"{text}: a second charge for one reference"))
             return found
         if kind == "effect_adopted" or event.get("how") == "adopted":
-            thing = f"ticket {ticket}" if ticket is not None else event.get("key", "")
-            return [("adopted", f"{thing}: adopted (found by its key), nothing sent")]
+            return [("adopted", f"{thing(event)}: adopted (found by its key), nothing sent")]
         if kind == "effect_receipt" or event.get("how") == "receipt":
-            receipt = other_receipt(event)
-            thing = (
-                f"ticket {ticket}"
-                if ticket is not None
-                else ", ".join(f"{k.removesuffix('_id')} {v}" for k, v in receipt.items())
-                or event.get("key", "")
-            )
-            return [("receipt", f"{thing}: the ledger's receipt, sent nothing again")]
+            return [("receipt", f"{thing(event)}: the ledger's receipt, sent nothing again")]
         if kind == "webhook":
             self.about = event["event_id"]
             name = f"{event['event_id']} {event['status']} v{event['version']}"
@@ -1433,6 +1429,20 @@ class Seen:
         if kind == "done":
             return [("done", "done")]
         return []
+
+
+def thing(event):
+    """What an event is about, for a mark: 'refund 3', 'charge, ticket 4', 'ticket 2', 'message
+    1' (a receipt of another effect), else its key."""
+    if "refund_id" in event:
+        return f"refund {event['refund_id']}"
+    if event["event"] == "charged":
+        return f"charge, ticket {event.get('ticket_id')}"
+    if "ticket_id" in event:
+        return f"ticket {event['ticket_id']}"
+    receipt = other_receipt(event)
+    named = ", ".join(f"{k.removesuffix('_id')} {v}" for k, v in receipt.items())
+    return named or event.get("key", "")
 
 
 MARKS = {  # kind: (colour, what the legend says)
