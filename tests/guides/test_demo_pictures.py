@@ -24,7 +24,9 @@ GUIDES = {
     "18": "18-the-webhook-that-came-twice.md",
 }
 LAYOUT = """<!doctype html><html><body style="margin:0">%s<script>
-const boxes = [...document.querySelectorAll("svg text, svg rect")].map(e => e.getBBox());
+// every text, mark, cell and legend swatch (the white background is the picture's own width)
+const drawn = "svg > rect[class], svg text, g.legend rect";
+const boxes = [...document.querySelectorAll(drawn)].map(e => e.getBBox());
 const marks = {};
 for (const r of document.querySelectorAll("svg > rect[class]")) {
   marks[r.getAttribute("class")] = (marks[r.getAttribute("class")] || 0) + 1;
