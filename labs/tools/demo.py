@@ -1277,7 +1277,8 @@ def timeline(demo):
             rows.append((tool_name("drill", words[1:]), [(kind, said)], more[0] if more else []))
             continue
         thread = option(words, "--thread")
-        label = " ".join(w for w in words[:3] if not w.startswith("-") and w != thread)
+        shown = words[1:3] if words[:1] == ["workflow"] else words[:3]  # lab.py's: its action
+        label = " ".join(w for w in shown if not w.startswith("-") and w != thread)
         said_of = [f"thread {thread}"] * bool(thread) + [f"mode {option(words, '--mode')}"] * bool(
             option(words, "--mode")
         )
@@ -1498,7 +1499,7 @@ def svg(title, rows):
         text(
             10,
             y + 17,
-            label[:39] + ("..." if len(label) > 39 else ""),
+            label if len(label) <= 39 else label[:36] + "...",  # 39 characters: 290 px
             font_weight="bold" if tables else "normal",
         )
         x = left
