@@ -66,8 +66,10 @@ def repeat_entry(endpoint, sent, before, kind, counted):
     }
 
 
-def table(report):
-    """The requests block of the drill's table: one line per endpoint a crash point resent."""
+def table(report, layout):
+    """The requests block of the drill's table: one line per endpoint a crash point resent,
+    its cells aligned by `layout` (the drill table's own, which wraps a long point between
+    words to the table's width)."""
     lines = [["durability", "point", "request", "sent", "keys", "repeat"]]
     for row in report.rows:
         for repeat in getattr(row, "requests", []):
@@ -95,10 +97,7 @@ def table(report):
         return ""
     if len({line[0] for line in lines[1:]}) == 1:
         lines = [line[1:] for line in lines]
-    widths = [max(len(line[i]) for line in lines) for i in range(len(lines[0]))]
-    body = "\n".join(
-        "  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip() for line in lines
-    )
+    body = layout(lines)
     title = "requests sent again (POST and PATCH; http.client and httpx)"
     return f"{title}\n{body}\n{totals_line(report.requests)}"
 

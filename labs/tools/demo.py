@@ -52,7 +52,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import lab
-from labs.tools import safefiles
+from labs.tools import drilltable, safefiles
 from labs.tools.backends import (
     LEARNER_PROJECT,
     LabError,
@@ -376,6 +376,21 @@ def row_groups(rows):
         else:
             groups.append([list(row)])
     return groups
+
+
+class Counted(contextlib.redirect_stdout):
+    """Print as usual, and count the lines printed (Demo.page keeps them on screen)."""
+
+    def __init__(self):
+        super().__init__(self)
+        self.lines, self.out = 0, sys.stdout
+
+    def write(self, text):
+        self.lines += text.count("\n")
+        return self.out.write(text)
+
+    def flush(self):
+        self.out.flush()
 
 
 class Running:
@@ -895,10 +910,12 @@ def option(words, name, default=None):
 class Demo:
     """Tells guides. Plain (a pipe, a file, --plain): every command as the guide has it, with its
     native line, and all it printed. Projector (a terminal, --projector): each command once (as
-    it runs here), the drill's tables fitted to the terminal, one ticket a line, the graph's own
-    stderr JSON hidden (--stderr shows it), long output and the sections on LangGraph's source
-    folded to a line the presenter opens with `o` at the next prompt, and a live `running... N s`
-    line for a command that takes more than a couple of seconds."""
+    it runs here), the drill's tables fitted to the terminal (a long one as its summary, the whole
+    folded), one ticket a line, the graph's own stderr JSON hidden (--stderr shows it), long
+    output and the sections on LangGraph's source folded to a line the presenter opens with `o`
+    at the next prompt, with --step the guide's text paged so that a command's output is still
+    on screen at the next prompt, and a live `running... N s` line for a command that takes
+    more than a couple of seconds."""
 
     def __init__(
         self,
@@ -909,8 +926,13 @@ class Demo:
         width=WIDTH,
         stderr=True,
         pictures=None,
+        height=None,
     ):
         self.backend, self.style, self.step_mode = backend, style, step_mode
+        # STEP=1 on a terminal of `height` lines: the guide's text after a command is paged so
+        # that the command's output stays on screen at the next prompt (Demo.page)
+        self.height = height if step_mode and projector else None
+        self.watch = self.below = 0  # the output's lines kept on screen; lines printed since
         self.pictures, self.guide, self.drills = pictures, "", 0
         self.projector, self.width, self.stderr = projector, width, stderr or not projector
         self.outcomes, self.operations = [], []
@@ -938,23 +960,17 @@ class Demo:
         self.timeline = []
         for chapter in story.chapters:
             if chapter.notice:
-                print("\n" + s.bold("What to notice"))
-                for bullet in chapter.notice:
-                    say(bullet, s, "    ", "  - ", self.width)
-                self.verdict(ledger)
+                self.page(self.notice, chapter.notice, ledger)
             fold = self.projector and chapter.folded
             if chapter.heading != heading and chapter.heading != story.title:
                 heading = chapter.heading
-                print("\n" + s.bold(f"-- {heading}"))
+                self.page(print, "\n" + s.bold(f"-- {heading}"))
                 if chapter.before:
                     self.text(chapter.before, fold)
             if fold:
                 commands = f" and its {len(chapter.steps)} command(s)" if chapter.steps else ""
-                print(
-                    s.dim(
-                        f"  (folded: the guide's section{commands}; o at the next prompt opens it)"
-                    )
-                )
+                said = f"  (folded: the guide's section{commands}; o at the next prompt opens it)"
+                self.page(print, s.dim(said))
             for step in chapter.steps:
                 self.run(step, ledger, quiet=fold)
             if chapter.after:
@@ -963,24 +979,50 @@ class Demo:
             self.verdict(ledger)
         self.durations.append((Path(path).name, time.monotonic() - began, os.getloadavg()[0]))
 
+    def notice(self, bullets, ledger):
+        print("\n" + self.style.bold("What to notice"))
+        for bullet in bullets:
+            say(bullet, self.style, "    ", "  - ", self.width)
+        self.verdict(ledger)
+
     def text(self, text, fold=False):
         if fold:
             self.folds.append(("text", text))
             return
-        print()
+        last = None
+        for kind, piece in pieces(text):  # paged between paragraphs, never inside one
+            gap = last is None or kind != last or kind == "para"  # tell_text's blank lines
+            self.page(self.piece, piece, gap)
+            last = kind
+
+    def piece(self, text, gap):
+        print("\n" * gap, end="")
         tell_text(text, self.style, self.width)
 
-    def prompt(self):
-        """STEP=1: Enter runs the command; o opens what was folded since the last prompt. Keys
-        typed on a terminal while the last command ran are dropped first (an Enter pressed twice
-        runs one command, not the next one unseen)."""
+    def page(self, show, *args):
+        """Print what show(*args) prints; with STEP=1 on a terminal, first wait for Enter when it
+        would push the last command's output off the screen (keeping a line for the prompt):
+        the room reads the output with the text about it up to there, then the rest."""
+        with contextlib.redirect_stdout(io.StringIO()) as shown:
+            show(*args)
+        lines = shown.getvalue().count("\n")
+        if self.height and self.watch and self.watch + self.below + lines + 1 > self.height:
+            self.prompt("Enter to read on")
+            self.watch = 0
+        print(shown.getvalue(), end="", flush=True)
+        self.below += lines
+
+    def prompt(self, what="Enter to run"):
+        """STEP=1: Enter runs the command (or, paging, shows more); o opens what was folded since
+        the last prompt. Keys typed on a terminal while the last command ran are dropped first
+        (an Enter pressed twice runs one command, not the next one unseen)."""
         s = self.style
         while True:
             with contextlib.suppress(OSError, ValueError, io.UnsupportedOperation):
                 if os.isatty(sys.stdin.fileno()):
                     termios.tcflush(sys.stdin.fileno(), termios.TCIFLUSH)
             answer = input(
-                s.dim("  (Enter to run" + ("; o opens the folded" if self.folds else "") + ") ")
+                s.dim(f"  ({what}" + ("; o opens the folded" if self.folds else "") + ") ")
             )
             if answer.strip().lower() != "o" or not self.folds:
                 return
@@ -998,13 +1040,21 @@ class Demo:
         if isinstance(self.backend, LocalBackend):
             native = self.backend.native(step.command)
         if self.projector:  # once: as it runs here, fitted to the room's width
-            print("\n" + self.command_line(native or step.command, quiet))
+            self.page(print, "\n" + self.command_line(native or step.command, quiet))
         else:
             print(f"\n$ {step.command}")
             if native:
                 print(s.dim(f"  natively: {native}"))
         if self.step_mode:
             self.prompt()
+        with Counted() as printed:  # what the room should still see at the next prompt
+            self.perform(step, ledger, quiet)
+        if self.height:
+            self.watch, self.below = min(printed.lines, self.height - 2), 0
+
+    def perform(self, step, ledger, quiet):
+        """Run the step and print what it printed; count its effects, its events, its verdict."""
+        s = self.style
         effect = ledger.operation(step.command)
         verb = parse_command(step.command).verb
         building = verb == "up" and self.backend.name == "docker"
@@ -1069,13 +1119,15 @@ class Demo:
             if effect[0] == "drill":  # what its runs sent: each email one more (lab 20)
                 ledger.sent_to(effect[1], self.backend.messages())
         if verb == "run":
-            last = [x for x in result.stdout.splitlines() if x.startswith("summary: ")]
+            lines = result.stdout.splitlines()
+            last = [x for x in lines if x.startswith("summary: ")]
             self.timeline.append(
                 (
                     step.command,
-                    list(events_in(result.stdout.splitlines())),
+                    list(events_in(lines)),
                     result.exit_code,
                     last[-1].removeprefix("summary: ") if last else "",
+                    drilltable.tables([TERMINAL_CODES.sub("", x) for x in lines]),
                 )
             )
         self.count(step.command, result)
@@ -1104,7 +1156,14 @@ class Demo:
 
     def fit(self, lines, step, quiet):
         """Projector mode: tables fitted to the terminal, a ticket list one ticket a line, and
-        long output (or a folded section's) folded to one line."""
+        long output (or a folded section's) folded to one line; a drill's long table to its
+        summary (labs.tools.drilltable: the rows not as the clean run), the whole folded."""
+        verb = parse_command(step.command)
+        drill = verb.run_env()[1][1:2] == ["drill"]
+        if drill and not quiet and len(fit_tables(lines, self.width)) > FOLD_LINES:
+            self.folds.append(("output", "\n".join(fit_tables(lines, self.width))))
+            said = f"  (the whole table, {len(lines)} lines, folded; o at the next prompt opens it)"
+            return [*fit_tables(drilltable.summary(lines), self.width), self.style.dim(said)]
         lines = fit_tables(lines, self.width)
         out = []
         for line in lines:
@@ -1116,8 +1175,6 @@ class Demo:
                 out.append("]}")
             else:
                 out.append(line)
-        verb = parse_command(step.command)
-        drill = verb.run_env()[1][1:2] == ["drill"]
         if quiet or (len(out) > FOLD_LINES and not drill):
             self.folds.append(("output", "\n".join(out)))
             keep = [] if quiet else out[-FOLD_KEEP:] if verb.verb == "logs" else out[:3]
@@ -1207,65 +1264,216 @@ class Demo:
 
 
 def timeline(demo):
-    """The run the room just watched, as rows: (what ran, [(kind, text)]) for each command that
-    ran a workflow, a worker, the relay or the drill, from the events it printed and the keys the
-    receiver holds for its tickets. kind: made, replayed, kept (from the ledger), killed, stopped,
-    done, said."""
-    rows = []
-    for command, events, exit_code, said in demo.timeline:
+    """The run the room just watched, as rows: (what ran, [(kind, text)], drill tables) for each
+    command that ran a workflow, a worker, the relay or the drill, from the events it printed,
+    the keys the receiver holds for its tickets and the drill's own table. A mark per event
+    (MARKS says each kind); an effect made a second time for the same thing (a ticket for one
+    operation, a notice for one webhook event, a charge for one reference) is a duplicate."""
+    rows, seen = [], Seen()
+    for command, events, exit_code, said, *more in demo.timeline:
         words = parse_command(command).run_env()[1][1:]
-        if words[:1] == ["drill"] and said:  # its own crash runs: its summary line
-            rows.append((" ".join(words[:2]), [("killed" if exit_code else "done", said)]))
+        if words[:1] == ["drill"] and said:  # its own crash runs: its summary and its table
+            kind = "found" if exit_code else "passed"
+            rows.append((tool_name("drill", words[1:]), [(kind, said)], more[0] if more else []))
             continue
         thread = option(words, "--thread")
-        label = " ".join(w for w in words[:3] if not w.startswith("-") and w != thread)
-        label += f" (thread {thread})" if thread else ""
-        marks = []
-        for event in events:
-            kind, ticket = event["event"], event.get("ticket_id")
-            key = demo.keys.get(ticket, "none") if ticket is not None else None
-            if kind in ("effect_ack", "held_run", "answered", "charged") and "created" in event:
-                marks.append(
-                    (
-                        "made" if event["created"] else "replayed",
-                        f"ticket {ticket}, key {key or 'none'}: "
-                        + ("created" if event["created"] else "created: false"),
-                    )
-                )
-            elif kind in ("effect_receipt", "effect_adopted") or event.get("how"):
-                what = (
-                    "adopted"
-                    if kind == "effect_adopted" or event.get("how") == "adopted"
-                    else ("receipt")
-                )
-                thing = f"ticket {ticket}" if ticket is not None else event.get("key", "")
-                marks.append(("kept", f"{thing}: {what}, nothing sent"))
-            elif kind == "refunded" and event.get("created"):
-                marks.append(("made", f"refund {event['refund_id']}: created"))
-            elif kind == "crash":
-                marks.append(("killed", f"killed {event['at']}"))
-            elif kind in ("sigterm", "drained"):
-                marks.append(("stopped", "SIGTERM" if kind == "sigterm" else "drained"))
-            elif kind == "reconcile":
-                marks.append(("said", f"lost the answer; found {event.get('found') or 'nothing'}"))
-            elif kind == "done":
-                marks.append(("done", "done"))
+        shown = words[1:3] if words[:1] == ["workflow"] else words[:3]  # lab.py's: its action
+        label = " ".join(w for w in shown if not w.startswith("-") and w != thread)
+        said_of = [f"thread {thread}"] * bool(thread) + [f"mode {option(words, '--mode')}"] * bool(
+            option(words, "--mode")
+        )
+        label += f" ({', '.join(said_of)})" if said_of else ""
+        seen.command(words, thread, events)
+        marks = [mark for event in events for mark in seen.marks(event, demo.keys)]
         if exit_code and not any(k == "killed" for k, _ in marks):
             marks.append(("stopped", f"exit {exit_code}"))
         if marks:
-            rows.append((label, marks))
+            rows.append((label, marks, []))
     return rows
 
 
-COLOURS = {
-    "made": "#2e7d32",
-    "replayed": "#1565c0",
-    "kept": "#6a1b9a",
-    "killed": "#c62828",
-    "stopped": "#ef6c00",
-    "done": "#616161",
-    "said": "#00838f",
+class Seen:
+    """What the picture has shown so far: which operation each thread runs, and each effect
+    made (a ticket by its operation, a message by its key or the webhook event it is about, a
+    payment by its reference), so that the second one is marked a duplicate."""
+
+    def __init__(self):
+        self.threads, self.made, self.deliveries = {}, set(), set()
+        self.payments, self.messages = set(), set()  # the ids drawn
+        self.operation = self.about = None
+        self.applied = []
+
+    def command(self, words, thread, events):
+        operation = option(words, "--operation") or next(
+            (
+                e.get("operation") or e.get("operation_id")
+                for e in events
+                if e["event"] in ("prepare", "done")
+                and (e.get("operation") or e.get("operation_id"))
+            ),
+            None,
+        )
+        if thread and operation:
+            self.threads[thread] = operation
+        self.operation = self.threads.get(thread, operation)
+        self.about, self.applied = self.operation, []
+
+    def new(self, what):
+        """True the first time the picture meets this effect."""
+        if what in self.made:
+            return False
+        self.made.add(what)
+        return True
+
+    def marks(self, event, keys):
+        kind, ticket = event["event"], event.get("ticket_id")
+        if kind in ("effect_ack", "held_run", "answered") and "created" in event:
+            key = keys.get(ticket, "none") or "none"
+            text = f"ticket {ticket}, key {key}: " + (
+                "created" if event["created"] else "created: false"
+            )
+            if not event["created"]:
+                return [("replayed", text)]
+            asked = key if key.endswith(ASK) else None  # lab 07's ask: a ticket of its own
+            if self.new(("ticket", asked or self.operation or ticket)):
+                return [("sent", text)]
+            return [("duplicate", f"{text}, a second ticket for {self.operation}")]
+        if kind == "charged" and "created" in event:  # lab 13's charge: a ticket on the receiver
+            text = f"{thing(event)}: " + ("created" if event["created"] else "created: false")
+            if not event["created"]:
+                return [("replayed", text)]
+            if self.new(("charge", self.operation or ticket)):
+                return [("payment", text)]
+            return [("duplicate", f"{text}, a second charge for {self.operation}")]
+        if kind == "refunded" and event.get("created"):  # lab 13's: one refund an operation
+            text = f"refund {event['refund_id']}: created"
+            if self.new(("refund", self.operation or event["refund_id"])):
+                return [("sent", text)]
+            return [("duplicate", f"{text}, a second refund for {self.operation}")]
+        if kind == "message_sent":
+            self.messages.add(event["message_id"])
+            about = event.get("key") or self.about
+            text = f"message {event['message_id']} sent" + (f" ({about})" if about else "")
+            if self.new(("message", about or event["message_id"])):
+                return [("message", text)]
+            return [
+                ("duplicate", f"message {event['message_id']} sent: a second notice for {about}")
+            ]
+        if kind == "messages":  # the provider's listing: a message no command printed (lab 15's)
+            found = []
+            for message in event["messages"]:
+                if message["message_id"] in self.messages:
+                    continue
+                self.messages.add(message["message_id"])
+                text = f"message {message['message_id']} to {message['to']}: {message['text']}"
+                if self.new(("message text", message["text"])):
+                    found.append(("message", text))
+                else:
+                    found.append(("duplicate", f"{text}: a second one"))
+            return found
+        if kind == "payments":  # the provider's listing: a second charge for one reference
+            found = []
+            for payment in event["payments"]:
+                if payment["payment_id"] in self.payments:
+                    continue
+                self.payments.add(payment["payment_id"])
+                text = (
+                    f"payment {payment['payment_id']}: {payment['reference']}, {payment['amount']}"
+                )
+                if self.new(("payment", payment["reference"])):
+                    found.append(("payment", text))
+                else:
+                    found.append(("duplicate", f"{text}: a second charge for one reference"))
+            return found
+        if kind == "effect_adopted" or event.get("how") == "adopted":
+            return [("adopted", f"{thing(event)}: adopted (found by its key), nothing sent")]
+        if kind == "effect_receipt" or event.get("how") == "receipt":
+            return [("receipt", f"{thing(event)}: the ledger's receipt, sent nothing again")]
+        if kind == "webhook":
+            self.about = event["event_id"]
+            name = f"{event['event_id']} {event['status']} v{event['version']}"
+            again = event.get("duplicate") or event["event_id"] in self.deliveries
+            self.deliveries.add(event["event_id"])
+            if event.get("applied"):
+                self.applied.append(event)
+                return [("delivered", f"{name}: applied" + (" again" if again else ""))]
+            return [
+                (
+                    "ignored",
+                    f"{name}: not applied ("
+                    + ("seen before" if event.get("duplicate") else "older")
+                    + ")",
+                )
+            ]
+        if kind == "webhook_refused":
+            return [("refused", f"delivery refused ({event['status']})")]
+        if kind == "ticket_status":
+            text = f"ticket {ticket} ends {event['status']} (v{event['version']})"
+            newest = max(self.applied, key=lambda e: e["version"], default=None)
+            if newest and newest["version"] > event["version"]:
+                return [
+                    ("back", f"{text}: went back from {newest['status']} (v{newest['version']})")
+                ]
+            return [("status", text)]
+        if kind == "reconciled":
+            return [("reconciled", f"{event['key']}: {event['was']} -> {event['now']}")]
+        if kind == "settled":
+            return [("reconciled", f"{event['key']}: {event['state']} by a person")]
+        if kind == "crash":
+            return [("killed", f"killed {event['at']}")]
+        if kind in ("sigterm", "drained"):
+            return [("stopped", "SIGTERM" if kind == "sigterm" else "drained")]
+        if kind == "reconcile":
+            return [("said", f"lost the answer; found {event.get('found') or 'nothing'}")]
+        if kind == "after_ack_failed":
+            return [("said", "failed after the answer; LangGraph ran the node again")]
+        if kind == "done":
+            return [("done", "done")]
+        return []
+
+
+def thing(event):
+    """What an event is about, for a mark: 'refund 3', 'charge, ticket 4', 'ticket 2', 'message
+    1' (a receipt of another effect), else its key."""
+    if "refund_id" in event:
+        return f"refund {event['refund_id']}"
+    if event["event"] == "charged":
+        return f"charge, ticket {event.get('ticket_id')}"
+    if "ticket_id" in event:
+        return f"ticket {event['ticket_id']}"
+    receipt = other_receipt(event)
+    named = ", ".join(f"{k.removesuffix('_id')} {v}" for k, v in receipt.items())
+    return named or event.get("key", "")
+
+
+MARKS = {  # kind: (colour, what the legend says)
+    "sent": ("#2e7d32", "sent: a new effect (ticket, refund)"),
+    "message": ("#558b2f", "message sent"),
+    "payment": ("#00695c", "payment (a charge the provider holds)"),
+    "duplicate": ("#b71c1c", "DUPLICATE: a second effect for the same thing"),
+    "replayed": ("#1565c0", "replayed: the key, created: false"),
+    "adopted": ("#4527a0", "adopted: found by its key, nothing sent"),
+    "receipt": ("#6a1b9a", "receipt: from the ledger, nothing sent"),
+    "reconciled": ("#00838f", "reconciled: a lookup or a person"),
+    "delivered": ("#283593", "webhook delivered, applied"),
+    "ignored": ("#78909c", "webhook delivered, not applied"),
+    "refused": ("#ad1457", "webhook refused"),
+    "status": ("#455a64", "the ticket's status at the end"),
+    "back": ("#d84315", "status went back"),
+    "killed": ("#c62828", "killed (SIGKILL)"),
+    "stopped": ("#ef6c00", "stopped (SIGTERM, an exit code)"),
+    "done": ("#616161", "done"),
+    "said": ("#00838f", "what the run said"),
+    "found": ("#c62828", "the drill found an effect repeated or missing"),
+    "passed": ("#2e7d32", "the drill: every crash point as the clean run"),
 }
+CELLS = {  # a drill's matrix: a crash point's count of an effect against the clean run's
+    "ok": ("#c8e6c9", "a count as the clean run's"),
+    "duplicate": ("#ef9a9a", "DUPLICATE: a count above the clean run's"),
+    "missing": ("#ffe082", "MISSING: a count below the clean run's"),
+    "none": ("#eeeeee", "no count (not reached)"),
+}
+PICTURE_W = 1280  # a projector's width: every picture fits it
 
 
 NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")  # XML 1.0's
@@ -1281,33 +1489,98 @@ def escape(text):
 
 
 def svg(title, rows):
-    """The timeline as an SVG: a row per command, its marks left to right."""
-    row_h, left, char_w = 34, 300, 7.2
-    width = max([left + sum(len(t) * char_w + 24 for _, t in marks) for _, marks in rows] + [900])
-    height = 60 + row_h * len(rows)
-    out = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width:.0f}" height="{height}" '
-        'font-family="monospace" font-size="12">',
-        '<rect width="100%" height="100%" fill="white"/>',
-        f'<text x="10" y="24" font-size="16" font-weight="bold">{escape(title)}</text>',
-    ]
-    for index, (label, marks) in enumerate(rows):
-        y = 50 + index * row_h
-        out.append(f'<text x="10" y="{y + 17}">{escape(label)}</text>')
-        out.append(
-            f'<line x1="{left - 10}" y1="{y + 13}" x2="{width - 10}" y2="{y + 13}" stroke="#bbb"/>'
+    """The timeline as an SVG at most PICTURE_W wide: a row per command, its marks left to
+    right (wrapped onto more lines within the row); a drill's row a matrix of its crash points
+    x effects, each cell its count coloured against the clean run's; a legend of every kind
+    the picture uses. Every text goes through escape() (control characters shown, not kept)."""
+    line_h, left, char_w, right = 30, 300, 7.2, PICTURE_W - 10
+    out, y, used, cells = [], 44, [], set()
+
+    def text(x, y, said, **attrs):
+        extra = "".join(f' {k.replace("_", "-")}="{v}"' for k, v in attrs.items())
+        out.append(f'<text x="{x:.0f}" y="{y:.0f}"{extra}>{escape(said)}</text>')
+
+    def box(x, y, w, h, kind, fill):
+        at = f'x="{x:.0f}" y="{y:.0f}" width="{w:.0f}" height="{h}"'
+        out.append(f'<rect class="{kind}" {at} rx="4" fill="{fill}"/>')
+
+    for label, marks, *more in rows:
+        tables = more[0] if more else []
+        text(
+            10,
+            y + 17,
+            label if len(label) <= 39 else label[:36] + "...",  # 39 characters: 290 px
+            font_weight="bold" if tables else "normal",
         )
         x = left
-        for kind, text in marks:
-            w = len(text) * char_w + 14
-            out.append(
-                f'<rect class="{kind}" x="{x:.0f}" y="{y}" width="{w:.0f}" height="26" '
-                f'rx="5" fill="{COLOURS[kind]}"/>'
+        for kind, said in marks:
+            words = textwrap.wrap(said, int((right - left - 14) / char_w)) or [""]
+            w = max(map(len, words)) * char_w + 14
+            if x > left and x + w > right:
+                x, y = left, y + line_h
+            box(x, y, w, 24 + 14 * (len(words) - 1), kind, MARKS[kind][0])
+            for n, part in enumerate(words):
+                text(x + 7, y + 16 + 14 * n, part, fill="white")
+            used.append(kind)
+            x += w + 8
+            y += 14 * (len(words) - 1)
+        y += line_h
+        for table in tables:  # the drill's matrix: points down, effects across
+            col_w = max([90] + [len(e) * char_w + 16 for e in table.effects])
+            name_w = min(
+                right - 280 - col_w * len(table.effects),  # and 270 px for a verdict
+                max(len(p.name) for p in table.points) * char_w + 20,
             )
-            out.append(f'<text x="{x + 7:.0f}" y="{y + 17}" fill="white">{escape(text)}</text>')
-            x += w + 10
-    out.append("</svg>")
-    return "\n".join(out) + "\n"
+            chars = int((name_w - 20) / char_w)
+            text(20, y + 14, table.title, font_style="italic")
+            y += 22
+            for c, effect in enumerate(table.effects):  # its name, the clean run's count below
+                x = 20 + name_w + c * col_w + 6
+                text(x, y + 12, effect[: int(col_w / char_w) - 1])
+                text(x, y + 26, f"(clean {table.clean[effect]})")
+            y += 32
+            for point in table.points:
+                text(
+                    20,
+                    y + 13,
+                    point.name if len(point.name) <= chars else point.name[: chars - 3] + "...",
+                )
+                for c, effect in enumerate(table.effects):
+                    state = point.state(effect, table.clean[effect])
+                    cells.add(state)
+                    box(20 + name_w + c * col_w, y, col_w - 4, 18, f"cell {state}", CELLS[state][0])
+                    text(20 + name_w + c * col_w + 6, y + 13, point.counts.get(effect, ""))
+                if point.verdict != "ok":
+                    x = 20 + name_w + len(table.effects) * col_w + 6
+                    room = int((right - x) / char_w)
+                    verdict = point.verdict
+                    text(
+                        x, y + 13, verdict if len(verdict) <= room else verdict[: room - 3] + "..."
+                    )
+                y += 20
+            y += 10
+    y += 6
+    legend = [(kind, *MARKS[kind]) for kind in MARKS if kind in used]
+    legend += [(f"cell {state}", *CELLS[state]) for state in CELLS if state in cells]
+    text(10, y + 14, "legend", font_weight="bold")
+    x, y = 80, y
+    for kind, fill, meaning in legend:
+        w = len(meaning) * char_w + 30
+        if x + w > right:
+            x, y = 80, y + 22
+        at = f'x="{x:.0f}" y="{y + 3}" width="14" height="14"'
+        out.append(f'<g class="legend" data-kind="{kind}"><rect {at} rx="3" fill="{fill}"/>')
+        text(x + 20, y + 14, meaning)
+        out.append("</g>")
+        x += w + 10
+    head = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{PICTURE_W}" height="{y + 34:.0f}" '
+        'font-family="monospace" font-size="12">',
+        '<rect width="100%" height="100%" fill="white"/>',
+    ]
+    text(10, 24, title, font_size="16", font_weight="bold")
+    title_line = out.pop()
+    return "\n".join(head + [title_line] + out + ["</svg>"]) + "\n"
 
 
 def draw(demo, guide, folder):
@@ -1322,8 +1595,9 @@ def draw(demo, guide, folder):
     if demo.projector:
         s = demo.style
         print("\n" + s.bold("Timeline"))
-        paint = {"made": s.good, "killed": s.bad, "stopped": s.bad}
-        for label, marks in rows:  # wrapped between marks, colour added after
+        paint = {"sent": s.good, "duplicate": s.bad, "back": s.bad, "killed": s.bad}
+        paint |= {"stopped": s.bad, "refused": s.bad}
+        for label, marks, *_ in rows:  # wrapped between marks, colour added after
             line, width = f"  {label}", demo.width
             for kind, text in marks:
                 after = TERMINAL_CODES.sub("", line).rstrip().endswith("]")
@@ -1570,7 +1844,8 @@ def main(argv=None):
         return EXIT_USAGE
     style = style_for(sys.stdout)
     projector = args.projector or (sys.stdout.isatty() and not args.plain)
-    width = shutil.get_terminal_size((120, 32)).columns - 1 if projector else WIDTH
+    size = shutil.get_terminal_size((120, 32))
+    width = size.columns - 1 if projector else WIDTH
     backend = code = None
     make = MakeParent.find()  # Ctrl-C reaches make too: it reports it (see MakeParent)
     terminal = Foreground.take() if projector and make is None else None
@@ -1581,7 +1856,9 @@ def main(argv=None):
             backend.down()  # what an interrupted demo may have left
             if args.pictures:  # the drill's --html to /reports lands in PICTURES, as yours
                 os.environ.update(docker_reports(args.pictures))
-        demo = Demo(backend, style, args.step, projector, width, args.stderr, args.pictures)
+        demo = Demo(
+            backend, style, args.step, projector, width, args.stderr, args.pictures, size.lines
+        )
         for guide in args.guides:
             demo.tell(guide)
             if args.pictures:

@@ -1,0 +1,161 @@
+"""make demo's pictures (PICTURES/lab-NN.svg), opened in headless Chromium and checked against
+the run's own events: a mark for each thing the lab printed, a duplicate marked as one, a
+legend, and every picture within a projector's 1,280 px.
+
+One native demo run of labs 01, 15, 16 and 18 (plain mode, as a file gets it); each guide's
+part of its output is read back into events (labs.tools.tally.events_in) and drill tables.
+"""
+
+import html
+import json
+import re
+from collections import Counter
+
+from chromium_helpers import chromium
+
+from labs.tools import demo
+from labs.tools.local import ROOT
+from labs.tools.tally import events_in
+
+GUIDES = {
+    "01": "01-the-duplicate.md",
+    "15": "15-the-ledger.md",
+    "16": "16-classify-your-effects.md",
+    "18": "18-the-webhook-that-came-twice.md",
+}
+LAYOUT = """<!doctype html><html><body style="margin:0">%s<script>
+// every text, mark, cell and legend swatch (the white background is the picture's own width)
+const drawn = "svg > rect[class], svg text, g.legend rect";
+const boxes = [...document.querySelectorAll(drawn)].map(e => e.getBBox());
+const marks = {};
+for (const r of document.querySelectorAll("svg > rect[class]")) {
+  marks[r.getAttribute("class")] = (marks[r.getAttribute("class")] || 0) + 1;
+}
+const legend = [...document.querySelectorAll("g.legend")].map(g => g.dataset.kind);
+const out = document.createElement("pre");
+out.id = "layout";
+out.textContent = JSON.stringify({
+  right: Math.max(...boxes.map(b => b.x + b.width)),
+  width: document.querySelector("svg").getBoundingClientRect().width,
+  marks, legend,
+  text: [...document.querySelectorAll("svg text")].map(t => t.textContent),
+});
+document.body.appendChild(out);
+</script></body></html>"""
+
+
+def layout(picture, tmp_path):
+    """What Chromium lays out of the picture: the right edge of its farthest text or box, its
+    width, the marks per class, the legend's kinds, every text."""
+    page = tmp_path / f"{picture.stem}.html"
+    page.write_text(LAYOUT % picture.read_text(encoding="utf-8"), encoding="utf-8")
+    dom = chromium(page.as_uri(), "--dump-dom")
+    found = re.search(r'<pre id="layout">(.*?)</pre>', dom, re.S)
+    assert found, dom[:500]
+    return json.loads(html.unescape(found.group(1)))
+
+
+def expected_marks(told):
+    """The marks a guide's picture must have, from what its commands printed (plain mode: each
+    command from its `$ ` line to the next). The model, stated: each operation of these labs
+    (one `prepare` each) makes at most one ticket, so tickets beyond the operations are
+    duplicates; two messages with one text are a duplicate notice; two charges for one
+    reference are a duplicate charge; a drill's cells are its points x effects, its duplicate
+    cells the count its summary line gives."""
+    commands = told.split("\n$ ")[1:]
+    events = list(events_in(told.splitlines()))
+    kinds = Counter(e["event"] for e in events)
+
+    tickets = {e["ticket_id"] for e in events if "ticket_id" in e and e["event"] != "state"}
+    tickets |= {t["ticket_id"] for e in events if e["event"] == "tickets" for t in e["tickets"]}
+    operations = {e["operation"] for e in events if e["event"] == "prepare"}
+    listed = [m for e in events if e["event"] == "messages" for m in e["messages"]]
+    messages = {m["message_id"] for m in listed}
+    messages |= {e["message_id"] for e in events if e["event"] == "message_sent"}
+    texts = {m["text"] for m in listed}
+    charges = [p for e in events if e["event"] == "payments" for p in e["payments"]]
+    payments = {p["payment_id"] for p in charges}
+    dups = {
+        "tickets": len(tickets) - len(operations),
+        "messages": len(messages) - len(texts),
+        "payments": len(payments) - len({p["reference"] for p in charges}),
+    }
+    acks = [e for e in events if e["event"] == "effect_ack"]
+    hooks = [e for e in events if e["event"] == "webhook"]
+    back = 0
+    for command in commands:  # a status lower than the newest applied in the same command
+        said = list(events_in(command.splitlines()))
+        newest = max(
+            (e["version"] for e in said if e["event"] == "webhook" and e["applied"]), default=0
+        )
+        back += sum(e["version"] < newest for e in said if e["event"] == "ticket_status")
+    stopped = sum(
+        bool(re.search(r"^\[exit (?!137\])\d+\]$", c, re.M))
+        for c in commands
+        if " run --rm drill " not in c.splitlines()[0]
+    )
+    summaries = re.findall(r"^summary: \d+ crash points?, .*$", told, re.M)
+    passed = sum(
+        ", 0 duplicate, 0 missing, " in s and s.endswith("clean run ok") for s in summaries
+    )
+    duplicate_cells = sum(int(re.search(r", (\d+) duplicate", s).group(1)) for s in summaries)
+    points_x_effects = 0
+    for match in re.finditer(r"^durability \w+: (\d+) crash points?\n(point .*)$", told, re.M):
+        effects = match.group(2).split("ran on recovery")[1].split()[:-1]
+        points_x_effects += int(match.group(1)) * len(effects)
+    want = {
+        "sent": sum(e["created"] for e in acks) - dups["tickets"],
+        "duplicate": sum(dups.values()),
+        "replayed": sum(not e["created"] for e in acks),
+        "message": len(messages) - dups["messages"],
+        "payment": len(payments) - dups["payments"],
+        "adopted": kinds["effect_adopted"],
+        "receipt": kinds["effect_receipt"],
+        "reconciled": kinds["reconciled"] + kinds["settled"],
+        "delivered": sum(bool(e["applied"]) for e in hooks),
+        "ignored": sum(not e["applied"] for e in hooks),
+        "refused": kinds["webhook_refused"],
+        "status": kinds["ticket_status"] - back,
+        "back": back,
+        "killed": kinds["crash"],
+        "stopped": stopped,
+        "done": kinds["done"],
+        "found": len(summaries) - passed,
+        "passed": passed,
+        "cell duplicate": duplicate_cells,
+    }
+    want["cell ok"] = points_x_effects - want["cell duplicate"]
+    return {kind: n for kind, n in want.items() if n}
+
+
+def test_each_picture_marks_what_its_lab_printed_with_a_legend_within_1280_px(capsys, tmp_path):
+    pictures = tmp_path / "pictures"
+    guides = [ROOT / "labs" / name for name in GUIDES.values()]
+    code = demo.main(
+        ["--backend", "local", "--plain", "--pictures", str(pictures), *map(str, guides)]
+    )
+    out = capsys.readouterr().out
+    assert code == demo.EXIT_OK, out[-3000:]
+    told = dict(zip(GUIDES, re.split(r"^=== Lab \d+: .*===$", out, flags=re.M)[1:], strict=True))
+    seen = {}
+    for number, part in told.items():
+        want = expected_marks(part.split("\nTimeline\n")[0])
+        shown = seen[number] = layout(pictures / f"lab-{number}.svg", tmp_path)
+        assert shown["marks"] == want, (number, shown["marks"], want)
+        legend = shown["legend"]
+        assert sorted(legend) == sorted(want), (number, legend)  # each kind once, none unused
+        assert shown["width"] <= 1280 and shown["right"] <= 1280, (number, shown)
+    # the lessons, as the room reads them
+    one, fifteen, eighteen = (seen[n]["text"] for n in ("01", "15", "18"))
+    assert any(
+        t.startswith("ticket 2, key none: created, a second ticket for case-naive") for t in one
+    )
+    assert [t.split(":")[0] for t in fifteen if t.startswith("payment ") and "case-twice" in t] == [
+        "payment 1",
+        "payment 2",
+    ]
+    assert "ticket 1 ends opened (v1): went back from resolved (v3)" in eighteen
+    assert (
+        "message 3 sent (evt_6:notify)" in eighteen
+        and eighteen.count("delivery refused (403)") == 3
+    )
