@@ -211,7 +211,9 @@ class CrashWindowTest(ServiceTestCase):
         url = self.urls.get(plumbing.provider_of(effect))
         self.assertIsNotNone(url, f"{record.effect}: no stand-in provider to ask")
         thing = made(url)[-1]  # the newest: the run was killed just after it
-        settled = self.workflow("reconcile", "--confirmed", f"{record.key}={thing['id']}")
+        # --wait: a person's word is taken once the provider's settle time is over
+        said = f"{record.key}={thing['id']}"
+        settled = self.workflow("reconcile", "--confirmed", said, "--wait")
         self.assertEqual(settled.returncode, 0, settled.stderr)
 
 
