@@ -134,6 +134,11 @@ class RefusalTest(ServiceTestCase):
             self.assertIsNone(ledger.receipt("op-1"))  # nothing recorded as done
         self.assertEqual([t["payload"] for t in self.tickets("op-1")], [{"title": "B"}])
         self.assertEqual(self.counted("key_conflicts"), 1)  # asked once, not again
+        # Failed is final: a resume says so again and sends nothing.
+        again = self.workflow("resume", "--thread", "t1")
+        self.assertEqual(again.returncode, plumbing.EXIT_HTTP_ERROR, again.stderr)
+        self.assertIn("refused", again.stderr)
+        self.assertEqual(self.counted("key_conflicts"), 1)
 
 
 class TamperTest(ServiceTestCase):
