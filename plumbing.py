@@ -211,7 +211,7 @@ class HttpAnswers:
     not_sent(error): the only proof nothing was done, so the key is free (released): a refused
     connection (no byte left), or a status in did_nothing (no route, not let in, a limit).
     refused(error): a business no, with the provider's JSON reason ({"status", **body}): made
-    nothing, the key is spent, and it is final (failed: the only outcome a saga compensates).
+    nothing, the key is spent, and it is final (failed: the one outcome to compensate for).
     A status in in_progress is never a refusal: the IETF Idempotency-Key draft (draft-ietf-
     httpapi-idempotency-key-header, "Error Scenarios") answers 409 to a retry "while the
     original request is still being processed" and 422 to a key reused with another body.
