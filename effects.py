@@ -82,7 +82,9 @@ class Effect:
     send(client, request, key) -> the provider's answer (a dict); not_sent(error) is true for
     an error that proves nothing was done (a refused connection, an answer that did nothing);
     refused(error) -> the provider's refusal (a dict) when the error is a business "no"
-    (nothing was done, and the key is spent), else None.
+    (nothing was done, and the key is spent), else None. Any other error, "in progress" (the
+    IETF Idempotency-Key draft's 409) included, leaves the effect unknown. A provider declares
+    these once for every effect sent to it (plumbing.Provider, plumbing.Effect).
     lookup(client, key) -> the answer the key made, or None when it made nothing; None (the
     attribute) for a provider that offers no lookup (an email, an SMS).
     external_id(answer) -> the provider's id for what it made, kept in the receipt;

@@ -12,6 +12,7 @@ import shutil
 import signal
 import sys
 import threading
+import time
 import tomllib
 import urllib.parse
 import urllib.request
@@ -391,6 +392,42 @@ def test_a_keyless_provider_without_a_lookup_added_as_the_readme_says_waits_for_
             "settled: confirmed (a person: reconcile --confirmed)",
         )
     assert len(stand_in.made["messages"]) == 1
+
+
+def test_the_stand_in_of_an_smtp_provider_takes_mail_its_message_id_the_id(built):
+    """tests/service.py's stand-in for a provider whose client speaks smtp (SMTP_PORT): what
+    smtpclient sends is one thing, its id the Message-ID a person gives reconcile."""
+    import subprocess
+
+    import smtpclient
+
+    port, smtp_port = free_port(), free_port()
+    env = {**os.environ, "PORT": str(port), "SMTP_PORT": str(smtp_port), "FAILPOINTS": ""}
+    server = subprocess.Popen([sys.executable, "tests/service.py"], cwd=built, env=env)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        tick, began = threading.Event(), time.monotonic()
+        while not healthy(url):  # a hang guard, not a timing: 60 s for a stand-in to start
+            assert server.poll() is None and time.monotonic() - began < 60, "no stand-in"
+            tick.wait(0.01)
+        client = smtpclient.SmtpClient(f"smtp://127.0.0.1:{smtp_port}", 5.0)
+        sent = client.mail("a@example.com", "b@example.com", "s", "one\n.two\n", "op-1:email")
+        with urllib.request.urlopen(url + "/made", timeout=5) as answer:
+            made = json.load(answer)
+    finally:
+        server.terminate()
+        server.wait(10)
+    (thing,) = made["made"]
+    assert thing["id"] == sent["message_id"] == smtpclient.message_id("op-1:email")
+    assert made["handled"] == 1
+
+
+def healthy(url):
+    try:
+        with urllib.request.urlopen(url + "/health", timeout=1) as answer:
+            return answer.status == 200
+    except OSError:
+        return False
 
 
 SHOW_EFFECTS = """

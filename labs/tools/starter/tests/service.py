@@ -15,16 +15,20 @@ only evidence. It keeps what it made in memory, for the life of its process.
                         those whose body has FIELD equal to V (key=V: the Idempotency-Key),
                         and "handled": how many POSTs it has made or refused (not those held)
     GET  /health        200 {"ok": true}
+    SMTP on SMTP_PORT   (when set) each message taken is a thing under /smtp, its id the
+                        message's Message-ID
 
 Its settings: PORT (0: any), STANDIN_KEYED ("": no key honoured), FAILPOINTS: before-commit
 (a POST received and not yet made, held once per body: a resend passes) and after-commit (made,
 its answer not yet written), e.g. before-commit=pause(PATH) for a provider that commits late.
 """
 
+import email
 import json
 import os
 import re
 import socket
+import socketserver
 import subprocess
 import sys
 import tempfile
@@ -97,9 +101,12 @@ class ServiceTestCase(unittest.TestCase):
         self.assertIsNone(process.poll(), f"{name} exited: {log_path.read_text()}")
         return process
 
-    def standin(self, fail="", keyed=False):
-        """A stand-in provider's URL (see this file's docstring)."""
+    def standin(self, fail="", keyed=False, smtp_port=None):
+        """A stand-in provider's URL (see this file's docstring); smtp_port: it takes mail
+        there too (SMTP_PORT)."""
         env = dict(self.env, PORT=str(free_port()), FAILPOINTS=fail, STANDIN_KEYED="1" * keyed)
+        if smtp_port is not None:
+            env["SMTP_PORT"] = str(smtp_port)
         self.serve([Path(__file__)], env, f"standin-{env['PORT']}")
         return f"http://127.0.0.1:{env['PORT']}"
 
@@ -122,6 +129,12 @@ class ServiceTestCase(unittest.TestCase):
                 self.serve([HERE / "receiver.py"], env, provider.name)
                 url = f"http://127.0.0.1:{port}"
                 self.others[provider.name] = (url, made_by_receiver)
+            elif "smtp" in getattr(provider.client_class, "schemes", ()):  # mail: over SMTP
+                port = free_port()
+                url = self.standin(self.holding(provider.name), smtp_port=port)
+                self.others[provider.name] = (url, lambda url: len(made(url)))
+                self.env[f"{provider.name.upper()}_URL"] = f"smtp://127.0.0.1:{port}"
+                continue
             else:
                 url = self.standin(self.holding(provider.name), keyed=provider.keyed)
                 self.others[provider.name] = (url, lambda url: len(made(url)))
@@ -347,12 +360,48 @@ def matches(thing, field, value):
     return str(thing["key"] if field == "key" else thing["body"].get(field)) == value
 
 
+class SmtpStandIn(socketserver.StreamRequestHandler):
+    """The stand-in's SMTP side (SMTP_PORT): the replies smtplib needs, and each message it
+    takes kept as a thing under the path /smtp, its id the message's Message-ID (what a person
+    finds in a mailbox and gives reconcile --confirmed KEY=ID)."""
+
+    def handle(self):
+        from failpoints import fail
+
+        self.say("220 stand-in")
+        while line := self.rfile.readline():
+            verb = line[:4].upper()
+            if verb == b"DATA":
+                self.say("354 end with <CRLF>.<CRLF>")
+                raw = b"".join(iter(lambda: self.rfile.readline(), b".\r\n"))
+                raw = raw.replace(b"\r\n..", b"\r\n.")  # dot-stuffing undone
+                message = email.message_from_bytes(raw)
+                fail("before-commit", once_per=raw)  # received, not taken yet
+                with StandIn.lock:
+                    StandIn.handled += 1
+                    body = {"to": message["To"], "message_id": message["Message-ID"]}
+                    thing = {"id": message["Message-ID"], "path": "/smtp", "key": None}
+                    StandIn.things.append({**thing, "body": body})
+                self.say("250 taken")
+            elif verb == b"QUIT":
+                return self.say("221 bye")
+            else:  # EHLO, MAIL, RCPT, RSET, NOOP
+                self.say("250 ok")
+
+    def say(self, reply):
+        self.wfile.write(reply.encode() + b"\r\n")
+
+
 def serve_standin():
     sys.path.insert(0, str(HERE))
     import failpoints
 
     failpoints.configure(os.environ.get("FAILPOINTS", ""), known=STANDIN_POINTS)
     StandIn.keyed = os.environ.get("STANDIN_KEYED", "") == "1"
+    if smtp_port := os.environ.get("SMTP_PORT"):  # an SMTP provider's: its other side
+        smtp = socketserver.ThreadingTCPServer(("127.0.0.1", int(smtp_port)), SmtpStandIn)
+        smtp.daemon_threads = True
+        threading.Thread(target=smtp.serve_forever, daemon=True).start()
     server = ThreadingHTTPServer(("127.0.0.1", int(os.environ.get("PORT", "0"))), StandIn)
     server.daemon_threads = True
     server.serve_forever()
