@@ -899,8 +899,17 @@ def said_http_error(args, settings, error):
         body = body.decode("utf-8", "replace")
     emit("http_error", status=error.code, body=body)
     name = getattr(error, "provider", "API")  # which provider answered: NAME_URL is its
-    url = settings.provider(name).url
-    if not isinstance(body, dict):  # the receiver answers every error in JSON: another server
+    provider = settings.provider(name)
+    url = provider.url
+    if provider.answers is not RECEIVER_ANSWERS:  # someone else's service: its own words
+        nothing = "; nothing was made, and the key is still free" * provider.answers.not_sent(error)
+        hint = resume_hint(args, settings, f"once {provider.shown_as} takes it")
+        print(
+            f"{args.prog}: {provider.shown_as} at {name}_URL {url} answered {error.code}"
+            f"{nothing}{hint}",
+            file=sys.stderr,
+        )
+    elif not isinstance(body, dict):  # the receiver answers every error in JSON: another server
         hint = resume_hint(args, settings, f"once {name}_URL names the receiver")
         print(
             f"{args.prog}: the server at {url} answered {error.code} without the "
