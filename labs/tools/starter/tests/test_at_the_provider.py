@@ -44,6 +44,26 @@ class AtTheProviderTest(ServiceTestCase):
         killed = self.walk("order-1", signal.SIGINT, plumbing.EXIT_INTERRUPTED)
         crash.CrashWindowTest.one_effect_per_key_at_each_provider(self, killed)
 
+    def test_a_resume_while_the_provider_holds_the_request_sends_it_again_under_its_key(self):
+        # receiver.py honours the key (API is declared keyed): the resume of a run killed
+        # while its ticket is at the provider finds nothing yet, sends again under the key,
+        # and gets the one ticket; the held first request then finds the key made.
+        for name in self.urls:  # only the ticket's provider holds: the others let all pass
+            failpoints.unpause(self.held(name))
+        run, _, _ = self.workflow_started("start", "--thread", "t", "--operation", "k")
+        self.wait_until(lambda: crash.waiting(self.held("API")), "the request at the provider")
+        run.kill()
+        run.wait()
+        resumed = self.workflow("resume", "--thread", "t")
+        self.assertEqual(resumed.returncode, 0, resumed.stderr)
+        with effects.Ledger(self.env["CHECKPOINT_DB"]) as ledger:
+            history = [how for _, _, how in ledger.history("k")]
+        self.assertIn("sent again: the provider honours the key", history)
+        answered = answered_by_receiver(self.url)
+        failpoints.unpause(self.held("API"))  # the first request: its key made already
+        self.wait_until(lambda: answered_by_receiver(self.url) > answered, "the held request")
+        self.assertEqual(len(self.tickets("k")), 1)
+
     def test_a_persons_word_before_the_settle_time_is_refused_and_names_when(self):
         # The run is killed while its request is at the provider: nothing is there yet, and
         # it may still be made. A person who looks now and says --not-sent would have it sent
