@@ -36,7 +36,7 @@ RUN pip install --no-cache-dir --require-hashes -r requirements.txt
 # the app user cannot change it. api.py is the lab's receiver, built on receiver.py (the core's).
 ENV PYTHONDONTWRITEBYTECODE=1
 COPY failpoints.py httpguard.py tracing.py receiver.py api.py webhooks.py effects.py inbox.py plumbing.py workflow.py lab.py \
-     worker.py relay.py ./
+     worker.py relay.py smtpclient.py ./
 COPY effectdrill/ effectdrill/
 COPY labs/graphs/ labs/graphs/
 # Their bytecode, made once here: at run time nothing can write it (read-only root fs), and

@@ -34,7 +34,7 @@ PICTURES ?= data/demo
 GUIDES ?= labs/01-the-duplicate.md labs/02-the-keyed-fix.md labs/03-a-retry-is-not-a-new-request.md
 UV := $(abspath $(PY)) -m uv pip compile --quiet --universal --python-version 3.11 --generate-hashes --no-header
 
-.PHONY: help demo reset test test-fast lint bench bench-workers bench-docker drill drill-oldest chaos scale-chaos starter lock clean
+.PHONY: help demo reset test test-fast lint bench bench-workers bench-docker drill drill-oldest chaos scale-chaos starter starter-mutations lock clean
 
 help:  ## this list (a bare `make` prints it too)
 	@awk -F':.*## ' '/^[a-z][a-z-]*:.*## / { printf "  make %-14s %s\n", $$1, $$2 }' $(MAKEFILE_LIST)
@@ -92,6 +92,9 @@ chaos: $(VENV)/.installed  ## RUNS MODE runs killed at random moments (SEED=N re
 starter: $(VENV)/.installed  ## the core files copied unchanged, as a starter: make starter DEST=dir
 	@test -n "$(DEST)" || { echo "make starter: name a new folder, e.g. make starter DEST=../ticket-starter"; exit 2; }
 	@$(PY) -m labs.tools.starter $(DEST)
+
+starter-mutations: $(VENV)/.installed  ## the starter's suite against each mutant of the ledger (minutes)
+	@$(PY) -m labs.tools.starter_mutations
 
 bench-workers: $(VENV)/.installed  ## operations per second with 1, 2 and 4 workers (part of bench)
 	@$(PY) -m labs.tools.bench_workers

@@ -82,7 +82,9 @@ class Effect:
     send(client, request, key) -> the provider's answer (a dict); not_sent(error) is true for
     an error that proves nothing was done (a refused connection, an answer that did nothing);
     refused(error) -> the provider's refusal (a dict) when the error is a business "no"
-    (nothing was done, and the key is spent), else None.
+    (nothing was done, and the key is spent), else None. Any other error, "in progress" (the
+    IETF Idempotency-Key draft's 409) included, leaves the effect unknown. A provider declares
+    these once for every effect sent to it (plumbing.Provider, plumbing.Effect).
     lookup(client, key) -> the answer the key made, or None when it made nothing; None (the
     attribute) for a provider that offers no lookup (an email, an SMS).
     external_id(answer) -> the provider's id for what it made, kept in the receipt;
@@ -132,26 +134,30 @@ class Effect:
                 raise Unsettled(key, self, record.since_sent_s)
             ledger.move(key, "requested", f"sent again: {why}")
         sent = time.monotonic()  # the stop below says how long after it the lookup found nothing
-        try:
-            answer = self.send(client, request, key)
-        except Exception as error:
-            if self.not_sent(error):
-                ledger.move(key, "released", f"not done: {error}")
+        for again in (False, True):  # a keyed provider's lost answer: once more under the key
+            try:
+                answer = self.send(client, request, key)
+                break
+            except Exception as error:
+                if self.not_sent(error):  # only proof: the request never left, or did nothing
+                    ledger.move(key, "released", f"not done: {error}")
+                    raise
+                if (refusal := self.refused(error)) is not None:  # a business no: final
+                    ledger.refuse(key, refusal)
+                    raise Refused(key, refusal) from error
+                # Anything else (a timeout, a reset, a 5xx, "in progress"): it may have been
+                # made, or may still be. Unknown, until a lookup or a person says.
+                ledger.move(key, "unknown", f"no answer: {type(error).__name__}: {error}")
+                if (found := self.look_up(ledger, key, client)) is not None:
+                    return found  # it committed before the answer was lost
+                if not self.keyed or again:  # a resend now could be a second effect: stop
+                    raise Unsettled(key, self, time.monotonic() - sent, error) from error
+                # The provider honours the key: the same request under it gets the first result
+                # (or "in progress" while the first is still being processed: unknown again).
+                ledger.move(key, "requested", "sent again: the provider honours the key")
+            except BaseException:  # Ctrl-C, a drain: the request may have left
+                ledger.move(key, "unknown", "interrupted while the request was out")
                 raise
-            if (refusal := self.refused(error)) is not None:
-                ledger.refuse(key, refusal)
-                raise Refused(key, refusal) from error
-            ledger.move(key, "unknown", f"no answer: {type(error).__name__}: {error}")
-            if (found := self.look_up(ledger, key, client)) is not None:
-                return found  # it committed before the answer was lost
-            if not self.keyed:  # a resend now could be a second effect: stop, and say so
-                raise Unsettled(key, self, time.monotonic() - sent) from error
-            # The provider honours the key: the same request under it gets the first result.
-            ledger.move(key, "requested", "sent again: the provider honours the key")
-            answer = self.send(client, request, key)
-        except BaseException:  # Ctrl-C, a drain: the request may have left
-            ledger.move(key, "unknown", "interrupted while the request was out")
-            raise
         # The provider has committed it and the ledger does not know yet: the window a kill
         # here leaves is closed by the lookup of the next attempt (or a person, without one).
         fail("after-send")
@@ -235,15 +241,27 @@ class Conflict(LedgerError):
 class Unsettled(LedgerError):
     """An earlier attempt may have made the effect, and nothing here can tell yet."""
 
-    def __init__(self, key, effect, since_sent_s=0.0):
+    def __init__(self, key, effect, since_sent_s=0.0, error=None):
         look = effect.look_with.format(key=key)
-        if effect.lookup is None:
-            why = "its provider has no lookup"
-            then = f"reconcile --confirmed {key}=ID if it happened, --not-sent {key} if it did not"
+        said = f" ({type(error).__name__}: {error})" if error else ""
+        if effect.keyed:  # "in progress", or no answer: the key gets the first result later
+            why = f"{where(effect, 'its provider')} honours the key and has not given its result"
+            why += f" yet{said}"
+            then = (
+                f"resume once {effect.settled_after_s:g} s have passed since the last send (the "
+                "provider answers the key with its first result)"
+            )
+        elif effect.lookup is None:
+            why = f"{where(effect, 'its provider')} has no lookup{said}"
+            then = (
+                f"reconcile --confirmed {key}=ID if it happened, --not-sent {key} if it did not "
+                f"(taken {effect.settled_after_s:g} s after the last send)"
+            )
         else:
+            who = where(effect, "the provider")
             why = (
-                f"the lookup found nothing {since_sent_s:.1f} s after the last send, and the "
-                f"provider may take {effect.settled_after_s:g} s to commit"
+                f"the lookup found nothing {since_sent_s:.1f} s after the last send, and {who} "
+                f"may take {effect.settled_after_s:g} s to commit"
             )
             then = "reconcile (it asks the provider again)"
         super().__init__(
@@ -251,6 +269,13 @@ class Unsettled(LedgerError):
             f"and {why}: look with {look}, then {then}"
         )
         self.key = key
+
+
+def where(effect, otherwise):
+    """How a line names an effect's provider: the name it declares (plumbing.Effect), else
+    otherwise ("the provider")."""
+    name = getattr(effect, "provider", "")
+    return str(getattr(name, "name", name) or otherwise)
 
 
 class InFlight(LedgerError):

@@ -283,6 +283,7 @@ MESSAGE = effects.Effect(
     lookup=None,  # GET /messages lists them; no key finds one
     not_sent=plumbing.did_nothing,
     refused=plumbing.refusal,
+    settle_s=workflow.RECEIVER_SETTLE_S,  # a person's word on it waits this long after a send
     answer_of=lambda message_id: {"message_id": int(message_id)},  # reconcile --confirmed KEY=ID
     look_with=(
         "python lab.py messages (Docker: docker compose -p stateful-lab run --rm workflow messages)"
@@ -759,14 +760,12 @@ CHARGE = dataclasses.replace(workflow.TICKET, name="charge")
 
 def receiver_effect(name, path):
     """An effect on one of the receiver's keyed POST routes, looked up by GET path?key=."""
-    return effects.Effect(
-        name,
+    return plumbing.Effect(  # keyed, its settle time and its refusals: workflow.API's
+        name,  # (reservations: no_capacity, the saga's outcome; a key used for another body)
+        provider=workflow.API,
         send=lambda client, request, key: client.call(path, request, key),
         lookup=lambda client, key: looked_up(client, path.strip("/"), key),
         external_id=lambda answer: answer[f"{name}_id"],
-        not_sent=plumbing.did_nothing,
-        refused=plumbing.refusal,  # reservations: no_capacity (the saga's outcome), key_conflict
-        keyed=True,  # the receiver answers a repeated Idempotency-Key with the first result
         answer_of=lambda made_id: {f"{name}_id": int(made_id), "created": False},
         look_with=f"GET {path}?key={{key}} on API_URL",
     )

@@ -18,6 +18,7 @@ import dataclasses
 import http.client
 import json
 import logging
+import math
 import os
 import socket
 import sqlite3
@@ -108,9 +109,12 @@ class HttpClient:
     connection or a busy 503 tried again. Plain urllib: commands that use only this load fast.
     Subclass it with your provider's calls (workflow.TicketClient); Provider.client builds it."""
 
+    schemes = ("http", "https")  # what {NAME}_URL may say (checked_url)
+
     def __init__(self, url, timeout_s=TIMEOUT_S, attempts=ATTEMPTS, headers=None, name="API"):
         self.url, self.timeout_s, self.attempts = url.rstrip("/"), timeout_s, attempts
         self.name = name  # the provider's: its settings are {name}_URL, ...
+        self.label = name  # how a line names it (Provider.label: "the receiver" for API)
         self.headers = dict(headers or {})  # sent with every request
 
     def call(self, path, payload=None, key=None):
@@ -158,18 +162,18 @@ class HttpClient:
             # was never made proves nothing left; a timeout or a reset while sending may not.
             if not isinstance(error.reason, NEVER_CONNECTED):
                 raise NoAnswer(
-                    f"no answer from the receiver at {self.url} ({error.reason}); "
+                    f"no answer from {self.label} at {self.url} ({error.reason}); "
                     "the request may or may not have taken effect",
                     EXIT_NO_ANSWER,
                 ) from error
             raise Unreachable(
-                f"cannot reach the receiver at {self.url} ({error.reason}); start it, "
+                f"cannot reach {self.label} at {self.url} ({error.reason}); start it, "
                 f"or set {self.name}_URL to where it listens",
                 EXIT_NO_ANSWER,
             ) from error
         except (OSError, http.client.HTTPException) as error:  # sent, then no answer
             raise NoAnswer(
-                f"no answer from the receiver at {self.url} ({error}); "
+                f"no answer from {self.label} at {self.url} ({error}); "
                 "the request may or may not have taken effect",
                 EXIT_NO_ANSWER,
             ) from error
@@ -180,29 +184,70 @@ UNRESOLVED_TRIES = 2  # tries of a host name that does not resolve (each lookup 
 
 
 def refusal(error):
-    """A business 4xx answer's JSON body: the receiver refused the request and made nothing, and
-    the key is spent. Else None: a 5xx or no answer (it may have committed), or an answer that
-    says the request went to the wrong place or was not let in (did_nothing)."""
-    if not isinstance(error, urllib.error.HTTPError) or not 400 <= error.code < 500:
-        return None
-    if error.code in DID_NOTHING:
-        return None
-    try:
-        body = json.loads(error.read())
-    except ValueError:
-        return None  # not the receiver's JSON: another server; not a refusal we can read
-    return {"status": error.code, **body} if isinstance(body, dict) else None
+    """receiver.py's refusals (RECEIVER_ANSWERS.refused): a business 4xx answer's JSON body, its
+    409 (a key used for another body) too: the receiver refused the request and made nothing,
+    and the key is spent. Else None: a 5xx or no answer (it may have committed), an answer that
+    says the request went to the wrong place or was not let in (did_nothing), or one that is not
+    JSON (another server)."""
+    return RECEIVER_ANSWERS.refused(error)
 
 
 def did_nothing(error):
-    """True for an error that proves the request made nothing and the key is still free: the
-    connection was refused (Unreachable), or an answer that it reached no route or was not let
-    in (DID_NOTHING: a wrong API_URL, a missing credential, a limit: fix it, then resume)."""
-    http_error = isinstance(error, urllib.error.HTTPError) and error.code in DID_NOTHING
-    return isinstance(error, Unreachable) or http_error
+    """True for an error that proves the request made nothing and the key is still free, at
+    receiver.py (RECEIVER_ANSWERS.not_sent): the connection was refused (Unreachable), or an
+    answer that it reached no route or was not let in (DID_NOTHING: a wrong API_URL, a missing
+    credential, a limit: fix it, then resume), or a 503 (its transaction rolled back)."""
+    return RECEIVER_ANSWERS.not_sent(error)
 
 
 DID_NOTHING = {401, 403, 404, 405, 408, 429}
+
+
+@dataclasses.dataclass(frozen=True)
+class HttpAnswers:
+    """What an HTTP provider's error answers mean for an effect, declared once per provider
+    (Provider.answers); whatever is neither is unknown: it may have been made, or may still be.
+
+    not_sent(error): the only proof nothing was done, so the key is free (released): a refused
+    connection (no byte left), or a status in did_nothing (no route, not let in, a limit).
+    refused(error): a business no, with the provider's JSON reason ({"status", **body}): made
+    nothing, the key is spent, and it is final (failed: the one outcome to compensate for).
+    A status in in_progress is never a refusal: the IETF Idempotency-Key draft (draft-ietf-
+    httpapi-idempotency-key-header, "Error Scenarios") answers 409 to a retry "while the
+    original request is still being processed" and 422 to a key reused with another body.
+    A 5xx, a timeout, a reset, Ctrl-C: unknown (Effect.perform)."""
+
+    did_nothing: frozenset = frozenset(DID_NOTHING)
+    in_progress: frozenset = frozenset({409})
+
+    def not_sent(self, error):
+        answered = isinstance(error, urllib.error.HTTPError) and error.code in self.did_nothing
+        return answered or isinstance(error, Unreachable)
+
+    def refused(self, error):
+        if not isinstance(error, urllib.error.HTTPError) or error.code in self.in_progress:
+            return None
+        if error.code in self.did_nothing or not 400 <= error.code < 500:
+            return None
+        return json_reason(error)
+
+
+def json_reason(error):
+    """{"status", **the JSON object body} of an HTTPError, or None (not JSON: another server)."""
+    if not hasattr(error, "reason_json"):  # read once: a second read gets b""
+        try:
+            body = json.loads(error.read())
+        except ValueError:
+            body = None
+        error.reason_json = {"status": error.code, **body} if isinstance(body, dict) else None
+    return error.reason_json
+
+
+IETF_ANSWERS = HttpAnswers()  # a provider's default: 409 is "in progress", 422 a refusal
+RECEIVER_ANSWERS = HttpAnswers(  # receiver.py's: its 409 is a key used for another body
+    did_nothing=frozenset(DID_NOTHING | {503}),  # (TicketStore.keyed), a refusal; its 503 is
+    in_progress=frozenset(),  # a transaction rolled back (busy, or a damaged database): nothing
+)
 
 
 def retry_delays():
@@ -326,17 +371,23 @@ class Provider:
 
     name: str
     url: str
-    client_class: type = HttpClient
+    client_class: type = HttpClient  # its protocol: HTTP unless it says (mail.SmtpClient)
     timeout_s: float = TIMEOUT_S
     attempts: int = ATTEMPTS
     token: str = dataclasses.field(default="", repr=False)  # a secret: never printed
+    # What the ledger may assume of it, for every effect sent to it (plumbing.Effect):
+    keyed: bool = False  # it answers a repeated key with the first result (never a second one)
+    settle_s: float = effects.SETTLE_S  # it commits what it accepted within this, or never
+    answers: HttpAnswers = IETF_ANSWERS  # which errors mean not sent, refused (else unknown)
+    label: str = ""  # how a line names it ("the receiver"); its name by default
 
     def configured(self, environ):
         """This provider with its settings from environ; a bad value: a UserError naming it."""
         name = self.name.upper()
+        url = environ.get(f"{name}_URL", self.url)
         return dataclasses.replace(
             self,
-            url=checked_url(f"{name}_URL", environ.get(f"{name}_URL", self.url)),
+            url=checked_url(f"{name}_URL", url, self.client_class.schemes, self.shown_as),
             timeout_s=number(environ, f"{name}_TIMEOUT_S", self.timeout_s, float),
             attempts=number(environ, f"{name}_ATTEMPTS", self.attempts, int),
             token=environ.get(f"{name}_TOKEN", self.token),
@@ -345,19 +396,42 @@ class Provider:
     def client(self, headers=None):
         bearer = {"Authorization": f"Bearer {self.token}"} if self.token else {}
         headers = {**bearer, **(headers or {})}
-        return self.client_class(self.url, self.timeout_s, self.attempts, headers, self.name)
+        client = self.client_class(self.url, self.timeout_s, self.attempts, headers, self.name)
+        client.label = self.shown_as
+        return client
+
+    @property
+    def shown_as(self):
+        return self.label or self.name
 
 
 @dataclasses.dataclass(frozen=True)
 class Effect(effects.Effect):
-    """effects.Effect, and the name of the Provider whose client performs and looks it up."""
+    """effects.Effect sent to a Provider (the declaration, or its name), whose client performs
+    and looks it up. Declared with a Provider, what the effect leaves at its default is the
+    provider's: keyed, settle_s, not_sent and refused (its answers)."""
 
-    provider: str = "API"
+    provider: "Provider | str" = "API"
+
+    def __post_init__(self):
+        if not isinstance(self.provider, Provider):
+            return
+        defaults = {f.name: f.default for f in dataclasses.fields(effects.Effect)}
+        given = self.provider
+        for name, value in (
+            ("keyed", given.keyed),
+            ("settle_s", given.settle_s),
+            ("not_sent", given.answers.not_sent),
+            ("refused", given.answers.refused),
+        ):
+            if getattr(self, name) is defaults[name]:
+                object.__setattr__(self, name, value)
 
 
 def provider_of(effect):
     """The name of the provider an effect is sent to (an effects.Effect: API's)."""
-    return getattr(effect, "provider", "API")
+    provider = getattr(effect, "provider", "API")
+    return provider.name if isinstance(provider, Provider) else provider
 
 
 @dataclasses.dataclass(frozen=True)
@@ -401,17 +475,18 @@ class Settings:
     attempts = property(lambda self: self.provider().attempts)
 
 
-def checked_url(name, text):
-    """text, an http(s) URL with a host (and a port that is a number); else a UserError."""
+def checked_url(name, text, schemes=("http", "https"), provider="the receiver"):
+    """text, a URL of one of schemes with a host (and a port that is a number); else a
+    UserError."""
     try:
         url = urllib.parse.urlsplit(text)
         url.port  # noqa: B018 (ValueError for a port that is not a number in 0-65535)
     except ValueError:
         url = None
-    if url is None or url.scheme not in ("http", "https") or not url.hostname:
+    if url is None or url.scheme not in schemes or not url.hostname:
         raise UserError(
-            f"{name} {text!r} is not a receiver's address; "
-            "use a scheme, a host and a port, like http://127.0.0.1:8000",
+            f"{name} {text!r} is not an address of {provider} ({' or '.join(schemes)}); use a "
+            f"scheme, a host and a port, like {schemes[0]}://127.0.0.1:8000",
             EXIT_USAGE,
         )
     return text
@@ -479,6 +554,8 @@ def reconcile(args, settings):
         said = settlements(args)
         for key in said:
             require_open(ledger, key)
+        if getattr(args, "wait", False):  # --wait: until every named key's settle time is over
+            time.sleep(max([settle_left_s(ledger.get(k), looked_up) for k in said], default=0))
         for key in said:  # InFlight while a live process performs it: nothing written yet
             held.enter_context(ledger.performing(key))
         settled = [settle_as_said(ledger, key, *said[key], looked_up) for key in said]
@@ -533,21 +610,15 @@ def settle_as_said(ledger, key, word, external_id, looked_up):
     look = "" if effect is None else f" (look with {effect.look_with.format(key=key)})"
     found = None if effect is None or effect.lookup is None else effect.lookup(None, key)
     nothing = ". Nothing was settled"
-    if word == "not-sent":
-        if found is not None:
-            held = effect.external_id(found)
-            raise UserError(
-                f"the provider holds {held} under {key!r}: it was sent; reconcile --confirmed "
-                f"{key} records it{look}{nothing}",
-                EXIT_THREAD,
-            )
-        if effect is not None and effect.lookup is not None and effect.may_resend(record) is None:
-            raise UserError(  # nothing found yet is no proof: the provider may commit it late
-                f"the provider holds nothing under {key!r} yet, and it may take "
-                f"{effect.settled_after_s:g} s to commit (last sent {record.since_sent_s:.0f} s "
-                f"ago): reconcile then{look}{nothing}",
-                EXIT_THREAD,
-            )
+    if word == "not-sent" and found is not None:
+        held = effect.external_id(found)
+        raise UserError(
+            f"the provider holds {held} under {key!r}: it was sent; reconcile --confirmed "
+            f"{key} records it{look}{nothing}",
+            EXIT_THREAD,
+        )
+    if word == "not-sent":  # a person's word: taken once the provider's settle time is over
+        require_settled(record, effect, look + nothing)
         return key, "released", "a person: reconcile --not-sent", None, None
     how = "a person: reconcile --confirmed"
     if found is not None:
@@ -582,7 +653,31 @@ def settle_as_said(ledger, key, word, external_id, looked_up):
         raise UserError(
             f"{external_id!r} is not an id of {effect.name}{look}{nothing}", EXIT_USAGE
         ) from None
+    require_settled(record, effect, look + nothing)  # a person's word, as for --not-sent
     return key, "confirmed", how, answer, effect.external_id(answer)
+
+
+def settle_left_s(record, looked_up):
+    """Seconds until a person's word on record is taken (0: now)."""
+    effect = looked_up.get(record.effect)
+    settle_s = effects.SETTLE_S if effect is None else effect.settled_after_s
+    return max(0.0, settle_s - record.since_sent_s)
+
+
+def require_settled(record, effect, then):
+    """A person's word is taken once the provider's settle time has passed since the last send:
+    before it the request may still be at the provider (a client killed or timed out while the
+    provider held it) and commit after the person looked. Else a UserError: when to try again."""
+    settle_s = effects.SETTLE_S if effect is None else effect.settled_after_s
+    if (left_s := settle_left_s(record, {record.effect: effect} if effect else {})) > 0:
+        at = time.strftime("%H:%M:%S", time.gmtime(time.time() + left_s))
+        raise UserError(
+            f"{record.key!r} was last sent {record.since_sent_s:.0f} s ago and "
+            f"{effects.where(effect, 'its provider')} may take {settle_s:g} s to commit what it "
+            f"accepted: what a person sees now can still change; try again in "
+            f"{math.ceil(left_s)} s (at {at} UTC), or add --wait{then}",
+            EXIT_THREAD,
+        )
 
 
 def require_open(ledger, key):
@@ -804,8 +899,17 @@ def said_http_error(args, settings, error):
         body = body.decode("utf-8", "replace")
     emit("http_error", status=error.code, body=body)
     name = getattr(error, "provider", "API")  # which provider answered: NAME_URL is its
-    url = settings.provider(name).url
-    if not isinstance(body, dict):  # the receiver answers every error in JSON: another server
+    provider = settings.provider(name)
+    url = provider.url
+    if provider.answers is not RECEIVER_ANSWERS:  # someone else's service: its own words
+        nothing = "; nothing was made, and the key is still free" * provider.answers.not_sent(error)
+        hint = resume_hint(args, settings, f"once {provider.shown_as} takes it")
+        print(
+            f"{args.prog}: {provider.shown_as} at {name}_URL {url} answered {error.code}"
+            f"{nothing}{hint}",
+            file=sys.stderr,
+        )
+    elif not isinstance(body, dict):  # the receiver answers every error in JSON: another server
         hint = resume_hint(args, settings, f"once {name}_URL names the receiver")
         print(
             f"{args.prog}: the server at {url} answered {error.code} without the "

@@ -49,7 +49,9 @@ Configuration (environment, read in main()):
                                  min(retention, 60) seconds. Keep it longer than the longest a
                                  caller may wait before it retries (a crash, an approval).
     FAILPOINTS                   "" (none). Fault points for tests, never for a real service:
-                                 after-commit=kill dies between the commit and the answer.
+                                 after-commit=kill dies between the commit and the answer;
+                                 before-commit=pause(PATH) holds a request read and not yet
+                                 made (once per key and body: a resend passes).
     TRACE                        "" (off). otlp, or a file: a span per keyed POST, its parent
                                  the caller's traceparent (tracing.py; needs OpenTelemetry)
 """
@@ -93,7 +95,7 @@ KEY_AGE_INDEX = """CREATE INDEX IF NOT EXISTS {table}_keys_by_age ON {table} (cr
 BUSY_TIMEOUT_S = 2.0  # seconds to wait for the database before answering 503; twice this is
 #                       still under the workflow's 5 s request timeout, so the client hears
 #                       "busy, retry" instead of timing out with the outcome unknown.
-POINTS = ("after-commit",)  # this program's failpoints
+POINTS = ("before-commit", "after-commit")  # this program's failpoints
 COUNTERS = {  # name -> its help text; a service with more routes adds its own
     "tickets_created": "POSTs that created a ticket (answered 201).",
     "idempotent_replays": "POSTs answered 200 with what their key made before.",
@@ -325,6 +327,9 @@ class Handler(GuardedHandler):
         key = parse_key([v.strip(" \t") for v in self.headers.get_all("Idempotency-Key", [])])
         noun = self.server.store.KEYED[path.lstrip("/")]
         tracing.note({tracing.KEY: key})
+        # Read, not yet made: a request still at the provider (a test holds it here, once per
+        # body, to kill its sender there; a resend under the key passes and finds the key).
+        fail("before-commit", once_per=(key, body))  # body: the bytes read
         try:
             made, created = self.make(path, key, body)
         except KeyConflict:

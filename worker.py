@@ -977,6 +977,9 @@ def parse_args(argv, graph_module):
     sub.set_defaults(run=reconcile)
     sub.add_argument("--confirmed", nargs="+", default=[], metavar="KEY", help="it happened")
     sub.add_argument("--not-sent", nargs="+", default=[], metavar="KEY", help="it did not")
+    sub.add_argument(
+        "--wait", action="store_true", help="wait out the providers' settle time, then settle"
+    )
     sub = actions.add_parser("metrics", help="the queue's figures for Prometheus")
     sub.set_defaults(run=metrics)
     sub.add_argument("--port", type=int, help="serve GET /metrics on this port (0: any free one)")

@@ -130,22 +130,31 @@ class TicketClient(plumbing.HttpClient):
 
 
 # The provider, declared once: its name (its settings: API_URL, API_TIMEOUT_S, API_ATTEMPTS,
-# API_TOKEN), its client and where it listens unless API_URL says otherwise.
-API = plumbing.Provider("API", url="http://127.0.0.1:8000", client_class=TicketClient)
+# API_TOKEN), its client, where it listens unless API_URL says otherwise, and what the ledger may
+# assume of it for every effect sent to it. The receiver honours Idempotency-Key (receiver.py: a
+# repeat is answered with the first ticket), so a request whose answer was lost may go again
+# under its key: keyed. Its 409 is a key used for another body, a refusal (RECEIVER_ANSWERS; the
+# IETF draft's 409 means "in progress", the default). It commits a request within RECEIVER_SETTLE_S.
+RECEIVER_SETTLE_S = 5.0  # receiver.py: a request it has read is committed within twice its
+#   BUSY_TIMEOUT_S (2 s: the lock, then SQLite's busy wait) or answered 503 and rolled back
+API = plumbing.Provider(
+    "API",
+    url="http://127.0.0.1:8000",
+    client_class=TicketClient,
+    keyed=True,
+    settle_s=RECEIVER_SETTLE_S,
+    answers=plumbing.RECEIVER_ANSWERS,
+    label="the receiver",
+)
 
-# The effect, declared once: what it sends, how the receiver is asked what a key made, and
-# which answers say "no" (a business 4xx: the receiver refused it and made nothing). The receiver
-# honours Idempotency-Key (receiver.py: a repeat is answered with the first ticket), so a request
-# whose answer was lost may go again under its key: keyed.
+# The effect, declared once: what it sends and how the receiver is asked what a key made; the
+# rest (keyed, its settle time, which answers say "not sent" or "no") is its provider's.
 TICKET = plumbing.Effect(
     "ticket",
-    provider="API",
+    provider=API,
     send=lambda client, request, key: client.create(request["title"], key),
     lookup=lambda client, key: adopt(client.tickets(key)),
     external_id=lambda answer: answer["ticket_id"],
-    not_sent=plumbing.did_nothing,  # a refused connection, a wrong address's 404
-    refused=plumbing.refusal,
-    keyed=True,
     answer_of=lambda ticket_id: {"ticket_id": int(ticket_id), "created": False},
     look_with="python workflow.py tickets --operation {key} (GET /tickets?key={key} on API_URL)",
 )
@@ -284,6 +293,9 @@ def build_parser(prog="workflow.py"):
     sub.set_defaults(run=plumbing.reconcile)
     sub.add_argument("--confirmed", nargs="+", default=[], metavar="KEY", help="it happened")
     sub.add_argument("--not-sent", nargs="+", default=[], metavar="KEY", help="it did not")
+    sub.add_argument(
+        "--wait", action="store_true", help="wait out the providers' settle time, then settle"
+    )
     sub = parser.actions.add_parser("tickets", help="list the receiver's tickets")
     sub.set_defaults(run=tickets)
     sub.add_argument("--operation", default=None, help="only the ticket with this key")

@@ -27,6 +27,7 @@ CORE = (  # copied unchanged; effectdrill without its pytest plugin (the starter
     "receiver.py",  # the core receiver: api.py is the lab's, which extends it
     "effects.py",
     "plumbing.py",  # what workflow.py runs on: settings, clients, the checkpointer, reconcile
+    "smtpclient.py",  # an SMTP provider's client and what its answers mean (README: Add a provider)
     "workflow.py",
     "effectdrill/__init__.py",
     "effectdrill/__main__.py",

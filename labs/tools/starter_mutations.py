@@ -3,8 +3,9 @@ fresh starter's copy (never to this checkout), which the starter's `python -m un
 
     python -m labs.tools.starter_mutations [NAME ...]     (every mutation by default)
 
-Each mutation is one text substitution inside one function (or declaration) of effects.py or
-workflow.py, found by its name with ast, so that moving code around does not lose it; a
+Each mutation is one text substitution inside one function (or declaration) of effects.py,
+plumbing.py (the providers' answers, a person's word) or workflow.py, found by its name with
+ast, so that moving code around does not lose it; a
 substitution that no longer applies exactly once is an error, not a pass. First the unmutated
 starter's suite must pass (else every mutation would look caught). Prints one JSON line per
 mutation ({"mutation", "caught", "seconds", "failed": the first failing test}) and the score.
@@ -34,20 +35,21 @@ EXIT_STALE = 2
 @dataclasses.dataclass(frozen=True)
 class Mutation:
     name: str
-    file: str  # in the starter: effects.py or workflow.py
-    scope: str  # a function's name (a method's too), an Effect's name ("Effect:ticket"), or a
-    #             module-level name assigned once ("=OPEN")
+    file: str  # in the starter: effects.py, plumbing.py or workflow.py
+    scope: str  # a function's name (a method's too; "Ledger.performing" where two classes
+    #             have one), an Effect's name ("Effect:ticket"), or a module-level name
+    #             assigned once ("=OPEN")
     old: str  # the text replaced, exactly once inside the scope
     new: str
 
 
 MUTATIONS = (
-    # The five a review found surviving the starter's suite (REVIEW part E).
+    # The five a review found surviving the starter's suite (REVIEW part E, round one).
     Mutation(
         "a 409 treated as success",
         "effects.py",
         "perform_claimed",
-        "ledger.refuse(key, refusal)\n                raise Refused(key, refusal) from error",
+        "ledger.refuse(key, refusal)\n                    raise Refused(key, refusal) from error",
         'return Outcome(ledger.confirm(key, refusal, key, "answered"), "sent")',
     ),
     Mutation(
@@ -114,6 +116,112 @@ MUTATIONS = (
         'row["request_hash"] != digest or row["effect"] != effect',
         "False",
     ),
+    # The classes of the second review (REVIEW part E, round two: issue 42).
+    Mutation(
+        "the per-key lock removed",
+        "effects.py",
+        "Ledger.performing",
+        "if not held:",
+        "if False:",
+    ),
+    Mutation(
+        "a live holder's lease ignored",
+        "effects.py",
+        "Ledger.performing",
+        '(row["lease_until"] or 0) > time.time()',
+        "False",
+    ),
+    Mutation(
+        "a second confirm writes a second receipt",
+        "effects.py",
+        "confirm",
+        'if row["state"] == "confirmed":',
+        "if False:",
+    ),
+    Mutation(
+        "an interrupted request marked released",
+        "effects.py",
+        "perform_claimed",
+        'ledger.move(key, "unknown", "interrupted while the request was out")',
+        'ledger.move(key, "released", "interrupted while the request was out")',
+    ),
+    Mutation(
+        "a refused effect sent again",
+        "effects.py",
+        "perform_claimed",
+        'if record.state == "failed":',
+        "if False:",
+    ),
+    Mutation(
+        "a refusal recorded as unknown",
+        "effects.py",
+        "perform_claimed",
+        "if (refusal := self.refused(error)) is not None:",
+        "if False:",
+    ),
+    Mutation(
+        "a person's word taken before the settle time",
+        "plumbing.py",
+        "require_settled",
+        "if (left_s := settle_left_s(record, {record.effect: effect} if effect else {})) > 0:",
+        "if (left_s := 0) > 0:",
+    ),
+    Mutation(
+        "the intent recorded as if written after the send",
+        "effects.py",
+        "claim",
+        "VALUES (?, ?, ?, ?, ?, 'requested', ?, ?, ?, ?)",
+        "VALUES (?, ?, ?, ?, ?, 'released', ?, ?, ?, ?)",
+    ),
+    Mutation(
+        "the lookup dropped",
+        "effects.py",
+        "look_up",
+        "if self.lookup is None or (found := self.lookup(client, key)) is None:",
+        "if True:",
+    ),
+    Mutation(
+        "a timeout recorded as released",
+        "effects.py",
+        "perform_claimed",
+        'ledger.move(key, "unknown", f"no answer: {type(error).__name__}: {error}")',
+        'ledger.move(key, "released", f"no answer: {type(error).__name__}: {error}")',
+    ),
+    Mutation(
+        "unknown treated as free to send",
+        "effects.py",
+        "claim",
+        'if row["state"] == "released":',
+        'if row["state"] in ("released", "unknown"):',
+    ),
+    Mutation(
+        "a keyless effect sent again after no answer",
+        "effects.py",
+        "perform_claimed",
+        "if not self.keyed or again:",
+        "if again:",
+    ),
+    Mutation(
+        "the keyed resend's answer not classified",
+        "effects.py",
+        "perform_claimed",
+        "if not self.keyed or again:",
+        "if not self.keyed:",
+    ),
+    Mutation(
+        "in progress (409) taken for a refusal",
+        "plumbing.py",
+        "=IETF_ANSWERS",
+        "HttpAnswers()",
+        "HttpAnswers(in_progress=frozenset())",
+    ),
+    Mutation(
+        "a provider's keyed not passed to its effects",
+        "plumbing.py",
+        "__post_init__",
+        '("keyed", given.keyed),',
+        '("keyed", False),',
+    ),
 )
 
 
@@ -134,6 +242,9 @@ def mutate(folder, mutation):
 def span(text, scope):
     """(start, end) offsets of scope in a module's text (see Mutation.scope)."""
     tree, lines = ast.parse(text), text.splitlines(keepends=True)
+    for owner in (n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)):
+        for method in owner.body:
+            method.owner = owner.name  # for a Class.method scope
     offsets = [0]
     for line in lines:
         offsets.append(offsets[-1] + len(line))
@@ -145,6 +256,13 @@ def span(text, scope):
 
 
 def matches(node, scope):
+    if "." in scope and not scope.startswith(("=", "Effect:")):  # Class.method
+        owner, name = scope.split(".", 1)
+        return (
+            isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+            and node.name == name
+            and getattr(node, "owner", None) == owner
+        )
     if scope.startswith("="):
         return isinstance(node, ast.Assign) and any(
             isinstance(t, ast.Name) and t.id == scope[1:] for t in node.targets

@@ -295,6 +295,7 @@ def test_a_lookup_that_finds_nothing_before_the_settle_time_is_no_proof(tmp_path
     from tests.property.test_ledger_machine import Provider, charge_effect
 
     provider = Provider()
+    provider.settle_s = 0.5  # its commit bound, as the effect declares it
     try:
         with effects.Ledger(tmp_path / "l.sqlite") as ledger:
             effect = dataclass_copy(
@@ -304,13 +305,13 @@ def test_a_lookup_that_finds_nothing_before_the_settle_time_is_no_proof(tmp_path
             )
             provider.fault = {"delay": 0.3}  # commits 0.3 s after accepting; the client: 0.05 s
             with pytest.raises(effects.Unsettled, match=r"look with GET /charges\?ref=a1"):
-                effect.perform(ledger, "a1", {"amount": 1}, None)
+                effect.perform(ledger, "a1", {"amount": 1}, ledger)
             assert ledger.get("a1").state == "unknown"
             provider.quiet()
             assert provider.ids("a1") == [1]  # the charge is there, late
             with pytest.raises(effects.Unsettled):  # found now: but had it not been...
-                dataclass_copy(effect, lookup=None).perform(ledger, "a1", {"amount": 1}, None)
-            done = effect.perform(ledger, "a1", {"amount": 1}, None)
+                dataclass_copy(effect, lookup=None).perform(ledger, "a1", {"amount": 1}, ledger)
+            done = effect.perform(ledger, "a1", {"amount": 1}, ledger)
             assert (done.how, done.answer) == ("adopted", {"charge_id": 1})
             assert provider.ids("a1") == [1]
     finally:

@@ -9,6 +9,13 @@ client's timeout), drop its answer after committing, refuse, hold a request whil
 performer tries the same key; per example it is keyed (a repeated Idempotency-Key is answered
 with the first charge) or keyless, with a lookup by our key or without one.
 
+The model it relies on, and enforces: the provider commits a request before its deadline,
+SETTLE_S after the ledger recorded the send (the row's sent_at, sent with the request), or
+never, as a real provider's request deadline behaves; the effect declares that settle_s. A
+request delayed past it (a slow commit, a held one, a machine under load) is dropped, not
+committed late: so no scheduling makes the ledger's "nothing found SETTLE_S after the send"
+untrue, and the outcome does not depend on the machine's load.
+
 What must hold, the provider's own records deciding:
 - at most one charge per key, unless a person said --not-sent while the provider held one;
 - a receipt names a charge the provider made under its key; a key whose row says failed, or
@@ -62,21 +69,24 @@ class Provider(http.server.ThreadingHTTPServer):
         self.url = f"http://127.0.0.1:{self.server_port}"
         self.lock = threading.Condition()
         self.charges = {}  # key -> [charge ids], committed
-        self.pending = {}  # key -> requests accepted and not yet committed
+        self.pending = {}  # key -> [the deadline of each request accepted, not yet committed]
         self.keyed, self.fault, self.gate, self.arrived = False, {}, None, threading.Event()
         self.held = False  # a request waits at the gate
+        self.settle_s = SETTLE_S  # it commits within this after the send, or never
         threading.Thread(target=self.serve_forever, daemon=True).start()
 
     def handle_error(self, request, client_address):
         pass  # a client that gave up: not the provider's failure
 
     def made(self, key):
-        """How many charges key has made or will make (the pending ones commit)."""
+        """How many charges key has made or may still make (a pending one before its deadline)."""
         with self.lock:
             committed = len(self.charges.get(key, []))
+            now = time.time()
+            pending = sum(deadline > now for deadline in self.pending.get(key, []))
             if self.keyed:
-                return min(1, committed + self.pending.get(key, 0))
-            return committed + self.pending.get(key, 0)
+                return min(1, committed + pending)
+            return committed + pending
 
     def ids(self, key):
         with self.lock:
@@ -104,14 +114,19 @@ class Charges(http.server.BaseHTTPRequestHandler):
             gate = server.gate
             if fault.get("refuse"):
                 return self.answer(409, {"error": "card declined"})
-            server.pending[key] = server.pending.get(key, 0) + 1
+            deadline = float(self.headers["X-Sent-At"]) + server.settle_s  # the commit bound
+            server.pending.setdefault(key, []).append(deadline)
         if gate is not None:
             server.held = True
             server.arrived.set()
             gate.wait(10)
         time.sleep(fault.get("delay", 0.0))  # accepted, committed later (an input, not a wait)
         with server.lock:
-            server.pending[key] -= 1
+            server.pending[key].remove(deadline)
+            server.lock.notify_all()
+            if time.time() >= deadline:  # past its deadline: never committed (a 504, say)
+                self.close_connection = True
+                return
             made = server.charges.setdefault(key, [])
             if not (server.keyed and made):
                 made.append(sum(map(len, server.charges.values())) + 1)
@@ -135,9 +150,10 @@ class Charges(http.server.BaseHTTPRequestHandler):
             pass
 
 
-def post(url, request, key):
+def post(url, request, key, sent_at):
     data = json.dumps(request).encode()
     headers = {"Idempotency-Key": key, "Content-Type": "application/json"}
+    headers["X-Sent-At"] = repr(sent_at)  # the ledger's record of the send: the deadline's start
     sent = urllib.request.Request(url + "/charges", data=data, headers=headers)
     with urllib.request.urlopen(sent, timeout=TIMEOUT_S) as response:
         return json.load(response)
@@ -152,7 +168,7 @@ def charge_effect(url, keyed, lookup):
 
     return effects.Effect(
         "charge",
-        send=lambda client, request, key: post(url, request, key),
+        send=lambda ledger, request, key: post(url, request, key, ledger.row(key)["sent_at"]),
         external_id=lambda answer: answer["charge_id"],
         lookup=looked_up if lookup else None,
         not_sent=lambda error: (
@@ -202,7 +218,8 @@ class LedgerMachine(RuleBasedStateMachine):
     def perform(self, who, key, slow, drop, refuse):
         self.provider.fault = {"delay": DELAY_S * slow, "drop": drop, "refuse": refuse and drop}
         try:
-            self.effect.perform(self.ledgers[who], self.key(key), {"amount": 1}, None)
+            ledger = self.ledgers[who]  # also the client: the send reads the row's sent_at
+            self.effect.perform(ledger, self.key(key), {"amount": 1}, ledger)
         except ALLOWED:
             pass
         finally:
@@ -223,14 +240,14 @@ class LedgerMachine(RuleBasedStateMachine):
         try:
             if self.provider.held:  # A's request is out: B must not send
                 with pytest.raises(effects.InFlight):
-                    self.effect.perform(self.ledgers[1], key, {"amount": 1}, None)
+                    self.effect.perform(self.ledgers[1], key, {"amount": 1}, self.ledgers[1])
         finally:
             gate.set()
             first.join()
 
     def perform_quietly(self, ledger, key):
         try:
-            self.effect.perform(ledger, key, {"amount": 1}, None)
+            self.effect.perform(ledger, key, {"amount": 1}, ledger)
         except ALLOWED:
             pass
         finally:
@@ -339,3 +356,22 @@ def test_the_ledger_keeps_its_promise_on_postgres(provider, database):
         return ledger
 
     run_machine(provider, opened, examples=6)  # the same code but the lock: fewer
+
+
+@pytest.mark.fast
+def test_the_provider_keeps_its_commit_bound_however_late_its_thread_runs(provider, tmp_path):
+    """The model above, enforced: a commit held past its deadline (as a loaded machine holds a
+    thread) is dropped, so the ledger's resend once the settle time is over makes the one
+    charge. Without the bound the held request commits late: two charges for one key."""
+    effect = charge_effect(provider.url, keyed=False, lookup=True)
+    with effects.Ledger(tmp_path / "l.sqlite") as ledger:
+        provider.fault = {"delay": 3 * SETTLE_S}  # its commit comes long after the deadline
+        with pytest.raises(effects.Unsettled):
+            effect.perform(ledger, "k", {"amount": 1}, ledger)
+        provider.quiet()  # the held request reached its commit: past its deadline, dropped
+        assert provider.ids("k") == []
+        while ledger.get("k").since_sent_s < SETTLE_S:  # the settle time passes (an input)
+            time.sleep(0.01)
+        done = effect.perform(ledger, "k", {"amount": 1}, ledger)
+    provider.quiet()
+    assert done.how == "sent" and provider.ids("k") == [1]

@@ -12,6 +12,7 @@ import shutil
 import signal
 import sys
 import threading
+import time
 import tomllib
 import urllib.parse
 import urllib.request
@@ -182,15 +183,15 @@ def add_an_effect(dest, heading="## Add an effect\n"):
 
 
 class StandIn(http.server.BaseHTTPRequestHandler):
-    """A keyless provider on loopback: every POST /payments or /messages makes a new record (a
-    second POST, a second charge); GET /payments?reference=R finds charges by our reference
-    (without one: every charge), and only those the test has let show (server.visible: False
-    holds a new charge back, as a provider that commits late)."""
+    """A keyless provider on loopback: every POST /shipments or /messages makes a new record (a
+    second POST, a second shipment); GET /shipments?reference=R finds shipments by our reference
+    (without one: every one), and only those the test has let show (server.visible: False
+    holds a new one back, as a provider that commits late)."""
 
     def do_POST(self):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         kind = self.path.strip("/")
-        if kind not in ("payments", "messages"):
+        if kind not in ("shipments", "messages"):
             return self.answer(404, {"error": "no such route"})
         made = {**body, "id": len(self.server.made[kind]) + 1, "shown": self.server.visible}
         self.server.made[kind].append(made)
@@ -198,15 +199,15 @@ class StandIn(http.server.BaseHTTPRequestHandler):
 
     def do_GET(self):
         url = urllib.parse.urlsplit(self.path)
-        if url.path != "/payments":
+        if url.path != "/shipments":
             return self.answer(404, {"error": "no such route"})
         reference = urllib.parse.parse_qs(url.query).get("reference", [None])[0]
         found = [
-            {"payment_id": p["id"], "reference": p["reference"], "amount": p["amount"]}
-            for p in self.server.made["payments"]
+            {"shipment_id": p["id"], "reference": p["reference"], "items": p["items"]}
+            for p in self.server.made["shipments"]
             if reference in (None, p["reference"]) and (p["shown"] or self.server.visible)
         ]
-        self.answer(200, {"payments": found})
+        self.answer(200, {"shipments": found})
 
     def answer(self, status, body):
         data = json.dumps(body).encode()
@@ -223,7 +224,7 @@ class StandIn(http.server.BaseHTTPRequestHandler):
 @pytest.fixture
 def stand_in():
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), StandIn)
-    server.made, server.visible = {"payments": [], "messages": []}, True
+    server.made, server.visible = {"shipments": [], "messages": []}, True
     threading.Thread(target=server.serve_forever, daemon=True).start()
     yield server
     server.shutdown()
@@ -310,7 +311,7 @@ def test_the_starter_with_an_effect_and_a_provider_of_each_kind_added_passes_its
     path.write_text(text.replace(line, every + ")"), "utf-8")
     linted = run_command([sys.executable, "-m", "ruff", "check", "."], cwd=dest)
     assert linted.returncode == 0, linted.stdout  # the README's lines are clean code (its ruff)
-    keys = "follow_up_id desk_ticket_id payment_id message_id"
+    keys = "follow_up_id card_charge_id shipment_id message_id"
     shown = run_command(
         [sys.executable, "-c", SHOW_EFFECTS.replace("KEYS", repr(keys))],
         timeout=COMMAND_TIMEOUT_S,
@@ -318,7 +319,7 @@ def test_the_starter_with_an_effect_and_a_provider_of_each_kind_added_passes_its
     )  # what the suite is about to crash: every effect, and the state fields the answers go to
     assert shown.returncode == 0, shown.stderr
     assert shown.stdout.split() == [
-        *("desk-copy", "follow-up", "notice", "payment", "ticket"),
+        *("card-charge", "follow-up", "notice", "shipment", "ticket"),
         *(f"{key}:True" for key in keys.split()),
     ], shown.stdout
 
@@ -332,21 +333,21 @@ def test_the_starter_with_an_effect_and_a_provider_of_each_kind_added_passes_its
 
 
 @pytest.mark.long
-def test_a_keyless_provider_with_a_lookup_added_as_the_readme_says_charges_once(
+def test_a_keyless_provider_with_a_lookup_added_as_the_readme_says_ships_once(
     tmp_path, capsys, stand_in
 ):
-    """PAY takes no key: killed in its window, the resume finds the charge by our reference and
-    adopts it. A charge the provider has not shown yet (it commits late) stops the run with
-    exit 6 inside settle_s, charging nothing; once it shows, reconcile records it and the resume
-    goes on: one charge in all."""
+    """WAREHOUSE takes no key: killed in its window, the resume finds the shipment by our
+    reference and adopts it. One the provider has not shown yet (it commits late) stops the run
+    with exit 6 inside settle_s, shipping nothing; once it shows, reconcile records it and the
+    resume goes on: one shipment in all."""
     dest, env = starter_with(tmp_path, capsys, "### A keyless provider with a lookup by")
     with receiving(env, dest):
-        env["PAY_URL"] = f"http://127.0.0.1:{stand_in.server_address[1]}"
+        env["WAREHOUSE_URL"] = f"http://127.0.0.1:{stand_in.server_address[1]}"
         killed_in_both_windows(dest, env)
         code, events, err = workflow_in(dest, env, "resume", "--thread", "t")
         assert code == 0 and events[-1]["event"] == "done", err
-        assert receipt(env, "op-1:pay", "payment_id") == (1, "adopted by lookup")
-        assert len(stand_in.made["payments"]) == 1
+        assert receipt(env, "op-1:ship", "shipment_id") == (1, "adopted by lookup")
+        assert len(stand_in.made["shipments"]) == 1
 
         stand_in.visible = False  # a second order, whose charge shows late
         for command in (
@@ -358,35 +359,36 @@ def test_a_keyless_provider_with_a_lookup_added_as_the_readme_says_charges_once(
         code, _, err = workflow_in(dest, env, "resume", "--thread", "t2")
         assert code == plumbing.EXIT_UNSETTLED and err.count("\n") == 1, err
         assert "may take 10 s to commit" in err and "reconcile" in err
-        assert len(stand_in.made["payments"]) == 2  # op-1's and op-2's: nothing sent again
+        assert len(stand_in.made["shipments"]) == 2  # op-1's and op-2's: nothing sent again
         stand_in.visible = True
         code, events, err = workflow_in(dest, env, "reconcile")
-        assert code == 0 and {"event": "reconciled", "effect": "payment", "key": "op-2:pay",
+        assert code == 0 and {"event": "reconciled", "effect": "shipment", "key": "op-2:ship",
                               "now": "confirmed", "was": "unknown"} in events, err  # fmt: skip
         code, events, err = workflow_in(dest, env, "resume", "--thread", "t2")
         assert code == 0 and events[-1]["event"] == "done", err
-        assert receipt(env, "op-2:pay", "payment_id") == (2, "reconcile: adopted")
-    assert [p["reference"] for p in stand_in.made["payments"]] == ["op-1:pay", "op-2:pay"]
+        assert receipt(env, "op-2:ship", "shipment_id") == (2, "reconcile: adopted")
+    assert [p["reference"] for p in stand_in.made["shipments"]] == ["op-1:ship", "op-2:ship"]
 
 
 @pytest.mark.long
 def test_a_keyless_provider_without_a_lookup_added_as_the_readme_says_waits_for_a_person(
     tmp_path, capsys, stand_in
 ):
-    """MAIL takes no key and has no lookup: killed in its window, the resume sends nothing and
+    """SMS takes no key and has no lookup: killed in its window, the resume sends nothing and
     stops with exit 6 naming where to look; reconcile --confirmed KEY=ID records the person's
-    answer and the resume finishes: one message."""
+    answer once the provider's settle time is over (--wait) and the resume finishes: one
+    message."""
     dest, env = starter_with(tmp_path, capsys, "### A keyless provider without a lookup\n")
     with receiving(env, dest):
-        env["MAIL_URL"] = f"http://127.0.0.1:{stand_in.server_address[1]}"
+        env["SMS_URL"] = f"http://127.0.0.1:{stand_in.server_address[1]}"
         killed_in_both_windows(dest, env)
         code, _, err = workflow_in(dest, env, "resume", "--thread", "t")
         assert code == plumbing.EXIT_UNSETTLED and err.count("\n") == 1, err
-        assert "the mail provider's sent messages" in err and "op-1:notice=ID" in err
+        assert "the SMS provider's sent messages" in err and "op-1:notice=ID" in err
         ((message),) = stand_in.made["messages"]
         assert message["text"].endswith("(op-1:notice)")  # what a person finds there
         code, events, err = workflow_in(
-            dest, env, "reconcile", "--confirmed", f"op-1:notice={message['id']}"
+            dest, env, "reconcile", "--confirmed", f"op-1:notice={message['id']}", "--wait"
         )
         assert (
             code == 0 and {"event": "settled", "key": "op-1:notice", "state": "confirmed"} in events
@@ -398,6 +400,42 @@ def test_a_keyless_provider_without_a_lookup_added_as_the_readme_says_waits_for_
             "settled: confirmed (a person: reconcile --confirmed)",
         )
     assert len(stand_in.made["messages"]) == 1
+
+
+def test_the_stand_in_of_an_smtp_provider_takes_mail_its_message_id_the_id(built):
+    """tests/service.py's stand-in for a provider whose client speaks smtp (SMTP_PORT): what
+    smtpclient sends is one thing, its id the Message-ID a person gives reconcile."""
+    import subprocess
+
+    import smtpclient
+
+    port, smtp_port = free_port(), free_port()
+    env = {**os.environ, "PORT": str(port), "SMTP_PORT": str(smtp_port), "FAILPOINTS": ""}
+    server = subprocess.Popen([sys.executable, "tests/service.py"], cwd=built, env=env)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        tick, began = threading.Event(), time.monotonic()
+        while not healthy(url):  # a hang guard, not a timing: 60 s for a stand-in to start
+            assert server.poll() is None and time.monotonic() - began < 60, "no stand-in"
+            tick.wait(0.01)
+        client = smtpclient.SmtpClient(f"smtp://127.0.0.1:{smtp_port}", 5.0)
+        sent = client.mail("a@example.com", "b@example.com", "s", "one\n.two\n", "op-1:email")
+        with urllib.request.urlopen(url + "/made", timeout=5) as answer:
+            made = json.load(answer)
+    finally:
+        server.terminate()
+        server.wait(10)
+    (thing,) = made["made"]
+    assert thing["id"] == sent["message_id"] == smtpclient.message_id("op-1:email")
+    assert made["handled"] == 1
+
+
+def healthy(url):
+    try:
+        with urllib.request.urlopen(url + "/health", timeout=1) as answer:
+            return answer.status == 200
+    except OSError:
+        return False
 
 
 SHOW_EFFECTS = """

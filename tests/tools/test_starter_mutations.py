@@ -57,3 +57,27 @@ def test_unknown_not_treated_as_open_is_caught_by_the_late_answer_test(fresh, tm
         done = run_command([sys.executable, "-m", "unittest", late], cwd=where, timeout=300)
         assert (done.returncode == 0) is passes, done.stderr[-3000:]
     assert "Unsettled not raised" in done.stderr
+
+
+def test_in_progress_taken_for_a_refusal_is_caught_by_the_in_progress_test(fresh, tmp_path):
+    """One of the second review's classes (issue 42): the IETF draft's 409 "in progress" taken
+    for a refusal records `failed` for a charge that is still being made. In-process, one
+    stand-in provider; the same test passes on the starter as it is."""
+    test = "tests.test_failures.LateAnswerTest.test_in_progress_after_a_kill_mid_request"
+    test += "_stays_unknown_and_the_first_answer_wins"
+    (mutation,) = [
+        m for m in starter_mutations.MUTATIONS if m.name == "in progress (409) taken for a refusal"
+    ]
+    folder = tmp_path / "mutated"
+    shutil.copytree(fresh, folder)
+    starter_mutations.mutate(folder, mutation)
+    for where, passes in ((fresh, True), (folder, False)):
+        done = run_command([sys.executable, "-m", "unittest", test], cwd=where, timeout=300)
+        assert (done.returncode == 0) is passes, done.stderr[-3000:]
+    assert "Refused" in done.stderr
+
+
+def test_make_starter_mutations_runs_the_tool():
+    """The command that runs the whole list (minutes): make starter-mutations."""
+    text = (starter.ROOT / "Makefile").read_text(encoding="utf-8")
+    assert "starter-mutations:" in text and "-m labs.tools.starter_mutations" in text

@@ -194,8 +194,8 @@ def test_reconcile_settles_as_a_person_says_once_the_receiver_agrees(
         ledger.claim(key, "ticket", {"title": key})
         ledger.move(key, "unknown", "no answer: the test")
     code, lines, err = in_process(
-        monkeypatch, capsys, env, "reconcile", "--confirmed", "a", "--not-sent", "b"
-    )
+        monkeypatch, capsys, env, "reconcile", "--confirmed", "a", "--not-sent", "b", "--wait"
+    )  # --wait: a person's word on "b" waits out the receiver's settle time
     assert code == 0, err
     assert [(e["event"], e.get("key"), e.get("state")) for e in lines] == [
         ("settled", "a", "confirmed"),

@@ -79,7 +79,8 @@ def test_a_kill_in_the_messages_window_stops_the_resume_until_a_person_settles_i
     assert listed[1]["count"] == 1
     assert workflow("resume").returncode == 6  # listing it settles nothing
 
-    settled = workflow("reconcile", "--not-sent", KEY)  # the person found no message
+    # the person found no message; --wait: once the receiver's settle time is over
+    settled = workflow("reconcile", "--not-sent", KEY, "--wait")
     assert settled.returncode == 0 and events(settled)[-1]["count"] == 0
     resumed = workflow("resume")
     assert resumed.returncode == 0

@@ -66,7 +66,7 @@ def test_a_second_providers_settings_reach_its_client(server):
     assert (path, body) == ("/mail", {"to": "a@example.com"})
     assert headers["Authorization"] == "Bearer s3cret" and headers["Idempotency-Key"] == "k-1"
     # Its timeout: held past 0.3 s, the request has no answer (and may have taken effect).
-    with pytest.raises(plumbing.NoAnswer, match=f"no answer from the receiver at {url}"):
+    with pytest.raises(plumbing.NoAnswer, match=f"no answer from MAIL at {url}"):
         client.call("/hold", {}, "k-2")
     assert len(server.seen) == 2  # one attempt: MAIL_ATTEMPTS (a timeout is never resent)
     # The API provider's client sends no token: each provider has its own settings.

@@ -49,9 +49,17 @@ def one_line(capsys, code, returned, *words):
     "name, value, words",
     [
         ("API_URL", "127.0.0.1:8000", ["API_URL", "use a scheme, a host and a port"]),
-        ("API_URL", "http://127.0.0.1:80000", ["'http://127.0.0.1:80000'", "not a receiver"]),
-        ("API_URL", "http://127.0.0.1:8o00", ["'http://127.0.0.1:8o00'", "not a receiver"]),
-        ("API_URL", "http://:8000", ["'http://:8000'", "not a receiver"]),
+        (
+            "API_URL",
+            "http://127.0.0.1:80000",
+            ["'http://127.0.0.1:80000'", "not an address of the receiver"],
+        ),
+        (
+            "API_URL",
+            "http://127.0.0.1:8o00",
+            ["'http://127.0.0.1:8o00'", "not an address of the receiver"],
+        ),
+        ("API_URL", "http://:8000", ["'http://:8000'", "not an address of the receiver"]),
         ("API_TIMEOUT_S", "five", ["API_TIMEOUT_S='five'", "positive float"]),
         ("API_TIMEOUT_S", "0", ["API_TIMEOUT_S='0'"]),
         ("API_ATTEMPTS", "1.5", ["API_ATTEMPTS='1.5'", "positive int"]),

@@ -6,24 +6,29 @@ only evidence. It keeps what it made in memory, for the life of its process.
 
     POST /THINGS        a JSON object: 201 {"id": N, "THING_id": N, **body}, made under the path
                         (/payments: payment_id). With STANDIN_KEYED=1 an Idempotency-Key is
-                        honoured: its body again gets 200 and the first answer, another body
-                        409 {"error", "code"}
+                        honoured as the IETF Idempotency-Key draft says: its body again gets
+                        200 and the first answer, or 409 while the first is still being
+                        processed (in progress); another body 422 {"error", "code"}
     GET  /THINGS?F=V    {"THINGS": [answers]}: what was made under the path whose body has F
                         equal to V (GET /payments?reference=R: the charges made for R)
     GET  /made?FIELD=V  what was made, as {"made": [{"id", "path", "key", "body"}]}, only
                         those whose body has FIELD equal to V (key=V: the Idempotency-Key),
                         and "handled": how many POSTs it has made or refused (not those held)
     GET  /health        200 {"ok": true}
+    SMTP on SMTP_PORT   (when set) each message taken is a thing under /smtp, its id the
+                        message's Message-ID
 
 Its settings: PORT (0: any), STANDIN_KEYED ("": no key honoured), FAILPOINTS: before-commit
 (a POST received and not yet made, held once per body: a resend passes) and after-commit (made,
 its answer not yet written), e.g. before-commit=pause(PATH) for a provider that commits late.
 """
 
+import email
 import json
 import os
 import re
 import socket
+import socketserver
 import subprocess
 import sys
 import tempfile
@@ -45,7 +50,10 @@ STANDIN_POINTS = ("before-commit", "after-commit")
 class ServiceTestCase(unittest.TestCase):
     """Each test gets its own receiver.py (self.url), one service for each other provider
     workflow.py declares (self.urls, by name) and environment for workflow.py (self.env);
-    standin() starts a stand-in provider for it."""
+    standin() starts a stand-in provider for it. held_at_providers: every provider holds the
+    first request of each body it reads before it makes anything (pause at held(NAME))."""
+
+    held_at_providers = False
 
     def setUp(self):
         self.folder = Path(self.enterContext(tempfile.TemporaryDirectory()))
@@ -58,8 +66,16 @@ class ServiceTestCase(unittest.TestCase):
             RECEIVER_DB=str(self.folder / "receiver.sqlite"),
             CHECKPOINT_DB=str(self.folder / "checkpoints.sqlite"),
         )
-        self.receiver = self.serve([HERE / "receiver.py"], self.env, "receiver")
+        env = dict(self.env, FAILPOINTS=self.holding("API"))
+        self.receiver = self.serve([HERE / "receiver.py"], env, "receiver")
         self.urls = self.providers()  # each other provider workflow.py declares: its own
+
+    def held(self, name):
+        """The pause file of provider name's before-commit point (held_at_providers)."""
+        return self.folder / f"held-{name}"
+
+    def holding(self, name):
+        return f"before-commit=pause({self.held(name)})" if self.held_at_providers else ""
 
     def receiver_with(self, fail):
         """Another receiver.py, with FAILPOINTS=fail (e.g. after-commit=pause(PATH)), and its
@@ -85,16 +101,21 @@ class ServiceTestCase(unittest.TestCase):
         self.assertIsNone(process.poll(), f"{name} exited: {log_path.read_text()}")
         return process
 
-    def standin(self, fail="", keyed=False):
-        """A stand-in provider's URL (see this file's docstring)."""
+    def standin(self, fail="", keyed=False, smtp_port=None):
+        """A stand-in provider's URL (see this file's docstring); smtp_port: it takes mail
+        there too (SMTP_PORT)."""
         env = dict(self.env, PORT=str(free_port()), FAILPOINTS=fail, STANDIN_KEYED="1" * keyed)
+        if smtp_port is not None:
+            env["SMTP_PORT"] = str(smtp_port)
         self.serve([Path(__file__)], env, f"standin-{env['PORT']}")
         return f"http://127.0.0.1:{env['PORT']}"
 
     def providers(self):
-        """Every provider workflow.py declares but API (receiver.py's) pointed at one of its own:
-        a receiver.py for one that speaks the receiver's client (TicketClient), else a stand-in.
-        Returns {name: its URL}; what they made is made_at_providers()."""
+        """Every provider workflow.py declares but API (receiver.py's) pointed at one of its own,
+        derived from its declaration: a receiver.py for one that speaks the receiver's client
+        (TicketClient), else a stand-in, keyed as the declaration says (a keyed one answers
+        "in progress" while a key's first request is held). Returns {name: its URL}; what they
+        made is made_at_providers()."""
         import workflow
 
         self.others = {}
@@ -103,13 +124,19 @@ class ServiceTestCase(unittest.TestCase):
                 continue
             if issubclass(provider.client_class, workflow.TicketClient):
                 port = free_port()
-                env = dict(self.env, PORT=str(port), FAILPOINTS="")
+                env = dict(self.env, PORT=str(port), FAILPOINTS=self.holding(provider.name))
                 env["RECEIVER_DB"] = str(self.folder / f"{provider.name}.sqlite")
                 self.serve([HERE / "receiver.py"], env, provider.name)
                 url = f"http://127.0.0.1:{port}"
                 self.others[provider.name] = (url, made_by_receiver)
+            elif "smtp" in getattr(provider.client_class, "schemes", ()):  # mail: over SMTP
+                port = free_port()
+                url = self.standin(self.holding(provider.name), smtp_port=port)
+                self.others[provider.name] = (url, lambda url: len(made(url)))
+                self.env[f"{provider.name.upper()}_URL"] = f"smtp://127.0.0.1:{port}"
+                continue
             else:
-                url = self.standin()
+                url = self.standin(self.holding(provider.name), keyed=provider.keyed)
                 self.others[provider.name] = (url, lambda url: len(made(url)))
             self.env[f"{provider.name.upper()}_URL"] = url
         return {name: url for name, (url, _) in self.others.items()}
@@ -260,24 +287,39 @@ class StandIn(BaseHTTPRequestHandler):
     things = []  # what was made: {"id", "path", "key", "body"}
     handled = 0  # POSTs made or refused
     keyed = False
+    processing = set()  # keys whose first request is still being processed
 
     def do_POST(self):
         from failpoints import fail
 
         raw = self.rfile.read(int(self.headers.get("Content-Length", 0)))
         body, key = json.loads(raw), self.headers.get("Idempotency-Key")
-        fail("before-commit", once_per=raw)  # received, not made yet (a late commit)
+        keyed = self.keyed and key is not None
         with self.lock:
-            StandIn.handled += 1
-            first = next((t for t in self.things if self.keyed and key and t["key"] == key), None)
-            if first is None:
+            if keyed and key in self.processing:  # the first is still at the provider
+                StandIn.handled += 1
+                busy = {"error": "a request with this key is in progress", "code": "in_progress"}
+                return self.answer(409, busy)
+            first = next((t for t in self.things if keyed and t["key"] == key), None)
+            if first is not None:
+                StandIn.handled += 1
+                if first["body"] != body:
+                    conflict = {"error": "key used for another body", "code": "key_conflict"}
+                    return self.answer(422, conflict)
+                return self.answer(200, answer_of(first))
+            if keyed:
+                self.processing.add(key)
+        try:
+            fail("before-commit", once_per=raw)  # received, not made yet (a late commit)
+            with self.lock:
+                StandIn.handled += 1
                 first = {"id": len(self.things) + 1, "path": self.path, "key": key, "body": body}
                 self.things.append(first)
-            elif first["body"] != body:
-                conflict = {"error": "key used for another body", "code": "key_conflict"}
-                return self.answer(409, conflict)
+        finally:
+            with self.lock:
+                self.processing.discard(key)
         fail("after-commit")  # made, and its answer not written yet (a lost answer)
-        self.answer(201 if first["body"] is body else 200, answer_of(first))
+        self.answer(201, answer_of(first))
 
     def do_GET(self):
         url = urllib.parse.urlsplit(self.path)
@@ -318,12 +360,48 @@ def matches(thing, field, value):
     return str(thing["key"] if field == "key" else thing["body"].get(field)) == value
 
 
+class SmtpStandIn(socketserver.StreamRequestHandler):
+    """The stand-in's SMTP side (SMTP_PORT): the replies smtplib needs, and each message it
+    takes kept as a thing under the path /smtp, its id the message's Message-ID (what a person
+    finds in a mailbox and gives reconcile --confirmed KEY=ID)."""
+
+    def handle(self):
+        from failpoints import fail
+
+        self.say("220 stand-in")
+        while line := self.rfile.readline():
+            verb = line[:4].upper()
+            if verb == b"DATA":
+                self.say("354 end with <CRLF>.<CRLF>")
+                raw = b"".join(iter(lambda: self.rfile.readline(), b".\r\n"))
+                raw = raw.replace(b"\r\n..", b"\r\n.")  # dot-stuffing undone
+                message = email.message_from_bytes(raw)
+                fail("before-commit", once_per=raw)  # received, not taken yet
+                with StandIn.lock:
+                    StandIn.handled += 1
+                    body = {"to": message["To"], "message_id": message["Message-ID"]}
+                    thing = {"id": message["Message-ID"], "path": "/smtp", "key": None}
+                    StandIn.things.append({**thing, "body": body})
+                self.say("250 taken")
+            elif verb == b"QUIT":
+                return self.say("221 bye")
+            else:  # EHLO, MAIL, RCPT, RSET, NOOP
+                self.say("250 ok")
+
+    def say(self, reply):
+        self.wfile.write(reply.encode() + b"\r\n")
+
+
 def serve_standin():
     sys.path.insert(0, str(HERE))
     import failpoints
 
     failpoints.configure(os.environ.get("FAILPOINTS", ""), known=STANDIN_POINTS)
     StandIn.keyed = os.environ.get("STANDIN_KEYED", "") == "1"
+    if smtp_port := os.environ.get("SMTP_PORT"):  # an SMTP provider's: its other side
+        smtp = socketserver.ThreadingTCPServer(("127.0.0.1", int(smtp_port)), SmtpStandIn)
+        smtp.daemon_threads = True
+        threading.Thread(target=smtp.serve_forever, daemon=True).start()
     server = ThreadingHTTPServer(("127.0.0.1", int(os.environ.get("PORT", "0"))), StandIn)
     server.daemon_threads = True
     server.serve_forever()

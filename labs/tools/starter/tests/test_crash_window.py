@@ -18,6 +18,7 @@ import contextlib
 import functools
 import io
 import signal
+import time
 import unittest
 
 import effects
@@ -105,7 +106,44 @@ class CrashWindowTest(ServiceTestCase):
         self.assertEqual([t["payload"] for t in self.tickets("op-1")], [{"title": "A"}])
         self.assertEqual([t["payload"] for t in self.tickets("op-2")], [{"title": "B"}])
 
+    def test_a_second_process_on_the_key_waits_while_the_first_holds_it_and_not_after(self):
+        # Two processes at one key: the first has the provider's answer and not yet its
+        # receipt (held at after-send). While its lease holds, the second meets InFlight (exit
+        # 4) and sends nothing; once the lease has run out (a performer hung past every
+        # timeout) the second goes on, and the first's late answer finds the receipt: one
+        # ticket, one receipt, no extra, and both runs finish.
+        self.env["LEDGER_LEASE_S"] = "4"
+        at = self.folder / "first-after-send"
+        first, _, first_err = self.workflow_started(
+            "start", "--thread", "t", "--operation", "k", fail=f"after-send=pause({at})"
+        )
+        self.wait_until(lambda: waiting(at), "the first run to have its answer")
+        lease_until = self.lease_until("k")  # the first's
+        second = self.workflow("resume", "--thread", "t")
+        if time.time() < lease_until:  # it asked while the lease held (measured, not assumed)
+            self.assertEqual(second.returncode, plumbing.EXIT_THREAD, second.stderr)
+            self.assertIn("being performed by another live process", second.stderr)
+        self.wait_until(lambda: time.time() > lease_until, "the first's lease to run out")
+        second = self.workflow("resume", "--thread", "t")
+        self.assertEqual(second.returncode, 0, second.stderr)
+        failpoints.unpause(at)  # the first's answer comes in late
+        first.wait(RUN_TIMEOUT_S)
+        self.assertEqual(first.returncode, 0, first_err.read_text())
+        self.assertEqual(len(self.tickets("k")), 1)
+        with effects.Ledger(self.env["CHECKPOINT_DB"]) as ledger:
+            self.assertEqual((ledger.get("k").state, ledger.extras()), ("confirmed", []))
+
     # helpers
+
+    def effect_of(self, key):
+        """The name of the effect the ledger holds key for."""
+        with effects.Ledger(self.env["CHECKPOINT_DB"]) as ledger:
+            return ledger.get(key).effect
+
+    def lease_until(self, key):
+        """When the lease of key's performer ends (time.time())."""
+        with effects.Ledger(self.env["CHECKPOINT_DB"]) as ledger:
+            return ledger.row(key)["lease_until"]
 
     def walk(self, window, order):
         """Run a new thread for order (its operation id), killed in `window` of each effect
@@ -118,12 +156,16 @@ class CrashWindowTest(ServiceTestCase):
         and let go, since a kill there would be met by every resume for ever. The send is seen
         as a pause at after-send, which also lets this test re-arm the point in time."""
         command, killed, replays = ["start", "--thread", order, "--operation", order], [], 0
+        resent = False  # the resume sends the killed key again (keyed, no lookup)
         for attempt in range(3 * len(effects.declared(vars(workflow))) + 2):  # a hang guard
             at = self.folder / f"{order}-{window}-{attempt}"
             sent = self.folder / f"{order}-after-send-{attempt}"
+            kept = self.folder / f"{order}-after-receipt-{attempt}"
             spec = f"after-send=pause({sent})" + (
                 f";{window}=pause({at})" * (window != "after-send")
             )
+            if resent and window == "after-send":  # stopped once its resend has its receipt
+                spec += f";after-receipt=pause({kept})"
             if window == "after-send":
                 at = sent
             before = self.ledger_states()
@@ -137,15 +179,25 @@ class CrashWindowTest(ServiceTestCase):
                 if process.poll() is not None:
                     break
                 if waiting(at) and seen_send:  # in the window: a kill, as a crash would
-                    process.kill()
-                    process.wait()
                     now = self.ledger_states()  # in the order the keys were claimed
                     moved = [k for k in now if now[k] != before.get(k)]
                     self.assertTrue(
                         moved,
                         "held after a send, and no ledger row moved: a request it did not record",
                     )
+                    if moved[-1] in killed:  # sent again under its key (keyed, no lookup),
+                        failpoints.unpause(at)  # killed in this window once already: let it
+                        receipt = functools.partial(stopped, process, kept)
+                        self.wait_until(receipt, "its receipt")  # and stop the run there
+                        process.kill()
+                        process.wait()
+                        resent = False
+                        break
+                    process.kill()
+                    process.wait()
                     killed.append(moved[-1])  # the newest
+                    declared = effects.declared(vars(workflow))[self.effect_of(moved[-1])]
+                    resent = declared.keyed and declared.lookup is None
                     break
                 if waiting(at):  # a replay (or an adoption): nothing sent, not a window
                     replays += 1
@@ -211,7 +263,9 @@ class CrashWindowTest(ServiceTestCase):
         url = self.urls.get(plumbing.provider_of(effect))
         self.assertIsNotNone(url, f"{record.effect}: no stand-in provider to ask")
         thing = made(url)[-1]  # the newest: the run was killed just after it
-        settled = self.workflow("reconcile", "--confirmed", f"{record.key}={thing['id']}")
+        # --wait: a person's word is taken once the provider's settle time is over
+        said = f"{record.key}={thing['id']}"
+        settled = self.workflow("reconcile", "--confirmed", said, "--wait")
         self.assertEqual(settled.returncode, 0, settled.stderr)
 
 

@@ -5,6 +5,8 @@ on a free loopback port, workflow.py run as a real process, failpoints for every
     a lost answer        the provider committed and its answer never came back: looked up by key
     a late answer        it commits after the client gave up: not sent again before settle_s
                          (unless the provider honours the key), adopted once it shows
+    in progress          killed while a keyed provider holds the request: its 409 "in
+                         progress" leaves it unknown; the first answer wins once it is made
     a 409                the key was used for another body: a refusal, the run stops, nothing done
     a tampered receipt   the ledger refuses it (exit 7) and sends nothing
     a wrong URL's 404    nothing made, the key still free: fixed, the resume makes exactly one
@@ -13,6 +15,8 @@ A second order killed in its own window: test_crash_window.py walks two orders.
 """
 
 import json
+import os
+import signal
 import sqlite3
 import unittest
 import urllib.error
@@ -78,22 +82,36 @@ class LateAnswerTest(ServiceTestCase):
         self.assertEqual(history[-1], "adopted by lookup")
         self.assertEqual(handled(client.url), 1)
 
-    def test_a_provider_that_honours_the_key_is_sent_again_and_makes_one(self):
+    def test_in_progress_after_a_kill_mid_request_stays_unknown_and_the_first_answer_wins(self):
+        # A keyed provider (the IETF Idempotency-Key draft): a retry while the key's first
+        # request is still being processed gets 409 "in progress". The run is killed while its
+        # request is held there; the resume meets 409: unknown (it may still be made), never
+        # failed; once the provider has made it, the next resume gets the first answer.
         held = self.folder / "before-commit"
         url = self.standin(f"before-commit=pause({held})", keyed=True)
-        client = StandInClient(url, STANDIN_GIVES_UP_S, lambda: self.first_held(held))
+        client = StandInClient(url)
+        reserve = effect("reserve", keyed=True)
+        pid = os.fork()
+        if pid == 0:  # a run whose request is at the provider, killed there
+            try:
+                with effects.Ledger(self.env["CHECKPOINT_DB"]) as ledger:
+                    reserve.perform(ledger, "order-1:reserve", {"n": 1}, client)
+            finally:
+                os._exit(1)
+        self.first_held(held)
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
         with effects.Ledger(self.env["CHECKPOINT_DB"]) as ledger:
-            done = effect("reserve", keyed=True).perform(
-                ledger, "order-1:reserve", {"n": 1}, client
-            )
-            history = [how for _, _, how in ledger.history("order-1:reserve")]
-        # The first request is held; the resend under the same key passed and was made.
-        self.assertEqual(done.how, "sent")
-        self.assertEqual(history[2], "sent again: the provider honours the key")
-        failpoints.unpause(held)
-        self.wait_until(lambda: handled(url) == 2, "the held request to be answered")
-        (made_once,) = client.made()  # the late first request found its key's answer
-        self.assertEqual(made_once["id"], done.answer["id"])
+            with self.assertRaises(effects.Unsettled) as stopped:
+                reserve.perform(ledger, "order-1:reserve", {"n": 1}, client)
+            self.assertIn("409", str(stopped.exception))
+            self.assertEqual(ledger.get("order-1:reserve").state, "unknown")
+            failpoints.unpause(held)  # the provider makes the held request
+            self.wait_until(lambda: len(client.made()) == 1, "the held request to be made")
+            done = reserve.perform(ledger, "order-1:reserve", {"n": 1}, client)
+            self.assertEqual(ledger.get("order-1:reserve").state, "confirmed")
+        (made_once,) = client.made()  # one, and the answer the key got first
+        self.assertEqual((done.how, done.answer["id"]), ("adopted", made_once["id"]))
 
     def first_held(self, held):
         """Until the first request is held at the provider (it made the pause's file)."""
@@ -116,6 +134,11 @@ class RefusalTest(ServiceTestCase):
             self.assertIsNone(ledger.receipt("op-1"))  # nothing recorded as done
         self.assertEqual([t["payload"] for t in self.tickets("op-1")], [{"title": "B"}])
         self.assertEqual(self.counted("key_conflicts"), 1)  # asked once, not again
+        # Failed is final: a resume says so again and sends nothing.
+        again = self.workflow("resume", "--thread", "t1")
+        self.assertEqual(again.returncode, plumbing.EXIT_HTTP_ERROR, again.stderr)
+        self.assertIn("refused", again.stderr)
+        self.assertEqual(self.counted("key_conflicts"), 1)
 
 
 class TamperTest(ServiceTestCase):
@@ -174,6 +197,8 @@ def effect(name, keyed):
             ({"id": t["id"], **t["body"]} for t in client.made(reference=key)), None
         ),
         external_id=lambda answer: answer["id"],
+        not_sent=plumbing.IETF_ANSWERS.not_sent,  # what a provider's answers mean, by default
+        refused=plumbing.IETF_ANSWERS.refused,
         keyed=keyed,
         settle_s=60.0,
     )
