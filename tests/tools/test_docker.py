@@ -186,6 +186,39 @@ def test_compose_file_shape():
         assert service["mem_limit"] and service["pids_limit"], "bounds for a runaway process"
 
 
+@pytest.mark.fast
+@pytest.mark.parametrize("folder", ["", "labs/tools/starter"])
+def test_every_file_the_dockerfile_copies_is_in_the_build_context(folder):
+    """.dockerignore is an allow-list: a core file added to COPY and not to it failed every
+    build ("COPY failed: ... no such file"), found only by the Docker tier."""
+    import fnmatch
+
+    here = ROOT / folder
+    allowed = [
+        line[1:]
+        for line in (here / ".dockerignore").read_text(encoding="utf-8").splitlines()
+        if line.startswith("!")
+    ]
+    text = (here / "Dockerfile").read_text(encoding="utf-8").replace("\\\n", " ")
+    copied = [
+        word.rstrip("/")
+        for line in text.splitlines()
+        if line.startswith("COPY ") and "--from" not in line
+        for word in line.split()[1:-1]
+    ]
+    assert copied
+    for name in copied:  # the starter's core files come from the root (labs/tools/starter.py)
+        where = here if (here / name).exists() else ROOT
+        files = (
+            [name]
+            if (where / name).is_file()
+            else [str(p.relative_to(where)) for p in (where / name).glob("*.py")]
+        )
+        assert files, f"{folder or '.'}/Dockerfile copies {name}, which is not there"
+        for file in files:
+            assert any(fnmatch.fnmatch(file, pattern) for pattern in allowed), (folder, file)
+
+
 def test_dockerfile_keeps_the_digest_pin():
     text = (ROOT / "Dockerfile").read_text()
     pin = re.search(r"^ARG PYTHON_IMAGE=(\S+)$", text, re.M)
