@@ -576,8 +576,10 @@ class LostAckClient(workflow.TicketClient):
     failpoint is set to drop-answer commits it and hangs up, once per token."""
 
     def __init__(self, client, token):
-        super().__init__(client.url, client.timeout_s, client.attempts, {FAILPOINT_TOKEN: token})
-        self.first = True
+        super().__init__(
+            client.url, client.timeout_s, client.attempts, {FAILPOINT_TOKEN: token}, client.name
+        )
+        self.label, self.first = client.label, True  # named as its provider is ("the receiver")
 
     def create(self, title, key=None):
         first, self.first = self.first, False
