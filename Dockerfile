@@ -1,6 +1,6 @@
 # One image for every program of the lab: Python, the hashed runtime requirements and the code.
-# compose.yaml runs it as the receiver (python api.py), the workflow CLI with the lab's switches
-# (python lab.py, around workflow.py) and the scale profile's workers (python worker.py).
+# compose.yaml runs it as the receiver (python -m labs.receiver), the workflow CLI with the lab's switches
+# (python -m labs, around workflow.py) and the scale profile's workers (python -m labs.workers).
 #
 # PYTHON_IMAGE is python:3.13-slim, pinned by digest so every build starts from the same
 # bytes. To refresh the pin, take the digest of the multi-arch index (the manifest list), not the
@@ -33,12 +33,12 @@ COPY requirements.txt .
 RUN pip install --no-cache-dir --require-hashes -r requirements.txt
 
 # Nothing may write bytecode at run time (read-only root fs). The code stays owned by root:
-# the app user cannot change it. api.py is the lab's receiver, built on receiver.py (the core's).
+# the app user cannot change it. labs/receiver.py is the lab's receiver, built on api.py (the core's).
 ENV PYTHONDONTWRITEBYTECODE=1
-COPY failpoints.py httpguard.py tracing.py receiver.py api.py webhooks.py effects.py inbox.py plumbing.py workflow.py lab.py \
-     worker.py relay.py smtpclient.py ./
+COPY *.py ./
 COPY effectdrill/ effectdrill/
-COPY labs/graphs/ labs/graphs/
+COPY labs/*.py labs/
+COPY labs/graphs/*.py labs/graphs/
 # Their bytecode, made once here: at run time nothing can write it (read-only root fs), and
 # without it every command would compile the lab's own files again before it starts.
 RUN python -m compileall -q /app
@@ -47,4 +47,4 @@ RUN python -m compileall -q /app
 USER 10001:10001
 # The receiver's port, inside the lab's internal network only: compose publishes nothing.
 EXPOSE 8000
-CMD ["python", "lab.py", "--help"]
+CMD ["python", "-m", "labs", "--help"]

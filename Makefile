@@ -61,13 +61,13 @@ $(DRILL_OLDEST)/.installed: requirements-drill-oldest.txt
 drill-oldest: $(DRILL_OLDEST)/.installed  ## the oldest LangGraph effectdrill supports, in a second venv (tests/effectdrill/test_versions.py)
 
 demo: $(VENV)/.installed  ## labs 01-03 told to a room (STEP=1 waits for Enter before each command)
-	@exec $(PY) -m labs.tools.demo --backend $(BACKEND) $(if $(STEP),--step) --pictures $(PICTURES) \
+	@exec $(PY) -m tools.demo --backend $(BACKEND) $(if $(STEP),--step) --pictures $(PICTURES) \
 		$(if $(PROJECT),--project $(PROJECT)) $(GUIDES)
 #	exec: make is the demo's parent, so on Ctrl-C make dies of the SIGINT after the demo's one line
-#	(status 130, no "Error 130": labs/tools/demo.py, MakeParent)
+#	(status 130, no "Error 130": tools/demo.py, MakeParent)
 
 reset: $(VENV)/.installed  ## your own lab: `down -v --remove-orphans` of project stateful-lab, the native data/ (.venv stays)
-	@$(PY) -m labs.tools.reset
+	@$(PY) -m tools.reset
 
 test: $(VENV)/.installed lint  ## the whole suite; the Docker tier runs when an engine answers
 	$(CACHED) $(PY) -m pytest -n $(TEST_WORKERS)
@@ -80,38 +80,38 @@ lint: $(VENV)/.installed  ## ruff check and ruff format --check (make test runs 
 	$(PY) -m ruff format --check .
 
 bench: $(VENV)/.installed  ## receiver, CLI and drill speed of this tree against git ref BASELINE (HEAD)
-	@$(PY) -m labs.tools.bench --baseline $(BASELINE)
-	@$(PY) -m labs.tools.bench_drill --baseline $(BASELINE)
+	@$(PY) -m tools.bench --baseline $(BASELINE)
+	@$(PY) -m tools.bench_drill --baseline $(BASELINE)
 
 drill: $(VENV)/.installed  ## every crash boundary x mode (JSON=1 for JSON lines)
-	@$(PY) -m labs.tools.drill --backend $(if $(filter auto,$(BACKEND)),local,$(BACKEND)) $(if $(JSON),--json)
+	@$(PY) -m tools.drill --backend $(if $(filter auto,$(BACKEND)),local,$(BACKEND)) $(if $(JSON),--json)
 
 chaos: $(VENV)/.installed  ## RUNS MODE runs killed at random moments (SEED=N replays); JSON out
-	@$(PY) -m labs.tools.chaos --runs $(RUNS) --mode $(MODE) $(if $(SEED),--seed $(SEED))
+	@$(PY) -m tools.chaos --runs $(RUNS) --mode $(MODE) $(if $(SEED),--seed $(SEED))
 
 starter: $(VENV)/.installed  ## the core files copied unchanged, as a starter: make starter DEST=dir
 	@test -n "$(DEST)" || { echo "make starter: name a new folder, e.g. make starter DEST=../ticket-starter"; exit 2; }
-	@$(PY) -m labs.tools.starter $(DEST)
+	@$(PY) -m tools.starter $(DEST)
 
 starter-mutations: $(VENV)/.installed  ## the starter's suite against each mutant of the ledger (minutes)
-	@$(PY) -m labs.tools.starter_mutations
+	@$(PY) -m tools.starter_mutations
 
 bench-workers: $(VENV)/.installed  ## operations per second with 1, 2 and 4 workers (part of bench)
-	@$(PY) -m labs.tools.bench_workers
+	@$(PY) -m tools.bench_workers
 
 bench-docker: $(VENV)/.installed  ## the Compose lifecycle timed on a real engine (up, restart, down)
-	@$(PY) -m labs.tools.bench_docker
+	@$(PY) -m tools.bench_docker
 
 scale-chaos: $(VENV)/.installed  ## WORKERS workers on a throwaway Postgres; FAULTS strike them and their dependencies
-	@$(PY) -m labs.tools.scale_chaos --workers $(WORKERS) --operations $(OPERATIONS) --mode $(MODE) --faults $(FAULTS)
+	@$(PY) -m tools.scale_chaos --workers $(WORKERS) --operations $(OPERATIONS) --mode $(MODE) --faults $(FAULTS)
 
 lock: $(VENV)/.installed  ## regenerate the hashed lock files (the starter's too) from the .in files
 	$(UV) -o requirements.txt requirements.in
 	$(UV) -o requirements-dev.txt requirements-dev.in
 	$(UV) -o requirements-drill-oldest.txt requirements-drill-oldest.in  # effectdrill's oldest LangGraph
-	cd labs/tools/starter && $(UV) -o requirements.txt requirements.in  # what the starter imports
-	cd labs/tools/starter && $(UV) -o requirements-otel.txt requirements-otel.in  # TRACE's extra
-	cd labs/tools/starter && $(UV) -o requirements-postgres.txt requirements-postgres.in
+	cd tools/starter && $(UV) -o requirements.txt requirements.in  # what the starter imports
+	cd tools/starter && $(UV) -o requirements-otel.txt requirements-otel.in  # TRACE's extra
+	cd tools/starter && $(UV) -o requirements-postgres.txt requirements-postgres.in
 
 clean:  ## the native lab's data and the venv (Docker: make reset)
 	rm -rf data $(VENV) $(DRILL_OLDEST) .pytest_cache .ruff_cache .hypothesis

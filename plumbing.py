@@ -38,7 +38,8 @@ ATTEMPTS = 4  # tries of a request whose connection was refused: 0.25, 0.5, 1 s 
 RETRY_DELAY_S = 0.25  # enough for a receiver that is starting or restarting
 MAX_RETRY_DELAY_S = 2.0  # the delays double up to this
 BUSY_TRIES_PER_ATTEMPT = 2  # a 503 (busy) gets twice ATTEMPTS tries: 8, about 26 s. Each one
-#   costs the receiver's busy timeout (api.py BUSY_TIMEOUT_S, 2 s) before its 503, plus the delay
+# costs the receiver's busy timeout (labs/receiver.py BUSY_TIMEOUT_S, 2 s) before its 503, plus the
+# delay
 #   (0.25 s doubling to 2 s): 8 x 2 + 9.75 s. That outlasts a lock another program holds on the
 #   receiver's file (a backup, an sqlite3 shell: the review held one 10 s, past the old 9.75 s
 #   budget) by more than the lock itself lasted: a load spike can stretch each try. Past it the
@@ -184,7 +185,7 @@ UNRESOLVED_TRIES = 2  # tries of a host name that does not resolve (each lookup 
 
 
 def refusal(error):
-    """receiver.py's refusals (RECEIVER_ANSWERS.refused): a business 4xx answer's JSON body, its
+    """api.py's refusals (RECEIVER_ANSWERS.refused): a business 4xx answer's JSON body, its
     409 (a key used for another body) too: the receiver refused the request and made nothing,
     and the key is spent. Else None: a 5xx or no answer (it may have committed), an answer that
     says the request went to the wrong place or was not let in (did_nothing), or one that is not
@@ -194,7 +195,7 @@ def refusal(error):
 
 def did_nothing(error):
     """True for an error that proves the request made nothing and the key is still free, at
-    receiver.py (RECEIVER_ANSWERS.not_sent): the connection was refused (Unreachable), or an
+    api.py (RECEIVER_ANSWERS.not_sent): the connection was refused (Unreachable), or an
     answer that it reached no route or was not let in (DID_NOTHING: a wrong API_URL, a missing
     credential, a limit: fix it, then resume), or a 503 (its transaction rolled back)."""
     return RECEIVER_ANSWERS.not_sent(error)
@@ -244,7 +245,7 @@ def json_reason(error):
 
 
 IETF_ANSWERS = HttpAnswers()  # a provider's default: 409 is "in progress", 422 a refusal
-RECEIVER_ANSWERS = HttpAnswers(  # receiver.py's: its 409 is a key used for another body
+RECEIVER_ANSWERS = HttpAnswers(  # api.py's: its 409 is a key used for another body
     did_nothing=frozenset(DID_NOTHING | {503}),  # (TicketStore.keyed), a refusal; its 503 is
     in_progress=frozenset(),  # a transaction rolled back (busy, or a damaged database): nothing
 )

@@ -119,7 +119,7 @@ def create_ticket(state: State, runtime):
 
 
 class TicketClient(plumbing.HttpClient):
-    """The receiver's calls (receiver.py): a ticket made under a key, the tickets a key made."""
+    """The receiver's calls (api.py): a ticket made under a key, the tickets a key made."""
 
     def create(self, title, key=None):
         return self.call("/tickets", {"title": title}, key)
@@ -131,11 +131,11 @@ class TicketClient(plumbing.HttpClient):
 
 # The provider, declared once: its name (its settings: API_URL, API_TIMEOUT_S, API_ATTEMPTS,
 # API_TOKEN), its client, where it listens unless API_URL says otherwise, and what the ledger may
-# assume of it for every effect sent to it. The receiver honours Idempotency-Key (receiver.py: a
+# assume of it for every effect sent to it. The receiver honours Idempotency-Key (api.py: a
 # repeat is answered with the first ticket), so a request whose answer was lost may go again
 # under its key: keyed. Its 409 is a key used for another body, a refusal (RECEIVER_ANSWERS; the
 # IETF draft's 409 means "in progress", the default). It commits a request within RECEIVER_SETTLE_S.
-RECEIVER_SETTLE_S = 5.0  # receiver.py: a request it has read is committed within twice its
+RECEIVER_SETTLE_S = 5.0  # api.py: a request it has read is committed within twice its
 #   BUSY_TIMEOUT_S (2 s: the lock, then SQLite's busy wait) or answered 503 and rolled back
 API = plumbing.Provider(
     "API",

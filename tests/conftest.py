@@ -10,8 +10,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from labs.tools.local import ReceiverProcess, free_port, lab_env, run_workflow_here  # noqa: E402
-from labs.tools.pg import PostgresUnavailable, TempPostgres, find_bin_dir  # noqa: E402
+from tools.local import ReceiverProcess, free_port, lab_env, run_workflow_here  # noqa: E402
+from tools.pg import PostgresUnavailable, TempPostgres, find_bin_dir  # noqa: E402
 
 # The Ctrl-C tests send SIGINT to a child process. A shell that starts the suite in the
 # background (`make test &`) ignores SIGINT, and an ignored signal stays ignored across exec, so
@@ -53,7 +53,7 @@ def require_docker(compose_v2=False):
 @functools.cache
 def docker_tier_missing(compose_v2):
     """Why the Docker tier cannot run here, or "" (asked once per process: `docker info`)."""
-    from labs.tools.backends import compose_command, docker_engine_answers
+    from tools.backends import compose_command, docker_engine_answers
 
     compose = compose_command()
     if docker_engine_answers() and compose and (compose[0] == "docker" or not compose_v2):
@@ -110,7 +110,8 @@ def lab(tmp_path):
 
 @pytest.fixture
 def receiver(lab, tmp_path):
-    """A running api.py (stopped with SIGTERM after the test). Its stderr goes to receiver.log."""
+    """A running labs/receiver.py (stopped with SIGTERM after the test). Its stderr goes to
+    receiver.log."""
     server = ReceiverProcess(lab, log_path=tmp_path / "receiver.log").start()
     yield server
     server.stop()

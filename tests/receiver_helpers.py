@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from labs.tools.local import ROOT
+from tools.local import ROOT
 
 REPLY_DEADLINE_S = 10.0  # seconds for a whole answer; the receiver answers in milliseconds
 TITLE = "Check supplier configuration"
@@ -141,9 +141,9 @@ def garble(db_path):
 
 
 def run_api(env, *args):
-    """python api.py ARGS to its end (it must end by itself: a bad setting, --help)."""
+    """python -m labs.receiver ARGS to its end (it must end by itself: a bad setting, --help)."""
     return subprocess.run(
-        [sys.executable, str(ROOT / "api.py"), *args],
+        [sys.executable, "-m", "labs.receiver", *args],
         env=env,
         cwd=ROOT,
         capture_output=True,

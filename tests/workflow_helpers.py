@@ -1,6 +1,6 @@
 """Read what workflow.py printed: one JSON event per line."""
 
-from labs.tools import local
+from tools import local
 
 
 def events(done):

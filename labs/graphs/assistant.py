@@ -32,8 +32,8 @@ import io
 import os
 from typing import TypedDict
 
-import lab
 import workflow
+from labs import cli as lab
 from labs.graphs import classify
 
 TEXT = {  # the two emails the agent drafts, by the number of their tool call

@@ -37,8 +37,8 @@ from pathlib import Path
 from typing import TypedDict
 
 import effects
-import lab
 import workflow
+from labs import cli as lab
 from labs.graphs.ticket import drill_context
 
 SEATS = 2  # what every order asks for

@@ -1,4 +1,4 @@
-"""Lab 19's outbox for the drill: lab.py's request_ticket, the receiver as the outside world.
+"""Lab 19's outbox for the drill: labs/cli.py's request_ticket, the receiver as the outside world.
 
     python -m effectdrill labs.graphs.outbox:graph --context labs.graphs.outbox:context \
         --input '{"operation_id": "{thread}", "title": "{thread}", "delivery": "outbox"}' \
@@ -6,7 +6,7 @@
 
 With "delivery": "outbox" the node writes the ticket it wants into the outbox of the SQLite file
 OUTBOX_DB (default data/outbox/outbox.sqlite, under the folder you run from) and sends nothing;
-observe(thread) first delivers what is pending there, as `python relay.py --once` does
+observe(thread) first delivers what is pending there, as `python -m labs.relay --once` does
 (relay.relay_once), then counts the receiver's tickets whose title is the thread id. With
 "delivery": "direct" (the naive variant) the node sends the ticket itself, without a key, and
 the drill finds the duplicate where it kills the run after the receiver's answer and before the
@@ -19,15 +19,15 @@ import os
 from pathlib import Path
 
 import effects
-import lab
-import relay
 import workflow
+from labs import cli as lab
+from labs import relay
 
 DEFAULT_DB = "data/outbox/outbox.sqlite"  # relative to the current folder: the learner's own
 
 
 def graph():
-    """lab.py's outbox graph, without a checkpointer: the drill gives it its own."""
+    """labs/cli.py's outbox graph, without a checkpointer: the drill gives it its own."""
     return lab.build_outbox(None)
 
 

@@ -1,10 +1,11 @@
-"""Lab 13's saga for the drill: lab.py's charge, reserve, refund, the receiver as the world.
+"""Lab 13's saga for the drill: labs/cli.py's charge, reserve, refund, the receiver as the world.
 
     python -m effectdrill labs.graphs.saga:graph --context labs.graphs.saga:context \
         --input '{"operation_id": "{thread}", "title": "{thread}", "seats": 11, "mode": "naive"}' \
         --observe labs.graphs.saga:observe
 
-11 seats are more than the receiver has (api.py's SEATS, 10), so every run's reservation is
+11 seats are more than the receiver has (labs/receiver.py's SEATS, 10), so every run's reservation
+is
 refused and its charge refunded. observe(thread) counts the charges (tickets whose title is the
 thread id) and the refunds of those tickets. The charge and the reservation go through the
 ledger of context() (labs.graphs.ticket's: a temporary file of the drill's own) in both modes.
@@ -17,13 +18,13 @@ import contextlib
 import io
 import os
 
-import lab
 import workflow
+from labs import cli as lab
 from labs.graphs.ticket import context  # noqa: F401 (the drill's --context)
 
 
 def graph():
-    """lab.py's saga, without a checkpointer: the drill gives it its own."""
+    """labs/cli.py's saga, without a checkpointer: the drill gives it its own."""
     return lab.build_saga(None)
 
 

@@ -1,4 +1,5 @@
-"""The lab's own graph for the drill (lab 11): lab.py's graph, the receiver as the outside world.
+"""The lab's own graph for the drill (lab 11): labs/cli.py's graph, the receiver as the outside
+world.
 
     python -m effectdrill labs.graphs.ticket:graph \
         --input '{"operation_id": "{thread}", "title": "{thread}", "mode": "naive"}' \
@@ -19,12 +20,12 @@ import tempfile
 from pathlib import Path
 
 import effects
-import lab
 import workflow
+from labs import cli as lab
 
 
 def graph():
-    """lab.py's graph, without a checkpointer: the drill gives it its own."""
+    """labs/cli.py's graph, without a checkpointer: the drill gives it its own."""
     return lab.build_graph(None)
 
 

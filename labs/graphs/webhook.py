@@ -4,16 +4,16 @@ take_event -> close. `take_event` applies one ticket event (a webhook's body) an
 resolved ticket, notifies the customer: a row in `notices`, one per call, as a message service
 that takes no key writes one per request. A crash after the node did its work and before
 LangGraph saved its result runs it again on resume, which to the handler is the same event
-delivered a second time. Lab 18's endpoint (lab.py hooks) is an HTTP server, not a graph; this
+delivered a second time. Lab 18's endpoint (labs hooks) is an HTTP server, not a graph; this
 is the same handling where the drill can kill it.
 
     python -m effectdrill labs.graphs.webhook:graph --observe labs.graphs.webhook:observe \
         --input '{"event_id": "{thread}", "ticket": "{thread}", "status": "resolved", "version": 1}'
 
 Without "mode" (naive) every run of the node applies the event and notifies. With
-"mode": "inbox" the event goes through inbox.py's inbox (its id recorded in the same transaction
-as the ticket's status, in WEBHOOK_DB) and the notice through the effect ledger keyed by the
-event id (ledger.sqlite beside it): the re-run finds the event seen and the notice's receipt,
+"mode": "inbox" the event goes through labs/inbox.py's inbox (its id recorded in the same
+transaction as the ticket's status, in WEBHOOK_DB) and the notice through the effect ledger keyed
+by the event id (ledger.sqlite beside it): the re-run finds the event seen and the notice's receipt,
 and notifies nobody again.
 
 WEBHOOK_DB: default data/webhook/webhook.sqlite, under the folder you run from (made on use).
@@ -28,7 +28,7 @@ from typing import TypedDict
 from langgraph.graph import END, START, StateGraph
 
 import effects
-import inbox
+from labs import inbox
 
 DEFAULT_DB = "data/webhook/webhook.sqlite"  # relative to the current folder: the learner's own
 

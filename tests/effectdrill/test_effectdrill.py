@@ -24,8 +24,8 @@ from langgraph.checkpoint.sqlite import SqliteSaver
 
 import effectdrill
 from effectdrill.__main__ import main
-from labs.tools.local import ROOT, run
-from labs.tools.pg import TempPostgres
+from tools.local import ROOT, run
+from tools.pg import TempPostgres
 
 GRAPHS = "effectdrill_graphs"  # the test graphs' package, in tests/ (on sys.path, as conftest's)
 pytest_plugins = ["pytester"]
@@ -576,7 +576,7 @@ def test_ctrl_c_exits_130_and_reaps_the_child(tmp_path, temp_root):
         stderr=subprocess.PIPE,
         text=True,
     )
-    from labs.tools.local import wait_until
+    from tools.local import wait_until
 
     try:
         wait_until(lambda: proc.poll() is not None or ready.read_text(), 60, "the drill to fork")
@@ -729,7 +729,7 @@ def assert_no_children():
 
 
 def test_the_benchmark_prints_this_tree_and_the_last_commit_side_by_side():
-    done = run([sys.executable, "-m", "labs.tools.bench_drill", "--runs", "1"])
+    done = run([sys.executable, "-m", "tools.bench_drill", "--runs", "1"])
 
     assert (done.returncode, done.stderr) == (0, "")
     lines = done.stdout.splitlines()
@@ -748,9 +748,7 @@ def test_the_benchmark_prints_this_tree_and_the_last_commit_side_by_side():
 def test_the_benchmark_against_a_commit_older_than_the_drill_prints_this_tree_alone():
     """make bench BASELINE=2a0ed38 (the README's Performance figures; the lab's first commit,
     which has no effectdrill): this tree's figures, "-" in the baseline's column, valid JSON."""
-    done = run(
-        [sys.executable, "-m", "labs.tools.bench_drill", "--runs", "1", "--baseline", "2a0ed38"]
-    )
+    done = run([sys.executable, "-m", "tools.bench_drill", "--runs", "1", "--baseline", "2a0ed38"])
 
     assert (done.returncode, done.stderr) == (0, "")
     lines = done.stdout.splitlines()

@@ -1,5 +1,5 @@
 """The drill's HTTP observer: the requests a graph sends, recorded in the crash child and the
-resume, against a real receiver (api.py) with real forks and SIGKILLs.
+resume, against a real receiver (labs/receiver.py) with real forks and SIGKILLs.
 
 tests/effectdrill_graphs/outbound.py sends one POST /tickets per node: keyed on the thread
 (book, by urllib), without a key (notify, by requests), under a fresh uuid4 (remind, by httpx).
@@ -21,7 +21,7 @@ from effectdrill_graphs import outbound as trips
 import effectdrill
 from effectdrill.api import HTTP_SAW_NOTHING
 from effectdrill.outbound import NEW_KEY, NO_KEY, SAME_KEY
-from labs.tools.local import ROOT, run
+from tools.local import ROOT, run
 
 TESTS = str(ROOT / "tests")
 REPEAT = {"thread": SAME_KEY, None: NO_KEY, "fresh": NEW_KEY}  # the key a node sends -> repeat

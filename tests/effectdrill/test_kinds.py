@@ -126,7 +126,7 @@ def test_the_report_says_how_to_fix_each_flagged_row(tmp_path, fake):
     from chromium_helpers import chromium
 
     from effectdrill import advice
-    from labs.tools.local import ROOT
+    from tools.local import ROOT
 
     page = tmp_path / "report.html"
     argv = [sys.executable, "-m", "effectdrill", "effectdrill_graphs.vendor:agent", "--json"]

@@ -11,7 +11,7 @@ from contextlib import closing
 
 import pytest
 
-from labs.tools.local import ROOT
+from tools.local import ROOT
 
 GRAPHS = "effectdrill_graphs"
 DRILL = [sys.executable, "-m", "effectdrill", f"{GRAPHS}.orders:build"]

@@ -1,4 +1,4 @@
-"""`python -m effectdrill replay`: the lab's real checkpoint database, left by lab.py runs that
+"""`python -m effectdrill replay`: the lab's real checkpoint database, left by labs/cli.py runs that
 were killed (--crash, a real SIGKILL) or drained (--term-at), resumed on a copy under lab 12's
 version 2 (create_ticket renamed open_ticket) and under version 1, against a real receiver.
 """
@@ -13,15 +13,15 @@ from pathlib import Path
 import pytest
 from langgraph.checkpoint.sqlite import SqliteSaver
 
-import lab as lab_cli
 import workflow
 from effectdrill import replay
 from effectdrill.__main__ import main
+from labs import cli as lab_cli
 from labs.graphs import ticket
-from labs.tools.local import ReceiverProcess, free_port, lab_env, run, run_workflow_here
+from tools.local import ReceiverProcess, free_port, lab_env, run, run_workflow_here
 
 EFFECT_V1 = lab_cli.EFFECT_NODE["1"]  # the node version 1 saved as next; version 2 renamed it
-THREADS = {  # thread -> lab.py start's switches; its title is the thread (ticket.observe)
+THREADS = {  # thread -> labs/cli.py start's switches; its title is the thread (ticket.observe)
     "safe-crash": ["--mode", "safe", "--crash"],  # killed after the ticket's answer
     "naive-crash": ["--mode", "naive", "--crash"],
     "drained": ["--term-at", "after-prepare"],  # stopped before create_ticket sent anything
@@ -42,7 +42,7 @@ def lab(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def saved(lab):
-    """The lab's checkpoint file with THREADS in it, as lab.py left them."""
+    """The lab's checkpoint file with THREADS in it, as labs/cli.py left them."""
     for thread, switches in THREADS.items():
         args = ["start", "--thread", thread, "--operation", f"op-{thread}", "--title", thread]
         done = run_workflow_here([*args, *switches], lab)  # a process where it kills itself
@@ -63,7 +63,7 @@ def test_under_version_2_every_unfinished_thread_is_lost_and_the_original_is_unt
     temp = tmp_path / "tmp"
     temp.mkdir()
     env = os.environ | {"API_URL": lab["API_URL"], "TMPDIR": str(temp)}
-    env["CHECKPOINT_DB"] = str(saved)  # the default database, as lab.py reads it
+    env["CHECKPOINT_DB"] = str(saved)  # the default database, as labs/cli.py reads it
 
     done = run(
         [sys.executable, "-m", "effectdrill", "replay", "labs.graphs.ticket:graph_v2"]
@@ -85,7 +85,7 @@ def test_under_version_2_every_unfinished_thread_is_lost_and_the_original_is_unt
 
 
 def test_under_version_1_each_thread_resumes_once_and_the_unkeyed_one_repeats(saved):
-    """The only test here whose replay sends requests: the counts before are lab.py's."""
+    """The only test here whose replay sends requests: the counts before are labs/cli.py's."""
     before = files_of(saved)
     outcomes = replay.replay(ticket.graph, saved, observe=ticket.observe, context=ticket.context())
 

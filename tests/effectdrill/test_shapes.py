@@ -35,7 +35,7 @@ from effectdrill_graphs import (
 
 import effectdrill
 from effectdrill.__main__ import main
-from labs.tools.local import ROOT, run
+from tools.local import ROOT, run
 
 GRAPHS = "effectdrill_graphs"
 TESTS = str(ROOT / "tests")

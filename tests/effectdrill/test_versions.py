@@ -20,7 +20,7 @@ from effectdrill_graphs import outbound as trips
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
-from labs.tools.local import ROOT
+from tools.local import ROOT
 
 OLDEST = ROOT / ".venv-drill-oldest" / "bin" / "python"
 MAKE_OLDEST = "make drill-oldest"

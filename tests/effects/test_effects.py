@@ -464,7 +464,7 @@ def test_lab_15_names_every_table_the_ledger_makes(tmp_path):
     """REVIEW F: lab 15 said three tables; the ledger makes four (effect_extras too)."""
     import sqlite3
 
-    from labs.tools.local import ROOT
+    from tools.local import ROOT
 
     db = tmp_path / "ledger.sqlite"
     with effects.open_ledger(str(db)) as ledger:

@@ -1,6 +1,6 @@
 """make demo: the story it tells, the verdict it computes, and how it stops.
 
-In-process where no signal is needed (labs.tools.demo.main with captured output); the
+In-process where no signal is needed (tools.demo.main with captured output); the
 Ctrl-C tests run the demo as a process and send SIGINT to its process group, as a terminal
 does. Checked elsewhere, on runs of the guides that happen anyway: the story of labs 01-02
 (paragraphs, native lines, a verdict per operation, `logs api`) on the README's own `make demo
@@ -29,10 +29,10 @@ from pathlib import Path
 import pytest
 from chromium_helpers import chromium
 
-from labs.tools import demo, native
-from labs.tools.backends import compose_command, parse_command
-from labs.tools.local import ROOT, wait_until
-from labs.tools.runner import parse_guide
+from tools import demo, native
+from tools.backends import compose_command, parse_command
+from tools.local import ROOT, wait_until
+from tools.runner import parse_guide
 
 LAB01 = ROOT / "labs" / "01-the-duplicate.md"
 LAB06 = ROOT / "labs" / "06-the-lost-acknowledgement.md"
@@ -85,7 +85,7 @@ def test_the_verdict_follows_the_receiver_not_the_guide(capsys, tmp_path, monkey
     done = r'^\{"event": "done", [^\n]*,\n    [^\n]*"title": "Check supplier configuration"\}$'
     assert re.search(done, out, re.M), out
     assert "natively:" not in out and "$ docker compose" not in out
-    assert out.count("\n$ python lab.py start --thread naive ") == 1
+    assert out.count("\n$ python -m labs start --thread naive ") == 1
     (ticket,) = set(re.findall(r"^  (\{\"key\": .*\"ticket_id\": \d+\}),$", out, re.M))
     ticket = json.loads(ticket)  # the receiver's one ticket, as the run printed it
     assert ticket["key"] == "case-naive:open-ticket:v1"
@@ -131,11 +131,12 @@ def test_projector_mode_keeps_the_guides_lists():
 def test_stderr_comes_with_its_exit_code_and_lab_06_turns_its_fault_on(capsys):
     code, out, err = run_demo(capsys, LAB06)
     assert code == 0, out + err
-    up = "natively: mkdir -p data; FAILPOINTS=before-answer=drop-answer python api.py 2>>data/"
+    up = "natively: mkdir -p data; FAILPOINTS=before-answer=drop-answer python -m labs.receiver"
+    up += " 2>>data/"
     assert up in out
     lines = out.splitlines()
     reason = lines.index(
-        "  stderr: lab.py: no answer from the receiver at "
+        "  stderr: labs: no answer from the receiver at "
         f"{demo_url(out)} (Remote end closed connection without response); the request may or "
         "may not have taken effect"
     )
@@ -190,7 +191,7 @@ def test_a_taken_port_is_one_line_naming_it(capsys):
 
 def start_demo(*args, env=()):
     return subprocess.Popen(
-        [sys.executable, "-m", "labs.tools.demo", "--backend", "local", *args],
+        [sys.executable, "-m", "tools.demo", "--backend", "local", *args],
         cwd=ROOT,
         env={**os.environ, "PYTHONUNBUFFERED": "1", **dict(env)},
         stdin=subprocess.PIPE,
@@ -272,7 +273,7 @@ def test_ctrl_c_stops_the_demo_and_leaves_nothing_behind(step):
     if step:  # a stop at a prompt leaves the same as mid-run: the next demo runs once, below
         return
     again = subprocess.run(
-        [sys.executable, "-m", "labs.tools.demo", "--backend", "local", str(LAB01)],
+        [sys.executable, "-m", "tools.demo", "--backend", "local", str(LAB01)],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -339,7 +340,7 @@ def test_make_demo_project_names_a_project_of_its_own_and_never_the_learners(pro
     done = subprocess.run(make, cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and done.stdout == "", done.stdout
     line, *makes = done.stderr.splitlines()  # the demo's one line, then make's own
-    assert line.startswith("python -m labs.tools.demo: argument --project: " + words), line
+    assert line.startswith("python -m tools.demo: argument --project: " + words), line
     assert [m for m in makes if not re.match(r"make(\[\d+\])?: ", m)] == [], done.stderr
 
 
@@ -357,7 +358,7 @@ def test_an_image_build_counts_its_seconds_from_the_first_on_a_terminal():
 
 @pytest.mark.docker
 def test_the_docker_demo_runs_in_its_own_project_and_leaves_nothing(capsys):
-    from labs.tools.local import run
+    from tools.local import run
 
     project = os.environ.get("LAB_DOCKER_PROJECT", "stateful-lab-test") + "-demo"
     code = demo.main(["--backend", "docker", "--project", project, str(LAB01)])
@@ -408,7 +409,7 @@ def test_ctrl_c_while_a_docker_command_runs_leaves_nothing_behind(tmp_path):
     Compose client dies, the engine removes the container only once it has stopped, and a
     `down -v` in between keeps the volume ("Resource is still in use", exit 0). The demo must
     remove everything, and say so only when the engine lists nothing of its project."""
-    from labs.tools.local import run
+    from tools.local import run
 
     project = os.environ.get("LAB_DOCKER_PROJECT", "stateful-lab-test") + "-demo-stop"
     guide = tmp_path / "99-hold.md"
@@ -434,7 +435,7 @@ def test_ctrl_c_while_a_docker_command_runs_leaves_nothing_behind(tmp_path):
 
     demo_command = [
         "-m",
-        "labs.tools.demo",
+        "tools.demo",
         "--backend",
         "docker",
         "--project",
@@ -585,7 +586,7 @@ def test_an_enter_pressed_twice_runs_one_command_not_the_next(tmp_path):
     pid, master = pty.fork()
     if pid == 0:
         os.chdir(ROOT)
-        os.execvp(sys.executable, [sys.executable, "-m", "labs.tools.demo", "--backend", "local",
+        os.execvp(sys.executable, [sys.executable, "-m", "tools.demo", "--backend", "local",
                                    "--step", "--pictures", str(tmp_path), str(LAB01)])  # fmt: skip
     seen, typed = b"", False
     try:
@@ -715,10 +716,11 @@ def ticket(number, key=None, title="Check supplier configuration"):
 
 @pytest.mark.fast
 def test_the_verdict_says_where_the_run_was_killed_and_which_command_sent_it_again():
-    """What the room saw, in the verdict: the kill (lab.py's crash event names its point), the
+    """What the room saw, in the verdict: the kill (labs/cli.py's crash event names its point), the
     command that sent the effect again (lab 01's resume, lab 07's approve, lab 04's second
     start), lab 12's refusal by the resume contract, and lab 10's woken worker (sent nothing,
-    or sent again and got created: false). The commands' own output, as lab.py and worker.py
+    or sent again and got created: false). The commands' own output, as labs/cli.py and
+    labs/workers.py
     print it, fed to the demo's Ledger."""
     ledger, op = demo.Ledger(), "case-naive:open-ticket:v1"
     start = f"start --thread naive --operation {op} --mode naive --crash"
@@ -820,7 +822,7 @@ def test_a_resume_that_finds_no_thread_says_so_and_one_waiting_for_approval_does
         '{"at": "after-ack", "event": "crash"}\n'
     )
     ledger.record(*ledger.operation(start + " --crash-at after-ack"), crashed, [ticket(6)], 137)
-    missing = "lab.py: no thread 'exit' to resume; check --thread\n"
+    missing = "labs: no thread 'exit' to resume; check --thread\n"
     ledger.record(*ledger.operation(say + "resume --thread exit"), "", [], 4, missing)
     again = '{"created": true, "event": "effect_ack", "ticket_id": 7}\n'
     ledger.record(*ledger.operation(start), again, [ticket(6), ticket(7)])
@@ -830,7 +832,7 @@ def test_a_resume_that_finds_no_thread_says_so_and_one_waiting_for_approval_does
     )
     ledger, op = demo.Ledger(), "case-in-node:open-ticket:v1"
     ledger.record(*ledger.operation(say + f"start --thread t --operation {op}"), "", [ticket(1)])
-    waits = "lab.py: thread 't' waits for approval; answer with approve (or --reject)\n"
+    waits = "labs: thread 't' waits for approval; answer with approve (or --reject)\n"
     ledger.record(*ledger.operation(say + "resume --thread t"), "", [ticket(1)], 4, waits)
     assert ledger.operations[op].verdict(op) == f"{op}: 1 ticket"
 
@@ -891,7 +893,7 @@ def test_a_picture_path_the_demo_must_not_write_to_is_one_line_and_exit_2(tmp_pa
     else:
         pictures = ROOT / "labs"  # the guides' own folder
     done = subprocess.run(
-        [sys.executable, "-m", "labs.tools.demo", "--backend", "local", "--plain",
+        [sys.executable, "-m", "tools.demo", "--backend", "local", "--plain",
          "--pictures", str(pictures), str(LAB01)],
         cwd=ROOT, capture_output=True, text=True, timeout=120,
     )  # fmt: skip

@@ -3,7 +3,7 @@ the run's own events: a mark for each thing the lab printed, a duplicate marked 
 legend, and every picture within a projector's 1,280 px.
 
 One native demo run of labs 01, 15, 16 and 18 (plain mode, as a file gets it); each guide's
-part of its output is read back into events (labs.tools.tally.events_in) and drill tables.
+part of its output is read back into events (tools.tally.events_in) and drill tables.
 """
 
 import html
@@ -13,9 +13,9 @@ from collections import Counter
 
 from chromium_helpers import chromium
 
-from labs.tools import demo
-from labs.tools.local import ROOT
-from labs.tools.tally import events_in
+from tools import demo
+from tools.local import ROOT
+from tools.tally import events_in
 
 GUIDES = {
     "01": "01-the-duplicate.md",

@@ -14,8 +14,8 @@ import sys
 
 import pytest
 
-from labs.tools.local import ROOT, wait_until
-from labs.tools.runner import parse_guide
+from tools.local import ROOT, wait_until
+from tools.runner import parse_guide
 
 ROWS, COLUMNS = 32, 120
 PROMPT = re.compile(r"^  \(Enter to (run|read on)")
@@ -53,7 +53,7 @@ def tell_in_tmux(tmp_path, backend="local"):
     wrapped joined again (capture-pane -J))."""
     tmux = Tmux(f"demo-room-{tmp_path.name}")
     command = [
-        sys.executable, "-m", "labs.tools.demo", "--backend", backend, "--step",
+        sys.executable, "-m", "tools.demo", "--backend", backend, "--step",
         "--project", os.environ.get("LAB_DOCKER_PROJECT", "stateful-lab-test") + "-room",
         "--pictures", str(tmp_path / "pictures"), *(str(ROOT / "labs" / g) for g in GUIDES),
     ]  # fmt: skip

@@ -14,15 +14,15 @@ from shutil import which
 import pytest
 from conftest import require_postgres
 
-from labs.tools import demo
-from labs.tools.backends import (
+from tools import demo
+from tools.backends import (
     LOST_ACK,
     DockerBackend,
     LocalBackend,
     parse_command,
 )
-from labs.tools.local import ROOT, run
-from labs.tools.runner import COMPOSE_PREFIX, lines_match, parse_guide, run_guide, run_step
+from tools.local import ROOT, run
+from tools.runner import COMPOSE_PREFIX, lines_match, parse_guide, run_guide, run_step
 
 GUIDES = sorted((ROOT / "labs").glob("[0-9][0-9]-*.md"))
 SCALE = {g for g in GUIDES if "up -d postgres" in g.read_text(encoding="utf-8")}  # lab 10
@@ -126,7 +126,7 @@ def test_guide_local(guide, tmp_path, capsys):
     """Natively: workflow commands with a signal switch run as forked processes, the rest in-process
     (the same workflow.main, without LangGraph's import per command); the README's native
     section and `make demo` run every command as a process. The commands of the guides in
-    DEMO_VERDICTS run through the demo's own step (labs.tools.demo.Demo.run), whose verdict is
+    DEMO_VERDICTS run through the demo's own step (tools.demo.Demo.run), whose verdict is
     checked here too."""
     if guide in SCALE:
         require_postgres()  # natively, its postgres service is a throwaway cluster
@@ -153,7 +153,7 @@ def test_guide_local(guide, tmp_path, capsys):
 
 
 # What `make demo` says of these guides before their reset: the verdict, counted on the receiver
-# (labs.tools.demo.Ledger), and the closing line on the modes. Checked on the guide's native run.
+# (tools.demo.Ledger), and the closing line on the modes. Checked on the guide's native run.
 DEMO_VERDICTS = {
     "05": (
         [  # node-uuid's two tickets: two keys, neither the operation's (the lab's lesson)
@@ -293,7 +293,7 @@ DEMO_VERDICTS = {
         ],
         "What the labs showed: safe: 0 of 3 operations duplicated; naive: 1 of 1 operation "
         "duplicated; 1 of 1 drill found an effect repeated or lost\n"
-        'What the commands above did (labs.tools.tally): {"event": "tally", "started": 4, '
+        'What the commands above did (tools.tally): {"event": "tally", "started": 4, '
         '"resumed": 4, "drained": 0, "acknowledged": 7, "replayed": 0, "settled": 0}',  # + saga
     ),
     "15": (
@@ -332,7 +332,7 @@ DEMO_VERDICTS = {
             "delivered it 2 times, the receiver made 1 and answered 1 from its key",
         ],
         "What the labs showed: ledger: 0 of 1 operation duplicated\n"
-        'What the commands above did (labs.tools.tally): {"event": "tally", "started": 1, '
+        'What the commands above did (tools.tally): {"event": "tally", "started": 1, '
         '"resumed": 1, "drained": 0, "acknowledged": 1, "replayed": 1, "settled": 0}',  # + relay
     ),
     "17": (
@@ -442,7 +442,7 @@ def assert_lab_15_quotes_its_stop_and_nothing_was_replayed(guide, outcomes, back
     quoted = [
         line
         for line in guide.read_text(encoding="utf-8").splitlines()
-        if line.startswith("lab.py: effect ")
+        if line.startswith("labs: effect ")
     ]
     resent = [o for o in outcomes if "--mode lookup-resend" in o.step.command]
     stops = [o.stderr for o in outcomes if o.exit_code == 6 and o not in resent]

@@ -12,9 +12,9 @@ import subprocess
 
 import pytest
 
-from labs.tools.backends import parse_command
-from labs.tools.local import ROOT, free_port, lab_env
-from labs.tools.runner import BLOCK, lines_match, parse_guide
+from tools.backends import parse_command
+from tools.local import ROOT, free_port, lab_env
+from tools.runner import BLOCK, lines_match, parse_guide
 
 README = (ROOT / "README.md").read_text(encoding="utf-8")
 SHELL_BLOCK = re.compile(r"^```bash\n(.*?)^```", re.M | re.S)
@@ -45,7 +45,7 @@ def assert_the_demo_tells_labs_01_and_02_with_a_verdict_per_operation(out):
     reset, the receiver's side under `logs api`, and plain text when no terminal reads it."""
     assert "=== Lab 01: the duplicate ===" in out
     assert "The receiver starts empty." in out  # the guide's paragraph after its block
-    assert "  natively: python lab.py tickets" in out
+    assert "  natively: python -m labs tickets" in out
     assert (  # what the room saw, then the count: the kill, the resume that sent it again
         "case-naive:open-ticket:v1: 2 tickets for one operation (duplicate), start killed at "
         "after-ack, resume sent it again (ticket 2)"
@@ -204,7 +204,7 @@ def native_script(guide_text, block):
         else:
             native = table[" ".join([verb, *rest])]
         if verb == "up" and command.overrides:  # lab 06: the fault, on the receiver alone
-            native = native.replace("python api.py", lab_06_receiver(section))
+            native = native.replace("python -m labs.receiver", lab_06_receiver(section))
         script += [f"echo {STEP_MARK}", native, f'echo "{EXIT_MARK} $?"']
         if verb in ("up", "restart"):
             script.append(until + " >/dev/null")
@@ -268,10 +268,10 @@ def test_a_bare_make_lists_every_target_with_what_it_does():
 
 
 def test_every_labs_tool_is_in_the_readme():
-    modules = sorted(p for p in (ROOT / "labs" / "tools").glob("*.py") if p.stem != "__init__")
+    modules = sorted(p for p in (ROOT / "tools").glob("*.py") if p.stem != "__init__")
     for module in modules:
         name = module.stem
-        assert f"{name}.py" in README or f"labs.tools.{name}" in README, f"README: {name}"
+        assert f"{name}.py" in README or f"tools.{name}" in README, f"README: {name}"
 
 
 def test_the_readme_lists_exactly_workflow_pys_actions_and_exit_codes():
@@ -283,13 +283,13 @@ def test_the_readme_lists_exactly_workflow_pys_actions_and_exit_codes():
     (subparsers,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
     for action in subparsers.choices:
         assert f"`{action}`" in README, f"README does not mention the `{action}` action"
-    import lab
     import plumbing
+    from labs import cli as lab
 
     codes = {v for m in (plumbing, lab) for k, v in vars(m).items() if k.startswith("EXIT_")}
     codes |= {0}
     table = README.split("## Exit codes of workflow.py", 1)[1].split("\n## ", 1)[0]
-    table = table.split("\n### ", 1)[0]  # worker.py's table follows under its own heading
+    table = table.split("\n### ", 1)[0]  # labs/workers.py's table follows under its own heading
     documented = {int(c) for c in re.findall(r"^\| (\d+) \|", table, re.M)}
     assert documented == codes
 
@@ -308,7 +308,7 @@ def test_the_cleanup_names_every_volume_compose_yaml_declares():
 def test_the_worker_benchmark_is_described_as_it_runs():
     """make bench and make bench-workers both run bench_workers with its ROUNDS and OPERATIONS;
     the README's sentence on the figures says how many."""
-    from labs.tools import bench_workers
+    from tools import bench_workers
 
     text = " ".join(README.split())
     assert f"medians of {bench_workers.ROUNDS} rounds of {bench_workers.OPERATIONS}" in text

@@ -5,12 +5,12 @@ import time
 
 import pytest
 
-from labs.tools import native
-from labs.tools.backends import LOST_ACK, LocalBackend, compose_stderr, parse_command
-from labs.tools.local import ROOT
-from labs.tools.native import override_environment
-from labs.tools.native_workers import HEARTBEAT_S
-from labs.tools.runner import lines_match, parse_guide
+from tools import native
+from tools.backends import LOST_ACK, LocalBackend, compose_stderr, parse_command
+from tools.local import ROOT
+from tools.native import override_environment
+from tools.native_workers import HEARTBEAT_S
+from tools.runner import lines_match, parse_guide
 
 pytestmark = pytest.mark.fast  # make test-fast: in-process, or one receiver over HTTP
 
@@ -95,10 +95,10 @@ def test_native_lines_are_the_commands_a_learner_pastes_from_the_readme(tmp_path
         assert backend.native(prefix + verb) == table[verb], verb
     up = f"docker compose -p stateful-lab -f compose.yaml -f {LOST_ACK} up -d --build api"
     assert backend.native(up) == table["up -d --build api"].replace(
-        "python api.py", "FAILPOINTS=before-answer=drop-answer python api.py"
+        "python -m labs.receiver", "FAILPOINTS=before-answer=drop-answer python -m labs.receiver"
     )
     post = 'docker compose -p stateful-lab run --rm workflow post --title "Two words"'
-    assert backend.native(post) == "python lab.py post --title 'Two words'"
+    assert backend.native(post) == "python -m labs post --title 'Two words'"
     for row, args in [
         ("run --rm workflow ARGS", "tickets --operation a:op"),
         ("run --rm -e K=V workflow ARGS", "state"),
@@ -116,36 +116,36 @@ def test_native_lines_are_the_commands_a_learner_pastes_from_the_readme(tmp_path
 def test_compose_progress_and_the_repeated_exit_code_are_not_the_programs_stderr():
     stderr = (
         "Creating p_workflow_run ... \r\nCreating p_workflow_run ... done\r\n"
-        "lab.py: no thread 'x' to resume; check --thread\n4\n"
+        "labs: no thread 'x' to resume; check --thread\n4\n"
     )
-    assert compose_stderr(stderr, 4) == "lab.py: no thread 'x' to resume; check --thread\n"
+    assert compose_stderr(stderr, 4) == "labs: no thread 'x' to resume; check --thread\n"
     assert compose_stderr(" Container p-api-1  Running\n", 0) == ""
 
 
 def test_lab_10_native_lines_name_the_worker_and_the_cluster(tmp_path):
-    """The scale profile natively: labs.tools.pg for postgres (heartbeat as compose.yaml sets it),
-    worker.py for `run --rm worker`, signals to the background workers, and a reset that stops
+    """The scale profile natively: tools.pg for postgres (heartbeat as compose.yaml sets it),
+    labs/workers.py for `run --rm worker`, signals to the background workers, and a reset that stops
     them all (once the cluster was started)."""
     backend = LocalBackend(tmp_path)
     prefix = "docker compose -p stateful-lab "
     up_pg = backend.native(prefix + "up -d postgres")
-    assert up_pg.startswith("python -m labs.tools.pg >data/pg.url &")
+    assert up_pg.startswith("python -m tools.pg >data/pg.url &")
     yaml = pytest.importorskip("yaml")
     compose = yaml.safe_load((ROOT / "compose.yaml").read_text())
     heartbeat = compose["services"]["worker"]["environment"]["WORKER_HEARTBEAT_S"]
     assert f"WORKER_HEARTBEAT_S={heartbeat} " in up_pg + " " and heartbeat == HEARTBEAT_S
     scale = backend.native(prefix + "up -d --scale worker=3 worker")
-    assert scale == "python -m labs.tools.native_workers up 3"
+    assert scale == "python -m tools.native_workers up 3"
     submit = prefix + "run --rm worker submit --thread a --operation a:op"
-    assert backend.native(submit) == "python worker.py submit --thread a --operation a:op"
-    signals = "python -m labs.tools.native_workers signal "
+    assert backend.native(submit) == "python -m labs.workers submit --thread a --operation a:op"
+    signals = "python -m tools.native_workers signal "
     assert backend.native(prefix + "kill -s SIGKILL worker") == signals + "SIGKILL"
     assert backend.native(prefix + "pause worker") == signals + "SIGSTOP"
     assert backend.native(prefix + "unpause worker") == signals + "SIGCONT"
-    assert backend.native(prefix + "run --rm workflow tickets") == "python lab.py tickets"
+    assert backend.native(prefix + "run --rm workflow tickets") == "python -m labs tickets"
     down = parse_command(prefix + "down -v --remove-orphans")
     assert native.line(down, {}, running=False, postgres_up=True) == (
-        "python -m labs.tools.native_workers stop; kill %1 2>/dev/null; wait; rm -rf data; "
+        "python -m tools.native_workers stop; kill %1 2>/dev/null; wait; rm -rf data; "
         "export CHECKPOINT_DB=data/workflow/checkpoints.sqlite; unset WORKER_HEARTBEAT_S"
     )
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
@@ -155,7 +155,7 @@ def test_lab_10_native_lines_name_the_worker_and_the_cluster(tmp_path):
 
 def test_run_e_sets_the_workflows_environment_in_every_backend(tmp_path):
     """`run --rm -e K=V workflow ARGS` (lab 12's deploy): Compose sets K in the container; the
-    local backend sets it for lab.py, in process and as a process, and shows it on the line."""
+    local backend sets it for labs/cli.py, in process and as a process, and shows it on the line."""
     command = "docker compose -p stateful-lab run --rm -e LAB_GRAPH_VERSION=3 workflow state"
     cmd = parse_command(command)
     assert cmd.run_env() == ({"LAB_GRAPH_VERSION": "3"}, ["--rm", "workflow", "state"])
@@ -163,8 +163,8 @@ def test_run_e_sets_the_workflows_environment_in_every_backend(tmp_path):
     for in_process in (True, False):
         backend = LocalBackend(tmp_path / f"data-{in_process}", in_process=in_process)
         try:
-            assert backend.native(command) == "LAB_GRAPH_VERSION=3 python lab.py state"
-            refused = backend.run(command)  # 3 is no graph version: lab.py read the variable
+            assert backend.native(command) == "LAB_GRAPH_VERSION=3 python -m labs state"
+            refused = backend.run(command)  # 3 is no graph version: labs/cli.py read the variable
             assert refused.exit_code == 2 and "LAB_GRAPH_VERSION='3'" in refused.stderr
             assert "LAB_GRAPH_VERSION" not in backend.env  # for that command only
         finally:
@@ -191,8 +191,8 @@ def test_sleep_is_the_one_command_without_compose_and_both_backends_really_wait(
     natively, and a real wait of N seconds in the local backend and in the docker backend's
     run() (the same function; the docker backend is built without an engine check here): the
     backends' time.sleep(N), on a clock the test keeps (the sleep's length is time.sleep's)."""
-    from labs.tools import backends
-    from labs.tools.backends import DockerBackend, parse_sleep
+    from tools import backends
+    from tools.backends import DockerBackend, parse_sleep
 
     clock = SleepRecorder()
     monkeypatch.setattr(backends, "time", clock)
@@ -232,7 +232,8 @@ def test_a_second_up_with_another_override_restarts_the_local_receiver_with_it(t
         backend.run("docker compose -p stateful-lab run --rm workflow post --title kept")
         up = "docker compose -p stateful-lab up -d --build api"
         assert backend.native(up) == (
-            "kill %1; wait; python api.py 2>>data/receiver.log & echo $! >data/receiver.pid"
+            "kill %1; wait; python -m labs.receiver 2>>data/receiver.log"
+            " & echo $! >data/receiver.pid"
         )
         backend.run(up)
         assert backend.receiver.proc.pid != first and backend.faults == {}
@@ -247,7 +248,7 @@ def test_logs_are_compared_without_composes_prefix_and_codes_and_tables_word_by_
     """`logs api` as Compose 2.26 prints it (an erase-line code, `api-1  | `) and as 1.29 does
     (the name in colour) matches the guide's lines; a table matches whatever its column widths,
     and a changed word still fails."""
-    from labs.tools.runner import Step, check, line_matches
+    from tools.runner import Step, check, line_matches
 
     step = Step(
         "docker compose -p stateful-lab logs api",

@@ -1,5 +1,5 @@
 """labs/WORKSHOP.md, the plan for a room: each lab it names exists, each time it gives is the
-one `make demo` measured through Docker (labs/tools/workshop-times.json, written by the demo's own
+one `make demo` measured through Docker (tools/workshop-times.json, written by the demo's own
 --times), its typing and reading times are counted from the guide at the plan's stated rates,
 each slot holds them, and each track's slots and breaks add up to the track's length. No run
 here: the demo's --times is exercised on a run test_demo.py makes anyway."""
@@ -10,13 +10,13 @@ import re
 
 import pytest
 
-from labs.tools.local import ROOT
-from labs.tools.runner import parse_guide
+from tools.local import ROOT
+from tools.runner import parse_guide
 
 pytestmark = pytest.mark.fast
 
 PLAN = ROOT / "labs" / "WORKSHOP.md"
-TIMES = ROOT / "labs" / "tools" / "workshop-times.json"
+TIMES = ROOT / "tools" / "workshop-times.json"
 TRACK = re.compile(r"^## (?:The )?(\d+)-(minute|hour) track", re.M)
 ROW = re.compile(  # | order | [lab](guide) | type or show | measured | typing | reading | slot |
     r"^\| (\d+) \| \[[^\]]+\]\(([^)]+)\) \| (type|show) \| (\d+) s \| (\d+ min|-) \| (\d+) min "

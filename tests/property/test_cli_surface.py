@@ -1,4 +1,4 @@
-"""What learners type, in random orders: the whole lab.py surface against a real receiver.
+"""What learners type, in random orders: the whole labs/cli.py surface against a real receiver.
 
 A hypothesis state machine (the generative idea of Jepsen: random operations, then check what
 the outside world holds) types the lab's commands for three threads, in the default mode (the
@@ -6,7 +6,8 @@ ledger) or lab 02's safe mode (the key alone): `start` killed at any failpoint, 
 `reconcile`, own-node approval and `approve [--reject]`, a deploy of
 graph version 2 and `migrate`, the saga (`saga start` killed at any of its points, more seats
 than the receiver has, `saga resume`, `saga state`), lab 19's outbox (`outbox start` killed before
-or after its write, `outbox resume`, and `relay.py --once` killed before its POST or between the
+or after its write, `outbox resume`, and `labs/relay.py --once` killed before its POST or between
+the
 receiver's answer and its mark), lab 18's `hooks` (the inbox's endpoint, killed after its commit
 or not, against a receiver that delivers every webhook twice and the pending ones newest first),
 the wrong resume for a thread (`resume` on a saga, `saga resume` on a ticket), a receiver restart,
@@ -35,7 +36,7 @@ What must hold (the receiver's own answers decide, GET /tickets and GET /refunds
 - no traceback anywhere, every exit code is one of the README's table, Ctrl-C is exit 130 and one
   line.
 
-Real processes where a signal is the point: a crash failpoint SIGKILLs a real lab.py process,
+Real processes where a signal is the point: a crash failpoint SIGKILLs a real labs/cli.py process,
 and Ctrl-C is a SIGINT to one held at a failpoint (FIELD-NOTES: an exception raised in the saver
 is not a faithful crash). That process is lab.main in a fork of this one, as effectdrill forks:
 LangGraph is imported already, so it starts in milliseconds, not a second. The other commands
@@ -77,10 +78,10 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-import lab
 import plumbing
-import relay
-from labs.tools.local import (
+from labs import cli as lab
+from labs import relay
+from tools.local import (
     ROOT,
     SIGNALS_ITSELF,
     ReceiverProcess,
@@ -123,13 +124,15 @@ HINT = re.compile(
     r"(?P<command>(?:saga |outbox )?(?:resume|migrate|approve)(?: --reject)?)"
     r"(?: --thread (?P<thread>[^\s;,)'\"]+)| (?=\(or --reject\))| (?=it without saga))"
 )
-REPLAYED = re.compile(r"^receiver: replayed key=(\S+) ", re.M)  # api.py's log line for a repeat
+REPLAYED = re.compile(
+    r"^receiver: replayed key=(\S+) ", re.M
+)  # labs/receiver.py's log line for a repeat
 FINISH_ATTEMPTS = 6  # commands to finish one thread at the end: resume, a hint, resume, ...
 HANG_GUARD_S = 300  # seconds for one forked command: only a hang (a point held for good) reaches it
 
 
 def exit_codes_in_the_readme():
-    """The codes the README's "Exit codes of workflow.py" table lists (not worker.py's)."""
+    """The codes the README's "Exit codes of workflow.py" table lists (not labs/workers.py's)."""
     text = (ROOT / "README.md").read_text(encoding="utf-8")
     table = text.split("## Exit codes of workflow.py", 1)[1].split("\n#", 1)[0]
     return {int(code) for code in re.findall(r"^\| (\d+) \|", table, flags=re.MULTILINE)}
@@ -307,7 +310,7 @@ class Learner(RuleBasedStateMachine):
     @rule(stop=st.none() | st.sampled_from(relay.POINTS))
     @step
     def relay_once(self, stop):
-        """relay.py --once, killed (a real SIGKILL) before its POST or after the answer."""
+        """labs/relay.py --once, killed (a real SIGKILL) before its POST or after the answer."""
         self.relay(["--once", *(["--crash-at", stop] if stop else [])])
 
     @invariant()
@@ -408,15 +411,15 @@ class Learner(RuleBasedStateMachine):
         self.check_the_outbox(finished)
 
     def relay(self, argv):
-        """`relay.py ARGV`: a forked child where it kills itself, else relay.main in this
+        """`labs/relay.py ARGV`: a forked child where it kills itself, else relay.main in this
         process; no traceback, a documented exit code."""
         if "--crash-at" in argv:
             code, out, err, _ = forked_lab(argv, self.env, main=relay.main)
         else:
             code, out, err = in_process(argv, self.env, main=relay.main)
-        self.transcript.append(f"$ relay.py {' '.join(argv)}\n{out}{err}[exit {code}]")
+        self.transcript.append(f"$ labs/relay.py {' '.join(argv)}\n{out}{err}[exit {code}]")
         assert "Traceback (most recent call last)" not in err, self.report("a traceback")
-        assert code in (0, plumbing.EXIT_KILLED), self.report(f"relay.py exited {code}")
+        assert code in (0, plumbing.EXIT_KILLED), self.report(f"labs/relay.py exited {code}")
         printed = [e["event"] for e in events(out)]
         if argv[-1:] == ["after-publish"] and "answered" in printed:
             self.relay_window_kills += 1
@@ -516,7 +519,7 @@ class Learner(RuleBasedStateMachine):
                 del self.threads[thread]
 
     def type(self, argv, version=None, stop=None):
-        """Run `lab.py ARGV` as a learner types it, check what it printed, note its hints.
+        """Run `labs/cli.py ARGV` as a learner types it, check what it printed, note its hints.
         stop: a crash (a failpoint, or --crash), or "ctrl-c POINT" (see STOPS)."""
         version = version or self.version
         env = dict(self.env, LAB_GRAPH_VERSION=version)
@@ -532,7 +535,7 @@ class Learner(RuleBasedStateMachine):
         # How a person holds the point to press Ctrl-C there (lab_process holds it with a pause):
         held = f"FAILPOINTS={ctrl_c_after}=sleep(60) " if ctrl_c_after else ""
         interrupt = " (Ctrl-C after its last line)" if ctrl_c_after else ""
-        line = f"$ LAB_GRAPH_VERSION={version} {held}lab.py {typed}{interrupt}"
+        line = f"$ LAB_GRAPH_VERSION={version} {held}labs/cli.py {typed}{interrupt}"
         self.transcript.append(f"{line}\n{out}{err}[exit {code}]")
         thread = argv[argv.index("--thread") + 1] if "--thread" in argv else None
         outcome = Outcome(code, events(out), err, thread, version, interrupted)
@@ -652,7 +655,7 @@ def saved_fields(event):
 
 
 def lab_process(argv, env, ctrl_c_after=None):
-    """`lab.py ARGV` as a real process: lab.main in a forked child of this one (LangGraph is
+    """`labs/cli.py ARGV` as a real process: lab.main in a forked child of this one (LangGraph is
     imported already: a fork costs milliseconds, a new interpreter a second or more). A crash
     failpoint SIGKILLs that child; with ctrl_c_after (a failpoint, held there by a pause nothing
     releases: the SIGINT lands while it waits), the child gets SIGINT once it has printed the
@@ -677,7 +680,9 @@ def forked_lab(argv, env, ctrl_c_after=None, main=lab.main):
         code = 1
         try:
             signal.pthread_sigmask(signal.SIG_SETMASK, mask)
-            signal.signal(signal.SIGINT, signal.default_int_handler)  # Python's own, as lab.py's
+            signal.signal(
+                signal.SIGINT, signal.default_int_handler
+            )  # Python's own, as labs/cli.py's
             os.dup2(out_write, 1)
             os.dup2(err_write, 2)
             sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115
@@ -715,14 +720,14 @@ def forked_lab(argv, env, ctrl_c_after=None, main=lab.main):
     finally:
         guard.cancel()
     assert not hung, (
-        f"lab.py {argv} ran past the {HANG_GUARD_S} s hang guard: {printed}{complaints}"
+        f"labs/cli.py {argv} ran past the {HANG_GUARD_S} s hang guard: {printed}{complaints}"
     )
     code = shell_exit_code(os.waitstatus_to_exitcode(status))
     return code, printed, complaints, ctrl_c_after is not None and held is None
 
 
 def in_process(argv, env, main=None):
-    """`lab.py ARGV` as lab.main in this process (tests/conftest.py's `workflow` fixture), or
+    """`labs/cli.py ARGV` as lab.main in this process (tests/conftest.py's `workflow` fixture), or
     main(ARGV, env) (relay.main); an exception that escapes it is what Python prints for one: a
     traceback, exit 1."""
     try:

@@ -1,4 +1,5 @@
-"""receiver.py, the core receiver the starter takes, and api.py, the lab's receiver built on it by
+"""api.py, the core receiver the starter takes, and labs/receiver.py, the lab's receiver built on
+it by
 subclassing: the arrows go one way, and each serves only its own routes and its own files."""
 
 import ast
@@ -10,9 +11,9 @@ from contextlib import closing
 import pytest
 from receiver_helpers import TITLE, assert_error, post, request, tickets
 
-from labs.tools.local import ROOT, ReceiverProcess
+from tools.local import ROOT, ReceiverProcess
 
-CORE = ROOT / "receiver.py"
+CORE = ROOT / "api.py"
 
 
 def imported(path):
@@ -28,7 +29,9 @@ def imported(path):
 @pytest.mark.fast
 def test_the_core_receiver_imports_the_standard_library_and_its_three_helpers_only():
     assert imported(CORE) - set(sys.stdlib_module_names) == {"failpoints", "httpguard", "tracing"}
-    assert "receiver" in imported(ROOT / "api.py")  # the lab's extends the core, not the reverse
+    assert "api" in imported(
+        ROOT / "labs/receiver.py"
+    )  # the lab's extends the core, not the reverse
     # tracing.py imports OpenTelemetry in its functions, once TRACE is set: not at import
     module = ast.parse((ROOT / "tracing.py").read_text(encoding="utf-8")).body
     on_import = {a.name for n in module if isinstance(n, ast.Import) for a in n.names}
@@ -56,20 +59,23 @@ def test_the_core_serves_tickets_only_and_the_labs_receiver_takes_its_file_over(
         assert "refunds" not in counters and "messages" not in counters
     finally:
         core.stop()
-    lab_receiver = ReceiverProcess(lab, tmp_path / "api.log").start()  # api.py, the same file
+    lab_receiver = ReceiverProcess(
+        lab, tmp_path / "api.log"
+    ).start()  # labs/receiver.py, the same file
     try:
         assert post(lab_receiver, key="k-1").json() == {"ticket_id": 1, "created": False}
         assert request(lab_receiver, "GET", "/refunds").json() == {"refunds": []}
     finally:
         lab_receiver.stop()
-    # api.py has added its tables: the core cannot serve them, and says so before writing.
+    # labs/receiver.py has added its tables: the core cannot serve them, and says so before writing.
     code, stderr = run_core(lab)
     assert code == 2 and stderr.count("\n") == 1, stderr
     assert "not the receiver's (messages, payments, progress_requests, refunds, " in stderr, stderr
 
 
 def test_an_older_labs_tickets_file_is_upgraded_by_api_py_and_refused_by_the_core(lab, tmp_path):
-    """A tickets table from before created_at was kept: api.py adds the column and honours its
+    """A tickets table from before created_at was kept: labs/receiver.py adds the column and
+    honours its
     keys; the core receiver knows no older file, and leaves it as it is."""
     path = tmp_path / "older.sqlite"
     with closing(sqlite3.connect(path)) as db, db:

@@ -1,4 +1,4 @@
-"""The receiver's HTTP boundary, as a client sees it, against a real api.py process.
+"""The receiver's HTTP boundary, as a client sees it, against a real labs/receiver.py process.
 
 Every bad request must get a JSON answer whose "error" says why (4xx; 501 and 505 where
 HTTP itself names what is unsupported), must create no ticket, and must leave the
@@ -35,7 +35,7 @@ from receiver_helpers import TITLE, assert_error, exchange, garble, post, reques
 from referencing import Registry
 from referencing.jsonschema import DRAFT202012
 
-from labs.tools.local import ROOT, ReceiverProcess, free_port, lab_env
+from tools.local import ROOT, ReceiverProcess, free_port, lab_env
 
 pytestmark = pytest.mark.fast  # make test-fast: in-process, or one receiver over HTTP
 
@@ -901,11 +901,11 @@ DOCUMENTED = [
 
 
 def statuses_api_py_sends():
-    """Every status literal api.py, receiver.py (its core) and httpguard.py answer with:
+    """Every status literal labs/receiver.py, api.py (its core) and httpguard.py answer with:
     ClientError(N, ...) and `return/assign N, body`."""
     found = set()
     source = "".join(
-        (ROOT / name).read_text() for name in ("api.py", "receiver.py", "httpguard.py")
+        (ROOT / name).read_text() for name in ("labs/receiver.py", "api.py", "httpguard.py")
     )
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "ClientError":
@@ -930,7 +930,17 @@ def statuses_http_server_sends():
 
 def test_every_status_the_receiver_can_send_is_in_openapi():
     sent = statuses_api_py_sends() | statuses_http_server_sends()
-    assert {400, 404, 405, 408, 409, 411, 413, 500, 503} <= sent  # the walk finds api.py's own
+    assert {
+        400,
+        404,
+        405,
+        408,
+        409,
+        411,
+        413,
+        500,
+        503,
+    } <= sent  # the walk finds labs/receiver.py's own
     assert {400, 414, 431, 501, 505} <= statuses_http_server_sends()
     assert {int(status) for _, _, status, _ in DOCUMENTED} == sent
 

@@ -1,4 +1,5 @@
-"""The receiver's ledger (GET /metrics) and its key retention, against real api.py processes.
+"""The receiver's ledger (GET /metrics) and its key retention, against real labs/receiver.py
+processes.
 
 /metrics is parsed with prometheus_client's own text parser, as Prometheus would read it, and its
 counters are checked against the tickets the receiver really holds. Retention is checked with
@@ -27,7 +28,7 @@ from receiver_helpers import (
 )
 
 import failpoints
-from labs.tools.local import ReceiverProcess, wait_until
+from tools.local import ReceiverProcess, wait_until
 
 pytestmark = pytest.mark.fast  # make test-fast: in-process, or one receiver over HTTP
 

@@ -1,6 +1,6 @@
 """What a slow, greedy or careless client can hold, and how the receiver starts and stops.
 
-Real api.py processes on loopback; every loop is bounded in count and time.
+Real labs/receiver.py processes on loopback; every loop is bounded in count and time.
 """
 
 import json
@@ -29,7 +29,7 @@ from receiver_helpers import (
     tickets,
 )
 
-from labs.tools.local import ROOT, ReceiverProcess, wait_until
+from tools.local import ReceiverProcess, wait_until
 
 pytestmark = pytest.mark.fast  # make test-fast: in-process, or one receiver over HTTP
 
@@ -176,7 +176,7 @@ def exchange_quietly(server):
 def test_help_prints_usage_and_the_settings_and_starts_nothing(lab, tmp_path):
     done = run_api(dict(lab, RECEIVER_DB=str(tmp_path / "never" / "r.sqlite")), "--help")
     assert done.returncode == 0
-    assert "usage: api.py" in done.stdout and "RECEIVER_MAX_CONNECTIONS" in done.stdout
+    assert "usage: labs.receiver" in done.stdout and "RECEIVER_MAX_CONNECTIONS" in done.stdout
     assert "FAILPOINTS" in done.stdout
     assert not (tmp_path / "never").exists()
 
@@ -305,7 +305,7 @@ def test_port_0_takes_a_free_port_and_says_which(lab, tmp_path):
     env = dict(lab, PORT="0")
     log = tmp_path / "receiver.log"
     with open(log, "wb") as stderr:
-        proc = subprocess.Popen([sys.executable, str(ROOT / "api.py")], env=env, stderr=stderr)
+        proc = subprocess.Popen([sys.executable, "-m", "labs.receiver"], env=env, stderr=stderr)
     try:
         wait_until(lambda: "listening on" in log.read_text(), HANG_GUARD_S, "the listening line")
         line = log.read_text().splitlines()[0]
@@ -430,9 +430,12 @@ def answers_503(server):
 def test_a_full_disk_is_503_that_says_so_and_the_same_request_succeeds_with_room(lab, capsys):
     """SQLITE_FULL, from a max_page_count the size of the file (a full disk, without filling
     one): "disk is full", Retry-After, one log line; once there is room the retry is a 201."""
-    import api  # in this process: the test reaches the store's connection to set its limit
+    from labs import (
+        # in this process: the test reaches the store's connection to set its limit
+        receiver as lab_receiver,
+    )
 
-    server, _, _ = api.open_server(dict(lab, PORT="0"))
+    server, _, _ = lab_receiver.open_server(dict(lab, PORT="0"))
     threading.Thread(target=server.serve_forever, daemon=True).start()
     served = SimpleNamespace(url=f"http://127.0.0.1:{server.server_port}")
     try:

@@ -1,6 +1,6 @@
 """The receiver under a room of clients, a locked database, signals and restarts.
 
-Real api.py processes on loopback and real SQLite files in tmp_path. Traffic goes to
+Real labs/receiver.py processes on loopback and real SQLite files in tmp_path. Traffic goes to
 127.0.0.1 only and every loop is bounded in count and time.
 """
 
@@ -24,7 +24,7 @@ from receiver_helpers import (
     tickets,
 )
 
-from labs.tools.local import ReceiverProcess, free_port, wait_until
+from tools.local import ReceiverProcess, free_port, wait_until
 
 CLIENTS = 64  # a workshop room posting at the same moment; more than a default backlog (5)
 BUSY_TIMEOUT_S = 0.3  # the receiver's wait for a locked database in the 503 test (default 2 s)
@@ -108,7 +108,8 @@ def test_a_locked_database_gets_503_json_and_the_same_request_succeeds_later(lab
 
 
 def test_two_receivers_on_one_file_make_one_ticket_per_key(lab, tmp_path):
-    """Two api.py processes share a database file (WAL serves several processes) and get the
+    """Two labs/receiver.py processes share a database file (WAL serves several processes) and get
+    the
     same keys at the same moments. BEGIN IMMEDIATE takes the write lock before the lookup, so
     one process waits for the other's commit and then finds its ticket. A deferred BEGIN
     reads first: both processes can miss the lookup, and SQLite then refuses the write of

@@ -1,4 +1,5 @@
-"""Refunds and reservations (lab 13's saga) against a real api.py: the same key discipline as
+"""Refunds and reservations (lab 13's saga) against a real labs/receiver.py: the same key
+discipline as
 tickets, a reservation refused when the seats run out, and /metrics counting what was made."""
 
 import sqlite3
@@ -9,11 +10,11 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from receiver_helpers import assert_error, post, request
 
-from labs.tools.local import ReceiverProcess, wait_until
+from tools.local import ReceiverProcess, wait_until
 
 pytestmark = pytest.mark.fast  # make test-fast: in-process, or one receiver over HTTP
 
-SEATS = 10  # api.py's SEATS: the seats all reservations share
+SEATS = 10  # labs/receiver.py's SEATS: the seats all reservations share
 HOUR_S = 3600.0  # a retention no test outlives: its first prune is a minute away
 PRUNE_DEADLINE_S = 10.0  # seconds for a short retention's pruner to have run
 

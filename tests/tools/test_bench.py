@@ -1,4 +1,4 @@
-"""labs.tools.bench (make bench): this tree against a git ref of this repository, which it unpacks
+"""tools.bench (make bench): this tree against a git ref of this repository, which it unpacks
 with `git archive` into a temporary folder and runs as it runs this tree."""
 
 import json
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from labs.tools import bench
-from labs.tools.local import ROOT, lab_env
+from tools import bench
+from tools.local import ROOT, lab_env
 
 QUICK_TIMEOUT_S = 600  # seconds for `--quick`: ~20 s alone, minutes on a loaded 2-core machine
 
@@ -50,7 +50,7 @@ def scratch():
 def test_quick_bench_against_head_names_the_commit_and_measures_both_trees(scratch):
     env = {**os.environ, "TMPDIR": str(scratch)}  # where its temporary folders go, and go
     done = subprocess.run(
-        [sys.executable, "-m", "labs.tools.bench", "--quick", "--baseline", "HEAD"],
+        [sys.executable, "-m", "tools.bench", "--quick", "--baseline", "HEAD"],
         cwd=ROOT,
         env=env,
         capture_output=True,

@@ -25,9 +25,9 @@ from pathlib import Path
 import pytest
 from conftest import require_docker
 
-from labs.tools.backends import compose_command
-from labs.tools.local import ROOT, wait_until
-from labs.tools.local import run as run_command
+from tools.backends import compose_command
+from tools.local import ROOT, wait_until
+from tools.local import run as run_command
 
 # One project per pytest-xdist worker: each worker sets the lab up (and down -v) on its own.
 PROJECT = "-".join(
@@ -142,7 +142,7 @@ def test_compose_file_shape():
         "worker-metrics", "ledger-metrics",
     }  # fmt: skip
     assert services["postgres"]["profiles"] == services["worker"]["profiles"] == ["scale"]
-    assert services["worker-metrics"]["profiles"] == ["scale"]  # worker.py metrics
+    assert services["worker-metrics"]["profiles"] == ["scale"]  # labs/workers.py metrics
     assert services["workflow"]["profiles"] == services["drill"]["profiles"] == ["cli"]
     assert services["prometheus"]["profiles"] == ["observe"]  # tests/tools/test_observe_docker.py
     ledger = services["ledger-metrics"]  # the workflow's SQLite ledger, read-only, for prometheus
@@ -154,9 +154,9 @@ def test_compose_file_shape():
     assert services["jaeger"]["profiles"] == ["observe"]  # tests/tools/test_tracing_observe.py
     assert services["relay"]["profiles"] == ["outbox"]  # lab 19
     owners = {"api": "receiver-data", "workflow": "checkpoint-data"}
-    relay = services["relay"]  # the workflow's outbox; rounds until stopped (relay.py's loop)
+    relay = services["relay"]  # the workflow's outbox; rounds until stopped (labs/relay.py's loop)
     assert relay["volumes"] == ["checkpoint-data:/data"] and "command" not in relay
-    assert relay["entrypoint"] == ["python", "relay.py"]
+    assert relay["entrypoint"] == ["python", "-m", "labs.relay"]
     for service, volume in owners.items():
         config = services[service]
         assert config["volumes"] == [f"{volume}:/data"], service
@@ -177,7 +177,7 @@ def test_compose_file_shape():
     # Only `up` starts or recreates the api: no `run` of the workflow or the drill touches it
     # (tests/guides/test_guides.py, test_a_run_without_the_override_leaves_the_receiver_alone).
     assert not {"depends_on"} & {*services["workflow"], *services["drill"], *services["relay"]}
-    assert services["workflow"]["entrypoint"] == ["python", "lab.py"]
+    assert services["workflow"]["entrypoint"] == ["python", "-m", "labs"]
     assert services["workflow"]["profiles"], "a plain `up` must not start the workflow"
     assert services["api"]["restart"] == "unless-stopped"
     interval = services["api"]["healthcheck"]["interval"]
@@ -187,7 +187,7 @@ def test_compose_file_shape():
 
 
 @pytest.mark.fast
-@pytest.mark.parametrize("folder", ["", "labs/tools/starter"])
+@pytest.mark.parametrize("folder", ["", "tools/starter"])
 def test_every_file_the_dockerfile_copies_is_in_the_build_context(folder):
     """.dockerignore is an allow-list: a core file added to COPY and not to it failed every
     build ("COPY failed: ... no such file"), found only by the Docker tier."""
@@ -207,13 +207,14 @@ def test_every_file_the_dockerfile_copies_is_in_the_build_context(folder):
         for word in line.split()[1:-1]
     ]
     assert copied
-    for name in copied:  # the starter's core files come from the root (labs/tools/starter.py)
+    for name in copied:  # the starter's core files come from the root (tools/starter.py)
         where = here if (here / name).exists() else ROOT
-        files = (
-            [name]
-            if (where / name).is_file()
-            else [str(p.relative_to(where)) for p in (where / name).glob("*.py")]
-        )
+        if "*" in name:  # a pattern (COPY *.py ./): the files it matches
+            files = [str(p.relative_to(where)) for p in sorted(where.glob(name))]
+        elif (where / name).is_file():
+            files = [name]
+        else:
+            files = [str(p.relative_to(where)) for p in (where / name).glob("*.py")]
         assert files, f"{folder or '.'}/Dockerfile copies {name}, which is not there"
         for file in files:
             assert any(fnmatch.fnmatch(file, pattern) for pattern in allowed), (folder, file)
@@ -287,7 +288,7 @@ def test_workflow_container_is_hardened(project):
         assert len(ids) == 1, ids
         container = inspect(ids[0])
         assert_hardened(container, "checkpoint-data")
-        assert container["Config"]["Entrypoint"] == ["python", "lab.py"]
+        assert container["Config"]["Entrypoint"] == ["python", "-m", "labs"]
         assert container["Config"]["Cmd"] == ["tickets"]
     finally:
         if ids:

@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from labs.tools import drill
+from tools import drill
 
 
 @pytest.fixture(scope="module")

@@ -2,16 +2,17 @@
 cell both cover: the same graph, the same receiver, the same ticket counts.
 
 Both kill the process for real. make drill names its points by what the node was doing
-(--crash-at after-prepare, ...); effectdrill by the checkpointer call it dies before. On lab.py's
-graph under sync durability they meet where the kill lands between the same two saves."""
+(--crash-at after-prepare, ...); effectdrill by the checkpointer call it dies before. On
+labs/cli.py's graph under sync durability they meet where the kill lands between the same
+two saves."""
 
 import pytest
 
-import lab as lab_cli
+from labs import cli as lab_cli
 from labs.graphs import ticket
-from labs.tools.drill import MATRIX
+from tools.drill import MATRIX
 
-# make drill's row -> effectdrill's point on lab.py's graph: the first checkpointer call after
+# make drill's row -> effectdrill's point on labs/cli.py's graph: the first checkpointer call after
 # the moment the row kills at.
 SAME_MOMENT = {
     ("after-prepare", "sync"): "put_writes prepare [branch:to:create_ticket, key]",

@@ -2,7 +2,7 @@
 every lab graph in labs/graphs/: through the ledger (and with lab 02's key) no effect repeats;
 in the lessons' naive variants exactly the lessons' duplicates do, and nothing else.
 
-The ticket graph's lesson is read from make drill's matrix (labs/tools/drill.py MATRIX, its
+The ticket graph's lesson is read from make drill's matrix (tools/drill.py MATRIX, its
 after-ack row: the kill after the answer, before the node's result is saved), per mode. The
 other graphs' lessons are those their guides show: lab 11 (the shop, the approval), lab 13
 (the saga), lab 18 (the webhook handler, whose re-run is a redelivery) and lab 20 (the
@@ -20,10 +20,10 @@ from dataclasses import dataclass
 import pytest
 
 import effectdrill
-import lab as lab_cli
+from labs import cli as lab_cli
 from labs.graphs import approval, assistant, classify, outbox, saga, shop, ticket, webhook
-from labs.tools.drill import MATRIX
-from labs.tools.local import ROOT, ReceiverProcess, free_port, lab_env
+from tools.drill import MATRIX
+from tools.local import ROOT, ReceiverProcess, free_port, lab_env
 
 AFTER_ACK = next(row for row in MATRIX if (row.boundary, row.durability) == ("after-ack", "sync"))
 TICKET_AFTER_ACK = "put_writes create_ticket [ticket_id]"  # effectdrill's name for that moment
@@ -67,7 +67,7 @@ class Drill:
 
 
 def ticket_drill(mode):
-    """lab.py's graph in one of its modes, expected as make drill's after-ack row says."""
+    """labs/cli.py's graph in one of its modes, expected as make drill's after-ack row says."""
     tickets = AFTER_ACK.tickets[lab_cli.MODES.index(mode)]
     found = {(TICKET_AFTER_ACK, "ticket", tickets)} if tickets > 1 else set()
     run = {"operation_id": "{thread}", "title": "{thread}", "mode": mode}

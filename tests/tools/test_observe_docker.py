@@ -23,9 +23,9 @@ import pytest
 from chromium_helpers import chromium
 from prometheus_client.parser import text_string_to_metric_families
 
-from labs.tools.backends import TICKETS_SCRIPT, compose_command
-from labs.tools.local import COMMAND_TIMEOUT_S, wait_until
-from labs.tools.local import run as run_command
+from tools.backends import TICKETS_SCRIPT, compose_command
+from tools.local import COMMAND_TIMEOUT_S, wait_until
+from tools.local import run as run_command
 
 pytestmark = [pytest.mark.docker, pytest.mark.long]
 

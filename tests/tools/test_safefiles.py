@@ -1,4 +1,4 @@
-"""The files the lab's tools write (labs/tools/safefiles.py): a receiver's log, the workers' log
+"""The files the lab's tools write (tools/safefiles.py): a receiver's log, the workers' log
 and pid files. A link, dangling or not, or a FIFO where one goes is refused at once, and what a
 link points to is left as it was (REVIEW part B: the tools wrote through links, and a FIFO hung
 them)."""
@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from labs.tools import safefiles
-from labs.tools.local import ROOT, ReceiverProcess, free_port, lab_env
+from tools import safefiles
+from tools.local import ROOT, ReceiverProcess, free_port, lab_env
 
 
 def special(tmp_path, name, kind):
@@ -57,7 +57,7 @@ def test_the_workers_log_or_pid_file_as_a_link_or_a_fifo_is_one_line_and_exit_2(
     (tmp_path / "workers").mkdir()
     path, target = special(tmp_path, name, kind)
     done = subprocess.run(
-        [sys.executable, "-m", "labs.tools.native_workers", "--data", str(tmp_path), "up", "1"],
+        [sys.executable, "-m", "tools.native_workers", "--data", str(tmp_path), "up", "1"],
         cwd=ROOT, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert done.returncode == 2 and done.stdout == "", done

@@ -23,9 +23,9 @@ from conftest import require_docker
 
 import effects
 import plumbing
-from labs.tools import starter
-from labs.tools.local import ROOT, ReceiverProcess, free_port, lab_env
-from labs.tools.local import run as run_command
+from tools import starter
+from tools.local import ROOT, ReceiverProcess, free_port, lab_env
+from tools.local import run as run_command
 
 # Words that belong to this repository's teaching, not to a project that copies the starter.
 FOREIGN_WORDS = re.compile(
@@ -38,7 +38,7 @@ COMMAND_TIMEOUT_S = 120
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
     dest = tmp_path_factory.mktemp("starter") / "ticket-starter"
-    done = run_command([sys.executable, "-m", "labs.tools.starter", str(dest)], timeout=60)
+    done = run_command([sys.executable, "-m", "tools.starter", str(dest)], timeout=60)
     assert done.returncode == 0, done.stderr
     return dest
 
@@ -233,7 +233,7 @@ def stand_in():
 
 def starter_with(tmp_path, capsys, heading):
     """A fresh starter with the README's blocks under heading pasted in (at most two places,
-    clean code), and the env of a run: its own receiver.py on a free port, data in tmp_path."""
+    clean code), and the env of a run: its own api.py on a free port, data in tmp_path."""
     dest = tmp_path / "adapted"
     assert starter.main([str(dest)]) == 0
     capsys.readouterr()
@@ -246,8 +246,8 @@ def starter_with(tmp_path, capsys, heading):
 
 @contextlib.contextmanager
 def receiving(env, dest):
-    """The starter's receiver.py at env's port, stopped afterwards."""
-    receiver = ReceiverProcess(env, script=dest / "receiver.py").start()
+    """The starter's api.py at env's port, stopped afterwards."""
+    receiver = ReceiverProcess(env, script=dest / "api.py").start()
     try:
         yield receiver
     finally:
@@ -485,12 +485,12 @@ def test_a_dest_that_is_not_empty_is_refused_and_left_alone(tmp_path, capsys):
     "case", ["inside the starter", "inside the repository", "dangling link", "link", "under a file"]
 )
 def test_a_dest_the_starter_must_not_write_to_is_one_line_and_exit_2(tmp_path, case):
-    """REVIEW part B: DEST inside labs/tools/starter copied the starter into itself; a dangling
+    """REVIEW part B: DEST inside tools/starter copied the starter into itself; a dangling
     symbolic link or a path under a file was a traceback. Each is refused before a byte is
     written, as the command line shows it (make starter runs this module)."""
     elsewhere = tmp_path / "elsewhere"
     dest = {
-        "inside the starter": ROOT / "labs" / "tools" / "starter" / f"mine-{tmp_path.name}",
+        "inside the starter": ROOT / "tools" / "starter" / f"mine-{tmp_path.name}",
         "inside the repository": ROOT / f"mine-{tmp_path.name}",
         "dangling link": tmp_path / "dangling",
         "link": tmp_path / "link",
@@ -503,7 +503,7 @@ def test_a_dest_the_starter_must_not_write_to_is_one_line_and_exit_2(tmp_path, c
         dest.symlink_to(elsewhere)
     (tmp_path / "a-file").write_text("a file", encoding="utf-8")
     try:
-        done = run_command([sys.executable, "-m", "labs.tools.starter", str(dest)], timeout=60)
+        done = run_command([sys.executable, "-m", "tools.starter", str(dest)], timeout=60)
     finally:  # a starter written into this repository by a regression is not left there
         if dest.is_relative_to(ROOT) and dest.is_dir():
             shutil.rmtree(dest)

@@ -1,7 +1,7 @@
-"""labs/tools/starter_mutations.py: each mutation still applies to the core as it is now, and a
+"""tools/starter_mutations.py: each mutation still applies to the core as it is now, and a
 cheap one of them is caught by the test of the starter's suite that should catch it. The whole
 score (every mutation against the whole suite: minutes) is the tool's, run by hand:
-`python -m labs.tools.starter_mutations`."""
+`python -m tools.starter_mutations`."""
 
 import ast
 import shutil
@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from labs.tools import starter, starter_mutations
-from labs.tools.local import run as run_command
+from tools import starter, starter_mutations
+from tools.local import run as run_command
 
 
 @pytest.fixture(scope="module")
@@ -80,4 +80,4 @@ def test_in_progress_taken_for_a_refusal_is_caught_by_the_in_progress_test(fresh
 def test_make_starter_mutations_runs_the_tool():
     """The command that runs the whole list (minutes): make starter-mutations."""
     text = (starter.ROOT / "Makefile").read_text(encoding="utf-8")
-    assert "starter-mutations:" in text and "-m labs.tools.starter_mutations" in text
+    assert "starter-mutations:" in text and "-m tools.starter_mutations" in text

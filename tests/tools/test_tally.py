@@ -1,4 +1,4 @@
-"""labs.tools.tally: what the workflow did, counted from the events it printed, against the
+"""tools.tally: what the workflow did, counted from the events it printed, against the
 receiver's own counters (GET /metrics, read with prometheus_client's parser)."""
 
 import json
@@ -8,10 +8,10 @@ import urllib.request
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from labs.tools.backends import LocalBackend
-from labs.tools.local import ROOT
-from labs.tools.runner import parse_guide
-from labs.tools.tally import events_in, tally
+from tools.backends import LocalBackend
+from tools.local import ROOT
+from tools.runner import parse_guide
+from tools.tally import events_in, tally
 
 LAB06 = ROOT / "labs" / "06-the-lost-acknowledgement.md"
 LAB02 = ROOT / "labs" / "02-the-keyed-fix.md"
@@ -35,7 +35,7 @@ def run_guide_to_file(guide, backend, out):
 
 def tally_of(*files):
     done = subprocess.run(
-        [sys.executable, "-m", "labs.tools.tally", *map(str, files)],
+        [sys.executable, "-m", "tools.tally", *map(str, files)],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -68,7 +68,7 @@ def test_stdin_skips_what_is_not_an_event_and_a_missing_file_is_one_line(tmp_pat
         '"reason": "SIGTERM"}\n{"created": true, "event": "effect_ack", "ticket_id": 1}\n'
     )
     done = subprocess.run(
-        [sys.executable, "-m", "labs.tools.tally"],
+        [sys.executable, "-m", "tools.tally"],
         cwd=ROOT,
         input=lines,
         capture_output=True,
@@ -85,7 +85,7 @@ def test_stdin_skips_what_is_not_an_event_and_a_missing_file_is_one_line(tmp_pat
         "settled": 0,
     }
     missing = subprocess.run(
-        [sys.executable, "-m", "labs.tools.tally", str(tmp_path / "nope.jsonl")],
+        [sys.executable, "-m", "tools.tally", str(tmp_path / "nope.jsonl")],
         cwd=ROOT,
         capture_output=True,
         text=True,

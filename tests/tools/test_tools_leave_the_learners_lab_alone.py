@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from labs.tools import drill
-from labs.tools.local import ROOT, ReceiverProcess, free_port, lab_env, run_workflow, wait_until
+from tools import drill
+from tools.local import ROOT, ReceiverProcess, free_port, lab_env, run_workflow, wait_until
 
 TOOL_TIMEOUT_S = 600  # the whole drill on a busy 2-core machine
 
@@ -47,7 +47,9 @@ def learner(tmp_path_factory):
         shutil.copy(path, repo)
     shutil.copytree(ROOT / "labs", repo / "labs", ignore=shutil.ignore_patterns("__pycache__"))
     env = lab_env(repo / "data", free_port())  # data/receiver, data/workflow: the native layout
-    receiver = ReceiverProcess(env, repo / "learner-receiver.log", script=repo / "api.py").start()
+    receiver = ReceiverProcess(
+        env, repo / "learner-receiver.log", script=repo / "labs/receiver.py"
+    ).start()
     crashed = run_workflow(
         ["start", "--thread", "naive", "--operation", "case-naive:open-ticket:v1"]
         + ["--mode", "naive", "--crash"],
@@ -76,14 +78,14 @@ def run_tool(learner, *args):
 
 
 def test_the_demo_leaves_the_learners_lab_alone(learner):
-    done = run_tool(learner, "labs.tools.demo", "--backend", "local", "labs/01-the-duplicate.md")
+    done = run_tool(learner, "tools.demo", "--backend", "local", "labs/01-the-duplicate.md")
     assert done.returncode == 0, done.stdout + done.stderr
     assert "case-naive:open-ticket:v1: 2 tickets for one operation (duplicate)" in done.stdout
 
 
 def test_the_drill_leaves_the_learners_lab_alone_and_keeps_stdout_for_json(learner):
     """One boundary's rows as `make drill` runs them (tests/tools/test_drill.py runs every cell)."""
-    done = run_tool(learner, "labs.tools.drill", "--json", "--boundary", "after-checkpoint")
+    done = run_tool(learner, "tools.drill", "--json", "--boundary", "after-checkpoint")
     assert done.returncode == 0, done.stdout + done.stderr
     cells = [json.loads(line) for line in done.stdout.splitlines()]  # every line is JSON
     chosen = drill.cells(["after-checkpoint"])
@@ -97,14 +99,14 @@ def test_the_drill_leaves_the_learners_lab_alone_and_keeps_stdout_for_json(learn
 
 
 def test_chaos_leaves_the_learners_lab_alone(learner):
-    done = run_tool(learner, "labs.tools.chaos", "--runs", "2", "--seed", "1")
+    done = run_tool(learner, "tools.chaos", "--runs", "2", "--seed", "1")
     assert done.returncode == 0, done.stdout + done.stderr
     assert json.loads(done.stdout)["tickets"] == 2
 
 
 def reset_copy(tmp_path):
     """A copy of the repository with a .venv folder, and a PATH with ps and no docker, so
-    `python -m labs.tools.reset` (make reset) does only its native half."""
+    `python -m tools.reset` (make reset) does only its native half."""
     repo = tmp_path / "repo"
     repo.mkdir()
     for name in [p.name for p in ROOT.glob("*.py")]:
@@ -119,7 +121,7 @@ def reset_copy(tmp_path):
 
 def make_reset(repo, env):
     done = subprocess.run(
-        [sys.executable, "-m", "labs.tools.reset"],
+        [sys.executable, "-m", "tools.reset"],
         cwd=repo,
         env=env,
         capture_output=True,
@@ -134,7 +136,9 @@ def test_make_reset_stops_the_native_receiver_and_deletes_data_but_not_the_venv(
     """`make reset` in a copy of the repository; no docker on PATH, so only the native half."""
     repo, env = reset_copy(tmp_path)
     receiver_env = lab_env(repo / "data", free_port())
-    receiver = ReceiverProcess(receiver_env, tmp_path / "receiver.log", script=repo / "api.py")
+    receiver = ReceiverProcess(
+        receiver_env, tmp_path / "receiver.log", script=repo / "labs/receiver.py"
+    )
     receiver.start()
     (repo / "data" / "receiver.pid").write_text(f"{receiver.proc.pid}\n")  # as the native up does
     try:
@@ -149,10 +153,11 @@ def test_make_reset_stops_the_native_receiver_and_deletes_data_but_not_the_venv(
 
 
 def test_make_reset_started_by_the_readme_stops_the_receiver_the_readme_started(tmp_path):
-    """The README's native `up` line, typed in a shell (relative api.py, its own pid file):
+    """The README's native `up` line, typed in a shell (relative labs/receiver.py, its own pid
+    file):
     a later `make reset`, from another shell, finds that receiver and stops it."""
     repo, env = reset_copy(tmp_path)
-    up = [line for line in README_NATIVE.splitlines() if line.startswith("python api.py")]
+    up = [line for line in README_NATIVE.splitlines() if line.startswith("python -m labs.receiver")]
     receiver_env = {**lab_env(repo / "data", free_port()), "PATH": os.environ["PATH"]}
     receiver_env["PATH"] = f"{Path(sys.executable).parent}:{receiver_env['PATH']}"
     shell = f"mkdir -p data; {up[0].split(' #')[0]}"  # the receiver's stdout: not our pipe
@@ -174,18 +179,18 @@ def test_make_reset_started_by_the_readme_stops_the_receiver_the_readme_started(
             os.kill(pid, signal.SIGKILL)
 
 
-@pytest.mark.parametrize("stranger", ["a sleeping python", "another folder's api.py"])
+@pytest.mark.parametrize("stranger", ["a sleeping python", "another folder's labs/receiver.py"])
 def test_make_reset_leaves_a_stranger_with_the_pid_alone(tmp_path, stranger):
     """A pid file that names a process that is not this lab's receiver (a pid reused after a
     reboot, another copy of the lab): make reset says so, signals nothing, deletes data/."""
     repo, env = reset_copy(tmp_path)
     other = tmp_path / "other"
     other.mkdir()
-    for module in ROOT.glob("*.py"):  # api.py and the modules it imports
+    for module in ROOT.glob("*.py"):  # labs/receiver.py and the modules it imports
         shutil.copy(module, other)
     argv = {
         "a sleeping python": [sys.executable, "-c", "import time; time.sleep(120)"],
-        "another folder's api.py": [sys.executable, "api.py"],
+        "another folder's labs/receiver.py": [sys.executable, "-m", "labs.receiver"],
     }[stranger]
     proc = subprocess.Popen(
         argv, cwd=other, env=lab_env(other / "data", free_port()), stderr=subprocess.DEVNULL
@@ -194,7 +199,7 @@ def test_make_reset_leaves_a_stranger_with_the_pid_alone(tmp_path, stranger):
         (repo / "data").mkdir()
         (repo / "data" / "receiver.pid").write_text(f"{proc.pid}\n")
         assert make_reset(repo, env) == [
-            f"native: data/receiver.pid names pid {proc.pid}, not this lab's api.py: left alone",
+            f"native: data/receiver.pid names pid {proc.pid}, not this lab's receiver: left alone",
             "native: data/ deleted",
         ]
         assert proc.poll() is None  # still running: no signal reached it
@@ -211,12 +216,16 @@ def test_make_reset_stops_the_live_receiver_a_failed_second_up_hid(tmp_path):
     same folder serving another folder's data is left alone."""
     repo, env = reset_copy(tmp_path)
     first_env = lab_env(repo / "data", free_port())
-    first = ReceiverProcess(first_env, tmp_path / "first.log", script=repo / "api.py").start()
-    elsewhere = ReceiverProcess(  # a test's receiver: this folder's api.py, its data in tmp
-        lab_env(tmp_path / "elsewhere", free_port()), script=repo / "api.py"
+    first = ReceiverProcess(
+        first_env, tmp_path / "first.log", script=repo / "labs/receiver.py"
     ).start()
+    elsewhere = (
+        ReceiverProcess(  # a test's receiver: this folder's labs/receiver.py, its data in tmp
+            lab_env(tmp_path / "elsewhere", free_port()), script=repo / "labs/receiver.py"
+        ).start()
+    )
     second = subprocess.Popen(
-        [sys.executable, str(repo / "api.py")], env=first_env, cwd=repo, stderr=subprocess.PIPE,
+        [sys.executable, "-m", "labs.receiver"], env=first_env, cwd=repo, stderr=subprocess.PIPE,
         text=True,
     )  # fmt: skip
     _, err = second.communicate(timeout=60)  # exited and reaped: its pid names no process

@@ -13,9 +13,9 @@ import urllib.request
 import pytest
 import yaml
 
-from labs.tools.backends import compose_command
-from labs.tools.local import COMMAND_TIMEOUT_S, ROOT, free_port, wait_until
-from labs.tools.local import run as run_command
+from tools.backends import compose_command
+from tools.local import COMMAND_TIMEOUT_S, ROOT, free_port, wait_until
+from tools.local import run as run_command
 
 FILES = ("-f", "compose.yaml", "-f", "observe/tracing.compose.yaml")
 TRACED = ("api", "workflow", "worker", "relay")  # what tracing.compose.yaml turns tracing on for

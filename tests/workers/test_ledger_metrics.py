@@ -1,4 +1,5 @@
-"""The ledger on a dashboard: `worker.py metrics --port 0` serves the ledger's gauges (effects by
+"""The ledger on a dashboard: `labs/workers.py metrics --port 0` serves the ledger's gauges
+(effects by
 state, the oldest open one's age) at GET /metrics, scraped over HTTP and read by Prometheus's own
 text parser. Here on the SQLite lab's ledger (the Postgres one: test_workers_ledger.py).
 
@@ -20,9 +21,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 import effects
-import worker
 import workflow
-from labs.tools.local import ROOT, run_workflow
+from labs import workers as worker
+from tools.local import ROOT, run_workflow
 
 HANG_GUARD_S = 120  # only a hang reaches it
 NO_OUTBOX = {f'outbox_messages{{state="{s}"}}': 0 for s in worker.OUTBOX_STATES}
@@ -39,7 +40,7 @@ def figures(text):
 
 def serve_metrics(env, tmp_path):
     err = open(tmp_path / "metrics.err", "wb")
-    command = [sys.executable, str(ROOT / "worker.py"), "metrics", "--port", "0"]
+    command = [sys.executable, "-m", "labs.workers", "metrics", "--port", "0"]
     proc = subprocess.Popen(command, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=err)
     line = proc.stdout.readline()  # {"event": "metrics", ...} once it listens
     assert line, (tmp_path / "metrics.err").read_text()

@@ -1,6 +1,6 @@
 """The lab past one machine: LangGraph's checkpoints in Postgres, workers on a job queue.
 
-Every test runs on a real throwaway PostgreSQL cluster (labs.tools.pg, one per test process)
+Every test runs on a real throwaway PostgreSQL cluster (tools.pg, one per test process)
 started from the machine's own binaries. Without them the tier is skipped with a loud reason;
 with LAB_REQUIRE_POSTGRES=1 (CI) it fails instead.
 """
@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 from conftest import require_postgres
 
-from labs.tools import scale_chaos
-from labs.tools.backends import LocalBackend
-from labs.tools.local import ROOT, free_port, lab_env, run, run_workflow
-from labs.tools.runner import run_guide
+from tools import scale_chaos
+from tools.backends import LocalBackend
+from tools.local import ROOT, free_port, lab_env, run, run_workflow
+from tools.runner import run_guide
 
 LAB_10 = ROOT / "labs" / "10-two-workers-one-thread.md"
 HANG_GUARD_S = 300  # a wait only a hang reaches, however busy the machine: not a speed bound
@@ -50,7 +50,7 @@ def test_a_postgres_url_that_does_not_answer_is_one_line_and_exit_3(tmp_path):
     done = run_workflow(["state", "--thread", "demo"], env)
     assert done.returncode == 3, done.stderr
     assert done.stdout == ""
-    assert done.stderr.startswith("lab.py: cannot open CHECKPOINT_DB (")
+    assert done.stderr.startswith("labs: cannot open CHECKPOINT_DB (")
     assert "unset it for the SQLite default" in done.stderr  # lab 10's export lingers
     assert len(done.stderr.splitlines()) == 1 and "Traceback" not in done.stderr
 
@@ -63,8 +63,8 @@ def test_a_malformed_postgres_url_is_a_usage_error(tmp_path):
 
 
 def run_worker(env, *args):
-    """python worker.py ARGS, to its end (labs.tools.local.run: output captured, no stdin)."""
-    return run([sys.executable, str(ROOT / "worker.py"), *args], env, timeout=HANG_GUARD_S)
+    """python -m labs.workers ARGS, to its end (tools.local.run: output captured, no stdin)."""
+    return run([sys.executable, "-m", "labs.workers", *args], env, timeout=HANG_GUARD_S)
 
 
 def test_workers_refuse_a_sqlite_checkpointer(tmp_path):
@@ -77,8 +77,8 @@ def test_workers_refuse_a_sqlite_checkpointer(tmp_path):
 @pytest.mark.parametrize(
     "url,code,says",
     [
-        ("postgresql://x@127.0.0.1:{port}/x", 3, "worker.py: cannot open CHECKPOINT_DB ("),
-        ("postgresql://[not-a-host", 2, "worker.py: CHECKPOINT_DB is not a usable URL ("),
+        ("postgresql://x@127.0.0.1:{port}/x", 3, "labs.workers: cannot open CHECKPOINT_DB ("),
+        ("postgresql://[not-a-host", 2, "labs.workers: CHECKPOINT_DB is not a usable URL ("),
     ],
     ids=["nobody-answers", "malformed"],
 )
@@ -163,12 +163,12 @@ def test_a_dead_job_stays_in_status_keeps_drain_from_waiting_and_makes_wait_exit
 
 
 def test_the_pg_tool_stops_and_deletes_its_cluster_on_kill():
-    """`python -m labs.tools.pg &` in a shell gets no Ctrl-C; `kill` (SIGTERM) must clean up."""
+    """`python -m tools.pg &` in a shell gets no Ctrl-C; `kill` (SIGTERM) must clean up."""
     require_postgres()
     import psycopg
 
     proc = subprocess.Popen(
-        [sys.executable, "-m", "labs.tools.pg"], cwd=ROOT, stdout=subprocess.PIPE, text=True
+        [sys.executable, "-m", "tools.pg"], cwd=ROOT, stdout=subprocess.PIPE, text=True
     )
     try:
         url = proc.stdout.readline().strip()
@@ -207,7 +207,7 @@ def test_a_second_ctrl_c_stops_a_worker_whose_job_does_not_finish(database, lab,
     hold = ["--thread", "h", "--operation", "h:op", "--lab-hold", "after-ack"]
     assert worker("submit", *hold).returncode == 0
     proc = subprocess.Popen(
-        [sys.executable, str(ROOT / "worker.py"), "run"],
+        [sys.executable, "-m", "labs.workers", "run"],
         env=env,
         cwd=ROOT,
         stdout=subprocess.DEVNULL,
@@ -218,7 +218,7 @@ def test_a_second_ctrl_c_stops_a_worker_whose_job_does_not_finish(database, lab,
         assert worker("wait", "--for", "hold", "--thread", "h").returncode == 0
         proc.send_signal(signal.SIGINT)
         first = proc.stderr.readline()
-        assert first.startswith("worker.py: draining 1 running job(s)"), first
+        assert first.startswith("labs.workers: draining 1 running job(s)"), first
         assert proc.poll() is None  # still waiting for its job
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=30) == 130
@@ -226,7 +226,7 @@ def test_a_second_ctrl_c_stops_a_worker_whose_job_does_not_finish(database, lab,
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert last.startswith("worker.py: stopped with 1 job(s) running"), last
+    assert last.startswith("labs.workers: stopped with 1 job(s) running"), last
     assert "Traceback" not in first + last
     # The lab run again without `down -v`: the stopped worker's hold row must not answer for the
     # next submit's hold. Another worker finishes the thread first (its heartbeat is 1 s here).
@@ -238,14 +238,15 @@ def test_a_second_ctrl_c_stops_a_worker_whose_job_does_not_finish(database, lab,
 def test_pgqueuer_install_is_not_idempotent_and_upgrade_and_open_queue_are(postgres, database):
     """README's setup sentence: pgqueuer 1.6's Queries.install() fails on a second run, its
     Queries.upgrade() creates the schema in an empty database and runs again without error, and
-    worker.py's open_queue() (install only where nothing is installed) opens the queue twice."""
+    labs/workers.py's open_queue() (install only where nothing is installed) opens the queue
+    twice."""
     import asyncio
 
     import asyncpg
     import psycopg
     from pgqueuer import Queries
 
-    import worker
+    from labs import workers as worker
 
     empty = database + "_upgrade"
     with psycopg.connect(postgres.url, autocommit=True) as conn:

@@ -7,10 +7,10 @@ import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 import effects
-import lab as lab_py
 import tracing
-import worker
 import workflow
+from labs import cli as lab_py
+from labs import workers as worker
 
 pytestmark = pytest.mark.fast
 

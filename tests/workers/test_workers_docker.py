@@ -12,10 +12,10 @@ from collections import Counter
 
 import pytest
 
-from labs.tools.backends import compose_command
-from labs.tools.local import ROOT, wait_until
-from labs.tools.local import run as run_command
-from labs.tools.runner import parse_guide
+from tools.backends import compose_command
+from tools.local import ROOT, wait_until
+from tools.local import run as run_command
+from tools.runner import parse_guide
 
 pytestmark = [pytest.mark.docker, pytest.mark.long]
 
@@ -75,7 +75,8 @@ def leftovers():
 
 
 def submit_all(lab):
-    """OPERATIONS `worker.py submit`s in one container, by one Python (worker.main: the same code,
+    """OPERATIONS `labs/workers.py submit`s in one container, by one Python (worker.main: the same
+    code,
     without an interpreter's start and imports per submit)."""
     script = (
         "import sys, worker\n"

@@ -1,9 +1,9 @@
 """Workers against the faults of their own dependencies: Postgres restarting, the receiver down for
 a while or for good, nobody to run the jobs, and a deploy's SIGTERM.
 
-Everything is real: a throwaway Postgres cluster (labs.tools.pg) halted with `pg_ctl -m immediate`
+Everything is real: a throwaway Postgres cluster (tools.pg) halted with `pg_ctl -m immediate`
 and started again on the same port, a receiver process killed and started again, and
-`python worker.py run` processes.
+`python -m labs.workers run` processes.
 """
 
 import json
@@ -21,7 +21,7 @@ from conftest import require_postgres
 from prometheus_client.parser import text_string_to_metric_families
 
 import failpoints
-from labs.tools.local import (
+from tools.local import (
     ROOT,
     ReceiverProcess,
     free_port,
@@ -30,7 +30,7 @@ from labs.tools.local import (
     run_worker_here,
     wait_until,
 )
-from labs.tools.pg import TempPostgres
+from tools.pg import TempPostgres
 
 OPERATIONS = 24
 # Every wait below on a process or an event is a hang guard: only a hang reaches it, however
@@ -65,7 +65,8 @@ def env(request, tmp_path):
 
 
 def start_receiver(env, tmp_path):
-    """api.py with the workers' environment, less their FAILPOINTS (the receiver has its own)."""
+    """labs/receiver.py with the workers' environment, less their FAILPOINTS (the receiver has its
+    own)."""
     env = {k: v for k, v in env.items() if k != "FAILPOINTS"}
     return ReceiverProcess(env, log_path=tmp_path / "receiver.log").start()
 
@@ -78,7 +79,7 @@ def receiver(env, tmp_path):
 
 
 class Workers:
-    """worker.py run processes, each logging to its own files."""
+    """labs/workers.py run processes, each logging to its own files."""
 
     def __init__(self, env, folder):
         self.env, self.folder, self.procs = env, folder, []
@@ -92,7 +93,7 @@ class Workers:
             err = subprocess.STDOUT if python else open(self.folder / f"worker{index}.err", "wb")
             self.procs.append(
                 subprocess.Popen(
-                    [sys.executable, *python, str(ROOT / "worker.py"), "run"],
+                    [sys.executable, *python, "-m", "labs.workers", "run"],
                     env=dict(self.env, **env),
                     cwd=ROOT,
                     stdout=out,
@@ -134,11 +135,12 @@ def workers(env, tmp_path):
 
 
 def worker(env, *args, timeout=2 * HANG_GUARD_S):
-    return run([sys.executable, str(ROOT / "worker.py"), *args], env, timeout=timeout)
+    return run([sys.executable, "-m", "labs.workers", *args], env, timeout=timeout)
 
 
 def submit_all(env, n=OPERATIONS):
-    """n operations queued by `worker.py submit`, run in this process (worker.main: the same code
+    """n operations queued by `labs/workers.py submit`, run in this process (worker.main: the same
+    code
     without n interpreters starting; submit and the exit 4 of a second job are lab 10's)."""
     for i in range(n):
         done = run_worker_here(
@@ -168,7 +170,8 @@ NO_JOBS.update(worker_job_failures_total=0, worker_job_drains_total=0)
 
 
 def figures(text):
-    """`worker.py metrics`'s queue samples, read by Prometheus's own text parser: name{label} ->
+    """`labs/workers.py metrics`'s queue samples, read by Prometheus's own text parser: name{label}
+    ->
     value (the ledger's gauges beside them have tests of their own: test_ledger_metrics.py)."""
     return {
         sample.name + "".join(f'{{{k}="{v}"}}' for k, v in sample.labels.items()): sample.value
@@ -180,9 +183,9 @@ def figures(text):
 
 @pytest.fixture
 def metrics_server(env, tmp_path):
-    """`worker.py metrics --port 0`: the queue's GET /metrics, as Prometheus scrapes it."""
+    """`labs/workers.py metrics --port 0`: the queue's GET /metrics, as Prometheus scrapes it."""
     err = open(tmp_path / "metrics.err", "wb")
-    command = [sys.executable, str(ROOT / "worker.py"), "metrics", "--port", "0"]
+    command = [sys.executable, "-m", "labs.workers", "metrics", "--port", "0"]
     proc = subprocess.Popen(command, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=err)
     try:
         line = proc.stdout.readline()  # {"event": "metrics", ...} once it listens
@@ -288,7 +291,7 @@ def test_a_receiver_down_for_good_makes_dead_jobs_and_wait_names_them(env, worke
     # /metrics: four failed runs (two per job), no drain
     expected = dict(NO_JOBS, worker_job_failures_total=4, **{'worker_jobs{state="dead"}': 2})
     assert figures(worker(env, "metrics").stdout) == expected
-    assert waited.stderr.startswith("worker.py: 2 operation(s) did not finish"), waited.stderr
+    assert waited.stderr.startswith("labs.workers: 2 operation(s) did not finish"), waited.stderr
     assert "op-0:open" in waited.stderr and "op-1:open" in waited.stderr
     assert len(waited.stderr.splitlines()) == 1 and waited.stdout == ""
     # Submitting again replaces the dead job: the operation gets another go (once a worker runs).
@@ -301,7 +304,7 @@ def test_a_receiver_down_for_good_makes_dead_jobs_and_wait_names_them(env, worke
 
 
 class Clock:
-    """worker.py's time module, with a monotonic() that moves only when the test moves it."""
+    """labs/workers.py's time module, with a monotonic() that moves only when the test moves it."""
 
     def __init__(self):
         self.now = 1000.0
@@ -340,7 +343,7 @@ def test_wait_says_no_worker_runs_the_queued_jobs_once_they_waited_past_the_noti
     """`wait` with a job queued and no worker: one line once the job has gone unattended for
     longer than NO_WORKER_NOTICE_S, not before, and not twice; at --timeout, exit 3. In-process,
     on a clock the test moves (worker.time), against a real Postgres queue."""
-    import worker as worker_module
+    from labs import workers as worker_module
 
     submit_all(env, 1)
     for name, value in env.items():
@@ -363,8 +366,8 @@ def test_wait_says_no_worker_runs_the_queued_jobs_once_they_waited_past_the_noti
         clock.now = began + notice_s + 0.1
         polls.two_more()
         line = (
-            "worker.py: 1 job(s) queued and no worker is running; start one "
-            "(docker compose up -d worker, or natively: python worker.py run)"
+            "labs.workers: 1 job(s) queued and no worker is running; start one "
+            "(docker compose up -d worker, or natively: python -m labs.workers run)"
         )
         assert capsys.readouterr().err == line + "\n"
         clock.now = began + 29
@@ -399,7 +402,7 @@ def test_submit_and_status_wait_out_a_short_outage_then_exit_3(env, cluster):
         # Down for longer than WORKER_DB_WAIT_S: one line, exit 3.
         done = worker(dict(env, WORKER_DB_WAIT_S="1"), "status")
         assert done.returncode == 3, done.stderr
-        assert done.stderr.startswith("worker.py: cannot open CHECKPOINT_DB (")
+        assert done.stderr.startswith("labs.workers: cannot open CHECKPOINT_DB (")
         assert len(done.stderr.splitlines()) == 1
         # Back within it: the command is still waiting when the database returns, then succeeds.
         # Until then the port is a listener of the test's, which hangs up on whoever connects:
@@ -408,7 +411,8 @@ def test_submit_and_status_wait_out_a_short_outage_then_exit_3(env, cluster):
         proc = subprocess.Popen(
             [
                 sys.executable,
-                str(ROOT / "worker.py"),
+                "-m",
+                "labs.workers",
                 "submit",
                 "--thread",
                 "t",
@@ -481,7 +485,7 @@ def test_run_drain_says_when_the_only_jobs_left_run_on_another_worker(env, recei
     workers.start(1)
     assert worker(env, "wait", "--for", "hold", "--thread", "h").returncode == 0
     drain = subprocess.Popen(
-        [sys.executable, str(ROOT / "worker.py"), "run", "--drain"],
+        [sys.executable, "-m", "labs.workers", "run", "--drain"],
         env=env,
         cwd=ROOT,
         stdout=subprocess.DEVNULL,
@@ -491,7 +495,7 @@ def test_run_drain_says_when_the_only_jobs_left_run_on_another_worker(env, recei
     try:
         line = drain.stderr.readline()
         assert line == (
-            "worker.py: --drain: waiting for 1 job(s) running on other workers "
+            "labs.workers: --drain: waiting for 1 job(s) running on other workers "
             f"({socket.gethostname()}:{workers.procs[0].pid})\n"
         )
     finally:

@@ -1,9 +1,9 @@
 """The workers' effect ledger, in Postgres beside their checkpoints and queue: two processes on
 one key send one request, reconcile and status on the workers' ledger, a graph of one's own.
 
-Real parts: a throwaway Postgres cluster (labs.tools.pg, one for the module, a database per
+Real parts: a throwaway Postgres cluster (tools.pg, one for the module, a database per
 test), the receiver as a process (its POSTs counted from its /metrics), forked processes with a
-ledger connection each, and `python worker.py` processes.
+ledger connection each, and `python -m labs.workers` processes.
 """
 
 import dataclasses
@@ -20,7 +20,7 @@ import pytest
 import effects
 import plumbing
 import workflow
-from labs.tools.local import ROOT, ReceiverProcess, free_port, lab_env, run
+from tools.local import ROOT, ReceiverProcess, free_port, lab_env, run
 
 HANG_GUARD_S = 300  # only a hang reaches it, however busy the machine
 
@@ -73,7 +73,7 @@ def ledger_on(url):
 
 
 def worker(env, *args):
-    return run([sys.executable, str(ROOT / "worker.py"), *args], env, timeout=HANG_GUARD_S)
+    return run([sys.executable, "-m", "labs.workers", *args], env, timeout=HANG_GUARD_S)
 
 
 def test_two_processes_performing_one_key_at_once_send_one_request(env, receiver):
@@ -127,7 +127,7 @@ def test_two_processes_performing_one_key_at_once_send_one_request(env, receiver
 
 def in_process(monkeypatch, capsys, env, *argv):
     """worker.main(argv) in this process, with env: (exit code, its JSON lines, its stderr)."""
-    import worker as worker_py
+    from labs import workers as worker_py
 
     for name, value in env.items():
         monkeypatch.setenv(name, value)
@@ -165,7 +165,7 @@ def test_status_shows_what_is_stuck_and_reconcile_settles_it_on_the_workers_ledg
     code, lines, _ = in_process(monkeypatch, capsys, env, "status")
     assert (lines[0]["effects_unknown"], lines[0]["oldest_unknown_s"]) == (0, 0)
     code, _, err = in_process(monkeypatch, capsys, env, "reconcile", "--not-sent", "made:op")
-    assert code == plumbing.EXIT_THREAD and err.startswith("worker.py: effect 'made:op' is not")
+    assert code == plumbing.EXIT_THREAD and err.startswith("labs.workers: effect 'made:op' is not")
 
     sent_before = posts(receiver)
     env["WORKER_GRAPH"] = "workflow:build_graph"
@@ -214,14 +214,15 @@ def test_reconcile_settles_as_a_person_says_once_the_receiver_agrees(
 def test_worker_py_imports_no_lab_and_offers_mode_only_with_a_graph_that_has_variants(
     monkeypatch,
 ):
-    """lab.py is WORKER_GRAPH's default, imported by name: `import worker` loads none of it, and
-    --mode (the lab's variants) is refused for the core's graph, which has none."""
+    """labs/cli.py is WORKER_GRAPH's default, imported by name: importing labs.workers loads
+    none of it, and --mode (the lab's variants) is refused for the core's graph, which has none."""
     looked = subprocess.run(
-        [sys.executable, "-c", "import sys, worker; sys.exit('lab' in sys.modules)"], cwd=ROOT
+        [sys.executable, "-c", "import sys, labs.workers; sys.exit('labs.cli' in sys.modules)"],
+        cwd=ROOT,
     )
     assert looked.returncode == 0
     monkeypatch.setenv("WORKER_GRAPH", "workflow:build_graph")
-    import worker as worker_py
+    from labs import workers as worker_py
 
     with pytest.raises(SystemExit) as refused:
         worker_py.main(["submit", "--thread", "t", "--operation", "k", "--mode", "safe"])
@@ -231,26 +232,27 @@ def test_worker_py_imports_no_lab_and_offers_mode_only_with_a_graph_that_has_var
 @pytest.mark.fast
 def test_a_worker_graph_that_names_nothing_is_one_line_and_exit_2(monkeypatch, capsys):
     monkeypatch.setenv("WORKER_GRAPH", "workflow:no_such_builder")
-    import worker as worker_py
+    from labs import workers as worker_py
 
     assert worker_py.main(["status"]) == plumbing.EXIT_USAGE
     out, err = capsys.readouterr()
     assert out == "" and len(err.splitlines()) == 1
-    assert err.startswith("worker.py: WORKER_GRAPH='workflow:no_such_builder' names no graph")
+    assert err.startswith("labs.workers: WORKER_GRAPH='workflow:no_such_builder' names no graph")
 
 
 @pytest.mark.fast
 def test_a_job_that_meets_a_key_another_worker_performs_is_tried_again_later():
     """InFlight is no failure of the operation: the job goes back to the queue (job_retry), and
     its next run finds the other worker's receipt; a Conflict (a reused key) is dead at once."""
-    import worker as worker_py
+    from labs import workers as worker_py
 
     assert worker_py.retryable(effects.InFlight("k")) == "another worker is performing its effect"
     assert worker_py.retryable(effects.Conflict("k was claimed for another request")) is None
 
 
 def test_the_workers_metrics_serve_the_ledger_beside_the_queue(env, receiver, tmp_path):
-    """worker.py metrics --port 0 on the workers' Postgres: the ledger's effects by state and the
+    """labs/workers.py metrics --port 0 on the workers' Postgres: the ledger's effects by state and
+    the
     oldest open one's age, beside the queue's figures, scraped over HTTP and parsed by
     prometheus_client. The rows are real ledger rows, made through its own API."""
     from prometheus_client.parser import text_string_to_metric_families
@@ -267,7 +269,7 @@ def test_the_workers_metrics_serve_the_ledger_beside_the_queue(env, receiver, tm
     finally:
         ledger.close()
     err = open(tmp_path / "metrics.err", "wb")
-    command = [sys.executable, str(ROOT / "worker.py"), "metrics", "--port", "0"]
+    command = [sys.executable, "-m", "labs.workers", "metrics", "--port", "0"]
     proc = subprocess.Popen(command, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=err)
     try:
         url = f"http://127.0.0.1:{json.loads(proc.stdout.readline())['port']}/metrics"
@@ -296,7 +298,8 @@ def test_the_workers_metrics_serve_the_ledger_beside_the_queue(env, receiver, tm
 def test_reconcile_on_a_receipt_that_fails_its_check_is_one_line_and_exit_7(
     env, monkeypatch, capsys
 ):
-    """A receipt changed in the database (its ticket id): worker.py reconcile of its key said a
+    """A receipt changed in the database (its ticket id): labs/workers.py reconcile of its key said
+    a
     traceback; now one line and workflow.py's exit 7, as a run meeting it."""
     ledger = ledger_on(env["CHECKPOINT_DB"])
     try:
@@ -318,11 +321,11 @@ def test_a_run_held_across_a_postgres_restart_is_one_line_exit_3_and_its_resume_
     receipt's commit met a closed connection (psycopg.OperationalError, a traceback). One line,
     exit 3 as for a CHECKPOINT_DB that does not answer; the row stays requested, and the resume
     adopts the ticket. The module's cluster, restarted: CHECKPOINT first, since it runs with
-    synchronous_commit off (labs.tools.pg), whose last commits an immediate stop would lose."""
+    synchronous_commit off (tools.pg), whose last commits an immediate stop would lose."""
     import psycopg
 
     import failpoints
-    from labs.tools.local import wait_until
+    from tools.local import wait_until
 
     pause = tmp_path / "after-send"
     proc = subprocess.Popen(

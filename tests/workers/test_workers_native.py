@@ -13,12 +13,12 @@ from pathlib import Path
 
 from conftest import require_postgres
 
-from labs.tools import native_workers
-from labs.tools.backends import LocalBackend
-from labs.tools.local import ROOT, wait_until
+from tools import native_workers
+from tools.backends import LocalBackend
+from tools.local import ROOT, wait_until
 
 GUIDE = "docker compose -p stateful-lab "
-LAB_FILES = ("worker.py", "workflow.py", "lab.py", "failpoints.py", "labs")
+LAB_FILES = (*(path.name for path in ROOT.glob("*.py")), "labs")  # the core and the lessons
 
 
 def alive(pid):
@@ -56,7 +56,7 @@ def test_native_lab_10_lines_touch_only_their_own_workers_and_reset_stops_them(t
 
     # Someone else's worker on the same machine: a command line a broad pkill would match.
     decoy = subprocess.Popen(
-        [sys.executable, "-c", "import time; time.sleep(120)", "worker.py", "run"],
+        [sys.executable, "-c", "import time; time.sleep(120)", "labs/workers.py", "run"],
         start_new_session=True,
     )
     pg_started = False
@@ -75,7 +75,7 @@ def test_native_lab_10_lines_touch_only_their_own_workers_and_reset_stops_them(t
         second = pids(tmp_path)
         assert len(second) == 2 and not set(second) & set(first) and all(map(alive, second))
         pg_pid = int((tmp_path / "data" / "pg.pid").read_text())
-        bash("python -m labs.tools.native_workers stop")  # down -v and make reset: workers, then pg
+        bash("python -m tools.native_workers stop")  # down -v and make reset: workers, then pg
         assert not any(map(alive, second)) and not alive(pg_pid)
         pg_started = False
         assert alive(decoy.pid)

@@ -13,9 +13,9 @@ from typing import NotRequired, TypedDict
 
 import pytest
 
-import lab as lab_py  # `lab` is the fixture: the lab's environment
 import plumbing
 import workflow
+from labs import cli as lab_py  # `lab` is the fixture: the lab's environment
 
 pytestmark = pytest.mark.fast  # make test-fast: in-process, or one receiver over HTTP
 
@@ -117,7 +117,7 @@ def test_the_contract_names_the_version_and_the_shape(saver, monkeypatch):
     assert lab_py.contract(workflow.build_graph(saver)) == core.replace("v1 ", "v2 ")
 
 
-def core_main(capsys, env, *argv):  # lab.py's: the contract is the lab's (lab 12)
+def core_main(capsys, env, *argv):  # labs/cli.py's: the contract is the lab's (lab 12)
     code = lab_py.main(list(argv), env)
     out, err = capsys.readouterr()
     return code, [json.loads(line) for line in out.splitlines()], err
@@ -220,7 +220,7 @@ def test_a_resumed_thread_sends_the_key_it_saved_whatever_prepare_derives_now(
     """Lab 12's reason keys are not in the contract: the key is prepare's output, in the
     checkpoint. Killed in the window (a real SIGKILL), then a deploy whose prepare derives keys
     another way (same graph, same contract): the resume sends the saved key, one ticket."""
-    from labs.tools.local import run_workflow
+    from tools.local import run_workflow
 
     start = ["start", "--thread", "k", "--operation", "op-k", "--mode", "safe", "--crash"]
     crashed = run_workflow(start, lab)  # safe: the key alone, so the resume sends it

@@ -4,7 +4,7 @@ in-process exception can show, in every mode, in well under a second.
 
 What only a real kill shows stays in the process tier (tests/tools/test_drill.py): the step boundary
 (an exception from a saver's put_writes surfaces only when the run ends) and SIGTERM's drain.
-The expected ticket counts come from the drill's one matrix (labs/tools/drill.py)."""
+The expected ticket counts come from the drill's one matrix (tools/drill.py)."""
 
 import threading
 
@@ -12,11 +12,11 @@ import pytest
 
 import effects
 import failpoints
-import lab
 import plumbing
 import workflow
-from labs.tools.drill import MATRIX
-from labs.tools.local import wait_until
+from labs import cli as lab
+from tools.drill import MATRIX
+from tools.local import wait_until
 
 pytestmark = pytest.mark.fast  # make test-fast: in-process, or one receiver over HTTP
 

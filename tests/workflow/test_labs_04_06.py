@@ -1,8 +1,8 @@
 """Labs 04-06: crash points, key modes, reconciliation, the drill and the chaos run.
 
-Real processes throughout: api.py on a loopback port, workflow.py as a subprocess that
+Real processes throughout: labs/receiver.py on a loopback port, workflow.py as a subprocess that
 really dies of SIGKILL, SQLite files under tmp_path. Where a test needs a receiver that
-misbehaves in a way api.py cannot (no commit before hanging up, silence, a key that made
+misbehaves in a way labs/receiver.py cannot (no commit before hanging up, silence, a key that made
 another ticket), a scripted HTTP server on loopback plays the receiver; the workflow
 under test is always the real one.
 """
@@ -18,10 +18,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 from workflow_helpers import events, names, tickets
 
-from labs.tools import chaos, drill
-from labs.tools.backends import LOST_ACK, LocalBackend
-from labs.tools.local import ROOT, ReceiverProcess, free_port, run_workflow, shell_exit_code
-from labs.tools.native import override_environment
+from tools import chaos, drill
+from tools.backends import LOST_ACK, LocalBackend
+from tools.local import ROOT, ReceiverProcess, free_port, run_workflow, shell_exit_code
+from tools.native import override_environment
 
 KILLED = 137
 OP = "case-t:open-ticket:v1"
@@ -30,7 +30,7 @@ TITLE = "Check supplier configuration"  # workflow.py's default title
 
 @pytest.fixture
 def faulty_receiver(lab, tmp_path):
-    """api.py with the lost-ack fault switched on, as lab 06's override file runs it."""
+    """labs/receiver.py with the lost-ack fault switched on, as lab 06's override file runs it."""
     env = {**lab, **override_environment([LOST_ACK])}  # the receiver's own: not the workflow's
     server = ReceiverProcess(env, log_path=tmp_path / "receiver.log").start()
     yield server
@@ -229,7 +229,7 @@ def test_a_timeout_after_sending_is_an_unknown_outcome(scripted, lab, workflow):
 
 
 def test_the_matrix_covers_every_crash_point_in_every_mode():
-    import lab
+    from labs import cli as lab
 
     sync_rows = [row.boundary for row in drill.MATRIX if row.durability == "sync"]
     term_rows = [b for b in sync_rows if b.startswith("term-at:")]  # lab 09: SIGTERM, not a crash
@@ -318,10 +318,10 @@ def test_chaos_counts_a_real_duplicate_and_a_kill_in_the_crash_window():
 
 def test_drill_and_chaos_refuse_bad_arguments_in_one_line():
     cases = [
-        ("labs.tools.drill", ["--workers", "0"]),
-        ("labs.tools.drill", ["--backend", "podman"]),
-        ("labs.tools.chaos", ["--runs", "0"]),
-        ("labs.tools.chaos", ["--runs", "many"]),
+        ("tools.drill", ["--workers", "0"]),
+        ("tools.drill", ["--backend", "podman"]),
+        ("tools.chaos", ["--runs", "0"]),
+        ("tools.chaos", ["--runs", "many"]),
     ]
     for module, args in cases:
         done = subprocess.run(

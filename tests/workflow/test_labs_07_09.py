@@ -1,6 +1,6 @@
 """Labs 07-09: the approval that runs twice, the step boundary, and a deploy mid-run.
 
-Real processes throughout: api.py on a loopback port, workflow.py as a subprocess that
+Real processes throughout: labs/receiver.py on a loopback port, workflow.py as a subprocess that
 waits for a human, dies of SIGKILL at the step boundary, or drains on SIGTERM (sent by
 itself, or from outside while its request is on the wire), SQLite files under tmp_path.
 """
@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from workflow_helpers import events, names, tickets
 
-from labs.tools.local import ROOT, shell_exit_code, wait_until
+from tools.local import ROOT, shell_exit_code, wait_until
 
 KILLED, DRAINED, NO_THREAD = 137, 75, 4
 
@@ -110,13 +110,13 @@ def test_a_waiting_run_is_answered_only_by_approve(receiver, workflow):
     resumed = workflow("resume")
     assert resumed.returncode == NO_THREAD and resumed.stdout == ""
     assert resumed.stderr == (
-        "lab.py: thread 'demo' waits for approval; answer with approve (or --reject)\n"
+        "labs: thread 'demo' waits for approval; answer with approve (or --reject)\n"
     )
     assert len(tickets(workflow)) == 2  # the refused resume sent nothing: the ticket, the ask
     assert workflow("approve").returncode == 0
     again = workflow("approve")
     assert again.returncode == NO_THREAD
-    assert again.stderr == "lab.py: thread 'demo' is not waiting for approval\n"
+    assert again.stderr == "labs: thread 'demo' is not waiting for approval\n"
     unknown = workflow("approve", "--thread", "nope")
     assert unknown.returncode == NO_THREAD and unknown.stderr.count("\n") == 1
 
@@ -155,7 +155,8 @@ WRITES_FIRST = """
 import os, signal, sys, threading
 sys.path.insert(0, sys.argv[1])
 from langgraph.checkpoint.sqlite import SqliteSaver
-import lab, workflow
+import workflow
+from labs import cli as lab
 
 written = threading.Event()
 
@@ -178,7 +179,7 @@ with WritesThenKill.from_conn_string(os.environ["CHECKPOINT_DB"]) as saver:
     context = workflow.Context(workflow.TicketClient(os.environ["API_URL"]), None)  # naive
     config = {"configurable": {"thread_id": "demo"}}
     config["metadata"] = {"contract": lab.contract(graph)}
-    graph.invoke(first, config, durability="sync", context=context)  # as lab.py records a run
+    graph.invoke(first, config, durability="sync", context=context)  # as labs/cli.py records a run
 """
 
 
@@ -278,7 +279,7 @@ def held(lab):
 def test_sigterm_from_outside_during_the_request_lets_the_node_finish(held, lab):
     """A deploy's SIGTERM while the request is on the wire: the answer is still taken."""
     proc = subprocess.Popen(
-        [sys.executable, str(ROOT / "lab.py"), "start", "--mode", "naive"],
+        [sys.executable, "-m", "labs", "start", "--mode", "naive"],
         env=lab,
         cwd=ROOT,
         stdout=subprocess.PIPE,

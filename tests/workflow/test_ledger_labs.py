@@ -1,11 +1,13 @@
-"""Lab 15's keyless effect: a message about the ticket (lab.py --notify) to a provider that reads
-no key and offers no lookup (api.py's POST /messages).
+"""Lab 15's keyless effect: a message about the ticket (labs/cli.py --notify) to a provider that
+reads
+no key and offers no lookup (labs/receiver.py's POST /messages).
 
 A real SIGKILL in the message's window (after the provider answered, before the receipt was
 written): the resume must stop with exit 6 and one line naming reconcile, not send a second
 message; a person's --not-sent then lets it send once. The --confirmed path (the resume sends
-nothing) is lab 15's guide, which tests/guides runs in both backends. api.py on a loopback port;
-lab.py as a process where it is killed, in-process else.
+nothing) is lab 15's guide, which tests/guides runs in both backends. labs/receiver.py on a
+loopback port;
+labs/cli.py as a process where it is killed, in-process else.
 """
 
 import urllib.request
@@ -14,7 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from workflow_helpers import events, names
 
 import plumbing
-from labs.tools.local import shell_exit_code
+from tools.local import shell_exit_code
 
 KILLED = 137
 OP = "case-note:open-ticket:v1"
@@ -53,7 +55,7 @@ def test_a_kill_in_the_messages_window_stops_the_resume_until_a_person_settles_i
     assert stopped.stdout == ""  # no message_sent: nothing went out
     assert stopped.stderr.count("\n") == 1
     assert f"reconcile --confirmed {KEY}=ID if it happened, --not-sent {KEY} if" in stopped.stderr
-    assert "look with python lab.py messages (Docker: docker compose" in stopped.stderr
+    assert "look with python -m labs messages (Docker: docker compose" in stopped.stderr
     assert len(messages(workflow)) == messages_sent(lab) == 1  # no second message
 
     # A person's mistakes write nothing: each is one line, and the key stays unknown.

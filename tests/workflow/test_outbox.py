@@ -23,9 +23,9 @@ from prometheus_client.parser import text_string_to_metric_families as parse_met
 
 import effects
 import failpoints
-import relay
-import worker
-from labs.tools.local import ROOT, events, run_workflow_here, shell_exit_code, wait_until
+from labs import relay
+from labs import workers as worker
+from tools.local import ROOT, events, run_workflow_here, shell_exit_code, wait_until
 
 OPERATION = "case-outbox:open-ticket:v1"
 TITLE = "Check supplier configuration"
@@ -109,7 +109,7 @@ def test_a_refused_message_is_kept_refused_and_not_sent_again(lab, receiver, tmp
     assert summary == {"event": "relayed", "pending": 0, "published": 0}
     capsys.readouterr()
     assert relay.main(["--once"], lab) == 0
-    assert capsys.readouterr().err.startswith("relay.py: nothing pending (--show lists")
+    assert capsys.readouterr().err.startswith("labs.relay: nothing pending (--show lists")
     assert len(re.findall(r"rejected 400", (tmp_path / "receiver.log").read_text())) == 1
     assert tickets(receiver) == []
 
@@ -134,9 +134,9 @@ def test_a_ticket_run_and_an_outbox_run_name_each_others_command(lab, receiver, 
     assert lab_main(["outbox", "state", "--thread", "t"], lab) == 4
     hint = "thread 't' is not an outbox run; it is a ticket run: state --thread t shows it"
     assert capsys.readouterr().err.splitlines() == [
-        f"lab.py: {hint}; outbox start takes a new --thread",
-        f"lab.py: {hint}",
-        "lab.py: thread 't' is not an outbox run; state --thread t shows it",
+        f"labs: {hint}; outbox start takes a new --thread",
+        f"labs: {hint}",
+        "labs: thread 't' is not an outbox run; state --thread t shows it",
     ]
     assert (
         lab_main(["state", "--thread", "t"], lab) == 0
@@ -144,7 +144,7 @@ def test_a_ticket_run_and_an_outbox_run_name_each_others_command(lab, receiver, 
     assert lab_main(["outbox", "start", "--thread", "o"], lab) == 0
     assert lab_main(["resume", "--thread", "o"], lab) == 4
     assert capsys.readouterr().err.splitlines()[-1] == (
-        "lab.py: thread 'o' is an outbox run (lab 19): outbox resume --thread o"
+        "labs: thread 'o' is an outbox run (lab 19): outbox resume --thread o"
     )
     assert len(tickets(receiver)) == 1
 
@@ -159,7 +159,7 @@ def test_the_relay_says_in_one_line_what_is_wrong(lab, tmp_path, capsys):
     (row,) = shown(lab)
     assert row["state"] == "pending"  # sent nowhere: the next relay sends it
     assert relay.main(["--once"], {**lab, "FAILPOINTS": "after-ack=kill"}) == 2
-    assert capsys.readouterr().err.startswith("relay.py: FAILPOINTS: unknown point 'after-ack'")
+    assert capsys.readouterr().err.startswith("labs.relay: FAILPOINTS: unknown point 'after-ack'")
 
 
 FOREIGN = {  # another program's tables with our names (REVIEW F9)
@@ -174,7 +174,8 @@ FOREIGN = {  # another program's tables with our names (REVIEW F9)
 def test_a_foreign_table_with_our_name_is_refused_and_nothing_is_written(
     lab, tmp_path, capsys, table
 ):
-    """lab.py start, hooks and relay.py on another program's file that has a table named like
+    """labs/cli.py start, hooks and labs/relay.py on another program's file that has a table named
+    like
     one of ours: one line and exit 2, the file's bytes as they were, and no -wal beside it."""
     path = tmp_path / "theirs.sqlite"
     with contextlib.closing(sqlite3.connect(path)) as db, db:
@@ -203,15 +204,15 @@ def test_two_relays_at_once_never_both_send_a_message(env, receiver, tmp_path, c
     held = tmp_path / "held"
     holding = {**env, "FAILPOINTS": f"after-publish=pause({held})"}
     first = subprocess.Popen(
-        [sys.executable, "relay.py", "--once"], env=holding, cwd=ROOT, stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True, start_new_session=True,
+        [sys.executable, "-m", "labs.relay", "--once"], env=holding, cwd=ROOT,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
     )  # fmt: skip
     try:
         wait_until(held.exists, 60, "the first relay between the answer and its mark")
         assert relay.main(["--once"], env) == 0  # the second: the row is still pending
         out, err = capsys.readouterr()
         assert out == relayed(0, pending=1) + "\n"
-        assert err.startswith("relay.py: another relay is delivering this outbox now")
+        assert err.startswith("labs.relay: another relay is delivering this outbox now")
         failpoints.unpause(held)
         out, err = first.communicate(timeout=60)
     finally:
@@ -240,14 +241,14 @@ def test_a_row_the_relay_cannot_read_is_quarantined_and_the_rest_go_on(lab, rece
     out, err = capsys.readouterr()
     assert [e["event"] for e in events(out)] == ["answered", "answered", "relayed"]
     (line,) = err.splitlines()
-    assert line.startswith("relay.py: message 'garbled' quarantined: it cannot be read (")
+    assert line.startswith("labs.relay: message 'garbled' quarantined: it cannot be read (")
     assert [t["key"] for t in tickets(receiver)] == ["m-0", "m-2"]
     assert relay.main(["--once"], lab) == 0  # not tried again
     capsys.readouterr()
     garbled = next(m for m in shown(lab) if m["message_id"] == "garbled")
     assert (garbled["state"], garbled["payload"]) == ("quarantined", "{x")
     assert garbled["answer"]["error"].startswith("cannot be read: ")
-    # and counted where a dashboard looks: worker.py metrics's outbox gauges
+    # and counted where a dashboard looks: labs/workers.py metrics's outbox gauges
     gauges = "\n".join(worker.outbox_lines(lab["CHECKPOINT_DB"])) + "\n"
     counted = {s.labels["state"]: s.value for f in parse_metrics(gauges) for s in f.samples}
     assert counted == {"pending": 0, "published": 2, "refused": 0, "quarantined": 1}
@@ -256,7 +257,7 @@ def test_a_row_the_relay_cannot_read_is_quarantined_and_the_rest_go_on(lab, rece
 def test_the_relay_service_delivers_until_sigterm_and_waits_out_a_receiver_gone(
     env, receiver, tmp_path, request
 ):
-    """`python relay.py` (compose's relay service): a round every RELAY_POLL_S; a receiver
+    """`python -m labs.relay` (compose's relay service): a round every RELAY_POLL_S; a receiver
     that is down is a line on stderr and a later round; on Postgres, a restart of the database
     (REVIEW F8: the loop died, exit 3) is waited out; SIGTERM ends it with exit 0."""
     env = {**env, "RELAY_POLL_S": "0.05", "API_ATTEMPTS": "1"}
@@ -265,7 +266,7 @@ def test_the_relay_service_delivers_until_sigterm_and_waits_out_a_receiver_gone(
     receiver.stop()
     with open(err, "w") as stderr:
         service = subprocess.Popen(
-            [sys.executable, "relay.py"], env=env, cwd=ROOT, stdout=subprocess.PIPE,
+            [sys.executable, "-m", "labs.relay"], env=env, cwd=ROOT, stdout=subprocess.PIPE,
             stderr=stderr, text=True, start_new_session=True,
         )  # fmt: skip
     try:
@@ -299,7 +300,7 @@ def test_the_relay_service_delivers_until_sigterm_and_waits_out_a_receiver_gone(
     assert ("CHECKPOINT_DB is back after" in err.read_text()) is postgres
     # issue 49: without --once it said nothing until a message came; its first line says what
     assert err.read_text().splitlines()[0] == (
-        "relay.py: delivering the outbox every 0.05 s until Ctrl-C or SIGTERM "
+        "labs.relay: delivering the outbox every 0.05 s until Ctrl-C or SIGTERM "
         "(--once delivers what is pending, then exits)"
     )
 
@@ -314,7 +315,7 @@ def typed(argv, env):
 
 
 def lab_main(argv, env):
-    import lab as lab_py
+    from labs import cli as lab_py
 
     return lab_py.main(argv, env)
 
@@ -351,7 +352,7 @@ def put(env, message_id, payload):
 
 
 def shown(env):
-    """The outbox's rows, as `relay.py --show` prints them."""
+    """The outbox's rows, as `labs/relay.py --show` prints them."""
     code, out = forked(relay.main, ["--show"], env)
     assert code == 0, out
     return events(out)[0]["messages"]

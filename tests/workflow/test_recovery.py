@@ -12,15 +12,15 @@ import json
 import pytest
 
 import effects
-import lab as lab_py  # `lab` is the fixture: the lab's environment
 import plumbing
 import workflow
+from labs import cli as lab_py  # `lab` is the fixture: the lab's environment
 
 pytestmark = pytest.mark.fast
 
 
 def run(capsys, env, *argv):
-    """lab.py ARGS in this process: (exit code, events, stderr)."""
+    """labs/cli.py ARGS in this process: (exit code, events, stderr)."""
     code = lab_py.main(list(argv), env)
     out, err = capsys.readouterr()
     return code, [json.loads(line) for line in out.splitlines()], err
@@ -96,7 +96,7 @@ def test_migrate_to_the_contract_the_thread_has_writes_nothing_and_says_so(lab, 
 def test_migrate_of_no_such_thread_does_not_talk_of_resume(lab, capsys):
     code, events, err = run(capsys, lab, "migrate", "--thread", "nosuch")
     assert (code, events) == (plumbing.EXIT_THREAD, [])
-    assert err == "lab.py: no thread 'nosuch'; check --thread\n"
+    assert err == "labs: no thread 'nosuch'; check --thread\n"
 
 
 def saga(capsys, env, thread):
@@ -128,11 +128,11 @@ def test_state_and_saga_state_each_refuse_the_others_thread(lab, receiver, capsy
     saga(capsys, lab, "naive")
     code, events, err = run(capsys, lab, "state", "--thread", "naive")
     assert (code, events) == (plumbing.EXIT_THREAD, [])
-    assert err == "lab.py: thread 'naive' is a saga (lab 13): saga state --thread naive\n"
+    assert err == "labs: thread 'naive' is a saga (lab 13): saga state --thread naive\n"
     assert run(capsys, lab, "start", "--thread", "plain")[0] == 0
     code, events, err = run(capsys, lab, "saga", "state", "--thread", "plain")
     assert (code, events) == (plumbing.EXIT_THREAD, [])
-    assert err == "lab.py: thread 'plain' is not a saga; state --thread plain (without saga)\n"
+    assert err == "labs: thread 'plain' is not a saga; state --thread plain (without saga)\n"
 
 
 def test_a_naive_saga_waiting_at_its_refund_is_not_offered_a_plain_saga_resume(
@@ -157,10 +157,10 @@ def test_a_naive_saga_waiting_at_its_refund_is_not_offered_a_plain_saga_resume(
 
 
 def test_a_worker_thread_is_refused_with_the_command_that_owns_it(lab, receiver, capsys):
-    """A thread saved by worker.py's run_thread (no contract in its checkpoints)."""
+    """A thread saved by labs/workers.py's run_thread (no contract in its checkpoints)."""
     from langgraph.runtime import RunControl
 
-    import worker
+    from labs import workers as worker
 
     operation = {"thread": "w", "operation_id": "w:open-ticket:v1", "title": "W", "mode": "safe"}
     with (
@@ -168,7 +168,9 @@ def test_a_worker_thread_is_refused_with_the_command_that_owns_it(lab, receiver,
         effects.open_ledger(lab["CHECKPOINT_DB"]) as ledger,
     ):
         client = workflow.TicketClient(lab["API_URL"])
-        graph = lab_py.build_graph(saver)  # the graph worker.py runs by default (WORKER_GRAPH)
+        graph = lab_py.build_graph(
+            saver
+        )  # the graph labs/workers.py runs by default (WORKER_GRAPH)
         done = worker.run_thread(graph, client, ledger, operation, 1, RunControl())
         assert done["ticket_id"] == 1
     capsys.readouterr()
@@ -176,7 +178,7 @@ def test_a_worker_thread_is_refused_with_the_command_that_owns_it(lab, receiver,
     for command in ("migrate", "resume"):
         code, events, err = run(capsys, lab, command, "--thread", "w")
         assert (code, events) == (plumbing.EXIT_THREAD, []) and err.count("\n") == 1, err
-        assert "worker.py state --thread w" in err and "migrate" not in err
+        assert "labs/workers.py state --thread w" in err and "migrate" not in err
     assert history(lab, "w") == before
 
 
@@ -198,9 +200,7 @@ def test_the_state_of_a_naive_thread_says_its_key_was_never_sent(lab, receiver, 
     assert run(capsys, lab, "start", "--thread", "n", "--mode", "naive")[0] == 0
     code, events, err = run(capsys, lab, "state", "--thread", "n")
     assert code == 0 and events[0]["values"]["key"] == "case-001:open-ticket:v1"
-    assert (
-        err == "lab.py: --mode naive: the key is what prepare computed; create_ticket sends none\n"
-    )
+    assert err == "labs: --mode naive: the key is what prepare computed; create_ticket sends none\n"
     assert tickets(lab)[0]["key"] is None  # the receiver got none
     assert run(capsys, lab, "start", "--thread", "s")[0] == 0
     assert run(capsys, lab, "state", "--thread", "s")[2] == ""  # safe: the key was sent

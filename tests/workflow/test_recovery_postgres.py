@@ -1,6 +1,6 @@
 """migrate on Postgres: a refused move writes nothing there either, a good one moves the thread.
 
-A throwaway cluster of the machine's own PostgreSQL binaries (labs.tools.pg); without them the
+A throwaway cluster of the machine's own PostgreSQL binaries (tools.pg); without them the
 tier is skipped loudly (LAB_REQUIRE_POSTGRES=1 fails instead). Not in the fast loop: a cluster
 takes seconds to start.
 """
@@ -8,7 +8,7 @@ takes seconds to start.
 import pytest
 from test_recovery import history, run, tickets, v2
 
-import lab as lab_py  # `lab` is the fixture: the lab's environment
+from labs import cli as lab_py  # `lab` is the fixture: the lab's environment
 
 
 @pytest.fixture

@@ -1,10 +1,10 @@
 """Lab 17's claims about LangGraph's RetryPolicy, run on the installed LangGraph.
 
-The guide and lab.py's lab 17 section say which exceptions the default policy retries
+The guide and labs/cli.py's lab 17 section say which exceptions the default policy retries
 (default_retry_on, langgraph/_internal/_retry.py), that a retried node runs again from its
 first line in the same process, and that no checkpoint is saved between the attempts. Each test
 here runs the installed code: the function itself, then a real graph whose node raises once,
-then lab.py's switch against a real receiver, in this process. The guide's own commands are
+then labs/cli.py's switch against a real receiver, in this process. The guide's own commands are
 run by tests/guides (`-k 17`) in both backends.
 """
 
@@ -26,7 +26,7 @@ from typing_extensions import TypedDict
 from workflow_helpers import names
 from workflow_helpers import tickets as helpers_tickets
 
-import lab
+from labs import cli as lab
 
 pytestmark = pytest.mark.fast
 
@@ -162,7 +162,7 @@ def test_no_checkpoint_is_saved_between_the_attempts():
 
 @pytest.mark.parametrize("failure", lab.RETRY_FAILURES)
 def test_lab_17s_policies_retry_their_failure_and_the_default_would_not_retry_parse(failure):
-    """lab.py --retry-after-ack FAILURE: the node's policy retries the exception its line
+    """labs/cli.py --retry-after-ack FAILURE: the node's policy retries the exception its line
     raises. `parse` names json.JSONDecodeError: under the default policy it would fail the run."""
     make_error, retry_on = lab.RETRY_FAILURES[failure]
     _, policy = lab.failing_once_after(lambda state, runtime: {}, failure)
@@ -215,7 +215,8 @@ def test_the_retry_leaves_an_info_record_and_nothing_louder(caplog):
 def test_lab_17_one_start_no_stderr_and_the_receivers_count(
     mode, tickets, posts, second, receiver, workflow
 ):
-    """lab.py start --retry-after-ack timeout, in this process: exit 0 and nothing on stderr (no
+    """labs/cli.py start --retry-after-ack timeout, in this process: exit 0 and nothing on stderr
+    (no
     LangGraph line either), the request sent again by naive and safe, not by the ledger."""
     done = workflow(
         "start",

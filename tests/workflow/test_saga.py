@@ -18,12 +18,14 @@ import pytest
 from workflow_helpers import events
 
 import effectdrill
-import lab as lab_py
+from labs import cli as lab_py
 from labs.graphs import saga
-from labs.tools.local import events as local_events
-from labs.tools.local import run_workflow_here
+from tools.local import events as local_events
+from tools.local import run_workflow_here
 
-REFUSED = 11  # seats: more than the receiver has (api.py's SEATS, 10), so the reservation fails
+REFUSED = (
+    11  # seats: more than the receiver has (labs/receiver.py's SEATS, 10), so the reservation fails
+)
 AFTER_THE_REFUNDS_ANSWER = "put_writes refund [refund_id]"  # the drill's name for that point
 
 
@@ -69,7 +71,7 @@ def test_safe_refunds_once_at_every_crash_point(drill, durability):
 
 
 def killed(args, env, tmp_path):
-    """`lab.py ARGS` for a run that its own --crash-at SIGKILLs: lab.main in a forked child of
+    """`labs/cli.py ARGS` for a run that its own --crash-at SIGKILLs: lab.main in a forked child of
     this process, a real process that really dies (LangGraph imported already: a fork costs
     milliseconds, a new interpreter seconds). (exit code, as os.waitpid tells it; stdout)."""
     import langgraph.checkpoint.sqlite  # noqa: F401 (before the fork: the child has them)
@@ -178,7 +180,8 @@ def test_a_kill_in_the_window_of_the_charge_then_of_the_refund_is_adopted_by_loo
 
 
 def test_reconcile_settles_a_saga_effect_killed_in_its_window(receiver, lab, tmp_path):
-    """`lab.py reconcile` knows the saga's effects: it asks the receiver by key, records what it
+    """`labs/cli.py reconcile` knows the saga's effects: it asks the receiver by key, records what
+    it
     made as confirmed, and the resume takes the receipt (it does not even look up)."""
     start = ["saga", "start", "--thread", "z", "--seats", str(REFUSED), "--crash-at", "after-send"]
     assert killed(start, lab, tmp_path)[0] == -9

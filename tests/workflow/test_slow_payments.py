@@ -1,6 +1,7 @@
 """Lab 15's slow provider: a keyless payment whose commit comes after the client gave up.
 
-A real api.py holds every POST /payments before its commit (failpoint payment-commit=pause(PATH))
+A real labs/receiver.py holds every POST /payments before its commit (failpoint
+payment-commit=pause(PATH))
 until the test lets it go, so "the lookup ran before the commit" is a fact of the test, not of the
 machine's speed. The workflow runs in this process (lab.main, as the guides' local runs do) with
 API_TIMEOUT_S=0.3. --mode lookup-resend (the ledger before its settle rule) charges twice; the
@@ -15,13 +16,13 @@ import urllib.request
 import pytest
 
 import failpoints
-import lab as lab_py
-from labs.tools.local import ReceiverProcess, run_workflow_here
+from labs import cli as lab_py
+from tools.local import ReceiverProcess, run_workflow_here
 
 
 @pytest.fixture
 def held(lab, tmp_path):
-    """(api.py holding each charge before its commit, the hold's file)."""
+    """(labs/receiver.py holding each charge before its commit, the hold's file)."""
     hold = tmp_path / "payment-commit"
     env = dict(lab, FAILPOINTS=f"payment-commit=pause({hold})")
     server = ReceiverProcess(env, log_path=tmp_path / "receiver.log").start()
@@ -99,7 +100,7 @@ def test_lookup_resend_charges_twice_and_the_ledger_once(held, lab):
 def test_lookup_resend_without_a_payment_is_one_line_and_exit_2(lab):
     alone = run_workflow_here(["start", "--thread", "t", "--mode", "lookup-resend"], lab)
     assert (alone.returncode, alone.stdout) == (2, "")
-    assert alone.stderr == "lab.py: --mode lookup-resend changes only the payment: add --pay\n"
+    assert alone.stderr == "labs: --mode lookup-resend changes only the payment: add --pay\n"
 
 
 def test_the_payment_declares_a_keyless_provider_with_a_lookup_and_a_settle_time():

@@ -13,7 +13,7 @@ import pytest
 import effects
 import plumbing
 import smtpclient
-from labs.tools.local import free_port
+from tools.local import free_port
 
 HANG_GUARD_S = 30.0
 

@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-import lab as lab_py  # `lab` is the fixture: the lab's environment
 import plumbing
 import tracing
 import workflow
-from labs.tools.local import ROOT, ReceiverProcess, run
+from labs import cli as lab_py  # `lab` is the fixture: the lab's environment
+from tools.local import ROOT, ReceiverProcess, run
 
 KEY = tracing.KEY
 OPERATION = "case-trace:open-ticket:v1"
@@ -27,7 +27,7 @@ OPERATION = "case-trace:open-ticket:v1"
 
 @pytest.fixture
 def traced_receiver(lab, tmp_path):
-    """api.py with TRACE: its spans in receiver-spans.jsonl."""
+    """labs/receiver.py with TRACE: its spans in receiver-spans.jsonl."""
     spans = tmp_path / "receiver-spans.jsonl"
     server = ReceiverProcess({**lab, "TRACE": str(spans)}, tmp_path / "receiver.log").start()
     yield spans
@@ -69,7 +69,7 @@ def test_a_resumed_runs_two_attempts_and_the_receivers_replay_join_on_the_key(
     what joins them, and the receiver's span says which answer was a replay."""
     first_spans = tmp_path / "first-attempt.jsonl"
     start = ["start", "--thread", "t", "--operation", OPERATION, "--mode", "safe", "--crash"]
-    killed = run([sys.executable, "lab.py", *start], {**lab, "TRACE": str(first_spans)})
+    killed = run([sys.executable, "-m", "labs", *start], {**lab, "TRACE": str(first_spans)})
     assert killed.returncode == -9, killed.stderr
     # A span is exported when it ends: the killed run's own span never did; its POST had.
     assert [s["name"] for s in read(first_spans)] == ["POST /tickets"]
@@ -101,7 +101,7 @@ def test_the_relays_redelivery_and_the_receivers_replay_join_on_the_message_id(
     """Lab 19's window: a relay killed between the receiver's answer and its mark (a real
     process), then the next relay (in this process) sends the message again. The two POSTs and
     the receiver's two answers, the first made and the second a replay, carry the message id."""
-    import relay
+    from labs import relay
 
     message = "case-trace:outbox"
     Path(lab["CHECKPOINT_DB"]).parent.mkdir(parents=True)
@@ -109,7 +109,7 @@ def test_the_relays_redelivery_and_the_receivers_replay_join_on_the_message_id(
         outbox.put(message, "/tickets", {"title": "Trace"})
     first_spans = tmp_path / "first-relay.jsonl"
     killed = run(
-        [sys.executable, "relay.py", "--once", "--crash-at", "after-publish"],
+        [sys.executable, "-m", "labs.relay", "--once", "--crash-at", "after-publish"],
         {**lab, "TRACE": str(first_spans)},
     )
     assert killed.returncode == -9, killed.stderr
@@ -181,8 +181,8 @@ def test_a_drained_run_ends_its_span_with_a_drain_not_an_error(lab, receiver, me
 
 
 BLOCKED = "import sys; sys.modules['opentelemetry'] = None  # any OpenTelemetry import fails\n"
-API = """sys.path.insert(0, ""); sys.argv = ["api.py"]
-import runpy; runpy.run_path("api.py", run_name="__main__")
+API = """sys.path.insert(0, ""); sys.argv = ["labs/receiver.py"]
+import runpy; runpy.run_path("labs/receiver.py", run_name="__main__")
 """
 LEDGER = """import effects, workflow
 client = workflow.TicketClient(sys.argv[1])
@@ -195,7 +195,8 @@ print([m for m, module in sys.modules.items() if m.startswith("opentelemetry") a
 
 @pytest.mark.fast
 def test_tracing_off_the_receiver_and_the_ledger_need_only_the_standard_library(lab, tmp_path):
-    """With OpenTelemetry made unimportable, api.py serves a keyed POST and its replay, and the
+    """With OpenTelemetry made unimportable, labs/receiver.py serves a keyed POST and its replay,
+    and the
     ledger performs an effect; with TRACE set the receiver refuses to start, in one line."""
     api = tmp_path / "api_without_opentelemetry.py"
     api.write_text(BLOCKED + API)

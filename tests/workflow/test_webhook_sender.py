@@ -1,5 +1,6 @@
-"""Lab 18's sender (webhooks.py): the host it checks is the host it calls, and no request waits
-on a subscriber. Against a real receiver (api.py) on a free loopback port, and in this process
+"""Lab 18's sender (labs/webhooks.py): the host it checks is the host it calls, and no request waits
+on a subscriber. Against a real receiver (labs/receiver.py) on a free loopback port, and in this
+process
 for the resolution of a listed name."""
 
 import base64
@@ -16,11 +17,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-import api
 import httpguard
-import lab as lab_py
-import webhooks
-from labs.tools.local import ROOT, ReceiverProcess, wait_until
+from labs import cli as lab_py
+from labs import receiver as lab_receiver
+from labs import webhooks
+from tools.local import ROOT, ReceiverProcess, wait_until
 
 
 def post(url, body):
@@ -192,8 +193,8 @@ def test_a_listed_name_is_resolved_once_per_delivery_and_kept_in_the_host_header
         assert host == "hooks.lab.test"
         return [(socket.AF_INET, type, 6, "", (next(answers), port))]
 
-    metrics = api.receiver.Metrics(api.COUNTERS)
-    store = api.LabStore(tmp_path / "r.sqlite", 5.0, None, metrics)
+    metrics = lab_receiver.api.Metrics(lab_receiver.COUNTERS)
+    store = lab_receiver.LabStore(tmp_path / "r.sqlite", 5.0, None, metrics)
     lines = []
     try:
         store.subscribe(f"http://hooks.lab.test:{port}/hook")
@@ -265,8 +266,8 @@ def test_a_secret_under_24_bytes_is_refused_with_the_specs_reason(lab, tmp_path)
     ]:
         env = {**lab, "WEBHOOK_SECRET": setting}
         done = subprocess.run(
-            [sys.executable, "api.py"], env=env, cwd=ROOT, capture_output=True, text=True,
-            timeout=60,
+            [sys.executable, "-m", "labs.receiver"], env=env, cwd=ROOT, capture_output=True,
+            text=True, timeout=60,
         )  # fmt: skip
         assert done.returncode == 2 and done.stdout == "", done
         (line,) = done.stderr.splitlines()
@@ -295,8 +296,8 @@ def test_an_attempt_is_cut_off_when_a_subscriber_trickles_its_answer(tmp_path):
                 connection.sendall(bytes([byte]))
 
     threading.Thread(target=trickle, daemon=True).start()
-    metrics = api.receiver.Metrics(api.COUNTERS)
-    store = api.LabStore(tmp_path / "r.sqlite", 5.0, None, metrics)
+    metrics = lab_receiver.api.Metrics(lab_receiver.COUNTERS)
+    store = lab_receiver.LabStore(tmp_path / "r.sqlite", 5.0, None, metrics)
     lines = []
     try:
         key = httpguard.webhook_key(httpguard.DEFAULT_WEBHOOK_SECRET)

@@ -1,5 +1,7 @@
-"""Lab 18: the receiver's webhooks (api.py, the sender), the workflow's endpoint (lab.py hooks) and
-its inbox (inbox.py). The guide (labs/18-*.md, both backends) kills the endpoint for real between
+"""Lab 18: the receiver's webhooks (labs/receiver.py, the sender), the workflow's endpoint (labs
+hooks) and
+its inbox (labs/inbox.py). The guide (labs/18-*.md, both backends) kills the endpoint for real
+between
 its commit and its answer; these tests hold the rest, mostly in this process.
 """
 
@@ -17,11 +19,11 @@ import pytest
 import effects
 import failpoints
 import httpguard
-import inbox
-import lab
 import plumbing
 import workflow
-from labs.tools.local import ROOT, ReceiverProcess, events, lab_env, wait_until
+from labs import cli as lab
+from labs import inbox
+from tools.local import ROOT, ReceiverProcess, events, lab_env, wait_until
 
 # --- the inbox, the core an engineer copies ------------------------------------------------
 
@@ -70,13 +72,14 @@ def test_the_inbox_waits_out_another_connection_making_a_new_file(tmp_path):
 def test_a_checkpoint_file_with_the_inbox_beside_it_is_the_labs_own_not_the_cores(
     tmp_path, monkeypatch
 ):
-    """The core (plumbing.py) names no table of inbox.py or relay.py (the starter has neither):
+    """The core (plumbing.py) names no table of labs/inbox.py or labs/relay.py (the starter has
+    neither):
     to it a file holding them is another program's. The lab's programs count them as their
-    own (own_tables, in lab.py's, relay.py's and worker.py's main): a file that SqliteSaver, the
-    ledger, `hooks` and the relay wrote to is not refused by them."""
+    own (own_tables, in labs/cli.py's, labs/relay.py's and labs/workers.py's main): a file that
+    SqliteSaver, the ledger, `hooks` and the relay wrote to is not refused by them."""
     from langgraph.checkpoint.sqlite import SqliteSaver
 
-    import relay
+    from labs import relay
 
     path = tmp_path / "c.sqlite"
     with SqliteSaver.from_conn_string(str(path)) as saver:
@@ -137,12 +140,14 @@ def test_the_inbox_in_postgres_applies_an_event_once_from_two_connections_at_onc
 
 # --- the endpoint: bad input first ---------------------------------------------------------
 
-KEY = httpguard.webhook_key(httpguard.DEFAULT_WEBHOOK_SECRET)  # api.py's and hooks' unless set
+KEY = httpguard.webhook_key(
+    httpguard.DEFAULT_WEBHOOK_SECRET
+)  # labs/receiver.py's and hooks' unless set
 
 
 @pytest.fixture
 def endpoint(tmp_path):
-    """lab.py's endpoint (open_endpoint, HookHandler) on a free loopback port, in this process,
+    """labs/cli.py's endpoint (open_endpoint, HookHandler) on a free loopback port, in this process,
     with no receiver (a malformed webhook is answered before anything is sent anywhere)."""
     with (
         inbox.open_inbox(tmp_path / "c.sqlite") as box,
@@ -283,7 +288,7 @@ def test_a_stalled_client_or_a_bare_cr_holds_no_other_delivery_and_no_shutdown(e
 
 class Subscriber(BaseHTTPRequestHandler):
     """A test's webhook endpoint: answers the next statuses in `answers` (then 200), keeps what
-    came (a 3xx with a Location to /moved); checks each signature as lab.py hooks does."""
+    came (a 3xx with a Location to /moved); checks each signature as labs hooks does."""
 
     answers, got, moved = [], [], []
 
@@ -310,7 +315,7 @@ class Subscriber(BaseHTTPRequestHandler):
 
 def call(receiver, path, body, key=None):
     """The receiver's answer; for /webhooks and /progress once their delivery round is over
-    (?wait=30), as lab.py hooks asks."""
+    (?wait=30), as labs hooks asks."""
     if path in ("/webhooks", "/progress"):
         path += "?wait=30"
     return workflow.TicketClient(receiver.url).call(path, body, key)
@@ -504,9 +509,9 @@ def test_a_kill_between_the_message_and_its_receipt_stops_the_next_delivery(rece
     [
         (
             ["--move", "opened,resovled"],
-            "lab.py hooks: argument --move: 'resovled' is not a status",
+            "labs hooks: argument --move: 'resovled' is not a status",
         ),
-        (["--mode", "naive", "--crash-at", "after-inbox"], "lab.py: --crash-at after-inbox is the"),
+        (["--mode", "naive", "--crash-at", "after-inbox"], "labs: --crash-at after-inbox is the"),
     ],
 )
 def test_a_hooks_mistake_is_one_line_and_a_usage_error(tmp_path, capsys, argv, line):
@@ -525,11 +530,11 @@ def test_a_hooks_mistake_is_one_line_and_a_usage_error(tmp_path, capsys, argv, l
 @pytest.mark.parametrize(
     ("argv", "line"),
     [
-        (["start", "--move", "resolved"], "lab.py: unrecognized arguments: --move resolved; "
+        (["start", "--move", "resolved"], "labs: unrecognized arguments: --move resolved; "
          "--move is an option of hooks (see --help)"),
-        (["outbox", "start", "--mode", "naive"], "lab.py: unrecognized arguments: --mode naive; "
+        (["outbox", "start", "--mode", "naive"], "labs: unrecognized arguments: --mode naive; "
          "--mode is an option of start, saga start and hooks (see --help)"),
-        (["post", "--title", '{"a":', "1}"], "lab.py: unrecognized arguments: 1}; the shell split "
+        (["post", "--title", '{"a":', "1}"], "labs: unrecognized arguments: 1}; the shell split "
          "a JSON value at its spaces: quote it, like '{\"title\": \"t\"}' (see --help)"),
     ],
 )  # fmt: skip
@@ -551,7 +556,8 @@ def test_an_unquoted_drill_input_says_to_quote_it(capsys):
 
 @pytest.mark.fast
 def test_hooks_says_what_it_did_and_refuses_naive_on_the_inboxs_ticket(receiver, capsys):
-    """hooks signs nothing itself: api.py signs, hooks checks, with the one lab secret. Nothing
+    """hooks signs nothing itself: labs/receiver.py signs, hooks checks, with the one lab secret.
+    Nothing
     moved: it says how; a --move to the status the ticket has: no event, no message; naive on
     a ticket the inbox took: one line, exit 2, nothing subscribed."""
     assert lab.main(["hooks", "--ticket", "1"], receiver.env) == 0  # no ticket yet: none came
@@ -563,7 +569,7 @@ def test_hooks_says_what_it_did_and_refuses_naive_on_the_inboxs_ticket(receiver,
         "version": 0,
     }
     assert err.splitlines() == [
-        "lab.py: no webhook for ticket 1 yet: --move opened,resolved moves it (tickets lists "
+        "labs: no webhook for ticket 1 yet: --move opened,resolved moves it (tickets lists "
         "the receiver's)"
     ]
     call(receiver, "/tickets", {"title": "webhooks"})
@@ -575,12 +581,12 @@ def test_hooks_says_what_it_did_and_refuses_naive_on_the_inboxs_ticket(receiver,
     assert events(out) == [
         {"event": "ticket_status", "status": "resolved", "ticket_id": 1, "version": 1}
     ]
-    assert err == "lab.py: ticket 1 has each status of --move already: no event, no message\n"
+    assert err == "labs: ticket 1 has each status of --move already: no event, no message\n"
     assert messages(receiver) == ["ticket 1 resolved (evt_1)"]
     naive = ["hooks", "--ticket", "1", "--mode", "naive", "--move", "opened"]
     assert lab.main(naive, receiver.env) == plumbing.EXIT_USAGE
     out, err = capsys.readouterr()
-    assert out == "" and err.startswith("lab.py: ticket 1 is the inbox's (a hooks without --mode")
+    assert out == "" and err.startswith("labs: ticket 1 is the inbox's (a hooks without --mode")
     assert len(err.splitlines()) == 1 and messages(receiver) == ["ticket 1 resolved (evt_1)"]
 
 
@@ -595,7 +601,7 @@ def test_a_hooks_whose_webhooks_went_to_a_later_subscriber_says_so(receiver, tmp
     call(receiver, "/progress", {"ticket_id": 1, "statuses": ["opened"]})  # pending: no one yet
     held = tmp_path / "held"
     a = subprocess.Popen(
-        [sys.executable, "lab.py", "hooks", "--ticket", "1", "--move", "resolved"],
+        [sys.executable, "-m", "labs", "hooks", "--ticket", "1", "--move", "resolved"],
         env={**receiver.env, "FAILPOINTS": f"after-inbox=pause({held})"}, cwd=ROOT,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
@@ -624,7 +630,7 @@ def test_a_hooks_whose_webhooks_went_to_a_later_subscriber_says_so(receiver, tmp
     assert [e["event_id"] for e in events(out) if e["event"] == "webhook"] == ["evt_1"]
     assert [e["event_id"] for e in b.RequestHandlerClass.got] == ["evt_2"]
     assert err.splitlines() == [
-        "lab.py: the receiver delivered webhooks to another endpoint, subscribed after this one "
+        "labs: the receiver delivered webhooks to another endpoint, subscribed after this one "
         "(another hooks running?): that one took them"
     ]
 
@@ -640,7 +646,7 @@ def test_ctrl_c_while_hooks_waits_is_one_line_and_exit_130(tmp_path):
     silent = socket.create_server(("127.0.0.1", 0))
     env = lab_env(tmp_path / "data", silent.getsockname()[1])
     hooks = subprocess.Popen(
-        [sys.executable, "lab.py", "hooks", "--ticket", "2"],
+        [sys.executable, "-m", "labs", "hooks", "--ticket", "2"],
         env=env,
         cwd=ROOT,
         stdout=subprocess.PIPE,
@@ -658,6 +664,6 @@ def test_ctrl_c_while_hooks_waits_is_one_line_and_exit_130(tmp_path):
     held.close()
     assert hooks.returncode == plumbing.EXIT_INTERRUPTED and out == ""
     assert err.splitlines() == [
-        "lab.py: interrupted; the receiver keeps what got no answer pending: hooks --ticket 2 "
+        "labs: interrupted; the receiver keeps what got no answer pending: hooks --ticket 2 "
         "takes it"
     ]

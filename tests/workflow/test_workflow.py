@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from labs.tools.local import ROOT, events, free_port, lab_env
+from tools.local import ROOT, events, free_port, lab_env
 
 
 def test_build_graph_is_prepare_then_create_ticket(tmp_path):
@@ -99,14 +99,14 @@ def one_line_error(done, exit_code, text):
     ],
 )
 def test_argument_mistakes_exit_2_with_one_line(args, text, lab):
-    from labs.tools.local import run_workflow
+    from tools.local import run_workflow
 
     one_line_error(run_workflow(args, lab), 2, text)
 
 
 @pytest.mark.parametrize("args", [["tickets"], ["post"], ["start", "--thread", "x"]])
 def test_receiver_unreachable_exits_3_with_one_line(args, tmp_path):
-    from labs.tools.local import run_workflow
+    from tools.local import run_workflow
 
     env = lab_env(tmp_path / "data", free_port())  # nothing listens on this port
     done = run_workflow(args, env)

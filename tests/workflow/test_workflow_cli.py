@@ -20,7 +20,7 @@ import effects
 import failpoints
 import plumbing
 import workflow
-from labs.tools.local import (
+from tools.local import (
     ROOT,
     ReceiverProcess,
     free_port,
@@ -178,15 +178,15 @@ def test_ctrl_c_before_the_first_checkpoint_says_start_it_again(env, tmp_path):
 
 
 def test_approve_of_an_unknown_thread_says_no_such_thread_waits(env, capsys):
-    import lab
+    from labs import cli as lab
 
     assert lab.main(["approve", "--thread", "ghost"], env) == plumbing.EXIT_THREAD
     err = capsys.readouterr().err
-    assert err == "lab.py: no thread 'ghost' waits for approval; check --thread\n"
+    assert err == "labs: no thread 'ghost' waits for approval; check --thread\n"
 
 
 def test_the_step_boundary_switch_refuses_a_postgres_checkpointer(env, capsys):
-    import lab
+    from labs import cli as lab
 
     env = {**env, "CHECKPOINT_DB": "postgresql://127.0.0.1:1/none"}
     code = lab.main(["start", "--crash-at", "step-boundary"], env)
@@ -196,7 +196,7 @@ def test_the_step_boundary_switch_refuses_a_postgres_checkpointer(env, capsys):
 
 
 def test_ctrl_c_in_a_saga_names_saga_resume(env):
-    import lab
+    from labs import cli as lab
 
     args = lab.build_parser().parse_args(["saga", "start", "--thread", "s"])
     settings = workflow.Settings.from_environ(env)
@@ -206,7 +206,7 @@ def test_ctrl_c_in_a_saga_names_saga_resume(env):
     assert hint.endswith("; resume it with: saga resume --thread s"), hint
 
 
-@pytest.mark.parametrize("command", [["resume"], ["state"]])  # migrate: lab.py (test_contract)
+@pytest.mark.parametrize("command", [["resume"], ["state"]])  # migrate: labs/cli.py (test_contract)
 def test_a_thread_not_given_is_named_as_the_default(env, capsys, command):
     """`resume` alone looked up a thread 'demo' the learner never typed: the line says why."""
     returned = workflow.main(command)
@@ -289,11 +289,11 @@ def test_a_read_only_or_full_checkpoint_db_has_its_own_exit_and_names_the_resume
 
 
 def test_the_busy_budget_outlasts_the_review_s_10_s_lock_by_more_than_the_lock():
-    import api
+    from labs import receiver as lab_receiver
 
     tries = plumbing.ATTEMPTS * plumbing.BUSY_TRIES_PER_ATTEMPT
     delays = plumbing.retry_delays()
-    waited = sum(next(delays) for _ in range(tries - 1)) + tries * api.BUSY_TIMEOUT_S
+    waited = sum(next(delays) for _ in range(tries - 1)) + tries * lab_receiver.BUSY_TIMEOUT_S
     assert waited > 2 * 10.0, waited
 
 
@@ -340,13 +340,13 @@ def test_a_ctrl_c_that_strands_a_thread_still_exits_130_at_once(tmp_path):
     assert (done.returncode, done.stderr, done.stdout) == (130, "workflow.py: interrupted\n", "")
 
 
-@pytest.mark.parametrize("script", ["workflow.py", "lab.py"])
+@pytest.mark.parametrize("script", [["workflow.py"], ["-m", "labs"]], ids=["workflow", "labs"])
 def test_ctrl_c_while_python_imports_the_script_is_one_line(lab, script):
     """SIGINT as soon as -X importtime reports one of the script's own imports done (effects,
     which both import before workflow's): it lands in the script's own imports or, on a slow
     machine, later in main(); one line either way."""
     proc = subprocess.Popen(
-        [sys.executable, "-X", "importtime", str(ROOT / script), "state", "--thread", "x"],
+        [sys.executable, "-X", "importtime", *script, "state", "--thread", "x"],
         env=lab,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -361,7 +361,8 @@ def test_ctrl_c_while_python_imports_the_script_is_one_line(lab, script):
     out, err = proc.communicate(timeout=60)
     said = [line for line in err.splitlines() if not line.startswith("import time:")]
     assert proc.returncode == plumbing.EXIT_INTERRUPTED, "".join(seen) + err
-    assert said == [f"{script}: interrupted"] and out == "", said
+    name = script[0] if script[0] != "-m" else script[1]  # the program's name in its lines
+    assert said == [f"{name}: interrupted"] and out == "", said
 
 
 @pytest.mark.fast
@@ -397,20 +398,21 @@ def test_an_api_url_naming_another_server_is_one_line_naming_api_url(env, monkey
 
 
 def test_a_title_that_is_not_utf8_is_refused_before_anything_runs(lab, tmp_path):
-    """`lab.py start --title $'bad\\xff'`: a UnicodeEncodeError traceback in request_hash. The
+    """`labs/cli.py start --title $'bad\\xff'`: a UnicodeEncodeError traceback in request_hash. The
     argument's bytes, as a shell passes them: one line, exit 2, no checkpoint file made."""
     title = b"bad\xff"
     done = subprocess.run(
-        [sys.executable, str(ROOT / "lab.py"), "start", "--thread", "u", "--title", title],
+        [sys.executable, "-m", "labs", "start", "--thread", "u", "--title", title],
         env=lab,
         capture_output=True,
         timeout=60,
     )
     err = done.stderr.decode()
     assert done.returncode == plumbing.EXIT_USAGE and err.count("\n") == 1, err
-    assert err.startswith("lab.py: --title b'bad\\xff' is not UTF-8 text"), err
+    assert err.startswith("labs: --title b'bad\\xff' is not UTF-8 text"), err
     assert done.stdout == b"" and not Path(lab["CHECKPOINT_DB"]).exists()
-    # worker.py's submit alike (in-process: the str a shell's bytes become), before any database
+    # labs/workers.py's submit alike (in-process: the str a shell's bytes become), before any
+    # database
     submit = [
         "submit",
         "--thread",
@@ -422,7 +424,7 @@ def test_a_title_that_is_not_utf8_is_refused_before_anything_runs(lab, tmp_path)
     ]
     done = run_worker_here(submit, dict(lab, CHECKPOINT_DB="postgresql://127.0.0.1:1/none"))
     assert done.returncode == plumbing.EXIT_USAGE, done.stderr
-    assert done.stderr == "worker.py: --title b'bad\\xff' is not UTF-8 text; nothing was run\n"
+    assert done.stderr == "labs.workers: --title b'bad\\xff' is not UTF-8 text; nothing was run\n"
 
 
 def test_request_hash_refuses_text_that_is_not_utf8_in_one_line():
@@ -519,7 +521,7 @@ def test_a_ledger_made_unwritable_while_the_request_is_out_exits_74_and_names_th
     pause = tmp_path / "after-send"
     env = {**lab, "FAILPOINTS": f"after-send=pause({pause})"}
     proc = subprocess.Popen(
-        [sys.executable, str(ROOT / "lab.py"), "start", "--thread", "ro", "--mode", "ledger"],
+        [sys.executable, "-m", "labs", "start", "--thread", "ro", "--mode", "ledger"],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -554,8 +556,8 @@ def test_a_ledger_made_unwritable_while_the_request_is_out_exits_74_and_names_th
 
 def test_a_crash_command_forked_prints_and_dies_as_the_process_a_learner_starts(receiver, lab):
     """The tests' crash commands run in a fork of the test process (LangGraph already imported):
-    the same lines on stdout, the same SIGKILL, the same ticket as `python lab.py ...`."""
-    from labs.tools.local import run_workflow, run_workflow_forked
+    the same lines on stdout, the same SIGKILL, the same ticket as `python -m labs ...`."""
+    from tools.local import run_workflow, run_workflow_forked
 
     start = ["start", "--mode", "naive", "--crash", "--title"]
     forked = run_workflow_forked([*start, "forked", "--thread", "f", "--operation", "f"], lab)
@@ -571,7 +573,7 @@ def test_a_crash_command_forked_prints_and_dies_as_the_process_a_learner_starts(
 
 @pytest.mark.fast
 def test_a_forked_command_that_hangs_is_killed_at_its_timeout(lab, tmp_path):
-    from labs.tools.local import run_workflow_forked
+    from tools.local import run_workflow_forked
 
     held = tmp_path / "held"  # a pause that nothing releases
     env = {**lab, "FAILPOINTS": f"after-prepare=pause({held})"}
@@ -580,11 +582,15 @@ def test_a_forked_command_that_hangs_is_killed_at_its_timeout(lab, tmp_path):
 
 
 @pytest.mark.fast
-@pytest.mark.parametrize("script", ["lab.py", "workflow.py", "worker.py", "relay.py"])
+@pytest.mark.parametrize(
+    "script",
+    [["-m", "labs"], ["workflow.py"], ["-m", "labs.workers"], ["-m", "labs.relay"]],
+    ids=["labs", "workflow", "workers", "relay"],
+)
 def test_help_says_what_the_program_is_in_whole_sentences(script):
-    """Issue 49: lab.py --help cut its description mid-sentence ("... as long as the")."""
+    """Issue 49: labs/cli.py --help cut its description mid-sentence ("... as long as the")."""
     shown = subprocess.run(
-        [sys.executable, script, "--help"], cwd=ROOT, capture_output=True, text=True, timeout=60
+        [sys.executable, *script, "--help"], cwd=ROOT, capture_output=True, text=True, timeout=60
     )
     assert shown.returncode == 0, shown.stderr
     description = " ".join(shown.stdout.split("\n\n")[1].split())
