@@ -66,10 +66,7 @@ GIT_TIMEOUT_S = 60  # seconds for one git command; they take milliseconds on thi
 STOP_TIMEOUT_S = 60  # seconds for a receiver to exit on SIGTERM: under a second when it works
 TITLE = "Check supplier configuration"
 FIGURES = ("rps", "p50_ms", "p99_ms")  # per round; the report shows the median over rounds
-NEEDED = (
-    "labs/receiver.py",
-    "workflow.py",
-)  # what a ref must hold to be run: the receiver and the CLI
+NEEDED = ("api.py", "workflow.py")  # what a ref must hold to be run: the receiver and the CLI
 EXIT_OK, EXIT_NO_LAB, EXIT_NO_BASELINE = 0, 3, 4  # and 2 for bad arguments (Parser)
 
 
