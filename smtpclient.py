@@ -1,6 +1,6 @@
 """An SMTP provider for the ledger: a protocol other than HTTP, declared as any provider is.
 
-    MAIL = plumbing.Provider(
+    MAIL = providers.Provider(
         "MAIL", url="smtp://127.0.0.1:8025", client_class=smtpclient.SmtpClient,
         settle_s=smtpclient.SETTLE_S, answers=smtpclient.ANSWERS,
     )
@@ -25,7 +25,8 @@ import smtplib
 import socket
 import urllib.parse
 
-import plumbing
+import exitcodes
+import providers
 
 SETTLE_S = 600.0  # RFC 5321 4.5.3.2.6, DATA termination: the client waits 10 minutes
 DOMAIN = "ledger.invalid"  # the right side of a Message-ID we make
@@ -34,16 +35,16 @@ DOMAIN = "ledger.invalid"  # the right side of a Message-ID we make
 class SmtpClient:
     """A provider's SMTP client: one connection per message (smtplib), the key as Message-ID."""
 
-    schemes = ("smtp",)  # what {NAME}_URL may say (plumbing.checked_url)
+    schemes = ("smtp",)  # what {NAME}_URL may say (providers.checked_url)
 
-    def __init__(self, url, timeout_s=plumbing.TIMEOUT_S, attempts=1, headers=None, name="MAIL"):
+    def __init__(self, url, timeout_s=providers.TIMEOUT_S, attempts=1, headers=None, name="MAIL"):
         parts = urllib.parse.urlsplit(url)
         self.url, self.host, self.port = url, parts.hostname, parts.port or 25
         self.timeout_s, self.name, self.label = timeout_s, name, name
 
     def mail(self, sender, to, subject, text, key):
         """Send one message; {"message_id", "to"}: what the server took. A refused connection
-        is plumbing.Unreachable (nothing left); smtplib's errors otherwise (ANSWERS)."""
+        is exitcodes.Unreachable (nothing left); smtplib's errors otherwise (ANSWERS)."""
         message = email.message.EmailMessage()
         message["From"], message["To"], message["Subject"] = sender, to, subject
         message["Message-ID"] = message_id(key)
@@ -51,10 +52,10 @@ class SmtpClient:
         try:
             server = smtplib.SMTP(self.host, self.port, timeout=self.timeout_s)
         except (ConnectionRefusedError, socket.gaierror) as error:
-            raise plumbing.Unreachable(
+            raise exitcodes.Unreachable(
                 f"cannot reach {self.label} at {self.url} ({error}); start it, or set "
                 f"{self.name}_URL to where it listens",
-                plumbing.EXIT_NO_ANSWER,
+                exitcodes.EXIT_NO_ANSWER,
             ) from error
         with server:
             server.send_message(message)
@@ -69,10 +70,10 @@ def message_id(key):
 
 @dataclasses.dataclass(frozen=True)
 class SmtpAnswers:
-    """What an SMTP server's answers mean for an effect (plumbing.HttpAnswers' counterpart)."""
+    """What an SMTP server's answers mean for an effect (providers.HttpAnswers' counterpart)."""
 
     def not_sent(self, error):
-        if isinstance(error, plumbing.Unreachable | smtplib.SMTPConnectError):
+        if isinstance(error, exitcodes.Unreachable | smtplib.SMTPConnectError):
             return True  # no connection, or no greeting: nothing was sent
         return 400 <= reply_code(error) < 500  # "not taken" before the message was accepted
 

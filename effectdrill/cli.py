@@ -113,7 +113,7 @@ def end_if_stranded(code):
     leaves that worker waiting for work forever, and the interpreter's exit joins it forever
     (seen with LangGraph's BackgroundExecutor, langgraph/pregel/_executor.py, which submits to
     langchain_core's ContextThreadPoolExecutor: about one Ctrl-C in 30 on a busy machine). The
-    same function is plumbing.end_if_stranded: the drill stands alone, importing no file of
+    same function is commandline.end_if_stranded: the drill stands alone, importing no file of
     yours. Without such a thread (nothing else non-daemon runs here once the drill returned) it
     returns."""
     main = threading.main_thread()

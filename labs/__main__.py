@@ -8,8 +8,8 @@ if __name__ == "__main__":  # a Ctrl-C while the imports below run: one line, no
     said = b"labs: interrupted\n"  # exit 130, EXIT_INTERRUPTED: nothing has run yet
     signal.signal(signal.SIGINT, lambda *_: (os.write(2, said), os._exit(130)))
 
-import plumbing  # noqa: E402 (after the handler: these imports take most of a second)
+import commandline  # noqa: E402 (after the handler: these imports take most of a second)
 from labs.cli import main  # noqa: E402
 
 if __name__ == "__main__":
-    plumbing.run_script(main, "labs")
+    commandline.run_script(main, "labs")

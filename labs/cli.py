@@ -70,15 +70,18 @@ import urllib.parse
 import uuid
 from typing import NotRequired, TypedDict
 
+import checkpoints
+import commandline
 import effects
+import exitcodes
 import failpoints
 import httpguard
-import plumbing
+import providers
 import workflow
+from exitcodes import EXIT_THREAD, EXIT_USAGE, UserError, emit
 from failpoints import fail
 from httpguard import DEFAULT_WEBHOOK_SECRET as LAB_SECRET
 from labs import inbox, relay
-from plumbing import EXIT_THREAD, EXIT_USAGE, UserError, emit
 
 MODES = ("naive", "safe", "node-uuid", "ledger")  # ledger: the core's; the others, lessons
 PAYMENT_MODES = ("lookup-resend",)  # lab 15: the ticket as in ledger, the payment without settle_s
@@ -115,13 +118,13 @@ def create_ticket(state: State, runtime):
     """The core's create_ticket (--mode ledger), or a lesson's: the request sent with the key
     --mode picks (none, the run's, a fresh one) and nothing recorded before it leaves."""
     if state["mode"] in ("ledger", *PAYMENT_MODES):  # the ticket as the core makes it
-        return workflow.create_ticket(state, runtime)
+        return workflow.create_ticket(state)
     key = {"naive": None, "safe": state["key"], "node-uuid": str(uuid.uuid4())}[state["mode"]]
     client = runtime.context.client
     fail("before-request")
     try:
         result = client.create(state["title"], key)
-    except plumbing.NoAnswer as error:
+    except exitcodes.NoAnswer as error:
         # Sent, and no answer: committed or not, nobody here can tell (lab 06). A refused
         # connection or a 503 is not NoAnswer: nothing was committed, and the client tried again.
         emit("effect_unknown", error=str(error.__cause__ or error))
@@ -188,7 +191,7 @@ def said(event, done, key, **values):
 
 
 # The ask for approval, declared once: a ticket on the receiver, under a name of its own.
-APPROVAL = dataclasses.replace(workflow.TICKET, name="approval")
+APPROVAL = dataclasses.replace(workflow.ticket, name="approval")
 MAX_TITLE = 200  # characters in a ticket's title: labs/receiver.py's MAX_TITLE_CHARS
 
 
@@ -274,8 +277,8 @@ MESSAGE = effects.Effect(
     send=lambda client, request, key: client.call("/messages", request),  # no key: none is read
     external_id=lambda answer: answer["message_id"],
     lookup=None,  # GET /messages lists them; no key finds one
-    not_sent=plumbing.did_nothing,
-    refused=plumbing.refusal,
+    not_sent=providers.did_nothing,
+    refused=providers.refusal,
     settle_s=workflow.RECEIVER_SETTLE_S,  # a person's word on it waits this long after a send
     answer_of=lambda message_id: {"message_id": int(message_id)},  # reconcile --confirmed KEY=ID
     look_with=(
@@ -338,8 +341,8 @@ PAYMENT = effects.Effect(
     send=lambda client, request, key: client.call("/payments", request),  # no key: none is read
     lookup=lambda client, key: paid(client, key),
     external_id=lambda answer: answer["payment_id"],
-    not_sent=plumbing.did_nothing,
-    refused=plumbing.refusal,
+    not_sent=providers.did_nothing,
+    refused=providers.refusal,
     keyed=False,  # a resend is a second charge
     settle_s=PAYMENT_SETTLE_S,
     answer_of=lambda payment_id: {"payment_id": int(payment_id)},  # reconcile --confirmed KEY=ID
@@ -428,7 +431,7 @@ def approve(args, settings):
 
 def run(args, settings, graph_input):
     """workflow.run with the lab's failpoints, and its graph and client (LAB below)."""
-    if args.crash_at == "step-boundary" and plumbing.is_postgres(settings.checkpoint_db):
+    if args.crash_at == "step-boundary" and checkpoints.is_postgres(settings.checkpoint_db):
         raise UserError(
             "--crash-at step-boundary needs the SQLite checkpointer (its saver is a SqliteSaver); "
             "unset CHECKPOINT_DB",
@@ -490,7 +493,7 @@ def client_for(args, settings):
 
 def saver_for(args, settings):
     """The step-boundary saver for runs that may pass that point; SQLite's plain one otherwise."""
-    if args.graph_command and not plumbing.is_postgres(settings.checkpoint_db):
+    if args.graph_command and not checkpoints.is_postgres(settings.checkpoint_db):
         return step_boundary_saver()
     return None
 
@@ -751,12 +754,12 @@ def refund(state: SagaState, runtime):
 # The saga's effects, declared once each: what is sent, how the receiver is asked what a key
 # made (GET ...?key=), the id in the receipt, and which answers are a "no" (a 4xx: the receiver
 # made nothing). The charge is a ticket, so it is the core's TICKET under its own name.
-CHARGE = dataclasses.replace(workflow.TICKET, name="charge")
+CHARGE = dataclasses.replace(workflow.ticket, name="charge")
 
 
 def receiver_effect(name, path):
     """An effect on one of the receiver's keyed POST routes, looked up by GET path?key=."""
-    return plumbing.Effect(  # keyed, its settle time and its refusals: workflow.API's
+    return effects.Effect(  # keyed, its settle time and its refusals: workflow.API's
         name,  # (reservations: no_capacity, the saga's outcome; a key used for another body)
         provider=workflow.API,
         send=lambda client, request, key: client.call(path, request, key),
@@ -806,7 +809,7 @@ def not_refunded(state, why):
         f"reservation {why} the key {saga_key(state, 'reserve')} for another reservation (an "
         f"earlier saga with this --operation?), so ticket {state['ticket_id']} is not refunded; "
         "look at that saga's state (saga state --thread ITS-THREAD)",
-        plumbing.EXIT_HTTP_ERROR,
+        exitcodes.EXIT_HTTP_ERROR,
     )
 
 
@@ -828,14 +831,14 @@ def saga_run(args, settings, graph_input):
     ):
         graph = build_saga(saver)
         hint = saga_exists_hint(saver.get_tuple(workflow.thread_config(args.thread)))
-        snapshot = plumbing.require_thread(graph, args.thread, graph_input is not None, hint)
+        snapshot = checkpoints.require_thread(graph, args.thread, graph_input is not None, hint)
         if graph_input is None and "seats" not in snapshot.values:
             raise UserError(
                 f"thread {args.thread!r} is not a saga; resume it without saga", EXIT_THREAD
             )
         final = workflow.run_graph(graph, graph_input, args.thread, settings.client(), ledger)
     if final is None:
-        return plumbing.EXIT_DRAINED
+        return exitcodes.EXIT_DRAINED
     emit("done", **final)
     return 0
 
@@ -874,8 +877,10 @@ def seats(text):
 
 def add_saga_parser(actions):
     saga = actions.add_parser("saga", help="lab 13: charge, reserve, refund when refused")
-    steps = saga.add_subparsers(dest="saga_action", required=True, parser_class=plumbing.Parser)
-    thread = dict(default=plumbing.Defaulted("saga"), help="checkpoint thread id (default: saga)")
+    steps = saga.add_subparsers(dest="saga_action", required=True, parser_class=commandline.Parser)
+    thread = dict(
+        default=commandline.Defaulted("saga"), help="checkpoint thread id (default: saga)"
+    )
     for name, action in [("start", saga_start), ("resume", saga_resume)]:
         sub = steps.add_parser(name, help=f"{name} a saga")
         sub.set_defaults(run=action, graph_command=True, resume="saga resume")
@@ -976,10 +981,10 @@ def outbox_run(args, settings, graph_input):
                 f"thread {args.thread!r} is not an outbox run; {other}{fresh}", EXIT_THREAD
             )
         hint = f"outbox resume --thread {args.thread}; or pick a new --thread; or {RESET_HINT}"
-        plumbing.require_thread(graph, args.thread, graph_input is not None, hint)
+        checkpoints.require_thread(graph, args.thread, graph_input is not None, hint)
         final = workflow.run_graph(graph, graph_input, args.thread, settings.client(), ledger)
     if final is None:
-        return plumbing.EXIT_DRAINED
+        return exitcodes.EXIT_DRAINED
     emit("done", **final)
     return 0
 
@@ -999,8 +1004,10 @@ def outbox_state(args, settings):
 
 def add_outbox_parser(actions):
     outbox = actions.add_parser("outbox", help="lab 19: the ticket as a message in an outbox")
-    steps = outbox.add_subparsers(dest="outbox_action", required=True, parser_class=plumbing.Parser)
-    thread = dict(default=plumbing.Defaulted("outbox"), help="thread id (default: outbox)")
+    steps = outbox.add_subparsers(
+        dest="outbox_action", required=True, parser_class=commandline.Parser
+    )
+    thread = dict(default=commandline.Defaulted("outbox"), help="thread id (default: outbox)")
     for name, action in [("start", outbox_start), ("resume", outbox_resume)]:
         sub = steps.add_parser(name, help=f"{name} a run")
         sub.set_defaults(run=action, graph_command=True, resume="outbox resume")
@@ -1055,13 +1062,13 @@ def hooks(args, settings):
     # /progress once the delivery round after them is over (a round tries a silent subscriber
     # 3 times, 2 s each), so what it delivers is taken before this command ends.
     sender = workflow.TicketClient(settings.api_url, HOOKS_TIMEOUT_S, settings.attempts)
-    if not plumbing.is_postgres(settings.checkpoint_db):  # as open_checkpointer checks it
+    if not checkpoints.is_postgres(settings.checkpoint_db):  # as open_checkpointer checks it
         path = pathlib.Path(settings.checkpoint_db)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as error:
             raise UserError(f"CHECKPOINT_DB {str(path)!r}: {error.strerror}", EXIT_USAGE) from None
-        plumbing.require_checkpoint_file(path)
+        checkpoints.require_checkpoint_file(path)
     with (
         inbox.open_inbox(settings.checkpoint_db) as box,
         effects.open_ledger(settings.checkpoint_db) as ledger,
@@ -1100,7 +1107,7 @@ def hooks(args, settings):
                 again = "--mode naive applies it again"
             raise UserError(
                 f"interrupted; the receiver keeps what got no answer pending: {again}",
-                plumbing.EXIT_INTERRUPTED,
+                exitcodes.EXIT_INTERRUPTED,
             ) from None
         finally:
             server.shutdown()  # the accepting loop; a client still sending holds only its
@@ -1337,12 +1344,12 @@ def program_run(args, settings, graph_input):
         if head and not starting and not args.no_contract:  # only under its saved contract
             require_contract(graph, args.thread, current, RENAMES.get(args.graph_version))
         check_approval(args, graph.get_state(workflow.thread_config(args.thread)))
-        plumbing.require_thread(graph, args.thread, starting, exists_hint(head))
+        checkpoints.require_thread(graph, args.thread, starting, exists_hint(head))
         final = workflow.run_graph(
             graph, graph_input, args.thread, client, ledger, args.durability, {"contract": current}
         )
     if final is None:
-        return plumbing.EXIT_DRAINED
+        return exitcodes.EXIT_DRAINED
     if INTERRUPT in final:  # the run waits for a human (a graph with interrupt())
         emit("awaiting_approval", **final[INTERRUPT][0].value)
         return 0
@@ -1536,7 +1543,7 @@ def build_parser():
     )
     sub = actions.add_parser("migrate", help="move a thread to this code's contract (lab 12)")
     sub.set_defaults(run=migrate)
-    sub.add_argument("--thread", default=plumbing.Defaulted("demo"), help="checkpoint thread id")
+    sub.add_argument("--thread", default=commandline.Defaulted("demo"), help="checkpoint thread id")
     start_parser = actions.choices["start"]
     start_parser.add_argument("--mode", choices=(*MODES, *PAYMENT_MODES), default="ledger")
     start_parser.add_argument(
@@ -1558,7 +1565,9 @@ def build_parser():
     sub.set_defaults(run=approve, graph_command=True)
     sub.set_defaults(resume="approve")  # what goes on after a stop: the answer, again
     sub.add_argument(
-        "--thread", default=plumbing.Defaulted("demo"), help="checkpoint thread id (default: demo)"
+        "--thread",
+        default=commandline.Defaulted("demo"),
+        help="checkpoint thread id (default: demo)",
     )
     sub.add_argument("--reject", dest="approve", action="store_false", help="answer no")
     add_saga_parser(actions)
@@ -1577,5 +1586,7 @@ def main(argv=None, environ=None):
     parser.set_defaults(graph_version=version, listen_host=environ.get("LISTEN_HOST", "127.0.0.1"))
     parser.set_defaults(webhook_secret=environ.get("WEBHOOK_SECRET") or LAB_SECRET)  # hooks
     points = (*POINTS, *SAGA_ACKS, *OUTBOX_POINTS, *HOOK_POINTS)
-    plumbing.own_tables(LAB_TABLES)  # labs/inbox.py's and labs/relay.py's, beside the checkpoints
+    checkpoints.own_tables(
+        LAB_TABLES
+    )  # labs/inbox.py's and labs/relay.py's, beside the checkpoints
     return workflow.main(argv, environ, parser=parser, points=points)

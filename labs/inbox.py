@@ -38,7 +38,7 @@ from typing import NamedTuple
 import effects
 
 TABLES = ("inbox", "inbox_subjects")
-COLUMNS = {  # the columns each table has had from the start (plumbing.own_tables)
+COLUMNS = {  # the columns each table has had from the start (checkpoints.own_tables)
     "inbox": {"event_id", "subject", "version", "status", "applied"},
     "inbox_subjects": {"subject", "status", "version", "event_id"},
 }

@@ -68,14 +68,17 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import NamedTuple
 
+import checkpoints
+import commandline
 import effects
+import exitcodes
 import failpoints
-import plumbing
+import providers
 import tracing
 import workflow
+from exitcodes import EXIT_HTTP_ERROR, EXIT_NO_ANSWER, EXIT_USAGE, UserError, emit
 from failpoints import fail
 from labs import inbox
-from plumbing import EXIT_HTTP_ERROR, EXIT_NO_ANSWER, EXIT_USAGE, UserError, emit
 
 POINTS = ("before-publish", "after-publish")  # this program's failpoints
 COLUMNS = {
@@ -278,7 +281,7 @@ def deliver(outbox, message, client):
     try:
         answer = client.call(message.destination, message.payload, message.message_id)
     except urllib.error.HTTPError as error:
-        if error.code in NOT_REFUSALS or (refusal := plumbing.refusal(error)) is None:
+        if error.code in NOT_REFUSALS or (refusal := providers.refusal(error)) is None:
             raise  # busy, a wrong API_URL, or not the receiver: the row stays pending
         outbox.refused(message.message_id, refusal)
         emit("refused", message_id=message.message_id, refusal=refusal)
@@ -306,19 +309,19 @@ def serve(outbox, client, poll_s, stopping):
 
 def main(argv=None, environ=None):
     """The relay's CLI; returns the exit code."""
-    parser = plumbing.Parser(prog="labs.relay", description=__doc__.splitlines()[0])
+    parser = commandline.Parser(prog="labs.relay", description=__doc__.splitlines()[0])
     what = parser.add_mutually_exclusive_group()
     what.add_argument("--once", action="store_true", help="deliver what is pending, then exit")
     what.add_argument("--show", action="store_true", help="list the outbox")
     parser.add_argument("--crash-at", choices=POINTS, help="where the relay dies (SIGKILL)")
     args = parser.parse_args(argv)
-    plumbing.own_tables({**inbox.COLUMNS, **COLUMNS})  # the lab's, beside the checkpoints
+    checkpoints.own_tables({**inbox.COLUMNS, **COLUMNS})  # the lab's, beside the checkpoints
     environ, settings = os.environ if environ is None else environ, workflow.Settings()
     try:
         settings = workflow.Settings.from_environ(environ)
-        poll_s = plumbing.number(environ, "RELAY_POLL_S", POLL_S, float)
+        poll_s = providers.number(environ, "RELAY_POLL_S", POLL_S, float)
         try:
-            failpoints.configure(settings.failpoints, known=POINTS, announce=plumbing.announce)
+            failpoints.configure(settings.failpoints, known=POINTS, announce=exitcodes.announce)
         except failpoints.FailpointSpecError as error:
             raise UserError(str(error), EXIT_USAGE) from None
         try:  # TRACE: each delivery's POST a span with the message id as its key
@@ -362,7 +365,7 @@ def main(argv=None, environ=None):
         print(
             "labs.relay: interrupted; the message in flight, if any, stays pending", file=sys.stderr
         )
-        return plumbing.EXIT_INTERRUPTED
+        return exitcodes.EXIT_INTERRUPTED
 
 
 # helpers
@@ -413,13 +416,13 @@ def run_until_stopped(checkpoint_db, client, poll_s):
 def opened(checkpoint_db):
     """open_outbox, with workflow.py's checks: a SQLite file that is the workflow's (or new,
     its folder made), a Postgres that answers."""
-    if not plumbing.is_postgres(checkpoint_db):
+    if not checkpoints.is_postgres(checkpoint_db):
         path = Path(checkpoint_db)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as error:
             raise UserError(f"CHECKPOINT_DB {str(path)!r}: {error.strerror}", EXIT_USAGE) from None
-        plumbing.require_checkpoint_file(path)
+        checkpoints.require_checkpoint_file(path)
         with open_outbox(checkpoint_db) as outbox:
             yield outbox
         return

@@ -106,13 +106,16 @@ import time
 import urllib.error
 from datetime import timedelta
 
+import checkpoints
+import commandline
 import effects
+import exitcodes
 import failpoints
-import plumbing
+import providers
 import tracing
 import workflow
+from exitcodes import EXIT_NO_ANSWER, EXIT_THREAD, EXIT_USAGE, UserError, emit
 from labs import inbox, relay
-from plumbing import EXIT_NO_ANSWER, EXIT_THREAD, EXIT_USAGE, UserError, emit
 
 ENTRYPOINT = "operation"  # the one kind of job: run one operation's thread
 JOBS_PER_WORKER = 2  # pgqueuer's minimum cap for a batch of 1 (max_concurrent_tasks >= 2 x batch)
@@ -231,7 +234,7 @@ def reconcile(args):
     settled as a person says (--confirmed, --not-sent). It looks up the effects the graph's
     module declares, and the core's."""
     args.effects = effects.declared(vars(workflow)) | effects.declared(vars(args.graph_module))
-    plumbing.reconcile(args, args.settings)
+    commandline.run_reconcile(args, args.settings)
 
 
 async def wait(args):
@@ -355,7 +358,7 @@ async def metrics(args):
     worker and then it exits, and a counter of its own would go with it. The tables are the
     queue's, not one worker's, so one process serves them: scraped from each of three workers,
     every drain would be there three times. The counters start again only with the database."""
-    if plumbing.is_postgres(args.checkpoint_db):  # installs the queue
+    if checkpoints.is_postgres(args.checkpoint_db):  # installs the queue
         await open_queue(args.checkpoint_db, time.monotonic() + args.db_wait_s)
     if args.port is None:
         print(await metrics_text(args.checkpoint_db), end="")
@@ -377,7 +380,7 @@ async def metrics(args):
 
 async def metrics_text(url):
     ledger = await asyncio.to_thread(lambda: ledger_lines(url) + outbox_lines(url))
-    if not plumbing.is_postgres(url):
+    if not checkpoints.is_postgres(url):
         return "\n".join(ledger) + "\n"
     from pgqueuer import Queries
 
@@ -457,7 +460,7 @@ def ledger_counts(url):
 def read_only(url, read, none):
     """read(ledger) on CHECKPOINT_DB opened to read only, or none where there is nothing to read
     yet: no file (none is made), or no such table."""
-    if not plumbing.is_postgres(url) and not os.path.exists(url):
+    if not checkpoints.is_postgres(url) and not os.path.exists(url):
         return none
     try:
         with effects.read_ledger(url) as ledger:
@@ -536,7 +539,7 @@ async def work(args):
                     say(f"the database is back after {time.monotonic() - lost:.1f} s")
     if worker.stopping == signal.SIGINT:
         say("interrupted; running graphs drained")
-        return plumbing.EXIT_INTERRUPTED
+        return exitcodes.EXIT_INTERRUPTED
     return 0
 
 
@@ -727,7 +730,7 @@ def retryable(error):
     import psycopg
     import psycopg_pool
 
-    if isinstance(error, plumbing.NoAnswer | plumbing.Unreachable):
+    if isinstance(error, exitcodes.NoAnswer | exitcodes.Unreachable):
         return "the receiver did not answer"
     if isinstance(error, effects.InFlight):  # its receipt will be there for the next try
         return "another worker is performing its effect"
@@ -783,12 +786,12 @@ def load_graph(spec):
 def open_checkpoints(url):
     """LangGraph's PostgresSaver on a connection pool that replaces broken connections
     (check_connection), so a worker's graphs work again once a lost database is back.
-    plumbing.open_postgres creates or migrates the tables, under its lock."""
+    checkpoints.open_postgres creates or migrates the tables, under its lock."""
     from langgraph.checkpoint.postgres import PostgresSaver
     from psycopg.rows import dict_row
     from psycopg_pool import ConnectionPool
 
-    with plumbing.open_postgres(url):
+    with checkpoints.open_postgres(url):
         pass
     settings = {"autocommit": True, "prepare_threshold": 0, "row_factory": dict_row}
     pool = ConnectionPool(
@@ -955,8 +958,8 @@ def say(message):
 
 
 def parse_args(argv, graph_module):
-    parser = plumbing.Parser(prog="labs.workers", description=__doc__.split("\n")[0])
-    actions = parser.add_subparsers(dest="action", required=True, parser_class=plumbing.Parser)
+    parser = commandline.Parser(prog="labs.workers", description=__doc__.split("\n")[0])
+    actions = parser.add_subparsers(dest="action", required=True, parser_class=commandline.Parser)
     sub = actions.add_parser("submit", help="queue one operation for the workers")
     sub.set_defaults(run=submit)
     sub.add_argument("--thread", required=True, help="checkpoint thread id (one job at a time)")
@@ -991,7 +994,7 @@ def parse_args(argv, graph_module):
 
 
 def main(argv=None):
-    plumbing.own_tables({**inbox.COLUMNS, **relay.COLUMNS})  # the lab's, beside the checkpoints
+    checkpoints.own_tables({**inbox.COLUMNS, **relay.COLUMNS})  # the lab's, beside the checkpoints
     try:
         graph_module, build_graph = load_graph(os.environ.get("WORKER_GRAPH", GRAPH))
     except UserError as error:
@@ -1005,7 +1008,7 @@ def main(argv=None):
     for name in ("pgqueuer", "psycopg.pool"):
         logging.getLogger(name).setLevel(logging.CRITICAL)
     try:
-        plumbing.require_text(args)  # a --title that is not UTF-8: one line, exit 2
+        commandline.require_text(args)  # a --title that is not UTF-8: one line, exit 2
         settings = workflow.Settings.from_environ(os.environ)  # API_URL, CHECKPOINT_DB, ...
         vars(args).update(dataclasses.asdict(settings), settings=settings)
         try:  # the core's points (FAILPOINTS="after-ack=sleep(1)": every job of this worker)
@@ -1016,12 +1019,12 @@ def main(argv=None):
             tracing.start(settings.trace, "worker")
         except tracing.TracingError as error:
             raise UserError(str(error), EXIT_USAGE) from None
-        plumbing.key_receipts(settings)  # LEDGER_RECEIPT_KEY
-        args.heartbeat_s = plumbing.number(os.environ, "WORKER_HEARTBEAT_S", 10.0, float)
-        args.job_attempts = plumbing.number(os.environ, "WORKER_JOB_ATTEMPTS", JOB_ATTEMPTS, int)
-        args.retry_s = plumbing.number(os.environ, "WORKER_RETRY_S", RETRY_S, float)
-        args.retry_max_s = plumbing.number(os.environ, "WORKER_RETRY_MAX_S", RETRY_MAX_S, float)
-        args.db_wait_s = plumbing.number(os.environ, "WORKER_DB_WAIT_S", DB_WAIT_S, float)
+        commandline.key_receipts(settings)  # LEDGER_RECEIPT_KEY
+        args.heartbeat_s = providers.number(os.environ, "WORKER_HEARTBEAT_S", 10.0, float)
+        args.job_attempts = providers.number(os.environ, "WORKER_JOB_ATTEMPTS", JOB_ATTEMPTS, int)
+        args.retry_s = providers.number(os.environ, "WORKER_RETRY_S", RETRY_S, float)
+        args.retry_max_s = providers.number(os.environ, "WORKER_RETRY_MAX_S", RETRY_MAX_S, float)
+        args.db_wait_s = providers.number(os.environ, "WORKER_DB_WAIT_S", DB_WAIT_S, float)
         if args.action != "metrics":  # metrics reads a SQLite ledger too
             require_postgres(args.checkpoint_db)
         if asyncio.iscoroutinefunction(args.run):
@@ -1029,13 +1032,13 @@ def main(argv=None):
         args.run(args)
     except KeyboardInterrupt:
         print("labs.workers: interrupted", file=sys.stderr)
-        return plumbing.EXIT_INTERRUPTED
+        return exitcodes.EXIT_INTERRUPTED
     except UserError as error:
         print(f"labs.workers: {error}", file=sys.stderr)
         return error.exit_code
     except effects.LedgerError as error:  # reconcile on a damaged row: one line, as workflow.py's
         print(f"labs.workers: {error}", file=sys.stderr)
-        return plumbing.ledger_exit(error)
+        return commandline.ledger_exit(error)
     return 0
 
 
@@ -1131,7 +1134,7 @@ def lab_hold_scope(hold):
 def announce(name, action):
     """failpoints' announce, in the thread that reached the point: the core's line, and lab 10's
     hold, which waits here until its job has moved on and then lets the failpoint go."""
-    plumbing.announce(name, action)
+    exitcodes.announce(name, action)
     hold = _lab_hold.get()
     if action == "hold" and hold is not None and name == hold.at:
         hold.wait()

@@ -47,7 +47,8 @@ import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from plumbing import EXIT_INTERRUPTED, Parser
+from commandline import Parser
+from exitcodes import EXIT_INTERRUPTED
 from tools import bench_ledger
 from tools.bench_workers import bench_workers
 from tools.local import ROOT, LabError, ReceiverProcess, free_port, lab_env

@@ -21,7 +21,7 @@ import subprocess
 import sys
 import time
 
-from plumbing import Parser
+from commandline import Parser
 from tools.backends import compose_command, docker_engine_answers
 from tools.local import ROOT
 

@@ -32,7 +32,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from plumbing import EXIT_INTERRUPTED, Parser
+from commandline import Parser
+from exitcodes import EXIT_INTERRUPTED
 from tools.bench import NoBaseline, baseline_commit, export_commit
 from tools.local import ROOT
 

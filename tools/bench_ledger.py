@@ -41,7 +41,8 @@ from pathlib import Path
 
 import effects
 import workflow
-from plumbing import EXIT_INTERRUPTED, Parser
+from commandline import Parser
+from exitcodes import EXIT_INTERRUPTED
 from tools.local import ROOT, LabError, ReceiverProcess, free_port, lab_env
 
 RUNS = 300  # per way: the N; medians over them

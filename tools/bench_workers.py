@@ -25,8 +25,8 @@ from pathlib import Path
 from tools.local import ROOT, ReceiverProcess, free_port, lab_env, wait_until
 
 sys.path.insert(0, str(ROOT))
+from commandline import Parser  # noqa: E402
 from labs import workers as worker  # noqa: E402
-from plumbing import Parser  # noqa: E402
 from tools.native_workers import LocalWorkers  # noqa: E402
 
 COUNTS = (1, 2, 4)

@@ -40,8 +40,8 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+from commandline import Parser
 from labs.cli import MODES
-from plumbing import Parser
 from tools.backends import LabError, LocalBackend
 from tools.local import ROOT
 from tools.local import event_names as events

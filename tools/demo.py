@@ -51,6 +51,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from commandline import Parser
 from labs import cli as lab
 from tools import drilltable, safefiles
 from tools.backends import (
@@ -63,7 +64,6 @@ from tools.backends import (
 from tools.local import ROOT
 from tools.runner import LIFECYCLE, TERMINAL_CODES, Step, parse_block, run_step
 from tools.tally import events_in, summary, tally
-from workflow import Parser
 
 GUIDES = [
     ROOT / "labs" / name

@@ -31,8 +31,10 @@ import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 
+from commandline import Parser
+from exitcodes import EXIT_DRAINED, EXIT_NO_ANSWER, EXIT_THREAD
 from labs.cli import MODES
-from plumbing import EXIT_DRAINED, EXIT_NO_ANSWER, EXIT_THREAD, TIMEOUT_S, Parser
+from providers import TIMEOUT_S
 from tools.backends import LOST_ACK, DockerBackend, LabError, LocalBackend
 from tools.local import event_names, shell_exit_code
 

@@ -55,8 +55,8 @@ from pathlib import Path
 from tools.local import ROOT, ReceiverProcess, free_port, lab_env, wait_until
 
 sys.path.insert(0, str(ROOT))
+import commandline  # noqa: E402
 import failpoints  # noqa: E402
-import plumbing  # noqa: E402
 import workflow  # noqa: E402
 from labs import cli as lab  # noqa: E402
 from labs import workers as worker  # noqa: E402
@@ -285,7 +285,7 @@ class Strike:
 
 
 def main(argv=None):
-    parser = plumbing.Parser(description=__doc__.split("\n")[0])
+    parser = commandline.Parser(description=__doc__.split("\n")[0])
     parser.add_argument("--workers", type=int, default=3)
     parser.add_argument("--operations", type=int, default=60)
     parser.add_argument("--mode", choices=("safe", "naive"), default="safe")

@@ -25,8 +25,15 @@ CORE = (  # copied unchanged; effectdrill without its pytest plugin (the starter
     "tracing.py",  # off unless TRACE is set (needs OpenTelemetry, which the starter leaves out)
     "httpguard.py",
     "api.py",  # the core receiver: labs/receiver.py is the lab's, which extends it
-    "effects.py",
-    "plumbing.py",  # what workflow.py runs on: settings, clients, the checkpointer, reconcile
+    "effects.py",  # an effect declared, performed once per key; reconcile
+    "ledger.py",  # the ledger's storage (SQLite), its rows and leases
+    "ledger_tables.py",  # the ledger's tables and a receipt's integrity hash
+    "postgres_ledger.py",  # the ledger in Postgres
+    "providers.py",  # a provider's declaration, HTTP client and what its answers mean
+    "checkpoints.py",  # the checkpointer (SQLite, or Postgres) and the thread a command names
+    "commandline.py",  # the parser, the settings, each error as one line and an exit code
+    "exitcodes.py",  # the exit codes, UserError, the JSON lines
+    "hints.py",  # what a stopped command says, and the command that goes on
     "smtpclient.py",  # an SMTP provider's client and what its answers mean (README: Add a provider)
     "workflow.py",
     "effectdrill/__init__.py",

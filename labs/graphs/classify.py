@@ -11,7 +11,7 @@ node and a duplicate in the next):
                  on a re-run; fixed sets the total the order says (seats = n), which repeats
                  harmlessly
     open_ticket  a non-idempotent call (POST /tickets: each one a ticket unless keyed): naive
-                 sends no key; fixed goes through the ledger (workflow.TICKET) with the order's key
+                 sends no key; fixed goes through the ledger (workflow.ticket) with the order's key
     the email    irreversible, to a provider that takes no key (the receiver's POST /messages):
                  naive sends it in the node that asks for approval, before interrupt(), so the
                  answer re-runs it (lab 07); fixed buffers it as intent (quote drafts it into the
@@ -96,7 +96,7 @@ def open_ticket_fixed(state: Order, runtime):
     """Keyed by the order and recorded in the ledger: a re-run returns the receipt."""
     ledger, client = runtime.context.ledger, runtime.context.client
     key = f"{state['customer']}:ticket"
-    done = workflow.TICKET.perform(ledger, key, {"title": state["customer"]}, client)
+    done = workflow.ticket.perform(ledger, key, {"title": state["customer"]}, client)
     return {"ticket_id": done.answer["ticket_id"]}
 
 

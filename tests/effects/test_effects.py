@@ -15,8 +15,10 @@ import urllib.request
 import pytest
 from conftest import examples
 
+import commandline
 import effects
-import plumbing
+import exitcodes
+import providers
 import workflow
 
 
@@ -34,7 +36,7 @@ TICKET = effects.Effect(
     send=sends,
     external_id=lambda answer: answer["ticket_id"],
     lookup=looks_up,
-    not_sent=plumbing.did_nothing,
+    not_sent=providers.did_nothing,
     keyed=True,  # the receiver answers a repeated Idempotency-Key with the first ticket
 )
 KEYLESS = effects.Effect(  # a provider that offers no lookup (an email service, say)
@@ -185,7 +187,7 @@ def test_without_a_lookup_the_window_ends_in_unknown_not_in_a_second_request(
 def test_a_request_that_never_left_releases_its_claim(open_ledger, lab):
     down = workflow.TicketClient(lab["API_URL"], attempts=1)  # nothing listens there
     with open_ledger() as ledger:
-        with pytest.raises(plumbing.Unreachable):
+        with pytest.raises(exitcodes.Unreachable):
             TICKET.perform(ledger, "op-4", {"title": "t"}, down)
         assert ledger.history("op-4")[-1][1] == "released"
         assert ledger.unsettled() == []  # nothing to reconcile: provably not sent
@@ -349,7 +351,7 @@ def test_a_second_live_process_on_sqlite_meets_in_flight_and_a_dead_ones_lock_is
             ]
             env = {**lab, "CHECKPOINT_DB": str(db), "API_URL": receiver.url}
             code = workflow.main(["reconcile", "--confirmed", "live"], env)
-            assert code == plumbing.EXIT_THREAD and ledger.get("live").state == "requested"
+            assert code == exitcodes.EXIT_THREAD and ledger.get("live").state == "requested"
     finally:
         os.kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)
@@ -387,7 +389,7 @@ def test_a_wrong_address_does_nothing_and_leaves_the_key_usable(tmp_path, receiv
             TICKET.perform(ledger, "k404", {"title": "t"}, wrong)
         assert ledger.get("k404").state == "released"
         right = workflow.TicketClient(receiver.url, attempts=1)
-        assert workflow.TICKET.perform(ledger, "k404", {"title": "t"}, right).how == "sent"
+        assert workflow.ticket.perform(ledger, "k404", {"title": "t"}, right).how == "sent"
 
 
 @pytest.mark.fast
@@ -445,13 +447,13 @@ def test_a_persons_not_sent_waits_out_the_settle_time_where_a_lookup_exists(tmp_
             {"API_URL": provider.url, "CHECKPOINT_DB": str(db)}
         )
         args = types.SimpleNamespace(confirmed=[], not_sent=["n1"], effects={"charge": effect})
-        with pytest.raises(workflow.UserError, match="may take 30 s to commit"):
-            plumbing.reconcile(args, settings)
+        with pytest.raises(effects.WordRefused, match="may take 30 s to commit"):
+            commandline.run_reconcile(args, settings)
         with effects.Ledger(db) as ledger:
             assert ledger.get("n1").state == "unknown"
         settled = dataclasses.replace(effect, settle_s=0.0)  # as if its settle time had passed
         args.effects = {"charge": settled}
-        plumbing.reconcile(args, settings)
+        commandline.run_reconcile(args, settings)
         with effects.Ledger(db) as ledger:
             assert ledger.get("n1").state == "released"
     finally:

@@ -1,4 +1,4 @@
-"""What a provider's answers mean, declared once per provider (plumbing.Provider): a keyed card
+"""What a provider's answers mean, declared once per provider (providers.Provider): a keyed card
 provider that behaves as the IETF Idempotency-Key draft says (409 while a request under the key
 is still being processed, 422 for the key with another body), as a real loopback HTTP server in
 this process, against the real ledger on SQLite; killed while its request is at the provider,
@@ -19,8 +19,11 @@ import urllib.error
 
 import pytest
 
+import commandline
 import effects
-import plumbing
+import exitcodes
+import hints
+import providers
 import workflow
 
 GIVES_UP_S = 0.3  # the client's timeout: the gate holds the first request past it
@@ -86,7 +89,7 @@ class CardHandler(http.server.BaseHTTPRequestHandler):
             pass
 
 
-class CardClient(plumbing.HttpClient):
+class CardClient(providers.HttpClient):
     def charge(self, amount, key):
         return self.call("/charges", {"amount": amount}, key)
 
@@ -102,10 +105,10 @@ def card():
 
 def declared(card, settle_s=30.0):
     """The card provider as a copier declares it: keyed, the draft's answers (the default)."""
-    provider = plumbing.Provider(
+    provider = providers.Provider(
         "CARD", url=card.url, client_class=CardClient, keyed=True, settle_s=settle_s
     )
-    effect = plumbing.Effect(
+    effect = effects.Effect(
         "charge",
         provider=provider,
         send=lambda client, request, key: client.charge(request["amount"], key),
@@ -179,14 +182,14 @@ def test_a_422_for_the_key_with_another_body_is_a_refusal_with_its_reason(card, 
 @pytest.mark.fast
 def test_the_lab_receiver_declares_its_409_a_refusal_where_the_draft_default_does_not():
     conflict = http_error(409, {"error": "key used for another body"})
-    assert plumbing.IETF_ANSWERS.refused(conflict) is None  # in progress: unknown
-    assert workflow.TICKET.refused(conflict) == {
+    assert providers.IETF_ANSWERS.refused(conflict) is None  # in progress: unknown
+    assert workflow.ticket.refused(conflict) == {
         "status": 409,
         "error": "key used for another body",
     }
     mismatch = http_error(422, {"title": "Idempotency-Key is already used"})
-    assert plumbing.IETF_ANSWERS.refused(mismatch)["status"] == 422
-    assert not plumbing.IETF_ANSWERS.not_sent(http_error(503, {}))  # a 5xx may have committed
+    assert providers.IETF_ANSWERS.refused(mismatch)["status"] == 422
+    assert not providers.IETF_ANSWERS.not_sent(http_error(503, {}))  # a 5xx may have committed
 
 
 @pytest.mark.fast
@@ -195,9 +198,9 @@ def test_a_persons_word_waits_for_the_settle_time_whatever_the_provider(card, tm
     """A provider with no lookup (the SMS of the review): a person's --not-sent 1.9 s after the
     send was taken while the request was still at the provider, and the resume sent again. Now:
     refused, one line with when to try again; --wait takes it once the settle time is over."""
-    sms = plumbing.Effect(
+    sms = effects.Effect(
         "sms",
-        provider=plumbing.Provider("SMS", url=card.url, settle_s=3.0),
+        provider=providers.Provider("SMS", url=card.url, settle_s=3.0),
         send=lambda client, request, key: client.call("/sms", request),
         external_id=lambda answer: answer["sms_id"],
         answer_of=lambda sms_id: {"sms_id": int(sms_id)},
@@ -206,7 +209,7 @@ def test_a_persons_word_waits_for_the_settle_time_whatever_the_provider(card, tm
     with effects.Ledger(db) as ledger:
         ledger.claim("order-3:sms", "sms", {"to": "+1"})
         ledger.move("order-3:sms", "unknown", "no answer: the test")
-    settings = plumbing.Settings(checkpoint_db=str(db), providers=(sms.provider,))
+    settings = commandline.Settings(checkpoint_db=str(db), providers=(sms.provider,))
     given = (["order-3:sms=7"], []) if word == "confirmed" else ([], ["order-3:sms"])
     args = types.SimpleNamespace(
         confirmed=given[0], not_sent=given[1], effects={"sms": sms}, wait=False
@@ -214,19 +217,19 @@ def test_a_persons_word_waits_for_the_settle_time_whatever_the_provider(card, tm
     with effects.Ledger(db) as ledger:
         sent_at = ledger.row("order-3:sms")["sent_at"]
     try:
-        plumbing.reconcile(args, settings)
+        commandline.run_reconcile(args, settings)
         refused = None
-    except plumbing.UserError as error:
+    except effects.WordRefused as error:  # a person's word not taken yet
         refused = error
     if time.time() - sent_at < 3.0:  # asked inside the settle time (measured, not assumed)
         line = str(refused)
-        assert refused.exit_code == plumbing.EXIT_THREAD and "\n" not in line
+        assert commandline.ledger_exit(refused) == exitcodes.EXIT_THREAD and "\n" not in line
         assert "SMS may take 3 s to commit" in line and "try again in " in line, line
         with effects.Ledger(db) as ledger:
             assert ledger.get("order-3:sms").state == "unknown"  # nothing settled
     if refused is not None:  # --wait: taken once the settle time is over
         args.wait = True
-        plumbing.reconcile(args, settings)
+        commandline.run_reconcile(args, settings)
     with effects.Ledger(db) as ledger:
         record = ledger.get("order-3:sms")
         assert record.state == ("confirmed" if word == "confirmed" else "released")
@@ -268,12 +271,12 @@ def wait_for(condition, what):
 
 @pytest.mark.fast
 def test_an_error_answer_of_someone_elses_service_is_named_by_its_provider(capsys):
-    card = plumbing.Provider("CARD", url="http://127.0.0.1:9/pay")
-    settings = plumbing.Settings(providers=(card,))
+    card = providers.Provider("CARD", url="http://127.0.0.1:9/pay")
+    settings = commandline.Settings(providers=(card,))
     args = types.SimpleNamespace(prog="workflow.py", graph_command=False)
     error = http_error(404, {"error": "no such route"})
     error.provider = "CARD"
-    assert plumbing.said_http_error(args, settings, error) == plumbing.EXIT_HTTP_ERROR
+    assert hints.said_http_error(args, settings, error) == exitcodes.EXIT_HTTP_ERROR
     err = capsys.readouterr().err
     assert err == (
         "workflow.py: CARD at CARD_URL http://127.0.0.1:9/pay answered 404; nothing was made, "

@@ -283,10 +283,10 @@ def test_the_readme_lists_exactly_workflow_pys_actions_and_exit_codes():
     (subparsers,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
     for action in subparsers.choices:
         assert f"`{action}`" in README, f"README does not mention the `{action}` action"
-    import plumbing
+    import exitcodes
     from labs import cli as lab
 
-    codes = {v for m in (plumbing, lab) for k, v in vars(m).items() if k.startswith("EXIT_")}
+    codes = {v for m in (exitcodes, lab) for k, v in vars(m).items() if k.startswith("EXIT_")}
     codes |= {0}
     table = README.split("## Exit codes of workflow.py", 1)[1].split("\n## ", 1)[0]
     table = table.split("\n### ", 1)[0]  # labs/workers.py's table follows under its own heading

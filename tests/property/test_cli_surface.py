@@ -78,7 +78,7 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-import plumbing
+import exitcodes
 from labs import cli as lab
 from labs import relay
 from tools.local import (
@@ -143,7 +143,7 @@ EXIT_CODES = exit_codes_in_the_readme()
 
 @pytest.mark.fast
 def test_the_readme_exit_table_lists_every_exit_code_of_workflow_py():
-    constants = {v for m in (plumbing, lab) for k, v in vars(m).items() if k.startswith("EXIT_")}
+    constants = {v for m in (exitcodes, lab) for k, v in vars(m).items() if k.startswith("EXIT_")}
     assert EXIT_CODES == {0, *constants}
 
 
@@ -389,7 +389,7 @@ class Learner(RuleBasedStateMachine):
                 if outcome.done is not None or outcome.key_conflict or outcome.no_thread:
                     finished[thread] = outcome.done
                     break
-                if outcome.code == plumbing.EXIT_UNSETTLED:  # a person looks, then settles
+                if outcome.code == exitcodes.EXIT_UNSETTLED:  # a person looks, then settles
                     self.settle(outcome)
                     command = own, self.version
                 elif outcome.awaiting_approval:  # `approve` answers it (README, lab 07)
@@ -419,7 +419,7 @@ class Learner(RuleBasedStateMachine):
             code, out, err = in_process(argv, self.env, main=relay.main)
         self.transcript.append(f"$ labs/relay.py {' '.join(argv)}\n{out}{err}[exit {code}]")
         assert "Traceback (most recent call last)" not in err, self.report("a traceback")
-        assert code in (0, plumbing.EXIT_KILLED), self.report(f"labs/relay.py exited {code}")
+        assert code in (0, exitcodes.EXIT_KILLED), self.report(f"labs/relay.py exited {code}")
         printed = [e["event"] for e in events(out)]
         if argv[-1:] == ["after-publish"] and "answered" in printed:
             self.relay_window_kills += 1
@@ -513,7 +513,7 @@ class Learner(RuleBasedStateMachine):
         self.all_made.append(made)
         before = self.threads.get(thread)  # a thread with no checkpoint yet: start makes it anew
         self.threads[thread] = made
-        if self.type(argv, stop=stop).code == plumbing.EXIT_THREAD:
+        if self.type(argv, stop=stop).code == exitcodes.EXIT_THREAD:
             self.threads[thread] = before
             if before is None:
                 del self.threads[thread]
@@ -549,7 +549,7 @@ class Learner(RuleBasedStateMachine):
         again whose result the thread's checkpoint already holds."""
         assert "Traceback (most recent call last)" not in outcome.err, self.report("a traceback")
         if outcome.interrupted:  # the standards: Ctrl-C exits 130 with one line
-            assert outcome.code == plumbing.EXIT_INTERRUPTED, self.report("Ctrl-C: not exit 130")
+            assert outcome.code == exitcodes.EXIT_INTERRUPTED, self.report("Ctrl-C: not exit 130")
             assert outcome.err.count("\n") == 1, self.report("Ctrl-C: not one line on stderr")
         assert outcome.code in EXIT_CODES, self.report(
             f"exit {outcome.code} is not in the README's exit-code table {sorted(EXIT_CODES)}"
@@ -618,14 +618,14 @@ class Outcome:
     @property
     def no_thread(self):
         """No checkpoint under this thread (a start stopped before its first one)."""
-        return self.code == plumbing.EXIT_THREAD and "no thread" in self.err
+        return self.code == exitcodes.EXIT_THREAD and "no thread" in self.err
 
     @property
     def key_conflict(self):
         """Refused for a key reused with another body: 409 by the receiver (an http_error event,
         or a line that names the 409), or by the ledger, which holds the key for another request
         and sent nothing. The thread cannot go on, rightly."""
-        return self.code == plumbing.EXIT_HTTP_ERROR and (
+        return self.code == exitcodes.EXIT_HTTP_ERROR and (
             any(e["event"] == "http_error" and e["status"] == 409 for e in self.events)
             or "409" in self.err
             or "the ledger holds the key" in self.err

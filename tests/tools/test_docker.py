@@ -352,7 +352,7 @@ def test_the_reset_removes_containers_network_and_volumes(project):
         assert left == [], f"{kind}s left after the reset: {left}"
     # A command typed with the api down says so in one line within seconds (43 s on cdb5f20:
     # each lookup of the gone name waited out Docker's DNS, four times): compose.yaml's dns_opt
-    # and the client's two tries of a name that does not resolve (plumbing.UNRESOLVED_TRIES).
+    # and the client's two tries of a name that does not resolve (providers.UNRESOLVED_TRIES).
     began = time.monotonic()
     down = lab(project, "run", "--rm", "workflow", "tickets", check=False)
     took = time.monotonic() - began

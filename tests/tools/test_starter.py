@@ -18,11 +18,11 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
+import plumbing
 import pytest
 from conftest import require_docker
 
 import effects
-import plumbing
 from tools import starter
 from tools.local import ROOT, ReceiverProcess, free_port, lab_env
 from tools.local import run as run_command

@@ -18,7 +18,7 @@ import urllib.request
 import pytest
 
 import effects
-import plumbing
+import exitcodes
 import workflow
 from tools.local import ROOT, ReceiverProcess, free_port, lab_env, run
 
@@ -93,14 +93,14 @@ def test_two_processes_performing_one_key_at_once_send_one_request(env, receiver
     def send_when_told(client, request, key):
         os.write(claimed_w, b".")  # claimed: the ledger says requested
         os.read(go_r, 1)
-        return workflow.TICKET.send(client, request, key)
+        return workflow.ticket.send(client, request, key)
 
     first = os.fork()
     if first == 0:  # the first worker: its own process, its own connection
         code = 1
         try:
             ledger = ledger_on(url)
-            done = dataclasses.replace(workflow.TICKET, send=send_when_told).perform(
+            done = dataclasses.replace(workflow.ticket, send=send_when_told).perform(
                 ledger, key, request, client
             )
             code = 0 if done.how == "sent" else 3
@@ -110,7 +110,7 @@ def test_two_processes_performing_one_key_at_once_send_one_request(env, receiver
         os.read(claimed_r, 1)
         second = ledger_on(url)
         try:
-            outcome = workflow.TICKET.perform(second, key, request, client)
+            outcome = workflow.ticket.perform(second, key, request, client)
         except effects.InFlight as error:
             outcome = error
     finally:
@@ -119,7 +119,7 @@ def test_two_processes_performing_one_key_at_once_send_one_request(env, receiver
     assert os.waitstatus_to_exitcode(status) == 0  # the first one sent, and kept its receipt
     assert posts(receiver) == 1, outcome  # one request reached the receiver
     assert isinstance(outcome, effects.InFlight), outcome
-    assert workflow.TICKET.perform(second, key, request, client).how == "receipt"
+    assert workflow.ticket.perform(second, key, request, client).how == "receipt"
     assert posts(receiver) == 1
     assert [to for _, to, _ in second.history(key)] == ["requested", "confirmed"]
     second.close()
@@ -165,7 +165,7 @@ def test_status_shows_what_is_stuck_and_reconcile_settles_it_on_the_workers_ledg
     code, lines, _ = in_process(monkeypatch, capsys, env, "status")
     assert (lines[0]["effects_unknown"], lines[0]["oldest_unknown_s"]) == (0, 0)
     code, _, err = in_process(monkeypatch, capsys, env, "reconcile", "--not-sent", "made:op")
-    assert code == plumbing.EXIT_THREAD and err.startswith("labs.workers: effect 'made:op' is not")
+    assert code == exitcodes.EXIT_THREAD and err.startswith("labs.workers: effect 'made:op' is not")
 
     sent_before = posts(receiver)
     env["WORKER_GRAPH"] = "workflow:build_graph"
@@ -226,7 +226,7 @@ def test_worker_py_imports_no_lab_and_offers_mode_only_with_a_graph_that_has_var
 
     with pytest.raises(SystemExit) as refused:
         worker_py.main(["submit", "--thread", "t", "--operation", "k", "--mode", "safe"])
-    assert refused.value.code == plumbing.EXIT_USAGE
+    assert refused.value.code == exitcodes.EXIT_USAGE
 
 
 @pytest.mark.fast
@@ -234,7 +234,7 @@ def test_a_worker_graph_that_names_nothing_is_one_line_and_exit_2(monkeypatch, c
     monkeypatch.setenv("WORKER_GRAPH", "workflow:no_such_builder")
     from labs import workers as worker_py
 
-    assert worker_py.main(["status"]) == plumbing.EXIT_USAGE
+    assert worker_py.main(["status"]) == exitcodes.EXIT_USAGE
     out, err = capsys.readouterr()
     assert out == "" and len(err.splitlines()) == 1
     assert err.startswith("labs.workers: WORKER_GRAPH='workflow:no_such_builder' names no graph")
@@ -261,7 +261,7 @@ def test_the_workers_metrics_serve_the_ledger_beside_the_queue(env, receiver, tm
     ledger = ledger_on(env["CHECKPOINT_DB"])
     before = time.time()
     try:
-        workflow.TICKET.perform(ledger, "done:op", {"title": "done"}, client)  # confirmed
+        workflow.ticket.perform(ledger, "done:op", {"title": "done"}, client)  # confirmed
         for key, state in [("window:op", "requested"), ("out:op", "unknown")]:
             ledger.claim(key, "ticket", {"title": key})
             if state != "requested":  # requested: as a kill at after-send leaves it
@@ -310,7 +310,7 @@ def test_reconcile_on_a_receipt_that_fails_its_check_is_one_line_and_exit_7(
     finally:
         ledger.close()
     code, _, err = in_process(monkeypatch, capsys, env, "reconcile", "--confirmed", "k:op")
-    assert code == plumbing.EXIT_LEDGER_DAMAGED, err
+    assert code == exitcodes.EXIT_LEDGER_DAMAGED, err
     assert err.count("\n") == 1 and "the receipt of 'k:op' does not match" in err, err
 
 
@@ -347,7 +347,7 @@ def test_a_run_held_across_a_postgres_restart_is_one_line_exit_3_and_its_resume_
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    assert proc.returncode == plumbing.EXIT_NO_ANSWER, err
+    assert proc.returncode == exitcodes.EXIT_NO_ANSWER, err
     assert err.count("\n") == 1 and "Traceback" not in err, err
     assert err.startswith("workflow.py: CHECKPOINT_DB stopped answering ("), err
     assert err.endswith("resume it with: resume --thread pg\n"), err

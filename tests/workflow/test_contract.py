@@ -13,7 +13,7 @@ from typing import NotRequired, TypedDict
 
 import pytest
 
-import plumbing
+import exitcodes
 import workflow
 from labs import cli as lab_py  # `lab` is the fixture: the lab's environment
 
@@ -129,7 +129,7 @@ def test_resume_under_another_contract_refuses_changes_nothing_and_migrate_moves
     started = core_main(
         capsys, {**lab, "FAILPOINTS": "after-prepare=term"}, "start", "--thread", "t"
     )
-    assert started[0] == plumbing.EXIT_DRAINED and started[1][-1]["next"] == ["create_ticket"]
+    assert started[0] == exitcodes.EXIT_DRAINED and started[1][-1]["next"] == ["create_ticket"]
     old = lab_py.contract(workflow.build_graph(None))
 
     def head():
@@ -158,11 +158,11 @@ def test_resume_under_another_contract_refuses_changes_nothing_and_migrate_moves
 
 def test_migrate_of_an_unknown_thread_is_one_line_and_exit_4(lab, capsys):
     code, events, err = core_main(capsys, lab, "migrate", "--thread", "nobody")
-    assert (code, events) == (plumbing.EXIT_THREAD, []) and err.count("\n") == 1
+    assert (code, events) == (exitcodes.EXIT_THREAD, []) and err.count("\n") == 1
 
 
 def test_a_bad_graph_version_is_one_line_and_exit_2(lab, capsys):
-    assert lab_main(capsys, {**lab, "LAB_GRAPH_VERSION": "3"}, "state") == plumbing.EXIT_USAGE
+    assert lab_main(capsys, {**lab, "LAB_GRAPH_VERSION": "3"}, "state") == exitcodes.EXIT_USAGE
 
 
 def lab_main(capsys, env, *argv):
@@ -177,7 +177,7 @@ def test_migrate_names_a_node_the_new_graph_does_not_have_and_changes_nothing(
 ):
     """A saved next with no counterpart (here: renamed, and RENAMES forgot it) is refused."""
     env = {**lab, "FAILPOINTS": "after-prepare=term"}
-    assert lab_py.main(["start", "--thread", "t"], env) == plumbing.EXIT_DRAINED
+    assert lab_py.main(["start", "--thread", "t"], env) == exitcodes.EXIT_DRAINED
     monkeypatch.setitem(lab_py.RENAMES, "2", {})
     capsys.readouterr()
     code = lab_py.main(["migrate", "--thread", "t"], {**lab, "LAB_GRAPH_VERSION": "2"})

@@ -11,8 +11,8 @@ import threading
 import pytest
 
 import effects
+import exitcodes
 import failpoints
-import plumbing
 import workflow
 from labs import cli as lab
 from tools.drill import MATRIX
@@ -40,7 +40,7 @@ class FakeReceiver:
         self.tickets_made.append({"ticket_id": ticket_id, "key": key, "payload": {"title": title}})
         if self.lose_first:
             self.lose_first = False
-            raise plumbing.NoAnswer("connection closed", plumbing.EXIT_NO_ANSWER)
+            raise exitcodes.NoAnswer("connection closed", exitcodes.EXIT_NO_ANSWER)
         return {"ticket_id": ticket_id, "created": True}
 
     def tickets(self, key=None):
@@ -56,7 +56,7 @@ def run_cell(boundary, mode, saver, ledger):
     try:
         with failpoints.scoped(point):
             workflow.run_graph(graph, first, thread, receiver, ledger)
-    except (failpoints.FailpointError, plumbing.NoAnswer):
+    except (failpoints.FailpointError, exitcodes.NoAnswer):
         pass
     snapshot = graph.get_state(workflow.thread_config(thread))
     if snapshot.next:  # the run stopped in a node: resume it, as `resume` does
@@ -116,6 +116,6 @@ def test_an_unknown_failpoint_or_action_is_one_line_exit_2(capsys):
         ("after-ack=explode", ["unknown action 'explode'", "sleep(S)", "pause(PATH)"]),
         ("after-ack=pause()", ["unknown action 'pause()'", "pause(PATH)"]),
     ]:
-        assert workflow.main(["tickets"], {"FAILPOINTS": spec}) == plumbing.EXIT_USAGE
+        assert workflow.main(["tickets"], {"FAILPOINTS": spec}) == exitcodes.EXIT_USAGE
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and all(w in err for w in words), err

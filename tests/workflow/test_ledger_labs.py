@@ -15,7 +15,7 @@ import urllib.request
 from prometheus_client.parser import text_string_to_metric_families
 from workflow_helpers import events, names
 
-import plumbing
+import exitcodes
 from tools.local import shell_exit_code
 
 KILLED = 137
@@ -51,7 +51,7 @@ def test_a_kill_in_the_messages_window_stops_the_resume_until_a_person_settles_i
 ):
     killed_in_the_messages_window(workflow)
     stopped = workflow("resume")
-    assert stopped.returncode == plumbing.EXIT_UNSETTLED == 6
+    assert stopped.returncode == exitcodes.EXIT_UNSETTLED == 6
     assert stopped.stdout == ""  # no message_sent: nothing went out
     assert stopped.stderr.count("\n") == 1
     assert f"reconcile --confirmed {KEY}=ID if it happened, --not-sent {KEY} if" in stopped.stderr
@@ -60,10 +60,10 @@ def test_a_kill_in_the_messages_window_stops_the_resume_until_a_person_settles_i
 
     # A person's mistakes write nothing: each is one line, and the key stays unknown.
     for mistake, code in [
-        (("--confirmed", KEY), plumbing.EXIT_USAGE),  # no id: a receipt the node could not read
-        (("--confirmed", f"{KEY}=1", "--not-sent", KEY), plumbing.EXIT_THREAD),  # both
-        (("--not-sent", KEY, "no-such-key"), plumbing.EXIT_THREAD),  # one key of two is wrong
-        (("--confirmed", f"{KEY}=one"), plumbing.EXIT_USAGE),  # not a message id
+        (("--confirmed", KEY), exitcodes.EXIT_USAGE),  # no id: a receipt the node could not read
+        (("--confirmed", f"{KEY}=1", "--not-sent", KEY), exitcodes.EXIT_THREAD),  # both
+        (("--not-sent", KEY, "no-such-key"), exitcodes.EXIT_THREAD),  # one key of two is wrong
+        (("--confirmed", f"{KEY}=one"), exitcodes.EXIT_USAGE),  # not a message id
     ]:
         refused = workflow("reconcile", *mistake)
         assert (refused.returncode, refused.stdout) == (code, ""), (mistake, refused)
@@ -99,7 +99,7 @@ def test_a_persons_word_on_a_ticket_is_checked_against_the_receiver(receiver, wo
     killed = workflow("start", "--operation", "ct", "--crash-at", "after-send")
     assert shell_exit_code(killed.returncode) == KILLED  # ticket 1 exists, the ledger: requested
     refused = workflow("reconcile", "--not-sent", "ct")
-    assert refused.returncode == plumbing.EXIT_THREAD and "holds 1 under 'ct'" in refused.stderr
+    assert refused.returncode == exitcodes.EXIT_THREAD and "holds 1 under 'ct'" in refused.stderr
     assert "tickets --operation ct" in refused.stderr  # the command to look with
     settled = workflow("reconcile", "--confirmed", "ct")
     assert settled.returncode == 0, settled.stderr

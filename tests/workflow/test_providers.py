@@ -10,10 +10,11 @@ import threading
 
 import pytest
 
-import plumbing
+import exitcodes
+import providers
 import workflow
 
-MAIL = plumbing.Provider("MAIL", url="http://127.0.0.1:9")  # a second provider, declared once
+MAIL = providers.Provider("MAIL", url="http://127.0.0.1:9")  # a second provider, declared once
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,7 +67,7 @@ def test_a_second_providers_settings_reach_its_client(server):
     assert (path, body) == ("/mail", {"to": "a@example.com"})
     assert headers["Authorization"] == "Bearer s3cret" and headers["Idempotency-Key"] == "k-1"
     # Its timeout: held past 0.3 s, the request has no answer (and may have taken effect).
-    with pytest.raises(plumbing.NoAnswer, match=f"no answer from MAIL at {url}"):
+    with pytest.raises(exitcodes.NoAnswer, match=f"no answer from MAIL at {url}"):
         client.call("/hold", {}, "k-2")
     assert len(server.seen) == 2  # one attempt: MAIL_ATTEMPTS (a timeout is never resent)
     # The API provider's client sends no token: each provider has its own settings.
@@ -81,5 +82,5 @@ def test_a_bad_provider_setting_is_one_line_and_exit_2_naming_it(capsys, tmp_pat
     env = {"CHECKPOINT_DB": str(tmp_path / "c.sqlite"), name: value}
     code = workflow.main(["state", "--thread", "t"], env, settings_class=TwoProviders)
     out, err = capsys.readouterr()
-    assert code == plumbing.EXIT_USAGE == 2 and out == ""
+    assert code == exitcodes.EXIT_USAGE == 2 and out == ""
     assert err.count("\n") == 1 and name in err and repr(value) in err, err

@@ -12,7 +12,8 @@ import json
 import pytest
 
 import effects
-import plumbing
+import exitcodes
+import hints
 import workflow
 from labs import cli as lab_py  # `lab` is the fixture: the lab's environment
 
@@ -95,7 +96,7 @@ def test_migrate_to_the_contract_the_thread_has_writes_nothing_and_says_so(lab, 
 
 def test_migrate_of_no_such_thread_does_not_talk_of_resume(lab, capsys):
     code, events, err = run(capsys, lab, "migrate", "--thread", "nosuch")
-    assert (code, events) == (plumbing.EXIT_THREAD, [])
+    assert (code, events) == (exitcodes.EXIT_THREAD, [])
     assert err == "labs: no thread 'nosuch'; check --thread\n"
 
 
@@ -114,10 +115,10 @@ def test_a_saga_thread_is_refused_by_the_plain_commands_which_name_saga_resume(
     which rewrote the saga into the ticket graph; resume then charged a second time."""
     before = saga(capsys, lab, "naive"), history(lab, "naive"), tickets(lab)
     code, events, err = run(capsys, v2(lab), command, "--thread", "naive")
-    assert (code, events) == (plumbing.EXIT_THREAD, []) and err.count("\n") == 1, err
+    assert (code, events) == (exitcodes.EXIT_THREAD, []) and err.count("\n") == 1, err
     assert "saga resume --thread naive" in err and "migrate" not in err
     code, events, err = run(capsys, lab, "resume", "--thread", "naive", "--no-contract")
-    assert (code, events) == (plumbing.EXIT_THREAD, []) and "saga resume" in err
+    assert (code, events) == (exitcodes.EXIT_THREAD, []) and "saga resume" in err
     after = run(capsys, lab, "saga", "state", "--thread", "naive")[1], history(lab, "naive")
     assert (*after, tickets(lab)) == before
 
@@ -127,11 +128,11 @@ def test_state_and_saga_state_each_refuse_the_others_thread(lab, receiver, capsy
     `next: []` for a saga that waits at its refund. `saga state` of a ticket thread, the same."""
     saga(capsys, lab, "naive")
     code, events, err = run(capsys, lab, "state", "--thread", "naive")
-    assert (code, events) == (plumbing.EXIT_THREAD, [])
+    assert (code, events) == (exitcodes.EXIT_THREAD, [])
     assert err == "labs: thread 'naive' is a saga (lab 13): saga state --thread naive\n"
     assert run(capsys, lab, "start", "--thread", "plain")[0] == 0
     code, events, err = run(capsys, lab, "saga", "state", "--thread", "plain")
-    assert (code, events) == (plumbing.EXIT_THREAD, [])
+    assert (code, events) == (exitcodes.EXIT_THREAD, [])
     assert err == "labs: thread 'plain' is not a saga; state --thread plain (without saga)\n"
 
 
@@ -150,7 +151,7 @@ def test_a_naive_saga_waiting_at_its_refund_is_not_offered_a_plain_saga_resume(
         assert graph.get_state(config).next == ("refund",)
     for command in (["resume"], ["migrate"], ["saga", "start"]):
         code, events, err = run(capsys, lab, *command, "--thread", "n")
-        assert (code, events) == (plumbing.EXIT_THREAD, []) and err.count("\n") == 1, err
+        assert (code, events) == (exitcodes.EXIT_THREAD, []) and err.count("\n") == 1, err
         assert "without a key (--mode naive)" in err and "refunds again" in err, err
         assert "look at saga refunds first" in err
     assert run(capsys, lab, "saga", "refunds")[1][0]["refunds"] == []
@@ -177,7 +178,7 @@ def test_a_worker_thread_is_refused_with_the_command_that_owns_it(lab, receiver,
     before = history(lab, "w")
     for command in ("migrate", "resume"):
         code, events, err = run(capsys, lab, command, "--thread", "w")
-        assert (code, events) == (plumbing.EXIT_THREAD, []) and err.count("\n") == 1, err
+        assert (code, events) == (exitcodes.EXIT_THREAD, []) and err.count("\n") == 1, err
         assert "labs/workers.py state --thread w" in err and "migrate" not in err
     assert history(lab, "w") == before
 
@@ -186,7 +187,7 @@ def test_the_exit_65_line_offers_migrate_only_toward_a_graph_it_can_move_to(lab,
     """Saved by version 2 (drained before open_ticket), resumed by version 1: migrate to
     version 1 has no open_ticket to send it to, so the line does not offer it."""
     env = {**v2(lab), "FAILPOINTS": "after-prepare=term"}
-    assert run(capsys, env, "start", "--thread", "new")[0] == plumbing.EXIT_DRAINED
+    assert run(capsys, env, "start", "--thread", "new")[0] == exitcodes.EXIT_DRAINED
     code, events, err = run(capsys, lab, "resume", "--thread", "new")
     assert code == lab_py.EXIT_CONTRACT and events[0]["event"] == "contract_mismatch"
     assert err.count("\n") == 1 and "migrate --thread" not in err, err
@@ -214,15 +215,15 @@ def test_the_lines_after_a_naive_run_stopped_in_its_window_do_not_offer_resume(
     env = {**lab, "FAILPOINTS": "after-prepare=term"}
     assert run(capsys, env, "start", "--thread", "n", "--mode", "naive")[0] == 75
     code, _, err = run(capsys, lab, "start", "--thread", "n", "--mode", "naive")
-    assert code == plumbing.EXIT_THREAD and "a resume repeats its request" in err, err
+    assert code == exitcodes.EXIT_THREAD and "a resume repeats its request" in err, err
     assert "resume it" not in err and "pick a new --thread" not in err
     args = lab_py.build_parser().parse_args(["resume", "--thread", "n"])
-    hint = plumbing.interrupted_hint(args, workflow.Settings.from_environ(lab))
+    hint = hints.interrupted_hint(args, workflow.Settings.from_environ(lab))
     assert hint.endswith(
         "it sends no key, so resume would send it again: look at the receiver first"
     )
     assert run(capsys, env, "start", "--thread", "s")[0] == 75
     args = lab_py.build_parser().parse_args(["resume", "--thread", "s"])
-    hint = plumbing.interrupted_hint(args, workflow.Settings.from_environ(lab))
+    hint = hints.interrupted_hint(args, workflow.Settings.from_environ(lab))
     assert hint.endswith("resume it with: resume --thread s")
     assert "resume it or pick a new --thread" in run(capsys, lab, "start", "--thread", "s")[2]

@@ -10,8 +10,10 @@ import types
 
 import pytest
 
+import commandline
 import effects
-import plumbing
+import exitcodes
+import providers
 import smtpclient
 from tools.local import free_port
 
@@ -53,7 +55,7 @@ def mailbox():
 
 
 def mail_provider(url, settle_s=smtpclient.SETTLE_S):
-    return plumbing.Provider(
+    return providers.Provider(
         "MAIL",
         url=url,
         client_class=smtpclient.SmtpClient,
@@ -64,7 +66,7 @@ def mail_provider(url, settle_s=smtpclient.SETTLE_S):
 
 
 def email_effect(provider):
-    return plumbing.Effect(
+    return effects.Effect(
         "email",
         provider=provider,
         send=lambda client, request, key: client.mail(
@@ -84,7 +86,7 @@ def test_mail_url_takes_smtp_for_an_smtp_provider_and_a_bad_one_names_it():
     declared = mail_provider("smtp://127.0.0.1:25")
     configured = declared.configured({"MAIL_URL": "smtp://127.0.0.1:2525"})
     assert configured.url == "smtp://127.0.0.1:2525"
-    with pytest.raises(plumbing.UserError) as bad:
+    with pytest.raises(exitcodes.UserError) as bad:
         declared.configured({"MAIL_URL": "http://127.0.0.1:2525"})
     assert "MAIL_URL 'http://127.0.0.1:2525' is not an address of MAIL (smtp)" in str(bad.value)
 
@@ -106,7 +108,7 @@ def test_an_email_is_sent_once_with_its_key_as_message_id(mailbox, tmp_path):
 def test_a_refused_connection_is_not_sent_and_names_the_provider(tmp_path):
     provider = mail_provider(f"smtp://127.0.0.1:{free_port()}")  # nothing listens there
     with effects.Ledger(tmp_path / "l.sqlite") as ledger:
-        with pytest.raises(plumbing.Unreachable, match="cannot reach MAIL at smtp://127.0.0.1:"):
+        with pytest.raises(exitcodes.Unreachable, match="cannot reach MAIL at smtp://127.0.0.1:"):
             email_effect(provider).perform(ledger, "k", REQUEST, provider.client())
         assert ledger.get("k").state == "released"  # the key is free: nothing left
 
@@ -146,22 +148,22 @@ def test_no_reply_after_the_data_is_unknown_and_a_persons_word_waits_for_the_set
     (message,) = mailbox.messages  # a person searches the mailbox for its Message-ID
     found = smtpclient.message_id("order-2:mail")
     assert f"Message-ID: {found}" in message
-    settings = plumbing.Settings(checkpoint_db=str(db), providers=(provider,))
+    settings = commandline.Settings(checkpoint_db=str(db), providers=(provider,))
     args = types.SimpleNamespace(
         confirmed=[f"order-2:mail={found}"], not_sent=[], effects={"email": email}, wait=False
     )
     with effects.Ledger(db) as ledger:
         sent_at = ledger.row("order-2:mail")["sent_at"]
     try:
-        plumbing.reconcile(args, settings)
+        commandline.run_reconcile(args, settings)
         refused = ""
-    except plumbing.UserError as error:
+    except effects.WordRefused as error:  # a person's word not taken yet
         refused = str(error)
     if time.time() - sent_at < 1.0:  # asked inside the settle time (measured, not assumed)
         assert "MAIL may take 1 s to commit" in refused, refused
     if refused:  # --wait: settled once the settle time is over
         args.wait = True
-        plumbing.reconcile(args, settings)
+        commandline.run_reconcile(args, settings)
     with effects.Ledger(db) as ledger:
         done = email.perform(ledger, "order-2:mail", REQUEST, provider.client())
     assert (done.how, done.answer["message_id"]) == ("receipt", found)

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-import plumbing
+import exitcodes
 import tracing
 import workflow
 from labs import cli as lab_py  # `lab` is the fixture: the lab's environment
@@ -138,7 +138,7 @@ def test_an_earlier_attempts_ticket_is_adopted_by_key_and_the_span_says_so(lab, 
         ledger.claim(OPERATION, "ticket", {"title": "Trace"})  # the earlier attempt's intent
         client.create("Trace", key=OPERATION)  # and its request, which took effect
         memory.clear()
-        workflow.TICKET.perform(ledger, OPERATION, {"title": "Trace"}, client)
+        workflow.ticket.perform(ledger, OPERATION, {"title": "Trace"}, client)
     spans = exported(memory)
     [effect] = keyed(spans, "effect ticket")
     assert effect["attributes"]["effect.how"] == "adopted"
@@ -158,7 +158,7 @@ def test_a_receipt_is_on_the_span_as_the_ledgers_answer_without_a_request(
     with workflow.effects.open_ledger(lab["CHECKPOINT_DB"]) as ledger:
         client = workflow.TicketClient(lab["API_URL"])
         for _ in range(2):
-            workflow.TICKET.perform(ledger, OPERATION, {"title": "Trace"}, client)
+            workflow.ticket.perform(ledger, OPERATION, {"title": "Trace"}, client)
     spans = exported(memory)
     assert [s["attributes"]["effect.how"] for s in keyed(spans, "effect ticket")] == [
         "sent",
@@ -173,7 +173,7 @@ def test_a_drained_run_ends_its_span_with_a_drain_not_an_error(lab, receiver, me
     """SIGTERM (a deploy) drains the run at its next step boundary: exit 75, and the run's span
     says drained, with its status left unset, not ERROR."""
     env = {**lab, "FAILPOINTS": "after-prepare=term"}
-    assert workflow.main(["start", "--thread", "t"], env) == plumbing.EXIT_DRAINED
+    assert workflow.main(["start", "--thread", "t"], env) == exitcodes.EXIT_DRAINED
     [run_span] = [s for s in exported(memory) if s["name"] == "run"]
     assert run_span["attributes"]["run.drained"] is True
     assert [e["name"] for e in run_span["events"]] == ["drained"]
@@ -187,7 +187,7 @@ import runpy; runpy.run_path("labs/receiver.py", run_name="__main__")
 LEDGER = """import effects, workflow
 client = workflow.TicketClient(sys.argv[1])
 with effects.open_ledger(sys.argv[2]) as ledger:
-    print(workflow.TICKET.perform(ledger, "k", {"title": "t"}, client).how)
+    print(workflow.ticket.perform(ledger, "k", {"title": "t"}, client).how)
 print(client.create("t", "k")["created"])
 print([m for m, module in sys.modules.items() if m.startswith("opentelemetry") and module])
 """
@@ -270,7 +270,7 @@ def test_otlp_sends_the_receivers_span_to_the_endpoint_it_is_given(lab, tmp_path
 @pytest.mark.fast
 def test_a_trace_file_that_cannot_be_written_is_one_line_and_a_usage_error(lab, tmp_path, capsys):
     env = {**lab, "TRACE": str(tmp_path / "no-such-folder" / "spans.jsonl")}
-    assert workflow.main(["start", "--thread", "t"], env) == plumbing.EXIT_USAGE
+    assert workflow.main(["start", "--thread", "t"], env) == exitcodes.EXIT_USAGE
     assert capsys.readouterr().err.splitlines() == [
         f"workflow.py: TRACE={env['TRACE']!r} cannot be written: No such file or directory"
     ]
@@ -284,7 +284,7 @@ def test_a_trace_setting_that_is_neither_otlp_nor_a_file_is_a_usage_error(
 ):
     monkeypatch.chdir(tmp_path)  # where a file named 1 would land
     env = {**lab, "TRACE": setting}
-    assert workflow.main(["tickets"], env) == plumbing.EXIT_USAGE
+    assert workflow.main(["tickets"], env) == exitcodes.EXIT_USAGE
     (line,) = capsys.readouterr().err.splitlines()
     assert line.startswith(f"workflow.py: TRACE={setting!r} is neither otlp nor a file")
     assert list(tmp_path.iterdir()) == [] and tracing.TRACER is None

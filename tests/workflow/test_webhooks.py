@@ -16,10 +16,11 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
 
+import checkpoints
 import effects
+import exitcodes
 import failpoints
 import httpguard
-import plumbing
 import workflow
 from labs import cli as lab
 from labs import inbox
@@ -72,7 +73,7 @@ def test_the_inbox_waits_out_another_connection_making_a_new_file(tmp_path):
 def test_a_checkpoint_file_with_the_inbox_beside_it_is_the_labs_own_not_the_cores(
     tmp_path, monkeypatch
 ):
-    """The core (plumbing.py) names no table of labs/inbox.py or labs/relay.py (the starter has
+    """The core (checkpoints.py) names no table of labs/inbox.py or labs/relay.py (the starter has
     neither):
     to it a file holding them is another program's. The lab's programs count them as their
     own (own_tables, in labs/cli.py's, labs/relay.py's and labs/workers.py's main): a file that
@@ -86,13 +87,13 @@ def test_a_checkpoint_file_with_the_inbox_beside_it_is_the_labs_own_not_the_core
         saver.setup()
     with inbox.open_inbox(path), relay.open_outbox(path):
         pass
-    core = {k: v for k, v in plumbing.OUR_COLUMNS.items() if k not in lab.LAB_TABLES}
-    monkeypatch.setattr(plumbing, "OUR_COLUMNS", core)  # as in a process of the core alone
-    with pytest.raises(plumbing.UserError, match="inbox, inbox_subjects, outbox"):
-        plumbing.require_checkpoint_file(path)
-    assert not set(inbox.TABLES) & set(plumbing.OUR_COLUMNS)
-    plumbing.own_tables(lab.LAB_TABLES)
-    plumbing.require_checkpoint_file(path)  # no UserError: every table and column is ours
+    core = {k: v for k, v in checkpoints.OUR_COLUMNS.items() if k not in lab.LAB_TABLES}
+    monkeypatch.setattr(checkpoints, "OUR_COLUMNS", core)  # as in a process of the core alone
+    with pytest.raises(exitcodes.UserError, match="inbox, inbox_subjects, outbox"):
+        checkpoints.require_checkpoint_file(path)
+    assert not set(inbox.TABLES) & set(checkpoints.OUR_COLUMNS)
+    checkpoints.own_tables(lab.LAB_TABLES)
+    checkpoints.require_checkpoint_file(path)  # no UserError: every table and column is ours
 
 
 @pytest.mark.fast
@@ -521,7 +522,7 @@ def test_a_hooks_mistake_is_one_line_and_a_usage_error(tmp_path, capsys, argv, l
         code = lab.main(["hooks", "--ticket", "1", *argv], env)
     except SystemExit as stop:  # argparse's own exit, as the command line gets it
         code = stop.code
-    assert code == plumbing.EXIT_USAGE
+    assert code == exitcodes.EXIT_USAGE
     (got,) = capsys.readouterr().err.splitlines()
     assert got.startswith(line), got
 
@@ -541,7 +542,7 @@ def test_a_hooks_mistake_is_one_line_and_a_usage_error(tmp_path, capsys, argv, l
 def test_a_switch_on_the_wrong_command_says_which_takes_it(tmp_path, capsys, argv, line):
     with pytest.raises(SystemExit) as stop:
         lab.main(argv, lab_env(tmp_path / "data", 9))
-    assert stop.value.code == plumbing.EXIT_USAGE
+    assert stop.value.code == exitcodes.EXIT_USAGE
     assert capsys.readouterr().err.splitlines() == [line]
 
 
@@ -584,7 +585,7 @@ def test_hooks_says_what_it_did_and_refuses_naive_on_the_inboxs_ticket(receiver,
     assert err == "labs: ticket 1 has each status of --move already: no event, no message\n"
     assert messages(receiver) == ["ticket 1 resolved (evt_1)"]
     naive = ["hooks", "--ticket", "1", "--mode", "naive", "--move", "opened"]
-    assert lab.main(naive, receiver.env) == plumbing.EXIT_USAGE
+    assert lab.main(naive, receiver.env) == exitcodes.EXIT_USAGE
     out, err = capsys.readouterr()
     assert out == "" and err.startswith("labs: ticket 1 is the inbox's (a hooks without --mode")
     assert len(err.splitlines()) == 1 and messages(receiver) == ["ticket 1 resolved (evt_1)"]
@@ -662,7 +663,7 @@ def test_ctrl_c_while_hooks_waits_is_one_line_and_exit_130(tmp_path):
             hooks.kill()
         silent.close()
     held.close()
-    assert hooks.returncode == plumbing.EXIT_INTERRUPTED and out == ""
+    assert hooks.returncode == exitcodes.EXIT_INTERRUPTED and out == ""
     assert err.splitlines() == [
         "labs: interrupted; the receiver keeps what got no answer pending: hooks --ticket 2 "
         "takes it"

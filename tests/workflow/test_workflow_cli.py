@@ -17,8 +17,10 @@ from pathlib import Path
 import pytest
 
 import effects
+import exitcodes
 import failpoints
-import plumbing
+import hints
+import providers
 import workflow
 from tools.local import (
     ROOT,
@@ -68,7 +70,7 @@ def one_line(capsys, code, returned, *words):
 )
 def test_a_bad_setting_is_one_line_and_exit_2(env, monkeypatch, capsys, name, value, words):
     monkeypatch.setenv(name, value)
-    one_line(capsys, plumbing.EXIT_USAGE, workflow.main(["tickets"]), *words)
+    one_line(capsys, exitcodes.EXIT_USAGE, workflow.main(["tickets"]), *words)
 
 
 def test_a_checkpoint_db_that_is_not_sqlite_is_one_line_and_left_alone(
@@ -78,14 +80,14 @@ def test_a_checkpoint_db_that_is_not_sqlite_is_one_line_and_left_alone(
     notes.write_text("not a database\n" * 200)
     monkeypatch.setenv("CHECKPOINT_DB", str(notes))
     returned = workflow.main(["state", "--thread", "x"])
-    one_line(capsys, plumbing.EXIT_USAGE, returned, "CHECKPOINT_DB", "not a database")
+    one_line(capsys, exitcodes.EXIT_USAGE, returned, "CHECKPOINT_DB", "not a database")
     assert notes.read_text() == "not a database\n" * 200
 
 
 def test_a_checkpoint_db_below_a_file_is_one_line(env, monkeypatch, capsys, tmp_path):
     (tmp_path / "file").write_text("")
     monkeypatch.setenv("CHECKPOINT_DB", str(tmp_path / "file" / "checkpoints.sqlite"))
-    one_line(capsys, plumbing.EXIT_USAGE, workflow.main(["state"]), "CHECKPOINT_DB")
+    one_line(capsys, exitcodes.EXIT_USAGE, workflow.main(["state"]), "CHECKPOINT_DB")
 
 
 @pytest.mark.parametrize("args", [["state", "--thread", "x"], ["start"], ["resume"]])
@@ -97,7 +99,7 @@ def test_a_python_without_langgraph_is_told_which_python_to_use(lab, args):
         text=True,
         timeout=60,
     )
-    assert done.returncode == plumbing.EXIT_USAGE and done.stderr.count("\n") == 1, done.stderr
+    assert done.returncode == exitcodes.EXIT_USAGE and done.stderr.count("\n") == 1, done.stderr
     assert "has no langgraph" in done.stderr and ".venv/bin/python" in done.stderr
 
 
@@ -118,7 +120,7 @@ def test_ctrl_c_mid_request_exits_130_and_names_the_thread_to_resume(tmp_path):
         with connection:
             proc.send_signal(signal.SIGINT)
             out, err = proc.communicate(timeout=30)
-    assert proc.returncode == plumbing.EXIT_INTERRUPTED, err
+    assert proc.returncode == exitcodes.EXIT_INTERRUPTED, err
     assert err.count("\n") == 1 and "Traceback" not in err, err
     assert "may have taken effect" in err and "resume --thread t-int" in err
     assert [json.loads(line)["event"] for line in out.splitlines()] == ["prepare"]
@@ -173,14 +175,14 @@ def test_ctrl_c_before_the_first_checkpoint_says_start_it_again(env, tmp_path):
     """Nothing saved yet: `resume` would find no thread, so the line says to start again."""
     args = workflow.build_parser().parse_args(["start", "--thread", "early"])
     settings = workflow.Settings.from_environ(env)
-    hint = plumbing.interrupted_hint(args, settings)
+    hint = hints.interrupted_hint(args, settings)
     assert "has no checkpoint yet: start it again" in hint and "resume" not in hint
 
 
 def test_approve_of_an_unknown_thread_says_no_such_thread_waits(env, capsys):
     from labs import cli as lab
 
-    assert lab.main(["approve", "--thread", "ghost"], env) == plumbing.EXIT_THREAD
+    assert lab.main(["approve", "--thread", "ghost"], env) == exitcodes.EXIT_THREAD
     err = capsys.readouterr().err
     assert err == "labs: no thread 'ghost' waits for approval; check --thread\n"
 
@@ -191,7 +193,7 @@ def test_the_step_boundary_switch_refuses_a_postgres_checkpointer(env, capsys):
     env = {**env, "CHECKPOINT_DB": "postgresql://127.0.0.1:1/none"}
     code = lab.main(["start", "--crash-at", "step-boundary"], env)
     err = capsys.readouterr().err
-    assert code == plumbing.EXIT_USAGE and err.count("\n") == 1, err
+    assert code == exitcodes.EXIT_USAGE and err.count("\n") == 1, err
     assert "needs the SQLite checkpointer" in err and "unset CHECKPOINT_DB" in err
 
 
@@ -202,7 +204,7 @@ def test_ctrl_c_in_a_saga_names_saga_resume(env):
     settings = workflow.Settings.from_environ(env)
     with workflow.open_checkpointer(env["CHECKPOINT_DB"]) as saver:  # a saved saga thread
         lab.build_saga(saver).update_state(workflow.thread_config("s"), {"seats": 2}, "charge")
-    hint = plumbing.interrupted_hint(args, settings)
+    hint = hints.interrupted_hint(args, settings)
     assert hint.endswith("; resume it with: saga resume --thread s"), hint
 
 
@@ -210,8 +212,8 @@ def test_ctrl_c_in_a_saga_names_saga_resume(env):
 def test_a_thread_not_given_is_named_as_the_default(env, capsys, command):
     """`resume` alone looked up a thread 'demo' the learner never typed: the line says why."""
     returned = workflow.main(command)
-    one_line(capsys, plumbing.EXIT_THREAD, returned, "(no --thread given: 'demo' is its default)")
-    assert workflow.main([*command, "--thread", "demo"]) == plumbing.EXIT_THREAD
+    one_line(capsys, exitcodes.EXIT_THREAD, returned, "(no --thread given: 'demo' is its default)")
+    assert workflow.main([*command, "--thread", "demo"]) == exitcodes.EXIT_THREAD
     assert "default" not in capsys.readouterr().err  # typed: no note
 
 
@@ -241,7 +243,7 @@ def test_a_checkpoint_db_holding_another_programs_tables_is_refused_untouched(
     for path in foreign_files(tmp_path, receiver):
         before = snapshot(path)
         returned = workflow.main(command, {**env, "CHECKPOINT_DB": str(path)})
-        one_line(capsys, plumbing.EXIT_USAGE, returned, "not LangGraph's", "nothing was written")
+        one_line(capsys, exitcodes.EXIT_USAGE, returned, "not LangGraph's", "nothing was written")
         assert snapshot(path) == before
     assert workflow.TicketClient(receiver.url).tickets() == [
         {"ticket_id": 1, "key": "k-1", "payload": {"title": "A ticket"}}
@@ -266,7 +268,7 @@ def test_a_read_only_or_full_checkpoint_db_has_its_own_exit_and_names_the_resume
         conn.execute("VACUUM")  # an empty database, written with that page size
     conn.close()
     drained = workflow.main(["start", "--thread", "t"], {**env, "FAILPOINTS": "after-prepare=term"})
-    assert drained == plumbing.EXIT_DRAINED
+    assert drained == exitcodes.EXIT_DRAINED
     capsys.readouterr()
     setup = SqliteSaver.setup
 
@@ -278,7 +280,7 @@ def test_a_read_only_or_full_checkpoint_db_has_its_own_exit_and_names_the_resume
     with monkeypatch.context() as patch:
         patch.setattr(SqliteSaver, "setup", unwritable_after_setup)
         returned = workflow.main(["resume", "--thread", "t"])
-    assert returned == plumbing.EXIT_CHECKPOINT_WRITE != plumbing.EXIT_USAGE
+    assert returned == exitcodes.EXIT_CHECKPOINT_WRITE != exitcodes.EXIT_USAGE
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and words in err, err
     assert "may have taken effect" in err and err.endswith(
@@ -291,8 +293,8 @@ def test_a_read_only_or_full_checkpoint_db_has_its_own_exit_and_names_the_resume
 def test_the_busy_budget_outlasts_the_review_s_10_s_lock_by_more_than_the_lock():
     from labs import receiver as lab_receiver
 
-    tries = plumbing.ATTEMPTS * plumbing.BUSY_TRIES_PER_ATTEMPT
-    delays = plumbing.retry_delays()
+    tries = providers.ATTEMPTS * providers.BUSY_TRIES_PER_ATTEMPT
+    delays = providers.retry_delays()
     waited = sum(next(delays) for _ in range(tries - 1)) + tries * lab_receiver.BUSY_TIMEOUT_S
     assert waited > 2 * 10.0, waited
 
@@ -313,7 +315,7 @@ def test_a_receiver_busy_past_every_try_names_the_resume_that_goes_on(env, capsy
     finally:
         holder.close()
         receiver.stop()
-    assert returned == plumbing.EXIT_HTTP_ERROR
+    assert returned == exitcodes.EXIT_HTTP_ERROR
     assert json.loads(out.splitlines()[-1])["status"] == 503
     assert err == (
         "workflow.py: the receiver stayed busy (503) for 2 tries; nothing was committed; "
@@ -325,14 +327,14 @@ def test_a_receiver_busy_past_every_try_names_the_resume_that_goes_on(env, capsy
 def test_a_ctrl_c_that_strands_a_thread_still_exits_130_at_once(tmp_path):
     """A KeyboardInterrupt inside ThreadPoolExecutor._adjust_thread_count (LangGraph's saves run
     on one) can leave a worker thread that the interpreter's exit joins forever: python
-    workflow.py's exit (plumbing.run_script) ends the process itself then. The stranded thread
+    workflow.py's exit (commandline.run_script) ends the process itself then. The stranded thread
     is made here as CPython leaves it: non-daemon, waiting for work that never comes."""
     script = (
-        "import threading, plumbing\n"
+        "import threading, commandline\n"
         "def main():\n"
         "    threading.Thread(target=threading.Event().wait, name='stranded').start()\n"
         "    raise KeyboardInterrupt\n"
-        "plumbing.run_script(main, 'workflow.py')\n"
+        "commandline.run_script(main, 'workflow.py')\n"
     )
     done = subprocess.run(
         [sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=60
@@ -360,7 +362,7 @@ def test_ctrl_c_while_python_imports_the_script_is_one_line(lab, script):
             break
     out, err = proc.communicate(timeout=60)
     said = [line for line in err.splitlines() if not line.startswith("import time:")]
-    assert proc.returncode == plumbing.EXIT_INTERRUPTED, "".join(seen) + err
+    assert proc.returncode == exitcodes.EXIT_INTERRUPTED, "".join(seen) + err
     name = script[0] if script[0] != "-m" else script[1]  # the program's name in its lines
     assert said == [f"{name}: interrupted"] and out == "", said
 
@@ -387,9 +389,9 @@ def test_an_api_url_naming_another_server_is_one_line_naming_api_url(env, monkey
     finally:
         server.shutdown()
         server.server_close()
-    assert returned == plumbing.EXIT_HTTP_ERROR
+    assert returned == exitcodes.EXIT_HTTP_ERROR
     out, err = capsys.readouterr()
-    assert code == plumbing.EXIT_HTTP_ERROR and err.count("\n") == 1, err
+    assert code == exitcodes.EXIT_HTTP_ERROR and err.count("\n") == 1, err
     assert "without the receiver's JSON: API_URL (its port) names another program" in err, err
     assert err.endswith("the run is saved: once API_URL names the receiver, resume --thread w\n")
 
@@ -408,7 +410,7 @@ def test_a_title_that_is_not_utf8_is_refused_before_anything_runs(lab, tmp_path)
         timeout=60,
     )
     err = done.stderr.decode()
-    assert done.returncode == plumbing.EXIT_USAGE and err.count("\n") == 1, err
+    assert done.returncode == exitcodes.EXIT_USAGE and err.count("\n") == 1, err
     assert err.startswith("labs: --title b'bad\\xff' is not UTF-8 text"), err
     assert done.stdout == b"" and not Path(lab["CHECKPOINT_DB"]).exists()
     # labs/workers.py's submit alike (in-process: the str a shell's bytes become), before any
@@ -423,7 +425,7 @@ def test_a_title_that_is_not_utf8_is_refused_before_anything_runs(lab, tmp_path)
         title.decode(errors="surrogateescape"),
     ]
     done = run_worker_here(submit, dict(lab, CHECKPOINT_DB="postgresql://127.0.0.1:1/none"))
-    assert done.returncode == plumbing.EXIT_USAGE, done.stderr
+    assert done.returncode == exitcodes.EXIT_USAGE, done.stderr
     assert done.stderr == "labs.workers: --title b'bad\\xff' is not UTF-8 text; nothing was run\n"
 
 
@@ -469,7 +471,7 @@ def test_a_confirmed_row_without_its_receipt_is_one_line_and_exit_7(env, receive
     confirmed_by_hand(env, "k-gone")
     capsys.readouterr()
     returned = workflow.main(["resume", "--thread", "gone"])
-    one_line(capsys, plumbing.EXIT_LEDGER_DAMAGED, returned, "'k-gone' is confirmed and its")
+    one_line(capsys, exitcodes.EXIT_LEDGER_DAMAGED, returned, "'k-gone' is confirmed and its")
     assert workflow.TicketClient(receiver.url).tickets() == []  # nothing was sent
 
 
@@ -484,7 +486,7 @@ def test_a_forged_receipt_is_refused_under_a_receipt_key_and_a_real_one_is_read(
     confirmed_by_hand(env, "k-forged", receipt=999)
     capsys.readouterr()
     returned = workflow.main(["resume", "--thread", "forged"], keyed)
-    one_line(capsys, plumbing.EXIT_LEDGER_DAMAGED, returned, "'k-forged'", "LEDGER_RECEIPT_KEY")
+    one_line(capsys, exitcodes.EXIT_LEDGER_DAMAGED, returned, "'k-forged'", "LEDGER_RECEIPT_KEY")
     # Without a key the plain sha256 is all there is: the forgery is read (what the docs say).
     assert workflow.main(["resume", "--thread", "forged"], env) == 0
     assert json.loads(capsys.readouterr().out.splitlines()[-1])["ticket_id"] == 999
@@ -496,11 +498,11 @@ def test_a_forged_receipt_is_refused_under_a_receipt_key_and_a_real_one_is_read(
     assert '"event": "effect_receipt"' in capsys.readouterr().out
     unset = ["start", "--thread", "c", "--operation", "k-real"]  # a keyed receipt, no key here
     returned = workflow.main(unset, env)
-    one_line(capsys, plumbing.EXIT_LEDGER_DAMAGED, returned, "LEDGER_RECEIPT_KEY, which is not")
+    one_line(capsys, exitcodes.EXIT_LEDGER_DAMAGED, returned, "LEDGER_RECEIPT_KEY, which is not")
 
     assert workflow.main(["start", "--thread", "d", "--operation", "k-old"], env) == 0
     old = ["start", "--thread", "e", "--operation", "k-old"]
-    assert workflow.main(old, keyed) == plumbing.EXIT_LEDGER_DAMAGED
+    assert workflow.main(old, keyed) == exitcodes.EXIT_LEDGER_DAMAGED
     capsys.readouterr()
     accepted = {**keyed, "LEDGER_RECEIPT_UNKEYED": "accept"}
     assert workflow.main(["resume", "--thread", "e"], accepted) == 0
@@ -542,7 +544,7 @@ def test_a_ledger_made_unwritable_while_the_request_is_out_exits_74_and_names_th
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    assert proc.returncode == plumbing.EXIT_CHECKPOINT_WRITE, err
+    assert proc.returncode == exitcodes.EXIT_CHECKPOINT_WRITE, err
     assert err.count("\n") == 1 and "disk I/O error" in err, err
     assert err.endswith(
         "may have taken effect before the save failed; once CHECKPOINT_DB can be written, "

@@ -1,0 +1,52 @@
+"""What a program of the core says: its exit codes, the errors a user can fix (one line on
+stderr and an exit code each), and its output, one JSON object per line. commandline.py turns
+every error into its line; docs/exit-codes.md explains each code."""
+
+import json
+import sys
+
+EXIT_HTTP_ERROR = 1  # the receiver answered with an error (http_error shows it)
+EXIT_USAGE = 2  # a usage or configuration mistake: one line on stderr
+EXIT_NO_ANSWER = 3  # the receiver (or a Postgres CHECKPOINT_DB) could not be reached, or a
+#                     Postgres CHECKPOINT_DB stopped answering mid-run (a restart)
+EXIT_THREAD = 4  # resume or state of an unknown thread, or start of one that exists
+EXIT_CHECKPOINT_WRITE = 74  # the SQLite CHECKPOINT_DB cannot be written: read-only, its disk
+#                             full, or an open file no longer writable (EX_IOERR); resume once
+#                             it can be
+EXIT_UNSETTLED = 6  # an effect may have happened and no evidence says not: look, reconcile it
+EXIT_LEDGER_DAMAGED = 7  # a ledger row fails its own check (a receipt changed, forged or gone,
+#                          effects.Damaged): this code will not use it, and sends nothing for it
+EXIT_DRAINED = 75  # stopped cleanly on SIGTERM, checkpoint saved: resume it (EX_TEMPFAIL)
+EXIT_INTERRUPTED = 130  # Ctrl-C (128 + SIGINT)
+EXIT_KILLED = 137  # a `kill` failpoint: SIGKILL is signal 9, and a shell reports 128 + 9
+
+
+class UserError(Exception):
+    """A mistake the user can fix: one line on stderr and this exit code."""
+
+    def __init__(self, message, exit_code):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+class Unreachable(UserError):
+    """The connection was refused: nothing was sent, so the same request may be tried again."""
+
+
+class NoAnswer(UserError):
+    """The request was sent and no answer came back: it may or may not have taken effect."""
+
+
+def emit(event, **values):
+    """One JSON line, in one write: print() writes the text and its newline apart when output is
+    unbuffered, and two processes on one pipe (the drill's child and its resume) could splice."""
+    sys.stdout.write(json.dumps({"event": event, **values}, sort_keys=True) + "\n")
+    sys.stdout.flush()
+
+
+def announce(name, action):
+    """Say which failpoint fires, before it kills or stops the process."""
+    if action == "kill":
+        emit("crash", at=name)
+    elif action == "term":
+        emit("sigterm", at=name)
