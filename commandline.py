@@ -15,8 +15,9 @@ import urllib.error
 import effects
 import failpoints
 import tracing
-from checkpoints import open_checkpointer, thread_config
+from checkpoints import open_checkpointer, require_thread, thread_config
 from exitcodes import (
+    EXIT_DRAINED,
     EXIT_HTTP_ERROR,
     EXIT_INTERRUPTED,
     EXIT_LEDGER_DAMAGED,
@@ -287,22 +288,25 @@ class Defaulted(str):
     """A --thread the user did not type: its default, which an error line then says it is."""
 
 
-def graph_parser(prog, description, declared, start, resume, state):
-    """A graph CLI's parser: start, resume, state and reconcile (of the effects in declared);
-    parser.actions holds its subcommands and parser.start the start command, to extend."""
+def graph_parser(prog, description, declared, build_graph, run_graph, start_input):
+    """A graph CLI's parser: start, resume, state and reconcile (of the effects in declared),
+    for the graph build_graph(checkpointer) compiles, run by run_graph (workflow.run_graph);
+    start_input(args): a new run's input. parser.actions holds its subcommands and parser.start
+    the start command, for a caller to extend."""
     parser = Parser(prog=prog, description=description)
     parser.set_defaults(prog=prog, graph_command=False, resume="resume", unkeyed=lambda _: False)
     parser.set_defaults(effects=declared)  # what reconcile can look up
+    parser.set_defaults(build_graph=build_graph, run_graph=run_graph, start_input=start_input)
     parser.actions = parser.add_subparsers(dest="action", required=True, parser_class=type(parser))
     thread = dict(default=Defaulted("demo"), help="checkpoint thread id (default: demo)")
-    for name, action in [("start", start), ("resume", resume)]:
+    for name, action in [("start", start_thread), ("resume", resume_thread)]:
         sub = parser.actions.add_parser(name, help=f"{name} a run")
         sub.set_defaults(run=action, graph_command=True)
         sub.add_argument("--thread", **thread)
         if name == "start":
             parser.start = sub
     sub = parser.actions.add_parser("state", help="show a thread's checkpoint")
-    sub.set_defaults(run=state)
+    sub.set_defaults(run=show_state)
     sub.add_argument("--thread", **thread)
     sub = parser.actions.add_parser("reconcile", help="settle the ledger's open effects")
     sub.set_defaults(run=run_reconcile)
@@ -312,6 +316,37 @@ def graph_parser(prog, description, declared, start, resume, state):
         "--wait", action="store_true", help="wait out the providers' settle time, then settle"
     )
     return parser
+
+
+def start_thread(args, settings):
+    return run_thread(args, settings, args.start_input(args))
+
+
+def resume_thread(args, settings):
+    return run_thread(args, settings, None)
+
+
+def run_thread(args, settings, graph_input):
+    """Start (graph_input) or resume (None) args.thread."""
+    with (
+        open_checkpointer(settings.checkpoint_db) as saver,
+        effects.open_ledger(settings.checkpoint_db, settings.lease_s) as ledger,
+    ):
+        graph = args.build_graph(saver)
+        require_thread(graph, args.thread, graph_input is not None)
+        final = args.run_graph(graph, graph_input, args.thread, settings.clients(), ledger)
+    if final is None:
+        return EXIT_DRAINED
+    emit("done", **final)
+    return 0
+
+
+def show_state(args, settings):
+    with open_checkpointer(settings.checkpoint_db) as saver:
+        snapshot = args.build_graph(saver).get_state(thread_config(args.thread))
+    if not snapshot.values:
+        raise UserError(f"no thread {args.thread!r}; check --thread", EXIT_THREAD)
+    emit("state", values=snapshot.values, next=list(snapshot.next))
 
 
 def invoke_draining(graph, graph_input, thread, context, durability="sync", metadata=None):

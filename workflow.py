@@ -33,8 +33,7 @@ from typing import NotRequired, TypedDict
 
 import commandline
 import effects
-from checkpoints import open_checkpointer, require_thread, thread_config
-from exitcodes import EXIT_DRAINED, EXIT_THREAD, UserError, emit
+from exitcodes import emit
 from failpoints import fail
 from providers import RECEIVER_ANSWERS, HttpClient, Provider
 
@@ -167,38 +166,11 @@ def run_graph(graph, graph_input, thread, client, ledger, durability="sync", met
     return commandline.invoke_draining(graph, graph_input, thread, context, durability, metadata)
 
 
-# --- the CLI: one function per action (commandline.py: the parser, settings, errors) ----------
+# --- the CLI: start, resume, state and reconcile are commandline.py's, for any graph --------
 
 
-def start(args, settings):
-    return run(args, settings, {"operation_id": args.operation, "title": args.title})
-
-
-def resume(args, settings):
-    return run(args, settings, None)
-
-
-def run(args, settings, graph_input):
-    """Start (graph_input) or resume (None) args.thread."""
-    with (
-        open_checkpointer(settings.checkpoint_db) as saver,
-        effects.open_ledger(settings.checkpoint_db, settings.lease_s) as ledger,
-    ):
-        graph = build_graph(saver)
-        require_thread(graph, args.thread, graph_input is not None)
-        final = run_graph(graph, graph_input, args.thread, settings.clients(), ledger)
-    if final is None:
-        return EXIT_DRAINED
-    emit("done", **final)
-    return 0
-
-
-def state(args, settings):
-    with open_checkpointer(settings.checkpoint_db) as saver:
-        snapshot = build_graph(saver).get_state(thread_config(args.thread))
-    if not snapshot.values:
-        raise UserError(f"no thread {args.thread!r}; check --thread", EXIT_THREAD)
-    emit("state", values=snapshot.values, next=list(snapshot.next))
+def start_input(args):
+    return {"operation_id": args.operation, "title": args.title}
 
 
 def tickets(args, settings):  # what the provider holds: ticket's look_with
@@ -220,7 +192,8 @@ class Settings(commandline.Settings):
 def build_parser(prog="workflow.py"):
     """The CLI's parser; parser.actions holds its subcommands, for a caller to extend."""
     doc = " ".join(__doc__.split("\n\n")[0].split())
-    parser = commandline.graph_parser(prog, doc, effects.declared(globals()), start, resume, state)
+    declared = effects.declared(globals())  # what reconcile can look up
+    parser = commandline.graph_parser(prog, doc, declared, build_graph, run_graph, start_input)
     operation = dict(default="case-001:open-ticket:v1", help="operation id, used as the key")
     title = dict(default="Check supplier configuration", help="ticket title")
     parser.start.add_argument("--operation", **operation)

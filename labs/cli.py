@@ -445,8 +445,8 @@ def run(args, settings, graph_input):
 
 def state(args, settings):
     version = getattr(args, "graph_version", "1")  # labs/workers.py's state passes its own args
-    with workflow.open_checkpointer(settings.checkpoint_db) as saver:
-        head = saver.get_tuple(workflow.thread_config(args.thread))
+    with checkpoints.open_checkpointer(settings.checkpoint_db) as saver:
+        head = saver.get_tuple(checkpoints.thread_config(args.thread))
         if head and is_saga(head):  # read by the ticket graph, its refund would not show
             raise UserError(
                 f"thread {args.thread!r} is a saga (lab 13): saga state --thread {args.thread}",
@@ -461,7 +461,7 @@ def state(args, settings):
         notify = saved(saver, args, "notify")
         pay = saved(saver, args, "pay")
         graph = build_graph(saver, saved(saver, args, "approval"), version, notify, pay=pay)
-        snapshot = graph.get_state(workflow.thread_config(args.thread))
+        snapshot = graph.get_state(checkpoints.thread_config(args.thread))
     if not snapshot.values:
         raise UserError(f"no thread {args.thread!r}; check --thread", EXIT_THREAD)
     emit("state", values=snapshot.values, next=list(snapshot.next))
@@ -500,7 +500,7 @@ def saver_for(args, settings):
 
 def saved(saver, args, field):
     """A value the thread was started with (its graph must be built the same way)."""
-    return build_graph(saver).get_state(workflow.thread_config(args.thread)).values.get(field)
+    return build_graph(saver).get_state(checkpoints.thread_config(args.thread)).values.get(field)
 
 
 RESET_HINT = (
@@ -826,11 +826,11 @@ def saga_run(args, settings, graph_input):
     points = {args.crash_at: "kill"} if args.crash_at else {}
     with (
         failpoints.scoped(points),
-        workflow.open_checkpointer(settings.checkpoint_db) as saver,
+        checkpoints.open_checkpointer(settings.checkpoint_db) as saver,
         effects.open_ledger(settings.checkpoint_db) as ledger,
     ):
         graph = build_saga(saver)
-        hint = saga_exists_hint(saver.get_tuple(workflow.thread_config(args.thread)))
+        hint = saga_exists_hint(saver.get_tuple(checkpoints.thread_config(args.thread)))
         snapshot = checkpoints.require_thread(graph, args.thread, graph_input is not None, hint)
         if graph_input is None and "seats" not in snapshot.values:
             raise UserError(
@@ -850,8 +850,8 @@ def saga_exists_hint(saved):
 
 
 def saga_state(args, settings):
-    with workflow.open_checkpointer(settings.checkpoint_db) as saver:
-        snapshot = build_saga(saver).get_state(workflow.thread_config(args.thread))
+    with checkpoints.open_checkpointer(settings.checkpoint_db) as saver:
+        snapshot = build_saga(saver).get_state(checkpoints.thread_config(args.thread))
     if not snapshot.values:
         raise UserError(f"no thread {args.thread!r}; check --thread", EXIT_THREAD)
     if "seats" not in snapshot.values:  # a ticket thread: the saga's graph would misread it
@@ -969,11 +969,11 @@ def outbox_run(args, settings, graph_input):
     points = {args.crash_at: "kill"} if args.crash_at else {}
     with (
         failpoints.scoped(points),
-        workflow.open_checkpointer(settings.checkpoint_db) as saver,
+        checkpoints.open_checkpointer(settings.checkpoint_db) as saver,
         effects.open_ledger(settings.checkpoint_db) as ledger,
     ):
         graph = build_outbox(saver)
-        head = saver.get_tuple(workflow.thread_config(args.thread))
+        head = saver.get_tuple(checkpoints.thread_config(args.thread))
         if head and not is_outbox(head):  # a ticket run's resume may repeat its request
             other = owner(head) or f"it is a ticket run: state --thread {args.thread} shows it"
             fresh = "; outbox start takes a new --thread" if graph_input is not None else ""
@@ -990,8 +990,8 @@ def outbox_run(args, settings, graph_input):
 
 
 def outbox_state(args, settings):
-    with workflow.open_checkpointer(settings.checkpoint_db) as saver:
-        snapshot = build_outbox(saver).get_state(workflow.thread_config(args.thread))
+    with checkpoints.open_checkpointer(settings.checkpoint_db) as saver:
+        snapshot = build_outbox(saver).get_state(checkpoints.thread_config(args.thread))
     if not snapshot.values:
         raise UserError(f"no thread {args.thread!r}; check --thread", EXIT_THREAD)
     if "delivery" not in snapshot.values:
@@ -1333,17 +1333,17 @@ def program_run(args, settings, graph_input):
     starting = isinstance(graph_input, dict)  # not a resume's Command
     client = client_for(args, settings)
     with (
-        workflow.open_checkpointer(settings.checkpoint_db, saver_for(args, settings)) as saver,
+        checkpoints.open_checkpointer(settings.checkpoint_db, saver_for(args, settings)) as saver,
         effects.open_ledger(settings.checkpoint_db, settings.lease_s) as ledger,
     ):
-        head = saver.get_tuple(workflow.thread_config(args.thread))
+        head = saver.get_tuple(checkpoints.thread_config(args.thread))
         graph = graph_for(saver, args, head)
         current = contract(graph, args.graph_version)
         if head and (line := owner(head)):  # another command's thread
             raise UserError(line, EXIT_THREAD)
         if head and not starting and not args.no_contract:  # only under its saved contract
             require_contract(graph, args.thread, current, RENAMES.get(args.graph_version))
-        check_approval(args, graph.get_state(workflow.thread_config(args.thread)))
+        check_approval(args, graph.get_state(checkpoints.thread_config(args.thread)))
         checkpoints.require_thread(graph, args.thread, starting, exists_hint(head))
         final = workflow.run_graph(
             graph, graph_input, args.thread, client, ledger, args.durability, {"contract": current}
@@ -1358,8 +1358,8 @@ def program_run(args, settings, graph_input):
 
 
 def migrate(args, settings):
-    with workflow.open_checkpointer(settings.checkpoint_db) as saver:
-        head = saver.get_tuple(workflow.thread_config(args.thread))
+    with checkpoints.open_checkpointer(settings.checkpoint_db) as saver:
+        head = saver.get_tuple(checkpoints.thread_config(args.thread))
         graph = graph_for(saver, args, head)
         current = contract(graph, args.graph_version)
         migrate_thread(graph, args.thread, current, RENAMES.get(args.graph_version), owner)
@@ -1378,7 +1378,7 @@ def contract(graph, version=None):
 def require_contract(graph, thread, current, renames=None):
     """Refuse, changing nothing, to resume a thread saved under another contract. The line says
     whether `migrate` can move it here (tried in a copy, as migrate does) or why it cannot."""
-    saved = graph.checkpointer.get_tuple(workflow.thread_config(thread))
+    saved = graph.checkpointer.get_tuple(checkpoints.thread_config(thread))
     if saved.metadata.get("contract") == current:
         return
     was = saved.metadata.get("contract")
@@ -1397,7 +1397,7 @@ def migrate_thread(graph, thread, current, renames=None, owner=None):
     graph's names (renames: old name -> new). Nothing runs. The move is made in a copy of the
     thread first (plan_migration), and written only when its next is what this prints.
     owner(saved): the line for a thread another command runs, or None."""
-    saved = graph.checkpointer.get_tuple(workflow.thread_config(thread))
+    saved = graph.checkpointer.get_tuple(checkpoints.thread_config(thread))
     if saved is None:
         raise UserError(f"no thread {thread!r}; check --thread", EXIT_THREAD)
     if owner and (line := owner(saved)):
@@ -1442,7 +1442,7 @@ def plan_migration(graph, saved, current, renames=None):
     copy = copy_saver(graph.checkpointer, saved)
     mover = graph.copy({"checkpointer": copy})
     config = {
-        **workflow.thread_config(saved.config["configurable"]["thread_id"]),
+        **checkpoints.thread_config(saved.config["configurable"]["thread_id"]),
         "metadata": {"contract": current},
     }
     copy.recording = True

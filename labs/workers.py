@@ -753,8 +753,8 @@ def jittered(delay):
 
 def state(args):
     """The thread's newest checkpoint, read through the graph the workers run."""
-    with workflow.open_checkpointer(args.checkpoint_db) as saver:
-        snapshot = args.build_graph(saver).get_state(workflow.thread_config(args.thread))
+    with checkpoints.open_checkpointer(args.checkpoint_db) as saver:
+        snapshot = args.build_graph(saver).get_state(checkpoints.thread_config(args.thread))
     if not snapshot.values:
         raise UserError(f"no thread {args.thread!r}; check --thread", EXIT_THREAD)
     emit("state", values=snapshot.values, next=list(snapshot.next))

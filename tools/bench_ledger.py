@@ -39,6 +39,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import checkpoints
 import effects
 import workflow
 from commandline import Parser
@@ -142,7 +143,7 @@ def graph_run(opened, path, client, ledger, synchronous=None):
         thread = f"bench-{i}"
         graph.invoke(
             {"operation_id": f"bench:{path.stem}:{i}", "title": TITLE},
-            workflow.thread_config(thread),
+            checkpoints.thread_config(thread),
             durability="sync",
             context=workflow.Context(client, ledger_of),
         )
@@ -206,7 +207,7 @@ def commits_per_run(opened, folder, client, runs=20):
         def run(i, graph=graph, ledger=ledger, name=name):
             graph.invoke(
                 {"operation_id": f"bench:count-{name}:{i}", "title": TITLE},
-                workflow.thread_config(f"count-{i}"),
+                checkpoints.thread_config(f"count-{i}"),
                 durability="sync",
                 context=workflow.Context(client, ledger),
             )

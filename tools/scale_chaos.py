@@ -55,9 +55,9 @@ from pathlib import Path
 from tools.local import ROOT, ReceiverProcess, free_port, lab_env, wait_until
 
 sys.path.insert(0, str(ROOT))
+import checkpoints
 import commandline  # noqa: E402
 import failpoints  # noqa: E402
-import workflow  # noqa: E402
 from labs import cli as lab  # noqa: E402
 from labs import workers as worker  # noqa: E402
 from tools.native_workers import LocalWorkers, stopped  # noqa: E402
@@ -91,7 +91,7 @@ async def pending(queries):
 def finished_threads(url, operations):
     """How many threads have a ticket in their latest checkpoint."""
     done = 0
-    with workflow.open_checkpointer(url) as saver:
+    with checkpoints.open_checkpointer(url) as saver:
         graph = lab.build_graph(saver)
         for n in range(operations):
             config = {"configurable": {"thread_id": f"chaos-{n:03d}"}}

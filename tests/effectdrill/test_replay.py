@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from langgraph.checkpoint.sqlite import SqliteSaver
 
+import checkpoints
 import workflow
 from effectdrill import replay
 from effectdrill.__main__ import main
@@ -120,7 +121,7 @@ def test_commits_only_in_the_write_ahead_log_are_replayed(tmp_path):
         writer.execute("PRAGMA journal_mode=WAL")
         graph = lab_cli.build_graph(SqliteSaver(writer))
         start = {"operation_id": "op-wal", "title": "in the log", "mode": "safe"}
-        config = workflow.thread_config("in-the-log")
+        config = checkpoints.thread_config("in-the-log")
         graph.invoke(start, config, interrupt_before=[EFFECT_V1])  # saved, create_ticket next
         alone = tmp_path / "without-its-log.sqlite"
         shutil.copyfile(database, alone)

@@ -6,6 +6,7 @@ import json
 import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+import checkpoints
 import effects
 import tracing
 import workflow
@@ -26,7 +27,7 @@ def test_a_drained_jobs_run_span_says_drained_and_is_not_an_error(tmp_path, caps
     db = str(tmp_path / "checkpoints.sqlite")
     try:
         with (
-            workflow.open_checkpointer(db) as saver,
+            checkpoints.open_checkpointer(db) as saver,
             effects.open_ledger(db) as ledger,
         ):
             client = workflow.TicketClient("http://127.0.0.1:9")  # never asked: nothing runs

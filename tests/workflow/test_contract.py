@@ -13,6 +13,7 @@ from typing import NotRequired, TypedDict
 
 import pytest
 
+import checkpoints
 import exitcodes
 import workflow
 from labs import cli as lab_py  # `lab` is the fixture: the lab's environment
@@ -133,8 +134,8 @@ def test_resume_under_another_contract_refuses_changes_nothing_and_migrate_moves
     old = lab_py.contract(workflow.build_graph(None))
 
     def head():
-        with workflow.open_checkpointer(lab["CHECKPOINT_DB"]) as saver:
-            return saver.get_tuple(workflow.thread_config("t"))
+        with checkpoints.open_checkpointer(lab["CHECKPOINT_DB"]) as saver:
+            return saver.get_tuple(checkpoints.thread_config("t"))
 
     before = head()
     assert before.metadata["contract"] == old

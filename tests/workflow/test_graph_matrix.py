@@ -10,6 +10,7 @@ import threading
 
 import pytest
 
+import checkpoints
 import effects
 import exitcodes
 import failpoints
@@ -58,10 +59,10 @@ def run_cell(boundary, mode, saver, ledger):
             workflow.run_graph(graph, first, thread, receiver, ledger)
     except (failpoints.FailpointError, exitcodes.NoAnswer):
         pass
-    snapshot = graph.get_state(workflow.thread_config(thread))
+    snapshot = graph.get_state(checkpoints.thread_config(thread))
     if snapshot.next:  # the run stopped in a node: resume it, as `resume` does
         workflow.run_graph(graph, None, thread, receiver, ledger)
-    return receiver.tickets_made, graph.get_state(workflow.thread_config(thread))
+    return receiver.tickets_made, graph.get_state(checkpoints.thread_config(thread))
 
 
 @pytest.mark.parametrize("row", ROWS, ids=[r.boundary for r in ROWS])

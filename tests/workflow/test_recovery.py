@@ -11,6 +11,7 @@ import json
 
 import pytest
 
+import checkpoints
 import effects
 import exitcodes
 import hints
@@ -37,8 +38,8 @@ def tickets(env):
 
 def history(env, thread):
     """Every checkpoint of the thread, newest first, with its pending writes: what a write adds."""
-    with workflow.open_checkpointer(env["CHECKPOINT_DB"]) as saver:
-        config = workflow.thread_config(thread)
+    with checkpoints.open_checkpointer(env["CHECKPOINT_DB"]) as saver:
+        config = checkpoints.thread_config(thread)
         return [(c.checkpoint["id"], c.pending_writes) for c in saver.list(config)]
 
 
@@ -142,10 +143,10 @@ def test_a_naive_saga_waiting_at_its_refund_is_not_offered_a_plain_saga_resume(
     """A naive saga killed after its refund's answer waits at the refund, which goes without a
     key: `saga resume` refunds again (lab 13's duplicate). The lines that name it say so, and a
     line typed as printed before the colon changes nothing."""
-    with workflow.open_checkpointer(lab["CHECKPOINT_DB"]) as saver:  # refused, refund pending
+    with checkpoints.open_checkpointer(lab["CHECKPOINT_DB"]) as saver:  # refused, refund pending
         values = {"operation_id": "o", "title": "t", "seats": 11, "mode": "naive"}
         graph = lab_py.build_saga(saver)
-        config = workflow.thread_config("n")
+        config = checkpoints.thread_config("n")
         graph.update_state(config, {**values, "ticket_id": 1}, as_node="charge")
         graph.update_state(config, {"refused": "no capacity"}, as_node="reserve")
         assert graph.get_state(config).next == ("refund",)
@@ -165,7 +166,7 @@ def test_a_worker_thread_is_refused_with_the_command_that_owns_it(lab, receiver,
 
     operation = {"thread": "w", "operation_id": "w:open-ticket:v1", "title": "W", "mode": "safe"}
     with (
-        workflow.open_checkpointer(lab["CHECKPOINT_DB"]) as saver,
+        checkpoints.open_checkpointer(lab["CHECKPOINT_DB"]) as saver,
         effects.open_ledger(lab["CHECKPOINT_DB"]) as ledger,
     ):
         client = workflow.TicketClient(lab["API_URL"])

@@ -141,7 +141,7 @@ def test_each_event_line_is_one_write(monkeypatch):
     """Unbuffered (PYTHONUNBUFFERED, as the lab runs), print() writes a line's text and its
     newline apart; the drill's crash child and the resume before it share one stderr pipe, and
     lab 11 showed two events spliced on one line. emit() hands the whole line to one write."""
-    import workflow
+    import exitcodes
 
     class Writes:
         def __init__(self):
@@ -155,8 +155,8 @@ def test_each_event_line_is_one_write(monkeypatch):
 
     writes = Writes()
     monkeypatch.setattr(sys, "stdout", writes)
-    workflow.emit("prepare", operation="op")
-    workflow.emit("effect_ack", created=True, ticket_id=1)
+    exitcodes.emit("prepare", operation="op")
+    exitcodes.emit("effect_ack", created=True, ticket_id=1)
     assert writes.calls == [
         '{"event": "prepare", "operation": "op"}\n',
         '{"created": true, "event": "effect_ack", "ticket_id": 1}\n',

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+import checkpoints
 import effects
 import exitcodes
 import failpoints
@@ -202,8 +203,8 @@ def test_ctrl_c_in_a_saga_names_saga_resume(env):
 
     args = lab.build_parser().parse_args(["saga", "start", "--thread", "s"])
     settings = workflow.Settings.from_environ(env)
-    with workflow.open_checkpointer(env["CHECKPOINT_DB"]) as saver:  # a saved saga thread
-        lab.build_saga(saver).update_state(workflow.thread_config("s"), {"seats": 2}, "charge")
+    with checkpoints.open_checkpointer(env["CHECKPOINT_DB"]) as saver:  # a saved saga thread
+        lab.build_saga(saver).update_state(checkpoints.thread_config("s"), {"seats": 2}, "charge")
     hint = hints.interrupted_hint(args, settings)
     assert hint.endswith("; resume it with: saga resume --thread s"), hint
 

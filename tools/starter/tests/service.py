@@ -207,6 +207,7 @@ def context(env, ledger=None):
 def declared_providers():
     """The providers workflow.py declares: its plumbing.Provider instances."""
     import plumbing
+
     import workflow
 
     return [v for v in vars(workflow).values() if isinstance(v, plumbing.Provider)]

@@ -16,9 +16,10 @@ import signal
 import time
 import unittest
 
+import plumbing
+
 import effects
 import failpoints
-import plumbing
 import workflow
 from tests import test_crash_window as crash
 from tests.service import (

@@ -21,9 +21,10 @@ import signal
 import time
 import unittest
 
+import plumbing
+
 import effects
 import failpoints
-import plumbing
 import workflow
 from tests.service import RUN_TIMEOUT_S, ServiceTestCase, context, events, made
 

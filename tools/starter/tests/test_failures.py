@@ -22,9 +22,10 @@ import unittest
 import urllib.error
 import urllib.request
 
+import plumbing
+
 import effects
 import failpoints
-import plumbing
 from tests.service import ServiceTestCase, StandInClient, events, handled
 
 CLIENT_GIVES_UP_S = 2.0  # API_TIMEOUT_S where the provider is held: then no answer
