@@ -1,0 +1,184 @@
+"""reconcile: the ledger's open effects settled, each asked by key where its provider has a
+lookup, or as a person says (it happened, with the provider's id; it did not): a person's word
+is checked against what the provider holds and taken only once the provider's settle time has
+passed since the last send. The reconcile command (commandline.py) only calls it."""
+
+import dataclasses
+import math
+import time
+from contextlib import ExitStack
+
+from ledger import OPEN, InFlight, LedgerError
+from providers import SETTLE_S
+
+
+def reconcile(ledger, effects, clients=None, said=None, wait=False):
+    """[(Record, what it is now)] for the ledger's open effects (requested, unknown).
+
+    Without said: each asked by key where its provider has a lookup (lookup_settles).
+    said, {key: ("confirmed" or "not-sent", the provider's id or None)}: a person's word on
+    those keys, checked against what the provider holds where it can be asked, and taken only
+    once the provider's settle time has passed since the last send (wait: sleep until then).
+    Every key is checked, and every key's lock taken, before anything is written: a word the
+    ledger will not take is WordRefused, and nothing is settled.
+    effects: declared(...) of the program; clients: {provider name: its client}, or one client
+    for every effect (None: lookups that need none)."""
+    effects = {name: bound(effect, client_of(clients, effect)) for name, effect in effects.items()}
+    if said:
+        return settle_as_said(ledger, effects, said, wait)
+    done = []
+    for record in ledger.unsettled():
+        try:
+            with ledger.performing(record.key):  # a live process's request may still be out
+                record = ledger.get(record.key)  # as it is now that nobody else performs it
+                if record.state in OPEN:
+                    effect = effects.get(record.effect)
+                    done.append((record, lookup_settles(ledger, record, effect)))
+        except InFlight:
+            done.append((record, "in flight"))
+    return done
+
+
+def client_of(clients, effect):
+    if isinstance(clients, dict):
+        return clients.get(effect.provider_name)
+    return clients
+
+
+def bound(effect, client):
+    """The effect with its lookup bound to its provider's client (it ignores the one given)."""
+    if effect.lookup is None:
+        return effect
+    return dataclasses.replace(effect, lookup=lambda _, key: effect.lookup(client, key))
+
+
+def lookup_settles(ledger, record, effect):
+    """What one open effect is now, asked by key where it has a lookup. Nothing found is proof
+    only settle_s after the last send (or for a keyed provider, which answers a resend with the
+    first result): released then, else it stays open."""
+    if effect is None or effect.lookup is None:
+        if record.state != "unknown":
+            ledger.move(record.key, "unknown", "reconcile: no lookup, a person must settle it")
+        return "needs a person"
+    if (found := effect.lookup(None, record.key)) is not None:
+        ledger.confirm(record.key, found, effect.external_id(found), "reconcile: adopted")
+        return "confirmed"
+    if (why := effect.may_resend(record)) is None:
+        if record.state != "unknown":
+            ledger.move(record.key, "unknown", "reconcile: nothing found yet, may commit late")
+        return "too soon to tell"
+    ledger.move(record.key, "released", f"reconcile: nothing under it ({why})")
+    return "not sent"
+
+
+def settle_as_said(ledger, effects, said, wait):
+    """[(Record, state)] of a person's word on each key in said (reconcile)."""
+    for key in said:
+        require_open(ledger, key)
+    if wait:  # until every named key's settle time is over
+        time.sleep(max([settle_left_s(ledger.get(k), effects) for k in said], default=0))
+    with ExitStack() as held:
+        for key in said:  # InFlight while a live process performs it: nothing written yet
+            held.enter_context(ledger.performing(key))
+        settled = [word_checked(ledger, key, *said[key], effects) for key in said]
+        for key, _, how, answer, external_id in settled:
+            ledger.settle(key, how, answer, external_id)
+        return [(ledger.get(key), state) for key, state, *_ in settled]
+
+
+def word_checked(ledger, key, word, external_id, effects):
+    """(key, state, how, answer, external_id) to write for one key, checked against what the
+    provider holds where it can be asked; WordRefused (nothing written) where it disagrees."""
+    record = ledger.get(key)  # under its lock now
+    require_open(ledger, key)
+    effect = effects.get(record.effect)
+    look = "" if effect is None else f" (look with {effect.look_with.format(key=key)})"
+    found = None if effect is None or effect.lookup is None else effect.lookup(None, key)
+    nothing = ". Nothing was settled"
+    if word == "not-sent" and found is not None:
+        held = effect.external_id(found)
+        raise WordRefused(
+            f"the provider holds {held} under {key!r}: it was sent; reconcile --confirmed "
+            f"{key} records it{look}{nothing}"
+        )
+    if word == "not-sent":  # a person's word: taken once the provider's settle time is over
+        require_settled(record, effect, look + nothing)
+        return key, "released", "a person: reconcile --not-sent", None, None
+    how = "a person: reconcile --confirmed"
+    if found is not None:
+        if external_id is not None and external_id != str(effect.external_id(found)):
+            raise WordRefused(
+                f"the provider holds {effect.external_id(found)} under {key!r}, not "
+                f"{external_id}{look}{nothing}"
+            )
+        return key, "confirmed", f"{how}, looked up", found, effect.external_id(found)
+    if effect is not None and effect.lookup is not None:
+        raise WordRefused(
+            f"the provider holds nothing under {key!r}: not confirmed{look}; if it never went "
+            f"out, --not-sent {key}{nothing}"
+        )
+    if effect is None or effect.answer_of is None:
+        raise WordRefused(
+            f"effect {record.effect!r} of {key!r} is not one this program can record a person's "
+            f"answer for; --not-sent {key} if it never went out{nothing}"
+        )
+    if external_id is None:
+        raise WordRefused(
+            f"--confirmed {key} needs the id the provider gave it: --confirmed {key}=ID{look}"
+            f"{nothing}",
+            usage=True,
+        )
+    try:
+        answer = effect.answer_of(external_id)
+    except (ValueError, TypeError):
+        raise WordRefused(
+            f"{external_id!r} is not an id of {effect.name}{look}{nothing}", usage=True
+        ) from None
+    require_settled(record, effect, look + nothing)  # a person's word, as for --not-sent
+    return key, "confirmed", how, answer, effect.external_id(answer)
+
+
+def settle_left_s(record, effects):
+    """Seconds until a person's word on record is taken (0: now)."""
+    effect = effects.get(record.effect)
+    settle_s = SETTLE_S if effect is None else effect.settled_after_s
+    return max(0.0, settle_s - record.since_sent_s)
+
+
+def require_settled(record, effect, then):
+    """A person's word is taken once the provider's settle time has passed since the last send:
+    before it the request may still be at the provider (a client killed or timed out while the
+    provider held it) and commit after the person looked. Else WordRefused: when to try again."""
+    settle_s = SETTLE_S if effect is None else effect.settled_after_s
+    if (left_s := settle_left_s(record, {record.effect: effect} if effect else {})) > 0:
+        at = time.strftime("%H:%M:%S", time.gmtime(time.time() + left_s))
+        raise WordRefused(
+            f"{record.key!r} was last sent {record.since_sent_s:.0f} s ago and "
+            f"{where(effect, 'its provider')} may take {settle_s:g} s to commit what it "
+            f"accepted: what a person sees now can still change; try again in "
+            f"{math.ceil(left_s)} s (at {at} UTC), or add --wait{then}"
+        )
+
+
+def require_open(ledger, key):
+    """Only an effect that may be out there is a person's to settle."""
+    if not (record := ledger.get(key)) or record.state not in OPEN:
+        state = record.state if record else "no such key"
+        raise WordRefused(
+            f"effect {key!r} is not open ({state}); reconcile lists the open ones. Nothing was "
+            "settled"
+        )
+
+
+class WordRefused(LedgerError):
+    """A person's word the ledger will not take (a key not open, an id the provider does not
+    hold, too soon after the last send): nothing was settled. usage: the word was malformed."""
+
+    def __init__(self, message, usage=False):
+        super().__init__(message)
+        self.usage = usage
+
+
+def where(effect, otherwise):
+    """How a line names an effect's provider: the name it declares, else otherwise."""
+    return str(getattr(effect, "provider_name", "") or otherwise)
