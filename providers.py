@@ -199,7 +199,7 @@ class Provider:
     timeout_s: float = TIMEOUT_S
     attempts: int = ATTEMPTS
     token: str = dataclasses.field(default="", repr=False)  # a secret: never printed
-    # What the ledger may assume of it, for every effect sent to it (plumbing.Effect):
+    # What the ledger may assume of it, for every effect sent to it (effects.Effect):
     keyed: bool = False  # it answers a repeated key with the first result (never a second one)
     settle_s: float = SETTLE_S  # it commits what it accepted within this, or never
     answers: HttpAnswers = IETF_ANSWERS  # which errors mean not sent, refused (else unknown)
