@@ -27,6 +27,7 @@ CORE = (  # copied unchanged; effectdrill without its pytest plugin (the starter
     "api.py",  # the core receiver: labs/receiver.py is the lab's, which extends it
     "effects.py",  # an effect declared, performed once per key; reconcile
     "ledger.py",  # the ledger's storage (SQLite), its rows and leases
+    "settling.py",  # reconcile: open effects settled by a lookup or a person's word
     "ledger_tables.py",  # the ledger's tables and a receipt's integrity hash
     "postgres_ledger.py",  # the ledger in Postgres
     "providers.py",  # a provider's declaration, HTTP client and what its answers mean

@@ -3,10 +3,10 @@ fresh starter's copy (never to this checkout), which the starter's `python -m un
 
     python -m tools.starter_mutations [NAME ...]     (every mutation by default)
 
-Each mutation is one text substitution inside one function (or declaration) of effects.py,
-plumbing.py (the providers' answers, a person's word) or workflow.py, found by its name with
-ast, so that moving code around does not lose it; a
-substitution that no longer applies exactly once is an error, not a pass. First the unmutated
+Each mutation is one text substitution inside one function (or declaration) of a core file
+(effects.py, ledger.py, settling.py, providers.py or workflow.py), found by its name with ast,
+so that moving code around does not lose it; a substitution that no longer applies exactly once
+is an error, not a pass. First the unmutated
 starter's suite must pass (else every mutation would look caught). Prints one JSON line per
 mutation ({"mutation", "caught", "seconds", "failed": the first failing test}) and the score.
 Exit codes: 0 every mutation caught; 1 one survived, or the unmutated suite failed; 2 a mutation
@@ -35,7 +35,7 @@ EXIT_STALE = 2
 @dataclasses.dataclass(frozen=True)
 class Mutation:
     name: str
-    file: str  # in the starter: effects.py, plumbing.py or workflow.py
+    file: str  # in the starter: effects.py, ledger.py, settling.py, providers.py, workflow.py
     scope: str  # a function's name (a method's too; "Ledger.performing" where two classes
     #             have one), an Effect's name ("Effect:ticket"), or a module-level name
     #             assigned once ("=OPEN")
@@ -61,21 +61,21 @@ MUTATIONS = (
     ),
     Mutation(
         "the integrity check skipped",
-        "effects.py",
+        "ledger.py",
         "receipt",
-        'check_integrity(key, fields, row["integrity"])',
-        "pass",
+        'if (why := integrity_fault(fields, row["integrity"])) is not None:',
+        "if False:",
     ),
     Mutation(
         "a lookup ignoring our reference",
         "workflow.py",
-        "Effect:ticket",
-        "(key)",
-        "()",
+        "find_ticket",
+        "client.tickets(key)",
+        "client.tickets()",
     ),
     Mutation(
         "unknown not treated as open",
-        "effects.py",
+        "ledger.py",
         "=OPEN",
         '("requested", "unknown")',
         '("requested",)',
@@ -111,7 +111,7 @@ MUTATIONS = (
     ),
     Mutation(
         "a key reused for another request",
-        "effects.py",
+        "ledger.py",
         "claim",
         'row["request_hash"] != digest or row["effect"] != effect',
         "False",
@@ -119,21 +119,21 @@ MUTATIONS = (
     # The classes of the second review (REVIEW part E, round two: issue 42).
     Mutation(
         "the per-key lock removed",
-        "effects.py",
+        "ledger.py",
         "Ledger.performing",
         "if not held:",
         "if False:",
     ),
     Mutation(
         "a live holder's lease ignored",
-        "effects.py",
+        "ledger.py",
         "Ledger.performing",
         '(row["lease_until"] or 0) > time.time()',
         "False",
     ),
     Mutation(
         "a second confirm writes a second receipt",
-        "effects.py",
+        "ledger.py",
         "confirm",
         'if row["state"] == "confirmed":',
         "if False:",
@@ -161,14 +161,14 @@ MUTATIONS = (
     ),
     Mutation(
         "a person's word taken before the settle time",
-        "plumbing.py",
+        "settling.py",
         "require_settled",
         "if (left_s := settle_left_s(record, {record.effect: effect} if effect else {})) > 0:",
         "if (left_s := 0) > 0:",
     ),
     Mutation(
         "the intent recorded as if written after the send",
-        "effects.py",
+        "ledger.py",
         "claim",
         "VALUES (?, ?, ?, ?, ?, 'requested', ?, ?, ?, ?)",
         "VALUES (?, ?, ?, ?, ?, 'released', ?, ?, ?, ?)",
@@ -189,7 +189,7 @@ MUTATIONS = (
     ),
     Mutation(
         "unknown treated as free to send",
-        "effects.py",
+        "ledger.py",
         "claim",
         'if row["state"] == "released":',
         'if row["state"] in ("released", "unknown"):',
@@ -210,17 +210,17 @@ MUTATIONS = (
     ),
     Mutation(
         "in progress (409) taken for a refusal",
-        "plumbing.py",
+        "providers.py",
         "=IETF_ANSWERS",
         "HttpAnswers()",
         "HttpAnswers(in_progress=frozenset())",
     ),
     Mutation(
         "a provider's keyed not passed to its effects",
-        "plumbing.py",
+        "effects.py",
         "__post_init__",
-        '("keyed", given.keyed),',
-        '("keyed", False),',
+        '"keyed": given.keyed if given else False,',
+        '"keyed": False,',
     ),
 )
 
