@@ -319,14 +319,14 @@ def graph_parser(prog, description, declared, build_graph, run_graph, start_inpu
 
 
 def start_thread(args, settings):
-    return run_thread(args, settings, args.start_input(args))
+    return start_or_resume(args, settings, args.start_input(args))
 
 
 def resume_thread(args, settings):
-    return run_thread(args, settings, None)
+    return start_or_resume(args, settings, None)
 
 
-def run_thread(args, settings, graph_input):
+def start_or_resume(args, settings, graph_input):
     """Start (graph_input) or resume (None) args.thread."""
     with (
         open_checkpointer(settings.checkpoint_db) as saver,

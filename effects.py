@@ -142,7 +142,7 @@ class Effect:
         """The effect's Outcome, made at most once per key: from the receipt when there is one."""
         with ledger.performing(key):  # InFlight while another live process performs key
             # TRACE: a span with the key, how it was made and the ledger's state (tracing.py)
-            with tracing.effect(self.name, key, ledger) as traced:
+            with tracing.effect_span(self.name, key, ledger) as traced:
                 done = traced(self.perform_claimed(ledger, key, request, client, thread))
         if done.how != "receipt":  # a receipt kept just now, the node not returned: a kill here
             fail("after-receipt")  # leaves it for the re-run node (a replay does not come here)

@@ -106,7 +106,7 @@ def stop():
 
 
 @contextlib.contextmanager
-def effect(name, key, ledger):
+def effect_span(name, key, ledger):
     """Effect.perform's span; yields traced(outcome), which notes how it was made."""
     if TRACER is None:
         yield lambda outcome: outcome

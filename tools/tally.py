@@ -29,7 +29,7 @@ from collections import Counter
 COUNTS = ("started", "resumed", "drained", "acknowledged", "replayed", "settled")
 # Events that carry the receiver's answer (created true or false): a ticket's, a woken worker's,
 # the saga's charge, reservation and refund (lab 13), the relay's delivery (lab 19)
-# What `reconcile` says it made of an open effect when that settled it (effects.reconcile_one)
+# What `reconcile` says it made of an open effect when that settled it (settling.lookup_settles)
 SETTLED_BY_RECONCILE = ("confirmed", "not sent")
 ANSWERS = ("effect_ack", "held_run", "charged", "reserved", "refunded", "answered")
 
