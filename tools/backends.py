@@ -311,7 +311,8 @@ class LocalBackend(Backend):
 
     def tickets(self):
         """Every ticket the receiver holds, asked over HTTP."""
-        from workflow import TicketClient, UserError
+        from exitcodes import UserError
+        from workflow import TicketClient
 
         try:
             return TicketClient(self.env["API_URL"]).tickets()
@@ -319,7 +320,8 @@ class LocalBackend(Backend):
             raise LabError(str(error)) from None
 
     def messages(self):
-        from workflow import TicketClient, UserError
+        from exitcodes import UserError
+        from workflow import TicketClient
 
         try:
             return TicketClient(self.env["API_URL"]).call("/messages")["messages"]
