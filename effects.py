@@ -101,7 +101,7 @@ class Effect:
     settle_s: float | None = None
     answer_of: Callable | None = None
     look_with: str = "the provider's own records"
-    provider: Provider | str = "API"
+    provider: Provider | str | None = None  # None: API's client, named "the provider"
 
     def __post_init__(self):
         given = self.provider if isinstance(self.provider, Provider) else None
@@ -136,7 +136,8 @@ class Effect:
 
     @property
     def provider_name(self):
-        return self.provider.name if isinstance(self.provider, Provider) else self.provider
+        """The name of the provider whose client sends it (its settings' NAME)."""
+        return getattr(self.provider, "name", self.provider) or "API"
 
     def perform(self, ledger, key, request, client, thread=None):
         """The effect's Outcome, made at most once per key: from the receipt when there is one."""

@@ -181,4 +181,5 @@ class WordRefused(LedgerError):
 
 def where(effect, otherwise):
     """How a line names an effect's provider: the name it declares, else otherwise."""
-    return str(getattr(effect, "provider_name", "") or otherwise)
+    declared = getattr(effect, "provider", None)
+    return str(getattr(declared, "name", declared) or otherwise)
