@@ -1,6 +1,5 @@
 """api.py, the core receiver the starter takes, and labs/receiver.py, the lab's receiver built on
-it by
-subclassing: the arrows go one way, and each serves only its own routes and its own files."""
+it by subclassing: the arrows go one way, and each serves only its own routes and its own files."""
 
 import ast
 import sqlite3
@@ -75,8 +74,7 @@ def test_the_core_serves_tickets_only_and_the_labs_receiver_takes_its_file_over(
 
 def test_an_older_labs_tickets_file_is_upgraded_by_api_py_and_refused_by_the_core(lab, tmp_path):
     """A tickets table from before created_at was kept: labs/receiver.py adds the column and
-    honours its
-    keys; the core receiver knows no older file, and leaves it as it is."""
+    honours its keys; the core receiver knows no older file, and leaves it as it is."""
     path = tmp_path / "older.sqlite"
     with closing(sqlite3.connect(path)) as db, db:
         db.execute(

@@ -111,7 +111,8 @@ def reset_copy(tmp_path):
     repo.mkdir()
     for name in [p.name for p in ROOT.glob("*.py")]:
         shutil.copy(ROOT / name, repo)
-    shutil.copytree(ROOT / "labs", repo / "labs", ignore=shutil.ignore_patterns("__pycache__"))
+    for folder in ("labs", "tools"):  # the lessons, and make reset's own tool
+        shutil.copytree(ROOT / folder, repo / folder, ignore=shutil.ignore_patterns("__pycache__"))
     (repo / ".venv").mkdir()
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
@@ -154,8 +155,7 @@ def test_make_reset_stops_the_native_receiver_and_deletes_data_but_not_the_venv(
 
 def test_make_reset_started_by_the_readme_stops_the_receiver_the_readme_started(tmp_path):
     """The README's native `up` line, typed in a shell (relative labs/receiver.py, its own pid
-    file):
-    a later `make reset`, from another shell, finds that receiver and stops it."""
+    file): a later `make reset`, from another shell, finds that receiver and stops it."""
     repo, env = reset_copy(tmp_path)
     up = [line for line in README_NATIVE.splitlines() if line.startswith("python -m labs.receiver")]
     receiver_env = {**lab_env(repo / "data", free_port()), "PATH": os.environ["PATH"]}

@@ -1,7 +1,6 @@
 """Lab 18's sender (labs/webhooks.py): the host it checks is the host it calls, and no request waits
 on a subscriber. Against a real receiver (labs/receiver.py) on a free loopback port, and in this
-process
-for the resolution of a listed name."""
+process for the resolution of a listed name."""
 
 import base64
 import contextlib
