@@ -20,8 +20,8 @@ exception type listed in the handler's `unavailable_errors` (a database that is 
 becomes a 503, with Retry-After unless the handler's `retryable(error)` says a retry cannot help;
 any other exception a 500. Nothing here knows what the service stores.
 
-A body is read as JSON with parse_json (a 400 that says why for bytes that are not UTF-8, not
-JSON, or nested deeper than the parser's recursion limit). A webhook is signed and checked as
+A body is read as JSON with parse_json_body (a 400 that says why for bytes that are not UTF-8,
+not JSON, or nested deeper than the parser's recursion limit). A webhook is signed and checked as
 the Standard Webhooks specification says (standardwebhooks.com): headers webhook-id,
 webhook-timestamp and webhook-signature, "v1," and the base64 HMAC-SHA256 of
 "ID.TIMESTAMP.BODY" under a secret "whsec_" + base64 key bytes (signed_headers; the endpoint
@@ -45,9 +45,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import NamedTuple
 from urllib.parse import urlsplit
 
-REQUEST_TIMEOUT_S = 5.0  # seconds for a whole request, headers and body; loopback needs ms.
-MAX_CONNECTIONS = 256  # connections served at once, a thread each (~8 MiB virtual, little
-#                        resident); one more gets FULL_ANSWER at once instead of a thread.
+REQUEST_TIMEOUT_S = 5.0  # seconds for a whole request, headers and body
+MAX_CONNECTIONS = 256  # connections served at once, a thread each (its stack mostly virtual
+#                        memory: docs/performance.md); one more gets FULL_ANSWER at once.
 LISTEN_BACKLOG = 128  # connections the kernel queues while threads are busy: a burst of
 #                       clients connecting at once must queue, not be reset (http.server: 5)
 REFUSE_READ_S = 0.05  # seconds the accepting thread waits for a refused client's request
@@ -82,7 +82,7 @@ class ClientError(Exception):
         self.code = code or self.code
 
 
-def parse_json(body, example, object_pairs_hook=None, hook_errors=()):
+def parse_json_body(body, example, object_pairs_hook=None, hook_errors=()):
     """The JSON value in body (bytes); ClientError(400) that says why it is not one. A body
     nested deeper than Python's recursion limit is refused as such, never a RecursionError.
     hook_errors: what object_pairs_hook raises, passed on for the caller to word."""
