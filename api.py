@@ -20,15 +20,10 @@ same key, or by looking the key up (GET /tickets?key=).
                                  409 {"code": "key_conflict"} the key was used for another
                                  body: send a new key
 Every answer but /metrics is JSON, HEAD is GET without the body, and every refusal has an
-"error" field that says what to do (a 409 also a "code" for programs): 400 (malformed, or a
-header line holding a bare CR or another control character but tab), 404, 405, 408 (a body
-not received within RECEIVER_REQUEST_TIMEOUT_S; a request line or headers that late get no
-answer: the connection is closed), 411 (no Content-Length), 413 (body over 4096 bytes), 500 (a
-bug: nothing was committed), and 503 with Retry-After: 1 (database busy, too many connections,
-disk full: retry the same request with the same key; database deleted while running: restart
-the receiver), or without Retry-After (the database file is damaged: an operator must restore
-or move it; the receiver answers so from then on, and logs it once). Every answer is counted in
-/metrics before its first byte is written.
+"error" field that says what to do (a 409 also a "code" for programs); openapi.yaml lists every
+status. A 503 with Retry-After: 1 (database busy, too many connections, disk full) asks for the
+same request with the same key again; a 503 without it means the database file is damaged and
+an operator must act. Every answer is counted in /metrics before its first byte is written.
 
 What it stands on, each a file of its own: receiverdb.py (the SQLite connection and its
 transactions), keyretention.py (how long a key is honoured), httpguard.py (a hardened

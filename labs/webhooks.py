@@ -87,16 +87,16 @@ def record_progress(store, key, canonical, ticket_id, statuses):
 
     def make_events():  # keyed's check: inside its transaction, before the row is made
         store.require_ticket(ticket_id)
-        version, now = store.db.execute(
+        version, current_status = store.db.execute(
             "SELECT version, status FROM webhook_events WHERE ticket_id = ? "
             "ORDER BY version DESC LIMIT 1",
             (ticket_id,),
         ).fetchone() or (0, None)
         events = []
         for status in statuses:
-            if status == now:  # no change, no event: the ticket is there already
+            if status == current_status:  # no change, no event: the ticket is there already
                 continue
-            version, now = version + 1, status
+            version, current_status = version + 1, status
             event_id = store.db.execute(
                 "INSERT INTO webhook_events (ticket_id, status, version, created_at) "
                 "VALUES (?, ?, ?, ?)",
