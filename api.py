@@ -31,7 +31,7 @@ http.server), receivermetrics.py (/metrics), receiversettings.py (the environmen
 `python api.py --help` lists them). Another service grows from this one without changing it: a
 subclass of TicketStore adds its tables (SCHEMA, COLUMNS, KEYED) and methods, a subclass of
 Handler its routes (routes, make, get, post) and counters, and main(store=..., handler=...)
-serves them (labs/receiver.py does).
+serves them.
 """
 
 import argparse

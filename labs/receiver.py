@@ -2,7 +2,7 @@
 
 api.py is the core (tickets, a UNIQUE key, one transaction committed before the answer, a
 lookup by key); the starter takes it unchanged. This file extends it, by subclassing only
-(api.py never imports this one), with what labs 06, 13 and 15 need:
+(api.py never imports this one), with what labs 06, 13, 15 and 18 need:
 
     GET  /refunds[?key=KEY]      200 {"refunds": [{"refund_id", "ticket_id", "key"}]}
     POST /refunds                body {"ticket_id": N}, optional Idempotency-Key: a refund of
