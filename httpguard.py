@@ -47,22 +47,24 @@ from urllib.parse import urlsplit
 
 REQUEST_TIMEOUT_S = 5.0  # seconds for a whole request, headers and body
 MAX_CONNECTIONS = 256  # connections served at once, a thread each (its stack mostly virtual
-#                        memory: docs/performance.md); one more gets FULL_ANSWER at once.
+#                        memory: docs/performance.md); one more gets a quick 503 instead.
 LISTEN_BACKLOG = 128  # connections the kernel queues while threads are busy: a burst of
 #                       clients connecting at once must queue, not be reset (http.server: 5)
 REFUSE_READ_S = 0.05  # seconds the accepting thread waits for a refused client's request
 REFUSE_READ_BYTES = 65536  # bytes of it read at most before the 503 (one recv)
 LINGER_S = 1.0  # seconds to drain an unread oversized body after its 413 before closing
 MAX_LINGER_BYTES = 1 << 20  # bytes drained at most; a client sending more is cut off
-DIGITS = re.compile(r"[0-9]+")  # a Content-Length; str.isdigit() would also accept "²" or "٣".
-CONTROL = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")  # a header line's control characters but tab
-#         (RFC 9110 5.5: a field value is visible characters, spaces and tabs); CR and LF among
-#         them once the line's own ending is cut off: a bare CR must not start a header
+# A Content-Length's digits: str.isdigit() would also accept "²" or "٣".
+CONTENT_LENGTH_DIGITS = re.compile(r"[0-9]+")
+# A header line's control characters but tab (RFC 9110 5.5: a field value is visible
+# characters, spaces and tabs); CR and LF among them once the line's own ending is cut off: a
+# bare CR must not start a header.
+CONTROL_CHARACTER = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")
 RETRY_HINT = "retry the same request, with the same Idempotency-Key"
-FULL_BODY = json.dumps({"error": f"too many connections; {RETRY_HINT}, in a moment"}).encode()
-FULL_ANSWER = (  # written by the accepting thread itself, so it is prepared once
+BUSY_BODY = json.dumps({"error": f"too many connections; {RETRY_HINT}, in a moment"}).encode()
+TOO_MANY_CONNECTIONS = (  # written by the accepting thread itself, so it is prepared once
     b"HTTP/1.0 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: 1\r\n"
-    b"Connection: close\r\nContent-Length: %d\r\n\r\n%s" % (len(FULL_BODY), FULL_BODY)
+    b"Connection: close\r\nContent-Length: %d\r\n\r\n%s" % (len(BUSY_BODY), BUSY_BODY)
 )
 
 
@@ -316,7 +318,7 @@ class GuardedHandler(BaseHTTPRequestHandler):
             raise ClientError(411, "send a Content-Length header")
         if len(values) > 1:  # two lengths: which one frames the body is up to each parser
             raise ClientError(400, "send Content-Length once")
-        if not DIGITS.fullmatch(values[0].strip()):  # also refuses "-1", "+1", "1e3"
+        if not CONTENT_LENGTH_DIGITS.fullmatch(values[0].strip()):  # refuses "-1", "+1", "1e3"
             raise ClientError(400, "Content-Length must be a non-negative whole number")
         if len(values[0].strip()) > 18:  # bounded before int(): 5,000 digits are its ValueError
             raise ClientError(413, f"body larger than {self.max_body_bytes} bytes")
@@ -387,7 +389,7 @@ class GuardedServer(ThreadingHTTPServer):
                 request.recv(REFUSE_READ_BYTES)
             self.on_answer(503, time.monotonic() - began)  # counted before it is sent
             with suppress(OSError):
-                request.sendall(FULL_ANSWER)  # small: it fits the socket's send buffer
+                request.sendall(TOO_MANY_CONNECTIONS)  # small: it fits the send buffer
             self.shutdown_request(request)
             return
         super().process_request(request, client_address)
@@ -416,7 +418,7 @@ class RequestReader(io.BufferedReader):
         if not self.checking or self.refusal:
             return line
         content = line[:-2] if line.endswith(b"\r\n") else line.removesuffix(b"\n")  # its end
-        if bad := CONTROL.search(content):
+        if bad := CONTROL_CHARACTER.search(content):
             name = content.partition(b":")[0][:40].decode("latin-1")
             what = "a bare CR" if bad[0] == b"\r" else "a control character"
             self.refusal = (

@@ -43,10 +43,12 @@ WEBHOOK_TIMEOUT_S = 2.0  # seconds for one attempt, from the connection to the s
 MAX_WAIT_S = 60  # ?wait=S at most: a request waits for its delivery round no longer
 URL_CHARACTERS = re.compile(r"[A-Za-z0-9\-._~:/?#\[\]@!$&'()*+,;=%]+")  # RFC 3986's, no other
 BAD_ESCAPE = re.compile(r"%(?![0-9A-Fa-f]{2})")  # a % not followed by two hex digits
-URL = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*)://(?P<authority>[^/?#]*)(?P<rest>.*)", re.S)
-NAME = re.compile(r"[A-Za-z0-9.-]+")  # a host name's letters, digits, - and . (or an IPv4)
-PORT = re.compile(r"[0-9]{1,5}")
-GENERIC = "must be an http:// or https:// URL with a host, at most 500 characters"
+URL_PARTS = re.compile(
+    r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*)://(?P<authority>[^/?#]*)(?P<rest>.*)", re.S
+)
+HOST_NAME = re.compile(r"[A-Za-z0-9.-]+")  # a host name's letters, digits, - and . (or an IPv4)
+PORT_DIGITS = re.compile(r"[0-9]{1,5}")
+URL_REQUIREMENT = "must be an http:// or https:// URL with a host, at most 500 characters"
 STATUSES = ("opened", "in_progress", "resolved")  # a ticket's progress, as webhooks tell it
 SCHEMA = (
     """CREATE TABLE IF NOT EXISTS webhook_events (
@@ -179,9 +181,9 @@ class Target(NamedTuple):
 def parse_url(url):
     """The Target of a subscriber's url; ValueError with the reason for the client otherwise.
     Only what Python's other URL readers (urlsplit, urllib.request) read the same way passes."""
-    match = URL.fullmatch(url) if isinstance(url, str) and len(url) <= 500 else None
+    match = URL_PARTS.fullmatch(url) if isinstance(url, str) and len(url) <= 500 else None
     if not match or match["scheme"].lower() not in ("http", "https") or not match["authority"]:
-        raise ValueError(GENERIC)
+        raise ValueError(URL_REQUIREMENT)
     if not URL_CHARACTERS.fullmatch(url) or BAD_ESCAPE.search(url):
         raise ValueError("holds a space, a control or non-ASCII character, or a bad %-escape")
     authority, rest = match["authority"], match["rest"]
@@ -191,7 +193,9 @@ def parse_url(url):
         raise ValueError("has a #fragment, which is never sent: leave it out")
     host, port = split_authority(authority)
     if port is not None and not 0 < port < 65536:
-        raise ValueError(GENERIC if port > 65535 else "has port 0: name the port it listens on")
+        raise ValueError(
+            URL_REQUIREMENT if port > 65535 else "has port 0: name the port it listens on"
+        )
     if other_readings(url) != {(host, port)}:  # belt and braces: the other readers agree
         raise ValueError("is read differently by Python's URL parsers: write its host plainly")
     scheme = match["scheme"].lower()
@@ -242,7 +246,7 @@ def split_authority(authority):
     else:
         host, colon, port = authority.partition(":")
         port = port if colon else None
-        if not NAME.fullmatch(host):
+        if not HOST_NAME.fullmatch(host):
             raise ValueError(
                 f"host {host[:40]!r} holds a character outside a host name's letters, digits, "
                 "- and . (an IPv6 address goes in [brackets])"
@@ -250,8 +254,8 @@ def split_authority(authority):
         host = host.lower()
         with suppress(ValueError):
             host = str(ipaddress.IPv4Address(host))
-    if port is not None and not PORT.fullmatch(port):
-        raise ValueError(GENERIC)
+    if port is not None and not PORT_DIGITS.fullmatch(port):
+        raise ValueError(URL_REQUIREMENT)
     return host, None if port is None else int(port)
 
 
