@@ -74,9 +74,8 @@ class ReceiverDatabase:
                     self.db.execute("ROLLBACK")
                 raise
             self.full = False  # it committed: the disk has space again
-            for name, count in self.counted_on_commit.items():
-                if self.metrics is not None:
-                    self.metrics.add(name, count)
+            for name, count in self.counted_on_commit.items() if self.metrics else ():
+                self.metrics.add(name, count)
 
     @contextmanager
     def locked(self):
