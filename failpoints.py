@@ -21,9 +21,8 @@ Actions:
                  arrives once it says go passes, until PATH is deleted (the pause of tikv/fail-rs,
                  released by a file)
     drop-answer  returned to the caller, which acts on it (a server drops its answer)
-    on           returned to the caller, which does the point's own fault (labs/receiver.py's
-    webhook
-                 sender: redeliver, reorder)
+    on           returned to the caller, which does the point's own fault (a webhook
+                 sender's: redeliver, reorder)
 
 A program names its points and turns them on in main():
     failpoints.configure(os.environ.get("FAILPOINTS", ""), known=POINTS)

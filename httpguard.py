@@ -20,8 +20,8 @@ exception type listed in the handler's `unavailable_errors` (a database that is 
 becomes a 503, with Retry-After unless the handler's `retryable(error)` says a retry cannot help;
 any other exception a 500. Nothing here knows what the service stores.
 
-A body is read as JSON with parse_json (a 400 that says why for bytes that are not UTF-8, not
-JSON, or nested deeper than the parser's recursion limit). A webhook is signed and checked as
+A body is read as JSON with parse_json_body (a 400 that says why for bytes that are not UTF-8,
+not JSON, or nested deeper than the parser's recursion limit). A webhook is signed and checked as
 the Standard Webhooks specification says (standardwebhooks.com): headers webhook-id,
 webhook-timestamp and webhook-signature, "v1," and the base64 HMAC-SHA256 of
 "ID.TIMESTAMP.BODY" under a secret "whsec_" + base64 key bytes (signed_headers; the endpoint
@@ -45,24 +45,26 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import NamedTuple
 from urllib.parse import urlsplit
 
-REQUEST_TIMEOUT_S = 5.0  # seconds for a whole request, headers and body; loopback needs ms.
-MAX_CONNECTIONS = 256  # connections served at once, a thread each (~8 MiB virtual, little
-#                        resident); one more gets FULL_ANSWER at once instead of a thread.
+REQUEST_TIMEOUT_S = 5.0  # seconds for a whole request, headers and body
+MAX_CONNECTIONS = 256  # connections served at once, a thread each (its stack mostly virtual
+#                        memory: docs/performance.md); one more gets a quick 503 instead.
 LISTEN_BACKLOG = 128  # connections the kernel queues while threads are busy: a burst of
 #                       clients connecting at once must queue, not be reset (http.server: 5)
 REFUSE_READ_S = 0.05  # seconds the accepting thread waits for a refused client's request
 REFUSE_READ_BYTES = 65536  # bytes of it read at most before the 503 (one recv)
 LINGER_S = 1.0  # seconds to drain an unread oversized body after its 413 before closing
 MAX_LINGER_BYTES = 1 << 20  # bytes drained at most; a client sending more is cut off
-DIGITS = re.compile(r"[0-9]+")  # a Content-Length; str.isdigit() would also accept "²" or "٣".
-CONTROL = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")  # a header line's control characters but tab
-#         (RFC 9110 5.5: a field value is visible characters, spaces and tabs); CR and LF among
-#         them once the line's own ending is cut off: a bare CR must not start a header
+# A Content-Length's digits: str.isdigit() would also accept "²" or "٣".
+CONTENT_LENGTH_DIGITS = re.compile(r"[0-9]+")
+# A header line's control characters but tab (RFC 9110 5.5: a field value is visible
+# characters, spaces and tabs); CR and LF among them once the line's own ending is cut off: a
+# bare CR must not start a header.
+CONTROL_CHARACTER = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")
 RETRY_HINT = "retry the same request, with the same Idempotency-Key"
-FULL_BODY = json.dumps({"error": f"too many connections; {RETRY_HINT}, in a moment"}).encode()
-FULL_ANSWER = (  # written by the accepting thread itself, so it is prepared once
+BUSY_BODY = json.dumps({"error": f"too many connections; {RETRY_HINT}, in a moment"}).encode()
+TOO_MANY_CONNECTIONS = (  # written by the accepting thread itself, so it is prepared once
     b"HTTP/1.0 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: 1\r\n"
-    b"Connection: close\r\nContent-Length: %d\r\n\r\n%s" % (len(FULL_BODY), FULL_BODY)
+    b"Connection: close\r\nContent-Length: %d\r\n\r\n%s" % (len(BUSY_BODY), BUSY_BODY)
 )
 
 
@@ -82,7 +84,7 @@ class ClientError(Exception):
         self.code = code or self.code
 
 
-def parse_json(body, example, object_pairs_hook=None, hook_errors=()):
+def parse_json_body(body, example, object_pairs_hook=None, hook_errors=()):
     """The JSON value in body (bytes); ClientError(400) that says why it is not one. A body
     nested deeper than Python's recursion limit is refused as such, never a RecursionError.
     hook_errors: what object_pairs_hook raises, passed on for the caller to word."""
@@ -316,7 +318,7 @@ class GuardedHandler(BaseHTTPRequestHandler):
             raise ClientError(411, "send a Content-Length header")
         if len(values) > 1:  # two lengths: which one frames the body is up to each parser
             raise ClientError(400, "send Content-Length once")
-        if not DIGITS.fullmatch(values[0].strip()):  # also refuses "-1", "+1", "1e3"
+        if not CONTENT_LENGTH_DIGITS.fullmatch(values[0].strip()):  # refuses "-1", "+1", "1e3"
             raise ClientError(400, "Content-Length must be a non-negative whole number")
         if len(values[0].strip()) > 18:  # bounded before int(): 5,000 digits are its ValueError
             raise ClientError(413, f"body larger than {self.max_body_bytes} bytes")
@@ -387,7 +389,7 @@ class GuardedServer(ThreadingHTTPServer):
                 request.recv(REFUSE_READ_BYTES)
             self.on_answer(503, time.monotonic() - began)  # counted before it is sent
             with suppress(OSError):
-                request.sendall(FULL_ANSWER)  # small: it fits the socket's send buffer
+                request.sendall(TOO_MANY_CONNECTIONS)  # small: it fits the send buffer
             self.shutdown_request(request)
             return
         super().process_request(request, client_address)
@@ -416,7 +418,7 @@ class RequestReader(io.BufferedReader):
         if not self.checking or self.refusal:
             return line
         content = line[:-2] if line.endswith(b"\r\n") else line.removesuffix(b"\n")  # its end
-        if bad := CONTROL.search(content):
+        if bad := CONTROL_CHARACTER.search(content):
             name = content.partition(b":")[0][:40].decode("latin-1")
             what = "a bare CR" if bad[0] == b"\r" else "a control character"
             self.refusal = (

@@ -1273,9 +1273,9 @@ def check_signed(keys, headers, body, now=None, tolerance_s=SIGNATURE_TOLERANCE_
 
 def parse_event(body):
     """The event in a webhook's body, checked field by field; ClientError(400) says what is
-    wrong (httpguard.parse_json: not UTF-8, not JSON, nested too deeply)."""
+    wrong (httpguard.parse_json_body: not UTF-8, not JSON, nested too deeply)."""
     fields = {"event_id", "ticket_id", "status", "version"}
-    event = httpguard.parse_json(body, "an event")
+    event = httpguard.parse_json_body(body, "an event")
     if not isinstance(event, dict) or set(event) != fields:
         raise httpguard.ClientError(
             400, f"the body must be an object with exactly {', '.join(sorted(fields))}"

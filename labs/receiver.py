@@ -2,7 +2,7 @@
 
 api.py is the core (tickets, a UNIQUE key, one transaction committed before the answer, a
 lookup by key); the starter takes it unchanged. This file extends it, by subclassing only
-(api.py never imports this one), with what labs 06, 13 and 15 need:
+(api.py never imports this one), with what labs 06, 13, 15 and 18 need:
 
     GET  /refunds[?key=KEY]      200 {"refunds": [{"refund_id", "ticket_id", "key"}]}
     POST /refunds                body {"ticket_id": N}, optional Idempotency-Key: a refund of
@@ -41,38 +41,32 @@ lookup by key); the starter takes it unchanged. This file extends it, by subclas
                                  200 {"events", "delivered", "pending"}; 404 no
                                  ticket N. The same key and body again: the events it made
                                  the first time, none made now; another body: 409
-A webhook is a POST of one event's JSON to the subscriber, signed as Standard Webhooks says
-(httpguard.signed_headers: webhook-id is the event id), delivered at least once by the
-receiver's one sender thread (webhooks.Deliveries), apart from the requests: an answer that is
-not a 2xx (or none, or a redirect, which is never followed) is retried WEBHOOK_ATTEMPTS times,
-WEBHOOK_RETRY_S apart; an event still not delivered then stays pending, and so do the ones
-after it, until the next POST /webhooks or /progress asks for a round. One round at a time, in
-event order. A request answers once its own write is committed ("delivered": 0), or, with
-?wait=S (whole seconds, at most 60), once the round it asked for is over: what that round
-delivered and what is still pending. A subscriber that never answers delays only the
-deliveries; a committed /progress answers 200 whatever its round met.
+A webhook is a POST of one event's JSON to the subscriber, delivered at least once by the
+receiver's one sender thread, apart from the requests (labs/webhooks.py says how). A request
+answers once its own write is committed ("delivered": 0), or, with ?wait=S (whole seconds, at
+most 60), once the delivery round it asked for is over: what that round delivered and what is
+still pending. A committed /progress answers 200 whatever its round met.
 The routes of api.py (/health, /metrics, /tickets) answer as it says; /metrics also counts
 refunds and reservations created and messages sent. A tickets table made before created_at was
 kept (an older lab's file) gets the column when the receiver opens it.
 
-Run it as `python -m labs.receiver` (compose.yaml's api service and every guide do); its settings
-are
-api.py's, two of its own (below), and FAILPOINTS knows more points (below).
+Run it as `python -m labs.receiver` (compose.yaml's api service and every guide do); its
+settings are api.py's, two of its own (below), and FAILPOINTS knows more points (below).
 """
 
-import json
 import os
 import sys
 import threading
-import time
 from urllib.parse import parse_qs, urlsplit
 
 import api
 import httpguard
-from api import ConfigError, parse_key, parse_object
+from api import parse_key, parse_object
 from failpoints import fail
 from httpguard import ClientError
-from labs import webhooks
+from keyretention import rows_with_keys
+from labs import keyless_providers, webhooks
+from receiversettings import SETTINGS_HELP, ConfigError, open_server
 
 POINTS = (
     *api.POINTS,
@@ -107,7 +101,6 @@ FAILPOINTS_ADDED = """\
 """
 ALLOWED_HOSTS = "localhost,127.0.0.0/8,::1"  # WEBHOOK_ALLOWED_HOSTS unless set: loopback
 TOKEN_HEADER = "Failpoint-Token"  # before-answer and before-body fire once for each value
-BUSY_TIMEOUT_S = api.BUSY_TIMEOUT_S  # the core's: workflow.py sizes its 503 retries by it
 SEATS = 10  # seats for all reservations together: few, so a caller can ask for more than are left
 SAGA_SCHEMA = (  # a refund undoes a ticket; a reservation may find no seats left
     """CREATE TABLE IF NOT EXISTS refunds (
@@ -126,44 +119,7 @@ SAGA_SCHEMA = (  # a refund undoes a ticket; a reservation may find no seats lef
     created_at REAL
 )""",
 )
-MESSAGES_SCHEMA = """CREATE TABLE IF NOT EXISTS messages (
-    id INTEGER PRIMARY KEY,  -- one row per POST /messages: this provider keeps no key
-    recipient TEXT NOT NULL,
-    text TEXT NOT NULL,
-    created_at REAL NOT NULL
-)"""  # lab 15's stand-in for an email or SMS service: irreversible, no key, no lookup
-PAYMENTS_SCHEMA = """CREATE TABLE IF NOT EXISTS payments (
-    id INTEGER PRIMARY KEY,  -- one row per POST /payments: this provider reads no key
-    reference TEXT NOT NULL,  -- the caller's, for the lookup: not unique, a repeat is a charge
-    amount INTEGER NOT NULL,
-    created_at REAL NOT NULL
-)"""  # lab 15's stand-in for a card provider: no key, a lookup by reference, commits late
-SETTLE_WAIT_S = 4  # seconds GET /payments?settled=1 waits at most for pending charges (less
-#                   than a client's default API_TIMEOUT_S, 5: an answer, with what is pending)
 MAX_AMOUNT = 10**9  # the largest charge, in cents
-WEBHOOK_SCHEMA = (  # lab 18: the provider's side of a webhook
-    """CREATE TABLE IF NOT EXISTS webhook_events (
-    id INTEGER PRIMARY KEY,  -- the event id is evt_ID
-    ticket_id INTEGER NOT NULL REFERENCES tickets (id),
-    status TEXT NOT NULL,
-    version INTEGER NOT NULL,  -- per ticket: 1, 2, ...
-    delivered_at REAL,  -- NULL: pending (no 2xx yet)
-    created_at REAL NOT NULL,
-    UNIQUE (ticket_id, version)
-)""",
-    """CREATE TABLE IF NOT EXISTS webhook_subscribers (
-    id INTEGER PRIMARY KEY CHECK (id = 1),  -- one subscriber: the workflow
-    url TEXT NOT NULL
-)""",
-    """CREATE TABLE IF NOT EXISTS progress_requests (
-    id INTEGER PRIMARY KEY,  -- one POST /progress
-    operation_key TEXT UNIQUE,  -- its Idempotency-Key (NULL: sent without one)
-    payload TEXT NOT NULL,  -- canonical JSON of its body
-    events TEXT NOT NULL,  -- the events it made, JSON: a repeat is answered with them
-    created_at REAL
-)""",
-)
-STATUSES = ("opened", "in_progress", "resolved")  # a ticket's progress, as webhooks tell it
 OLDER_TICKETS = {"id", "operation_key", "payload"}  # a tickets table before created_at was kept
 COUNTERS = {  # api.COUNTERS, and this file's routes' own
     "tickets_created": api.COUNTERS["tickets_created"],
@@ -179,26 +135,29 @@ COUNTERS = {  # api.COUNTERS, and this file's routes' own
 
 
 class LabStore(api.TicketStore):
-    """The core's ticket store, with the saga's refunds and reservations and lab 15's messages."""
+    """The core's ticket store, with the saga's refunds and reservations (lab 13), lab 15's
+    messages and payments (labs/keyless_providers.py) and lab 18's events (labs/webhooks.py)."""
 
-    SCHEMA = (*api.TicketStore.SCHEMA, *SAGA_SCHEMA, MESSAGES_SCHEMA, *WEBHOOK_SCHEMA)
+    SCHEMA = (
+        *api.TicketStore.SCHEMA,
+        *SAGA_SCHEMA,
+        keyless_providers.MESSAGES_SCHEMA,
+        *webhooks.SCHEMA,
+        keyless_providers.PAYMENTS_SCHEMA,
+    )
     COLUMNS = {
         **api.TicketStore.COLUMNS,
         "refunds": {"id", "operation_key", "payload", "ticket_id", "created_at"},
         "reservations": {"id", "operation_key", "payload", "ticket_id", "seats", "created_at"},
-        "messages": {"id", "recipient", "text", "created_at"},
-        "webhook_events": {"id", "ticket_id", "status", "version", "delivered_at", "created_at"},
-        "webhook_subscribers": {"id", "url"},
-        "progress_requests": {"id", "operation_key", "payload", "events", "created_at"},
-        "payments": {"id", "reference", "amount", "created_at"},
+        **webhooks.COLUMNS,
+        **keyless_providers.COLUMNS,
     }
     KEYED = {
         **api.TicketStore.KEYED,
         "refunds": "refund",
         "reservations": "reservation",
-        "progress_requests": "progress request",
+        **webhooks.KEYED,
     }
-    SCHEMA = (*SCHEMA, PAYMENTS_SCHEMA)  # lab 15's payments
 
     def refund(self, key, canonical, ticket_id):
         """A refund of ticket_id, keyed like a ticket: (refund_id, created); 404 if no ticket.
@@ -206,14 +165,18 @@ class LabStore(api.TicketStore):
         Without a key every call is one more refund: the receiver cannot tell a retry from a
         second refund, just as it cannot for a ticket."""
         return self.keyed(
-            "refunds", key, canonical, {"ticket_id": ticket_id}, lambda: self.need(ticket_id)
+            "refunds",
+            key,
+            canonical,
+            {"ticket_id": ticket_id},
+            lambda: self.require_ticket(ticket_id),
         )
 
     def reserve(self, key, canonical, ticket_id, seats):
         """Seats for ticket_id: (reservation_id, created); 409 when fewer than seats are left."""
 
         def seats_left():
-            self.need(ticket_id)
+            self.require_ticket(ticket_id)
             taken = self.db.execute("SELECT TOTAL(seats) FROM reservations").fetchone()[0]
             if seats > (left := SEATS - int(taken)):
                 raise ClientError(
@@ -225,130 +188,15 @@ class LabStore(api.TicketStore):
         columns = {"ticket_id": ticket_id, "seats": seats}
         return self.keyed("reservations", key, canonical, columns, seats_left)
 
-    def send_message(self, recipient, text):
-        """One more message, whatever was sent before: message_id. Like an email service, this
-        provider takes no Idempotency-Key and offers no lookup, so a repeat is a second message."""
-        with self.transaction():
-            return self.db.execute(
-                "INSERT INTO messages (recipient, text, created_at) VALUES (?, ?, ?)",
-                (recipient, text, time.time()),
-            ).lastrowid
-
-    def messages(self):
-        """Every message sent, in id order (a person's view: there is nothing to look up by)."""
-        with self.locked():
-            rows = self.db.execute("SELECT id, recipient, text FROM messages ORDER BY id")
-            return [{"message_id": i, "to": r, "text": t} for i, r, t in rows.fetchall()]
-
-    def progress(self, key, canonical, ticket_id, statuses):
-        """One event per status that changes the ticket's (a status it has already makes
-        none), versions going on from the ticket's last: (the events, created). Keyed as a
-        ticket is (TicketStore.keyed): a repeat of the key and body makes none and returns the
-        events the first request made, kept in its row."""
-        made = {"events": "[]"}  # the row's events column, filled in before keyed inserts it
-
-        def make_events():  # keyed's check: inside its transaction, before the row is made
-            self.need(ticket_id)
-            version, now = self.db.execute(
-                "SELECT version, status FROM webhook_events WHERE ticket_id = ? "
-                "ORDER BY version DESC LIMIT 1",
-                (ticket_id,),
-            ).fetchone() or (0, None)
-            events = []
-            for status in statuses:
-                if status == now:  # no change, no event: the ticket is there already
-                    continue
-                version, now = version + 1, status
-                event_id = self.db.execute(
-                    "INSERT INTO webhook_events (ticket_id, status, version, created_at) "
-                    "VALUES (?, ?, ?, ?)",
-                    (ticket_id, status, version, time.time()),
-                ).lastrowid
-                events.append(event(event_id, ticket_id, status, version))
-            made["events"] = json.dumps(events)
-
-        request_id, created = self.keyed(
-            "progress_requests", key, canonical, made, check=make_events
-        )
-        if created:
-            return json.loads(made["events"]), True
-        with self.locked():
-            row = self.db.execute(
-                "SELECT events FROM progress_requests WHERE id = ?", (request_id,)
-            ).fetchone()
-        return json.loads(row[0]), False
-
-    def subscribe(self, url):
-        with self.transaction():
-            self.db.execute(
-                "INSERT INTO webhook_subscribers (id, url) VALUES (1, ?) "
-                "ON CONFLICT (id) DO UPDATE SET url = excluded.url",
-                (url,),
-            )
-
-    def pending(self):
-        """(subscriber url or None, the events not delivered yet, oldest first)."""
-        with self.locked():
-            url = self.db.execute("SELECT url FROM webhook_subscribers").fetchone()
-            rows = self.db.execute(
-                "SELECT id, ticket_id, status, version FROM webhook_events "
-                "WHERE delivered_at IS NULL ORDER BY id"
-            ).fetchall()
-        return (url and url[0]), [event(*row) for row in rows]
-
-    def delivered(self, event_id):
-        with self.transaction():
-            self.db.execute(
-                "UPDATE webhook_events SET delivered_at = ? WHERE id = ?",
-                (time.time(), int(event_id.removeprefix("evt_"))),
-            )
-
     def reservations(self, key=None):
         """All reservations, or the one made with key, as tickets() lists tickets."""
-        rows = self.listed("reservations", "ticket_id, seats", key)
+        rows = rows_with_keys(self, "reservations", "ticket_id, seats", key)
         return [{"reservation_id": i, "key": k, "ticket_id": t, "seats": n} for i, k, t, n in rows]
 
     def refunds(self, key=None):
         """All refunds, or the one made with key, as tickets() lists tickets."""
-        rows = self.listed("refunds", "ticket_id", key)
+        rows = rows_with_keys(self, "refunds", "ticket_id", key)
         return [{"refund_id": i, "key": k, "ticket_id": t} for i, k, t in rows]
-
-    def __init__(self, *args, **kwargs):
-        self.settling = threading.Condition()  # lab 15: pay() and payments() share it
-        self.unsettled = 0  # charges accepted and not committed yet
-        super().__init__(*args, **kwargs)
-
-    def pay(self, reference, amount):
-        """One more charge, whatever was sent before: payment_id. Accepted at once, committed
-        after failpoint payment-commit (sleep(S): S seconds late, as a slow provider commits
-        after its caller gave up); pending until then, and GET /payments?settled=1 waits."""
-        with self.settling:
-            self.unsettled += 1
-        try:
-            fail("payment-commit")
-            with self.transaction():
-                return self.db.execute(
-                    "INSERT INTO payments (reference, amount, created_at) VALUES (?, ?, ?)",
-                    (reference, amount, time.time()),
-                ).lastrowid
-        finally:
-            with self.settling:
-                self.unsettled -= 1
-                self.settling.notify_all()
-
-    def payments(self, reference=None, settled=False):
-        """(the committed charges, under reference or all, in id order; how many are pending).
-        settled: wait first until none is pending, at most SETTLE_WAIT_S."""
-        if settled:
-            with self.settling:
-                self.settling.wait_for(lambda: self.unsettled == 0, SETTLE_WAIT_S)
-        sql, args = "SELECT id, reference, amount FROM payments", ()
-        if reference is not None:
-            sql, args = sql + " WHERE reference = ?", (reference,)
-        with self.locked():
-            rows = self.db.execute(sql + " ORDER BY id", args).fetchall()
-        charges = [{"payment_id": i, "reference": r, "amount": a} for i, r, a in rows]
-        return charges, self.unsettled
 
     # helpers
 
@@ -359,15 +207,19 @@ class LabStore(api.TicketStore):
             self.db.execute("ALTER TABLE tickets ADD COLUMN created_at REAL")
         super().create_tables()
 
+    def __init__(self, *args, **kwargs):
+        self.charges_in_flight = keyless_providers.ChargesInFlight()  # lab 15's payments
+        super().__init__(*args, **kwargs)
+
     @classmethod
-    def ours(cls, table, columns, unique):
+    def makes_table(cls, table, columns, unique):
         if table in ("messages", "webhook_events", "webhook_subscribers", "payments"):  # no key
             return columns == cls.COLUMNS[table]
         if table == "tickets" and columns == OLDER_TICKETS:
             return unique
-        return super().ours(table, columns, unique)
+        return super().makes_table(table, columns, unique)
 
-    def need(self, ticket_id):
+    def require_ticket(self, ticket_id):
         """Inside a transaction: ClientError(404) unless ticket_id is a ticket."""
         if self.db.execute("SELECT 1 FROM tickets WHERE id = ?", (ticket_id,)).fetchone() is None:
             raise ClientError(404, f"no ticket {ticket_id}; check ticket_id")
@@ -392,25 +244,28 @@ class LabHandler(api.Handler):
     def post(self, path):
         if path == "/payments":  # no key is read: each request is one more charge
             reference, amount = parse_payment(self.read_body())
-            payment_id = self.server.store.pay(reference, amount)
+            payment_id = keyless_providers.record_charge(self.server.store, reference, amount)
             self.log_line(f"charged payment={payment_id} reference={reference}")
             return 201, {"payment_id": payment_id, "reference": reference, "amount": amount}
         if path == "/messages":  # no key is read: this provider cannot tell a repeat
-            message_id = self.server.store.send_message(*parse_message(self.read_body()))
+            message = keyless_providers.parse_message(self.read_body())
+            message_id = keyless_providers.record_message(self.server.store, *message)
             self.server.metrics.add("messages_sent")
             self.log_line(f"sent message={message_id}")
             fail("after-commit")
             return 201, {"message_id": message_id}
         if path == "/webhooks":
-            wait = self.waiting()
-            self.server.store.subscribe(parse_subscriber(self.read_body(), self.allowed_hosts))
+            wait = self.requested_wait()
+            url = webhooks.parse_subscriber(self.read_body(), self.allowed_hosts)
+            webhooks.subscribe(self.server.store, url)
             return 200, self.deliver(wait)
         if path == "/progress":
-            wait = self.waiting()
+            wait = self.requested_wait()
             body = self.read_body()
             key = parse_key([v.strip(" \t") for v in self.headers.get_all("Idempotency-Key", [])])
             try:
-                events, created = self.server.store.progress(key, *parse_progress(body))
+                store, progress = self.server.store, parse_progress(body)
+                events, created = webhooks.record_progress(store, key, *progress)
             except api.KeyConflict:
                 self.server.metrics.add("key_conflicts")
                 self.log_line(f"conflict key={key}")
@@ -442,12 +297,13 @@ class LabHandler(api.Handler):
 
     def get(self, path):
         if path == "/payments":
-            charges, pending = self.server.store.payments(*parse_payments_query(self.path))
+            query = keyless_providers.parse_payments_query(self.path)
+            charges, pending = keyless_providers.committed_charges(self.server.store, *query)
             return 200, {"payments": charges, "pending": pending}
         if path == "/messages":
             if parse_qs(urlsplit(self.path).query, keep_blank_values=True):
                 raise ClientError(400, "messages have no key to look up: GET /messages lists them")
-            return 200, {"messages": self.server.store.messages()}
+            return 200, {"messages": keyless_providers.messages_sent(self.server.store)}
         if path == "/refunds":
             return 200, {"refunds": self.server.store.refunds(self.query_key())}
         if path == "/reservations":
@@ -459,11 +315,12 @@ class LabHandler(api.Handler):
         once, or, with ?wait=S, once that round is over (at most S seconds): {"delivered",
         "pending"}. committed: the events this request has just committed; a pending count the
         database cannot give then is theirs (they wait, pending), not an error answer."""
-        deliveries = self.deliveries()
+        deliveries = self.sender()
         asked = deliveries.ask()
         try:
             if wait is None:  # the round runs after the answer
-                return {"delivered": 0, "pending": len(self.server.store.pending()[1])}
+                _, pending = webhooks.pending_events(self.server.store)
+                return {"delivered": 0, "pending": len(pending)}
             return deliveries.wait(asked, wait)
         except Exception as error:
             if committed is None:
@@ -471,16 +328,16 @@ class LabHandler(api.Handler):
             self.log_line(f"pending count failed ({error}); the events stay pending")
             return {"delivered": 0, "pending": len(committed)}
 
-    def waiting(self):
+    def requested_wait(self):
         """?wait=S of a POST /webhooks or /progress, read before anything is committed."""
         try:
             return webhooks.parse_wait(parse_qs(urlsplit(self.path).query, keep_blank_values=True))
         except ValueError as error:
             raise ClientError(400, str(error)) from None
 
-    def deliveries(self):
+    def sender(self):
         """The server's one sender (webhooks.Deliveries), started by the first request."""
-        with STARTING:
+        with SENDER_START_LOCK:
             if getattr(self.server, "deliveries", None) is None:
                 prefix = self.log_prefix
                 self.server.deliveries = webhooks.Deliveries(
@@ -494,8 +351,8 @@ class LabHandler(api.Handler):
 
     # helpers
 
-    allowed_hosts = None  # WEBHOOK_ALLOWED_HOSTS and WEBHOOK_SECRET's keys, set by configured()
-    webhook_keys = None
+    # WEBHOOK_ALLOWED_HOSTS and WEBHOOK_SECRET's keys, set by configured_handler()
+    allowed_hosts = webhook_keys = None
 
     def head_written(self):
         headers = getattr(self, "headers", None)  # none yet: a malformed request line
@@ -504,37 +361,27 @@ class LabHandler(api.Handler):
             fail("before-body", once_per=token)
 
 
-STARTING = threading.Lock()  # LabHandler.deliveries: one sender per server
+SENDER_START_LOCK = threading.Lock()  # LabHandler.sender: one sender per server
 
 
-def event(event_id, ticket_id, status, version):
-    """A webhook's body: what the workflow is told."""
-    return {
-        "event_id": f"evt_{event_id}",
-        "ticket_id": ticket_id,
-        "status": status,
-        "version": version,
-    }
-
-
-def open_server(environ):
-    """api.open_server with this file's store, routes, failpoints and settings."""
-    return api.open_server(environ, LabStore, configured(environ), POINTS)
+def open_lab_receiver(environ):
+    """receiversettings.open_server with this file's store, routes, failpoints and settings."""
+    return open_server(environ, LabStore, configured_handler(environ), POINTS)
 
 
 def main(argv=None):
-    epilog = api.__doc__[api.__doc__.index("Configuration") :] + FAILPOINTS_ADDED
+    epilog = SETTINGS_HELP + FAILPOINTS_ADDED
     handler = LabHandler  # --help needs no settings
     if not {"-h", "--help"} & set(sys.argv[1:] if argv is None else argv):
         try:
-            handler = configured(os.environ)
+            handler = configured_handler(os.environ)
         except ConfigError as error:
             print(f"receiver: {error}", file=sys.stderr)
             return error.exit_code
     return api.main(argv, LabStore, handler, POINTS, "labs.receiver", __doc__, epilog)
 
 
-def configured(environ):
+def configured_handler(environ):
     """LabHandler with WEBHOOK_ALLOWED_HOSTS and WEBHOOK_SECRET read; ConfigError if one is bad."""
     text = environ.get("WEBHOOK_ALLOWED_HOSTS", ALLOWED_HOSTS)
     try:
@@ -557,31 +404,17 @@ MAX_SEATS = 1000  # seats in one reservation: more than SEATS, so "no capacity" 
 
 def parse_refund(body):
     """Validate a POST /refunds body: (canonical JSON, ticket_id)."""
-    ticket_id = whole(parse_object(body, '{"ticket_id": N}', "ticket_id"), "ticket_id", MAX_ID)
+    payload = parse_object(body, '{"ticket_id": N}', "ticket_id")
+    ticket_id = whole_number(payload, "ticket_id", MAX_ID)
     return api.canonical({"ticket_id": ticket_id}), ticket_id
 
 
 def parse_reservation(body):
     """Validate a POST /reservations body: (canonical JSON, ticket_id, seats)."""
     payload = parse_object(body, '{"ticket_id": N, "seats": S}', "ticket_id", "seats")
-    ticket_id, seats = whole(payload, "ticket_id", MAX_ID), whole(payload, "seats", MAX_SEATS)
+    ticket_id = whole_number(payload, "ticket_id", MAX_ID)
+    seats = whole_number(payload, "seats", MAX_SEATS)
     return api.canonical({"ticket_id": ticket_id, "seats": seats}), ticket_id, seats
-
-
-def parse_message(body):
-    """Validate a POST /messages body: (to, text)."""
-    payload = parse_object(body, '{"to": "...", "text": "..."}', "to", "text")
-    for field in ("to", "text"):
-        value = payload[field]
-        if not isinstance(value, str) or not 1 <= len(value) <= api.MAX_TITLE_CHARS:
-            raise ClientError(
-                400, f"{field} must be a string of 1-{api.MAX_TITLE_CHARS} characters"
-            )
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError:
-            raise ClientError(400, f"{field} has a lone surrogate escape") from None
-    return payload["to"], payload["text"]
 
 
 def parse_payment(body):
@@ -590,28 +423,7 @@ def parse_payment(body):
     reference = payload["reference"]
     if not isinstance(reference, str) or not api.KEY_PATTERN.fullmatch(reference):
         raise ClientError(400, f"reference must be 1-{api.MAX_KEY_CHARS} visible ASCII characters")
-    return reference, whole(payload, "amount", MAX_AMOUNT)
-
-
-def parse_payments_query(target):
-    """GET /payments's query: (reference or None, settled)."""
-    query = parse_qs(urlsplit(target).query, keep_blank_values=True)
-    if set(query) - {"reference", "settled"} or query.get("settled", ["1"]) != ["1"]:
-        raise ClientError(400, "the query parameters are ?reference=R and ?settled=1")
-    return api.parse_key(query.get("reference"), where="?reference="), "settled" in query
-
-
-def parse_subscriber(body, allowed):
-    """Validate a POST /webhooks body: the url, plain http(s) to a host the allow-list names,
-    read by the one parser the deliveries use (webhooks.checked)."""
-    url = parse_object(body, '{"url": "http://HOST:PORT/PATH"}', "url")["url"]
-    try:
-        webhooks.checked(url, allowed)
-    except ValueError as error:
-        raise ClientError(
-            400, f"url {error}; nothing stored, the subscriber stays as it was"
-        ) from None
-    return url
+    return reference, whole_number(payload, "amount", MAX_AMOUNT)
 
 
 def parse_progress(body):
@@ -623,15 +435,16 @@ def parse_progress(body):
     if (
         not isinstance(statuses, list)
         or not 1 <= len(statuses) <= 10
-        or not all(isinstance(s, str) and s in STATUSES for s in statuses)
+        or not all(isinstance(s, str) and s in webhooks.STATUSES for s in statuses)
     ):
-        raise ClientError(400, f"statuses must be a list of 1-10 of {', '.join(STATUSES)}")
-    ticket_id = whole(payload, "ticket_id", MAX_ID)
+        names = ", ".join(webhooks.STATUSES)
+        raise ClientError(400, f"statuses must be a list of 1-10 of {names}")
+    ticket_id = whole_number(payload, "ticket_id", MAX_ID)
     canonical = api.canonical({"ticket_id": ticket_id, "statuses": statuses})
     return canonical, ticket_id, statuses
 
 
-def whole(payload, field, high):
+def whole_number(payload, field, high):
     """payload[field] as an int from 1 to high; JSON's 3.0 is 3 (JSON Schema's integer too)."""
     value = payload[field]
     if isinstance(value, float) and value.is_integer():

@@ -1,15 +1,21 @@
-"""Lab 18's sender: where a webhook may go, and its delivery, apart from the requests.
+"""Lab 18's provider side of a webhook: the events, where one may go, and their delivery.
+
+The lab's receiver (labs/receiver.py) records a ticket's progress as events (record_progress,
+keyed as a ticket is) in its own database (SCHEMA), and one subscriber url (subscribe). A webhook
+is a POST of one event's JSON to the subscriber, signed as Standard Webhooks says
+(httpguard.signed_headers: webhook-id is the event id), delivered at least once by one sender
+thread (Deliveries), apart from the requests: an answer that is not a 2xx (or none, or a
+redirect, which is never followed) is retried WEBHOOK_ATTEMPTS times, WEBHOOK_RETRY_S apart; an
+event still not delivered then stays pending, and so do the ones after it, until the next round.
+One round at a time, in event order. A subscriber that never answers delays only the
+deliveries, each attempt at most WEBHOOK_TIMEOUT_S. The queue is the table of pending events;
+in memory only counters.
 
 One parser decides where a subscriber's url points (parse_url), and the connection goes there:
 a url whose host two parsers could read differently (brackets around anything but an IPv6
 address, an IPv6 zone, a character outside a host name's, a ] followed by more than a port) is
 refused before it is stored; a listed name is resolved once per delivery and its attempts go to
 that address, with the name in the Host header (PinnedConnection); no proxy, no redirect.
-
-Deliveries run on one thread of their own (Deliveries): a request that commits events asks for
-a round and answers at once, unless it asks to wait for that round (?wait=S). A subscriber that
-never answers delays only the deliveries, each attempt at most WEBHOOK_TIMEOUT_S. The queue is
-the receiver's table of pending events; in memory only counters, whatever the requests.
 """
 
 import collections
@@ -27,7 +33,9 @@ from typing import NamedTuple
 from urllib.parse import urlsplit
 
 import httpguard
+from api import parse_object
 from failpoints import fail
+from httpguard import ClientError
 
 WEBHOOK_ATTEMPTS = 3  # tries of one delivery in a round, before it waits for the next round
 WEBHOOK_RETRY_S = 0.2  # seconds between them
@@ -35,10 +43,130 @@ WEBHOOK_TIMEOUT_S = 2.0  # seconds for one attempt, from the connection to the s
 MAX_WAIT_S = 60  # ?wait=S at most: a request waits for its delivery round no longer
 URL_CHARACTERS = re.compile(r"[A-Za-z0-9\-._~:/?#\[\]@!$&'()*+,;=%]+")  # RFC 3986's, no other
 BAD_ESCAPE = re.compile(r"%(?![0-9A-Fa-f]{2})")  # a % not followed by two hex digits
-URL = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*)://(?P<authority>[^/?#]*)(?P<rest>.*)", re.S)
-NAME = re.compile(r"[A-Za-z0-9.-]+")  # a host name's letters, digits, - and . (or an IPv4)
-PORT = re.compile(r"[0-9]{1,5}")
-GENERIC = "must be an http:// or https:// URL with a host, at most 500 characters"
+URL_PARTS = re.compile(
+    r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*)://(?P<authority>[^/?#]*)(?P<rest>.*)", re.S
+)
+HOST_NAME = re.compile(r"[A-Za-z0-9.-]+")  # a host name's letters, digits, - and . (or an IPv4)
+PORT_DIGITS = re.compile(r"[0-9]{1,5}")
+URL_REQUIREMENT = "must be an http:// or https:// URL with a host, at most 500 characters"
+STATUSES = ("opened", "in_progress", "resolved")  # a ticket's progress, as webhooks tell it
+SCHEMA = (
+    """CREATE TABLE IF NOT EXISTS webhook_events (
+    id INTEGER PRIMARY KEY,  -- the event id is evt_ID
+    ticket_id INTEGER NOT NULL REFERENCES tickets (id),
+    status TEXT NOT NULL,
+    version INTEGER NOT NULL,  -- per ticket: 1, 2, ...
+    delivered_at REAL,  -- NULL: pending (no 2xx yet)
+    created_at REAL NOT NULL,
+    UNIQUE (ticket_id, version)
+)""",
+    """CREATE TABLE IF NOT EXISTS webhook_subscribers (
+    id INTEGER PRIMARY KEY CHECK (id = 1),  -- one subscriber: the workflow
+    url TEXT NOT NULL
+)""",
+    """CREATE TABLE IF NOT EXISTS progress_requests (
+    id INTEGER PRIMARY KEY,  -- one POST /progress
+    operation_key TEXT UNIQUE,  -- its Idempotency-Key (NULL: sent without one)
+    payload TEXT NOT NULL,  -- canonical JSON of its body
+    events TEXT NOT NULL,  -- the events it made, JSON: a repeat is answered with them
+    created_at REAL
+)""",
+)
+COLUMNS = {  # SCHEMA's tables: what they hold
+    "webhook_events": {"id", "ticket_id", "status", "version", "delivered_at", "created_at"},
+    "webhook_subscribers": {"id", "url"},
+    "progress_requests": {"id", "operation_key", "payload", "events", "created_at"},
+}
+KEYED = {"progress_requests": "progress request"}  # SCHEMA's table keyed by an operation key
+
+
+def record_progress(store, key, canonical, ticket_id, statuses):
+    """One event per status that changes the ticket's (a status it has already makes none),
+    versions going on from the ticket's last: (the events, created). Keyed as a ticket is
+    (api.TicketStore.keyed): a repeat of the key and body makes none and returns the events the
+    first request made, kept in its row. store: the lab's (labs/receiver.LabStore)."""
+    made = {"events": "[]"}  # the row's events column, filled in before keyed inserts it
+
+    def make_events():  # keyed's check: inside its transaction, before the row is made
+        store.require_ticket(ticket_id)
+        version, current_status = store.db.execute(
+            "SELECT version, status FROM webhook_events WHERE ticket_id = ? "
+            "ORDER BY version DESC LIMIT 1",
+            (ticket_id,),
+        ).fetchone() or (0, None)
+        events = []
+        for status in statuses:
+            if status == current_status:  # no change, no event: the ticket is there already
+                continue
+            version, current_status = version + 1, status
+            event_id = store.db.execute(
+                "INSERT INTO webhook_events (ticket_id, status, version, created_at) "
+                "VALUES (?, ?, ?, ?)",
+                (ticket_id, status, version, time.time()),
+            ).lastrowid
+            events.append(event_body(event_id, ticket_id, status, version))
+        made["events"] = json.dumps(events)
+
+    request_id, created = store.keyed("progress_requests", key, canonical, made, make_events)
+    if created:
+        return json.loads(made["events"]), True
+    with store.locked():
+        row = store.db.execute(
+            "SELECT events FROM progress_requests WHERE id = ?", (request_id,)
+        ).fetchone()
+    return json.loads(row[0]), False
+
+
+def subscribe(store, url):
+    """url becomes the one subscriber (it replaces the last)."""
+    with store.transaction():
+        store.db.execute(
+            "INSERT INTO webhook_subscribers (id, url) VALUES (1, ?) "
+            "ON CONFLICT (id) DO UPDATE SET url = excluded.url",
+            (url,),
+        )
+
+
+def pending_events(store):
+    """(subscriber url or None, the events not delivered yet, oldest first)."""
+    with store.locked():
+        url = store.db.execute("SELECT url FROM webhook_subscribers").fetchone()
+        rows = store.db.execute(
+            "SELECT id, ticket_id, status, version FROM webhook_events "
+            "WHERE delivered_at IS NULL ORDER BY id"
+        ).fetchall()
+    return (url and url[0]), [event_body(*row) for row in rows]
+
+
+def mark_delivered(store, event_id):
+    with store.transaction():
+        store.db.execute(
+            "UPDATE webhook_events SET delivered_at = ? WHERE id = ?",
+            (time.time(), int(event_id.removeprefix("evt_"))),
+        )
+
+
+def event_body(event_id, ticket_id, status, version):
+    """A webhook's body: what the workflow is told."""
+    return {
+        "event_id": f"evt_{event_id}",
+        "ticket_id": ticket_id,
+        "status": status,
+        "version": version,
+    }
+
+
+def parse_subscriber(body, allowed):
+    """Validate a POST /webhooks body: the url, plain http(s) to a host the allow-list names,
+    read by the one parser the deliveries use (allowed_target)."""
+    url = parse_object(body, '{"url": "http://HOST:PORT/PATH"}', "url")["url"]
+    try:
+        allowed_target(url, allowed)
+    except ValueError as error:
+        raise ClientError(
+            400, f"url {error}; nothing stored, the subscriber stays as it was"
+        ) from None
+    return url
 
 
 class Target(NamedTuple):
@@ -53,9 +181,9 @@ class Target(NamedTuple):
 def parse_url(url):
     """The Target of a subscriber's url; ValueError with the reason for the client otherwise.
     Only what Python's other URL readers (urlsplit, urllib.request) read the same way passes."""
-    match = URL.fullmatch(url) if isinstance(url, str) and len(url) <= 500 else None
+    match = URL_PARTS.fullmatch(url) if isinstance(url, str) and len(url) <= 500 else None
     if not match or match["scheme"].lower() not in ("http", "https") or not match["authority"]:
-        raise ValueError(GENERIC)
+        raise ValueError(URL_REQUIREMENT)
     if not URL_CHARACTERS.fullmatch(url) or BAD_ESCAPE.search(url):
         raise ValueError("holds a space, a control or non-ASCII character, or a bad %-escape")
     authority, rest = match["authority"], match["rest"]
@@ -65,7 +193,9 @@ def parse_url(url):
         raise ValueError("has a #fragment, which is never sent: leave it out")
     host, port = split_authority(authority)
     if port is not None and not 0 < port < 65536:
-        raise ValueError(GENERIC if port > 65535 else "has port 0: name the port it listens on")
+        raise ValueError(
+            URL_REQUIREMENT if port > 65535 else "has port 0: name the port it listens on"
+        )
     if other_readings(url) != {(host, port)}:  # belt and braces: the other readers agree
         raise ValueError("is read differently by Python's URL parsers: write its host plainly")
     scheme = match["scheme"].lower()
@@ -116,7 +246,7 @@ def split_authority(authority):
     else:
         host, colon, port = authority.partition(":")
         port = port if colon else None
-        if not NAME.fullmatch(host):
+        if not HOST_NAME.fullmatch(host):
             raise ValueError(
                 f"host {host[:40]!r} holds a character outside a host name's letters, digits, "
                 "- and . (an IPv6 address goes in [brackets])"
@@ -124,8 +254,8 @@ def split_authority(authority):
         host = host.lower()
         with suppress(ValueError):
             host = str(ipaddress.IPv4Address(host))
-    if port is not None and not PORT.fullmatch(port):
-        raise ValueError(GENERIC)
+    if port is not None and not PORT_DIGITS.fullmatch(port):
+        raise ValueError(URL_REQUIREMENT)
     return host, None if port is None else int(port)
 
 
@@ -154,7 +284,7 @@ def host_allowed(host, allowed):
     return any(address in network for network in networks)
 
 
-def checked(url, allowed):
+def allowed_target(url, allowed):
     """The Target of a url the receiver may call; ValueError with the reason otherwise."""
     target = parse_url(url)
     if not host_allowed(target.host, allowed):
@@ -192,12 +322,12 @@ class PinnedConnection(http.client.HTTPConnection):
             raise
 
 
-def post(target, resolved, body, headers, timeout_s=WEBHOOK_TIMEOUT_S):
+def post_event(target, resolved, body, headers, timeout_s=WEBHOOK_TIMEOUT_S):
     """POST body to the target at its resolved address: the answer's status. The whole attempt,
     the connection to the status line, takes at most timeout_s (a subscriber that trickles
     its answer a byte at a time is cut off then)."""
     connection = PinnedConnection(target, resolved, timeout_s)
-    deadline = threading.Timer(timeout_s, lambda: shut(connection))
+    deadline = threading.Timer(timeout_s, lambda: shut_down_socket(connection))
     deadline.start()
     try:
         connection.request("POST", target.path, body, headers)
@@ -207,7 +337,7 @@ def post(target, resolved, body, headers, timeout_s=WEBHOOK_TIMEOUT_S):
         connection.close()
 
 
-def shut(connection):
+def shut_down_socket(connection):
     with suppress(OSError, AttributeError):  # no socket yet, or closed already
         connection.sock.shutdown(socket.SHUT_RDWR)
 
@@ -254,7 +384,7 @@ class Deliveries:
             delivered = sum(d for began, d, _ in self.rounds if began >= asked)
             pending = self.rounds[-1][2] if ended else None
         if pending is None:
-            pending = len(self.store.pending()[1])
+            pending = len(pending_events(self.store)[1])
         return {"delivered": delivered, "pending": pending}
 
     def run(self):
@@ -274,17 +404,17 @@ class Deliveries:
         subscriber is down: the rest wait for the next). (delivered, pending)"""
         delivered, events = 0, []
         try:
-            url, events = self.store.pending()
+            url, events = pending_events(self.store)
             if fail("reorder") == "on":
                 events.reverse()
             for each in events if url else ():
                 if not self.deliver(url, each):
                     break
-                self.store.delivered(each["event_id"])
+                mark_delivered(self.store, each["event_id"])
                 delivered += 1
                 if fail("redeliver") == "on":  # a sender that lost track of its 2xx
                     self.deliver(url, each)
-            return delivered, len(self.store.pending()[1])
+            return delivered, len(pending_events(self.store)[1])
         except Exception as error:  # the database busy or gone: the events stay pending
             self.log(f"delivery round stopped ({error}); the events stay pending")
             return delivered, max(len(events) - delivered, 0)
@@ -295,7 +425,7 @@ class Deliveries:
         bodiless GET, and its 2xx would mark the event delivered)."""
         body = json.dumps(each).encode()
         try:  # checked again: WEBHOOK_ALLOWED_HOSTS may have changed, an older receiver stored it
-            target = checked(url, self.allowed)
+            target = allowed_target(url, self.allowed)
             resolved = resolve(target, self.getaddrinfo)  # once: every attempt goes to this address
         except ValueError as error:
             target, why = None, f"not sent (url {error})"
@@ -305,7 +435,7 @@ class Deliveries:
             if target is not None:
                 headers = httpguard.signed_headers(self.keys, each["event_id"], body)
                 try:
-                    status = post(
+                    status = post_event(
                         target, resolved, body, {"Content-Type": "application/json", **headers}
                     )
                 except (OSError, http.client.HTTPException):  # refused, reset, timed out

@@ -109,10 +109,10 @@ def export_commit(sha, folder, name, root=ROOT):
 
 def receiver_of(folder):
     """ReceiverProcess's arguments for a tree's lab receiver: labs/receiver.py, run as a module
-    in its folder, or, in a tree from before it moved there, its labs/receiver.py."""
-    if (Path(folder) / "labs" / "api.py").is_file():
+    in its folder, or, in a tree from before it moved there, its api.py."""
+    if (Path(folder) / "labs" / "receiver.py").is_file():
         return {"script": "labs.receiver", "cwd": folder}
-    return {"script": Path(folder) / "labs/receiver.py", "cwd": folder}
+    return {"script": Path(folder) / "api.py", "cwd": folder}
 
 
 def post_bytes(key):

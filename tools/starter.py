@@ -24,6 +24,10 @@ CORE = (  # copied unchanged; effectdrill without its pytest plugin (the starter
     "failpoints.py",
     "tracing.py",  # off unless TRACE is set (needs OpenTelemetry, which the starter leaves out)
     "httpguard.py",
+    "receiverdb.py",  # the receiver's SQLite connection and transactions
+    "keyretention.py",  # how long the receiver honours a key
+    "receivermetrics.py",  # the receiver's GET /metrics
+    "receiversettings.py",  # the receiver's settings and the server they open
     "api.py",  # the core receiver: labs/receiver.py is the lab's, which extends it
     "effects.py",  # an effect declared, performed once per key; reconcile
     "ledger.py",  # the ledger's storage (SQLite), its rows and leases

@@ -720,8 +720,7 @@ def test_the_verdict_says_where_the_run_was_killed_and_which_command_sent_it_aga
     command that sent the effect again (lab 01's resume, lab 07's approve, lab 04's second
     start), lab 12's refusal by the resume contract, and lab 10's woken worker (sent nothing,
     or sent again and got created: false). The commands' own output, as labs/cli.py and
-    labs/workers.py
-    print it, fed to the demo's Ledger."""
+    labs/workers.py print it, fed to the demo's Ledger."""
     ledger, op = demo.Ledger(), "case-naive:open-ticket:v1"
     start = f"start --thread naive --operation {op} --mode naive --crash"
     say = "docker compose -p stateful-lab run --rm workflow "

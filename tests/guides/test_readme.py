@@ -144,7 +144,7 @@ _RECEIVER_DB = "data/receiver/receiver.sqlite"
 
 def lab_06_receiver(section):
     """The README's `up` note for lab 06: the receiver's command with the fault's setting."""
-    (command,) = re.findall(r"lab 06: `([^`]*python api\.py) \.\.\.`", section)
+    (command,) = re.findall(r"lab 06: `([^`]*python -m labs\.receiver) \.\.\.`", section)
     return command
 
 

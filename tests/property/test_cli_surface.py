@@ -7,8 +7,7 @@ ledger) or lab 02's safe mode (the key alone): `start` killed at any failpoint, 
 graph version 2 and `migrate`, the saga (`saga start` killed at any of its points, more seats
 than the receiver has, `saga resume`, `saga state`), lab 19's outbox (`outbox start` killed before
 or after its write, `outbox resume`, and `labs/relay.py --once` killed before its POST or between
-the
-receiver's answer and its mark), lab 18's `hooks` (the inbox's endpoint, killed after its commit
+the receiver's answer and its mark), lab 18's `hooks` (the inbox's endpoint, killed after its commit
 or not, against a receiver that delivers every webhook twice and the pending ones newest first),
 the wrong resume for a thread (`resume` on a saga, `saga resume` on a ticket), a receiver restart,
 Ctrl-C in the middle of a run, and every

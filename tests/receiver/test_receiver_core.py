@@ -1,6 +1,5 @@
 """api.py, the core receiver the starter takes, and labs/receiver.py, the lab's receiver built on
-it by
-subclassing: the arrows go one way, and each serves only its own routes and its own files."""
+it by subclassing: the arrows go one way, and each serves only its own routes and its own files."""
 
 import ast
 import sqlite3
@@ -14,6 +13,15 @@ from receiver_helpers import TITLE, assert_error, post, request, tickets
 from tools.local import ROOT, ReceiverProcess
 
 CORE = ROOT / "api.py"
+RECEIVER_CORE = {  # the core files the receiver stands on, each standard library only
+    "failpoints",
+    "httpguard",
+    "keyretention",
+    "receiverdb",
+    "receivermetrics",
+    "receiversettings",
+    "tracing",
+}
 
 
 def imported(path):
@@ -27,8 +35,10 @@ def imported(path):
 
 
 @pytest.mark.fast
-def test_the_core_receiver_imports_the_standard_library_and_its_three_helpers_only():
-    assert imported(CORE) - set(sys.stdlib_module_names) == {"failpoints", "httpguard", "tracing"}
+def test_the_core_receiver_imports_the_standard_library_and_its_core_helpers_only():
+    assert imported(CORE) - set(sys.stdlib_module_names) == RECEIVER_CORE
+    for helper in RECEIVER_CORE - {"tracing"}:  # tracing: below
+        assert imported(ROOT / f"{helper}.py") - set(sys.stdlib_module_names) <= RECEIVER_CORE
     assert "api" in imported(
         ROOT / "labs/receiver.py"
     )  # the lab's extends the core, not the reverse
@@ -75,8 +85,7 @@ def test_the_core_serves_tickets_only_and_the_labs_receiver_takes_its_file_over(
 
 def test_an_older_labs_tickets_file_is_upgraded_by_api_py_and_refused_by_the_core(lab, tmp_path):
     """A tickets table from before created_at was kept: labs/receiver.py adds the column and
-    honours its
-    keys; the core receiver knows no older file, and leaves it as it is."""
+    honours its keys; the core receiver knows no older file, and leaves it as it is."""
     path = tmp_path / "older.sqlite"
     with closing(sqlite3.connect(path)) as db, db:
         db.execute(

@@ -901,12 +901,12 @@ DOCUMENTED = [
 
 
 def statuses_api_py_sends():
-    """Every status literal labs/receiver.py, api.py (its core) and httpguard.py answer with:
-    ClientError(N, ...) and `return/assign N, body`."""
+    """Every status literal the lab's receiver (labs/receiver.py and the lessons' modules it
+    serves), api.py (its core) and httpguard.py answer with: ClientError(N, ...) and
+    `return/assign N, body`."""
     found = set()
-    source = "".join(
-        (ROOT / name).read_text() for name in ("labs/receiver.py", "api.py", "httpguard.py")
-    )
+    names = ("labs/keyless_providers.py", "labs/receiver.py", "labs/webhooks.py")
+    source = "".join((ROOT / name).read_text() for name in (*names, "api.py", "httpguard.py"))
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "ClientError":
             found.add(node.args[0].value)

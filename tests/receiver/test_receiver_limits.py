@@ -435,7 +435,7 @@ def test_a_full_disk_is_503_that_says_so_and_the_same_request_succeeds_with_room
         receiver as lab_receiver,
     )
 
-    server, _, _ = lab_receiver.open_server(dict(lab, PORT="0"))
+    server, _, _ = lab_receiver.open_lab_receiver(dict(lab, PORT="0"))
     threading.Thread(target=server.serve_forever, daemon=True).start()
     served = SimpleNamespace(url=f"http://127.0.0.1:{server.server_port}")
     try:

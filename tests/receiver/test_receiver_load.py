@@ -109,8 +109,7 @@ def test_a_locked_database_gets_503_json_and_the_same_request_succeeds_later(lab
 
 def test_two_receivers_on_one_file_make_one_ticket_per_key(lab, tmp_path):
     """Two labs/receiver.py processes share a database file (WAL serves several processes) and get
-    the
-    same keys at the same moments. BEGIN IMMEDIATE takes the write lock before the lookup, so
+    the same keys at the same moments. BEGIN IMMEDIATE takes the write lock before the lookup, so
     one process waits for the other's commit and then finds its ticket. A deferred BEGIN
     reads first: both processes can miss the lookup, and SQLite then refuses the write of
     the one whose snapshot is stale (SQLITE_BUSY: a 503 here, dozens of them a run)."""

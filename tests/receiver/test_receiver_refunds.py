@@ -1,6 +1,6 @@
 """Refunds and reservations (lab 13's saga) against a real labs/receiver.py: the same key
-discipline as
-tickets, a reservation refused when the seats run out, and /metrics counting what was made."""
+discipline as tickets, a reservation refused when the seats run out, and /metrics counting what was
+made."""
 
 import sqlite3
 import threading

@@ -45,10 +45,11 @@ def learner(tmp_path_factory):
     repo = tmp_path_factory.mktemp("learner-repo")
     for path in [*ROOT.glob("*.py"), ROOT / "compose.yaml"]:
         shutil.copy(path, repo)
-    shutil.copytree(ROOT / "labs", repo / "labs", ignore=shutil.ignore_patterns("__pycache__"))
+    for folder in ("labs", "tools"):
+        shutil.copytree(ROOT / folder, repo / folder, ignore=shutil.ignore_patterns("__pycache__"))
     env = lab_env(repo / "data", free_port())  # data/receiver, data/workflow: the native layout
     receiver = ReceiverProcess(
-        env, repo / "learner-receiver.log", script=repo / "labs/receiver.py"
+        env, repo / "learner-receiver.log", script="labs.receiver", cwd=repo
     ).start()
     crashed = run_workflow(
         ["start", "--thread", "naive", "--operation", "case-naive:open-ticket:v1"]
@@ -111,7 +112,8 @@ def reset_copy(tmp_path):
     repo.mkdir()
     for name in [p.name for p in ROOT.glob("*.py")]:
         shutil.copy(ROOT / name, repo)
-    shutil.copytree(ROOT / "labs", repo / "labs", ignore=shutil.ignore_patterns("__pycache__"))
+    for folder in ("labs", "tools"):  # the lessons, and make reset's own tool
+        shutil.copytree(ROOT / folder, repo / folder, ignore=shutil.ignore_patterns("__pycache__"))
     (repo / ".venv").mkdir()
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
@@ -137,7 +139,7 @@ def test_make_reset_stops_the_native_receiver_and_deletes_data_but_not_the_venv(
     repo, env = reset_copy(tmp_path)
     receiver_env = lab_env(repo / "data", free_port())
     receiver = ReceiverProcess(
-        receiver_env, tmp_path / "receiver.log", script=repo / "labs/receiver.py"
+        receiver_env, tmp_path / "receiver.log", script="labs.receiver", cwd=repo
     )
     receiver.start()
     (repo / "data" / "receiver.pid").write_text(f"{receiver.proc.pid}\n")  # as the native up does
@@ -153,9 +155,8 @@ def test_make_reset_stops_the_native_receiver_and_deletes_data_but_not_the_venv(
 
 
 def test_make_reset_started_by_the_readme_stops_the_receiver_the_readme_started(tmp_path):
-    """The README's native `up` line, typed in a shell (relative labs/receiver.py, its own pid
-    file):
-    a later `make reset`, from another shell, finds that receiver and stops it."""
+    """The README's native `up` line, typed in a shell (python -m labs.receiver, its own pid
+    file): a later `make reset`, from another shell, finds that receiver and stops it."""
     repo, env = reset_copy(tmp_path)
     up = [line for line in README_NATIVE.splitlines() if line.startswith("python -m labs.receiver")]
     receiver_env = {**lab_env(repo / "data", free_port()), "PATH": os.environ["PATH"]}
@@ -186,8 +187,9 @@ def test_make_reset_leaves_a_stranger_with_the_pid_alone(tmp_path, stranger):
     repo, env = reset_copy(tmp_path)
     other = tmp_path / "other"
     other.mkdir()
-    for module in ROOT.glob("*.py"):  # labs/receiver.py and the modules it imports
+    for module in ROOT.glob("*.py"):  # the core labs/receiver.py imports
         shutil.copy(module, other)
+    shutil.copytree(ROOT / "labs", other / "labs", ignore=shutil.ignore_patterns("__pycache__"))
     argv = {
         "a sleeping python": [sys.executable, "-c", "import time; time.sleep(120)"],
         "another folder's labs/receiver.py": [sys.executable, "-m", "labs.receiver"],
@@ -217,11 +219,11 @@ def test_make_reset_stops_the_live_receiver_a_failed_second_up_hid(tmp_path):
     repo, env = reset_copy(tmp_path)
     first_env = lab_env(repo / "data", free_port())
     first = ReceiverProcess(
-        first_env, tmp_path / "first.log", script=repo / "labs/receiver.py"
+        first_env, tmp_path / "first.log", script="labs.receiver", cwd=repo
     ).start()
     elsewhere = (
         ReceiverProcess(  # a test's receiver: this folder's labs/receiver.py, its data in tmp
-            lab_env(tmp_path / "elsewhere", free_port()), script=repo / "labs/receiver.py"
+            lab_env(tmp_path / "elsewhere", free_port()), script="labs.receiver", cwd=repo
         ).start()
     )
     second = subprocess.Popen(

@@ -1,7 +1,7 @@
 """The ledger on a dashboard: `labs/workers.py metrics --port 0` serves the ledger's gauges
-(effects by
-state, the oldest open one's age) at GET /metrics, scraped over HTTP and read by Prometheus's own
-text parser. Here on the SQLite lab's ledger (the Postgres one: test_workers_ledger.py).
+(effects by state, the oldest open one's age) at GET /metrics, scraped over HTTP and read by
+Prometheus's own text parser. Here on the SQLite lab's ledger (the Postgres one:
+test_workers_ledger.py).
 
 Real parts: the receiver, a run really killed at after-send (its row stays `requested`: the crash
 window the old count missed), rows in the other states made through the ledger's own API, and the

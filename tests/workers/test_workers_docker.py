@@ -76,8 +76,7 @@ def leftovers():
 
 def submit_all(lab):
     """OPERATIONS `labs/workers.py submit`s in one container, by one Python (worker.main: the same
-    code,
-    without an interpreter's start and imports per submit)."""
+    code, without an interpreter's start and imports per submit)."""
     script = (
         "import sys, worker\n"
         f"for i in range({OPERATIONS}):\n"

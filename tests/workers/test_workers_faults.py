@@ -140,8 +140,7 @@ def worker(env, *args, timeout=2 * HANG_GUARD_S):
 
 def submit_all(env, n=OPERATIONS):
     """n operations queued by `labs/workers.py submit`, run in this process (worker.main: the same
-    code
-    without n interpreters starting; submit and the exit 4 of a second job are lab 10's)."""
+    code without n interpreters starting; submit and the exit 4 of a second job are lab 10's)."""
     for i in range(n):
         done = run_worker_here(
             ["submit", "--thread", f"op-{i}", "--operation", f"op-{i}:open"], env
@@ -171,8 +170,7 @@ NO_JOBS.update(worker_job_failures_total=0, worker_job_drains_total=0)
 
 def figures(text):
     """`labs/workers.py metrics`'s queue samples, read by Prometheus's own text parser: name{label}
-    ->
-    value (the ledger's gauges beside them have tests of their own: test_ledger_metrics.py)."""
+    -> value (the ledger's gauges beside them have tests of their own: test_ledger_metrics.py)."""
     return {
         sample.name + "".join(f'{{{k}="{v}"}}' for k, v in sample.labels.items()): sample.value
         for family in text_string_to_metric_families(text)

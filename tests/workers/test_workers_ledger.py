@@ -252,8 +252,7 @@ def test_a_job_that_meets_a_key_another_worker_performs_is_tried_again_later():
 
 def test_the_workers_metrics_serve_the_ledger_beside_the_queue(env, receiver, tmp_path):
     """labs/workers.py metrics --port 0 on the workers' Postgres: the ledger's effects by state and
-    the
-    oldest open one's age, beside the queue's figures, scraped over HTTP and parsed by
+    the oldest open one's age, beside the queue's figures, scraped over HTTP and parsed by
     prometheus_client. The rows are real ledger rows, made through its own API."""
     from prometheus_client.parser import text_string_to_metric_families
 
@@ -299,8 +298,7 @@ def test_reconcile_on_a_receipt_that_fails_its_check_is_one_line_and_exit_7(
     env, monkeypatch, capsys
 ):
     """A receipt changed in the database (its ticket id): labs/workers.py reconcile of its key said
-    a
-    traceback; now one line and workflow.py's exit 7, as a run meeting it."""
+    a traceback; now one line and workflow.py's exit 7, as a run meeting it."""
     ledger = ledger_on(env["CHECKPOINT_DB"])
     try:
         ledger.claim("k:op", "ticket", {"title": "Check supplier configuration"})

@@ -1,13 +1,11 @@
 """Lab 15's keyless effect: a message about the ticket (labs/cli.py --notify) to a provider that
-reads
-no key and offers no lookup (labs/receiver.py's POST /messages).
+reads no key and offers no lookup (labs/receiver.py's POST /messages).
 
 A real SIGKILL in the message's window (after the provider answered, before the receipt was
 written): the resume must stop with exit 6 and one line naming reconcile, not send a second
 message; a person's --not-sent then lets it send once. The --confirmed path (the resume sends
 nothing) is lab 15's guide, which tests/guides runs in both backends. labs/receiver.py on a
-loopback port;
-labs/cli.py as a process where it is killed, in-process else.
+loopback port; labs/cli.py as a process where it is killed, in-process else.
 """
 
 import urllib.request

@@ -175,8 +175,7 @@ def test_a_foreign_table_with_our_name_is_refused_and_nothing_is_written(
     lab, tmp_path, capsys, table
 ):
     """labs/cli.py start, hooks and labs/relay.py on another program's file that has a table named
-    like
-    one of ours: one line and exit 2, the file's bytes as they were, and no -wal beside it."""
+    like one of ours: one line and exit 2, the file's bytes as they were, and no -wal beside it."""
     path = tmp_path / "theirs.sqlite"
     with contextlib.closing(sqlite3.connect(path)) as db, db:
         db.execute(FOREIGN[table])

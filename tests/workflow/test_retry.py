@@ -216,8 +216,7 @@ def test_lab_17_one_start_no_stderr_and_the_receivers_count(
     mode, tickets, posts, second, receiver, workflow
 ):
     """labs/cli.py start --retry-after-ack timeout, in this process: exit 0 and nothing on stderr
-    (no
-    LangGraph line either), the request sent again by naive and safe, not by the ledger."""
+    (no LangGraph line either), the request sent again by naive and safe, not by the ledger."""
     done = workflow(
         "start",
         "--thread",

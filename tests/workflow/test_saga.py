@@ -181,8 +181,7 @@ def test_a_kill_in_the_window_of_the_charge_then_of_the_refund_is_adopted_by_loo
 
 def test_reconcile_settles_a_saga_effect_killed_in_its_window(receiver, lab, tmp_path):
     """`labs/cli.py reconcile` knows the saga's effects: it asks the receiver by key, records what
-    it
-    made as confirmed, and the resume takes the receipt (it does not even look up)."""
+    it made as confirmed, and the resume takes the receipt (it does not even look up)."""
     start = ["saga", "start", "--thread", "z", "--seats", str(REFUSED), "--crash-at", "after-send"]
     assert killed(start, lab, tmp_path)[0] == -9
     reconciled = run_workflow_here(["reconcile"], lab)

@@ -1,12 +1,11 @@
 """Lab 15's slow provider: a keyless payment whose commit comes after the client gave up.
 
 A real labs/receiver.py holds every POST /payments before its commit (failpoint
-payment-commit=pause(PATH))
-until the test lets it go, so "the lookup ran before the commit" is a fact of the test, not of the
-machine's speed. The workflow runs in this process (lab.main, as the guides' local runs do) with
-API_TIMEOUT_S=0.3. --mode lookup-resend (the ledger before its settle rule) charges twice; the
-ledger charges once, stops with exit 6, keeps stopping while nothing is committed and the
-provider's settle time has not passed, and adopts the charge once it is committed.
+payment-commit=pause(PATH)) until the test lets it go, so "the lookup ran before the commit" is a
+fact of the test, not of the machine's speed. The workflow runs in this process (lab.main, as the
+guides' local runs do) with API_TIMEOUT_S=0.3. --mode lookup-resend (the ledger before its settle
+rule) charges twice; the ledger charges once, stops with exit 6, keeps stopping while nothing is
+committed and the provider's settle time has not passed, and adopts the charge once it is committed.
 """
 
 import json

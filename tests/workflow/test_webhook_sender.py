@@ -1,7 +1,6 @@
 """Lab 18's sender (labs/webhooks.py): the host it checks is the host it calls, and no request waits
 on a subscriber. Against a real receiver (labs/receiver.py) on a free loopback port, and in this
-process
-for the resolution of a listed name."""
+process for the resolution of a listed name."""
 
 import base64
 import contextlib
@@ -18,6 +17,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 import httpguard
+import receivermetrics
 from labs import cli as lab_py
 from labs import receiver as lab_receiver
 from labs import webhooks
@@ -193,11 +193,11 @@ def test_a_listed_name_is_resolved_once_per_delivery_and_kept_in_the_host_header
         assert host == "hooks.lab.test"
         return [(socket.AF_INET, type, 6, "", (next(answers), port))]
 
-    metrics = lab_receiver.api.Metrics(lab_receiver.COUNTERS)
+    metrics = receivermetrics.Metrics(lab_receiver.COUNTERS)
     store = lab_receiver.LabStore(tmp_path / "r.sqlite", 5.0, None, metrics)
     lines = []
     try:
-        store.subscribe(f"http://hooks.lab.test:{port}/hook")
+        webhooks.subscribe(store, f"http://hooks.lab.test:{port}/hook")
         key = httpguard.webhook_key(httpguard.DEFAULT_WEBHOOK_SECRET)
         allowed = webhooks.allowed_hosts("hooks.lab.test")
         deliveries = webhooks.Deliveries(store, metrics, key, allowed, lines.append, rebinding)
@@ -296,7 +296,7 @@ def test_an_attempt_is_cut_off_when_a_subscriber_trickles_its_answer(tmp_path):
                 connection.sendall(bytes([byte]))
 
     threading.Thread(target=trickle, daemon=True).start()
-    metrics = lab_receiver.api.Metrics(lab_receiver.COUNTERS)
+    metrics = receivermetrics.Metrics(lab_receiver.COUNTERS)
     store = lab_receiver.LabStore(tmp_path / "r.sqlite", 5.0, None, metrics)
     lines = []
     try:

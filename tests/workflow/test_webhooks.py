@@ -1,8 +1,7 @@
 """Lab 18: the receiver's webhooks (labs/receiver.py, the sender), the workflow's endpoint (labs
 hooks) and
 its inbox (labs/inbox.py). The guide (labs/18-*.md, both backends) kills the endpoint for real
-between
-its commit and its answer; these tests hold the rest, mostly in this process.
+between its commit and its answer; these tests hold the rest, mostly in this process.
 """
 
 import contextlib
@@ -74,8 +73,7 @@ def test_a_checkpoint_file_with_the_inbox_beside_it_is_the_labs_own_not_the_core
     tmp_path, monkeypatch
 ):
     """The core (checkpoints.py) names no table of labs/inbox.py or labs/relay.py (the starter has
-    neither):
-    to it a file holding them is another program's. The lab's programs count them as their
+    neither): to it a file holding them is another program's. The lab's programs count them as their
     own (own_tables, in labs/cli.py's, labs/relay.py's and labs/workers.py's main): a file that
     SqliteSaver, the ledger, `hooks` and the relay wrote to is not refused by them."""
     from langgraph.checkpoint.sqlite import SqliteSaver
@@ -558,9 +556,8 @@ def test_an_unquoted_drill_input_says_to_quote_it(capsys):
 @pytest.mark.fast
 def test_hooks_says_what_it_did_and_refuses_naive_on_the_inboxs_ticket(receiver, capsys):
     """hooks signs nothing itself: labs/receiver.py signs, hooks checks, with the one lab secret.
-    Nothing
-    moved: it says how; a --move to the status the ticket has: no event, no message; naive on
-    a ticket the inbox took: one line, exit 2, nothing subscribed."""
+    Nothing moved: it says how; a --move to the status the ticket has: no event, no message; naive
+    on a ticket the inbox took: one line, exit 2, nothing subscribed."""
     assert lab.main(["hooks", "--ticket", "1"], receiver.env) == 0  # no ticket yet: none came
     out, err = capsys.readouterr()
     assert json.loads(out) == {
