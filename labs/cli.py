@@ -430,7 +430,7 @@ def approve(args, settings):
 
 
 def run(args, settings, graph_input):
-    """workflow.run with the lab's failpoints, and its graph and client (LAB below)."""
+    """commandline.start_or_resume with the lab's failpoints, graph and client (LAB below)."""
     if args.crash_at == "step-boundary" and checkpoints.is_postgres(settings.checkpoint_db):
         raise UserError(
             "--crash-at step-boundary needs the SQLite checkpointer (its saver is a SqliteSaver); "
