@@ -77,8 +77,7 @@ FOR EACH STATEMENT EXECUTE FUNCTION effect_receipts_are_kept()""",
 
 def wal(conn, timeout_s):
     """PRAGMA journal_mode=WAL, waiting out another process that is making the same new file:
-    SQLite answers "database is locked" at once there, without its busy wait (two forked
-    processes opening a new ledger together met it a third of the time)."""
+    SQLite answers "database is locked" at once there, without its busy wait."""
     deadline = time.monotonic() + timeout_s
     while True:
         try:

@@ -24,11 +24,9 @@ TIMEOUT_S = 5.0  # a provider's default; the receiver answers in milliseconds: 5
 ATTEMPTS = 4  # tries of a request whose connection was refused: 0.25, 0.5, 1 s apart,
 RETRY_DELAY_S = 0.25  # enough for a receiver that is starting or restarting
 MAX_RETRY_DELAY_S = 2.0  # the delays double up to this
-BUSY_TRIES_PER_ATTEMPT = 2  # a 503 (busy) gets twice ATTEMPTS tries: 8, about 26 s. Each one
-# costs the receiver's busy timeout (api.py BUSY_TIMEOUT_S, 2 s) before its 503, plus the delay
-#   (0.25 s doubling to 2 s): 8 x 2 + 9.75 s. That outlasts a lock another program holds on the
-#   receiver's file (a backup, an sqlite3 shell: the review held one 10 s, past the old 9.75 s
-#   budget) by more than the lock itself lasted: a load spike can stretch each try. Past it the
+BUSY_TRIES_PER_ATTEMPT = 2  # a 503 (busy) gets twice ATTEMPTS tries, each after the receiver's
+#   busy timeout (api.py BUSY_TIMEOUT_S, 2 s) and the delay (0.25 s doubling to 2 s): about 26 s,
+#   past a lock another program holds on the receiver's file (docs/performance.md). Past it the
 #   receiver is down in effect, nothing was committed, and the line names the resume.
 SETTLE_S = 60.0  # a provider's default settle_s: it commits what it accepted within it, or never
 
