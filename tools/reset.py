@@ -1,7 +1,7 @@
 """make reset: the learner's own lab, both ways (`python -m tools.reset`). .venv stays.
 
 Docker: `down -v --remove-orphans` of the project the guides name. Natively: the receiver the
-README's native `up` started (its pid in data/receiver.pid, and only if that process runs this
+docs/native.md's `up` started (its pid in data/receiver.pid, and only if that process runs this
 folder's labs/receiver.py), any other receiver of this folder that serves data/ (a second `up` that
 could
 not listen overwrote the pid file with its own, dead, pid), lab 10's workers and Postgres tool
@@ -21,9 +21,9 @@ from tools.native import PID_FILE
 
 
 def stop_native_receiver(pid_file):
-    """Stop the receiver a native `up` started (README: its pid in data/receiver.pid), and wait
-    for it to exit. Only if that pid is this lab's labs/receiver.py: a pid can be reused by any
-    process
+    """Stop the receiver a native `up` started (docs/native.md: its pid in data/receiver.pid),
+    and wait for it to exit. Only if that pid is this lab's labs/receiver.py: a pid can be reused
+    by any process
     after a reboot or a crash, and a reset never signals a stranger. -> what it did, or None."""
     try:
         pid = int(pid_file.read_text().strip())

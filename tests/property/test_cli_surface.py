@@ -32,8 +32,8 @@ What must hold (the receiver's own answers decide, GET /tickets and GET /refunds
   log shows no replay of its key (a receipt or a lookup answered every later attempt), and
   `reconcile` sends nothing; `migrate` moves only a ticket's
   thread, says where it goes on, and `state` then agrees;
-- no traceback anywhere, every exit code is one of the README's table, Ctrl-C is exit 130 and one
-  line.
+- no traceback anywhere, every exit code is one of docs/exit-codes.md's table, Ctrl-C is exit
+  130 and one line.
 
 Real processes where a signal is the point: a crash failpoint SIGKILLs a real labs/cli.py process,
 and Ctrl-C is a SIGINT to one held at a failpoint (FIELD-NOTES: an exception raised in the saver
@@ -130,14 +130,14 @@ FINISH_ATTEMPTS = 6  # commands to finish one thread at the end: resume, a hint,
 HANG_GUARD_S = 300  # seconds for one forked command: only a hang (a point held for good) reaches it
 
 
-def exit_codes_in_the_readme():
-    """The codes the README's "Exit codes of workflow.py" table lists (not labs/workers.py's)."""
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
+def exit_codes_in_the_docs():
+    """The codes docs/exit-codes.md's workflow.py table lists (not labs/workers.py's)."""
+    text = (ROOT / "docs" / "exit-codes.md").read_text(encoding="utf-8")
     table = text.split("## Exit codes of workflow.py", 1)[1].split("\n#", 1)[0]
     return {int(code) for code in re.findall(r"^\| (\d+) \|", table, flags=re.MULTILINE)}
 
 
-EXIT_CODES = exit_codes_in_the_readme()
+EXIT_CODES = exit_codes_in_the_docs()
 
 
 @pytest.mark.fast
@@ -551,7 +551,7 @@ class Learner(RuleBasedStateMachine):
             assert outcome.code == plumbing.EXIT_INTERRUPTED, self.report("Ctrl-C: not exit 130")
             assert outcome.err.count("\n") == 1, self.report("Ctrl-C: not one line on stderr")
         assert outcome.code in EXIT_CODES, self.report(
-            f"exit {outcome.code} is not in the README's exit-code table {sorted(EXIT_CODES)}"
+            f"exit {outcome.code} is not in the documented exit codes {sorted(EXIT_CODES)}"
         )
         made = self.threads.get(outcome.thread)
         saved = made.saved if made else set()

@@ -103,10 +103,9 @@ def test_the_lock_holds_what_the_core_imports_and_leaves_postgres_out(built):
     assert "pip install --require-hashes -r requirements-otel.txt" in readme
     # the lab's README says the same of the starter's Postgres path (REVIEW F: it said a bare
     # `pip install langgraph-checkpoint-postgres psycopg[binary]`, which pins nothing)
-    ours = (ROOT / "README.md").read_text(encoding="utf-8")
-    section = ours.split("## Use it as a starter", 1)[1].split("\n## ", 1)[0]
+    section = (ROOT / "docs" / "starter.md").read_text(encoding="utf-8")
     installs = re.findall(r"`(pip install [^`]*)`", section)
-    assert installs, "the README's starter section names how to add the Postgres extra"
+    assert installs, "docs/starter.md names how to add the Postgres extra"
     for install in installs:
         assert "--require-hashes -r requirements-" in install, install
 
