@@ -22,9 +22,9 @@ from tools.native import PID_FILE
 
 def stop_native_receiver(pid_file):
     """Stop the receiver a native `up` started (docs/native.md: its pid in data/receiver.pid),
-    and wait for it to exit. Only if that pid is this lab's labs/receiver.py: a pid can be reused
-    by any process
-    after a reboot or a crash, and a reset never signals a stranger. -> what it did, or None."""
+    and wait for it to exit. Only if that pid is this lab's receiver: a pid can be reused by any
+    process after a reboot or a crash, and a reset never signals a stranger. -> what it did, or
+    None."""
     try:
         pid = int(pid_file.read_text().strip())
     except (OSError, ValueError):
