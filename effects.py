@@ -37,7 +37,8 @@ same), the ledger's another. A crash between the receipt and the checkpoint (fai
 after-receipt, which perform passes once it has kept a receipt it did not have, so a replay never
 meets it; or a node's own after-ack) re-runs the node; the node finds the receipt and the provider
 hears nothing. A crash between the provider's answer and the receipt (after-send) leaves
-`requested`: the lookup's case.
+`requested`: the lookup's case. So does a crash after the intent and before the request left
+(after-intent), which nothing here can tell from one after it left: the same evidence decides.
 
 Standard library only, and psycopg for a Postgres ledger (open_ledger imports it only for a
 postgresql:// URL), OpenTelemetry only with TRACE set; importing this module changes nothing.
@@ -133,6 +134,7 @@ class Effect:
                 ledger.move(key, "unknown", "no evidence it was not sent: a person must look")
                 raise Unsettled(key, self, record.since_sent_s)
             ledger.move(key, "requested", f"sent again: {why}")
+        fail("after-intent")  # the intent committed, nothing sent yet: a kill leaves requested
         sent = time.monotonic()  # the stop below says how long after it the lookup found nothing
         for again in (False, True):  # a keyed provider's lost answer: once more under the key
             try:

@@ -64,6 +64,7 @@ from plumbing import (  # the exit codes: their table in plumbing.py
 POINTS = (
     "after-prepare",
     "before-request",
+    "after-intent",  # effects.py: any effect's intent committed, its request not sent yet
     "after-send",  # effects.py: the provider answered, the receipt not kept yet
     "after-receipt",  # effects.py: any effect's receipt kept, its node not returned
     "after-ack",
