@@ -290,13 +290,14 @@ class LocalBackend(Backend):
         return Result(done.stdout, done.stderr, shell_exit_code(done.returncode))
 
     def drill(self, args):
-        """python -m effectdrill ARGS (lab 11), its example graphs' databases in the lab's data,
-        and its temporary files (its checkpoints, a --context's ledger) too: a drill stopped by
-        a Ctrl-C is killed (run()), and what it would have removed goes with the lab's folder."""
+        """python -m labs.drill ARGS (lab 11: effectdrill), its example graphs' databases in the
+        lab's data, and its temporary files (its checkpoints, a --context's ledger) too: a drill
+        stopped by a Ctrl-C is killed (run()), and what it would have removed goes with the lab's
+        folder."""
         env = {**self.env, **{name: str(self.data_dir / path) for name, path in DRILL_DBS.items()}}
         (self.data_dir / "tmp").mkdir(exist_ok=True)
         env["TMPDIR"] = str(self.data_dir / "tmp")  # tempfile's first choice (gettempdir)
-        done = run([sys.executable, "-m", "effectdrill", *args], env, DRILL_TIMEOUT_S)
+        done = run([sys.executable, "-m", "labs.drill", *args], env, DRILL_TIMEOUT_S)
         return Result(done.stdout, done.stderr, shell_exit_code(done.returncode))
 
     def relay(self, args, env=None):

@@ -308,7 +308,7 @@ def test_ctrl_c_mid_drill_leaves_nothing_in_the_temporary_folder(tmp_path):
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])
     proc = start_demo(str(guide), env=env)
     try:
-        read_until(proc, "python -m effectdrill")
+        read_until(proc, "python -m labs.drill")
         wait_until(lambda: any((side / "marks").iterdir()), 60, "the drill's clean run held")
         assert any(temp.glob("stateful-lab-*/tmp/effectdrill-*"))  # its checkpoints' folder
         os.killpg(proc.pid, signal.SIGINT)
