@@ -17,8 +17,8 @@ def teach(places):
     if unknown:
         raise ValueError(f"unknown topics {unknown}: the topics are {list(TOPICS)}")
     TAUGHT.update(places)
-    VERDICTS.update(verdicts())
-    REPEATS.update(repeats())
+    VERDICTS.update(verdict_fixes())
+    REPEATS.update(repeat_fixes())
 
 
 def taught(*topics):
@@ -27,7 +27,7 @@ def taught(*topics):
     return f" ({', '.join(places)})" if places else ""
 
 
-def verdicts():
+def verdict_fixes():
     """The word a row's verdict starts with -> what it means, what fixes it."""
     return {
         "ok": ("the effects counted as in the clean run", ""),
@@ -46,7 +46,7 @@ def verdicts():
     }
 
 
-def repeats():
+def repeat_fixes():
     """A repeated request's kind -> its words, what it means and fixes, in a sentence."""
     return {
         NO_KEY: (
@@ -75,8 +75,8 @@ def repeats():
     }
 
 
-VERDICTS = verdicts()  # rebuilt in place by teach(): html.py reads them
-REPEATS = repeats()
+VERDICTS = verdict_fixes()  # rebuilt in place by teach(): html.py reads them
+REPEATS = repeat_fixes()
 
 CLEAN_RUN = {  # why a clean run repeated an effect -> its topic in TAUGHT
     "after an interrupt": "interrupt",

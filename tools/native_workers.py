@@ -180,7 +180,7 @@ def up(data, replicas):
         stop_one(pid_file)
 
 
-def send(data, sig):
+def signal_workers(data, sig):
     for pid_file in pid_files(data):
         if pid := read_pid(pid_file, "labs/workers.py run"):
             os.kill(pid, sig)
@@ -201,7 +201,7 @@ def stop_one(pid_file, what="labs/workers.py run"):
     pid_file.unlink(missing_ok=True)
 
 
-def stop(data):
+def stop_workers(data):
     """Every worker this command line started, then the Postgres tool of data/pg.pid."""
     for pid_file in pid_files(data):
         stop_one(pid_file)
@@ -222,9 +222,9 @@ def main(argv=None):
         if args.action == "up":
             up(args.data, args.replicas)
         elif args.action == "signal":
-            send(args.data, signal.Signals[args.signal])
+            signal_workers(args.data, signal.Signals[args.signal])
         else:
-            stop(args.data)
+            stop_workers(args.data)
     except safefiles.NotAFile as error:  # a link or a FIFO where its log or a pid file goes
         print(f"workers: {error}", file=sys.stderr)
         return 2

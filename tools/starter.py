@@ -46,7 +46,7 @@ def write_starter(dest):
     return sorted(str(p.relative_to(dest)) for p in dest.rglob("*") if p.is_file())
 
 
-def refusal(dest):
+def dest_refusal(dest):
     """Why DEST cannot be the starter's folder, or None: it must be a new or empty folder, not
     a symbolic link (the files would land where it points), not under a file, and outside
     this repository (inside tools/starter, every later starter would carry a copy)."""
@@ -70,7 +70,7 @@ def main(argv=None):
     parser = argparse.ArgumentParser(prog="make starter", description=__doc__.split("\n")[0])
     parser.add_argument("dest", type=Path, help="a new or empty folder")
     args = parser.parse_args(argv)
-    if why := refusal(args.dest):
+    if why := dest_refusal(args.dest):
         print(f"starter: {why}", file=sys.stderr)
         return EXIT_USAGE
     missing = [name for name in CORE if not (ROOT / name).is_file()]

@@ -24,8 +24,7 @@ from conftest import require_docker
 import effects
 import plumbing
 from tools import starter
-from tools.local import ROOT, ReceiverProcess, free_port, lab_env
-from tools.local import run as run_command
+from tools.local import ROOT, ReceiverProcess, free_port, lab_env, run_command
 
 # Words that belong to this repository's teaching, not to a project that copies the starter.
 FOREIGN_WORDS = re.compile(

@@ -82,6 +82,6 @@ def test_native_lab_10_lines_touch_only_their_own_workers_and_reset_stops_them(t
         assert not native_workers.pid_files(tmp_path / "data")
     finally:
         if pg_started:
-            native_workers.stop(tmp_path / "data")
+            native_workers.stop_workers(tmp_path / "data")
         decoy.send_signal(signal.SIGKILL)
         decoy.wait()
