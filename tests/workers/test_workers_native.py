@@ -18,7 +18,7 @@ from tools.backends import LocalBackend
 from tools.local import ROOT, wait_until
 
 GUIDE = "docker compose -p stateful-lab "
-LAB_FILES = (*(path.name for path in ROOT.glob("*.py")), "labs")  # the core and the lessons
+LAB_FILES = (*(path.name for path in ROOT.glob("*.py")), "labs", "tools")  # what the lines run
 
 
 def alive(pid):
