@@ -40,15 +40,21 @@ def fingerprint(repo, receiver):
     }
 
 
+def copy_folders(repo):
+    """The lessons, the tools and the drill, as a clone has them beside the core's files."""
+    for name in ("labs", "tools", "effectdrill"):
+        shutil.copytree(ROOT / name, repo / name, ignore=shutil.ignore_patterns("__pycache__"))
+
+
 @pytest.fixture(scope="module")
 def learner(tmp_path_factory):
     repo = tmp_path_factory.mktemp("learner-repo")
     for path in [*ROOT.glob("*.py"), ROOT / "compose.yaml"]:
         shutil.copy(path, repo)
-    shutil.copytree(ROOT / "labs", repo / "labs", ignore=shutil.ignore_patterns("__pycache__"))
+    copy_folders(repo)
     env = lab_env(repo / "data", free_port())  # data/receiver, data/workflow: the native layout
     receiver = ReceiverProcess(
-        env, repo / "learner-receiver.log", script=repo / "labs/receiver.py"
+        env, repo / "learner-receiver.log", script="labs.receiver", cwd=repo
     ).start()
     crashed = run_workflow(
         ["start", "--thread", "naive", "--operation", "case-naive:open-ticket:v1"]
@@ -111,7 +117,7 @@ def reset_copy(tmp_path):
     repo.mkdir()
     for name in [p.name for p in ROOT.glob("*.py")]:
         shutil.copy(ROOT / name, repo)
-    shutil.copytree(ROOT / "labs", repo / "labs", ignore=shutil.ignore_patterns("__pycache__"))
+    copy_folders(repo)
     (repo / ".venv").mkdir()
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
@@ -137,7 +143,7 @@ def test_make_reset_stops_the_native_receiver_and_deletes_data_but_not_the_venv(
     repo, env = reset_copy(tmp_path)
     receiver_env = lab_env(repo / "data", free_port())
     receiver = ReceiverProcess(
-        receiver_env, tmp_path / "receiver.log", script=repo / "labs/receiver.py"
+        receiver_env, tmp_path / "receiver.log", script="labs.receiver", cwd=repo
     )
     receiver.start()
     (repo / "data" / "receiver.pid").write_text(f"{receiver.proc.pid}\n")  # as the native up does
@@ -188,6 +194,7 @@ def test_make_reset_leaves_a_stranger_with_the_pid_alone(tmp_path, stranger):
     other.mkdir()
     for module in ROOT.glob("*.py"):  # labs/receiver.py and the modules it imports
         shutil.copy(module, other)
+    copy_folders(other)
     argv = {
         "a sleeping python": [sys.executable, "-c", "import time; time.sleep(120)"],
         "another folder's labs/receiver.py": [sys.executable, "-m", "labs.receiver"],
@@ -217,11 +224,11 @@ def test_make_reset_stops_the_live_receiver_a_failed_second_up_hid(tmp_path):
     repo, env = reset_copy(tmp_path)
     first_env = lab_env(repo / "data", free_port())
     first = ReceiverProcess(
-        first_env, tmp_path / "first.log", script=repo / "labs/receiver.py"
+        first_env, tmp_path / "first.log", script="labs.receiver", cwd=repo
     ).start()
     elsewhere = (
         ReceiverProcess(  # a test's receiver: this folder's labs/receiver.py, its data in tmp
-            lab_env(tmp_path / "elsewhere", free_port()), script=repo / "labs/receiver.py"
+            lab_env(tmp_path / "elsewhere", free_port()), script="labs.receiver", cwd=repo
         ).start()
     )
     second = subprocess.Popen(
