@@ -59,7 +59,7 @@ def line(cmd, faults, running, postgres_up):
     if cmd.verb == "logs":
         return "cat data/receiver.log"
     if cmd.args[:2] == ["--rm", "drill"]:
-        return "python -m effectdrill " + shlex.join(cmd.args[2:])
+        return "python -m labs.drill " + shlex.join(cmd.args[2:])
     if cmd.args[:4] == PYTHON_IN_THE_IMAGE:
         return "python " + shlex.join(cmd.args[4:])
     env, args = cmd.run_env()

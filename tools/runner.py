@@ -47,7 +47,7 @@ class Step:
 
 
 @dataclass
-class Outcome:
+class StepResult:
     step: Step
     stdout: str
     exit_code: int
@@ -136,7 +136,7 @@ def check(step, stdout, exit_code):
 def run_step(step, backend):
     result = backend.run(step.command)
     problems = check(step, result.stdout, result.exit_code)
-    return Outcome(step, result.stdout, result.exit_code, problems, result.stderr)
+    return StepResult(step, result.stdout, result.exit_code, problems, result.stderr)
 
 
 def run_guide(path, backend):

@@ -72,7 +72,7 @@ RETRY_S = "0.5"  # WORKER_RETRY_S: a job failed by the receiver's outage is trie
 POLL_S = 0.1  # seconds between looks at the queue while the next strike waits for progress
 
 
-def say(message):
+def log_line(message):
     print(f"scale-chaos: {message}", file=sys.stderr, flush=True)
 
 
@@ -100,7 +100,7 @@ def finished_threads(url, operations):
     return done
 
 
-def tickets(api_url):
+def tickets_at(api_url):
     with urllib.request.urlopen(api_url + "/tickets", timeout=10) as response:
         return json.load(response)["tickets"]
 
@@ -126,7 +126,7 @@ def chaos_run(
         url = workers.env["CHECKPOINT_DB"]
         queries = loop.run_until_complete(worker.open_queue(url))
         loop.run_until_complete(submit_all(queries, operations, mode))
-        say(f"{operations} {mode} operations queued; starting {workers_n} workers")
+        log_line(f"{operations} {mode} operations queued; starting {workers_n} workers")
         for n, path in enumerate(pauses):  # worker n+1 stops at after-ack until its file says go
             workers.base_env = dict(base_env, FAILPOINTS=f"after-ack=pause({path})")
             workers.scale(n + 1)
@@ -151,7 +151,7 @@ def chaos_run(
                 proc.kill()
                 proc.wait()
                 struck["kill"] += 1
-            say(f"SIGKILL all {workers_n} workers")
+            log_line(f"SIGKILL all {workers_n} workers")
             workers.scale(workers_n)
         for path in pauses:  # a worker not killed goes on, and passes after-ack from now on
             failpoints.unpause(path)
@@ -194,10 +194,10 @@ def chaos_run(
             time.sleep(rng.uniform(0.5, 2.0))  # a random moment, not a synchronisation
         # A woken worker may still be in a run that another worker completed already: SIGTERM
         # lets every worker drain what it started before it exits.
-        say("queue drained; stopping the workers")
+        log_line("queue drained; stopping the workers")
         workers.stop_all()
         done = finished_threads(url, operations)
-        held = tickets(env["API_URL"])
+        held = tickets_at(env["API_URL"])
     finally:
         for path in pauses:  # a worker still paused would not see its SIGTERM's drain
             failpoints.unpause(path)
@@ -234,7 +234,7 @@ class Strike:
             return False
         proc.kill()
         proc.wait()
-        say(f"SIGKILL worker {index + 1}")
+        log_line(f"SIGKILL worker {index + 1}")
         self.workers.scale(self.workers_n)  # a new process in its place, like a restart policy
         return True
 
@@ -245,14 +245,14 @@ class Strike:
         proc.send_signal(signal.SIGSTOP)
         wait_until(lambda: stopped(proc), 5, "the worker to stop")
         hold = float(HEARTBEAT_S) + self.rng.uniform(0.2, 1.0)  # past the heartbeat
-        say(f"SIGSTOP worker {index + 1} for {hold:.1f} s")
+        log_line(f"SIGSTOP worker {index + 1} for {hold:.1f} s")
         time.sleep(hold)
         proc.send_signal(signal.SIGCONT)
         return True
 
     def pg_restart(self):
         down = self.rng.uniform(1.0, 3.0)
-        say(f"Postgres stopped (immediate) for {down:.1f} s")
+        log_line(f"Postgres stopped (immediate) for {down:.1f} s")
         self.workers.postgres.halt()
         time.sleep(down)
         self.workers.postgres.start_server()
@@ -260,7 +260,7 @@ class Strike:
 
     def receiver_outage(self):
         down = self.rng.uniform(3.0, 5.0)  # longer than the client's own retries (~1.75 s)
-        say(f"receiver killed for {down:.1f} s")
+        log_line(f"receiver killed for {down:.1f} s")
         self.receiver[0].kill()
         time.sleep(down)
         log = self.work_dir / "receiver.log"
@@ -269,7 +269,7 @@ class Strike:
 
     def deploy(self):
         """A rolling deploy: each worker in turn gets SIGTERM, and a replacement starts."""
-        say(f"rolling deploy of {self.workers_n} workers")
+        log_line(f"rolling deploy of {self.workers_n} workers")
         for index in range(self.workers_n):
             old = self.workers.procs[index]
             self.workers.procs[index] = self.workers.spawn()
@@ -306,7 +306,7 @@ def main(argv=None):
     if args.workers < 1 or args.operations < 1:
         parser.exit(2, "scale-chaos: --workers and --operations must be at least 1\n")
     seed = args.seed if args.seed is not None else random.randrange(2**32)
-    say(f"seed {seed}")
+    log_line(f"seed {seed}")
     started = time.monotonic()
     try:
         with tempfile.TemporaryDirectory(prefix="stateful-lab-scale-") as work_dir:
@@ -320,12 +320,12 @@ def main(argv=None):
     except (RuntimeError, TimeoutError) as error:
         print(f"scale-chaos: {error}", file=sys.stderr)
         return 1
-    say(f"done in {time.monotonic() - started:.0f} s")
+    log_line(f"done in {time.monotonic() - started:.0f} s")
     print(json.dumps(result, sort_keys=True), flush=True)
     if result["unfinished"]:
         return 1
     if args.mode == "naive":  # the lesson, not a failure
-        say(
+        log_line(
             f"finding: {result['duplicates']} duplicate ticket(s) in naive mode: without a key "
             "every repeated run of create_ticket is a new ticket (safe mode: 0)"
         )

@@ -18,7 +18,7 @@ from effectdrill import replay
 from effectdrill.__main__ import main
 from labs import cli as lab_cli
 from labs.graphs import ticket
-from tools.local import ReceiverProcess, free_port, lab_env, run, run_workflow_here
+from tools.local import ReceiverProcess, free_port, lab_env, run_command, run_workflow_here
 
 EFFECT_V1 = lab_cli.EFFECT_NODE["1"]  # the node version 1 saved as next; version 2 renamed it
 THREADS = {  # thread -> labs/cli.py start's switches; its title is the thread (ticket.observe)
@@ -65,7 +65,7 @@ def test_under_version_2_every_unfinished_thread_is_lost_and_the_original_is_unt
     env = os.environ | {"API_URL": lab["API_URL"], "TMPDIR": str(temp)}
     env["CHECKPOINT_DB"] = str(saved)  # the default database, as labs/cli.py reads it
 
-    done = run(
+    done = run_command(
         [sys.executable, "-m", "effectdrill", "replay", "labs.graphs.ticket:graph_v2"]
         + ["--context", "labs.graphs.ticket:context", "--observe", "http"],
         env=env,

@@ -24,8 +24,7 @@ from chromium_helpers import chromium
 from prometheus_client.parser import text_string_to_metric_families
 
 from tools.backends import TICKETS_SCRIPT, compose_command
-from tools.local import COMMAND_TIMEOUT_S, wait_until
-from tools.local import run as run_command
+from tools.local import COMMAND_TIMEOUT_S, run_command, wait_until
 
 pytestmark = [pytest.mark.docker, pytest.mark.long]
 

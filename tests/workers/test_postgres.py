@@ -17,7 +17,7 @@ from conftest import require_postgres
 
 from tools import scale_chaos
 from tools.backends import LocalBackend
-from tools.local import ROOT, free_port, lab_env, run, run_workflow
+from tools.local import ROOT, free_port, lab_env, run_command, run_workflow
 from tools.runner import run_guide
 
 LAB_10 = ROOT / "labs" / "10-two-workers-one-thread.md"
@@ -63,8 +63,9 @@ def test_a_malformed_postgres_url_is_a_usage_error(tmp_path):
 
 
 def run_worker(env, *args):
-    """python -m labs.workers ARGS, to its end (tools.local.run: output captured, no stdin)."""
-    return run([sys.executable, "-m", "labs.workers", *args], env, timeout=HANG_GUARD_S)
+    """python -m labs.workers ARGS, to its end (tools.local.run_command: output captured, no
+    stdin)."""
+    return run_command([sys.executable, "-m", "labs.workers", *args], env, timeout=HANG_GUARD_S)
 
 
 def test_workers_refuse_a_sqlite_checkpointer(tmp_path):

@@ -26,7 +26,7 @@ from tools.local import (
     ReceiverProcess,
     free_port,
     lab_env,
-    run,
+    run_command,
     run_worker_here,
     wait_until,
 )
@@ -135,7 +135,7 @@ def workers(env, tmp_path):
 
 
 def worker(env, *args, timeout=2 * HANG_GUARD_S):
-    return run([sys.executable, "-m", "labs.workers", *args], env, timeout=timeout)
+    return run_command([sys.executable, "-m", "labs.workers", *args], env, timeout=timeout)
 
 
 def submit_all(env, n=OPERATIONS):

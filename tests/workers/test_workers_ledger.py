@@ -20,7 +20,7 @@ import pytest
 import effects
 import plumbing
 import workflow
-from tools.local import ROOT, ReceiverProcess, free_port, lab_env, run
+from tools.local import ROOT, ReceiverProcess, free_port, lab_env, run_command
 
 HANG_GUARD_S = 300  # only a hang reaches it, however busy the machine
 
@@ -73,7 +73,7 @@ def ledger_on(url):
 
 
 def worker(env, *args):
-    return run([sys.executable, "-m", "labs.workers", *args], env, timeout=HANG_GUARD_S)
+    return run_command([sys.executable, "-m", "labs.workers", *args], env, timeout=HANG_GUARD_S)
 
 
 def test_two_processes_performing_one_key_at_once_send_one_request(env, receiver):
