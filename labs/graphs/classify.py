@@ -16,7 +16,7 @@ node and a duplicate in the next):
                  naive sends it in the node that asks for approval, before interrupt(), so the
                  answer re-runs it (lab 07); fixed buffers it as intent (quote drafts it into the
                  state), asks in a node of its own, and sends it last, alone, through the ledger
-                 (lab.MESSAGE)
+                 (labs/keyless.py's MESSAGE)
 
     python -m effectdrill labs.graphs.classify:naive --input '{"customer": "{thread}"}' \
         --context labs.graphs.classify:context --observe labs.graphs.classify:observe \
@@ -38,7 +38,7 @@ from typing import TypedDict
 
 import effects
 import workflow
-from labs import cli as lab
+from labs import keyless as keyless_lesson
 from labs.graphs.ticket import drill_context
 
 SEATS = 2  # what every order asks for
@@ -121,7 +121,9 @@ def send_email(state: Order, runtime):
     if not state["approved"]:
         return {"message_id": None}
     ledger, client = runtime.context.ledger, runtime.context.client
-    done = lab.MESSAGE.perform(ledger, f"{state['customer']}:email", state["email"], client)
+    done = keyless_lesson.MESSAGE.perform(
+        ledger, f"{state['customer']}:email", state["email"], client
+    )
     return {"message_id": done.answer.get("message_id")}
 
 

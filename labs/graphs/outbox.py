@@ -20,7 +20,7 @@ from pathlib import Path
 
 import effects
 import workflow
-from labs import cli as lab
+from labs import outbox as outbox_lesson
 from labs import relay
 
 DEFAULT_DB = "data/outbox/outbox.sqlite"  # relative to the current folder: the learner's own
@@ -28,7 +28,7 @@ DEFAULT_DB = "data/outbox/outbox.sqlite"  # relative to the current folder: the 
 
 def graph():
     """labs/cli.py's outbox graph, without a checkpointer: the drill gives it its own."""
-    return lab.build_outbox(None)
+    return outbox_lesson.build_outbox(None)
 
 
 def context():

@@ -19,13 +19,13 @@ import io
 import os
 
 import workflow
-from labs import cli as lab
+from labs import saga as saga_lesson
 from labs.graphs.ticket import context  # noqa: F401 (the drill's --context)
 
 
 def graph():
     """labs/cli.py's saga, without a checkpointer: the drill gives it its own."""
-    return lab.build_saga(None)
+    return saga_lesson.build_saga(None)
 
 
 def observe(thread):

@@ -8,7 +8,7 @@ two saves."""
 
 import pytest
 
-from labs import cli as lab_cli
+from labs import modes as modes_lesson
 from labs.graphs import ticket
 from tools.drill import MATRIX
 
@@ -23,7 +23,7 @@ SAME_MOMENT = {
 }
 
 
-@pytest.mark.parametrize("mode", lab_cli.MODES)
+@pytest.mark.parametrize("mode", modes_lesson.MODES)
 def test_effectdrill_and_make_drill_agree_on_the_lab_graph(mode, receiver, lab, monkeypatch):
     import effectdrill
 
@@ -38,5 +38,5 @@ def test_effectdrill_and_make_drill_agree_on_the_lab_graph(mode, receiver, lab, 
     for row in MATRIX:
         point = SAME_MOMENT.get((row.boundary, row.durability))
         if point is not None:
-            expected = row.tickets[lab_cli.MODES.index(mode)]
+            expected = row.tickets[modes_lesson.MODES.index(mode)]
             assert counts[(row.durability, point)] == expected, (row.boundary, counts)

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import pytest
 
 import effectdrill
-from labs import cli as lab_cli
+from labs import modes as modes_lesson
 from labs.graphs import approval, assistant, classify, outbox, saga, shop, ticket, webhook
 from tools.drill import MATRIX
 from tools.local import ROOT, ReceiverProcess, free_port, lab_env
@@ -68,14 +68,14 @@ class Drill:
 
 def ticket_drill(mode):
     """labs/cli.py's graph in one of its modes, expected as make drill's after-ack row says."""
-    tickets = AFTER_ACK.tickets[lab_cli.MODES.index(mode)]
+    tickets = AFTER_ACK.tickets[modes_lesson.MODES.index(mode)]
     found = {(TICKET_AFTER_ACK, "ticket", tickets)} if tickets > 1 else set()
     run = {"operation_id": "{thread}", "title": "{thread}", "mode": mode}
     return Drill(ticket, run, frozenset(found), ledger=mode == "ledger")
 
 
 DRILLS = {
-    **{f"ticket-{mode}": ticket_drill(mode) for mode in lab_cli.MODES},
+    **{f"ticket-{mode}": ticket_drill(mode) for mode in modes_lesson.MODES},
     "saga-naive": Drill(
         saga, {**SAGA, "mode": "naive"}, frozenset({("put_writes refund [refund_id]", "refund", 2)})
     ),

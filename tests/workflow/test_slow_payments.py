@@ -16,7 +16,7 @@ import urllib.request
 import pytest
 
 import failpoints
-from labs import cli as lab_py
+from labs import keyless as keyless_lesson
 from tools.local import ReceiverProcess, run_workflow_here
 
 
@@ -105,5 +105,5 @@ def test_lookup_resend_without_a_payment_is_one_line_and_exit_2(lab):
 
 def test_the_payment_declares_a_keyless_provider_with_a_lookup_and_a_settle_time():
     """What the settle rule reads; lookup-resend is built from it, not from a switch."""
-    assert lab_py.PAYMENT.keyed is False and lab_py.PAYMENT.lookup is not None
-    assert lab_py.PAYMENT.settled_after_s == lab_py.PAYMENT_SETTLE_S == 10
+    assert keyless_lesson.PAYMENT.keyed is False and keyless_lesson.PAYMENT.lookup is not None
+    assert keyless_lesson.PAYMENT.settled_after_s == keyless_lesson.PAYMENT_SETTLE_S == 10
