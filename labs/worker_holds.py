@@ -124,7 +124,7 @@ class LabHold:
     def wait(self):
         import psycopg
 
-        self.conn = psycopg.connect_to_queue_db(self.url, autocommit=True)
+        self.conn = psycopg.connect(self.url, autocommit=True)
         self.conn.execute(LAB_HOLDS)
         self.conn.execute(
             "INSERT INTO lab_holds (thread, at, backend_pid) VALUES (%s, %s, pg_backend_pid()) "

@@ -251,7 +251,7 @@ def job_ledger(url):
     from psycopg.rows import dict_row
 
     settings = {"autocommit": True, "row_factory": dict_row, "connect_timeout": CONNECT_TIMEOUT_S}
-    with psycopg.connect_to_queue_db(url, **settings) as conn:
+    with psycopg.connect(url, **settings) as conn:
         yield effects.PostgresLedger(conn)
 
 
@@ -270,7 +270,7 @@ async def connect_to_queue_db(url, deadline=None):
     delay = RECONNECT_FIRST_S
     while True:
         try:
-            return await asyncpg.connect_to_queue_db(url, timeout=CONNECT_TIMEOUT_S)
+            return await asyncpg.connect(url, timeout=CONNECT_TIMEOUT_S)
         except ValueError as error:  # a malformed URL, or a parameter asyncpg does not know
             raise UserError(f"CHECKPOINT_DB is not a usable URL ({error})", EXIT_USAGE) from error
         except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as error:

@@ -173,7 +173,7 @@ def main(argv=None):
         vars(args).update(dataclasses.asdict(settings), settings=settings)
         try:  # the core's points (FAILPOINTS="after-ack=sleep(1)": every job of this worker)
             failpoints.configure(
-                settings.failpoints, known=workflow.POINTS, announce_or_hold=announce_or_hold
+                settings.failpoints, known=workflow.POINTS, announce=announce_or_hold
             )
         except failpoints.FailpointSpecError as error:
             raise UserError(str(error), EXIT_USAGE) from None

@@ -117,7 +117,7 @@ def test_the_contract_names_the_version_and_the_shape(saver, monkeypatch):
     )  # the same nodes and edges
     assert contract_lesson.contract(lab_graph.build_lab_graph(saver, version="2"), "2") != core
     assert contract_lesson.contract(lab_graph.build_lab_graph(saver, "own-node")) != core
-    monkeypatch.setattr(lab_py, "VERSION", "2")  # a deploy that bumps the code's version
+    monkeypatch.setattr(contract_lesson, "VERSION", "2")  # a deploy that bumps the code's version
     assert contract_lesson.contract(workflow.build_graph(saver)) == core.replace("v1 ", "v2 ")
 
 
