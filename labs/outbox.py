@@ -1,6 +1,25 @@
 """Lab 19: the outbox. `outbox start|resume|state`: request_ticket writes the ticket as a message
-into the outbox (labs/relay.py delivers it) and sends nothing."""
+into the outbox (labs/relay.py delivers it) and sends nothing.
 
+The drill's adapter (graph, context, observe, at the end) runs the same graph:
+
+    python -m effectdrill labs.outbox:graph --context labs.outbox:context \
+        --input '{"operation_id": "{thread}", "title": "{thread}", "delivery": "outbox"}' \
+        --observe labs.outbox:observe
+
+With "delivery": "outbox" the node writes the ticket it wants into the outbox of the SQLite file
+OUTBOX_DB (default data/outbox/outbox.sqlite, under the folder you run from) and sends nothing;
+observe(thread) first delivers what is pending there, as `python -m labs.relay --once` does
+(relay.relay_once), then counts the receiver's tickets whose title is the thread id. With
+"delivery": "direct" (the naive variant) the node sends the ticket itself, without a key, and
+the drill finds the duplicate where it kills the run after the receiver's answer and before the
+node's result is saved.
+"""
+
+import contextlib
+import io
+import os
+from pathlib import Path
 from typing import NotRequired
 
 import effects
@@ -21,7 +40,7 @@ from plumbing import EXIT_THREAD, UserError, emit
 # Idempotency-Key. A kill before the write leaves no row, one after it (--crash-at
 # before-outbox, after-outbox) the row, and the re-run node writes the same id again: nothing
 # changes. The run is done before the ticket exists, so its state holds the message id, never a
-# ticket id. "delivery": "direct" in the input (labs/graphs/outbox.py, for the drill) is the
+# ticket id. "delivery": "direct" in the input (the drill's adapter, below) is the
 # naive variant: the node sends the ticket itself, without a key.
 
 OUTBOX_POINTS = ("before-outbox", "after-outbox")
@@ -129,3 +148,40 @@ def add_outbox_parser(actions):
     sub = steps.add_parser("state", help="show an outbox run's checkpoint")
     sub.set_defaults(run=outbox_state)
     sub.add_argument("--thread", **thread)
+
+
+# --- the drill's adapter (effectdrill looks these up by name) --------------------------------
+
+OUTBOX_DB_DEFAULT = "data/outbox/outbox.sqlite"  # relative to the current folder: the learner's
+
+
+def graph():
+    """The outbox graph, without a checkpointer: the drill gives it its own."""
+    return build_outbox(None)
+
+
+def context():
+    """The receiver's client, and the ledger of OUTBOX_DB, whose database holds the outbox: the
+    drill's crash runs are forked from one process, and each opens its own connection to it."""
+    return workflow.Context(receiver_client(), effects.Ledger(outbox_drill_db()))
+
+
+def observe(thread):
+    from labs import relay
+
+    with contextlib.redirect_stdout(io.StringIO()):  # the relay's lines are not the drill's
+        with relay.open_outbox(outbox_drill_db()) as outbox:
+            relay.relay_once(outbox, receiver_client())
+        tickets = receiver_client().tickets()
+    return {"ticket": sum(t["payload"]["title"] == thread for t in tickets)}
+
+
+def receiver_client():
+    return workflow.Settings.from_environ(os.environ).client()
+
+
+def outbox_drill_db():
+    """OUTBOX_DB's path, its folder made."""
+    path = Path(os.environ.get("OUTBOX_DB", OUTBOX_DB_DEFAULT))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return path

@@ -1,7 +1,24 @@
 """Lab 13: the saga. `saga start|resume|state|refunds`: charge, reserve, and a refund when the
-reservation is refused, each through the ledger; --mode naive sends the refund without a key."""
+reservation is refused, each through the ledger; --mode naive sends the refund without a key.
 
+The drill's adapter (graph, context, observe, at the end) runs the same graph:
+
+    python -m effectdrill labs.saga:graph --context labs.saga:context \
+        --input '{"operation_id": "{thread}", "title": "{thread}", "seats": 11, "mode": "naive"}' \
+        --observe labs.saga:observe
+
+11 seats are more than the receiver has (labs/receiver.py's SEATS, 10), so every run's reservation
+is refused and its charge refunded. observe(thread) counts the charges (tickets whose title is the
+thread id) and the refunds of those tickets. The charge and the reservation go through the ledger
+of context() (labs/graphs/ticket.py's: a temporary file of the drill's own) in both modes. With
+"mode": "naive" the run refunds twice where the drill kills it after the refund's answer and
+before its result is saved; with "safe" it refunds once everywhere.
+"""
+
+import contextlib
 import dataclasses
+import io
+import os
 import urllib.parse
 from typing import NotRequired, TypedDict
 
@@ -247,3 +264,26 @@ def add_saga_parser(actions):
     sub.set_defaults(run=saga_state)
     sub.add_argument("--thread", **thread)
     steps.add_parser("refunds", help="list the receiver's refunds").set_defaults(run=saga_refunds)
+
+
+# --- the drill's adapter (effectdrill looks these up by name) --------------------------------
+
+
+def graph():
+    """The saga's graph, without a checkpointer: the drill gives it its own."""
+    return build_saga(None)
+
+
+def context():
+    """The receiver's client and a ledger of the drill's own: labs/graphs/ticket.py's."""
+    from labs.graphs import ticket
+
+    return ticket.context()
+
+
+def observe(thread):
+    client = workflow.Settings.from_environ(os.environ).client()
+    with contextlib.redirect_stdout(io.StringIO()):  # the client prints nothing; be sure
+        charges = {t["ticket_id"] for t in client.tickets() if t["payload"]["title"] == thread}
+        refunds = client.call("/refunds")["refunds"]
+    return {"charge": len(charges), "refund": sum(r["ticket_id"] in charges for r in refunds)}
