@@ -93,7 +93,7 @@ def run_with_failpoints(args, settings, graph_input):
 
 
 def show_ticket_state(args, settings):
-    version = getattr(args, "graph_version", "1")  # labs/workers.py's state passes its own args
+    version = getattr(args, "graph_version", "1")  # LAB_GRAPH_VERSION; 1 for a bare parse
     with workflow.open_checkpointer(settings.checkpoint_db) as saver:
         head = saver.get_tuple(workflow.thread_config(args.thread))
         if head and is_saga(head):  # read by the ticket graph, its refund would not show

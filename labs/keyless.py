@@ -87,7 +87,7 @@ def add_message_parser(parser):
 # finds nothing. PAYMENT declares what the provider promises: it commits within settle_s. The
 # ledger takes a lookup that finds nothing as proof only that long after the last send; until
 # then the run stops (exit 6) and `reconcile` asks again. --mode lookup-resend is the ledger
-# without that rule (as it was before it): nothing found, sent again, a second charge.
+# without that rule: nothing found, sent again, a second charge.
 
 PAYMENT_AMOUNT = 1200  # cents, the same for every lab payment
 PAYMENT_SETTLE_S = 10.0  # what the provider promises: a charge it accepted is committed by then

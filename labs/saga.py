@@ -67,7 +67,7 @@ def saga_key(state, direction):
     return f"{state['operation_id']}:{direction}"
 
 
-def charge(state: SagaState, runtime):
+def charge_for_booking(state: SagaState, runtime):
     """The first effect: a ticket stands for the charge."""
     key = saga_key(state, "charge")
     done = perform_in_run(CHARGE, runtime, key, {"title": state["title"]})
@@ -150,7 +150,7 @@ def build_saga(checkpointer):
     from langgraph.graph import END, START, StateGraph
 
     builder = StateGraph(SagaState, context_schema=workflow.Context)
-    builder.add_node("charge", charge)
+    builder.add_node("charge", charge_for_booking)
     builder.add_node("reserve", reserve)
     builder.add_node("refund", refund)
     builder.add_edge(START, "charge")

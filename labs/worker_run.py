@@ -267,13 +267,9 @@ class Worker:
 def warm_up(saver, build_graph):
     """Import LangGraph and build the graph once, before the worker takes a job.
 
-    A job's heartbeat beats in the event loop, first at half of WORKER_HEARTBEAT_S after the pick,
-    and the job goes to another worker once its last beat is WORKER_HEARTBEAT_S old. The first job
-    used to import LangGraph there (handle's RunControl: about 1 s on an idle machine, as
-    `time python -c 'import langgraph.runtime'` shows; longer with three workers starting at
-    once), which stopped the loop past the heartbeat: another worker took a job that was still
-    running. In lab 10 the held job changed hands before the freeze, its hold let go, and the run
-    it held finished before `pause`."""
+    A job's heartbeat beats in the event loop; an import there (about a second) would stop it
+    past WORKER_HEARTBEAT_S, and another worker would take a job that is still running
+    (docs/performance.md, "a worker imports LangGraph before its first job")."""
     for module in ("langgraph.errors", "langgraph.runtime"):
         importlib.import_module(module)
     build_graph(saver)  # the graph run_job builds

@@ -1,5 +1,5 @@
-"""The lab's own graph for the drill (lab 11): labs/cli.py's graph, the receiver as the outside
-world.
+"""The lab's own graph for the drill (lab 11): labs/lab_graph.py's graph, the receiver as the
+outside world.
 
     python -m effectdrill labs.graphs.ticket:graph \
         --input '{"operation_id": "{thread}", "title": "{thread}", "mode": "naive"}' \
@@ -25,7 +25,7 @@ from labs import lab_graph
 
 
 def graph():
-    """labs/cli.py's graph, without a checkpointer: the drill gives it its own."""
+    """labs/lab_graph.py's graph, without a checkpointer: the drill gives it its own."""
     return lab_graph.build_lab_graph(None)
 
 
