@@ -3,7 +3,7 @@ cell both cover: the same graph, the same receiver, the same ticket counts.
 
 Both kill the process for real. make drill names its points by what the node was doing
 (--crash-at after-prepare, ...); effectdrill by the checkpointer call it dies before. On
-labs/cli.py's graph under sync durability they meet where the kill lands between the same
+labs/lab_graph.py's graph under sync durability they meet where the kill lands between the same
 two saves."""
 
 import pytest
@@ -12,8 +12,8 @@ from labs import modes as modes_lesson
 from labs.graphs import ticket
 from tools.drill import MATRIX
 
-# make drill's row -> effectdrill's point on labs/cli.py's graph: the first checkpointer call after
-# the moment the row kills at.
+# make drill's row -> effectdrill's point on labs/lab_graph.py's graph: the first checkpointer
+# call after the moment the row kills at.
 SAME_MOMENT = {
     ("after-prepare", "sync"): "put_writes prepare [branch:to:create_ticket, key]",
     ("before-request", "sync"): "put step 1",  # prepare saved; create_ticket not yet sending

@@ -68,7 +68,7 @@ class Drill:
 
 
 def ticket_drill(mode):
-    """labs/cli.py's graph in one of its modes, expected as make drill's after-ack row says."""
+    """labs/lab_graph.py's graph in one mode, expected as make drill's after-ack row says."""
     tickets = AFTER_ACK.tickets[modes_lesson.MODES.index(mode)]
     found = {(TICKET_AFTER_ACK, "ticket", tickets)} if tickets > 1 else set()
     run = {"operation_id": "{thread}", "title": "{thread}", "mode": mode}
