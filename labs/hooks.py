@@ -22,12 +22,11 @@ from labs.keyless import MESSAGE
 from plumbing import EXIT_USAGE, UserError, emit
 
 # --- lab 18: the webhook that came twice ---------------------------------------------------
-# The receiver (labs/receiver.py) tells the workflow about a ticket's progress by webhook, at least
-# once:
-# `hooks` is the workflow's endpoint for them, a standard-library HTTP server on LISTEN_HOST
-# (default 127.0.0.1; compose sets 0.0.0.0 and the container's address is the one given), for
-# as long as the command runs: it subscribes (POST /webhooks, which delivers what is pending),
-# moves the ticket if asked (POST /progress), and exits once the receiver has answered.
+# The receiver (labs/receiver.py) tells the workflow about a ticket's progress by webhook, at
+# least once. `hooks` is the workflow's endpoint for them, a standard-library HTTP server on
+# LISTEN_HOST (default 127.0.0.1; compose sets 0.0.0.0 and the container's address is the one
+# given), for as long as the command runs: it subscribes (POST /webhooks, which delivers what is
+# pending), moves the ticket if asked (POST /progress), and exits once the receiver has answered.
 # --mode naive applies every delivery (but none of a ticket the inbox took: it would set its
 # status back); inbox (the default) records it in labs/inbox.py's inbox in the same transaction as
 # the ticket's status, ignores an older version, and notifies through the ledger keyed by the

@@ -18,9 +18,9 @@ def build_lab_graph(
     checkpointer, approval=None, version="1", notify=False, retry_after_ack=None, pay=False
 ):
     """The lab's graph: the core's prepare, create_ticket keyed by --mode, and the approval;
-    version 2 names create_ticket open_ticket, as a refactoring deploy would; notify: the
-    message about the ticket, last (lab 15); retry_after_ack: lab 17's failure after the
-    answer, under a RetryPolicy (failing_once_after)."""
+    version 2 names create_ticket open_ticket, as a refactoring deploy would; notify and pay:
+    the message and the payment after the ticket (lab 15); retry_after_ack: lab 17's failure
+    after the answer, under a RetryPolicy (failing_once_after)."""
     from langgraph.graph import END, START, StateGraph
 
     builder = StateGraph(LabTicketState, context_schema=workflow.Context)
