@@ -63,9 +63,9 @@ def test_lookup_resend_charges_twice_and_the_ledger_once(held, lab):
     stop = twice.stderr.splitlines()
     assert len(stop) == 1, twice.stderr
     assert re.fullmatch(
-        r"lab\.py: effect payment 'case-twice:pay' may have happened \(sent, and no answer was "
+        r"labs: effect payment 'case-twice:pay' may have happened \(sent, and no answer was "
         r"recorded\) and the lookup found nothing (\d+\.\d) s after the last send, and the "
-        r"provider may take 10 s to commit: look with python lab\.py payments --reference "
+        r"provider may take 10 s to commit: look with python -m labs payments --reference "
         r"case-twice:pay \(Docker: docker compose -p stateful-lab run --rm workflow payments "
         r"--reference case-twice:pay\), then reconcile \(it asks the provider again\)",
         stop[0],
