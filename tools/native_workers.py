@@ -163,7 +163,7 @@ def up(data, replicas):
     folder.mkdir(parents=True, exist_ok=True)
     for index in range(1, replicas + 1):
         pid_file = folder / f"worker-{index}.pid"
-        if read_pid(pid_file, "labs/workers.py run"):
+        if read_pid(pid_file, "-m labs.workers run"):
             continue
         safefiles.refuse_special(pid_file)  # before a worker starts that nothing would name
         with safefiles.open_log(Path(data) / "workers.log") as log:
@@ -182,11 +182,11 @@ def up(data, replicas):
 
 def send(data, sig):
     for pid_file in pid_files(data):
-        if pid := read_pid(pid_file, "labs/workers.py run"):
+        if pid := read_pid(pid_file, "-m labs.workers run"):
             os.kill(pid, sig)
 
 
-def stop_one(pid_file, what="labs/workers.py run"):
+def stop_one(pid_file, what="-m labs.workers run"):
     """SIGCONT (a frozen process would never see the rest), SIGTERM, and wait; SIGKILL after
     STOP_DEADLINE_S. The pid file goes either way."""
     pid = read_pid(pid_file, what)
