@@ -40,7 +40,7 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from labs.cli import MODES
+from labs.modes import MODES
 from plumbing import Parser
 from tools.backends import LabError, LocalBackend
 from tools.local import ROOT

@@ -635,7 +635,7 @@ class TicketsByOperation:
         if action not in EFFECTS:
             return None
         try:
-            args = lab.build_parser().parse_args(words)  # labs/cli.py's own defaults
+            args = lab.build_lab_parser().parse_args(words)  # labs/cli.py's own defaults
         except SystemExit:
             return None
         if args.action == "start":

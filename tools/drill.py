@@ -31,7 +31,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 
-from labs.cli import MODES
+from labs.modes import MODES
 from plumbing import EXIT_DRAINED, EXIT_NO_ANSWER, EXIT_THREAD, TIMEOUT_S, Parser
 from tools.backends import LOST_ACK, DockerBackend, LabError, LocalBackend
 from tools.local import event_names, shell_exit_code

@@ -58,8 +58,7 @@ sys.path.insert(0, str(ROOT))
 import failpoints  # noqa: E402
 import plumbing  # noqa: E402
 import workflow  # noqa: E402
-from labs import cli as lab  # noqa: E402
-from labs import workers as worker  # noqa: E402
+from labs import lab_graph, worker_queue
 from tools.native_workers import LocalWorkers, stopped  # noqa: E402
 
 HEARTBEAT_S = "1"  # short, so a frozen or dead worker's job moves on quickly
@@ -81,18 +80,18 @@ async def submit_all(queries, operations, mode):
         name = f"chaos-{n:03d}"
         # The title names the operation too: naive tickets carry no key to count them by.
         operation = {"thread": name, "operation_id": name, "mode": mode, "title": name}
-        await worker.enqueue(queries, operation)
+        await worker_queue.enqueue(queries, operation)
 
 
 async def pending(queries):
-    return [j for j in await worker.jobs(queries) if worker.unfinished(j)]
+    return [j for j in await worker_queue.jobs(queries) if worker_queue.job_unfinished(j)]
 
 
 def finished_threads(url, operations):
     """How many threads have a ticket in their latest checkpoint."""
     done = 0
     with workflow.open_checkpointer(url) as saver:
-        graph = lab.build_graph(saver)
+        graph = lab_graph.build_lab_graph(saver)
         for n in range(operations):
             config = {"configurable": {"thread_id": f"chaos-{n:03d}"}}
             snapshot = graph.get_state(config)
@@ -124,7 +123,7 @@ def chaos_run(
     loop = asyncio.new_event_loop()
     try:
         url = workers.env["CHECKPOINT_DB"]
-        queries = loop.run_until_complete(worker.open_queue(url))
+        queries = loop.run_until_complete(worker_queue.open_queue(url))
         loop.run_until_complete(submit_all(queries, operations, mode))
         log_line(f"{operations} {mode} operations queued; starting {workers_n} workers")
         for n, path in enumerate(pauses):  # worker n+1 stops at after-ack until its file says go
@@ -162,12 +161,12 @@ def chaos_run(
             """Every job; our own connection again if a pg-restart broke it."""
             nonlocal queries
             try:
-                return loop.run_until_complete(worker.jobs(queries))
+                return loop.run_until_complete(worker_queue.jobs(queries))
             except Exception as error:
-                if not worker.lost_connection(error):
+                if not worker_queue.lost_connection(error):
                     raise
-            queries = loop.run_until_complete(worker.open_queue(url, time.monotonic() + 30))
-            return loop.run_until_complete(worker.jobs(queries))
+            queries = loop.run_until_complete(worker_queue.open_queue(url, time.monotonic() + 30))
+            return loop.run_until_complete(worker_queue.jobs(queries))
 
         # Each fault once, in a random order, even if the queue drains first (a deploy or an
         # outage must not lose an idle worker's next job either); then any, until it drains.
@@ -178,7 +177,7 @@ def chaos_run(
         done_at_strike = -1
         while True:
             jobs = look()
-            left = sum(worker.unfinished(j) for j in jobs)
+            left = sum(worker_queue.job_unfinished(j) for j in jobs)
             if not first and not left:
                 break
             if time.monotonic() > deadline:

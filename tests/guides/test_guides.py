@@ -291,7 +291,7 @@ DEMO_VERDICTS = {
             "case-window:book:v1: 1 ticket, saga start killed at after-send, saga resume adopted "
             "ticket 4, found by its key, saga resume killed at after-send, saga resume adopted "
             "refund 4, found by its key",
-            "drill labs.graphs.saga:graph (naive): 10 tickets on its own 10 threads, the drill "
+            "drill labs.saga:graph (naive): 10 tickets on its own 10 threads, the drill "
             "says: 9 crash points, 1 duplicate (refund), 0 missing, 0 failed resumes, clean run ok",
         ],
         "What the labs showed: safe: 0 of 3 operations duplicated; naive: 1 of 1 operation "

@@ -79,7 +79,12 @@ from hypothesis.stateful import (
 
 import plumbing
 from labs import cli as lab
+from labs import contract as contract_lesson
+from labs import hooks as hooks_lesson
+from labs import modes as modes_lesson
+from labs import outbox as outbox_lesson
 from labs import relay
+from labs import saga as saga_lesson
 from tools.local import (
     ROOT,
     SIGNALS_ITSELF,
@@ -96,10 +101,10 @@ pytestmark = pytest.mark.long  # about half a minute: started first (conftest.py
 THREADS = ("a", "b", "c")  # a start names its own operation (op-a, book-a) or the default one
 SEATS = (2, 4, 11)  # the receiver has 10 seats in all: 11 is refused, and so is a third 4
 STOPS = {  # how a run is stopped: --crash-at POINT (SIGKILL), --crash, or Ctrl-C at a point
-    "ticket": (*lab.CRASH_POINTS, "--crash", "ctrl-c after-prepare", "ctrl-c after-ack"),
+    "ticket": (*modes_lesson.CRASH_POINTS, "--crash", "ctrl-c after-prepare", "ctrl-c after-ack"),
     # after-send: the window of whichever saga effect sends first (no line is printed before it)
-    "saga": (*lab.SAGA_POINTS, *(f"ctrl-c {point}" for point in lab.SAGA_ACKS)),
-    "outbox": lab.OUTBOX_POINTS,  # lab 19's node: before and after its write
+    "saga": (*saga_lesson.SAGA_POINTS, *(f"ctrl-c {point}" for point in saga_lesson.SAGA_ACKS)),
+    "outbox": outbox_lesson.OUTBOX_POINTS,  # lab 19's node: before and after its write
 }
 CTRL_C_AFTER = {  # where a Ctrl-C lands: the failpoint held, and the events printed just before
     "after-prepare": ("prepare",),  # it (a ledger's receipt or lookup says effect_receipt or
@@ -142,7 +147,8 @@ EXIT_CODES = exit_codes_in_the_docs()
 
 @pytest.mark.fast
 def test_the_readme_exit_table_lists_every_exit_code_of_workflow_py():
-    constants = {v for m in (plumbing, lab) for k, v in vars(m).items() if k.startswith("EXIT_")}
+    modules = (plumbing, lab, contract_lesson)  # contract: lab 12's exit 65
+    constants = {v for m in modules for k, v in vars(m).items() if k.startswith("EXIT_")}
     assert EXIT_CODES == {0, *constants}
 
 
@@ -335,7 +341,7 @@ class Learner(RuleBasedStateMachine):
 
     @rule(
         ticket=st.sampled_from((1, 2, 9)),  # 9: no such ticket (404), as a typo would be
-        move=st.lists(st.sampled_from(lab.HOOK_STATUSES), max_size=3),
+        move=st.lists(st.sampled_from(hooks_lesson.HOOK_STATUSES), max_size=3),
         crash=st.booleans(),
     )
     @step

@@ -247,7 +247,7 @@ def test_pgqueuer_install_is_not_idempotent_and_upgrade_and_open_queue_are(postg
     import psycopg
     from pgqueuer import Queries
 
-    from labs import workers as worker
+    from labs import worker_queue
 
     empty = database + "_upgrade"
     with psycopg.connect(postgres.url, autocommit=True) as conn:
@@ -264,8 +264,8 @@ def test_pgqueuer_install_is_not_idempotent_and_upgrade_and_open_queue_are(postg
         await upgraded.upgrade()
         assert await upgraded.schema_is_installed()
         await upgraded.upgrade()  # a second run: nothing to do, no error
-        opened = [await worker.open_queue(database) for _ in range(2)]  # install()ed already
-        opened += [await worker.open_queue(empty) for _ in range(2)]  # upgrade()d already
+        opened = [await worker_queue.open_queue(database) for _ in range(2)]  # install()ed already
+        opened += [await worker_queue.open_queue(empty) for _ in range(2)]  # upgrade()d already
         assert all([await queries.schema_is_installed() for queries in opened])
         for queries in (installed, upgraded, *opened):
             await queries.driver._connection.close()  # asyncpg's; Queries has no close()

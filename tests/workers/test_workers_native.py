@@ -56,7 +56,7 @@ def test_native_lab_10_lines_touch_only_their_own_workers_and_reset_stops_them(t
 
     # Someone else's worker on the same machine: a command line a broad pkill would match.
     decoy = subprocess.Popen(
-        [sys.executable, "-c", "import time; time.sleep(120)", "labs/workers.py", "run"],
+        [sys.executable, "-c", "import time; time.sleep(120)", "-m", "labs.workers", "run"],
         start_new_session=True,
     )
     pg_started = False

@@ -22,7 +22,7 @@ def test_build_graph_is_prepare_then_create_ticket(tmp_path):
     }
 
 
-@pytest.mark.parametrize("module", ["workflow", "api", "lab", "failpoints"])
+@pytest.mark.parametrize("module", ["workflow", "api", "labs.cli", "labs.workers", "failpoints"])
 def test_importing_a_module_has_no_side_effects(module, tmp_path):
     """No files, no output, no server, and (for workflow) no langgraph until a graph is built."""
     code = (
