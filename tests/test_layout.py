@@ -30,8 +30,10 @@ LESSON_LINES = 525
 
 # Names more than one module may define: each program's entry point, and the names a drill
 # adapter module is pointed at (`effectdrill MODULE:GRAPH --observe MODULE:observe --context
-# MODULE:context`; GRAPH a compiled graph, or a function that builds one).
-SHARED_NAMES = {"main", "graph", "build", "observe", "context"}
+# MODULE:context`; GRAPH a compiled graph, or a function that builds one). A drill example's
+# graphs are typed by name too (lab 16 `classify:naive`, lab 20 `assistant:fixed`), and each
+# example's `connect` opens its own database.
+SHARED_NAMES = {"main", "graph", "build", "observe", "context", "naive", "fixed", "connect"}
 
 # Commit subjects at most 72 characters, from this commit on (the last before issue 44's work).
 SUBJECT_BASE = "09f559f"
