@@ -19,17 +19,11 @@ OPERATIONS ?= 60
 MODE ?= safe
 BASELINE ?= HEAD  # bench: the last commit, so a change shows its cost and a clean tree the noise
 SEED ?=  # chaos: empty draws a new seed, printed so the run can be replayed
-TEST_WORKERS ?= 4  # pytest-xdist processes: most of a test waits on a receiver, a workflow or Docker; 5 measured 630 s against 608 s with 4 (6d612ee, quiet): the 2 cores are the limit
-FAST_WORKERS ?= 3  # make test-fast's: its tests are short, so each process's start (importing
-#                   LangGraph and hypothesis, collecting) is much of its cost: 3 measured 26-27 s
-#                   against 28-32 s with 4, idle on 2 cores; two plugins no test uses (schemathesis
-#                   runs as a command, nothing is marked anyio) are not loaded, about 1 s less;
+TEST_WORKERS ?= 4  # pytest-xdist processes: most tests wait on a process, so more than the cores (docs/performance.md)
+FAST_WORKERS ?= 3  # make test-fast's: its tests are short, each process's start is much of its cost;
 #                   its property tests run a quarter of their examples (make test: all of them)
-CACHED := PYTHONDONTWRITEBYTECODE=  # the tests keep .pyc files (pytest's rewritten test modules
-#                   too) even where the environment turns them off (PYTHONDONTWRITEBYTECODE=1, as in
-#                   many images): the suite starts hundreds of Python processes and 3-4 collections;
-#                   test-fast measured 25.6 s on a first run and 20.5-24.0 s after, against
-#                   28.6-33.4 s without (2 cores, quiet, 4a6305c)
+CACHED := PYTHONDONTWRITEBYTECODE=  # keep .pyc files even where the environment turns them off:
+#                   the suite starts hundreds of Python processes (docs/performance.md)
 PICTURES ?= data/demo
 GUIDES ?= labs/01-the-duplicate.md labs/02-the-keyed-fix.md labs/03-a-retry-is-not-a-new-request.md
 UV := $(abspath $(PY)) -m uv pip compile --quiet --universal --python-version 3.11 --generate-hashes --no-header

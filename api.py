@@ -20,10 +20,10 @@ same key, or by looking the key up (GET /tickets?key=).
                                  409 {"code": "key_conflict"} the key was used for another
                                  body: send a new key
 Every answer but /metrics is JSON, HEAD is GET without the body, and every refusal has an
-"error" field that says what to do (a 409 also a "code" for programs); openapi.yaml lists every
-status. A 503 with Retry-After: 1 (database busy, too many connections, disk full) asks for the
-same request with the same key again; a 503 without it means the database file is damaged and
-an operator must act. Every answer is counted in /metrics before its first byte is written.
+"error" field that says what to do (a 409 also a "code" for programs). A 503 with Retry-After:
+1 (database busy, too many connections, disk full) asks for the same request with the same key
+again; a 503 without it means the database file is damaged and an operator must act. Every
+answer is counted in /metrics before its first byte is written.
 
 What it stands on, each a file of its own: receiverdb.py (the SQLite connection and its
 transactions), keyretention.py (how long a key is honoured), httpguard.py (a hardened

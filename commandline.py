@@ -1,5 +1,5 @@
 """How a command of the core runs: its parser (one line for a usage mistake), its settings from
-the environment (Settings), and run_action, which runs the parsed command and turns every error a
+the environment (ProgramSettings), and run_action, which runs the parsed command and turns every error a
 user can meet into one line on stderr and its exit code (exitcodes.py), with the hint that says
 how a stopped run goes on (hints.py); reconcile's command."""
 
@@ -43,7 +43,7 @@ from providers import number
 
 
 @dataclasses.dataclass(frozen=True)
-class Settings:
+class ProgramSettings:
     """The environment's settings, checked. providers: the program's, each configured."""
 
     checkpoint_db: str = "data/workflow/checkpoints.sqlite"
@@ -186,7 +186,7 @@ def run_action(args, make_settings, points):
     args.thread_defaulted = isinstance(getattr(args, "thread", None), Defaulted)
     if args.thread_defaulted:
         args.thread = str(args.thread)  # a plain str for the savers' drivers
-    settings = Settings()
+    settings = ProgramSettings()
     try:
         settings = make_settings()
         try:
@@ -194,7 +194,7 @@ def run_action(args, make_settings, points):
             tracing.start(settings.trace, "workflow")
         except (failpoints.FailpointSpecError, tracing.TracingError) as error:
             raise UserError(str(error), EXIT_USAGE) from None
-        key_receipts(settings)
+        configure_receipts(settings)
         require_text(args)
         return args.run(args, settings) or 0
     except urllib.error.HTTPError as error:  # a provider answered with an error
@@ -259,7 +259,7 @@ def end_if_stranded(code):
         os._exit(code)
 
 
-def key_receipts(settings):
+def configure_receipts(settings):
     """LEDGER_RECEIPT_KEY and LEDGER_RECEIPT_UNKEYED for this process's ledger (effects.py)."""
     try:
         effects.key_receipts(settings.receipt_key, settings.receipt_unkeyed)

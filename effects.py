@@ -25,7 +25,9 @@ a lookup that finds nothing settle_s after the last send. Else Unsettled names t
 look with, and a person settles it (reconcile).
 
 The ledger's row and LangGraph's checkpoint are two commits: a crash after the receipt (the
-after-receipt failpoint, a node's after-ack) re-runs the node, which finds the receipt.
+after-receipt failpoint, a node's after-ack) re-runs the node, which finds the receipt. A crash
+after the intent and before the request left (after-intent) leaves `requested` too, which
+nothing here can tell from one after it left: the same evidence decides.
 """
 
 import dataclasses
@@ -162,6 +164,7 @@ class Effect:
                 ledger.move(key, "unknown", "no evidence it was not sent: a person must look")
                 raise Unsettled(key, self, record.since_sent_s)
             ledger.move(key, "requested", f"sent again: {why}")
+        fail("after-intent")  # the intent committed, nothing sent yet: a kill leaves requested
         sent = time.monotonic()  # the stop below says how long after it the lookup found nothing
         for again in (False, True):  # a keyed provider's lost answer: once more under the key
             try:

@@ -1,6 +1,6 @@
 """What a program of the core says: its exit codes, the errors a user can fix (one line on
 stderr and an exit code each), and its output, one JSON object per line. commandline.py turns
-every error into its line; docs/exit-codes.md explains each code."""
+every error into its line; each code says beside it when it is used."""
 
 import json
 import sys

@@ -47,7 +47,7 @@ from urllib.parse import urlsplit
 
 REQUEST_TIMEOUT_S = 5.0  # seconds for a whole request, headers and body
 MAX_CONNECTIONS = 256  # connections served at once, a thread each (its stack mostly virtual
-#                        memory: docs/performance.md); one more gets a quick 503 instead.
+#                        memory, reserved, not used); one more gets a quick 503 instead.
 LISTEN_BACKLOG = 128  # connections the kernel queues while threads are busy: a burst of
 #                       clients connecting at once must queue, not be reset (http.server: 5)
 REFUSE_READ_S = 0.05  # seconds the accepting thread waits for a refused client's request

@@ -24,7 +24,7 @@ OPENING = threading.RLock()  # a Ledger's first connection in a process is opene
 LEASES = {}  # this process's lease files: path -> (descriptor, {key: the Ledger holding it})
 SETTLED = ("confirmed", "failed")  # final: a later attempt returns (or raises) what they say
 OPEN = ("requested", "unknown")  # a request may be out there: never send blindly
-LEASE_S = 300.0  # a SQLite lease's default length (LEDGER_LEASE_S, commandline.Settings): past it a
+LEASE_S = 300.0  # a SQLite lease's default length (LEDGER_LEASE_S): past it a
 #   performer still alive (a request hung past every timeout) no longer keeps others out; its
 #   late answer still becomes the receipt, or an extra (effect_extras) if another made one too
 

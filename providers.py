@@ -26,8 +26,8 @@ RETRY_DELAY_S = 0.25  # enough for a receiver that is starting or restarting
 MAX_RETRY_DELAY_S = 2.0  # the delays double up to this
 BUSY_TRIES_PER_ATTEMPT = 2  # a 503 (busy) gets twice ATTEMPTS tries, each after the receiver's
 #   busy timeout (api.py BUSY_TIMEOUT_S, 2 s) and the delay (0.25 s doubling to 2 s): about 26 s,
-#   past a lock another program holds on the receiver's file (docs/performance.md). Past it the
-#   receiver is down in effect, nothing was committed, and the line names the resume.
+#   past a 10 s lock another program holds on the receiver's file (a backup, an sqlite3 shell).
+#   Past it the receiver is down in effect, nothing was committed, and the line names the resume.
 SETTLE_S = 60.0  # a provider's default settle_s: it commits what it accepted within it, or never
 
 

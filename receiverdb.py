@@ -39,7 +39,7 @@ class ReceiverDatabase:
             path, timeout=busy_timeout_s, isolation_level=None, check_same_thread=False
         )
         # WAL with synchronous=FULL: an acknowledged ticket survives a power cut, at one sync
-        # of the WAL file per commit (the rollback journal syncs more: docs/performance.md).
+        # of the WAL file per commit (the rollback journal syncs more: four per commit).
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA synchronous=FULL")
         if sys.platform == "darwin":  # macOS fsync() does not reach the platter; F_FULLFSYNC does

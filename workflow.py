@@ -40,6 +40,7 @@ from providers import RECEIVER_ANSWERS, HttpClient, Provider
 POINTS = (
     "after-prepare",
     "before-request",
+    "after-intent",  # effects.py: any effect's intent committed, its request not sent yet
     "after-send",  # effects.py: the provider answered, the receipt not kept yet
     "after-receipt",  # effects.py: any effect's receipt kept, its node not returned
     "after-ack",
@@ -80,8 +81,7 @@ def create_ticket(state: State):
         emit("effect_ack", created=done.answer["created"], ticket_id=ticket_id)
     else:  # nothing was sent: the ledger's receipt, or what the receiver holds under the key
         emit(f"effect_{done.how}", key=state["key"], ticket_id=ticket_id)
-    # The receipt is kept and this node has not returned: a crash here re-runs the node, which
-    # finds the receipt.
+    # The receipt is kept, this node not returned: a crash here re-runs it; it finds the receipt.
     fail("after-ack")
     return {"ticket_id": ticket_id}
 
@@ -183,7 +183,7 @@ def post(args, settings):  # one keyed request, without the ledger: what the rec
 
 
 @dataclasses.dataclass(frozen=True)
-class Settings(commandline.Settings):
+class Settings(commandline.ProgramSettings):
     """The environment's settings, with every Provider declared above."""
 
     providers: tuple = tuple(v for v in globals().values() if isinstance(v, Provider))

@@ -29,13 +29,13 @@ from effectdrill.cli import (
     EXIT_GRAPH_FAILED,
     EXIT_INTERRUPTED,
     EXIT_USAGE,
-    Parser,
+    DrillParser,
     answers,
-    end_if_stranded,
+    exit_if_stranded,
+    json_option,
     keep_log,
     load,
     make_context,
-    parse_json,
     positive,
     store_spec,
 )
@@ -48,25 +48,27 @@ def main(argv=None):
     if argv[:1] == ["replay"]:  # never a MODULE:GRAPH: that has a colon
         return replay.main(argv[1:])
     try:
-        args = build_parser().parse_args(argv)
+        args = build_drill_parser().parse_args(argv)
     except SystemExit as stop:  # --help (0) or a usage mistake (2), already printed
         return stop.code
     try:
         return drill_and_report(args, argv)
     except GraphFailed as error:  # the graph's own failure: one line, its traceback kept
         path = keep_log("effectdrill-graph-failed-", error.details)
-        say(f"{error} (its traceback: {path})")
+        complain(f"{error} (its traceback: {path})")
         return EXIT_GRAPH_FAILED
     except DrillError as error:
-        say(str(error))
+        complain(str(error))
         return EXIT_USAGE
     except KeyboardInterrupt:
-        say("interrupted")
-        end_if_stranded(EXIT_INTERRUPTED)
+        complain("interrupted")
+        exit_if_stranded(EXIT_INTERRUPTED)
         return EXIT_INTERRUPTED
     except Exception as error:  # the drill's own: never a traceback on the terminal
         path = keep_log("effectdrill-bug-", traceback_of(error))
-        say(f"a bug in effectdrill: {one_line(error)} (the traceback: {path}; please report it)")
+        complain(
+            f"a bug in effectdrill: {one_line(error)} (the traceback: {path}; please report it)"
+        )
         return EXIT_DRILL_BUG
 
 
@@ -76,14 +78,14 @@ def drill_and_report(args, argv):
         raise DrillError(refused)  # before the drill: a file not ours is never written
     report = drill(
         load(args.graph, "MODULE:GRAPH"),
-        parse_json(args.input, "--input"),
+        json_option(args.input, "--input"),
         "http" if args.observe == "http" else load(args.observe, "--observe"),
         durability=args.durability,
         repeat=args.repeat,
         resume_with=None if args.resume_with is None else answers(args.resume_with),
         context=None if args.context is None else make_context(args.context),
         checkpoint_db=args.checkpoint_db,
-        expect=None if args.expect is None else parse_json(args.expect, "--expect"),
+        expect=None if args.expect is None else json_option(args.expect, "--expect"),
         http_ignore=args.http_ignore,
         store=None if args.store is None else store_spec(args.store),
         allow_no_effects=args.allow_no_effects,
@@ -119,12 +121,12 @@ def typed(argv):
     return " ".join([program, *words])
 
 
-def say(line):
+def complain(line):
     print(f"effectdrill: {line}", file=sys.stderr)
 
 
-def build_parser():
-    parser = Parser(
+def build_drill_parser():
+    parser = DrillParser(
         prog="effectdrill",
         description="Kill a LangGraph graph just before each saver call of a clean run, resume "
         "it, and report the effects that repeated or went missing.",

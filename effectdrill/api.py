@@ -83,7 +83,7 @@ def drill(
     # The HTTP observer records every run's requests (effectdrill/outbound.py).
     with (
         database(checkpoint_db) as db,
-        outbound.recording(http_ignore) as requests,
+        outbound.recording_requests(http_ignore) as requests,
         store_maker(store) as stores,
     ):
         observe = requests.observe if observe == "http" else observe

@@ -26,7 +26,7 @@ EXIT_CODES = """exit codes:
   130  interrupted (Ctrl-C)"""
 
 
-class Parser(argparse.ArgumentParser):
+class DrillParser(argparse.ArgumentParser):
     def error(self, message):  # one line, not a usage dump
         if message.startswith("unrecognized arguments: ") and "}" in message:  # split JSON
             message += '; quote a JSON value for the shell: --input \'{"thread": "{thread}"}\''
@@ -106,16 +106,16 @@ def keep_log(prefix, text):
     return path
 
 
-def end_if_stranded(code):
+def exit_if_stranded(code):
     """After a Ctrl-C: end the process at once, with code, if a thread is left that nothing
     will stop. A KeyboardInterrupt that lands in ThreadPoolExecutor._adjust_thread_count
     (concurrent/futures/thread.py) between a worker's start() and its entry in _threads_queues
     leaves that worker waiting for work forever, and the interpreter's exit joins it forever
     (seen with LangGraph's BackgroundExecutor, langgraph/pregel/_executor.py, which submits to
     langchain_core's ContextThreadPoolExecutor: about one Ctrl-C in 30 on a busy machine). The
-    same function is commandline.end_if_stranded: the drill stands alone, importing no file of
-    yours. Without such a thread (nothing else non-daemon runs here once the drill returned) it
-    returns."""
+    workflow's CLI has a function of its own for this: the drill stands alone, importing no
+    file of yours. Without such a thread (nothing else non-daemon runs here once the drill
+    returned) it returns."""
     main = threading.main_thread()
     if any(t is not main and not t.daemon and t.is_alive() for t in threading.enumerate()):
         sys.stdout.flush()
@@ -123,7 +123,7 @@ def end_if_stranded(code):
         os._exit(code)
 
 
-def parse_json(text, option):
+def json_option(text, option):
     try:
         return json.loads(text)
     except json.JSONDecodeError as error:

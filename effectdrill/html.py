@@ -84,8 +84,8 @@ def render(report, graph="", command=""):
         item(
             "LangGraph",
             esc(
-                f"{installed('langgraph')} (langgraph-checkpoint "
-                f"{installed('langgraph-checkpoint')})"
+                f"{package_version('langgraph')} (langgraph-checkpoint "
+                f"{package_version('langgraph-checkpoint')})"
             ),
         ),
         item("written", datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")),
@@ -94,7 +94,7 @@ def render(report, graph="", command=""):
         clean_section(report),
         legend(),
     ]
-    parts += [matrix(report, mode) for mode in report.clean]
+    parts += [matrix_section(report, mode) for mode in report.clean]
     parts.append(requests_section(report))
     parts.append("</body></html>\n")
     return "\n".join(p for p in parts if p)
@@ -173,7 +173,7 @@ def legend():
     )
 
 
-def matrix(report, mode):
+def matrix_section(report, mode):
     from effectdrill.report import counts_cell, distinct, plural, ran_cell, verdict_cell
 
     row_fixes = advice.row_fixes
@@ -258,7 +258,7 @@ def item(name, value):
     return f"<dt>{esc(name)}</dt><dd>{value}</dd>"
 
 
-def installed(name):
+def package_version(name):
     try:
         return version(name)
     except PackageNotFoundError:

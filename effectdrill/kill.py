@@ -122,7 +122,7 @@ class Killer(Counter):
             self.holding
             and key not in state.group
             and self.step_of in self.puts
-            and not inside(call.group[1], self.step_of[0])
+            and not within_subgraph(call.group[1], self.step_of[0])
         ):
             return key, "hold"  # a later call: the state is the step's, nothing after it
         return key, "go"
@@ -200,7 +200,7 @@ def die():
     os.kill(os.getpid(), signal.SIGKILL)
 
 
-def inside(namespace, outer):
+def within_subgraph(namespace, outer):
     """Whether a saver call's namespace is a subgraph's within `outer`: a task of the held
     step runs it, so the step's own writes wait for it (it is not a later call)."""
     return len(namespace) > len(outer) and namespace.startswith(outer)

@@ -41,9 +41,9 @@ from effectdrill.resent import (  # noqa: F401 - outbound's names too
     effect_requests,
     keys,
     model_repeats,
-    repeats,
+    repeated_requests,
+    requests_table,
     summary_words,
-    table,
     totals_line,
 )
 
@@ -84,7 +84,7 @@ class RequestLog:
     def record(self, method, host, target, key, body=None):
         """Request `target` (a path with its query, or a URL) is about to go out: its id, or
         None when it belongs to no graph run or is ignored. body: bytes or str, if known."""
-        thread = run_thread()
+        thread = graph_run_thread()
         if thread is None:
             return
         parts = urlsplit(target if "://" in target else f"//host{target}")
@@ -102,7 +102,7 @@ class RequestLog:
 
     def body(self, sent, body):
         """The body of request `sent`, sent after its headers (urllib3 sends it so)."""
-        thread = run_thread()
+        thread = graph_run_thread()
         if sent is not None and thread is not None:
             kind = classify(*self.pending.get(sent, ("POST", "", "")), body)
             self.write(["body", sent, digest(body, thread), *kind])
@@ -165,7 +165,7 @@ class RequestLog:
             clean = self.requests(clean_threads[row.durability])
             runs = [self.requests(run.thread) for run in row.judged()]
             totals["recorded"] += sum(len(effect_requests(sent)) for sent in runs)
-            row.requests = repeats(clean, runs, counted=bool(row.duplicates()))
+            row.requests = repeated_requests(clean, runs, counted=bool(row.duplicates()))
             row.requests += model_repeats(clean, runs)
             for repeat in row.requests:
                 totals[MODEL] += repeat["repeat"] == MODEL
@@ -198,7 +198,7 @@ def digest(body, thread):
     return hashlib.sha256(mark(body, thread).encode()).hexdigest()[:16]
 
 
-def run_thread():
+def graph_run_thread():
     """The thread id of the graph run this code runs in, or None outside any run."""
     try:
         from langgraph.config import get_config
@@ -209,7 +209,7 @@ def run_thread():
 
 
 @contextmanager
-def recording(ignore=()):
+def recording_requests(ignore=()):
     """A RequestLog in a temporary folder, with the HTTP clients patched to feed it."""
     folder = tempfile.mkdtemp(prefix="effectdrill-http-")
     log = RequestLog(os.path.join(folder, LOG_NAME), ignore)
@@ -294,10 +294,10 @@ def patched(log):
 def installed_httpx():
     """httpx, and httpx2 (its successor, which openai 3.x and langsmith send through), where
     installed: their transports have the same names and arguments."""
-    return installed("httpx", "httpx2")
+    return installed_modules("httpx", "httpx2")
 
 
-def installed(*names):
+def installed_modules(*names):
     """The modules of `names` that are installed (imported by name: none is a dependency)."""
     found = []
     for name in names:

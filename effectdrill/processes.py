@@ -131,7 +131,7 @@ class WarmParent:
         self.jobs.flush()
 
     def next(self):
-        """The next job's end: an Ended whose result() says how it went."""
+        """The next job's end: a ReapedJob whose result() says how it went."""
         where = next(self.where)
         line = self.lines.readline()
         if not line:
@@ -139,7 +139,7 @@ class WarmParent:
         status, message = json.loads(line)
         if status is None:
             raise DrillError(f"the crash run at {where} could not start: {message}")
-        return Ended(status, message, where)
+        return ReapedJob(status, message, where)
 
     def stop(self):
         try:
@@ -168,7 +168,7 @@ def warm_parent(plan, db):
         warm.stop()
 
 
-class Ended:
+class ReapedJob:
     """A job's chain reaped by the warm parent: its wait status and the JSON it wrote."""
 
     def __init__(self, status, message, where):

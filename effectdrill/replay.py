@@ -35,10 +35,10 @@ from effectdrill.cli import (
     EXIT_FOUND,
     EXIT_INTERRUPTED,
     EXIT_USAGE,
-    Parser,
+    DrillParser,
+    json_option,
     load,
     make_context,
-    parse_json,
 )
 from effectdrill.errors import DrillError, one_line, require_posix, task_error
 from effectdrill.processes import kill_and_reap, read_all, wait_child
@@ -61,20 +61,20 @@ LOST, REPEATED, RESENT, FAILED, WAITS, OK = (
 
 
 def replay(graph, checkpoint_db, observe=None, resume_with=None, context=None, threads=None):
-    """Resume each unfinished thread of a copy of `checkpoint_db` under `graph`: [Outcome]."""
+    """Resume each unfinished thread of a copy of `checkpoint_db` under `graph`: [ThreadReplay]."""
     require_posix()
     graph = compiled(graph)
     if observe is not None and observe != "http" and not callable(observe):
         raise DrillError(f"the observer must be callable as observe(thread_id), not {observe!r}")
-    with copied(checkpoint_db) as copy, outbound.recording() as requests:
-        saved = unfinished(copy, threads)
+    with copied(checkpoint_db) as copy, outbound.recording_requests() as requests:
+        saved = unfinished_threads(copy, threads)
         outcomes = []
         for thread, checkpoint in saved:
             count = requests.effects if observe == "http" else observe
             before = counts(count, thread) if count else {}
             result = resume_in_child(graph, copy, thread, resume_with, context)
             after = counts(count, thread) if count else {}
-            outcome = Outcome(thread, pending(checkpoint), **result)
+            outcome = ThreadReplay(thread, saved_work(checkpoint), **result)
             outcome.requests = requests.requests(thread)
             outcome.before, outcome.after = before, after
             outcome.judge(graph)
@@ -82,7 +82,7 @@ def replay(graph, checkpoint_db, observe=None, resume_with=None, context=None, t
     return outcomes
 
 
-class Outcome:
+class ThreadReplay:
     """One thread's resume: what was saved to run, what ran, what it sent, the verdict."""
 
     def __init__(self, thread, saved, next_now=(), ran=(), waiting=(), error=None):
@@ -145,7 +145,7 @@ class Outcome:
         }
 
 
-def table(outcomes, observed):
+def replay_table(outcomes, observed):
     header = ["thread", "saved next", "next now", "ran on resume", "requests"]
     header += ["effects before->after"] if observed else []
     lines = [header + ["verdict"]]
@@ -170,7 +170,7 @@ def summary_line(outcomes):
 def main(argv):
 
     try:
-        args = build_parser().parse_args(argv)
+        args = build_replay_parser().parse_args(argv)
     except SystemExit as stop:
         return stop.code
     try:
@@ -187,7 +187,7 @@ def main(argv):
             observe=observe if observe in (None, "http") else load(observe, "--observe"),
             resume_with=None
             if args.resume_with is None
-            else parse_json(args.resume_with, "--resume-with"),
+            else json_option(args.resume_with, "--resume-with"),
             context=None if args.context is None else make_context(args.context),
             threads=args.thread or None,
         )
@@ -202,7 +202,7 @@ def main(argv):
             print(json.dumps(outcome.as_json()))
         print(json.dumps({"summary": True, "threads": len(outcomes), "ok": all_ok(outcomes)}))
     elif outcomes:
-        print(table(outcomes, args.observe is not None) + "\n\n" + summary_line(outcomes))
+        print(replay_table(outcomes, args.observe is not None) + "\n\n" + summary_line(outcomes))
     else:
         print("summary: no unfinished thread")
     return EXIT_CLEAN if all_ok(outcomes) else EXIT_FOUND
@@ -215,9 +215,9 @@ def all_ok(outcomes):
     return all(o.ok for o in outcomes)
 
 
-def build_parser():
+def build_replay_parser():
 
-    parser = Parser(
+    parser = DrillParser(
         prog="python -m effectdrill replay",
         description="Resume the unfinished threads of a copy of a checkpoint database under "
         "the graph as it is now, and report what runs and what it sends.",
@@ -270,7 +270,7 @@ def closing_saver(path):
         conn.close()
 
 
-def unfinished(copy, threads):
+def unfinished_threads(copy, threads):
     """(thread, latest checkpoint) of each thread whose checkpoint has work left, oldest first."""
     latest = {}
     with closing_saver(copy) as saver:
@@ -282,10 +282,10 @@ def unfinished(copy, threads):
     chosen = [t for t in reversed(latest) if threads is None or t in threads]
     if threads is not None and (unknown := sorted(set(threads) - set(latest))):
         raise DrillError(f"no thread {', '.join(unknown)} in the checkpoint database")
-    return [(t, latest[t]) for t in chosen if pending(latest[t])]
+    return [(t, latest[t]) for t in chosen if saved_work(latest[t])]
 
 
-def pending(saved):
+def saved_work(saved):
     """What the saved checkpoint was to run, by the names of the graph that saved it: nodes
     (its branch:to: channels), the input, Send packets, a task stopped at interrupt()."""
     channels = saved.checkpoint["channel_values"]
@@ -319,7 +319,7 @@ def resume_in_child(graph, copy, thread, resume_with, context):
             signal.pthread_sigmask(signal.SIG_SETMASK, mask)
             os.close(read_end)
             os.dup2(2, 1)  # the graph's prints go to stderr: stdout is the report's
-            result = resume(graph, copy, thread, resume_with, context)
+            result = resume_to_the_end(graph, copy, thread, resume_with, context)
         except BaseException as error:
             result, code = {"error": task_error(error)}, 1
         try:
@@ -343,7 +343,7 @@ def resume_in_child(graph, copy, thread, resume_with, context):
         return {"error": f"the resume died (wait status {status}) without a word"}
 
 
-def resume(graph, copy, thread, resume_with, context):
+def resume_to_the_end(graph, copy, thread, resume_with, context):
     """In the child: resume the thread to its end, or to an interrupt with no answer."""
     from langgraph.types import Command
 

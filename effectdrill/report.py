@@ -198,7 +198,7 @@ class Report:
             runs = f", {len(rows[0].runs)} runs each" if rows and len(rows[0].runs) > 1 else ""
             blocks.append(f"durability {mode}: {plural(len(rows), 'crash point')}{runs}\n")
             blocks[-1] += columns(lines, width or TABLE_WIDTH)
-        requests = outbound.table(self, lambda lines: columns(lines, width or TABLE_WIDTH))
+        requests = outbound.requests_table(self, lambda lines: columns(lines, width or TABLE_WIDTH))
         return "\n\n".join(blocks + ([requests] if requests else []) + [self.summary_line()])
 
     def summary_line(self):

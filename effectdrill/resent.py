@@ -10,7 +10,7 @@ FINDINGS = (NO_KEY, NEW_KEY)  # the repeats that make a new effect at a key-hono
 MODEL_AGAIN = "model call made again: cost, not an effect"
 
 
-def repeats(clean, runs, counted):
+def repeated_requests(clean, runs, counted):
     """The endpoints a row's runs sent more often than the clean run, and with what key."""
     found = []
     clean_by = by_endpoint(clean)
@@ -66,7 +66,7 @@ def repeat_entry(endpoint, sent, before, kind, counted):
     }
 
 
-def table(report, layout):
+def requests_table(report, layout):
     """The requests block of the drill's table: one line per endpoint a crash point resent,
     its cells aligned by `layout` (the drill table's own, which wraps a long point between
     words to the table's width)."""

@@ -162,7 +162,7 @@ class Sqlite:
         # lose it: sqlite.org/pragma.html#pragma_synchronous).
         conn.execute("PRAGMA synchronous=OFF")
         try:
-            saver = recording(SqliteSaver)(conn)
+            saver = recording_saver(SqliteSaver)(conn)
             saver.is_setup = setup_done  # check() made the tables: once is enough
             saver.recorder = recorder
             yield saver
@@ -178,7 +178,7 @@ class Sqlite:
                 "a graph of async nodes needs aiosqlite for its SQLite checkpoints: "
                 "pip install aiosqlite"
             ) from None
-        async with recording(AsyncSqliteSaver).from_conn_string(self.path) as saver:
+        async with recording_saver(AsyncSqliteSaver).from_conn_string(self.path) as saver:
             await saver.conn.execute("PRAGMA synchronous=OFF")  # as saver() above
             saver.is_setup = True
             saver.recorder = recorder
@@ -254,7 +254,7 @@ class Postgres:
 
     @contextmanager
     def saver(self, recorder=None):
-        with recording(saver_class()).from_conn_string(self.url) as saver:
+        with recording_saver(saver_class()).from_conn_string(self.url) as saver:
             saver.recorder = recorder
             yield saver
 
@@ -263,7 +263,7 @@ class Postgres:
         saver_class()
         from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
 
-        async with recording(AsyncPostgresSaver).from_conn_string(self.url) as saver:
+        async with recording_saver(AsyncPostgresSaver).from_conn_string(self.url) as saver:
             saver.recorder = recorder
             yield saver
 
@@ -283,7 +283,7 @@ def saver_class():
 _RECORDING = {}
 
 
-def recording(saver_class):
+def recording_saver(saver_class):
     """saver_class with the Recording mixin (made once per class)."""
     if saver_class not in _RECORDING:
         _RECORDING[saver_class] = type(f"Drill{saver_class.__name__}", (Recording, saver_class), {})

@@ -49,7 +49,7 @@ from tools.local import (
     ReceiverProcess,
     free_port,
     lab_env,
-    run,
+    run_command,
     run_worker_here,
     run_workflow,
     run_workflow_here,
@@ -204,7 +204,7 @@ class LocalBackend(Backend):
         """The guide's command mapped onto a native process (see the module docstring)."""
         cmd = parse_command(command)
         if cmd.verb == "sleep":
-            return wait(cmd.args[0])
+            return guide_sleep(cmd.args[0])
         if cmd.verb == "up" and cmd.args[-1:] == ["api"]:
             return self.up(cmd.overrides)
         if cmd.verb == "restart" and cmd.args == ["api"]:
@@ -290,23 +290,24 @@ class LocalBackend(Backend):
         return Result(done.stdout, done.stderr, shell_exit_code(done.returncode))
 
     def drill(self, args):
-        """python -m effectdrill ARGS (lab 11), its example graphs' databases in the lab's data,
-        and its temporary files (its checkpoints, a --context's ledger) too: a drill stopped by
-        a Ctrl-C is killed (run()), and what it would have removed goes with the lab's folder."""
+        """python -m labs.drill ARGS (lab 11: effectdrill), its example graphs' databases in the
+        lab's data, and its temporary files (its checkpoints, a --context's ledger) too: a drill
+        stopped by a Ctrl-C is killed (run_command()), and what it would have removed goes with the
+        lab's folder."""
         env = {**self.env, **{name: str(self.data_dir / path) for name, path in DRILL_DBS.items()}}
         (self.data_dir / "tmp").mkdir(exist_ok=True)
         env["TMPDIR"] = str(self.data_dir / "tmp")  # tempfile's first choice (gettempdir)
-        done = run([sys.executable, "-m", "effectdrill", *args], env, DRILL_TIMEOUT_S)
+        done = run_command([sys.executable, "-m", "labs.drill", *args], env, DRILL_TIMEOUT_S)
         return Result(done.stdout, done.stderr, shell_exit_code(done.returncode))
 
     def relay(self, args, env=None):
         """python -m labs.relay ARGS (lab 19): a process, since a crash switch kills it."""
-        done = run([sys.executable, "-m", "labs.relay", *args], {**self.env, **(env or {})})
+        done = run_command([sys.executable, "-m", "labs.relay", *args], {**self.env, **(env or {})})
         return Result(done.stdout, done.stderr, shell_exit_code(done.returncode))
 
     def python(self, args):
         """The lab's Python, as the image's `python` runs it: with the lab's environment."""
-        done = run([sys.executable, *args], self.env, WORKFLOW_TIMEOUT_S)
+        done = run_command([sys.executable, *args], self.env, WORKFLOW_TIMEOUT_S)
         return Result(done.stdout, done.stderr, shell_exit_code(done.returncode))
 
     def tickets(self):
@@ -379,7 +380,7 @@ class LocalBackend(Backend):
         return left
 
 
-def wait(seconds):
+def guide_sleep(seconds):
     """A guide's `sleep N`: the wait really happens, in either backend (nothing to poll: the
     lab is about the time passing)."""
     if seconds > MAX_SLEEP_S:
@@ -391,7 +392,10 @@ def wait(seconds):
 @functools.cache
 def compose_command():
     """`docker compose` (v2), or `docker-compose` (v1) where the plugin is missing."""
-    if shutil.which("docker") and run(["docker", "compose", "version"], timeout=30).returncode == 0:
+    if (
+        shutil.which("docker")
+        and run_command(["docker", "compose", "version"], timeout=30).returncode == 0
+    ):
         return ("docker", "compose")
     if shutil.which("docker-compose"):
         return ("docker-compose",)
@@ -401,7 +405,7 @@ def compose_command():
 def docker_engine_answers():
     if not shutil.which("docker") or compose_command() is None:
         return False
-    return run(["docker", "info"], timeout=30).returncode == 0
+    return run_command(["docker", "info"], timeout=30).returncode == 0
 
 
 def compose_stderr(stderr, returncode):
@@ -430,7 +434,7 @@ class DockerBackend(Backend):
     def compose_run(self, args, timeout=WORKFLOW_TIMEOUT_S):
         """Compose in our project, with the -f files the last command named (or up())."""
         files = [word for name in self.files for word in ("-f", name)]
-        done = run([*self.compose, "-p", self.project, *files, *args], timeout=timeout)
+        done = run_command([*self.compose, "-p", self.project, *files, *args], timeout=timeout)
         return Result(
             done.stdout,
             compose_stderr(done.stderr, done.returncode),
@@ -440,7 +444,7 @@ class DockerBackend(Backend):
     def run(self, command):
         cmd = parse_command(command)  # what the local backend accepts, and nothing else
         if cmd.verb == "sleep":
-            return wait(cmd.args[0])
+            return guide_sleep(cmd.args[0])
         if cmd.verb not in ("up", "restart", "down", "run", "logs", "kill", "pause", "unpause"):
             raise ValueError(f"the docker backend has no mapping for {command!r}")
         self.files = cmd.files  # as written: the guide names them on each command, or not
@@ -480,7 +484,7 @@ class DockerBackend(Backend):
         field = "{{.Names}}" if kind == "container" else "{{.Name}}"
         listing = ["docker", kind, "ls", "--filter", f"{PROJECT_LABEL}={self.project}"]
         listing += ["--format", field, *(["-a"] if kind == "container" else [])]
-        return run(listing, timeout=30).stdout.split()
+        return run_command(listing, timeout=30).stdout.split()
 
     def leftovers(self):
         return [f"{kind} {name}" for kind in RESOURCES for name in self.listed(kind)]

@@ -121,7 +121,7 @@ def post_bytes(key):
     return head.encode() + b"Content-Type: application/json\r\n\r\n" + body
 
 
-def send(port, raw):
+def send_raw(port, raw):
     """One request on a new connection; returns (status or error name, seconds)."""
     start = time.perf_counter()
     try:
@@ -153,7 +153,7 @@ def load_round(port, key_of, expected, seconds):
         i = 0
         while time.perf_counter() < deadline[0]:
             key = key_of(thread, i)
-            status, seconds = send(port, post_bytes(key))
+            status, seconds = send_raw(port, post_bytes(key))
             with lock:
                 latencies.append(seconds)
                 if status != expected:
@@ -272,7 +272,7 @@ def sigterm_seconds(server):
     port = urlsplit(server.url).port
     with socket.create_connection(("127.0.0.1", port), timeout=REQUEST_TIMEOUT_S) as staller:
         staller.sendall(b"POST /tickets HTTP/1.0\r\nContent-Length: 100\r\n\r\n{")
-        send(port, post_bytes("bench:sigterm"))  # served after the staller: its thread waits
+        send_raw(port, post_bytes("bench:sigterm"))  # served after the staller: its thread waits
         start = time.perf_counter()
         server.proc.send_signal(signal.SIGTERM)
         server.proc.wait(STOP_TIMEOUT_S)
@@ -307,7 +307,7 @@ def main(argv=None):
     try:
         sha, short = baseline_commit(args.baseline)
         with tempfile.TemporaryDirectory(prefix="stateful-lab-bench-") as tmp:
-            figures = bench(Path(tmp), args.baseline, sha, short, size)
+            figures = measure_against_baseline(Path(tmp), args.baseline, sha, short, size)
     except NoBaseline as error:
         print(f"bench: {error}", file=sys.stderr)
         return EXIT_NO_BASELINE
@@ -317,11 +317,11 @@ def main(argv=None):
     except KeyboardInterrupt:
         print("bench: stopped; the receivers and the temporary folder are gone", file=sys.stderr)
         return EXIT_INTERRUPTED
-    report(figures)
+    print_figures(figures)
     return EXIT_OK
 
 
-def bench(tmp, ref, sha, short, size):
+def measure_against_baseline(tmp, ref, sha, short, size):
     """Every figure, measured with the baseline's files unpacked under tmp."""
     baseline = export_commit(sha, tmp / "baseline", f"{ref} ({short})")
     figures = {
@@ -367,7 +367,7 @@ def bench(tmp, ref, sha, short, size):
         figures["sigterm_s"] = {tree: sigterm_seconds(servers[tree]) for tree in folders}
         figures["workers"] = worker_figures(quick=size is QUICK)
         runs = bench_ledger.QUICK_RUNS if size is QUICK else bench_ledger.RUNS
-        figures["ledger"] = bench_ledger.bench(tmp / "ledger", runs)
+        figures["ledger"] = bench_ledger.measure_ledger(tmp / "ledger", runs)
     finally:
         for server in started:
             server.stop()
@@ -378,7 +378,7 @@ def worker_figures(quick):
     """Operations per second with 1, 2 and 4 workers, or why not: as `make bench-workers`
     measures them (its rounds and operations), so both print the same kind of figure."""
     try:
-        if quick:  # one worker count: one throwaway cluster, not three (about 30 s less)
+        if quick:  # one worker count: one throwaway cluster, not three
             return bench_workers(rounds=QUICK["rounds"], operations=8, counts=(1,))
         return bench_workers()
     except PostgresUnavailable as error:
@@ -387,7 +387,7 @@ def worker_figures(quick):
         return f"failed: {error}"
 
 
-def report(figures):
+def print_figures(figures):
     """Print the tables and the log-line cost; last, every figure as one JSON line."""
     receiver, cli = figures["receiver"], figures["cli"]
     ours, theirs, quiet = (

@@ -41,7 +41,7 @@ def timed(argv):
     return elapsed
 
 
-def report(label, values):
+def print_timing(label, values):
     cells = " ".join(f"{v:6.2f}" for v in values)
     print(
         f"  {label:<34} median {statistics.median(values):6.2f} s"
@@ -88,9 +88,11 @@ def main(argv=None):
             ups.append(up)
             firsts.append(first)
         print(f"{kind} start (image {'removed first' if cold else 'already built'}):")
-        report("up -d --build api", ups)
-        report("first run --rm workflow tickets", firsts)
-        report("up -> first tickets result", [u + f for u, f in zip(ups, firsts, strict=True)])
+        print_timing("up -d --build api", ups)
+        print_timing("first run --rm workflow tickets", firsts)
+        print_timing(
+            "up -> first tickets result", [u + f for u, f in zip(ups, firsts, strict=True)]
+        )
 
     restarts, restart_to_result = [], []
     for _ in range(args.runs):
@@ -99,8 +101,8 @@ def main(argv=None):
         restarts.append(restart)
         restart_to_result.append(restart + result)
     print("restart:")
-    report("restart api", restarts)
-    report("restart -> next tickets result", restart_to_result)
+    print_timing("restart api", restarts)
+    print_timing("restart -> next tickets result", restart_to_result)
 
     downs = []
     for _ in range(args.runs):
@@ -108,7 +110,7 @@ def main(argv=None):
         timed([*lab, "run", "--rm", "workflow", "tickets"])  # both volumes exist and were used
         downs.append(timed([*lab, "down", "-v"]))
     print("cleanup:")
-    report("down -v", downs)
+    print_timing("down -v", downs)
 
 
 if __name__ == "__main__":

@@ -151,18 +151,18 @@ def main(argv=None):
     try:
         sha, short = baseline_commit(args.baseline)
         with tempfile.TemporaryDirectory(prefix="bench-drill-") as tmp:
-            figures = bench(Path(tmp), args.baseline, sha, short, args.runs)
+            figures = measure_drills(Path(tmp), args.baseline, sha, short, args.runs)
     except NoBaseline as error:
         print(f"bench_drill: {error}", file=sys.stderr)
         return EXIT_NO_BASELINE
     except KeyboardInterrupt:
         print("bench_drill: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
-    report(figures)
+    print_drill_figures(figures)
     return 0
 
 
-def bench(tmp, ref, sha, short, runs):
+def measure_drills(tmp, ref, sha, short, runs):
     baseline = export_commit(sha, tmp / "baseline", f"{ref} ({short})")
     (tmp / "bench_graph.py").write_text(GRAPH)
     trees = {"this_tree": ROOT, "baseline": baseline}
@@ -228,7 +228,7 @@ def env_for(folder, tmp, name):
     }
 
 
-def report(figures):
+def print_drill_figures(figures):
     short = figures["baseline"]["short"]
     load = " ".join(f"{x:.2f}" for x in figures["load_before"])
     print(f"# bench_drill: this tree against {figures['baseline']['ref']} ({short}); load {load}")

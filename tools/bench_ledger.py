@@ -15,18 +15,14 @@ one receiver process on a free loopback port, the four interleaved so a busy mom
 
 and, to say where the time goes, graph and ledger once more with no fsync at all (synchronous=OFF
 on every connection: a diagnosis, never a setting to run with): ledger_no_fsync - graph_no_fsync is
-what the ledger's statements cost, the rest of ledger - graph its two fsyncs. Measured 2026-12-01
-on a shared 2-core machine: at load 3-5, 1.01-1.22x; at load 7-8, with the disk busy, 1.42x, of
-which statements 0.25 ms and the ledger's two fsyncs 9.2 ms: both are on the node's path (the
-intent before the request, the receipt after), where much of LangGraph's own 7 commits per run
-overlap the next step (its writes go through a background executor).
+what the ledger's statements cost, the rest of ledger - graph its two fsyncs (figures:
+docs/performance.md).
 
 Prints the median milliseconds of each, the ratio ledger / graph, the load average (uptime) before
 and after, and the commits per run on each connection (SqliteSaver's, the ledger's): each is one
 fsync under WAL and synchronous=FULL, so where the disk dominates, ledger / graph tends to
-(7 + 2) / 7 = 1.29 (2026-12-01: strace counted 7.0 and 9.1 fdatasync per run, @task 4.0). The
-machine may be shared: compare ratios, not absolutes. The last line is one JSON object with every
-figure.
+(graph's commits + 2) / graph's commits. The machine may be shared: compare ratios, not
+absolutes. The last line is one JSON object with every figure.
 Exit codes: 0 measured; 2 bad arguments; 3 the receiver did not start; 130 Ctrl-C.
 """
 
@@ -60,7 +56,7 @@ def main(argv=None):
     runs = QUICK_RUNS if args.quick else args.runs
     try:
         with tempfile.TemporaryDirectory(prefix="stateful-lab-bench-ledger-") as tmp:
-            figures = bench(Path(tmp), runs)
+            figures = measure_ledger(Path(tmp), runs)
     except LabError as error:
         print(f"bench_ledger: {error}", file=sys.stderr)
         return EXIT_NO_LAB
@@ -69,11 +65,11 @@ def main(argv=None):
             "bench_ledger: stopped; the receiver and the temporary folder are gone", file=sys.stderr
         )
         return EXIT_INTERRUPTED
-    report(figures)
+    print_ledger_figures(figures)
     return EXIT_OK
 
 
-def bench(folder, runs):
+def measure_ledger(folder, runs):
     """Every figure: milliseconds per way (medians), the ratio, the load, commits per effect."""
     env = lab_env(folder / "data", free_port())
     server = ReceiverProcess(env, log_path=folder / "receiver.log").start()
@@ -240,7 +236,7 @@ def git_head():
     return done.stdout.strip() + ("+changes" if dirty else "")
 
 
-def report(figures):
+def print_ledger_figures(figures):
     print("\n".join(lines(figures)))
     print(json.dumps(figures, sort_keys=True))
 

@@ -7,7 +7,7 @@ many `python -m labs.workers run` processes, started and ready before the clock 
 queues
 OPERATIONS safe operations (one thread each) and times until the queue is empty (every job done
 and logged). Figures are operations per second, the median of the rounds. Each worker runs up to
-worker.JOBS_PER_WORKER jobs at a time. Prints one JSON object.
+labs/worker_queue.py's JOBS_PER_WORKER jobs at a time. Prints one JSON object.
 
 The throwaway cluster runs with fsync, synchronous_commit and full_page_writes off (tools.pg):
 fast, and not what a real server does. --durable measures a cluster with all three on (Postgres's
@@ -26,7 +26,7 @@ from tools.local import ROOT, ReceiverProcess, free_port, lab_env, wait_until
 
 sys.path.insert(0, str(ROOT))
 from commandline import Parser  # noqa: E402
-from labs import workers as worker  # noqa: E402
+from labs import worker_queue
 from tools.native_workers import LocalWorkers  # noqa: E402
 
 COUNTS = (1, 2, 4)
@@ -39,10 +39,10 @@ ROUND_DEADLINE_S = 300.0
 async def one_round(queries, prefix, operations):
     for n in range(operations):
         name = f"{prefix}-{n:03d}"
-        await worker.enqueue(queries, {"thread": name, "operation_id": name, "mode": "safe",
+        await worker_queue.enqueue(queries, {"thread": name, "operation_id": name, "mode": "safe",
                                        "title": name})  # fmt: skip
     started = time.monotonic()
-    while any(map(worker.unfinished, await worker.jobs(queries))):
+    while any(map(worker_queue.job_unfinished, await worker_queue.jobs(queries))):
         if time.monotonic() - started > ROUND_DEADLINE_S:
             raise TimeoutError(f"a round of {operations} operations took over {ROUND_DEADLINE_S} s")
         await asyncio.sleep(0.02)  # a poll interval: the round ends when the queue is empty
@@ -55,7 +55,7 @@ def bench_count(count, rounds, operations, folder, durable=False):
     workers = LocalWorkers(env, folder, durable=durable)
     loop = asyncio.new_event_loop()
     try:
-        queries = loop.run_until_complete(worker.open_queue(workers.env["CHECKPOINT_DB"]))
+        queries = loop.run_until_complete(worker_queue.open_queue(workers.env["CHECKPOINT_DB"]))
         workers.scale(count)
         log = folder / "workers.log"
         wait_until(

@@ -41,7 +41,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from commandline import Parser
-from labs.cli import MODES
+from labs.modes import MODES
 from tools.backends import LabError, LocalBackend
 from tools.local import ROOT
 from tools.local import event_names as events
@@ -54,7 +54,7 @@ EXIT_OK, EXIT_FOUND, EXIT_NO_LAB = 0, 1, 3  # and 2 for bad arguments (Parser)
 
 
 @dataclass(frozen=True)
-class Settings:
+class ChaosOptions:
     """One chaos run: main() builds it from the command line (chaos reads no environment
     variable; the CPU count gives the default number of workers)."""
 
@@ -91,7 +91,7 @@ def kill_at_random(env, start_args, offset_s):
     return True, seen[-1] if seen else "nothing"
 
 
-def chaos_run(lab, mode, index, offset_s):
+def killed_run(lab, mode, index, offset_s):
     name = f"chaos-{index}"  # thread, operation key and title; the receiver is fresh
     start = ["start", "--thread", name, "--operation", name, "--title", name, "--mode", mode]
     killed, landed = kill_at_random(lab.env, start, offset_s)
@@ -135,7 +135,7 @@ def summary(runs, per_run, seed):
 
 
 def main(argv=None):
-    defaults = Settings()
+    defaults = ChaosOptions()
     parser = Parser(
         prog="python -m tools.chaos", description="Kill workflow runs at random moments."
     )
@@ -146,7 +146,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.runs < 1 or args.workers < 1:
         parser.error("--runs and --workers must be at least 1")
-    return chaos(Settings(runs=args.runs, mode=args.mode, seed=args.seed, workers=args.workers))
+    return chaos(ChaosOptions(runs=args.runs, mode=args.mode, seed=args.seed, workers=args.workers))
 
 
 def chaos(settings):
@@ -168,7 +168,7 @@ def chaos(settings):
             lab.up()
             runs = list(
                 pool.map(
-                    lambda i: chaos_run(lab, settings.mode, i, offsets[i]), range(settings.runs)
+                    lambda i: killed_run(lab, settings.mode, i, offsets[i]), range(settings.runs)
                 )
             )
             per_run = count_tickets(lab, [r["name"] for r in runs])

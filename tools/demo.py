@@ -17,11 +17,11 @@ point removes what the demo made.
 
 On a terminal it tells in projector mode (see Demo); --plain, the default for a pipe or a file,
 prints everything as the guide has it. The verdict says each lab's lesson from what its
-commands printed and the receiver holds (Ledger, Operation.lessons): the tickets and refunds of
-each operation, what the ledger answered, a drain, a run that said done with no ticket, the
-relay's deliveries, the messages a customer got, a status that went back; a drill's own crash
-runs are its own line. --times adds each guide's wall time (and the backend, the commit and the
-load) to a JSON file (tools/workshop-times.json is one, for labs/WORKSHOP.md);
+commands printed and the receiver holds (TicketsByOperation, Operation.lessons): the tickets and
+refunds of each operation, what the ledger answered, a drain, a run that said done with no
+ticket, the relay's deliveries, the messages a customer got, a status that went back; a drill's
+own crash runs are its own line. --times adds each guide's wall time (and the backend, the
+commit and the load) to a JSON file (tools/workshop-times.json is one, for labs/WORKSHOP.md);
 --pictures writes each guide's timeline as DIR/lab-NN.svg and each drill's HTML report
 (effectdrill --html) beside it (through Docker, by the drill service's /reports, which
 compose.yaml binds to DIR when LAB_REPORTS names it).
@@ -63,7 +63,7 @@ from tools.backends import (
 )
 from tools.local import ROOT
 from tools.runner import LIFECYCLE, TERMINAL_CODES, Step, parse_block, run_step
-from tools.tally import events_in, summary, tally
+from tools.tally import events_in, tally, tally_line
 
 GUIDES = [
     ROOT / "labs" / name
@@ -201,17 +201,17 @@ def parse_story(text):
         elif kind == "text" and heading == "What to notice":
             notice += bullets(content)
         elif kind == "console":
-            said = []
+            after = []
             for later, text in items[index + 1 :]:
                 if later != "text" or text.startswith("Next:"):
                     break
-                said.append(text)
+                after.append(text)
             before = []
             for earlier, text in reversed(items[:index]):
                 if earlier != "text":
                     break
                 before.insert(0, text)
-            chapters.append(Chapter(heading, parse_block(content), "\n\n".join(said)))
+            chapters.append(Chapter(heading, parse_block(content), "\n\n".join(after)))
             chapters[-1].notice, notice = notice, []
             chapters[-1].before = "\n\n".join(before)
     if notice and chapters:
@@ -226,7 +226,7 @@ def plain(text, style):
     return re.sub(r"`([^`]+)`", lambda m: style.bold(m.group(1)), text)
 
 
-def say(text, style, indent="  ", first=None, width=WIDTH):
+def wrap_paragraph(text, style, indent="  ", first=None, width=WIDTH):
     """A paragraph of the guide, wrapped (escape codes are added after wrapping)."""
     words = " ".join(text.split())  # never broken at a hyphen: `--remove-orphans`, `term-at:`
     wrapped = textwrap.fill(
@@ -307,11 +307,11 @@ def tell_text(text, style, width=WIDTH):
         if kind == "bullet":
             mark, _, rest = piece.partition(" ")
             first = f"  {mark} "  # a numbered item's lines under its text, as a bullet's are
-            say(rest, style, " " * len(first), first, width)
+            wrap_paragraph(rest, style, " " * len(first), first, width)
         elif kind in ("table", "code"):
             print(plain("  " + piece.rstrip(), style))
         else:
-            say(piece, style, width=width)
+            wrap_paragraph(piece, style, width=width)
 
 
 def fit_tables(lines, width):
@@ -498,44 +498,44 @@ class Operation:
 
     def lessons(self, name):
         """What the room saw happen to this operation, in plain words, each with its count."""
-        said = []
+        findings = []
         if len(set(self.keys)) > 1 and None not in self.keys and name not in self.keys:
             keys = len(set(self.keys))  # lab 05's node-uuid: a key made up on each attempt
-            said.append(
+            findings.append(
                 f"under {keys} different keys, none the operation's (to the receiver, "
                 f"{keys} operations)"
             )
         forgotten = set(self.keys) <= {name, None}  # a key no longer held shows as null (14)
         if self.mode in ("safe", "ledger") and len(self.tickets) > 1 and forgotten:
-            said.append("the receiver made a new ticket for a key it no longer held (expired)")
+            findings.append("the receiver made a new ticket for a key it no longer held (expired)")
         if self.lost:
-            said.append("LOST: the run said done and no ticket was ever made (0 tickets)")
+            findings.append("LOST: the run findings done and no ticket was ever made (0 tickets)")
         workers = [f"ticket {t} by {who}" for t, who in self.makers]
         if workers and (len(self.makers) > 1 or self.makers[0][1] != BACKGROUND):
-            said.append(", ".join(workers))
+            findings.append(", ".join(workers))
         if self.refunds:
             twice = " (the refund ran twice)" if self.refunds > 1 else ""
-            said.append(
+            findings.append(
                 f"{self.refunds} refund{'' if self.refunds == 1 else 's'} of its one charge{twice}"
             )
         if self.charges:
             twice = f" (charged {len(self.charges)} times)" if len(self.charges) > 1 else ""
-            said.append(
+            findings.append(
                 f"{len(self.charges)} charge{'' if len(self.charges) == 1 else 's'} for its one "
                 f"payment{twice}"
             )
         if self.messages:
             count, same = len(self.messages), max(map(self.messages.count, self.messages))
             again = f", the same one {same} times (a double notice)" if same > 1 else ""
-            said.append(f"{count} message{'' if count == 1 else 's'} sent about it{again}")
+            findings.append(f"{count} message{'' if count == 1 else 's'} sent about it{again}")
         if self.deliveries:
             made = sum(self.deliveries)
-            said.append(
+            findings.append(
                 f"the relay delivered it {len(self.deliveries)} "
                 f"time{'' if len(self.deliveries) == 1 else 's'}, the receiver made {made} "
                 f"and answered {len(self.deliveries) - made} from its key"
             )
-        return said
+        return findings
 
     def verdict(self, name):
         count = len(self.tickets)
@@ -583,7 +583,7 @@ ASK = (
 )
 
 
-class Ledger:
+class TicketsByOperation:
     """Tickets per operation, counted on the receiver's own ledger: after each command that can
     make a ticket (a workflow's start, resume, approve or post; a worker's run or wait, which
     report what the background workers did), and before each verdict, every ticket the receiver
@@ -635,7 +635,7 @@ class Ledger:
         if action not in EFFECTS:
             return None
         try:
-            args = lab.build_parser().parse_args(words)  # labs/cli.py's own defaults
+            args = lab.build_lab_parser().parse_args(words)  # labs/cli.py's own defaults
         except SystemExit:
             return None
         if args.action == "start":
@@ -886,8 +886,8 @@ class Ledger:
             op.notes.append("the drill says: " + summary[-1].removeprefix("summary: "))
         elif exit_code:
             op.refused = exit_code == EXIT_USAGE
-            said = f": {why[-1].removeprefix('effectdrill: ')}" if why else ""
-            op.notes.append(f"did not run (exit {exit_code}){said}")
+            why_not = f": {why[-1].removeprefix('effectdrill: ')}" if why else ""
+            op.notes.append(f"did not run (exit {exit_code}){why_not}")
 
 
 def tool_name(service, words):
@@ -962,8 +962,8 @@ class Demo:
             Path(self.pictures).mkdir(parents=True, exist_ok=True)
         print("\n" + s.bold(f"=== {story.title} ==="))
         if story.shows:
-            say(story.shows, s, width=self.width)
-        ledger = Ledger()
+            wrap_paragraph(story.shows, s, width=self.width)
+        ledger = TicketsByOperation()
         heading = None
         self.timeline = []
         for chapter in story.chapters:
@@ -990,7 +990,7 @@ class Demo:
     def notice(self, bullets, ledger):
         print("\n" + self.style.bold("What to notice"))
         for bullet in bullets:
-            say(bullet, self.style, "    ", "  - ", self.width)
+            wrap_paragraph(bullet, self.style, "    ", "  - ", self.width)
         self.verdict(ledger)
 
     def text(self, text, fold=False):
@@ -1173,7 +1173,7 @@ class Demo:
         if drill and not quiet and len(fit_tables(lines, self.width)) > FOLD_LINES:
             self.folds.append(("output", "\n".join(fit_tables(lines, self.width))))
             said = f"  (the whole table, {len(lines)} lines, folded; o at the next prompt opens it)"
-            return [*fit_tables(drilltable.summary(lines), self.width), self.style.dim(said)]
+            return [*fit_tables(drilltable.screen_summary(lines), self.width), self.style.dim(said)]
         lines = fit_tables(lines, self.width)
         out = []
         for line in lines:
@@ -1256,7 +1256,7 @@ class Demo:
         width = self.projector and self.width  # the room's: broken between words
         showed = fitted(f"What the labs showed: {shown or 'no operation made a ticket'}", width)
         print("\n" + "\n".join(map(s.bold, showed)))
-        tallied = f"What the commands above did (tools.tally): {summary(self.counts)}"
+        tallied = f"What the commands above did (tools.tally): {tally_line(self.counts)}"
         print("\n".join(fitted(tallied, width)))
         wrong = [o for o in self.outcomes if not o.ok]
         where = f"{len(guides)} guide{'' if len(guides) == 1 else 's'}, {self.backend.name} backend"
@@ -1279,7 +1279,7 @@ def timeline(demo):
     the keys the receiver holds for its tickets and the drill's own table. A mark per event
     (MARKS says each kind); an effect made a second time for the same thing (a ticket for one
     operation, a notice for one webhook event, a charge for one reference) is a duplicate."""
-    rows, seen = [], Seen()
+    rows, seen = [], ShownSoFar()
     for command, events, exit_code, said, *more in demo.timeline:
         words = parse_command(command).run_env()[1][1:]
         if words[:1] == ["drill"] and said:  # its own crash runs: its summary and its table
@@ -1302,7 +1302,7 @@ def timeline(demo):
     return rows
 
 
-class Seen:
+class ShownSoFar:
     """What the picture has shown so far: which operation each thread runs, and each effect
     made (a ticket by its operation, a message by its key or the webhook event it is about, a
     payment by its reference), so that the second one is marked a duplicate."""

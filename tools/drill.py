@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 
 from commandline import Parser
 from exitcodes import EXIT_DRAINED, EXIT_NO_ANSWER, EXIT_THREAD
-from labs.cli import MODES
+from labs.modes import MODES
 from providers import TIMEOUT_S
 from tools.backends import LOST_ACK, DockerBackend, LabError, LocalBackend
 from tools.local import event_names, shell_exit_code
@@ -53,7 +53,7 @@ NODE_OF_EVENT = {  # workflow.py events -> the node that prints them
 
 
 @dataclass(frozen=True)
-class Settings:
+class DrillOptions:
     """What one drill runs, and where: main() builds them from the command line (the drill
     reads no environment variable; the CPU count gives the default number of workers)."""
 
@@ -70,7 +70,7 @@ def each(value):
 
 
 @dataclass(frozen=True)
-class Row:
+class MatrixRow:
     """One row of the matrix: where the run dies, under which durability, and for each mode
     (in MODES order: naive, safe, node-uuid, ledger) what a learner sees."""
 
@@ -90,9 +90,9 @@ class Row:
 RESUME_BOTH = each("resume: prepare, create_ticket")
 RESUME_CREATE = each("resume: create_ticket")
 MATRIX = (  # the one statement of what the drill expects; tests and docs read it from here
-    Row("after-prepare", "sync", (1, 1, 1, 1), recovery=RESUME_BOTH),  # nothing was sent
-    Row("before-request", "sync", (1, 1, 1, 1), recovery=RESUME_CREATE),
-    Row(  # committed, answer lost: only a stable key can find it again
+    MatrixRow("after-prepare", "sync", (1, 1, 1, 1), recovery=RESUME_BOTH),  # nothing was sent
+    MatrixRow("before-request", "sync", (1, 1, 1, 1), recovery=RESUME_CREATE),
+    MatrixRow(  # committed, answer lost: only a stable key can find it again
         "lost-ack",
         "sync",
         (2, 1, 1, 1),
@@ -100,37 +100,41 @@ MATRIX = (  # the one statement of what the drill expects; tests and docs read i
         crash_exit=(EXIT_NO_ANSWER, 0, 0, 0),
         recovery=("resume: create_ticket", "none", "none", "none"),
     ),
-    Row(  # lab 15: inside Effect.perform, answered and not yet recorded: only the ledger's run
+    MatrixRow(  # lab 15: inside Effect.perform, answered, not yet recorded: only the ledger's run
         "after-send",  # passes it (the lessons' nodes record nothing); its resume adopts by key
         "sync",
         (1, 1, 1, 1),
         crash_exit=(0, 0, 0, KILLED),
         recovery=("none", "none", "none", "resume: create_ticket"),
     ),
-    Row("after-ack", "sync", (2, 1, 2, 1), recovery=RESUME_CREATE),  # the rerun sends again
+    MatrixRow("after-ack", "sync", (2, 1, 2, 1), recovery=RESUME_CREATE),  # the rerun sends again
     # lab 08: the node returned, its result was not saved yet: the rerun sends again
-    Row("step-boundary", "sync", (2, 1, 2, 1), recovery=RESUME_CREATE),
-    Row("after-checkpoint", "sync", (1, 1, 1, 1), recovery=each("resume: nothing")),  # saved
+    MatrixRow("step-boundary", "sync", (2, 1, 2, 1), recovery=RESUME_CREATE),
+    MatrixRow("after-checkpoint", "sync", (1, 1, 1, 1), recovery=each("resume: nothing")),  # saved
     # lab 09: SIGTERM drains the run at the step boundary; nothing is redone in any mode
-    Row(
+    MatrixRow(
         "term-at:after-prepare",
         "sync",
         (1, 1, 1, 1),
         crash_exit=each(EXIT_DRAINED),  # stopped after prepare, its result saved
         recovery=RESUME_CREATE,
     ),
-    Row(  # create_ticket was the last node: the run finishes
+    MatrixRow(  # create_ticket was the last node: the run finishes
         "term-at:after-ack", "sync", (1, 1, 1, 1), crash_exit=each(0), recovery=each("none")
     ),
     # The durability decides how much the recovery redoes, never the ticket count:
-    Row("after-ack", "async", (2, 1, 2, 1)),  # what "async" had saved when the kill landed varies
-    Row("after-ack", "exit", (2, 1, 2, 1), recovery=each("start again: prepare, create_ticket")),
+    MatrixRow(
+        "after-ack", "async", (2, 1, 2, 1)
+    ),  # what "async" had saved when the kill landed varies
+    MatrixRow(
+        "after-ack", "exit", (2, 1, 2, 1), recovery=each("start again: prepare, create_ticket")
+    ),
 )
 
 
 @dataclass(frozen=True)
 class Cell:
-    row: Row
+    row: MatrixRow
     mode: str
 
     @property
@@ -243,7 +247,7 @@ def run_drill(lab, settings, on_cell=progress):
     return results
 
 
-def matrix(results):
+def matrix_table(results):
     """The results as a text table: tickets per mode, and what the recovery redid."""
     lines = [f"{'boundary':<22}{'durability':<12}{'naive':<7}{'safe':<6}{'node-uuid':<11}recovery"]
     for i in range(0, len(results), len(MODES)):
@@ -292,7 +296,7 @@ def open_lab(settings, in_process=False):
 
 
 def main(argv=None):
-    defaults = Settings()
+    defaults = DrillOptions()
     parser = Parser(
         prog="python -m tools.drill", description="Crash the workflow at every boundary."
     )
@@ -314,17 +318,17 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.workers < 1:
         parser.error("--workers must be at least 1")
-    settings = Settings(
+    settings = DrillOptions(
         backend=args.backend,
         project=args.project,
         boundaries=tuple(args.boundary or ()),
         workers=args.workers,
         json=args.json,
     )
-    return drill(settings)
+    return drill_and_print(settings)
 
 
-def drill(settings):
+def drill_and_print(settings):
     """The whole drill, as `make drill` runs it -> the exit code."""
     began = time.monotonic()
     print(
@@ -347,7 +351,7 @@ def drill(settings):
         for cell in results:
             print(json.dumps(cell, sort_keys=True))
     else:
-        print(matrix(results))
+        print(matrix_table(results))
     verdict = f"{len(wrong)} cells differ" if wrong else f"all {len(results)} cells as expected"
     print(f"drill: {verdict} ({time.monotonic() - began:.1f} s)", file=sys.stderr)
     return EXIT_DIFFERS if wrong else EXIT_OK

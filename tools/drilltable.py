@@ -47,7 +47,7 @@ class Table:
         return point.verdict != "ok"
 
 
-def cells(header, lines):
+def split_cells(header, lines):
     """Each line cut at the header's column starts: a list of cells per line."""
     starts = [0] + [m.end() for m in re.finditer(r"  +(?=\S)", header)]
     ends = starts[1:] + [None]
@@ -66,7 +66,7 @@ def tables(lines):
         end = i + 1
         while end < len(lines) and lines[end].strip():
             end += 1
-        rows = cells(line, lines[i:end])
+        rows = split_cells(line, lines[i:end])
         names = rows[0]
         if tuple(names[:3]) != FIRST or names[-1] != "verdict":
             i = end
@@ -90,7 +90,7 @@ def tables(lines):
     return found
 
 
-def summary(lines):
+def screen_summary(lines):
     """The drill's output for a screen: each table as its title with how many rows are ok, and
     only the rows that differ from the clean run, one line each (point, counts, verdict); the
     requests block to its `requests:` line; the rest (the summary line) as printed."""

@@ -60,7 +60,7 @@ def check_port_free(host, port):
             ) from None
 
 
-def run(argv, env=None, timeout=COMMAND_TIMEOUT_S, cwd=ROOT):
+def run_command(argv, env=None, timeout=COMMAND_TIMEOUT_S, cwd=ROOT):
     """Run a command in cwd (ROOT) to its end: no stdin, text stdout and stderr captured, its own
     session (a Ctrl-C meant for us does not reach it; on any exception it is killed)."""
     return subprocess.run(
@@ -167,7 +167,7 @@ class ReceiverProcess:
 
 def run_workflow(args, env, timeout=60):
     """python -m labs ARGS; returns the CompletedProcess (text). -9 is the SIGKILL exit."""
-    return run([sys.executable, "-m", "labs", *args], env, timeout)
+    return run_command([sys.executable, "-m", "labs", *args], env, timeout)
 
 
 SIGNALS_ITSELF = ("--crash", "--crash-at", "--term-at")  # labs/cli.py flags that kill or stop it
@@ -196,9 +196,10 @@ def run_workflow_here(args, env):
 def run_workflow_forked(args, env, timeout=60):
     """lab.main(ARGS) in a forked copy of this process, for a command that kills or stops itself
     (--crash, --crash-at, --term-at): a real process, which really gets its SIGKILL or SIGTERM,
-    started with lab and LangGraph already imported (~0.8 s less than `python -m labs ARGS`). Its
-    stdout and stderr come back through pipes; its own session, cwd and environment, as run()
-    gives a process. Returns the CompletedProcess, -9 for the SIGKILL, like run_workflow()."""
+    started with the lessons and LangGraph already imported (no interpreter start, no imports:
+    docs/performance.md). Its stdout and stderr come back through pipes; its own session, cwd
+    and environment, as run_command() gives a process. Returns the CompletedProcess, -9 for the
+    SIGKILL, like run_workflow()."""
     from labs import cli as lab  # imported before the fork: the child starts with it
 
     pipes = [os.pipe(), os.pipe()]  # (read, write) for stdout, stderr

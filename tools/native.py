@@ -1,9 +1,9 @@
-"""A guide's Compose command as a learner types it natively: the README's native table.
+"""A guide's Compose command as a learner types it natively: docs/native.md's table.
 
 The guides show `docker compose -p stateful-lab ...` lines. Without Docker, a learner starts the
 receiver in the background, runs labs/cli.py and labs/workers.py, and stops them by job or by pid;
 `make
-demo BACKEND=local` prints that line under each guide command, and the README's native table
+demo BACKEND=local` prints that line under each guide command, and docs/native.md's table
 shows the same lines (a test compares them word for word). The local backend (backends.py) runs
 the same mapping as processes; this module writes it out as shell, from the parsed command and
 the lab's state:
@@ -23,8 +23,9 @@ from tools.native_workers import HEARTBEAT_S
 PID_FILE = "data/receiver.pid"  # where the native commands we show keep the receiver's pid
 PYTHON_IN_THE_IMAGE = ["--rm", "--entrypoint", "python", "workflow"]  # run ... -c CODE
 WORKERS = "python -m tools.native_workers"  # the workers it started (pid files in data/)
-# Lab 10's `up -d postgres` exports the cluster's URL as CHECKPOINT_DB: its reset puts back the
-# README's SQLite file, or every later lab in that shell would ask a cluster that is gone (exit 3).
+# Lab 10's `up -d postgres` exports the cluster's URL as CHECKPOINT_DB: its reset puts back
+# docs/native.md's SQLite file, or every later lab in that shell would ask a cluster that is gone
+# (exit 3).
 SQLITE_AGAIN = "export CHECKPOINT_DB=data/workflow/checkpoints.sqlite; unset WORKER_HEARTBEAT_S"
 
 
@@ -41,7 +42,7 @@ def line(cmd, faults, running, postgres_up):
         return scaled
     wanted = override_environment(cmd.overrides) if cmd.verb == "up" else faults
     serve = "".join(f"{k}={shlex.quote(v)} " for k, v in wanted.items())
-    serve += f"python -m labs.receiver 2>>data/receiver.log & echo $! >{PID_FILE}"  # as the README
+    serve += f"python -m labs.receiver 2>>data/receiver.log & echo $! >{PID_FILE}"  # docs/native.md
     stop = "kill %1; wait"
     if cmd.verb == "up" and running and wanted != faults:
         return f"{stop}; {serve}"  # another environment: as `restart`, with it
@@ -58,7 +59,7 @@ def line(cmd, faults, running, postgres_up):
     if cmd.verb == "logs":
         return "cat data/receiver.log"
     if cmd.args[:2] == ["--rm", "drill"]:
-        return "python -m effectdrill " + shlex.join(cmd.args[2:])
+        return "python -m labs.drill " + shlex.join(cmd.args[2:])
     if cmd.args[:4] == PYTHON_IN_THE_IMAGE:
         return "python " + shlex.join(cmd.args[4:])
     env, args = cmd.run_env()

@@ -9,7 +9,7 @@ chaos run and the bench start them through LocalWorkers, the same way.
 
 A learner typing lab 10 natively uses the command line below instead: it keeps the pid of each
 worker it starts in data/workers/, so it signals and stops those processes and no others (a broad
-`pkill -f 'labs/workers.py run'` would hit anyone's workers on a shared machine). `make reset`
+`pkill -f 'labs.workers run'` would hit anyone's workers on a shared machine). `make reset`
 stops them
 too, and the Postgres tool whose pid the guide's native line kept in data/pg.pid.
 
@@ -35,6 +35,7 @@ from tools.pg import TempPostgres
 # compose.yaml's worker service sets WORKER_HEARTBEAT_S to this too: the guide's output is the same
 # either way only if a stalled job changes hands after the same time.
 HEARTBEAT_S = "3"
+WORKER = "-m labs.workers run"  # in a worker's command line (ps): its pid file names ours
 
 
 def stopped(proc):
@@ -163,7 +164,7 @@ def up(data, replicas):
     folder.mkdir(parents=True, exist_ok=True)
     for index in range(1, replicas + 1):
         pid_file = folder / f"worker-{index}.pid"
-        if read_pid(pid_file, "labs/workers.py run"):
+        if read_pid(pid_file, WORKER):
             continue
         safefiles.refuse_special(pid_file)  # before a worker starts that nothing would name
         with safefiles.open_log(Path(data) / "workers.log") as log:
@@ -180,13 +181,13 @@ def up(data, replicas):
         stop_one(pid_file)
 
 
-def send(data, sig):
+def signal_workers(data, sig):
     for pid_file in pid_files(data):
-        if pid := read_pid(pid_file, "labs/workers.py run"):
+        if pid := read_pid(pid_file, WORKER):
             os.kill(pid, sig)
 
 
-def stop_one(pid_file, what="labs/workers.py run"):
+def stop_one(pid_file, what=WORKER):
     """SIGCONT (a frozen process would never see the rest), SIGTERM, and wait; SIGKILL after
     STOP_DEADLINE_S. The pid file goes either way."""
     pid = read_pid(pid_file, what)
@@ -201,7 +202,7 @@ def stop_one(pid_file, what="labs/workers.py run"):
     pid_file.unlink(missing_ok=True)
 
 
-def stop(data):
+def stop_workers(data):
     """Every worker this command line started, then the Postgres tool of data/pg.pid."""
     for pid_file in pid_files(data):
         stop_one(pid_file)
@@ -222,9 +223,9 @@ def main(argv=None):
         if args.action == "up":
             up(args.data, args.replicas)
         elif args.action == "signal":
-            send(args.data, signal.Signals[args.signal])
+            signal_workers(args.data, signal.Signals[args.signal])
         else:
-            stop(args.data)
+            stop_workers(args.data)
     except safefiles.NotAFile as error:  # a link or a FIFO where its log or a pid file goes
         print(f"workers: {error}", file=sys.stderr)
         return 2

@@ -1,7 +1,7 @@
 """make reset: the learner's own lab, both ways (`python -m tools.reset`). .venv stays.
 
 Docker: `down -v --remove-orphans` of the project the guides name. Natively: the receiver the
-README's native `up` started (its pid in data/receiver.pid, and only if that process runs this
+docs/native.md's `up` started (its pid in data/receiver.pid, and only if that process runs this
 folder's labs/receiver.py), any other receiver of this folder that serves data/ (a second `up` that
 could
 not listen overwrote the pid file with its own, dead, pid), lab 10's workers and Postgres tool
@@ -16,15 +16,15 @@ from pathlib import Path
 
 from tools import native_workers
 from tools.backends import LEARNER_PROJECT, compose_command, docker_engine_answers
-from tools.local import ROOT, run, wait_until
+from tools.local import ROOT, run_command, wait_until
 from tools.native import PID_FILE
 
 
 def stop_native_receiver(pid_file):
-    """Stop the receiver a native `up` started (README: its pid in data/receiver.pid), and wait
-    for it to exit. Only if that pid is this lab's labs/receiver.py: a pid can be reused by any
-    process
-    after a reboot or a crash, and a reset never signals a stranger. -> what it did, or None."""
+    """Stop the receiver a native `up` started (docs/native.md: its pid in data/receiver.pid),
+    and wait for it to exit. Only if that pid is this lab's receiver: a pid can be reused by any
+    process after a reboot or a crash, and a reset never signals a stranger. -> what it did, or
+    None."""
     try:
         pid = int(pid_file.read_text().strip())
     except (OSError, ValueError):
@@ -39,30 +39,32 @@ def stop_native_receiver(pid_file):
     return f"native: receiver (pid {pid}) stopped"
 
 
-def reset():
+def reset_the_learners_lab():
     """make reset: the learner's lab, both ways. .venv stays."""
     if docker_engine_answers():
         # --remove-orphans: a `run --rm` container still attached would keep the network (lab 10).
         down = [*compose_command(), "-p", LEARNER_PROJECT, "down", "-v", "--remove-orphans"]
-        done = run(down, timeout=120)
+        done = run_command(down, timeout=120)
         if done.returncode:
             print(f"reset: docker: {done.stderr.strip()[-300:]}", file=sys.stderr)
             return 1
         print(f"docker: project {LEARNER_PROJECT} removed (containers, network, volumes)")
     try:
-        said = stop_native_receiver(ROOT / PID_FILE)
+        message = stop_native_receiver(ROOT / PID_FILE)
     except TimeoutError as error:
         print(f"reset: native: {error}; data/ left in place", file=sys.stderr)
         return 1
-    if said:
-        print(said)
+    if message:
+        print(message)
     try:
-        for said in stop_receivers_serving(ROOT / "data"):
-            print(said)
+        for message in stop_receivers_serving(ROOT / "data"):
+            print(message)
     except TimeoutError as error:
         print(f"reset: native: {error}; data/ left in place", file=sys.stderr)
         return 1
-    native_workers.stop(ROOT / "data")  # lab 10 natively: its workers and its Postgres, by pid
+    native_workers.stop_workers(
+        ROOT / "data"
+    )  # lab 10 natively: its workers and its Postgres, by pid
     if (ROOT / "data").exists():
         shutil.rmtree(ROOT / "data")
         print("native: data/ deleted")
@@ -74,17 +76,19 @@ def stop_receivers_serving(data):
     lies in data (the pid file names one receiver at most, and a second `up` that could not listen
     left its own dead pid
     there): what was done, a line each."""
-    listed = run(["ps", "-ww", "-A", "-o", "pid=,command="], timeout=10).stdout  # -ww: whole
+    listed = run_command(
+        ["ps", "-ww", "-A", "-o", "pid=,command="], timeout=10
+    ).stdout  # -ww: whole
     pids = [int(line.split(None, 1)[0]) for line in listed.splitlines() if "labs.receiver" in line]
     for pid in pids:
-        if pid != os.getpid() and is_this_labs_receiver(pid) and serves(pid, data):
+        if pid != os.getpid() and is_this_labs_receiver(pid) and serves_data(pid, data):
             os.kill(pid, signal.SIGTERM)
             gone = lambda pid=pid: not is_this_labs_receiver(pid)  # noqa: E731 (a zombie is gone)
             wait_until(gone, 10, f"the receiver (pid {pid}) stopping")
             yield f"native: receiver (pid {pid}) stopped: it served data/ (not in {PID_FILE})"
 
 
-def serves(pid, data):
+def serves_data(pid, data):
     """Whether receiver pid keeps its database in data: its RECEIVER_DB (api.py's
     default when unset) from its environment, against its working folder. A receiver whose
     environment or folder cannot be read (another user's; no /proc) is taken to serve it."""
@@ -118,7 +122,7 @@ def running(pid):
 
 def is_this_labs_receiver(pid):
     """True when process pid is `python -m labs.receiver` started in this folder (ROOT)."""
-    argv = run(["ps", "-ww", "-o", "command=", "-p", str(pid)], timeout=10).stdout.split()
+    argv = run_command(["ps", "-ww", "-o", "command=", "-p", str(pid)], timeout=10).stdout.split()
     if not argv or not Path(argv[0]).name.lower().startswith("python"):
         return False
     if "labs.receiver" not in argv or argv[argv.index("labs.receiver") - 1] != "-m":
@@ -135,7 +139,7 @@ def process_cwd(pid):
         pass
     if not shutil.which("lsof"):
         return None
-    listed = run(["lsof", "-a", "-d", "cwd", "-p", str(pid), "-Fn"], timeout=10).stdout
+    listed = run_command(["lsof", "-a", "-d", "cwd", "-p", str(pid), "-Fn"], timeout=10).stdout
     names = [line[1:] for line in listed.splitlines() if line.startswith("n")]
     return Path(names[0]) if names else None
 
@@ -143,4 +147,4 @@ def process_cwd(pid):
 if __name__ == "__main__":
     if sys.argv[1:]:
         sys.exit("usage: python -m tools.reset  (it takes no arguments)")
-    sys.exit(reset())
+    sys.exit(reset_the_learners_lab())

@@ -15,8 +15,8 @@ One command is not Compose: `$ sleep N` (N whole seconds) waits, for real, in ev
 where a lab is about time passing (lab 14 waits out the receiver's key retention). A learner
 types it as is: bash, zsh and PowerShell all have `sleep N`.
 
-A backend (tools.backends) turns the learner's command into programs; the README's
-"Without Docker" section shows the native mapping. For up, restart and down only the exit code
+A backend (tools.backends) turns the learner's command into programs; docs/native.md
+shows the native mapping. For up, restart and down only the exit code
 is compared: Compose's own messages differ between versions. `logs` is compared without the
 name Compose puts before each line (`api-1  | ` in v2, `api_1  | ` in v1; natively none) and
 without the terminal codes it adds even when no terminal reads them (2.26 erases each line
@@ -47,7 +47,7 @@ class Step:
 
 
 @dataclass
-class Outcome:
+class StepResult:
     step: Step
     stdout: str
     exit_code: int
@@ -136,7 +136,7 @@ def check(step, stdout, exit_code):
 def run_step(step, backend):
     result = backend.run(step.command)
     problems = check(step, result.stdout, result.exit_code)
-    return Outcome(step, result.stdout, result.exit_code, problems, result.stderr)
+    return StepResult(step, result.stdout, result.exit_code, problems, result.stderr)
 
 
 def run_guide(path, backend):

@@ -58,8 +58,7 @@ sys.path.insert(0, str(ROOT))
 import checkpoints
 import commandline  # noqa: E402
 import failpoints  # noqa: E402
-from labs import cli as lab  # noqa: E402
-from labs import workers as worker  # noqa: E402
+from labs import lab_graph, worker_queue
 from tools.native_workers import LocalWorkers, stopped  # noqa: E402
 
 HEARTBEAT_S = "1"  # short, so a frozen or dead worker's job moves on quickly
@@ -72,7 +71,7 @@ RETRY_S = "0.5"  # WORKER_RETRY_S: a job failed by the receiver's outage is trie
 POLL_S = 0.1  # seconds between looks at the queue while the next strike waits for progress
 
 
-def say(message):
+def log_line(message):
     print(f"scale-chaos: {message}", file=sys.stderr, flush=True)
 
 
@@ -81,18 +80,18 @@ async def submit_all(queries, operations, mode):
         name = f"chaos-{n:03d}"
         # The title names the operation too: naive tickets carry no key to count them by.
         operation = {"thread": name, "operation_id": name, "mode": mode, "title": name}
-        await worker.enqueue(queries, operation)
+        await worker_queue.enqueue(queries, operation)
 
 
 async def pending(queries):
-    return [j for j in await worker.jobs(queries) if worker.unfinished(j)]
+    return [j for j in await worker_queue.jobs(queries) if worker_queue.job_unfinished(j)]
 
 
 def finished_threads(url, operations):
     """How many threads have a ticket in their latest checkpoint."""
     done = 0
     with checkpoints.open_checkpointer(url) as saver:
-        graph = lab.build_graph(saver)
+        graph = lab_graph.build_lab_graph(saver)
         for n in range(operations):
             config = {"configurable": {"thread_id": f"chaos-{n:03d}"}}
             snapshot = graph.get_state(config)
@@ -100,7 +99,7 @@ def finished_threads(url, operations):
     return done
 
 
-def tickets(api_url):
+def tickets_at(api_url):
     with urllib.request.urlopen(api_url + "/tickets", timeout=10) as response:
         return json.load(response)["tickets"]
 
@@ -124,9 +123,9 @@ def chaos_run(
     loop = asyncio.new_event_loop()
     try:
         url = workers.env["CHECKPOINT_DB"]
-        queries = loop.run_until_complete(worker.open_queue(url))
+        queries = loop.run_until_complete(worker_queue.open_queue(url))
         loop.run_until_complete(submit_all(queries, operations, mode))
-        say(f"{operations} {mode} operations queued; starting {workers_n} workers")
+        log_line(f"{operations} {mode} operations queued; starting {workers_n} workers")
         for n, path in enumerate(pauses):  # worker n+1 stops at after-ack until its file says go
             workers.base_env = dict(base_env, FAILPOINTS=f"after-ack=pause({path})")
             workers.scale(n + 1)
@@ -151,7 +150,7 @@ def chaos_run(
                 proc.kill()
                 proc.wait()
                 struck["kill"] += 1
-            say(f"SIGKILL all {workers_n} workers")
+            log_line(f"SIGKILL all {workers_n} workers")
             workers.scale(workers_n)
         for path in pauses:  # a worker not killed goes on, and passes after-ack from now on
             failpoints.unpause(path)
@@ -162,12 +161,12 @@ def chaos_run(
             """Every job; our own connection again if a pg-restart broke it."""
             nonlocal queries
             try:
-                return loop.run_until_complete(worker.jobs(queries))
+                return loop.run_until_complete(worker_queue.jobs(queries))
             except Exception as error:
-                if not worker.lost_connection(error):
+                if not worker_queue.lost_connection(error):
                     raise
-            queries = loop.run_until_complete(worker.open_queue(url, time.monotonic() + 30))
-            return loop.run_until_complete(worker.jobs(queries))
+            queries = loop.run_until_complete(worker_queue.open_queue(url, time.monotonic() + 30))
+            return loop.run_until_complete(worker_queue.jobs(queries))
 
         # Each fault once, in a random order, even if the queue drains first (a deploy or an
         # outage must not lose an idle worker's next job either); then any, until it drains.
@@ -178,7 +177,7 @@ def chaos_run(
         done_at_strike = -1
         while True:
             jobs = look()
-            left = sum(worker.unfinished(j) for j in jobs)
+            left = sum(worker_queue.job_unfinished(j) for j in jobs)
             if not first and not left:
                 break
             if time.monotonic() > deadline:
@@ -194,10 +193,10 @@ def chaos_run(
             time.sleep(rng.uniform(0.5, 2.0))  # a random moment, not a synchronisation
         # A woken worker may still be in a run that another worker completed already: SIGTERM
         # lets every worker drain what it started before it exits.
-        say("queue drained; stopping the workers")
+        log_line("queue drained; stopping the workers")
         workers.stop_all()
         done = finished_threads(url, operations)
-        held = tickets(env["API_URL"])
+        held = tickets_at(env["API_URL"])
     finally:
         for path in pauses:  # a worker still paused would not see its SIGTERM's drain
             failpoints.unpause(path)
@@ -234,7 +233,7 @@ class Strike:
             return False
         proc.kill()
         proc.wait()
-        say(f"SIGKILL worker {index + 1}")
+        log_line(f"SIGKILL worker {index + 1}")
         self.workers.scale(self.workers_n)  # a new process in its place, like a restart policy
         return True
 
@@ -245,14 +244,14 @@ class Strike:
         proc.send_signal(signal.SIGSTOP)
         wait_until(lambda: stopped(proc), 5, "the worker to stop")
         hold = float(HEARTBEAT_S) + self.rng.uniform(0.2, 1.0)  # past the heartbeat
-        say(f"SIGSTOP worker {index + 1} for {hold:.1f} s")
+        log_line(f"SIGSTOP worker {index + 1} for {hold:.1f} s")
         time.sleep(hold)
         proc.send_signal(signal.SIGCONT)
         return True
 
     def pg_restart(self):
         down = self.rng.uniform(1.0, 3.0)
-        say(f"Postgres stopped (immediate) for {down:.1f} s")
+        log_line(f"Postgres stopped (immediate) for {down:.1f} s")
         self.workers.postgres.halt()
         time.sleep(down)
         self.workers.postgres.start_server()
@@ -260,7 +259,7 @@ class Strike:
 
     def receiver_outage(self):
         down = self.rng.uniform(3.0, 5.0)  # longer than the client's own retries (~1.75 s)
-        say(f"receiver killed for {down:.1f} s")
+        log_line(f"receiver killed for {down:.1f} s")
         self.receiver[0].kill()
         time.sleep(down)
         log = self.work_dir / "receiver.log"
@@ -269,7 +268,7 @@ class Strike:
 
     def deploy(self):
         """A rolling deploy: each worker in turn gets SIGTERM, and a replacement starts."""
-        say(f"rolling deploy of {self.workers_n} workers")
+        log_line(f"rolling deploy of {self.workers_n} workers")
         for index in range(self.workers_n):
             old = self.workers.procs[index]
             self.workers.procs[index] = self.workers.spawn()
@@ -306,7 +305,7 @@ def main(argv=None):
     if args.workers < 1 or args.operations < 1:
         parser.exit(2, "scale-chaos: --workers and --operations must be at least 1\n")
     seed = args.seed if args.seed is not None else random.randrange(2**32)
-    say(f"seed {seed}")
+    log_line(f"seed {seed}")
     started = time.monotonic()
     try:
         with tempfile.TemporaryDirectory(prefix="stateful-lab-scale-") as work_dir:
@@ -320,12 +319,12 @@ def main(argv=None):
     except (RuntimeError, TimeoutError) as error:
         print(f"scale-chaos: {error}", file=sys.stderr)
         return 1
-    say(f"done in {time.monotonic() - started:.0f} s")
+    log_line(f"done in {time.monotonic() - started:.0f} s")
     print(json.dumps(result, sort_keys=True), flush=True)
     if result["unfinished"]:
         return 1
     if args.mode == "naive":  # the lesson, not a failure
-        say(
+        log_line(
             f"finding: {result['duplicates']} duplicate ticket(s) in naive mode: without a key "
             "every repeated run of create_ticket is a new ticket (safe mode: 0)"
         )

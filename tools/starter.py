@@ -19,49 +19,18 @@ from pathlib import Path
 from tools import safefiles
 from tools.local import ROOT
 
-CORE = (  # copied unchanged; effectdrill without its pytest plugin (the starter has no pytest)
-    # and without taught.py (where the labs teach each fix: the starter has no labs)
-    "failpoints.py",
-    "tracing.py",  # off unless TRACE is set (needs OpenTelemetry, which the starter leaves out)
-    "httpguard.py",
-    "receiverdb.py",  # the receiver's SQLite connection and transactions
-    "keyretention.py",  # how long the receiver honours a key
-    "receivermetrics.py",  # the receiver's GET /metrics
-    "receiversettings.py",  # the receiver's settings and the server they open
-    "api.py",  # the core receiver: labs/receiver.py is the lab's, which extends it
-    "effects.py",  # an effect declared, performed once per key; reconcile
-    "ledger.py",  # the ledger's storage (SQLite), its rows and leases
-    "settling.py",  # reconcile: open effects settled by a lookup or a person's word
-    "ledger_tables.py",  # the ledger's tables and a receipt's integrity hash
-    "postgres_ledger.py",  # the ledger in Postgres
-    "providers.py",  # a provider's declaration, HTTP client and what its answers mean
-    "checkpoints.py",  # the checkpointer (SQLite, or Postgres) and the thread a command names
-    "commandline.py",  # the parser, the settings, each error as one line and an exit code
-    "exitcodes.py",  # the exit codes, UserError, the JSON lines
-    "hints.py",  # what a stopped command says, and the command that goes on
-    "smtpclient.py",  # an SMTP provider's client and what its answers mean (README: Add a provider)
-    "workflow.py",
-    "effectdrill/__init__.py",
-    "effectdrill/__main__.py",
-    "effectdrill/advice.py",
-    "effectdrill/api.py",
-    "effectdrill/cli.py",
-    "effectdrill/errors.py",
-    "effectdrill/html.py",
-    "effectdrill/introspect.py",
-    "effectdrill/kill.py",
-    "effectdrill/kinds.py",
-    "effectdrill/outbound.py",
-    "effectdrill/plan.py",
-    "effectdrill/processes.py",
-    "effectdrill/replay.py",
-    "effectdrill/report.py",
-    "effectdrill/resent.py",
-    "effectdrill/restart.py",
-    "effectdrill/runs.py",
-    "effectdrill/savers.py",
-    "effectdrill/trace.py",
-)
+
+def core_files(root):
+    """The core, as the tree has it: every Python file at the top of root and effectdrill/'s
+    Python files and README.md, relative paths, sorted. Anything else is the lab's."""
+    drill = root / "effectdrill"
+    names = [p.name for p in root.glob("*.py")]
+    names += [f"effectdrill/{p.name}" for p in drill.glob("*.py")]
+    names += ["effectdrill/README.md"] if (drill / "README.md").is_file() else []
+    return tuple(sorted(names))
+
+
+CORE = core_files(ROOT)  # copied unchanged
 OWN = ROOT / "tools" / "starter"  # the starter's own files, copied as they are
 EXIT_USAGE = 2
 
@@ -77,7 +46,7 @@ def write_starter(dest):
     return sorted(str(p.relative_to(dest)) for p in dest.rglob("*") if p.is_file())
 
 
-def refusal(dest):
+def dest_refusal(dest):
     """Why DEST cannot be the starter's folder, or None: it must be a new or empty folder, not
     a symbolic link (the files would land where it points), not under a file, and outside
     this repository (inside tools/starter, every later starter would carry a copy)."""
@@ -101,7 +70,7 @@ def main(argv=None):
     parser = argparse.ArgumentParser(prog="make starter", description=__doc__.split("\n")[0])
     parser.add_argument("dest", type=Path, help="a new or empty folder")
     args = parser.parse_args(argv)
-    if why := refusal(args.dest):
+    if why := dest_refusal(args.dest):
         print(f"starter: {why}", file=sys.stderr)
         return EXIT_USAGE
     missing = [name for name in CORE if not (ROOT / name).is_file()]

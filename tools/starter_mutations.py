@@ -44,7 +44,7 @@ class Mutation:
 
 
 MUTATIONS = (
-    # The five a review found surviving the starter's suite (REVIEW part E, round one).
+    # How the ledger reads a provider's answers: a conflict, a timeout, its checks, its lookups.
     Mutation(
         "a 409 treated as success",
         "effects.py",
@@ -80,7 +80,7 @@ MUTATIONS = (
         '("requested", "unknown")',
         '("requested",)',
     ),
-    # Further ones, tried beside them.
+    # Settle times, receipts and keys.
     Mutation(
         "the settle time ignored",
         "effects.py",
@@ -116,7 +116,7 @@ MUTATIONS = (
         'row["request_hash"] != digest or row["effect"] != effect',
         "False",
     ),
-    # The classes of the second review (REVIEW part E, round two: issue 42).
+    # Locks and leases, refusals, interrupted requests, keyless resends, the provider's kind.
     Mutation(
         "the per-key lock removed",
         "ledger.py",

@@ -74,7 +74,7 @@ def tally(events):
     return counts
 
 
-def summary(counts):
+def tally_line(counts):
     return json.dumps({"event": "tally", **{name: counts[name] for name in COUNTS}})
 
 
@@ -90,7 +90,7 @@ def main(argv=None):
         return 2
     if not names:
         counts = tally(events_in(sys.stdin))
-    print(summary(counts))
+    print(tally_line(counts))
     return 0
 
 

@@ -17,7 +17,8 @@ handler's results sends it once more.
 
 fixed: `review` only records the decisions, and sends nothing: re-running it repeats questions.
 `send`, a node of its own after the subgraph, sends each accepted email through the ledger
-(lab.MESSAGE, lab 15's message effect), keyed by its tool call's id: a re-run finds the receipt.
+(labs/keyless.py's MESSAGE, lab 15's message effect), keyed by its tool call's id: a re-run
+finds the receipt.
 
     python -m effectdrill labs.graphs.assistant:naive --input '{"conversation": "{thread}"}' \
         --context labs.graphs.assistant:context --observe labs.graphs.assistant:observe \
@@ -33,7 +34,7 @@ import os
 from typing import TypedDict
 
 import workflow
-from labs import cli as lab
+from labs import keyless as keyless_lesson
 from labs.graphs import classify
 
 TEXT = {  # the two emails the agent drafts, by the number of their tool call
@@ -90,7 +91,7 @@ def send(state: Conversation, runtime):
     sent = []
     for call in state["tool_calls"]:
         if state["decisions"].get(call["id"]) == "accept":
-            lab.MESSAGE.perform(ledger, call["id"], call["args"], client)
+            keyless_lesson.MESSAGE.perform(ledger, call["id"], call["args"], client)
             sent.append(call["id"])
     return {"sent": sent}
 

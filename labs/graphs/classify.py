@@ -16,7 +16,7 @@ node and a duplicate in the next):
                  naive sends it in the node that asks for approval, before interrupt(), so the
                  answer re-runs it (lab 07); fixed buffers it as intent (quote drafts it into the
                  state), asks in a node of its own, and sends it last, alone, through the ledger
-                 (lab.MESSAGE)
+                 (labs/keyless.py's MESSAGE)
 
     python -m effectdrill labs.graphs.classify:naive --input '{"customer": "{thread}"}' \
         --context labs.graphs.classify:context --observe labs.graphs.classify:observe \
@@ -38,13 +38,13 @@ from typing import TypedDict
 
 import effects
 import workflow
-from labs import cli as lab
+from labs import keyless as keyless_lesson
 from labs.graphs.ticket import drill_context
 
 SEATS = 2  # what every order asks for
 
 
-class Order(TypedDict, total=False):
+class OrderOfEachClass(TypedDict, total=False):
     customer: str
     seats: int
     email: dict  # the intent, drafted by quote: {to, text}
@@ -53,13 +53,13 @@ class Order(TypedDict, total=False):
     message_id: int | None
 
 
-def quote(state: Order):
+def quote(state: OrderOfEachClass):
     """Pure: the same input gives the same output, however often it runs."""
     text = f"{SEATS} seats on the team plan for {state['customer']}"
     return {"seats": SEATS, "email": {"to": state["customer"], "text": text}}
 
 
-def set_plan(state: Order):
+def set_plan(state: OrderOfEachClass):
     """An idempotent write: it sets a value, so a second run leaves what the first left."""
     with connect() as db:
         db.execute("INSERT OR IGNORE INTO accounts (customer) VALUES (?)", (state["customer"],))
@@ -67,7 +67,7 @@ def set_plan(state: Order):
     return {}
 
 
-def add_seats_naive(state: Order):
+def add_seats_naive(state: OrderOfEachClass):
     """An UPDATE that is an increment: each run adds the seats again."""
     with connect() as db:
         db.execute(
@@ -77,7 +77,7 @@ def add_seats_naive(state: Order):
     return {}
 
 
-def add_seats_fixed(state: Order):
+def add_seats_fixed(state: OrderOfEachClass):
     """The same call site as a write of the total the order says: a re-run sets it again."""
     with connect() as db:
         db.execute(
@@ -87,12 +87,12 @@ def add_seats_fixed(state: Order):
     return {}
 
 
-def open_ticket_naive(state: Order, runtime):
+def open_ticket_naive(state: OrderOfEachClass, runtime):
     """A POST without a key: the receiver cannot tell a re-run from a new ticket."""
     return {"ticket_id": runtime.context.client.create(state["customer"])["ticket_id"]}
 
 
-def open_ticket_fixed(state: Order, runtime):
+def open_ticket_fixed(state: OrderOfEachClass, runtime):
     """Keyed by the order and recorded in the ledger: a re-run returns the receipt."""
     ledger, client = runtime.context.ledger, runtime.context.client
     key = f"{state['customer']}:ticket"
@@ -100,7 +100,7 @@ def open_ticket_fixed(state: Order, runtime):
     return {"ticket_id": done.answer["ticket_id"]}
 
 
-def ask_and_email(state: Order, runtime):
+def ask_and_email(state: OrderOfEachClass, runtime):
     """Naive: the email goes out, then the node waits for approval; the answer re-runs it."""
     from langgraph.types import interrupt
 
@@ -108,20 +108,22 @@ def ask_and_email(state: Order, runtime):
     return {"approved": bool(interrupt({"approve": state["email"]["text"]}))}
 
 
-def approve(state: Order):
+def approve(state: OrderOfEachClass):
     """Fixed: the wait alone in its node; re-running it repeats only the question."""
     from langgraph.types import interrupt
 
     return {"approved": bool(interrupt({"approve": state["email"]["text"]}))}
 
 
-def send_email(state: Order, runtime):
+def send_email(state: OrderOfEachClass, runtime):
     """Fixed: the buffered intent sent last, once, through the ledger (no key is sent: the
     provider reads none; the ledger's key is the order's)."""
     if not state["approved"]:
         return {"message_id": None}
     ledger, client = runtime.context.ledger, runtime.context.client
-    done = lab.MESSAGE.perform(ledger, f"{state['customer']}:email", state["email"], client)
+    done = keyless_lesson.MESSAGE.perform(
+        ledger, f"{state['customer']}:email", state["email"], client
+    )
     return {"message_id": done.answer.get("message_id")}
 
 
@@ -166,7 +168,7 @@ def build(add_seats, open_ticket, last):
     """The graph without a checkpointer: the drill gives it its own."""
     from langgraph.graph import END, START, StateGraph
 
-    builder = StateGraph(Order, context_schema=workflow.Context)
+    builder = StateGraph(OrderOfEachClass, context_schema=workflow.Context)
     nodes = [quote, set_plan, add_seats, open_ticket, *last]
     names = ["quote", "set_plan", "add_seats", "open_ticket", *(n.__name__ for n in last)]
     for name, node in zip(names, nodes, strict=True):

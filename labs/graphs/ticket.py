@@ -1,5 +1,5 @@
-"""The lab's own graph for the drill (lab 11): labs/cli.py's graph, the receiver as the outside
-world.
+"""The lab's own graph for the drill (lab 11): labs/lab_graph.py's graph, the receiver as the
+outside world.
 
     python -m effectdrill labs.graphs.ticket:graph \
         --input '{"operation_id": "{thread}", "title": "{thread}", "mode": "naive"}' \
@@ -21,17 +21,17 @@ from pathlib import Path
 
 import effects
 import workflow
-from labs import cli as lab
+from labs import lab_graph
 
 
 def graph():
-    """labs/cli.py's graph, without a checkpointer: the drill gives it its own."""
-    return lab.build_graph(None)
+    """labs/lab_graph.py's graph, without a checkpointer: the drill gives it its own."""
+    return lab_graph.build_lab_graph(None)
 
 
 def graph_v2():
     """Version 2 of it (lab 12's deploy, LAB_GRAPH_VERSION=2): create_ticket is open_ticket."""
-    return lab.build_graph(None, version="2")
+    return lab_graph.build_lab_graph(None, version="2")
 
 
 def context():

@@ -47,19 +47,19 @@ def take_event(state: Event):
     ticket, status, version = state["ticket"], state["status"], state["version"]
     if state.get("mode") != "inbox":  # naive: whatever came is the status, and it notifies
         if status == "resolved":
-            notify(state["event_id"])
+            notify_customer(state["event_id"])
         return {"applied": True}
-    with inbox.open_inbox(db_path()) as box:
+    with inbox.open_inbox(webhook_db()) as box:
         seen = box.receive(state["event_id"], ticket, version, status)
     if seen.applied and status == "resolved":  # a re-run too: the ledger holds its receipt
-        with effects.Ledger(db_path().with_name("ledger.sqlite")) as ledger:
+        with effects.Ledger(webhook_db().with_name("ledger.sqlite")) as ledger:
             NOTICE.perform(
                 ledger, f"{state['event_id']}:notify", {"event": state["event_id"]}, None
             )
     return {"applied": seen.applied}
 
 
-def notify(event_id):
+def notify_customer(event_id):
     """The customer's notice: every call is one more row."""
     with connect() as db:
         cursor = db.execute("INSERT INTO notices (event_id) VALUES (?)", (event_id,))
@@ -69,7 +69,7 @@ def notify(event_id):
 # The notice, declared once for the ledger: no lookup, as lab 15's message service has none.
 NOTICE = effects.Effect(
     "notice",
-    send=lambda client, request, key: notify(request["event"]),
+    send=lambda client, request, key: notify_customer(request["event"]),
     external_id=lambda answer: answer["notice_id"],
 )
 
@@ -104,13 +104,13 @@ def observe(thread_id):
 @contextmanager
 def connect():
     """A connection to WEBHOOK_DB's notices, committed and closed after the block."""
-    path = db_path()
+    path = webhook_db()
     with closing(sqlite3.connect(path, timeout=10)) as db, db:
         db.execute("CREATE TABLE IF NOT EXISTS notices (event_id TEXT)")
         yield db
 
 
-def db_path():
+def webhook_db():
     path = Path(os.environ.get("WEBHOOK_DB", DEFAULT_DB))
     path.parent.mkdir(parents=True, exist_ok=True)
     return path

@@ -24,7 +24,7 @@ from langgraph.checkpoint.sqlite import SqliteSaver
 
 import effectdrill
 from effectdrill.__main__ import main
-from tools.local import ROOT, run
+from tools.local import ROOT, run_command
 from tools.pg import TempPostgres
 
 GRAPHS = "effectdrill_graphs"  # the test graphs' package, in tests/ (on sys.path, as conftest's)
@@ -207,7 +207,7 @@ def test_a_resume_that_fails_is_a_failed_row_not_a_usage_error(tmp_path, monkeyp
 
 def test_cli_on_the_shop_prints_the_table_and_exits_1(tmp_path, temp_root):
     env = os.environ | {"SHOP_DB": str(tmp_path / "shop.sqlite"), "TMPDIR": str(temp_root)}
-    done = run(
+    done = run_command(
         [sys.executable, "-m", "effectdrill", "labs.graphs.shop:graph"]
         + ["--input", '{"order": "{thread}"}', "--observe", "labs.graphs.shop:observe"],
         env=env,
@@ -230,7 +230,7 @@ def test_cli_json_on_the_approval_graph_reports_the_clean_run_repeating(tmp_path
     """--json, and the same run's --html opened in headless Chromium (what a reader sees)."""
     env = os.environ | {"APPROVAL_DB": str(tmp_path / "approval.sqlite")}
     page = tmp_path / "drill.html"
-    done = run(
+    done = run_command(
         [sys.executable, "-m", "effectdrill", "labs.graphs.approval:graph", "--json"]
         + ["--input", '{"refund": "{thread}"}', "--observe", "labs.graphs.approval:observe"]
         + ["--resume-with", "true", "--durability", "all", "--html", str(page)],
@@ -286,7 +286,7 @@ def test_cli_with_context_and_postgres_checkpoints_and_an_async_graph_on_them(
         async_report = effectdrill.drill(
             asyncgraph.build, {"thread": "{thread}"}, asyncgraph.observe, checkpoint_db=pg.url
         )
-        done = run(
+        done = run_command(
             [sys.executable, "-m", "effectdrill", f"{GRAPHS}.contextual:build", "--json"]
             + ["--input", '{"to": "{thread}"}', "--observe", f"{GRAPHS}.contextual:observe"]
             + ["--context", f"{GRAPHS}.contextual:make_context", "--checkpoint-db", pg.url],
@@ -632,7 +632,7 @@ def test_a_read_only_checkout_installs_effectdrill_its_plugin_and_command(tmp_pa
     before = sorted(p.relative_to(source) for p in source.rglob("*"))
     subprocess.run(["chmod", "-R", "a-w", str(source)], check=True)
     try:
-        installed = run(
+        installed = run_command(
             [sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--no-compile"]
             + ["--target", str(tmp_path / "site"), str(source)],
             cwd=tmp_path,
@@ -650,7 +650,7 @@ def test_a_read_only_checkout_installs_effectdrill_its_plugin_and_command(tmp_pa
     assert "Requires-Dist: langgraph-checkpoint-sqlite" in metadata
     assert "[pytest11]\neffect_drill=effectdrill.plugin" in points
     assert "[console_scripts]\neffectdrill=effectdrill.__main__:main" in points
-    command = run(
+    command = run_command(
         [str(site / "bin" / "effectdrill"), "--help"], env=os.environ | {"PYTHONPATH": str(site)}
     )
     assert command.returncode == 0 and command.stdout.startswith("usage: effectdrill ")
@@ -729,7 +729,7 @@ def assert_no_children():
 
 
 def test_the_benchmark_prints_this_tree_and_the_last_commit_side_by_side():
-    done = run([sys.executable, "-m", "tools.bench_drill", "--runs", "1"])
+    done = run_command([sys.executable, "-m", "tools.bench_drill", "--runs", "1"])
 
     assert (done.returncode, done.stderr) == (0, "")
     lines = done.stdout.splitlines()
@@ -748,7 +748,9 @@ def test_the_benchmark_prints_this_tree_and_the_last_commit_side_by_side():
 def test_the_benchmark_against_a_commit_older_than_the_drill_prints_this_tree_alone():
     """make bench BASELINE=2a0ed38 (the README's Performance figures; the lab's first commit,
     which has no effectdrill): this tree's figures, "-" in the baseline's column, valid JSON."""
-    done = run([sys.executable, "-m", "tools.bench_drill", "--runs", "1", "--baseline", "2a0ed38"])
+    done = run_command(
+        [sys.executable, "-m", "tools.bench_drill", "--runs", "1", "--baseline", "2a0ed38"]
+    )
 
     assert (done.returncode, done.stderr) == (0, "")
     lines = done.stdout.splitlines()

@@ -21,7 +21,7 @@ from effectdrill_graphs import outbound as trips
 import effectdrill
 from effectdrill.api import HTTP_SAW_NOTHING
 from effectdrill.outbound import NEW_KEY, NO_KEY, SAME_KEY
-from tools.local import ROOT, run
+from tools.local import ROOT, run_command
 
 TESTS = str(ROOT / "tests")
 REPEAT = {"thread": SAME_KEY, None: NO_KEY, "fresh": NEW_KEY}  # the key a node sends -> repeat
@@ -87,7 +87,7 @@ def test_cli_observe_http_drills_the_requests_themselves(api, tmp_path):
     temp = tmp_path / "tmp"
     temp.mkdir()
     env = os.environ | {"PYTHONPATH": TESTS, "API_URL": api.url, "TMPDIR": str(temp)}
-    done = run(
+    done = run_command(
         [sys.executable, "-m", "effectdrill", "effectdrill_graphs.outbound:build", "--json"]
         + ["--input", '{"trip": "{thread}"}', "--observe", "http"],
         env=env,
@@ -135,12 +135,12 @@ def test_the_observer_patches_aiohttp_only_where_the_graph_imported_it():
     check = (
         "import sys\nfrom effectdrill import outbound\n"
         "if sys.argv[1] == 'imported':\n    import aiohttp\n"
-        "with outbound.recording():\n"
+        "with outbound.recording_requests():\n"
         "    aiohttp = sys.modules.get('aiohttp')\n"
         "    print(aiohttp is not None and aiohttp.ClientRequest.send.__name__)\n"
     )
     for imported, seen in (("imported", "recording_send"), ("not", "False")):
-        done = run([sys.executable, "-c", check, imported], cwd=ROOT)
+        done = run_command([sys.executable, "-c", check, imported], cwd=ROOT)
         assert (done.returncode, done.stdout.strip()) == (0, seen), done.stderr
 
 
@@ -148,7 +148,7 @@ def test_a_clean_run_the_http_observer_saw_nothing_of_is_not_a_green_drill(api, 
     """An application whose effects go through a client the observer does not see (a raw
     socket, say) drilled green: 0 duplicates, exit 0, for an appointment booked twice."""
     env = os.environ | {"PYTHONPATH": TESTS, "API_URL": api.url}
-    done = run(
+    done = run_command(
         [sys.executable, "-m", "effectdrill", "effectdrill_graphs.rawsocket:build"]
         + ["--input", '{"order": "{thread}"}', "--observe", "http"],
         env=env,
@@ -258,14 +258,16 @@ def test_a_thread_id_in_the_query_and_body_is_taken_out_before_requests_are_comp
 def test_a_request_the_kill_left_unanswered_is_in_flight_not_a_repeat():
     """The crash child sent it and died before its answer (it may never have been taken); the
     resume sent it again, answered: "in flight", counted, never "REPEATED WITHOUT A KEY"."""
-    from effectdrill.outbound import IN_FLIGHT, Request, repeats
+    from effectdrill.outbound import IN_FLIGHT, Request, repeated_requests
 
     def post(answered=True):
         return Request("t", "POST", "127.0.0.1:1", "/v1/messages/msg-{thread}/send", None, answered)
 
-    (found,) = repeats([post()], [[post(answered=False), post()]], counted=False)
+    (found,) = repeated_requests([post()], [[post(answered=False), post()]], counted=False)
     assert (found["repeat"], found["counted"], found["in_flight"]) == (IN_FLIGHT, True, [1])
-    (found,) = repeats([post()], [[post(), post()]], counted=False)  # both answered: sent twice
+    (found,) = repeated_requests(
+        [post()], [[post(), post()]], counted=False
+    )  # both answered: sent twice
     assert (found["repeat"], found["counted"]) == (NO_KEY, False)
 
 

@@ -120,7 +120,8 @@ def test_the_report_says_how_to_fix_each_flagged_row(tmp_path, fake):
     """The prebuilt agent's tool pays through the SDK (a key per request): the flagged row
     names its node, the tool and its call id, says 'a key per attempt' with the fix and the
     lab, in --json and in the HTML page (its legend explains every verdict and repeat kind);
-    the page as headless Chromium builds it says the same."""
+    the page as headless Chromium builds it says the same. Run as the lab runs it (labs/drill.py),
+    which tells effectdrill where each fix is taught."""
     from html.parser import HTMLParser
 
     from chromium_helpers import chromium
@@ -129,7 +130,7 @@ def test_the_report_says_how_to_fix_each_flagged_row(tmp_path, fake):
     from tools.local import ROOT
 
     page = tmp_path / "report.html"
-    argv = [sys.executable, "-m", "effectdrill", "effectdrill_graphs.vendor:agent", "--json"]
+    argv = [sys.executable, "-m", "labs.drill", "effectdrill_graphs.vendor:agent", "--json"]
     argv += ["--input", '{"messages": [["user", "{thread}"]]}', "--observe", "http"]
     env = os.environ | {"PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'tests'}"}
     done = subprocess.run([*argv, "--html", str(page)], env=env, capture_output=True, text=True)
@@ -177,6 +178,31 @@ def test_the_report_says_how_to_fix_each_flagged_row(tmp_path, fake):
 
     check(page.read_text(encoding="utf-8"))
     check(chromium(page.as_uri(), "--dump-dom"))  # skipped loudly where Chromium is missing
+
+
+@pytest.mark.fast
+def test_the_fixes_name_no_lab_until_told_where_each_is_taught():
+    """effectdrill alone (the starter's copy) gives each fix without a pointer; the lab's entry
+    point (labs/drill.py) names a lab for every topic; an unknown topic is refused."""
+    from effectdrill import advice
+    from labs.drill import TAUGHT
+
+    def said():
+        fixes = [fix for _, fix in advice.VERDICTS.values()]
+        fixes += [fix for _, fix in advice.REPEATS.values()]
+        return " ".join([*fixes, *map(advice.clean_fix, ["after an interrupt", "RetryPolicy"])])
+
+    assert "labs/" not in said()
+    assert set(TAUGHT) == set(advice.TOPICS)
+    try:
+        advice.teach(TAUGHT)
+        assert all(place in said() for place in TAUGHT.values())
+        with pytest.raises(ValueError, match="unknown topics \\['keys'\\]"):
+            advice.teach({"keys": "labs/02-the-keyed-fix.md"})
+    finally:
+        advice.TAUGHT.clear()
+        advice.teach({})
+    assert "labs/" not in said()
 
 
 def test_the_command_line_reads_as_typed_and_the_shell_reads_it_back():

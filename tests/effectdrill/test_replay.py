@@ -17,11 +17,14 @@ import checkpoints
 import workflow
 from effectdrill import replay
 from effectdrill.__main__ import main
-from labs import cli as lab_cli
+from labs import contract as contract_lesson
+from labs import lab_graph
 from labs.graphs import ticket
-from tools.local import ReceiverProcess, free_port, lab_env, run, run_workflow_here
+from tools.local import ReceiverProcess, free_port, lab_env, run_command, run_workflow_here
 
-EFFECT_V1 = lab_cli.EFFECT_NODE["1"]  # the node version 1 saved as next; version 2 renamed it
+EFFECT_V1 = contract_lesson.EFFECT_NODE[
+    "1"
+]  # the node version 1 saved as next; version 2 renamed it
 THREADS = {  # thread -> labs/cli.py start's switches; its title is the thread (ticket.observe)
     "safe-crash": ["--mode", "safe", "--crash"],  # killed after the ticket's answer
     "naive-crash": ["--mode", "naive", "--crash"],
@@ -66,7 +69,7 @@ def test_under_version_2_every_unfinished_thread_is_lost_and_the_original_is_unt
     env = os.environ | {"API_URL": lab["API_URL"], "TMPDIR": str(temp)}
     env["CHECKPOINT_DB"] = str(saved)  # the default database, as labs/cli.py reads it
 
-    done = run(
+    done = run_command(
         [sys.executable, "-m", "effectdrill", "replay", "labs.graphs.ticket:graph_v2"]
         + ["--context", "labs.graphs.ticket:context", "--observe", "http"],
         env=env,
@@ -119,7 +122,7 @@ def test_commits_only_in_the_write_ahead_log_are_replayed(tmp_path):
     writer = sqlite3.connect(database, check_same_thread=False)
     try:
         writer.execute("PRAGMA journal_mode=WAL")
-        graph = lab_cli.build_graph(SqliteSaver(writer))
+        graph = lab_graph.build_lab_graph(SqliteSaver(writer))
         start = {"operation_id": "op-wal", "title": "in the log", "mode": "safe"}
         config = checkpoints.thread_config("in-the-log")
         graph.invoke(start, config, interrupt_before=[EFFECT_V1])  # saved, create_ticket next

@@ -35,7 +35,7 @@ from effectdrill_graphs import (
 
 import effectdrill
 from effectdrill.__main__ import main
-from tools.local import ROOT, run
+from tools.local import ROOT, run_command
 
 GRAPHS = "effectdrill_graphs"
 TESTS = str(ROOT / "tests")
@@ -214,7 +214,7 @@ def test_a_subgraphs_rows_show_its_own_saved_step():
 
 def test_cli_tables_fit_120_columns_with_repeats_and_a_gate_passes(tmp_path):
     env = os.environ | {"PYTHONPATH": TESTS}
-    done = run(
+    done = run_command(
         [sys.executable, "-m", "effectdrill", f"{GRAPHS}.jokes:build", "--repeat", "3"]
         + ["--input", json.dumps(INPUT), "--observe", f"{GRAPHS}.jokes:observe"],
         env=env,
@@ -224,7 +224,7 @@ def test_cli_tables_fit_120_columns_with_repeats_and_a_gate_passes(tmp_path):
     duplicated = [line for line in done.stdout.splitlines() if "DUPLICATE" in line]
     assert len(duplicated) == 7 and all("DUPLICATE joke in 3" in line for line in duplicated)
 
-    done = run(
+    done = run_command(
         [sys.executable, "-m", "effectdrill", f"{GRAPHS}.loop:build"]
         + ["--input", json.dumps({**INPUT, "keyed": True}), "--observe", f"{GRAPHS}.loop:observe"]
         + ["--expect", '{"model_call": 2}'],

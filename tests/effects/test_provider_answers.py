@@ -209,7 +209,7 @@ def test_a_persons_word_waits_for_the_settle_time_whatever_the_provider(card, tm
     with effects.Ledger(db) as ledger:
         ledger.claim("order-3:sms", "sms", {"to": "+1"})
         ledger.move("order-3:sms", "unknown", "no answer: the test")
-    settings = commandline.Settings(checkpoint_db=str(db), providers=(sms.provider,))
+    settings = commandline.ProgramSettings(checkpoint_db=str(db), providers=(sms.provider,))
     given = (["order-3:sms=7"], []) if word == "confirmed" else ([], ["order-3:sms"])
     args = types.SimpleNamespace(
         confirmed=given[0], not_sent=given[1], effects={"sms": sms}, wait=False
@@ -272,7 +272,7 @@ def wait_for(condition, what):
 @pytest.mark.fast
 def test_an_error_answer_of_someone_elses_service_is_named_by_its_provider(capsys):
     card = providers.Provider("CARD", url="http://127.0.0.1:9/pay")
-    settings = commandline.Settings(providers=(card,))
+    settings = commandline.ProgramSettings(providers=(card,))
     args = types.SimpleNamespace(prog="workflow.py", graph_command=False)
     error = http_error(404, {"error": "no such route"})
     error.provider = "CARD"

@@ -296,9 +296,9 @@ $ docker compose -p stateful-lab run --rm drill effectdrill_graphs.sidebyside:bu
 
 
 def test_ctrl_c_mid_drill_leaves_nothing_in_the_temporary_folder(tmp_path):
-    """The demo kills the command a Ctrl-C stops (local.run): a drill killed so removes none of
-    its temporary files (its checkpoints' folder, a --context's ledger). They are in the lab's
-    folder, and go with it. The drill is held in its clean run: sidebyside's gate, in every
+    """The demo kills the command a Ctrl-C stops (local.run_command): a drill killed so removes
+    none of its temporary files (its checkpoints' folder, a --context's ledger). They are in the
+    lab's folder, and go with it. The drill is held in its clean run: sidebyside's gate, in every
     process (SIDE_DRILL_PID names none), waits for a second mark that does not come."""
     guide, side, temp = tmp_path / "99-drilling.md", tmp_path / "side", tmp_path / "temp"
     guide.write_text(DRILLING, encoding="utf-8")
@@ -308,7 +308,7 @@ def test_ctrl_c_mid_drill_leaves_nothing_in_the_temporary_folder(tmp_path):
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])
     proc = start_demo(str(guide), env=env)
     try:
-        read_until(proc, "python -m effectdrill")
+        read_until(proc, "python -m labs.drill")
         wait_until(lambda: any((side / "marks").iterdir()), 60, "the drill's clean run held")
         assert any(temp.glob("stateful-lab-*/tmp/effectdrill-*"))  # its checkpoints' folder
         os.killpg(proc.pid, signal.SIGINT)
@@ -358,7 +358,7 @@ def test_an_image_build_counts_its_seconds_from_the_first_on_a_terminal():
 
 @pytest.mark.docker
 def test_the_docker_demo_runs_in_its_own_project_and_leaves_nothing(capsys):
-    from tools.local import run
+    from tools.local import run_command
 
     project = os.environ.get("LAB_DOCKER_PROJECT", "stateful-lab-test") + "-demo"
     code = demo.main(["--backend", "docker", "--project", project, str(LAB01)])
@@ -376,7 +376,7 @@ def test_the_docker_demo_runs_in_its_own_project_and_leaves_nothing(capsys):
         listing = ["docker", kind, "ls", "-q", "--filter", label]
         if kind == "container":
             listing.insert(3, "-a")
-        assert run(listing).stdout.split() == [], f"{kind}s left behind"
+        assert run_command(listing).stdout.split() == [], f"{kind}s left behind"
 
 
 def test_a_guide_that_does_not_exist_is_one_line_and_exit_2(capsys):
@@ -409,7 +409,7 @@ def test_ctrl_c_while_a_docker_command_runs_leaves_nothing_behind(tmp_path):
     Compose client dies, the engine removes the container only once it has stopped, and a
     `down -v` in between keeps the volume ("Resource is still in use", exit 0). The demo must
     remove everything, and say so only when the engine lists nothing of its project."""
-    from tools.local import run
+    from tools.local import run_command
 
     project = os.environ.get("LAB_DOCKER_PROJECT", "stateful-lab-test") + "-demo-stop"
     guide = tmp_path / "99-hold.md"
@@ -427,11 +427,13 @@ def test_ctrl_c_while_a_docker_command_runs_leaves_nothing_behind(tmp_path):
 
     def left(kind):
         listing = ["docker", kind, "ls", "-q", "--filter", label]
-        return run(listing + (["-a"] if kind == "container" else []), timeout=30).stdout.split()
+        return run_command(
+            listing + (["-a"] if kind == "container" else []), timeout=30
+        ).stdout.split()
 
     def holding():  # its container runs, and Python in it has printed its line
-        ids = run(one_off, timeout=30).stdout.split()
-        return bool(ids) and "holding" in run(["docker", "logs", ids[0]], timeout=30).stdout
+        ids = run_command(one_off, timeout=30).stdout.split()
+        return bool(ids) and "holding" in run_command(["docker", "logs", ids[0]], timeout=30).stdout
 
     demo_command = [
         "-m",
@@ -460,7 +462,9 @@ def test_ctrl_c_while_a_docker_command_runs_leaves_nothing_behind(tmp_path):
     finally:
         if proc.poll() is None:
             proc.kill()
-        run([*compose_command(), "-p", project, "down", "-v", "--remove-orphans"], timeout=120)
+        run_command(
+            [*compose_command(), "-p", project, "down", "-v", "--remove-orphans"], timeout=120
+        )
     assert proc.returncode == 130, err
     assert err.decode() == "demo stopped; nothing left behind\n"
     assert leftovers == {"container": [], "volume": [], "network": []}
@@ -694,12 +698,12 @@ def test_the_guides_text_and_a_verdict_break_between_words_never_at_a_hyphen(cap
     paragraph = next(p for p in text.split("\n\n") if "--remove-orphans" in p)
     words = demo.plain(" ".join(paragraph.split()), demo.Style(False)).split()
     for width in range(40, 121):
-        demo.say(paragraph, demo.Style(False), width=width)
+        demo.wrap_paragraph(paragraph, demo.Style(False), width=width)
         lines = capsys.readouterr().out.splitlines()
         assert [w for line in lines for w in line.split()] == words, (width, lines)
     op = demo.Operation("naive", tickets=[1, 2], notes=["start was killed at crash-at:after-ack"])
     teller = demo.Demo(None, demo.Style(False), projector=True, width=60)
-    ledger = demo.Ledger()
+    ledger = demo.TicketsByOperation()
     ledger.operations["case-a-long-operation-name:open-ticket:v1"] = op
     teller.backend = type("B", (), {"tickets": lambda self: []})()
     teller.verdict(ledger)
@@ -720,8 +724,8 @@ def test_the_verdict_says_where_the_run_was_killed_and_which_command_sent_it_aga
     command that sent the effect again (lab 01's resume, lab 07's approve, lab 04's second
     start), lab 12's refusal by the resume contract, and lab 10's woken worker (sent nothing,
     or sent again and got created: false). The commands' own output, as labs/cli.py and
-    labs/workers.py print it, fed to the demo's Ledger."""
-    ledger, op = demo.Ledger(), "case-naive:open-ticket:v1"
+    labs/workers.py print it, fed to the demo's TicketsByOperation."""
+    ledger, op = demo.TicketsByOperation(), "case-naive:open-ticket:v1"
     start = f"start --thread naive --operation {op} --mode naive --crash"
     say = "docker compose -p stateful-lab run --rm workflow "
     action, name = ledger.operation(say + start)
@@ -740,12 +744,12 @@ def test_the_verdict_says_where_the_run_was_killed_and_which_command_sent_it_aga
     )
     # a command that made the operation's first ticket sent nothing again (lab 17's start, whose
     #   two tickets LangGraph's retry made, says so in its own words)
-    ledger, op = demo.Ledger(), "case-017-naive:open-ticket:v1"
+    ledger, op = demo.TicketsByOperation(), "case-017-naive:open-ticket:v1"
     action, name = ledger.operation(say + f"start --thread r --operation {op} --mode naive")
     ledger.record(action, name, "", [ticket(1), ticket(2)])
     assert "again" not in ledger.operations[op].verdict(op)
     # lab 12: the resume refused by the contract, then the migrated resume makes the ticket
-    ledger, op = demo.Ledger(), "case-guarded:open-ticket:v1"
+    ledger, op = demo.TicketsByOperation(), "case-guarded:open-ticket:v1"
     action, name = ledger.operation(say + f"start --thread guarded --operation {op}")
     ledger.record(action, name, '{"event": "drained", "next": ["create_ticket"]}', [], 75)
     action, name = ledger.operation(say + "resume --thread guarded")
@@ -757,7 +761,7 @@ def test_the_verdict_says_where_the_run_was_killed_and_which_command_sent_it_aga
         "resume refused: the thread was saved under another graph (exit 65)"
     )
     # lab 10: the woken worker's run, as `worker wait --thread` reports it
-    ledger = demo.Ledger()
+    ledger = demo.TicketsByOperation()
     for thread, outcome, verdict in (
         (
             "case-6",
@@ -813,7 +817,7 @@ def test_a_resume_that_finds_no_thread_says_so_and_one_waiting_for_approval_does
     """Lab 04's "exit" durability: the resume finds no thread (exit 4, stderr `no thread ...`)
     and the start again sends it again; lab 07's refused resume (exit 4, the thread waits for
     approval) is no such thing."""
-    ledger, op = demo.Ledger(), "case-exit:open-ticket:v1"
+    ledger, op = demo.TicketsByOperation(), "case-exit:open-ticket:v1"
     say = "docker compose -p stateful-lab run --rm workflow "
     start = say + f"start --thread exit --operation {op} --mode naive --durability exit"
     crashed = (
@@ -829,7 +833,7 @@ def test_a_resume_that_finds_no_thread_says_so_and_one_waiting_for_approval_does
         f"{op}: 2 tickets for one operation (duplicate), start killed at after-ack, resume found "
         "no thread to resume (exit 4), start sent it again (ticket 7)"
     )
-    ledger, op = demo.Ledger(), "case-in-node:open-ticket:v1"
+    ledger, op = demo.TicketsByOperation(), "case-in-node:open-ticket:v1"
     ledger.record(*ledger.operation(say + f"start --thread t --operation {op}"), "", [ticket(1)])
     waits = "labs: thread 't' waits for approval; answer with approve (or --reject)\n"
     ledger.record(*ledger.operation(say + "resume --thread t"), "", [ticket(1)], 4, waits)

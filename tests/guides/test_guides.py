@@ -21,7 +21,7 @@ from tools.backends import (
     LocalBackend,
     parse_command,
 )
-from tools.local import ROOT, run
+from tools.local import ROOT, run_command
 from tools.runner import COMPOSE_PREFIX, lines_match, parse_guide, run_guide, run_step
 
 GUIDES = sorted((ROOT / "labs").glob("[0-9][0-9]-*.md"))
@@ -80,7 +80,9 @@ def assert_reset_left_no_volume(guide, backend):
     """The guide's last command, `down -v`, removed every volume of the project (with -f files,
     Compose 2.26 would keep the checkpoints: lab 06 resets without them)."""
     label = f"label=com.docker.compose.project={backend.project}"
-    left = run(["docker", "volume", "ls", "-q", "--filter", label], timeout=30).stdout.split()
+    left = run_command(
+        ["docker", "volume", "ls", "-q", "--filter", label], timeout=30
+    ).stdout.split()
     assert left == [], f"{guide.name}: its reset left {left}"
 
 
@@ -153,7 +155,8 @@ def test_guide_local(guide, tmp_path, capsys):
 
 
 # What `make demo` says of these guides before their reset: the verdict, counted on the receiver
-# (tools.demo.Ledger), and the closing line on the modes. Checked on the guide's native run.
+# (tools.demo.TicketsByOperation), and the closing line on the modes. Checked on the guide's
+# native run.
 DEMO_VERDICTS = {
     "05": (
         [  # node-uuid's two tickets: two keys, neither the operation's (the lab's lesson)
@@ -288,7 +291,7 @@ DEMO_VERDICTS = {
             "case-window:book:v1: 1 ticket, saga start killed at after-send, saga resume adopted "
             "ticket 4, found by its key, saga resume killed at after-send, saga resume adopted "
             "refund 4, found by its key",
-            "drill labs.graphs.saga:graph (naive): 10 tickets on its own 10 threads, the drill "
+            "drill labs.saga:graph (naive): 10 tickets on its own 10 threads, the drill "
             "says: 9 crash points, 1 duplicate (refund), 0 missing, 0 failed resumes, clean run ok",
         ],
         "What the labs showed: safe: 0 of 3 operations duplicated; naive: 1 of 1 operation "
@@ -368,7 +371,7 @@ def assert_the_demo_tells_it(guide, steps, backend, capsys):
     demo says before the reset and its closing lines. Returns the outcomes. One run of the guide
     serves both (labs 07, 10 and 14 each ran a second time in test_demo.py)."""
     verdicts, showed = DEMO_VERDICTS[guide.name[:2]]
-    teller, ledger = demo.Demo(backend, demo.Style(False)), demo.Ledger()
+    teller, ledger = demo.Demo(backend, demo.Style(False)), demo.TicketsByOperation()
     capsys.readouterr()
     for step in steps:
         teller.run(step, ledger)
@@ -516,7 +519,10 @@ def assert_the_demos_drill_reports_reach_the_host(guide, backend, folder, monkey
     workflow's checkpoints.)"""
     for name, value in demo.docker_reports(folder).items():
         monkeypatch.setenv(name, value)
-    teller, ledger = demo.Demo(backend, demo.Style(False), pictures=folder), demo.Ledger()
+    teller, ledger = (
+        demo.Demo(backend, demo.Style(False), pictures=folder),
+        demo.TicketsByOperation(),
+    )
     teller.guide = guide.name
     for step in parse_guide(guide.read_text(encoding="utf-8")):
         teller.run(step, ledger)
@@ -542,7 +548,9 @@ def test_compose_v1_runs_lab_06_as_the_readme_says():
     compose`. Lab 06 is the guide where Compose versions differ (-f on every command). Before its
     reset, a learner forgets --rm once; the reset still leaves nothing, and the lab starts as it
     says again (test_the_reset_survives_a_run_typed_without_rm, for Compose 1.29)."""
-    v1 = which("docker-compose") and run(["docker-compose", "version", "--short"], timeout=30)
+    v1 = which("docker-compose") and run_command(
+        ["docker-compose", "version", "--short"], timeout=30
+    )
     if not v1 or not v1.stdout.startswith("1."):
         reason = "COMPOSE V1 NOT CHECKED: no docker-compose 1.x on PATH (Debian: docker-compose)"
         if os.environ.get("LAB_REQUIRE_DOCKER") == "1":
@@ -586,7 +594,7 @@ def test_guide_directory_has_only_guides_the_compose_files_they_name_and_the_les
 
 def compose_backend(compose, name):
     """A docker backend driving this Compose (v2 plugin or v1 docker-compose), or a loud skip."""
-    version = which(compose[0]) and run([*compose, "version", "--short"], timeout=30)
+    version = which(compose[0]) and run_command([*compose, "version", "--short"], timeout=30)
     wanted = "1." if compose == ("docker-compose",) else "2."
     if not version or version.returncode or not version.stdout.lstrip("v").startswith(wanted):
         reason = f"COMPOSE {wanted[0]} NOT CHECKED: no `{' '.join(compose)}` {wanted}x here"
@@ -601,7 +609,7 @@ def project_left(backend, kind):
     listing = ["docker", kind, "ls", "-q", "--filter", label] + (
         ["-a"] if kind == "container" else []
     )
-    return run(listing, timeout=30).stdout.split()
+    return run_command(listing, timeout=30).stdout.split()
 
 
 @pytest.mark.docker
@@ -655,7 +663,9 @@ def test_a_run_without_the_override_leaves_the_receiver_alone():
 
     def api():
         (container,) = backend.compose_run(["ps", "-q", "api"]).stdout.split()
-        env = run(["docker", "inspect", "-f", "{{json .Config.Env}}", container], timeout=30)
+        env = run_command(
+            ["docker", "inspect", "-f", "{{json .Config.Env}}", container], timeout=30
+        )
         return container, "RECEIVER_KEY_RETENTION_S=2" in env.stdout
 
     try:

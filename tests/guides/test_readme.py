@@ -1,7 +1,8 @@
-"""The README is executed too: its demo block, its file table, its links.
+"""The README and docs/ are executed too: lab 01 as the README shows it, the demo block, the
+native block and table, the layout, the links.
 
-Its demo block (`make demo BACKEND=local`: labs 01-03, every command a process) is also where
-the story the demo tells is checked (tests/guides/test_demo.py checks the rest in-process)."""
+docs/demo.md's block (`make demo BACKEND=local`: labs 01-03, every command a process) is also
+where the story the demo tells is checked (tests/guides/test_demo.py checks the rest in-process)."""
 
 import json
 import re
@@ -17,13 +18,18 @@ from tools.local import ROOT, free_port, lab_env
 from tools.runner import BLOCK, lines_match, parse_guide
 
 README = (ROOT / "README.md").read_text(encoding="utf-8")
+DOCS = {path.name: path.read_text(encoding="utf-8") for path in (ROOT / "docs").glob("*.md")}
+DEMO = DOCS["demo.md"]  # the demo, and the make targets
+NATIVE = DOCS["native.md"]  # the lab without Docker: its bash block and its table
+EVERYWHERE = README + "".join(DOCS.values())
+LAB_01 = ROOT / "labs" / "01-the-duplicate.md"
 SHELL_BLOCK = re.compile(r"^```bash\n(.*?)^```", re.M | re.S)
 SHELLS = [shell for shell in ("bash", "zsh") if shutil.which(shell)]  # bash is always there
 
 
 @pytest.mark.long
 def test_the_readme_demo_block_prints_what_it_shows(tmp_path):
-    (step,) = [s for s in parse_guide(README) if s.command.startswith("make demo")]
+    (step,) = [s for s in parse_guide(DEMO) if s.command.startswith("make demo")]
     env = lab_env(tmp_path, free_port())  # PORT: a free port, not the default 8000
     for inherited in ("MAKELEVEL", "MAKEFLAGS", "MFLAGS"):  # run it as a learner would, not
         env.pop(inherited, None)  # as a sub-make of `make test` (which prints "Entering ...")
@@ -62,35 +68,62 @@ def assert_the_demo_tells_labs_01_and_02_with_a_verdict_per_operation(out):
     assert "\033[" not in out  # not a terminal: plain text
 
 
-def test_every_console_block_in_the_readme_is_run_by_a_test():
-    commands = [s.command for s in parse_guide(README)]
-    assert commands == ["make demo BACKEND=local"], "a new README command needs a test"
-    assert len(BLOCK.findall(README)) == 1
-    assert len(SHELL_BLOCK.findall(README)) == 1  # the native block, run below
+@pytest.mark.fast
+def test_every_console_block_in_the_readme_and_docs_is_run_by_a_test():
+    """The README's one block is lab 01's commands and output (run below, and as lab 01 in both
+    backends); docs/demo.md's is `make demo`; docs/native.md's bash block is run below."""
+    lab_01 = [(s.command, s.expected, s.exit_code) for s in parse_guide(LAB_01.read_text())]
+    shown = [(s.command, s.expected, s.exit_code) for s in parse_guide(README)]
+    assert len(BLOCK.findall(README)) == 1 and shown, "a new README command needs a test"
+    assert all(step in lab_01 for step in shown), "the README's lab 01 is not lab 01's"
+    assert [s.command for s in parse_guide(DEMO)] == ["make demo BACKEND=local"]
+    others = {name: text for name, text in DOCS.items() if name not in ("demo.md",)}
+    assert not any(BLOCK.findall(text) for text in others.values()), "a new docs block needs a test"
+    assert len(SHELL_BLOCK.findall(NATIVE)) == 1  # the native block, run below
+    assert not any(SHELL_BLOCK.findall(t) for n, t in DOCS.items() if n != "native.md")
 
 
-def test_the_files_table_matches_the_repository():
-    table = README.split("## Files", 1)[1].split("\n## ", 1)[0]
-    listed = {
-        name.rstrip("/")
-        for row in table.splitlines()
-        if row.startswith("| `")
-        for name in re.findall(r"`([^`]+)`", row.split("|")[1])
-    }
+def test_the_readme_shows_lab_01_as_it_runs_natively(tmp_path):
+    """The README's block, run through the local backend as a guide is: the duplicate it shows
+    (two tickets for one operation) is the one a learner gets."""
+    from tools.backends import LocalBackend
+    from tools.runner import run_guide
+
+    backend = LocalBackend(tmp_path / "data", log_path=tmp_path / "receiver.log", in_process=True)
+    try:
+        readme = tmp_path / "README.md"
+        readme.write_text(README, encoding="utf-8")
+        outcomes = run_guide(readme, backend)  # the README, read as a guide
+    finally:
+        backend.close()
+    assert outcomes and all(o.ok for o in outcomes), [o.problems for o in outcomes]
+
+
+@pytest.mark.fast
+def test_the_layout_names_every_top_level_entry():
+    """The README's layout tree names each folder and file at the top (root Python files as the
+    core, requirements* as one word) and nothing that is not there."""
+    (tree,) = re.findall(r"## Layout\n\n```\n(.*?)```", README, re.S)
+    names = {w.rstrip("/") for line in tree.splitlines() for w in line.split("   ")[0].split()}
+    names.discard("...")
     tracked = subprocess.run(
         ["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True
     ).stdout.split()
-    top_level = {path.split("/")[0] for path in tracked}
-    expected = top_level - {"README.md", ".gitignore", ".dockerignore"}
-    assert listed == expected
+    top = {path.split("/")[0] for path in tracked} - {"README.md", ".gitignore", ".dockerignore"}
+    named = {t for t in top if t in names or (t.endswith(".py") and "/" not in t)}
+    named |= {t for t in top if t.startswith("requirements") and "requirements*" in names}
+    assert named == top, top - named
+    assert names - {"requirements*"} <= top | {"docs"}, names - top
 
 
+@pytest.mark.fast
 def test_relative_links_point_at_files_that_exist():
-    for target in re.findall(r"\]\(([^)#:]+)\)", README):
-        assert (ROOT / target).exists(), target
-    for guide in (ROOT / "labs").glob("*.md"):
-        for target in re.findall(r"\]\(([^)#:]+)\)", guide.read_text(encoding="utf-8")):
-            assert (guide.parent / target).exists(), f"{guide.name}: {target}"
+    """Every relative link in README.md, docs/, labs/ and the READMEs beside the code."""
+    pages = [ROOT / "README.md", *(ROOT / "docs").glob("*.md"), *(ROOT / "labs").glob("*.md")]
+    pages += [ROOT / "effectdrill" / "README.md", ROOT / "tools" / "starter" / "README.md"]
+    for page in pages:
+        for target in re.findall(r"\]\(([^)#:]+)\)", page.read_text(encoding="utf-8")):
+            assert (page.parent / target).exists(), f"{page.relative_to(ROOT)}: {target}"
 
 
 def native_copy(tmp_path):
@@ -113,7 +146,7 @@ def native_copy(tmp_path):
 
 @pytest.mark.parametrize("shell", SHELLS)
 def test_the_native_block_runs_lab_01_and_cleans_up(tmp_path, shell):
-    (block,) = SHELL_BLOCK.findall(README.split("## Without Docker", 1)[1])
+    (block,) = SHELL_BLOCK.findall(NATIVE)
     copy = native_copy(tmp_path)
     port = free_port()  # never the default 8000
     env = {k: v for k, v in lab_env(copy / "data", port).items() if k not in _SET_BY_THE_BLOCK}
@@ -158,7 +191,7 @@ def test_the_wait_line_gives_up_and_shows_the_receivers_error_when_the_port_is_t
     """Another program holds the port: the receiver exits at once with its one-line error in
     data/receiver.log, and the wait line stops waiting, prints that line and removes the pid
     file that names the receiver gone (no stale pid for make reset or the next wait line)."""
-    (block,) = SHELL_BLOCK.findall(README.split("## Without Docker", 1)[1])
+    (block,) = SHELL_BLOCK.findall(NATIVE)
     lines = block.splitlines()
     up = lines[: lines.index(wait_line(block)) + 1]  # from `make .venv/.installed` to the wait
     copy = native_copy(tmp_path)
@@ -191,7 +224,7 @@ STEP_MARK, EXIT_MARK = "::step::", "::exit::"
 
 def native_script(guide_text, block):
     """The guide's commands translated with the README's table into one shell script."""
-    section = README.split("## Without Docker", 1)[1].split("\n## ", 1)[0]
+    section = NATIVE.split("\n## PowerShell", 1)[0]
     table = dict(TABLE_ROW.findall(section))
     setup = [line for line in block.splitlines() if line.startswith((". ", "export "))]
     until = wait_line(block)
@@ -214,7 +247,7 @@ def native_script(guide_text, block):
 @pytest.mark.parametrize("name", ["02-the-keyed-fix.md", "06-the-lost-acknowledgement.md"])
 def test_the_native_table_runs_a_guide_as_the_guide_says(tmp_path, name):
     """Lab 02 restarts the receiver and reads its log; lab 06 needs the lost-ack fault on."""
-    (block,) = SHELL_BLOCK.findall(README.split("## Without Docker", 1)[1])
+    (block,) = SHELL_BLOCK.findall(NATIVE)
     text = (ROOT / "labs" / name).read_text(encoding="utf-8")
     copy = native_copy(tmp_path)
     port = free_port()
@@ -252,9 +285,9 @@ def makefile_targets():
 
 def test_every_make_target_is_in_the_readme_and_every_documented_one_exists():
     targets = makefile_targets()
-    missing = [t for t in targets if f"make {t}" not in README]
-    assert not missing, f"README does not mention: {missing}"
-    documented = set(re.findall(r"`make ([a-z][a-z-]*)", README))
+    missing = [t for t in targets if f"make {t}" not in DEMO]
+    assert not missing, f"docs/demo.md does not mention: {missing}"
+    documented = set(re.findall(r"`make ([a-z][a-z-]*)", EVERYWHERE))
     assert documented <= set(targets), documented - set(targets)
 
 
@@ -271,25 +304,28 @@ def test_every_labs_tool_is_in_the_readme():
     modules = sorted(p for p in (ROOT / "tools").glob("*.py") if p.stem != "__init__")
     for module in modules:
         name = module.stem
-        assert f"{name}.py" in README or f"tools.{name}" in README, f"README: {name}"
+        assert f"{name}.py" in EVERYWHERE or f"tools.{name}" in EVERYWHERE, f"docs: {name}"
 
 
-def test_the_readme_lists_exactly_workflow_pys_actions_and_exit_codes():
+def test_the_docs_list_exactly_workflow_pys_actions_and_exit_codes():
     import argparse
+
+    EXITS = DOCS["exit-codes.md"]
 
     import workflow
 
     parser = workflow.build_parser()
     (subparsers,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
     for action in subparsers.choices:
-        assert f"`{action}`" in README, f"README does not mention the `{action}` action"
+        assert f"`{action}`" in EXITS, f"docs/exit-codes.md does not name the `{action}` action"
     import exitcodes
     from labs import cli as lab
+    from labs import contract as contract_lesson  # lab 12's exit 65
 
-    codes = {v for m in (exitcodes, lab) for k, v in vars(m).items() if k.startswith("EXIT_")}
+    modules = (exitcodes, lab, contract_lesson)
+    codes = {v for m in modules for k, v in vars(m).items() if k.startswith("EXIT_")}
     codes |= {0}
-    table = README.split("## Exit codes of workflow.py", 1)[1].split("\n## ", 1)[0]
-    table = table.split("\n### ", 1)[0]  # labs/workers.py's table follows under its own heading
+    table = EXITS.split("## Exit codes of workflow.py", 1)[1].split("\n## ", 1)[0]
     documented = {int(c) for c in re.findall(r"^\| (\d+) \|", table, re.M)}
     assert documented == codes
 
@@ -298,7 +334,7 @@ def test_the_cleanup_names_every_volume_compose_yaml_declares():
     """`down -v` removes the project's volumes: the README names each one, and counts them."""
     yaml = pytest.importorskip("yaml")
     declared = set(yaml.safe_load((ROOT / "compose.yaml").read_text())["volumes"])
-    cleanup = README.split("## Cleanup", 1)[1].split("\n## ", 1)[0]
+    cleanup = DOCS["troubleshooting.md"].split("## Cleanup", 1)[1]
     (sentence,) = re.findall(r"The first removes [^;]*;", cleanup.replace("\n", " "))
     named = set(re.findall(r"`([a-z-]+-data)`", sentence))
     words = {2: "two", 3: "three", 4: "four", 5: "five"}
@@ -310,7 +346,7 @@ def test_the_worker_benchmark_is_described_as_it_runs():
     the README's sentence on the figures says how many."""
     from tools import bench_workers
 
-    text = " ".join(README.split())
+    text = " ".join(DOCS["past-one-machine.md"].split())
     assert f"medians of {bench_workers.ROUNDS} rounds of {bench_workers.OPERATIONS}" in text
 
 

@@ -86,8 +86,8 @@ def test_the_local_backend_takes_a_fault_from_the_override_file_itself():
 
 
 def test_native_lines_are_the_commands_a_learner_pastes_from_the_readme(tmp_path):
-    """What the demo prints under each guide command is the README's native table, word for word."""
-    readme = (ROOT / "README.md").read_text(encoding="utf-8").split("## Without Docker", 1)[1]
+    """What the demo prints under each guide command is docs/native.md's table, word for word."""
+    readme = (ROOT / "docs" / "native.md").read_text(encoding="utf-8")
     table = dict(re.findall(r"^\| `([^`]+)` \| `([^`]+)`", readme, re.M))
     backend = LocalBackend(tmp_path)
     prefix = "docker compose -p stateful-lab "
@@ -148,8 +148,8 @@ def test_lab_10_native_lines_name_the_worker_and_the_cluster(tmp_path):
         "python -m tools.native_workers stop; kill %1 2>/dev/null; wait; rm -rf data; "
         "export CHECKPOINT_DB=data/workflow/checkpoints.sqlite; unset WORKER_HEARTBEAT_S"
     )
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    assert "CHECKPOINT_DB=data/workflow/checkpoints.sqlite" in readme  # the README's export
+    readme = (ROOT / "docs" / "native.md").read_text(encoding="utf-8")
+    assert "CHECKPOINT_DB=data/workflow/checkpoints.sqlite" in readme  # the native block's export
     assert backend.native(prefix + "down -v") == "kill %1 2>/dev/null; wait; rm -rf data"
 
 

@@ -32,8 +32,8 @@ What must hold (the receiver's own answers decide, GET /tickets and GET /refunds
   log shows no replay of its key (a receipt or a lookup answered every later attempt), and
   `reconcile` sends nothing; `migrate` moves only a ticket's
   thread, says where it goes on, and `state` then agrees;
-- no traceback anywhere, every exit code is one of the README's table, Ctrl-C is exit 130 and one
-  line.
+- no traceback anywhere, every exit code is one of docs/exit-codes.md's table, Ctrl-C is exit
+  130 and one line.
 
 Real processes where a signal is the point: a crash failpoint SIGKILLs a real labs/cli.py process,
 and Ctrl-C is a SIGINT to one held at a failpoint (FIELD-NOTES: an exception raised in the saver
@@ -79,7 +79,12 @@ from hypothesis.stateful import (
 
 import exitcodes
 from labs import cli as lab
+from labs import contract as contract_lesson
+from labs import hooks as hooks_lesson
+from labs import modes as modes_lesson
+from labs import outbox as outbox_lesson
 from labs import relay
+from labs import saga as saga_lesson
 from tools.local import (
     ROOT,
     SIGNALS_ITSELF,
@@ -96,10 +101,10 @@ pytestmark = pytest.mark.long  # about half a minute: started first (conftest.py
 THREADS = ("a", "b", "c")  # a start names its own operation (op-a, book-a) or the default one
 SEATS = (2, 4, 11)  # the receiver has 10 seats in all: 11 is refused, and so is a third 4
 STOPS = {  # how a run is stopped: --crash-at POINT (SIGKILL), --crash, or Ctrl-C at a point
-    "ticket": (*lab.CRASH_POINTS, "--crash", "ctrl-c after-prepare", "ctrl-c after-ack"),
+    "ticket": (*modes_lesson.CRASH_POINTS, "--crash", "ctrl-c after-prepare", "ctrl-c after-ack"),
     # after-send: the window of whichever saga effect sends first (no line is printed before it)
-    "saga": (*lab.SAGA_POINTS, *(f"ctrl-c {point}" for point in lab.SAGA_ACKS)),
-    "outbox": lab.OUTBOX_POINTS,  # lab 19's node: before and after its write
+    "saga": (*saga_lesson.SAGA_POINTS, *(f"ctrl-c {point}" for point in saga_lesson.SAGA_ACKS)),
+    "outbox": outbox_lesson.OUTBOX_POINTS,  # lab 19's node: before and after its write
 }
 CTRL_C_AFTER = {  # where a Ctrl-C lands: the failpoint held, and the events printed just before
     "after-prepare": ("prepare",),  # it (a ledger's receipt or lookup says effect_receipt or
@@ -130,19 +135,20 @@ FINISH_ATTEMPTS = 6  # commands to finish one thread at the end: resume, a hint,
 HANG_GUARD_S = 300  # seconds for one forked command: only a hang (a point held for good) reaches it
 
 
-def exit_codes_in_the_readme():
-    """The codes the README's "Exit codes of workflow.py" table lists (not labs/workers.py's)."""
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
+def exit_codes_in_the_docs():
+    """The codes docs/exit-codes.md's workflow.py table lists (not labs/workers.py's)."""
+    text = (ROOT / "docs" / "exit-codes.md").read_text(encoding="utf-8")
     table = text.split("## Exit codes of workflow.py", 1)[1].split("\n#", 1)[0]
     return {int(code) for code in re.findall(r"^\| (\d+) \|", table, flags=re.MULTILINE)}
 
 
-EXIT_CODES = exit_codes_in_the_readme()
+EXIT_CODES = exit_codes_in_the_docs()
 
 
 @pytest.mark.fast
 def test_the_readme_exit_table_lists_every_exit_code_of_workflow_py():
-    constants = {v for m in (exitcodes, lab) for k, v in vars(m).items() if k.startswith("EXIT_")}
+    modules = (exitcodes, lab, contract_lesson)  # contract: lab 12's exit 65
+    constants = {v for m in modules for k, v in vars(m).items() if k.startswith("EXIT_")}
     assert EXIT_CODES == {0, *constants}
 
 
@@ -335,7 +341,7 @@ class Learner(RuleBasedStateMachine):
 
     @rule(
         ticket=st.sampled_from((1, 2, 9)),  # 9: no such ticket (404), as a typo would be
-        move=st.lists(st.sampled_from(lab.HOOK_STATUSES), max_size=3),
+        move=st.lists(st.sampled_from(hooks_lesson.HOOK_STATUSES), max_size=3),
         crash=st.booleans(),
     )
     @step
@@ -551,7 +557,7 @@ class Learner(RuleBasedStateMachine):
             assert outcome.code == exitcodes.EXIT_INTERRUPTED, self.report("Ctrl-C: not exit 130")
             assert outcome.err.count("\n") == 1, self.report("Ctrl-C: not one line on stderr")
         assert outcome.code in EXIT_CODES, self.report(
-            f"exit {outcome.code} is not in the README's exit-code table {sorted(EXIT_CODES)}"
+            f"exit {outcome.code} is not in the documented exit codes {sorted(EXIT_CODES)}"
         )
         made = self.threads.get(outcome.thread)
         saved = made.saved if made else set()

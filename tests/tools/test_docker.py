@@ -26,8 +26,7 @@ import pytest
 from conftest import require_docker
 
 from tools.backends import compose_command
-from tools.local import ROOT, wait_until
-from tools.local import run as run_command
+from tools.local import ROOT, run_command, wait_until
 
 # One project per pytest-xdist worker: each worker sets the lab up (and down -v) on its own.
 PROJECT = "-".join(

@@ -15,7 +15,7 @@ from tools import drill
 
 @pytest.fixture(scope="module")
 def drill_lab():
-    lab = drill.open_lab(drill.Settings(backend="local"), in_process=True)
+    lab = drill.open_lab(drill.DrillOptions(backend="local"), in_process=True)
     yield lab
     lab.close()
 

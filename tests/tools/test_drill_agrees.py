@@ -3,17 +3,17 @@ cell both cover: the same graph, the same receiver, the same ticket counts.
 
 Both kill the process for real. make drill names its points by what the node was doing
 (--crash-at after-prepare, ...); effectdrill by the checkpointer call it dies before. On
-labs/cli.py's graph under sync durability they meet where the kill lands between the same
+labs/lab_graph.py's graph under sync durability they meet where the kill lands between the same
 two saves."""
 
 import pytest
 
-from labs import cli as lab_cli
+from labs import modes as modes_lesson
 from labs.graphs import ticket
 from tools.drill import MATRIX
 
-# make drill's row -> effectdrill's point on labs/cli.py's graph: the first checkpointer call after
-# the moment the row kills at.
+# make drill's row -> effectdrill's point on labs/lab_graph.py's graph: the first checkpointer
+# call after the moment the row kills at.
 SAME_MOMENT = {
     ("after-prepare", "sync"): "put_writes prepare [branch:to:create_ticket, key]",
     ("before-request", "sync"): "put step 1",  # prepare saved; create_ticket not yet sending
@@ -23,7 +23,7 @@ SAME_MOMENT = {
 }
 
 
-@pytest.mark.parametrize("mode", lab_cli.MODES)
+@pytest.mark.parametrize("mode", modes_lesson.MODES)
 def test_effectdrill_and_make_drill_agree_on_the_lab_graph(mode, receiver, lab, monkeypatch):
     import effectdrill
 
@@ -38,5 +38,5 @@ def test_effectdrill_and_make_drill_agree_on_the_lab_graph(mode, receiver, lab, 
     for row in MATRIX:
         point = SAME_MOMENT.get((row.boundary, row.durability))
         if point is not None:
-            expected = row.tickets[lab_cli.MODES.index(mode)]
+            expected = row.tickets[modes_lesson.MODES.index(mode)]
             assert counts[(row.durability, point)] == expected, (row.boundary, counts)

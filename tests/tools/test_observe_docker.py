@@ -24,8 +24,7 @@ from chromium_helpers import chromium
 from prometheus_client.parser import text_string_to_metric_families
 
 from tools.backends import TICKETS_SCRIPT, compose_command
-from tools.local import COMMAND_TIMEOUT_S, wait_until
-from tools.local import run as run_command
+from tools.local import COMMAND_TIMEOUT_S, run_command, wait_until
 
 pytestmark = [pytest.mark.docker, pytest.mark.long]
 
@@ -34,7 +33,7 @@ SCRAPE_DEADLINE_S = 60  # seconds: Prometheus starts, then scrapes every 2 s (ob
 REPLAYS = "receiver_idempotent_replays_total"
 COUNTERS = ("tickets_created", "idempotent_replays")  # receiver_*: the graph's first two panels
 METRICS_SCRIPT = TICKETS_SCRIPT.replace("/tickets", "/metrics")  # the receiver's own counters
-README = Path(__file__).resolve().parents[2] / "README.md"
+README = Path(__file__).resolve().parents[2] / "docs" / "observing.md"  # where the graph is
 README_GRAPH = re.compile(r"^http://127\.0\.0\.1:9090/graph\?\S+$", re.M)  # the prepared graph
 LABEL = re.compile(r'(\w+)="([^"]*)"')  # a label of a series as the UI names it: name="value"
 OPENS = 3  # a page the UI did not build is opened again (page(): a fetch of its own failed)

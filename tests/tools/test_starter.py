@@ -24,8 +24,7 @@ from conftest import require_docker
 
 import effects
 from tools import starter
-from tools.local import ROOT, ReceiverProcess, free_port, lab_env
-from tools.local import run as run_command
+from tools.local import ROOT, ReceiverProcess, free_port, lab_env, run_command
 
 # Words that belong to this repository's teaching, not to a project that copies the starter.
 FOREIGN_WORDS = re.compile(
@@ -75,9 +74,10 @@ def test_the_lock_holds_what_the_core_imports_and_leaves_postgres_out(built):
     """Outside the standard library, the core imports langgraph (the lock) and, only for a
     postgresql:// CHECKPOINT_DB, psycopg, and only with TRACE set, opentelemetry (both left
     out: the README says to install them). effectdrill's HTTP observer patches httpx and httpx2
-    where they are installed (importlib, by name: langgraph's own dependencies lock httpx)."""
+    where they are installed (importlib, by name: langgraph's own dependencies lock httpx), and
+    its pytest plugin imports pytest, which loads it (the starter's suite is unittest's)."""
     imported = set()
-    for name in starter.CORE:
+    for name in (name for name in starter.CORE if name.endswith(".py")):
         for node in ast.walk(ast.parse((built / name).read_text(encoding="utf-8"))):
             if isinstance(node, ast.Import):
                 imported |= {alias.name.split(".")[0] for alias in node.names}
@@ -88,6 +88,7 @@ def test_the_lock_holds_what_the_core_imports_and_leaves_postgres_out(built):
         "langgraph",
         "psycopg",
         "opentelemetry",
+        "pytest",
     }
     wanted = [
         line for line in (built / "requirements.in").read_text().splitlines() if line[:1].isalpha()
@@ -103,10 +104,9 @@ def test_the_lock_holds_what_the_core_imports_and_leaves_postgres_out(built):
     assert "pip install --require-hashes -r requirements-otel.txt" in readme
     # the lab's README says the same of the starter's Postgres path (REVIEW F: it said a bare
     # `pip install langgraph-checkpoint-postgres psycopg[binary]`, which pins nothing)
-    ours = (ROOT / "README.md").read_text(encoding="utf-8")
-    section = ours.split("## Use it as a starter", 1)[1].split("\n## ", 1)[0]
+    section = (ROOT / "docs" / "starter.md").read_text(encoding="utf-8")
     installs = re.findall(r"`(pip install [^`]*)`", section)
-    assert installs, "the README's starter section names how to add the Postgres extra"
+    assert installs, "docs/starter.md names how to add the Postgres extra"
     for install in installs:
         assert "--require-hashes -r requirements-" in install, install
 
@@ -282,20 +282,38 @@ BLOCKS = (  # the README's headings of its blocks: an effect, and a provider of 
     "### A keyed provider\n",
     "### A keyless provider with a lookup by",
     "### A keyless provider without a lookup\n",
+    "### An email over SMTP\n",
 )
+# The README's MAIL block declares smtpclient.SETTLE_S (RFC 5321's 10 minutes) and says to declare
+# the relay's own bound where it promises a shorter one: a copier's relay that does, so a person's
+# word in the suite (reconcile --wait) waits 5 s, not 10 minutes.
+RELAY_BOUND = ("settle_s=smtpclient.SETTLE_S,", "settle_s=5.0,  # our relay's own bound")
+SUITE_PROCESSES = 3  # the starter's suite in this many unittest processes at once: much of it
+#   waits (a provider's settle time before a person's word, services starting), the rest computes
+LIST_TESTS = """
+import unittest
+def each(suite):
+    for test in suite:
+        yield from each(test) if isinstance(test, unittest.TestSuite) else [test]
+print(*(test.id() for test in each(unittest.defaultTestLoader.discover("."))), sep="\\n")
+"""
+WALKS = re.compile(r"\.test_(every_effect|ctrl_c)_")  # the suite's walks over every effect: longest
 
 
 @pytest.mark.long
 def test_the_starter_with_an_effect_and_a_provider_of_each_kind_added_passes_its_own_tests(
     tmp_path, capsys
 ):
-    """A fresh starter, the README's effect (a follow-up ticket) and its three provider blocks
-    pasted in, each in at most two places of workflow.py (STEPS then runs all four nodes), and
-    its own unittest suite, untouched, passes: the crash test kills the run after each effect's
-    answer, for two orders (and after the receipt where a node has the after-ack point:
-    create_ticket), and asks each provider, with its own client, for one thing per key; the
-    failure tests, the SIGTERM drain, the reused key, and the drill counts one of each effect a
-    run. (The starter as written runs its suite in its own image: the Docker test.)"""
+    """A fresh starter, the README's effect (a follow-up ticket) and its four provider blocks
+    (keyed, keyless with a lookup, keyless without, an email over SMTP, the relay's own bound
+    declared) pasted in, each in at most two places of workflow.py (STEPS then runs all six
+    nodes), and its own unittest suite, untouched, passes: the crash tests kill the run in every
+    window of every effect (its intent kept and its request not sent; its request at the
+    provider, killed and Ctrl-C; after its answer, for two orders; after its receipt) and ask
+    each provider, with its own client, for one thing per key; the failure tests, the SIGTERM
+    drain, the reused key, and the drill counts one of each effect a run. The suite runs in
+    SUITE_PROCESSES unittest processes at once, every test its own discovery finds in one of
+    them. (The starter as written runs its suite in its own image: the Docker test.)"""
     dest = tmp_path / "adapted"
     assert starter.main([str(dest)]) == 0
     capsys.readouterr()
@@ -308,10 +326,11 @@ def test_the_starter_with_an_effect_and_a_provider_of_each_kind_added_passes_its
     text = path.read_text(encoding="utf-8")
     (line,) = [line for line in text.splitlines() if line.startswith("STEPS = (")]
     every = line.split(")")[0].replace(nodes[-1], ", ".join(nodes))  # a copier's own line
-    path.write_text(text.replace(line, every + ")"), "utf-8")
+    assert text.count(RELAY_BOUND[0]) == 1
+    path.write_text(text.replace(line, every + ")").replace(*RELAY_BOUND), "utf-8")
     linted = run_command([sys.executable, "-m", "ruff", "check", "."], cwd=dest)
     assert linted.returncode == 0, linted.stdout  # the README's lines are clean code (its ruff)
-    keys = "follow_up_id card_charge_id shipment_id message_id"
+    keys = "follow_up_id card_charge_id shipment_id message_id email_id"
     shown = run_command(
         [sys.executable, "-c", SHOW_EFFECTS.replace("KEYS", repr(keys))],
         timeout=COMMAND_TIMEOUT_S,
@@ -319,17 +338,63 @@ def test_the_starter_with_an_effect_and_a_provider_of_each_kind_added_passes_its
     )  # what the suite is about to crash: every effect, and the state fields the answers go to
     assert shown.returncode == 0, shown.stderr
     assert shown.stdout.split() == [
-        *("card-charge", "follow-up", "notice", "shipment", "ticket"),
+        *("card-charge", "email", "follow-up", "notice", "shipment", "ticket"),
         *(f"{key}:True" for key in keys.split()),
     ], shown.stdout
 
     env = {k: v for k, v in os.environ.items() if not k.endswith("_URL")}
-    done = run_command([sys.executable, "-m", "unittest", "-v"], env, 600, cwd=dest)
-    assert done.returncode == 0, done.stderr[-5000:]
-    ran = re.search(r"^Ran (\d+) tests? ", done.stderr, re.MULTILINE)
-    assert ran and int(ran.group(1)) >= 5 and "\nOK" in done.stderr, done.stderr[-3000:]
-    assert "test_every_effect_killed_after_its_answer" in done.stderr
-    assert "test_every_effect_killed_after_its_receipt" in done.stderr
+    listed = run_command([sys.executable, "-c", LIST_TESTS], env, COMMAND_TIMEOUT_S, cwd=dest)
+    assert listed.returncode == 0, listed.stderr
+    ids = sorted(listed.stdout.split(), key=lambda name: not WALKS.search(name))  # walks first
+    assert len(ids) >= 5 and len([name for name in ids if WALKS.search(name)]) >= 5, ids
+    parts = [ids[k::SUITE_PROCESSES] for k in range(SUITE_PROCESSES)]  # a walk or two in each
+    said = unittest_at_once(dest, env, parts, tmp_path)
+    for part, (code, err) in zip(parts, said, strict=True):
+        ran = re.search(r"^Ran (\d+) tests? ", err, re.MULTILINE)
+        assert code == 0 and "\nOK" in err, err[-5000:]
+        assert ran and int(ran.group(1)) == len(part), err[-3000:]
+        for name in part:  # each named as it ran: "test_x (tests.module.Class.test_x) ... ok"
+            assert f"({name})" in err, err[-3000:]
+    ran = "".join(err for _, err in said)
+    for window in (  # every window of every effect: each a test of the suite, and it ran
+        "test_every_effect_killed_before_its_request_left",
+        "test_every_effect_killed_while_its_request_is_at_the_provider",
+        "test_ctrl_c_while_the_request_is_at_the_provider",
+        "test_every_effect_killed_after_its_answer",
+        "test_every_effect_killed_after_its_receipt",
+    ):
+        assert window in ran, window
+
+
+def unittest_at_once(dest, env, parts, folder):
+    """`python -m unittest -v NAME ...` of each part in dest, all started at once: [(exit code,
+    stderr)] in the parts' order once every one has ended (a hang guard: 600 s in all)."""
+    import subprocess
+
+    started = []
+    for number, part in enumerate(parts):
+        err = folder / f"suite-{number}.err"
+        with open(err, "wb") as stderr:
+            process = subprocess.Popen(
+                [sys.executable, "-m", "unittest", "-v", *part],
+                env=env,
+                cwd=dest,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,  # the nodes' event lines
+                stderr=stderr,
+                start_new_session=True,
+            )
+        started.append((process, err))
+    deadline = time.monotonic() + 600
+    try:
+        for process, _ in started:
+            process.wait(max(1.0, deadline - time.monotonic()))
+    finally:
+        for process, _ in started:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+    return [(process.returncode, err.read_text(encoding="utf-8")) for process, err in started]
 
 
 @pytest.mark.long

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from tools import starter, starter_mutations
-from tools.local import run as run_command
+from tools.local import run_command
 
 
 @pytest.fixture(scope="module")

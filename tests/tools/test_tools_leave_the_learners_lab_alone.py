@@ -40,13 +40,18 @@ def fingerprint(repo, receiver):
     }
 
 
+def copy_folders(repo):
+    """The lessons, the tools and the drill, as a clone has them beside the core's files."""
+    for name in ("labs", "tools", "effectdrill"):
+        shutil.copytree(ROOT / name, repo / name, ignore=shutil.ignore_patterns("__pycache__"))
+
+
 @pytest.fixture(scope="module")
 def learner(tmp_path_factory):
     repo = tmp_path_factory.mktemp("learner-repo")
     for path in [*ROOT.glob("*.py"), ROOT / "compose.yaml"]:
         shutil.copy(path, repo)
-    for folder in ("labs", "tools"):
-        shutil.copytree(ROOT / folder, repo / folder, ignore=shutil.ignore_patterns("__pycache__"))
+    copy_folders(repo)
     env = lab_env(repo / "data", free_port())  # data/receiver, data/workflow: the native layout
     receiver = ReceiverProcess(
         env, repo / "learner-receiver.log", script="labs.receiver", cwd=repo
@@ -112,8 +117,7 @@ def reset_copy(tmp_path):
     repo.mkdir()
     for name in [p.name for p in ROOT.glob("*.py")]:
         shutil.copy(ROOT / name, repo)
-    for folder in ("labs", "tools"):  # the lessons, and make reset's own tool
-        shutil.copytree(ROOT / folder, repo / folder, ignore=shutil.ignore_patterns("__pycache__"))
+    copy_folders(repo)
     (repo / ".venv").mkdir()
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
@@ -189,7 +193,7 @@ def test_make_reset_leaves_a_stranger_with_the_pid_alone(tmp_path, stranger):
     other.mkdir()
     for module in ROOT.glob("*.py"):  # the core labs/receiver.py imports
         shutil.copy(module, other)
-    shutil.copytree(ROOT / "labs", other / "labs", ignore=shutil.ignore_patterns("__pycache__"))
+    copy_folders(other)
     argv = {
         "a sleeping python": [sys.executable, "-c", "import time; time.sleep(120)"],
         "another folder's labs/receiver.py": [sys.executable, "-m", "labs.receiver"],

@@ -14,8 +14,7 @@ import pytest
 import yaml
 
 from tools.backends import compose_command
-from tools.local import COMMAND_TIMEOUT_S, ROOT, free_port, wait_until
-from tools.local import run as run_command
+from tools.local import COMMAND_TIMEOUT_S, ROOT, free_port, run_command, wait_until
 
 FILES = ("-f", "compose.yaml", "-f", "observe/tracing.compose.yaml")
 TRACED = ("api", "workflow", "worker", "relay")  # what tracing.compose.yaml turns tracing on for

@@ -22,11 +22,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import effects
 import workflow
-from labs import workers as worker
+from labs import worker_metrics
 from tools.local import ROOT, run_workflow
 
 HANG_GUARD_S = 120  # only a hang reaches it
-NO_OUTBOX = {f'outbox_messages{{state="{s}"}}': 0 for s in worker.OUTBOX_STATES}
+NO_OUTBOX = {f'outbox_messages{{state="{s}"}}': 0 for s in worker_metrics.OUTBOX_STATES}
 
 
 def figures(text):

@@ -17,7 +17,7 @@ from conftest import require_postgres
 
 from tools import scale_chaos
 from tools.backends import LocalBackend
-from tools.local import ROOT, free_port, lab_env, run, run_workflow
+from tools.local import ROOT, free_port, lab_env, run_command, run_workflow
 from tools.runner import run_guide
 
 LAB_10 = ROOT / "labs" / "10-two-workers-one-thread.md"
@@ -63,8 +63,9 @@ def test_a_malformed_postgres_url_is_a_usage_error(tmp_path):
 
 
 def run_worker(env, *args):
-    """python -m labs.workers ARGS, to its end (tools.local.run: output captured, no stdin)."""
-    return run([sys.executable, "-m", "labs.workers", *args], env, timeout=HANG_GUARD_S)
+    """python -m labs.workers ARGS, to its end (tools.local.run_command: output captured, no
+    stdin)."""
+    return run_command([sys.executable, "-m", "labs.workers", *args], env, timeout=HANG_GUARD_S)
 
 
 def test_workers_refuse_a_sqlite_checkpointer(tmp_path):
@@ -246,7 +247,7 @@ def test_pgqueuer_install_is_not_idempotent_and_upgrade_and_open_queue_are(postg
     import psycopg
     from pgqueuer import Queries
 
-    from labs import workers as worker
+    from labs import worker_queue
 
     empty = database + "_upgrade"
     with psycopg.connect(postgres.url, autocommit=True) as conn:
@@ -263,8 +264,8 @@ def test_pgqueuer_install_is_not_idempotent_and_upgrade_and_open_queue_are(postg
         await upgraded.upgrade()
         assert await upgraded.schema_is_installed()
         await upgraded.upgrade()  # a second run: nothing to do, no error
-        opened = [await worker.open_queue(database) for _ in range(2)]  # install()ed already
-        opened += [await worker.open_queue(empty) for _ in range(2)]  # upgrade()d already
+        opened = [await worker_queue.open_queue(database) for _ in range(2)]  # install()ed already
+        opened += [await worker_queue.open_queue(empty) for _ in range(2)]  # upgrade()d already
         assert all([await queries.schema_is_installed() for queries in opened])
         for queries in (installed, upgraded, *opened):
             await queries.driver._connection.close()  # asyncpg's; Queries has no close()

@@ -1,5 +1,6 @@
 """A worker's drained run on the trace (tracing.py): a drain, not an error. In this process: the
-run span is worker.run_thread's own, on a SqliteSaver graph (no queue needed to drain a run)."""
+run span is labs/worker_run.py's run_job_thread's own, on a SqliteSaver graph (no queue needed
+to drain a run)."""
 
 import json
 
@@ -10,8 +11,7 @@ import checkpoints
 import effects
 import tracing
 import workflow
-from labs import cli as lab_py
-from labs import workers as worker
+from labs import lab_graph, worker_run
 
 pytestmark = pytest.mark.fast
 
@@ -31,8 +31,8 @@ def test_a_drained_jobs_run_span_says_drained_and_is_not_an_error(tmp_path, caps
             effects.open_ledger(db) as ledger,
         ):
             client = workflow.TicketClient("http://127.0.0.1:9")  # never asked: nothing runs
-            graph = lab_py.build_graph(saver)
-            assert worker.run_thread(graph, client, ledger, operation, 1, control) is None
+            graph = lab_graph.build_lab_graph(saver)
+            assert worker_run.run_job_thread(graph, client, ledger, operation, 1, control) is None
     finally:
         tracing.stop()
     [run] = [json.loads(s.to_json()) for s in exporter.get_finished_spans()]

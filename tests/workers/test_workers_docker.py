@@ -13,8 +13,7 @@ from collections import Counter
 import pytest
 
 from tools.backends import compose_command
-from tools.local import ROOT, wait_until
-from tools.local import run as run_command
+from tools.local import ROOT, run_command, wait_until
 from tools.runner import parse_guide
 
 pytestmark = [pytest.mark.docker, pytest.mark.long]

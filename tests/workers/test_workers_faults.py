@@ -26,7 +26,7 @@ from tools.local import (
     ReceiverProcess,
     free_port,
     lab_env,
-    run,
+    run_command,
     run_worker_here,
     wait_until,
 )
@@ -135,7 +135,7 @@ def workers(env, tmp_path):
 
 
 def worker(env, *args, timeout=2 * HANG_GUARD_S):
-    return run([sys.executable, "-m", "labs.workers", *args], env, timeout=timeout)
+    return run_command([sys.executable, "-m", "labs.workers", *args], env, timeout=timeout)
 
 
 def submit_all(env, n=OPERATIONS):
@@ -340,16 +340,17 @@ def test_wait_says_no_worker_runs_the_queued_jobs_once_they_waited_past_the_noti
 ):
     """`wait` with a job queued and no worker: one line once the job has gone unattended for
     longer than NO_WORKER_NOTICE_S, not before, and not twice; at --timeout, exit 3. In-process,
-    on a clock the test moves (worker.time), against a real Postgres queue."""
+    on a clock the test moves (worker_queue.time), against a real Postgres queue."""
+    from labs import worker_queue
     from labs import workers as worker_module
 
     submit_all(env, 1)
     for name, value in env.items():
         monkeypatch.setenv(name, value)
-    clock, polls = Clock(), Polls(worker_module.jobs)
-    monkeypatch.setattr(worker_module, "time", clock)
-    monkeypatch.setattr(worker_module, "jobs", polls)
-    notice_s, began = worker_module.NO_WORKER_NOTICE_S, clock.now
+    clock, polls = Clock(), Polls(worker_queue.jobs)
+    monkeypatch.setattr(worker_queue, "time", clock)
+    monkeypatch.setattr(worker_queue, "jobs", polls)
+    notice_s, began = worker_queue.NO_WORKER_NOTICE_S, clock.now
     exit_codes = []
     waiting = threading.Thread(
         target=lambda: exit_codes.append(worker_module.main(["wait", "--timeout", "30"])),

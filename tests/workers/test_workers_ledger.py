@@ -20,7 +20,7 @@ import pytest
 import effects
 import exitcodes
 import workflow
-from tools.local import ROOT, ReceiverProcess, free_port, lab_env, run
+from tools.local import ROOT, ReceiverProcess, free_port, lab_env, run_command
 
 HANG_GUARD_S = 300  # only a hang reaches it, however busy the machine
 
@@ -73,7 +73,7 @@ def ledger_on(url):
 
 
 def worker(env, *args):
-    return run([sys.executable, "-m", "labs.workers", *args], env, timeout=HANG_GUARD_S)
+    return run_command([sys.executable, "-m", "labs.workers", *args], env, timeout=HANG_GUARD_S)
 
 
 def test_two_processes_performing_one_key_at_once_send_one_request(env, receiver):
@@ -214,10 +214,14 @@ def test_reconcile_settles_as_a_person_says_once_the_receiver_agrees(
 def test_worker_py_imports_no_lab_and_offers_mode_only_with_a_graph_that_has_variants(
     monkeypatch,
 ):
-    """labs/cli.py is WORKER_GRAPH's default, imported by name: importing labs.workers loads
+    """labs/lab_graph.py is WORKER_GRAPH's default, imported by name: importing labs.workers loads
     none of it, and --mode (the lab's variants) is refused for the core's graph, which has none."""
     looked = subprocess.run(
-        [sys.executable, "-c", "import sys, labs.workers; sys.exit('labs.cli' in sys.modules)"],
+        [
+            sys.executable,
+            "-c",
+            "import sys, labs.workers; sys.exit('labs.lab_graph' in sys.modules)",
+        ],
         cwd=ROOT,
     )
     assert looked.returncode == 0
@@ -244,10 +248,10 @@ def test_a_worker_graph_that_names_nothing_is_one_line_and_exit_2(monkeypatch, c
 def test_a_job_that_meets_a_key_another_worker_performs_is_tried_again_later():
     """InFlight is no failure of the operation: the job goes back to the queue (job_retry), and
     its next run finds the other worker's receipt; a Conflict (a reused key) is dead at once."""
-    from labs import workers as worker_py
+    from labs import worker_run
 
-    assert worker_py.retryable(effects.InFlight("k")) == "another worker is performing its effect"
-    assert worker_py.retryable(effects.Conflict("k was claimed for another request")) is None
+    assert worker_run.retryable(effects.InFlight("k")) == "another worker is performing its effect"
+    assert worker_run.retryable(effects.Conflict("k was claimed for another request")) is None
 
 
 def test_the_workers_metrics_serve_the_ledger_beside_the_queue(env, receiver, tmp_path):

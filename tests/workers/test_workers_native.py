@@ -18,7 +18,7 @@ from tools.backends import LocalBackend
 from tools.local import ROOT, wait_until
 
 GUIDE = "docker compose -p stateful-lab "
-LAB_FILES = (*(path.name for path in ROOT.glob("*.py")), "labs")  # the core and the lessons
+LAB_FILES = (*(path.name for path in ROOT.glob("*.py")), "labs", "tools")  # what the lines run
 
 
 def alive(pid):
@@ -56,7 +56,7 @@ def test_native_lab_10_lines_touch_only_their_own_workers_and_reset_stops_them(t
 
     # Someone else's worker on the same machine: a command line a broad pkill would match.
     decoy = subprocess.Popen(
-        [sys.executable, "-c", "import time; time.sleep(120)", "labs/workers.py", "run"],
+        [sys.executable, "-c", "import time; time.sleep(120)", "-m", "labs.workers", "run"],
         start_new_session=True,
     )
     pg_started = False
@@ -82,6 +82,6 @@ def test_native_lab_10_lines_touch_only_their_own_workers_and_reset_stops_them(t
         assert not native_workers.pid_files(tmp_path / "data")
     finally:
         if pg_started:
-            native_workers.stop(tmp_path / "data")
+            native_workers.stop_workers(tmp_path / "data")
         decoy.send_signal(signal.SIGKILL)
         decoy.wait()

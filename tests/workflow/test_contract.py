@@ -17,6 +17,8 @@ import checkpoints
 import exitcodes
 import workflow
 from labs import cli as lab_py  # `lab` is the fixture: the lab's environment
+from labs import contract as contract_lesson
+from labs import lab_graph
 
 pytestmark = pytest.mark.fast  # make test-fast: in-process, or one receiver over HTTP
 
@@ -108,14 +110,16 @@ def test_config_metadata_is_saved_in_every_checkpoint(saver):
 
 
 def test_the_contract_names_the_version_and_the_shape(saver, monkeypatch):
-    core = lab_py.contract(workflow.build_graph(saver))
-    assert core == lab_py.contract(workflow.build_graph(saver))  # the same code, the same
+    core = contract_lesson.contract(workflow.build_graph(saver))
+    assert core == contract_lesson.contract(workflow.build_graph(saver))  # the same code, the same
     assert core.startswith("v1 graph:") and len(core) == len("v1 graph:") + 8
-    assert lab_py.contract(lab_py.build_graph(saver)) == core  # the same nodes and edges
-    assert lab_py.contract(lab_py.build_graph(saver, version="2"), "2") != core
-    assert lab_py.contract(lab_py.build_graph(saver, "own-node")) != core
-    monkeypatch.setattr(lab_py, "VERSION", "2")  # a deploy that bumps the code's version
-    assert lab_py.contract(workflow.build_graph(saver)) == core.replace("v1 ", "v2 ")
+    assert (
+        contract_lesson.contract(lab_graph.build_lab_graph(saver)) == core
+    )  # the same nodes and edges
+    assert contract_lesson.contract(lab_graph.build_lab_graph(saver, version="2"), "2") != core
+    assert contract_lesson.contract(lab_graph.build_lab_graph(saver, "own-node")) != core
+    monkeypatch.setattr(contract_lesson, "VERSION", "2")  # a deploy that bumps the code's version
+    assert contract_lesson.contract(workflow.build_graph(saver)) == core.replace("v1 ", "v2 ")
 
 
 def core_main(capsys, env, *argv):  # labs/cli.py's: the contract is the lab's (lab 12)
@@ -131,7 +135,7 @@ def test_resume_under_another_contract_refuses_changes_nothing_and_migrate_moves
         capsys, {**lab, "FAILPOINTS": "after-prepare=term"}, "start", "--thread", "t"
     )
     assert started[0] == exitcodes.EXIT_DRAINED and started[1][-1]["next"] == ["create_ticket"]
-    old = lab_py.contract(workflow.build_graph(None))
+    old = contract_lesson.contract(workflow.build_graph(None))
 
     def head():
         with checkpoints.open_checkpointer(lab["CHECKPOINT_DB"]) as saver:
@@ -140,9 +144,9 @@ def test_resume_under_another_contract_refuses_changes_nothing_and_migrate_moves
     before = head()
     assert before.metadata["contract"] == old
     v2 = {**lab, "LAB_GRAPH_VERSION": "2"}  # the deploy: a change saved threads must see
-    new = lab_py.contract(lab_py.build_graph(None, version="2"), "2")
+    new = contract_lesson.contract(lab_graph.build_lab_graph(None, version="2"), "2")
     code, events, err = core_main(capsys, v2, "resume", "--thread", "t")
-    assert code == lab_py.EXIT_CONTRACT == 65
+    assert code == contract_lesson.EXIT_CONTRACT == 65
     assert events == [{"event": "contract_mismatch", "current": new, "saved": old, "thread": "t"}]
     assert err.count("\n") == 1 and old in err and new in err and "migrate --thread t" in err
     assert head().checkpoint["id"] == before.checkpoint["id"]  # nothing saved
@@ -179,11 +183,11 @@ def test_migrate_names_a_node_the_new_graph_does_not_have_and_changes_nothing(
     """A saved next with no counterpart (here: renamed, and RENAMES forgot it) is refused."""
     env = {**lab, "FAILPOINTS": "after-prepare=term"}
     assert lab_py.main(["start", "--thread", "t"], env) == exitcodes.EXIT_DRAINED
-    monkeypatch.setitem(lab_py.RENAMES, "2", {})
+    monkeypatch.setitem(contract_lesson.RENAMES, "2", {})
     capsys.readouterr()
     code = lab_py.main(["migrate", "--thread", "t"], {**lab, "LAB_GRAPH_VERSION": "2"})
     out, err = capsys.readouterr()
-    assert code == lab_py.EXIT_CONTRACT and out == "" and "create_ticket" in err
+    assert code == contract_lesson.EXIT_CONTRACT and out == "" and "create_ticket" in err
     assert lab_py.main(["state", "--thread", "t"], lab) == 0
     assert json.loads(capsys.readouterr().out)["next"] == ["create_ticket"]
 
@@ -195,7 +199,7 @@ def test_approve_under_another_contract_refuses_instead_of_swallowing(lab, recei
     nothing sent again)."""
     assert lab_py.main(["start", "--thread", "a", "--approval"], lab) == 0
     v2 = {**lab, "LAB_GRAPH_VERSION": "2"}
-    assert lab_py.main(["approve", "--thread", "a"], v2) == lab_py.EXIT_CONTRACT
+    assert lab_py.main(["approve", "--thread", "a"], v2) == contract_lesson.EXIT_CONTRACT
     assert lab_py.main(["migrate", "--thread", "a"], v2) == 0
     capsys.readouterr()
     assert lab_py.main(["approve", "--thread", "a"], v2) == 0

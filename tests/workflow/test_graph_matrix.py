@@ -15,7 +15,8 @@ import effects
 import exitcodes
 import failpoints
 import workflow
-from labs import cli as lab
+from labs import lab_graph
+from labs import modes as modes_lesson
 from tools.drill import MATRIX
 from tools.local import wait_until
 
@@ -50,7 +51,7 @@ class FakeReceiver:
 
 def run_cell(boundary, mode, saver, ledger):
     receiver = FakeReceiver(lose_first=boundary == "lost-ack")
-    graph = lab.build_graph(saver)
+    graph = lab_graph.build_lab_graph(saver)
     first = {"operation_id": f"op-{boundary}-{mode}", "title": "t", "mode": mode}
     thread = f"{boundary}:{mode}"
     point = {} if boundary == "lost-ack" else {boundary: "raise"}
@@ -69,10 +70,10 @@ def run_cell(boundary, mode, saver, ledger):
 def test_every_mode_at_every_in_process_boundary(row, capsys, tmp_path):
     from langgraph.checkpoint.memory import InMemorySaver
 
-    for mode in lab.MODES:
+    for mode in modes_lesson.MODES:
         with effects.open_ledger(tmp_path / f"{mode}.sqlite") as ledger:
             made, final = run_cell(row.boundary, mode, InMemorySaver(), ledger)
-        expected = row.tickets[lab.MODES.index(mode)]
+        expected = row.tickets[modes_lesson.MODES.index(mode)]
         assert len(made) == expected, (row.boundary, mode, made)
         assert final.next == () and final.values["ticket_id"] == made[-1]["ticket_id"]
 

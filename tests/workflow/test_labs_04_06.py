@@ -229,13 +229,14 @@ def test_a_timeout_after_sending_is_an_unknown_outcome(scripted, lab, workflow):
 
 
 def test_the_matrix_covers_every_crash_point_in_every_mode():
-    from labs import cli as lab
+    from labs import boundaries as boundaries_lesson
+    from labs import modes as modes_lesson
 
     sync_rows = [row.boundary for row in drill.MATRIX if row.durability == "sync"]
     term_rows = [b for b in sync_rows if b.startswith("term-at:")]  # lab 09: SIGTERM, not a crash
-    assert sorted(set(sync_rows) - set(term_rows)) == sorted(lab.CRASH_POINTS)
-    assert term_rows == [f"term-at:{point}" for point in lab.TERM_POINTS]
-    assert all(len(row.tickets) == len(lab.MODES) for row in drill.MATRIX)
+    assert sorted(set(sync_rows) - set(term_rows)) == sorted(modes_lesson.CRASH_POINTS)
+    assert term_rows == [f"term-at:{point}" for point in boundaries_lesson.TERM_POINTS]
+    assert all(len(row.tickets) == len(modes_lesson.MODES) for row in drill.MATRIX)
     assert len({c.name for c in drill.cells()}) == len(drill.cells())  # one thread per cell
 
 

@@ -157,6 +157,8 @@ sys.path.insert(0, sys.argv[1])
 from langgraph.checkpoint.sqlite import SqliteSaver
 import workflow
 from labs import cli as lab
+from labs import lab_graph
+from labs import contract as contract_lesson
 
 written = threading.Event()
 
@@ -174,11 +176,11 @@ class WritesThenKill(SqliteSaver):
         return super().put(config, checkpoint, metadata, new_versions)
 
 with WritesThenKill.from_conn_string(os.environ["CHECKPOINT_DB"]) as saver:
-    graph = lab.build_graph(saver)
+    graph = lab_graph.build_lab_graph(saver)
     first = {"operation_id": "op", "mode": "naive", "title": "t"}
     context = workflow.Context(workflow.TicketClient(os.environ["API_URL"]), None)  # naive
     config = {"configurable": {"thread_id": "demo"}}
-    config["metadata"] = {"contract": lab.contract(graph)}
+    config["metadata"] = {"contract": contract_lesson.contract(graph)}
     graph.invoke(first, config, durability="sync", context=context)  # as labs/cli.py records a run
 """
 

@@ -23,8 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families as parse_met
 
 import effects
 import failpoints
-from labs import relay
-from labs import workers as worker
+from labs import relay, worker_metrics
 from tools.local import ROOT, events, run_workflow_here, shell_exit_code, wait_until
 
 OPERATION = "case-outbox:open-ticket:v1"
@@ -248,7 +247,7 @@ def test_a_row_the_relay_cannot_read_is_quarantined_and_the_rest_go_on(lab, rece
     assert (garbled["state"], garbled["payload"]) == ("quarantined", "{x")
     assert garbled["answer"]["error"].startswith("cannot be read: ")
     # and counted where a dashboard looks: labs/workers.py metrics's outbox gauges
-    gauges = "\n".join(worker.outbox_lines(lab["CHECKPOINT_DB"])) + "\n"
+    gauges = "\n".join(worker_metrics.outbox_lines(lab["CHECKPOINT_DB"])) + "\n"
     counted = {s.labels["state"]: s.value for f in parse_metrics(gauges) for s in f.samples}
     assert counted == {"pending": 0, "published": 2, "refused": 0, "quarantined": 1}
 

@@ -17,6 +17,9 @@ import exitcodes
 import hints
 import workflow
 from labs import cli as lab_py  # `lab` is the fixture: the lab's environment
+from labs import contract as contract_lesson
+from labs import lab_graph, worker_run
+from labs import saga as saga_lesson
 
 pytestmark = pytest.mark.fast
 
@@ -79,9 +82,9 @@ def test_a_move_whose_next_would_differ_is_refused_and_nothing_is_written(
     effect): checked in the copy, refused with one line, the saved thread as it was."""
     assert run(capsys, lab, "start", "--thread", "f")[0] == 0
     before = history(lab, "f")
-    monkeypatch.setitem(lab_py.RENAMES, "2", {"create_ticket": "prepare"})
+    monkeypatch.setitem(contract_lesson.RENAMES, "2", {"create_ticket": "prepare"})
     code, events, err = run(capsys, v2(lab), "migrate", "--thread", "f")
-    assert (code, events) == (lab_py.EXIT_CONTRACT, []) and err.count("\n") == 1, err
+    assert (code, events) == (contract_lesson.EXIT_CONTRACT, []) and err.count("\n") == 1, err
     assert "its next would be ['open_ticket'], not []" in err and "nothing written" in err
     assert history(lab, "f") == before
 
@@ -90,7 +93,7 @@ def test_migrate_to_the_contract_the_thread_has_writes_nothing_and_says_so(lab, 
     assert run(capsys, lab, "start", "--thread", "same")[0] == 0
     before = history(lab, "same")
     code, events, _ = run(capsys, lab, "migrate", "--thread", "same")
-    current = lab_py.contract(lab_py.build_graph(None))
+    current = contract_lesson.contract(lab_graph.build_lab_graph(None))
     assert code == 0 and events == [{"event": "unchanged", "contract": current, "next": []}]
     assert history(lab, "same") == before
 
@@ -145,7 +148,7 @@ def test_a_naive_saga_waiting_at_its_refund_is_not_offered_a_plain_saga_resume(
     line typed as printed before the colon changes nothing."""
     with checkpoints.open_checkpointer(lab["CHECKPOINT_DB"]) as saver:  # refused, refund pending
         values = {"operation_id": "o", "title": "t", "seats": 11, "mode": "naive"}
-        graph = lab_py.build_saga(saver)
+        graph = saga_lesson.build_saga(saver)
         config = checkpoints.thread_config("n")
         graph.update_state(config, {**values, "ticket_id": 1}, as_node="charge")
         graph.update_state(config, {"refused": "no capacity"}, as_node="reserve")
@@ -162,18 +165,16 @@ def test_a_worker_thread_is_refused_with_the_command_that_owns_it(lab, receiver,
     """A thread saved by labs/workers.py's run_thread (no contract in its checkpoints)."""
     from langgraph.runtime import RunControl
 
-    from labs import workers as worker
-
     operation = {"thread": "w", "operation_id": "w:open-ticket:v1", "title": "W", "mode": "safe"}
     with (
         checkpoints.open_checkpointer(lab["CHECKPOINT_DB"]) as saver,
         effects.open_ledger(lab["CHECKPOINT_DB"]) as ledger,
     ):
         client = workflow.TicketClient(lab["API_URL"])
-        graph = lab_py.build_graph(
+        graph = lab_graph.build_lab_graph(
             saver
         )  # the graph labs/workers.py runs by default (WORKER_GRAPH)
-        done = worker.run_thread(graph, client, ledger, operation, 1, RunControl())
+        done = worker_run.run_job_thread(graph, client, ledger, operation, 1, RunControl())
         assert done["ticket_id"] == 1
     capsys.readouterr()
     before = history(lab, "w")
@@ -190,10 +191,10 @@ def test_the_exit_65_line_offers_migrate_only_toward_a_graph_it_can_move_to(lab,
     env = {**v2(lab), "FAILPOINTS": "after-prepare=term"}
     assert run(capsys, env, "start", "--thread", "new")[0] == exitcodes.EXIT_DRAINED
     code, events, err = run(capsys, lab, "resume", "--thread", "new")
-    assert code == lab_py.EXIT_CONTRACT and events[0]["event"] == "contract_mismatch"
+    assert code == contract_lesson.EXIT_CONTRACT and events[0]["event"] == "contract_mismatch"
     assert err.count("\n") == 1 and "migrate --thread" not in err, err
     assert "migrate cannot move it (this graph has no node ['open_ticket'])" in err
-    assert run(capsys, lab, "migrate", "--thread", "new")[0] == lab_py.EXIT_CONTRACT
+    assert run(capsys, lab, "migrate", "--thread", "new")[0] == contract_lesson.EXIT_CONTRACT
     assert tickets(lab) == []
 
 
@@ -218,13 +219,13 @@ def test_the_lines_after_a_naive_run_stopped_in_its_window_do_not_offer_resume(
     code, _, err = run(capsys, lab, "start", "--thread", "n", "--mode", "naive")
     assert code == exitcodes.EXIT_THREAD and "a resume repeats its request" in err, err
     assert "resume it" not in err and "pick a new --thread" not in err
-    args = lab_py.build_parser().parse_args(["resume", "--thread", "n"])
+    args = lab_py.build_lab_parser().parse_args(["resume", "--thread", "n"])
     hint = hints.interrupted_hint(args, workflow.Settings.from_environ(lab))
     assert hint.endswith(
         "it sends no key, so resume would send it again: look at the receiver first"
     )
     assert run(capsys, env, "start", "--thread", "s")[0] == 75
-    args = lab_py.build_parser().parse_args(["resume", "--thread", "s"])
+    args = lab_py.build_lab_parser().parse_args(["resume", "--thread", "s"])
     hint = hints.interrupted_hint(args, workflow.Settings.from_environ(lab))
     assert hint.endswith("resume it with: resume --thread s")
     assert "resume it or pick a new --thread" in run(capsys, lab, "start", "--thread", "s")[2]

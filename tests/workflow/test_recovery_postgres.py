@@ -8,7 +8,7 @@ takes seconds to start.
 import pytest
 from test_recovery import history, run, tickets, v2
 
-from labs import cli as lab_py  # `lab` is the fixture: the lab's environment
+from labs import contract as contract_lesson
 
 
 @pytest.fixture
@@ -22,8 +22,8 @@ def test_on_postgres_a_refused_move_writes_nothing_and_a_good_one_moves(
     env = {**lab, "CHECKPOINT_DB": postgres_url}
     assert run(capsys, env, "start", "--thread", "pg", "--approval", "own-node")[0] == 0
     before = history(env, "pg")
-    monkeypatch.setitem(lab_py.RENAMES, "2", {"create_ticket": "prepare"})
-    assert run(capsys, v2(env), "migrate", "--thread", "pg")[0] == lab_py.EXIT_CONTRACT
+    monkeypatch.setitem(contract_lesson.RENAMES, "2", {"create_ticket": "prepare"})
+    assert run(capsys, v2(env), "migrate", "--thread", "pg")[0] == contract_lesson.EXIT_CONTRACT
     assert history(env, "pg") == before
     monkeypatch.undo()
     assert run(capsys, v2(env), "migrate", "--thread", "pg")[1][0]["next"] == ["approval"]

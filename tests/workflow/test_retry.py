@@ -26,7 +26,7 @@ from typing_extensions import TypedDict
 from workflow_helpers import names
 from workflow_helpers import tickets as helpers_tickets
 
-from labs import cli as lab
+from labs import retries as retries_lesson
 
 pytestmark = pytest.mark.fast
 
@@ -43,14 +43,14 @@ def requests_status(code):
 
 
 def parse_error():
-    return lab.parse_error_after_ack()
+    return retries_lesson.parse_error_after_ack()
 
 
 RETRIED = {  # what the guide says the default policy retries
     "ConnectionResetError": ConnectionResetError,
     "RemoteDisconnected": lambda: http.client.RemoteDisconnected("closed"),
     "BrokenPipeError": BrokenPipeError,
-    "httpx.ReadTimeout": lab.timeout_after_ack,
+    "httpx.ReadTimeout": retries_lesson.timeout_after_ack,
     "httpx.ConnectError": lambda: httpx.ConnectError("refused"),
     "httpx 503": lambda: httpx_status(503),
     "requests HTTPError 503": lambda: requests_status(503),
@@ -148,7 +148,7 @@ def test_no_checkpoint_is_saved_between_the_attempts():
     """The retry happens inside one step: the thread's history after a run whose node failed
     once and was retried has the same checkpoints as that of a run that never failed."""
     config = {"configurable": {"thread_id": "t"}}
-    retried, attempts = failing_once_graph(lab.timeout_after_ack, FAST)
+    retried, attempts = failing_once_graph(retries_lesson.timeout_after_ack, FAST)
     retried.invoke({}, config)
     never_failed, once = failing_once_graph(None, FAST)
     never_failed.invoke({}, config)
@@ -160,12 +160,12 @@ def test_no_checkpoint_is_saved_between_the_attempts():
     assert steps(retried) == steps(never_failed) == [(1, "loop"), (0, "loop"), (-1, "input")]
 
 
-@pytest.mark.parametrize("failure", lab.RETRY_FAILURES)
+@pytest.mark.parametrize("failure", retries_lesson.RETRY_FAILURES)
 def test_lab_17s_policies_retry_their_failure_and_the_default_would_not_retry_parse(failure):
     """labs/cli.py --retry-after-ack FAILURE: the node's policy retries the exception its line
     raises. `parse` names json.JSONDecodeError: under the default policy it would fail the run."""
-    make_error, retry_on = lab.RETRY_FAILURES[failure]
-    _, policy = lab.failing_once_after(lambda state, runtime: {}, failure)
+    make_error, retry_on = retries_lesson.RETRY_FAILURES[failure]
+    _, policy = retries_lesson.failing_once_after(lambda state, runtime: {}, failure)
     graph, attempts = failing_once_graph(make_error, policy)
     assert graph.invoke({}, {"configurable": {"thread_id": "t"}}) == {"done": True}
     assert attempts == [1, 2]
@@ -195,7 +195,7 @@ def test_max_attempts_counts_the_first_attempt():
 
 
 def test_the_retry_leaves_an_info_record_and_nothing_louder(caplog):
-    graph, attempts = failing_once_graph(lab.timeout_after_ack, FAST)
+    graph, attempts = failing_once_graph(retries_lesson.timeout_after_ack, FAST)
     with caplog.at_level(logging.DEBUG, logger="langgraph"):
         graph.invoke({}, {"configurable": {"thread_id": "t"}})
     retried = [r for r in caplog.records if r.getMessage().startswith("Retrying task effect")]

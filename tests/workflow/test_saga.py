@@ -19,7 +19,7 @@ from workflow_helpers import events
 
 import effectdrill
 from labs import cli as lab_py
-from labs.graphs import saga
+from labs import saga
 from tools.local import events as local_events
 from tools.local import run_workflow_here
 
@@ -180,8 +180,8 @@ def test_a_kill_in_the_window_of_the_charge_then_of_the_refund_is_adopted_by_loo
 
 
 def test_reconcile_settles_a_saga_effect_killed_in_its_window(receiver, lab, tmp_path):
-    """`labs/cli.py reconcile` knows the saga's effects: it asks the receiver by key, records what
-    it made as confirmed, and the resume takes the receipt (it does not even look up)."""
+    """`python -m labs reconcile` knows the saga's effects: it asks the receiver by key, records
+    what it made as confirmed, and the resume takes the receipt (it does not even look up)."""
     start = ["saga", "start", "--thread", "z", "--seats", str(REFUSED), "--crash-at", "after-send"]
     assert killed(start, lab, tmp_path)[0] == -9
     reconciled = run_workflow_here(["reconcile"], lab)

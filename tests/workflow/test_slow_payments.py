@@ -15,7 +15,7 @@ import urllib.request
 import pytest
 
 import failpoints
-from labs import cli as lab_py
+from labs import keyless as keyless_lesson
 from tools.local import ReceiverProcess, run_workflow_here
 
 
@@ -62,9 +62,9 @@ def test_lookup_resend_charges_twice_and_the_ledger_once(held, lab):
     stop = twice.stderr.splitlines()
     assert len(stop) == 1, twice.stderr
     assert re.fullmatch(
-        r"lab\.py: effect payment 'case-twice:pay' may have happened \(sent, and no answer was "
+        r"labs: effect payment 'case-twice:pay' may have happened \(sent, and no answer was "
         r"recorded\) and the lookup found nothing (\d+\.\d) s after the last send, and the "
-        r"provider may take 10 s to commit: look with python lab\.py payments --reference "
+        r"provider may take 10 s to commit: look with python -m labs payments --reference "
         r"case-twice:pay \(Docker: docker compose -p stateful-lab run --rm workflow payments "
         r"--reference case-twice:pay\), then reconcile \(it asks the provider again\)",
         stop[0],
@@ -104,5 +104,5 @@ def test_lookup_resend_without_a_payment_is_one_line_and_exit_2(lab):
 
 def test_the_payment_declares_a_keyless_provider_with_a_lookup_and_a_settle_time():
     """What the settle rule reads; lookup-resend is built from it, not from a switch."""
-    assert lab_py.PAYMENT.keyed is False and lab_py.PAYMENT.lookup is not None
-    assert lab_py.PAYMENT.settled_after_s == lab_py.PAYMENT_SETTLE_S == 10
+    assert keyless_lesson.PAYMENT.keyed is False and keyless_lesson.PAYMENT.lookup is not None
+    assert keyless_lesson.PAYMENT.settled_after_s == keyless_lesson.PAYMENT_SETTLE_S == 10

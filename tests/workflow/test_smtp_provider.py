@@ -148,7 +148,7 @@ def test_no_reply_after_the_data_is_unknown_and_a_persons_word_waits_for_the_set
     (message,) = mailbox.messages  # a person searches the mailbox for its Message-ID
     found = smtpclient.message_id("order-2:mail")
     assert f"Message-ID: {found}" in message
-    settings = commandline.Settings(checkpoint_db=str(db), providers=(provider,))
+    settings = commandline.ProgramSettings(checkpoint_db=str(db), providers=(provider,))
     args = types.SimpleNamespace(
         confirmed=[f"order-2:mail={found}"], not_sent=[], effects={"email": email}, wait=False
     )

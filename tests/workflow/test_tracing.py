@@ -19,7 +19,7 @@ import exitcodes
 import tracing
 import workflow
 from labs import cli as lab_py  # `lab` is the fixture: the lab's environment
-from tools.local import ROOT, ReceiverProcess, run
+from tools.local import ROOT, ReceiverProcess, run_command
 
 KEY = tracing.KEY
 OPERATION = "case-trace:open-ticket:v1"
@@ -69,7 +69,7 @@ def test_a_resumed_runs_two_attempts_and_the_receivers_replay_join_on_the_key(
     what joins them, and the receiver's span says which answer was a replay."""
     first_spans = tmp_path / "first-attempt.jsonl"
     start = ["start", "--thread", "t", "--operation", OPERATION, "--mode", "safe", "--crash"]
-    killed = run([sys.executable, "-m", "labs", *start], {**lab, "TRACE": str(first_spans)})
+    killed = run_command([sys.executable, "-m", "labs", *start], {**lab, "TRACE": str(first_spans)})
     assert killed.returncode == -9, killed.stderr
     # A span is exported when it ends: the killed run's own span never did; its POST had.
     assert [s["name"] for s in read(first_spans)] == ["POST /tickets"]
@@ -108,7 +108,7 @@ def test_the_relays_redelivery_and_the_receivers_replay_join_on_the_message_id(
     with relay.open_outbox(lab["CHECKPOINT_DB"]) as outbox:
         outbox.put(message, "/tickets", {"title": "Trace"})
     first_spans = tmp_path / "first-relay.jsonl"
-    killed = run(
+    killed = run_command(
         [sys.executable, "-m", "labs.relay", "--once", "--crash-at", "after-publish"],
         {**lab, "TRACE": str(first_spans)},
     )
@@ -208,7 +208,7 @@ def test_tracing_off_the_receiver_and_the_ledger_need_only_the_standard_library(
     finally:
         server.stop()
     env = {**lab, "TRACE": str(tmp_path / "spans.jsonl")}
-    refused = run([sys.executable, str(api)], env)
+    refused = run_command([sys.executable, str(api)], env)
     assert refused.returncode == 2
     assert refused.stderr.splitlines() == [
         "receiver: TRACE is set and OpenTelemetry is not installed; install its hashed lock "

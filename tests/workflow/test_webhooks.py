@@ -22,6 +22,7 @@ import failpoints
 import httpguard
 import workflow
 from labs import cli as lab
+from labs import hooks as hooks_lesson
 from labs import inbox
 from tools.local import ROOT, ReceiverProcess, events, lab_env, wait_until
 
@@ -152,9 +153,13 @@ def endpoint(tmp_path):
         inbox.open_inbox(tmp_path / "c.sqlite") as box,
         effects.open_ledger(tmp_path / "c.sqlite") as ledger,
     ):
-        taker = lab.Taker("inbox", box, ledger, client=None)
-        handler = type("Hook", (lab.HookHandler,), {"taker": taker, "points": {}, "keys": (KEY,)})
-        server = lab.open_endpoint("127.0.0.1", handler)
+        applier = hooks_lesson.WebhookApplier("inbox", box, ledger, client=None)
+        handler = type(
+            "Hook",
+            (hooks_lesson.WebhookEndpointHandler,),
+            {"applier": applier, "points": {}, "keys": (KEY,)},
+        )
+        server = hooks_lesson.open_endpoint("127.0.0.1", handler)
         threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
         yield f"http://127.0.0.1:{server.server_port}", box, server
         server.shutdown()
@@ -293,7 +298,7 @@ class Subscriber(BaseHTTPRequestHandler):
 
     def do_POST(self):
         body = self.rfile.read(int(self.headers["Content-Length"]))
-        lab.check_signed(KEY, self.headers, body)  # the receiver signs every delivery
+        hooks_lesson.check_signed(KEY, self.headers, body)  # the receiver signs every delivery
         event = json.loads(body)
         assert self.headers["webhook-id"] == event["event_id"]
         self.got.append(event)
@@ -456,16 +461,18 @@ def test_a_crash_after_the_commit_is_finished_by_the_redelivery_with_one_message
         inbox.open_inbox(tmp_path / "c.sqlite") as box,
         effects.open_ledger(tmp_path / "c.sqlite") as ledger,
     ):
-        taker = lab.Taker("inbox", box, ledger, client)
+        applier = hooks_lesson.WebhookApplier("inbox", box, ledger, client)
         with failpoints.scoped({"after-inbox": "raise"}), pytest.raises(failpoints.FailpointError):
-            taker.take(resolved)
+            applier.take(resolved)
         assert box.state("1") == ("resolved", 2)  # committed before the failpoint
         assert messages(receiver) == []  # and the message not sent yet
         for delivery in (resolved, resolved, older, older):
-            taker.take(delivery)
+            applier.take(delivery)
         assert box.state("1") == ("resolved", 2)
         assert messages(receiver) == ["ticket 1 resolved (evt_2)"]
-        naive = lab.Taker("naive", box, ledger, client)  # on the inbox's ticket: refused
+        naive = hooks_lesson.WebhookApplier(
+            "naive", box, ledger, client
+        )  # on the inbox's ticket: refused
         with pytest.raises(httpguard.ClientError, match="ticket 1 is the inbox's") as refused:
             naive.take(resolved)
         assert refused.value.status == 409 and box.state("1") == ("resolved", 2)
@@ -473,7 +480,7 @@ def test_a_crash_after_the_commit_is_finished_by_the_redelivery_with_one_message
         inbox.open_inbox(tmp_path / "n.sqlite") as box,
         effects.open_ledger(tmp_path / "n.sqlite") as ledger,
     ):
-        naive = lab.Taker("naive", box, ledger, client)
+        naive = hooks_lesson.WebhookApplier("naive", box, ledger, client)
         for delivery in (resolved, resolved, older):
             naive.take(delivery)
         assert box.state("1") == ("opened", 1)
@@ -494,11 +501,11 @@ def test_a_kill_between_the_message_and_its_receipt_stops_the_next_delivery(rece
         inbox.open_inbox(tmp_path / "c.sqlite") as box,
         effects.open_ledger(tmp_path / "c.sqlite") as ledger,
     ):
-        taker = lab.Taker("inbox", box, ledger, client)
+        applier = hooks_lesson.WebhookApplier("inbox", box, ledger, client)
         with failpoints.scoped({"after-send": "raise"}), pytest.raises(failpoints.FailpointError):
-            taker.take(resolved)
+            applier.take(resolved)
         with pytest.raises(effects.Unsettled):
-            taker.take(resolved)
+            applier.take(resolved)
     assert messages(receiver) == ["ticket 1 resolved (evt_1)"]
 
 

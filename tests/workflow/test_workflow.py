@@ -23,7 +23,8 @@ def test_build_graph_is_prepare_then_create_ticket(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "module", ["workflow", "api", "labs.cli", "failpoints", "effects", "commandline", "settling"]
+    "module",
+    ["workflow", "api", "labs.cli", "labs.workers", "failpoints", "effects", "commandline"],
 )
 def test_importing_a_module_has_no_side_effects(module, tmp_path):
     """No files, no output, no server, and (for workflow) no langgraph until a graph is built."""

@@ -200,11 +200,14 @@ def test_the_step_boundary_switch_refuses_a_postgres_checkpointer(env, capsys):
 
 def test_ctrl_c_in_a_saga_names_saga_resume(env):
     from labs import cli as lab
+    from labs import saga as saga_lesson
 
-    args = lab.build_parser().parse_args(["saga", "start", "--thread", "s"])
+    args = lab.build_lab_parser().parse_args(["saga", "start", "--thread", "s"])
     settings = workflow.Settings.from_environ(env)
     with checkpoints.open_checkpointer(env["CHECKPOINT_DB"]) as saver:  # a saved saga thread
-        lab.build_saga(saver).update_state(checkpoints.thread_config("s"), {"seats": 2}, "charge")
+        saga_lesson.build_saga(saver).update_state(
+            checkpoints.thread_config("s"), {"seats": 2}, "charge"
+        )
     hint = hints.interrupted_hint(args, settings)
     assert hint.endswith("; resume it with: saga resume --thread s"), hint
 

@@ -6,12 +6,14 @@ resumed leaves exactly one of that effect, and a key is never reused for another
 Each test starts api.py on a free loopback port with its data in a temporary folder and runs
 workflow.py as a real subprocess, with FAILPOINTS opening the window for real (see failpoints.py).
 
-The first two tests are told nothing about the graph's effects: they walk the windows of every
-effect workflow.py performs, whatever effects you declare there, killing the run (SIGKILL) once
-in each: after the provider answered and before the ledger's receipt (after-send), or after the
-receipt and before the node returned (after-receipt), resuming after each kill until a run
-finishes. Then each provider is asked, through the effect's own declaration (its lookup), what
-it holds under each key: one thing each, the one the receipt names, and nothing else.
+The first three tests are told nothing about the graph's effects: they walk the windows of
+every effect workflow.py performs, whatever effects you declare there, killing the run (SIGKILL)
+once in each: after the intent was recorded and before the request left (after-intent), after
+the provider answered and before the ledger's receipt (after-send), or after the receipt and
+before the node returned (after-receipt), resuming after each kill until a run finishes. Then
+each provider is asked, through the effect's own declaration (its lookup), what it holds under
+each key: one thing each, the one the receipt names, and nothing else. (While the request is at
+the provider: tests/test_at_the_provider.py.)
 """
 
 import contextlib
@@ -28,6 +30,7 @@ import failpoints
 import workflow
 from tests.service import RUN_TIMEOUT_S, ServiceTestCase, context, events, made
 
+OPEN = effects.OPEN  # requested, unknown: a request may be out there
 EXIT_UNSETTLED = plumbing.EXIT_UNSETTLED  # a run stopped for a person: an effect without lookup
 
 
@@ -66,6 +69,21 @@ class CrashWindowTest(ServiceTestCase):
                     ledger.history(record.key),
                     [(None, "requested", "claimed"), ("requested", "confirmed", "answered")],
                 )
+
+    def test_every_effect_killed_before_its_request_left_is_sent_once_on_resume(self):
+        # Killed once its intent is in the ledger and before its request left (after-intent,
+        # the ledger's own point, met before every send): the provider holds nothing. The
+        # resume cannot tell that from a request that left and sends only on evidence: under
+        # the key to a keyed provider; else, once the provider's settle time is over, a person
+        # who looked and found nothing says so (reconcile --not-sent) and the next resume
+        # sends. Each effect is sent once, by a resume, and answered.
+        killed = self.walk_before_the_request("order-1")
+        performed = self.one_effect_per_key_at_each_provider(killed)
+        with effects.Ledger(self.env["CHECKPOINT_DB"]) as ledger:
+            for record in performed:
+                history = ledger.history(record.key)
+                self.assertEqual(history[0], (None, "requested", "claimed"))
+                self.assertEqual(history[-1], ("requested", "confirmed", "answered"), history)
 
     def test_a_sigterm_drains_at_the_step_boundary_then_resume_leaves_one_ticket(self):
         drained = self.workflow(
@@ -217,6 +235,68 @@ class CrashWindowTest(ServiceTestCase):
                 self.assertEqual(process.returncode, -signal.SIGKILL, err.read_text())
             command = ["resume", "--thread", order]
         self.fail(f"the run did not finish after {attempt + 1} runs; killed {killed}")
+
+    def walk_before_the_request(self, order):
+        """Run a new thread for order, killed at after-intent of each effect once (its intent
+        committed, its request not sent), resumed after each kill (and settled as a person says
+        where a resume stops for one), until a run finishes: [the killed keys, in order].
+
+        An arrival at after-intent for a key killed there already is its resend: let go, and
+        the point re-armed once the run is held after that send (after-send), so the next
+        effect's arrival is held too."""
+        command, killed = ["start", "--thread", order, "--operation", order], []
+        for attempt in range(3 * len(effects.declared(vars(workflow))) + 2):  # a hang guard
+            at = self.folder / f"{order}-after-intent-{attempt}"
+            sent = self.folder / f"{order}-after-send-{attempt}"
+            process, out, err = self.workflow_started(
+                *command, fail=f"after-intent=pause({at});after-send=pause({sent})",
+                name=f"{order}-intent-{attempt}",
+            )  # fmt: skip
+            while True:
+                held = functools.partial(stopped, process, at, sent)
+                self.wait_until(held, "the run to reach after-intent or end", RUN_TIMEOUT_S)
+                if process.poll() is not None:
+                    break
+                if waiting(sent):  # after a resend: re-arm after-intent, then let it go on
+                    at.unlink()
+                    failpoints.unpause(sent)
+                    continue
+                (key,) = [k for k, (state, _) in self.ledger_states().items() if state in OPEN]
+                if key in killed:  # its resend, after the kill: let it go
+                    failpoints.unpause(at)
+                    continue
+                confirmed = self.confirmed_keys()
+                self.assertEqual(
+                    self.made_at_providers(),
+                    len(confirmed),
+                    f"{key}: killed before its request left, and a provider holds it",
+                )
+                process.kill()
+                process.wait()
+                killed.append(key)
+                break
+            if process.returncode == 0:
+                self.assertEqual(events(out.read_text())[-1]["event"], "done")
+                return killed
+            if process.returncode == EXIT_UNSETTLED:  # no evidence it was not sent: a person
+                self.say_not_sent_as_a_person(err)
+            else:
+                self.assertEqual(process.returncode, -signal.SIGKILL, err.read_text())
+            command = ["resume", "--thread", order]
+        self.fail(f"the run did not finish after {attempt + 1} runs; killed {killed}")
+
+    def say_not_sent_as_a_person(self, err):
+        """A resume stopped (exit 6) at an effect killed before its request left: a person asks
+        the providers (their own counts: nothing beyond what the ledger confirmed) and says it
+        was not sent, taken once the provider's settle time is over (--wait)."""
+        with effects.Ledger(self.env["CHECKPOINT_DB"]) as ledger:
+            (record,) = ledger.unsettled()
+        self.assertEqual(self.made_at_providers(), len(self.confirmed_keys()), err.read_text())
+        said = self.workflow("reconcile", "--not-sent", record.key, "--wait")
+        self.assertEqual(said.returncode, 0, said.stderr)
+
+    def confirmed_keys(self):
+        return [k for k, (state, _) in self.ledger_states().items() if state == "confirmed"]
 
     def ledger_states(self):
         """{key: (state, transitions so far)} of the ledger's rows, in the order claimed."""

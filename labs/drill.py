@@ -1,0 +1,28 @@
+"""effectdrill as this lab runs it: `docker compose -p stateful-lab run --rm drill ARGS` (lab 11),
+natively `python -m labs.drill ARGS`. The same command as `python -m effectdrill`, and each fix it
+gives ends with the lab that teaches it (effectdrill knows no labs: teach() is told here)."""
+
+import sys
+
+from effectdrill import advice
+from effectdrill.__main__ import main as effectdrill_main
+
+TAUGHT = {  # the drill's topic (effectdrill.advice.TOPICS) -> the lab that teaches its fix
+    "keyed fix": "labs/02-the-keyed-fix.md",
+    "key source": "labs/05-where-the-key-comes-from.md",
+    "lost answer": "labs/06-the-lost-acknowledgement.md",
+    "interrupt": "labs/07-the-approval-that-runs-twice.md",
+    "key expiry": "labs/14-the-key-that-expired.md",
+    "ledger": "labs/15-the-ledger.md",
+    "retry": "labs/17-the-retry-langgraph-made-for-you.md",
+}
+
+
+def main(argv=None):
+    """effectdrill's command line (its exit codes), with the labs named in every fix."""
+    advice.teach(TAUGHT)
+    return effectdrill_main(argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
