@@ -1,7 +1,7 @@
 """How a command of the core runs: its parser (one line for a usage mistake), its settings from
-the environment (ProgramSettings), and run_action, which runs the parsed command and turns every error a
-user can meet into one line on stderr and its exit code (exitcodes.py), with the hint that says
-how a stopped run goes on (hints.py); reconcile's command."""
+the environment (ProgramSettings), and run_action, which runs the parsed command and turns every
+error a user can meet into one line on stderr and its exit code (exitcodes.py), with the hint
+that says how a stopped run goes on (hints.py); the graph commands and reconcile's."""
 
 import argparse
 import dataclasses
