@@ -24,35 +24,47 @@ GUIDES = {
     "18": "18-the-webhook-that-came-twice.md",
 }
 LAYOUT = """<!doctype html><html><body style="margin:0">%s<script>
-// every text, mark, cell and legend swatch (the white background is the picture's own width)
-const drawn = "svg > rect[class], svg text, g.legend rect";
-const boxes = [...document.querySelectorAll(drawn)].map(e => e.getBBox());
-const marks = {};
-for (const r of document.querySelectorAll("svg > rect[class]")) {
-  marks[r.getAttribute("class")] = (marks[r.getAttribute("class")] || 0) + 1;
+// each picture apart: every text, mark, cell and legend swatch (the white background is the
+// picture's own width). A selector run from a picture matches in it alone.
+const layouts = {};
+for (const picture of document.querySelectorAll("body > div[data-picture]")) {
+  const svg = picture.querySelector("svg");
+  const drawn = "svg > rect[class], svg text, g.legend rect";
+  const boxes = [...svg.querySelectorAll(drawn)].map(e => e.getBBox());
+  const marks = {};
+  for (const r of svg.querySelectorAll("svg > rect[class]")) {
+    marks[r.getAttribute("class")] = (marks[r.getAttribute("class")] || 0) + 1;
+  }
+  layouts[picture.dataset.picture] = {
+    right: Math.max(...boxes.map(b => b.x + b.width)),
+    width: svg.getBoundingClientRect().width,
+    marks,
+    legend: [...svg.querySelectorAll("g.legend")].map(g => g.dataset.kind),
+    text: [...svg.querySelectorAll("svg text")].map(t => t.textContent),
+  };
 }
-const legend = [...document.querySelectorAll("g.legend")].map(g => g.dataset.kind);
 const out = document.createElement("pre");
 out.id = "layout";
-out.textContent = JSON.stringify({
-  right: Math.max(...boxes.map(b => b.x + b.width)),
-  width: document.querySelector("svg").getBoundingClientRect().width,
-  marks, legend,
-  text: [...document.querySelectorAll("svg text")].map(t => t.textContent),
-});
+out.textContent = JSON.stringify(layouts);
 document.body.appendChild(out);
 </script></body></html>"""
 
 
-def layout(picture, tmp_path):
-    """What Chromium lays out of the picture: the right edge of its farthest text or box, its
-    width, the marks per class, the legend's kinds, every text."""
-    page = tmp_path / f"{picture.stem}.html"
-    page.write_text(LAYOUT % picture.read_text(encoding="utf-8"), encoding="utf-8")
+def layouts(pictures, tmp_path):
+    """What Chromium lays out of each picture, one launch for them all (each picture in a block
+    of its own, measured in its own coordinates): {its stem: the right edge of its farthest text
+    or box, its width, the marks per class, the legend's kinds, every text}."""
+    page = tmp_path / "pictures.html"
+    blocks = "".join(
+        f'<div data-picture="{p.stem}">{p.read_text(encoding="utf-8")}</div>' for p in pictures
+    )
+    page.write_text(LAYOUT % blocks, encoding="utf-8")
     dom = chromium(page.as_uri(), "--dump-dom")
     found = re.search(r'<pre id="layout">(.*?)</pre>', dom, re.S)
     assert found, dom[:500]
-    return json.loads(html.unescape(found.group(1)))
+    laid_out = json.loads(html.unescape(found.group(1)))
+    assert sorted(laid_out) == sorted(p.stem for p in pictures), laid_out.keys()
+    return laid_out
 
 
 def expected_marks(told):
@@ -137,10 +149,11 @@ def test_each_picture_marks_what_its_lab_printed_with_a_legend_within_1280_px(ca
     out = capsys.readouterr().out
     assert code == demo.EXIT_OK, out[-3000:]
     told = dict(zip(GUIDES, re.split(r"^=== Lab \d+: .*===$", out, flags=re.M)[1:], strict=True))
+    laid_out = layouts([pictures / f"lab-{number}.svg" for number in told], tmp_path)
     seen = {}
     for number, part in told.items():
         want = expected_marks(part.split("\nTimeline\n")[0])
-        shown = seen[number] = layout(pictures / f"lab-{number}.svg", tmp_path)
+        shown = seen[number] = laid_out[f"lab-{number}"]
         assert shown["marks"] == want, (number, shown["marks"], want)
         legend = shown["legend"]
         assert sorted(legend) == sorted(want), (number, legend)  # each kind once, none unused
