@@ -20,11 +20,32 @@ from tools.pg import PostgresUnavailable, TempPostgres, find_bin_dir  # noqa: E4
 signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+LONG_S = 20.0  # a test marked long that tests/durations.txt does not list: "20 s or more"
+DURATIONS = Path(__file__).with_name("durations.txt")
+
+
+def measured_durations():
+    """{test id: seconds} from tests/durations.txt (the `call` lines of a --durations report)."""
+    found = {}
+    lines = DURATIONS.read_text(encoding="utf-8").splitlines() if DURATIONS.exists() else []
+    for line in lines:
+        words = line.split(maxsplit=2)
+        if len(words) == 3 and words[1] == "call" and words[0].endswith("s"):
+            found[words[2]] = float(words[0][:-1])
+    return found
+
+
 def pytest_collection_modifyitems(items):
-    """The tests marked long go first: pytest-xdist hands tests out in this order, and a long test
-    that starts last keeps the whole run waiting for it alone. (sort is stable: the rest keep
-    their order)"""
-    items.sort(key=lambda item: item.get_closest_marker("long") is None)
+    """The longest tests go first, longest first: pytest-xdist hands tests out in this order (its
+    first batch round-robin), and a long test that starts last keeps the whole run waiting for it
+    alone. Measured ones by tests/durations.txt, then those marked long. (sort is stable: the rest
+    keep their order)"""
+    measured = measured_durations()
+
+    def seconds(item):
+        return measured.get(item.nodeid) or (LONG_S if item.get_closest_marker("long") else 0.0)
+
+    items.sort(key=seconds, reverse=True)
 
 
 def pytest_runtest_setup(item):

@@ -13,6 +13,7 @@ from shutil import which
 
 import pytest
 from conftest import require_postgres
+from pictures_helpers import assert_each_picture_marks_what_was_told
 
 from tools import demo
 from tools.backends import (
@@ -135,8 +136,9 @@ def test_guide_local(guide, tmp_path, capsys):
     backend = LocalBackend(tmp_path / "data", log_path=tmp_path / "receiver.log", in_process=True)
     try:
         steps = parse_guide(guide.read_text(encoding="utf-8"))
+        told = None
         if guide.name[:2] in DEMO_VERDICTS:  # through the demo's step: its verdict checked too
-            outcomes = assert_the_demo_tells_it(guide, steps[:-1], backend, capsys)
+            outcomes, told = assert_the_demo_tells_it(guide, steps[:-1], backend, capsys, tmp_path)
         else:
             outcomes = [run_step(step, backend) for step in steps[:-1]]
         assert all(o.ok for o in outcomes), f"{guide.name} differs:\n{describe(outcomes)}"
@@ -150,6 +152,9 @@ def test_guide_local(guide, tmp_path, capsys):
         assert_the_log_lines_shown_are_the_receivers(outcomes)
         last = run_step(steps[-1], backend)  # the reset
         assert last.ok, f"{guide.name} differs:\n{describe([last])}"
+        if guide.name[:2] in PICTURED:  # last: without Chromium, skipped (loudly) after the rest
+            pictured = {guide.name[:2]: told}
+            assert_each_picture_marks_what_was_told(pictured, tmp_path / "pictures", tmp_path)
     finally:
         backend.close()
 
@@ -365,26 +370,41 @@ DEMO_VERDICTS = {
 }
 
 
-def assert_the_demo_tells_it(guide, steps, backend, capsys):
+PICTURED = {"15", "16", "18"}  # their pictures checked on this run (lab 01's: test_readme.py)
+
+
+def assert_the_demo_tells_it(guide, steps, backend, capsys, folder):
     """`make demo` on the guide, but for its reset: each command run by the demo's own step
     (Demo.run: the command shown as typed, its native line, its output), then the verdict the
     demo says before the reset and its closing lines. Returns the outcomes. One run of the guide
-    serves both (labs 07, 10 and 14 each ran a second time in test_demo.py)."""
-    verdicts, showed = DEMO_VERDICTS[guide.name[:2]]
-    teller, ledger = demo.Demo(backend, demo.Style(False)), demo.TicketsByOperation()
+    serves both (labs 07, 10 and 14 each ran a second time in test_demo.py); for the labs in
+    PICTURED, the picture `make demo` draws of it too (tests/pictures_helpers.py; they had a demo
+    run of their own in test_demo_pictures.py). The reset, left out, draws nothing."""
+    number = guide.name[:2]
+    verdicts, showed = DEMO_VERDICTS[number]
+    pictures = folder / "pictures" if number in PICTURED else None  # as make demo's PICTURES
+    teller, ledger = (
+        demo.Demo(backend, demo.Style(False), pictures=pictures),
+        demo.TicketsByOperation(),
+    )
+    teller.guide = guide.name  # as Demo.tell sets it: a drill's --html names its lab
+    if pictures is not None:
+        pictures.mkdir(parents=True)
     capsys.readouterr()
     for step in steps:
         teller.run(step, ledger)
     teller.verdict(ledger)
     assert teller.closing([guide]) == demo.EXIT_OK
     out = capsys.readouterr().out
+    if pictures is not None:
+        demo.draw(teller, guide, pictures)  # checked last by test_guide_local (needs Chromium)
     said = out.split("Verdict, counted on the receiver\n")[1].split("\n\n")[0]
     assert [line.strip() for line in said.splitlines()] == verdicts, out
     assert showed in out, out
     for step in steps:
         if parse_command(step.command).verb == "sleep":  # lab 14: shown as typed, no native line
             assert f"\n$ {step.command}\n" in out and f"natively: {step.command}" not in out
-    return teller.outcomes
+    return teller.outcomes, out
 
 
 def assert_the_projector_fits_the_drills_tables(outcomes):

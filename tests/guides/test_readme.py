@@ -2,7 +2,8 @@
 native block and table, the layout, the links.
 
 docs/demo.md's block (`make demo BACKEND=local`: labs 01-03, every command a process) is also
-where the story the demo tells is checked (tests/guides/test_demo.py checks the rest in-process)."""
+where the story the demo tells is checked (tests/guides/test_demo.py checks the rest in-process),
+and lab 01's picture (tests/pictures_helpers.py)."""
 
 import json
 import re
@@ -12,6 +13,7 @@ import socket
 import subprocess
 
 import pytest
+from pictures_helpers import assert_each_picture_marks_what_was_told
 
 from tools.backends import parse_command
 from tools.local import ROOT, free_port, lab_env
@@ -43,6 +45,10 @@ def test_the_readme_demo_block_prints_what_it_shows(tmp_path):
     for lab in ("01", "02", "03"):  # each guide's timeline, where make was told to put it
         assert f"picture: {tmp_path / 'pictures' / f'lab-{lab}.svg'}\n" in done.stdout
     assert_the_demo_tells_labs_01_and_02_with_a_verdict_per_operation(done.stdout)
+    # lab 01's picture, as make demo drew it (tests/pictures_helpers.py; 15, 16 and 18's:
+    # test_guide_local), its part of the output read back: to the next lab's title
+    lab_01 = done.stdout.split("=== Lab 01: ", 1)[1].split("\n=== Lab 02: ", 1)[0]
+    assert_each_picture_marks_what_was_told({"01": lab_01}, tmp_path / "pictures", tmp_path)
 
 
 def assert_the_demo_tells_labs_01_and_02_with_a_verdict_per_operation(out):

@@ -73,7 +73,8 @@ class Provider(http.server.ThreadingHTTPServer):
         self.keyed, self.fault, self.gate, self.arrived = False, {}, None, threading.Event()
         self.held = False  # a request waits at the gate
         self.settle_s = SETTLE_S  # it commits within this after the send, or never
-        threading.Thread(target=self.serve_forever, daemon=True).start()
+        # polled every 50 ms: shutdown() at the fixture's end waits one poll (0.5 s by default)
+        threading.Thread(target=self.serve_forever, args=(0.05,), daemon=True).start()
 
     def handle_error(self, request, client_address):
         pass  # a client that gave up: not the provider's failure

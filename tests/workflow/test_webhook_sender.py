@@ -15,6 +15,7 @@ import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+from conftest import examples
 
 import httpguard
 import receivermetrics
@@ -353,7 +354,7 @@ def test_any_url_is_read_one_way_or_refused_with_a_reason():
         st.sampled_from(["", "/", "/h?x=1", "#f", "/a\tb"]),
     )
 
-    @settings(max_examples=3000, deadline=None, derandomize=True)
+    @settings(max_examples=examples(3000), deadline=None, derandomize=True)  # make test: 3000
     @given(urls)
     def check(url):
         try:
