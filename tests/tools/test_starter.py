@@ -18,11 +18,11 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
-import plumbing
 import pytest
 from conftest import require_docker
 
 import effects
+import exitcodes
 from tools import starter
 from tools.local import ROOT, ReceiverProcess, free_port, lab_env, run_command
 
@@ -154,8 +154,8 @@ def test_tracing_with_the_neutral_switch_writes_spans_with_the_extras_packages(t
         assert importlib.metadata.version(name) == pinned[name]
     spans = tmp_path / "spans.jsonl"
     code = (
-        "import plumbing, tracing\n"
-        "settings = plumbing.Settings.from_environ({'TRACE': '" + str(spans) + "'})\n"
+        "import commandline, tracing\n"
+        "settings = commandline.ProgramSettings.from_environ({'TRACE': '" + str(spans) + "'})\n"
         "tracing.start(settings.trace, 'starter')\n"
         "with tracing.run('t1'):\n    pass\n"
         "tracing.stop()\n"
@@ -338,7 +338,7 @@ def test_the_starter_with_an_effect_and_a_provider_of_each_kind_added_passes_its
     )  # what the suite is about to crash: every effect, and the state fields the answers go to
     assert shown.returncode == 0, shown.stderr
     assert shown.stdout.split() == [
-        *("card-charge", "email", "follow-up", "notice", "shipment", "ticket"),
+        *("card_charge", "email", "follow_up", "notice", "shipment", "ticket"),
         *(f"{key}:True" for key in keys.split()),
     ], shown.stdout
 
@@ -422,7 +422,7 @@ def test_a_keyless_provider_with_a_lookup_added_as_the_readme_says_ships_once(
             code, _, err = workflow_in(dest, env, *command, fail="after-send=kill")
             assert code == -signal.SIGKILL, err
         code, _, err = workflow_in(dest, env, "resume", "--thread", "t2")
-        assert code == plumbing.EXIT_UNSETTLED and err.count("\n") == 1, err
+        assert code == exitcodes.EXIT_UNSETTLED and err.count("\n") == 1, err
         assert "may take 10 s to commit" in err and "reconcile" in err
         assert len(stand_in.made["shipments"]) == 2  # op-1's and op-2's: nothing sent again
         stand_in.visible = True
@@ -448,7 +448,7 @@ def test_a_keyless_provider_without_a_lookup_added_as_the_readme_says_waits_for_
         env["SMS_URL"] = f"http://127.0.0.1:{stand_in.server_address[1]}"
         killed_in_both_windows(dest, env)
         code, _, err = workflow_in(dest, env, "resume", "--thread", "t")
-        assert code == plumbing.EXIT_UNSETTLED and err.count("\n") == 1, err
+        assert code == exitcodes.EXIT_UNSETTLED and err.count("\n") == 1, err
         assert "the SMS provider's sent messages" in err and "op-1:notice=ID" in err
         ((message),) = stand_in.made["messages"]
         assert message["text"].endswith("(op-1:notice)")  # what a person finds there

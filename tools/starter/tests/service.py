@@ -205,12 +205,11 @@ def context(env, ledger=None):
 
 
 def declared_providers():
-    """The providers workflow.py declares: its plumbing.Provider instances."""
-    import plumbing
-
+    """The providers workflow.py declares: its providers.Provider instances."""
+    import providers
     import workflow
 
-    return [v for v in vars(workflow).values() if isinstance(v, plumbing.Provider)]
+    return [v for v in vars(workflow).values() if isinstance(v, providers.Provider)]
 
 
 def made_by_receiver(url):

@@ -16,9 +16,8 @@ import signal
 import time
 import unittest
 
-import plumbing
-
 import effects
+import exitcodes
 import failpoints
 import workflow
 from tests import test_crash_window as crash
@@ -31,7 +30,7 @@ from tests.service import (
     made_by_receiver,
 )
 
-ALLOWED = {0, plumbing.EXIT_UNSETTLED}  # done, or stopped for a lookup, the key, or a person
+ALLOWED = {0, exitcodes.EXIT_UNSETTLED}  # done, or stopped for a lookup, the key, or a person
 
 
 class AtTheProviderTest(ServiceTestCase):
@@ -42,7 +41,7 @@ class AtTheProviderTest(ServiceTestCase):
         crash.CrashWindowTest.one_effect_per_key_at_each_provider(self, killed)
 
     def test_ctrl_c_while_the_request_is_at_the_provider_leaves_it_open_not_released(self):
-        killed = self.walk("order-1", signal.SIGINT, plumbing.EXIT_INTERRUPTED)
+        killed = self.walk("order-1", signal.SIGINT, exitcodes.EXIT_INTERRUPTED)
         crash.CrashWindowTest.one_effect_per_key_at_each_provider(self, killed)
 
     def test_a_resume_while_the_provider_holds_the_request_sends_it_again_under_its_key(self):
@@ -79,8 +78,8 @@ class AtTheProviderTest(ServiceTestCase):
         asked_by = time.time()  # reconcile looked at the clock before this
         with effects.Ledger(self.env["CHECKPOINT_DB"]) as ledger:
             record, sent_at = ledger.get("k"), ledger.row("k")["sent_at"]
-        if asked_by - sent_at < workflow.TICKET.settled_after_s:  # measured, not assumed
-            self.assertEqual(early.returncode, plumbing.EXIT_THREAD, early.stderr)
+        if asked_by - sent_at < workflow.ticket.settled_after_s:  # measured, not assumed
+            self.assertEqual(early.returncode, exitcodes.EXIT_THREAD, early.stderr)
             self.assertIn("try again in", early.stderr)
             self.assertIn(record.state, effects.OPEN)
         failpoints.unpause(self.held("API"))  # it is made; every later request passes

@@ -23,15 +23,14 @@ import signal
 import time
 import unittest
 
-import plumbing
-
 import effects
+import exitcodes
 import failpoints
 import workflow
 from tests.service import RUN_TIMEOUT_S, ServiceTestCase, context, events, made
 
 OPEN = effects.OPEN  # requested, unknown: a request may be out there
-EXIT_UNSETTLED = plumbing.EXIT_UNSETTLED  # a run stopped for a person: an effect without lookup
+EXIT_UNSETTLED = exitcodes.EXIT_UNSETTLED  # a run stopped for a person: an effect without lookup
 
 
 class CrashWindowTest(ServiceTestCase):
@@ -89,7 +88,7 @@ class CrashWindowTest(ServiceTestCase):
         drained = self.workflow(
             "start", "--thread", "t1", "--operation", "op-1", fail="after-prepare=term"
         )
-        self.assertEqual(drained.returncode, plumbing.EXIT_DRAINED, drained.stderr)
+        self.assertEqual(drained.returncode, exitcodes.EXIT_DRAINED, drained.stderr)
         last = events(drained)[-1]
         self.assertEqual((last["event"], last["next"]), ("drained", ["create_ticket"]))
         self.assertEqual(self.tickets(), [])  # prepare finished and was saved; nothing was sent
@@ -112,11 +111,11 @@ class CrashWindowTest(ServiceTestCase):
         self.assertEqual(code, 0, err)
         # The same key for another request: the ledger refuses it before anything is sent.
         code, _, err = run("start", "--thread", "t2", "--operation", "op-1", "--title", "B")
-        self.assertEqual(code, plumbing.EXIT_HTTP_ERROR, err)
+        self.assertEqual(code, exitcodes.EXIT_HTTP_ERROR, err)
         self.assertIn("claimed for another ticket request", err)
         # And the receiver refuses it too, sent without the ledger (workflow.py post).
         code, printed, err = run("post", "--operation", "op-1", "--title", "B")
-        self.assertEqual(code, plumbing.EXIT_HTTP_ERROR, err)
+        self.assertEqual(code, exitcodes.EXIT_HTTP_ERROR, err)
         self.assertEqual((printed[-1]["event"], printed[-1]["status"]), ("http_error", 409))
         self.assertIn("Idempotency-Key", printed[-1]["body"]["error"])
 
@@ -140,7 +139,7 @@ class CrashWindowTest(ServiceTestCase):
         lease_until = self.lease_until("k")  # the first's
         second = self.workflow("resume", "--thread", "t")
         if time.time() < lease_until:  # it asked while the lease held (measured, not assumed)
-            self.assertEqual(second.returncode, plumbing.EXIT_THREAD, second.stderr)
+            self.assertEqual(second.returncode, exitcodes.EXIT_THREAD, second.stderr)
             self.assertIn("being performed by another live process", second.stderr)
         self.wait_until(lambda: time.time() > lease_until, "the first's lease to run out")
         second = self.workflow("resume", "--thread", "t")
@@ -325,7 +324,7 @@ class CrashWindowTest(ServiceTestCase):
                 held, kept = effect.external_id(found), effect.external_id(record.answer)
                 self.assertEqual(str(held), str(kept), record)
             else:  # no lookup: its stand-in provider's own records are the evidence
-                self.assertIn(plumbing.provider_of(effect), self.urls, f"{record.effect}")
+                self.assertIn(effect.provider_name, self.urls, f"{record.effect}")
         # Each key's receipt names a thing of its own, not another key's.
         named = [(r.effect, str(declared[r.effect].external_id(r.answer))) for r in performed]
         self.assertEqual(len(set(named)), len(named), f"two keys name one thing: {named}")
@@ -341,7 +340,7 @@ class CrashWindowTest(ServiceTestCase):
             (record,) = ledger.unsettled()
         effect = effects.declared(vars(workflow))[record.effect]
         self.assertIsNone(effect.lookup, err.read_text())
-        url = self.urls.get(plumbing.provider_of(effect))
+        url = self.urls.get(effect.provider_name)
         self.assertIsNotNone(url, f"{record.effect}: no stand-in provider to ask")
         thing = made(url)[-1]  # the newest: the run was killed just after it
         # --wait: a person's word is taken once the provider's settle time is over

@@ -22,10 +22,10 @@ import unittest
 import urllib.error
 import urllib.request
 
-import plumbing
-
 import effects
+import exitcodes
 import failpoints
+import providers
 from tests.service import ServiceTestCase, StandInClient, events, handled
 
 CLIENT_GIVES_UP_S = 2.0  # API_TIMEOUT_S where the provider is held: then no answer
@@ -124,7 +124,7 @@ class RefusalTest(ServiceTestCase):
         # Another client used the key first, for another body.
         post(self.url + "/tickets", {"title": "B"}, "op-1")
         refused = self.workflow("start", "--thread", "t1", "--operation", "op-1", "--title", "A")
-        self.assertEqual(refused.returncode, plumbing.EXIT_HTTP_ERROR, refused.stderr)
+        self.assertEqual(refused.returncode, exitcodes.EXIT_HTTP_ERROR, refused.stderr)
         self.assertEqual(len(refused.stderr.splitlines()), 1, refused.stderr)  # no traceback
         self.assertIn("refused", refused.stderr)
         self.assertNotIn("done", [e["event"] for e in events(refused)])
@@ -137,7 +137,7 @@ class RefusalTest(ServiceTestCase):
         self.assertEqual(self.counted("key_conflicts"), 1)  # asked once, not again
         # Failed is final: a resume says so again and sends nothing.
         again = self.workflow("resume", "--thread", "t1")
-        self.assertEqual(again.returncode, plumbing.EXIT_HTTP_ERROR, again.stderr)
+        self.assertEqual(again.returncode, exitcodes.EXIT_HTTP_ERROR, again.stderr)
         self.assertIn("refused", again.stderr)
         self.assertEqual(self.counted("key_conflicts"), 1)
 
@@ -154,7 +154,7 @@ class TamperTest(ServiceTestCase):
         db.close()
 
         resumed = self.workflow("resume", "--thread", "t1")
-        self.assertEqual(resumed.returncode, plumbing.EXIT_LEDGER_DAMAGED, resumed.stderr)
+        self.assertEqual(resumed.returncode, exitcodes.EXIT_LEDGER_DAMAGED, resumed.stderr)
         self.assertEqual(len(resumed.stderr.splitlines()), 1, resumed.stderr)
         self.assertIn("integrity", resumed.stderr)
         self.assertNotIn("done", [e["event"] for e in events(resumed)])
@@ -167,7 +167,7 @@ class WrongUrlTest(ServiceTestCase):
         right = self.env["API_URL"]
         self.env["API_URL"] = right + "/wrong"
         lost = self.workflow("start", "--thread", "t1", "--operation", "op-1")
-        self.assertEqual(lost.returncode, plumbing.EXIT_HTTP_ERROR, lost.stderr)
+        self.assertEqual(lost.returncode, exitcodes.EXIT_HTTP_ERROR, lost.stderr)
         self.assertIn({"event": "http_error", "status": 404}, strip_body(events(lost)))
         self.assertIn("the key is still free", lost.stderr)
         self.assertEqual(self.tickets(), [])
@@ -198,8 +198,8 @@ def effect(name, keyed):
             ({"id": t["id"], **t["body"]} for t in client.made(reference=key)), None
         ),
         external_id=lambda answer: answer["id"],
-        not_sent=plumbing.IETF_ANSWERS.not_sent,  # what a provider's answers mean, by default
-        refused=plumbing.IETF_ANSWERS.refused,
+        not_sent=providers.IETF_ANSWERS.not_sent,  # what a provider's answers mean, by default
+        refused=providers.IETF_ANSWERS.refused,
         keyed=keyed,
         settle_s=60.0,
     )
