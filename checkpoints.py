@@ -4,11 +4,12 @@ and the thread a command names, checked."""
 
 import contextlib
 import logging
+import shlex
 import sqlite3
 import time
 from pathlib import Path
 
-from exitcodes import EXIT_NO_ANSWER, EXIT_THREAD, EXIT_USAGE, UserError
+from exitcodes import EXIT_NO_ANSWER, EXIT_THREAD, EXIT_USAGE, UserError, command
 from ledger import TABLES
 
 
@@ -16,10 +17,13 @@ def thread_config(thread):
     return {"configurable": {"thread_id": thread}}
 
 
-def require_thread(graph, thread, starting, hint="resume it or pick a new --thread"):
-    """start needs a new thread, resume an existing one; the thread's snapshot."""
+def require_thread(graph, thread, starting, hint=None):
+    """start needs a new thread, resume an existing one; the thread's snapshot. hint: what a
+    start of one that exists says to do (by default: its resume, or a new --thread)."""
     snapshot = graph.get_state(thread_config(thread))
     if starting and snapshot.values:
+        resume = command(f"resume --thread {shlex.quote(thread)}")
+        hint = hint or f"resume it: {resume}; or pick a new --thread"
         raise UserError(f"thread {thread!r} already exists; {hint}", EXIT_THREAD)
     if not starting and not snapshot.values:
         raise UserError(f"no thread {thread!r} to resume; check --thread", EXIT_THREAD)

@@ -13,6 +13,7 @@ import threading
 import urllib.error
 
 import effects
+import exitcodes
 import failpoints
 import tracing
 from checkpoints import open_checkpointer, require_thread, thread_config
@@ -24,6 +25,7 @@ from exitcodes import (
     EXIT_THREAD,
     EXIT_UNSETTLED,
     EXIT_USAGE,
+    Typed,
     Unreachable,
     UserError,
     announce,
@@ -32,6 +34,7 @@ from exitcodes import (
 from failpoints import fail
 from hints import (
     default_thread,
+    going_on_words,
     interrupted_hint,
     lost_postgres,
     resume_hint,
@@ -182,7 +185,20 @@ def ledger_exit(error):
 def run_action(args, make_settings, points):
     """Run the parsed command: its settings (make_settings()), failpoints (the names in
     points), tracing, then args.run(args, settings). Every error a user can meet is one line on
-    stderr and its exit code, never a traceback."""
+    stderr and its exit code, never a traceback; a hint in it names the whole command, as this
+    program is typed (args.typed, the parser's: exitcodes.command)."""
+    typed = exitcodes.TYPED.set(getattr(args, "typed", None) or Typed.of(args.prog))
+    words = going_on_words(args) if getattr(args, "graph_command", False) else None
+    going_on = exitcodes.GOING_ON.set(words)
+    try:
+        return run_parsed(args, make_settings, points)
+    finally:
+        exitcodes.GOING_ON.reset(going_on)
+        exitcodes.TYPED.reset(typed)
+
+
+def run_parsed(args, make_settings, points):
+    """run_action's work, with the program's Typed set."""
     args.thread_defaulted = isinstance(getattr(args, "thread", None), Defaulted)
     if args.thread_defaulted:
         args.thread = str(args.thread)  # a plain str for the savers' drivers
@@ -295,6 +311,7 @@ def graph_parser(prog, description, declared, build_graph, run_graph, start_inpu
     the start command, for a caller to extend."""
     parser = Parser(prog=prog, description=description)
     parser.set_defaults(prog=prog, graph_command=False, resume="resume", unkeyed=lambda _: False)
+    parser.set_defaults(typed=Typed.of(prog))  # how a hint names a command: exitcodes.command
     parser.set_defaults(effects=declared)  # what reconcile can look up
     parser.set_defaults(build_graph=build_graph, run_graph=run_graph, start_input=start_input)
     parser.actions = parser.add_subparsers(dest="action", required=True, parser_class=type(parser))

@@ -36,6 +36,7 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 import tracing
+from exitcodes import command, resume_command
 from failpoints import fail
 from ledger import (
     LEASE_S,
@@ -58,7 +59,7 @@ from ledger import (
 from ledger_tables import SCHEMA, key_receipts, wal
 from postgres_ledger import PostgresLedger
 from providers import SETTLE_S, Provider
-from settling import WordRefused, reconcile, where
+from settling import WordRefused, reconcile, reconciling, where
 
 # The effects' API, and the ledger's storage named here too: effects.Ledger is ledger.Ledger.
 # fmt: off
@@ -266,13 +267,15 @@ class Unsettled(LedgerError):
             why = f"{where(effect, 'its provider')} honours the key and has not given its result"
             why += f" yet{said}"
             then = (
-                f"resume once {effect.settled_after_s:g} s have passed since the last send (the "
-                "provider answers the key with its first result)"
+                f"once {effect.settled_after_s:g} s have passed since the last send (the "
+                f"provider answers the key with its first result): {resume_command()}"
             )
         elif effect.lookup is None:
             why = f"{where(effect, 'its provider')} has no lookup{said}"
+            confirmed = reconciling("--confirmed", f"{key}=ID")
+            not_sent = reconciling("--not-sent", key)
             then = (
-                f"reconcile --confirmed {key}=ID if it happened, --not-sent {key} if it did not "
+                f"if it happened, {confirmed} (ID: the provider's); if it did not, {not_sent} "
                 f"(taken {effect.settled_after_s:g} s after the last send)"
             )
         else:
@@ -281,7 +284,7 @@ class Unsettled(LedgerError):
                 f"the lookup found nothing {since_sent_s:.1f} s after the last send, and {who} "
                 f"may take {effect.settled_after_s:g} s to commit"
             )
-            then = "reconcile (it asks the provider again)"
+            then = f"{command('reconcile')} (it asks the provider again)"
         super().__init__(
             f"effect {effect.name} {key!r} may have happened (sent, and no answer was recorded) "
             f"and {why}: look with {look}, then {then}"

@@ -2,6 +2,8 @@
 stderr and an exit code each), and its output, one JSON object per line. commandline.py turns
 every error into its line; each code says beside it when it is used."""
 
+import contextvars
+import dataclasses
 import json
 import sys
 
@@ -35,6 +37,53 @@ class Unreachable(UserError):
 
 class NoAnswer(UserError):
     """The request was sent and no answer came back: it may or may not have taken effect."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Typed:
+    """How a program is typed in a shell: its native command and, for a program that also runs
+    through Docker, the same program there (the words before its arguments). A hint names the
+    whole command with it, as the exit-6 "look with" line does:
+
+        python -m labs resume --thread t (Docker: docker compose ... run --rm workflow resume ...)
+    """
+
+    native: str
+    docker: str = ""
+
+    @classmethod
+    def of(cls, prog, docker=""):
+        """A parser's prog as typed: `python workflow.py` for a script, `python -m labs` for a
+        module (`python -m labs` names itself labs)."""
+        return cls(f"python {prog}" if prog.endswith(".py") else f"python -m {prog}", docker)
+
+    def __call__(self, words):
+        docker = f" (Docker: {self.docker} {words})" if self.docker else ""
+        return f"{self.native} {words}{docker}"
+
+
+# The running program's Typed: run_action (commandline.py) sets it from its parser, so a line
+# raised deep in the ledger names the program that printed it. A context variable: LangGraph's
+# executors copy it into the threads that run the nodes.
+TYPED = contextvars.ContextVar("typed", default=Typed.of("workflow.py"))  # noqa: B039 (frozen)
+
+
+# The words that go on from the run in hand ("resume --thread t", "saga resume --thread t"):
+# run_action sets them for a graph command, so the ledger's line can name its resume; None for
+# a program that runs it again itself (lab 10's workers retry the job).
+GOING_ON = contextvars.ContextVar("going_on", default=None)
+
+
+def command(words):
+    """The whole command that runs words (a subcommand and its switches) in this program, as
+    printed in a hint: what a user pastes into a shell."""
+    return TYPED.get()(words)
+
+
+def resume_command():
+    """The whole command that goes on from the run in hand (its resume), or what to do."""
+    words = GOING_ON.get()
+    return command(words) if words else "run it again"
 
 
 def emit(event, **values):

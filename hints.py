@@ -2,11 +2,20 @@
 provider's error answer, a checkpoint that cannot be written, a lost Postgres, a Ctrl-C."""
 
 import json
+import shlex
 import sqlite3
 import sys
 
 from checkpoints import open_checkpointer, thread_config
-from exitcodes import EXIT_CHECKPOINT_WRITE, EXIT_HTTP_ERROR, EXIT_NO_ANSWER, EXIT_USAGE, emit
+from exitcodes import (
+    EXIT_CHECKPOINT_WRITE,
+    EXIT_HTTP_ERROR,
+    EXIT_NO_ANSWER,
+    EXIT_USAGE,
+    TYPED,
+    emit,
+)
+from httpguard import NO_SUCH_PATH
 from providers import BUSY_TRIES_PER_ATTEMPT, DID_NOTHING, RECEIVER_ANSWERS
 
 UNWRITABLE = {sqlite3.SQLITE_READONLY, sqlite3.SQLITE_FULL}  # SQLite's primary result codes
@@ -39,7 +48,23 @@ def resume_hint(args, settings, when):
     typed again, start would say the thread exists. Name the command that goes on from it."""
     if not args.graph_command or not saved(args, settings):
         return ""  # not a run, no checkpoint, or none that can be read
-    return f"; the run is saved: {when}, {args.resume} --thread {args.thread}"
+    return f"; the run is saved: {when}, {going_on(args)}"
+
+
+def going_on(args):
+    """The whole command that goes on from args.thread (its resume, or approve's answer), as
+    its program is typed (its parser's Typed; else the running program's)."""
+    return typed_for(args)(going_on_words(args))
+
+
+def typed_for(args):
+    """How args' program is typed: its parser's Typed, else the running program's."""
+    return getattr(args, "typed", None) or TYPED.get()
+
+
+def going_on_words(args):
+    """Its words: "resume --thread t", "saga resume --thread t", "approve --thread t"."""
+    return f"{args.resume} --thread {shlex.quote(str(args.thread))}"
 
 
 def default_thread(args, error):
@@ -69,7 +94,7 @@ def interrupted_hint(args, settings, unknown_when=None):
     found = saved(args, settings)
     if found is None:
         if unknown_when:
-            return f"{hint}; {unknown_when}, {args.resume} --thread {args.thread}"
+            return f"{hint}; {unknown_when}, {going_on(args)}"
         return hint
     if found:
         return f"{hint}; {goes_on(args, found)}"
@@ -80,14 +105,18 @@ def goes_on(args, values):
     """The command that goes on from a checkpoint whose request may have taken effect, or, for
     a run that sends it without a key (args.unkeyed), why none does so safely."""
     if args.unkeyed(values):  # a resume sends it again, and nothing tells it from a new one
-        return f"it sends no key, so {args.resume} would send it again: look at the receiver first"
-    return f"resume it with: {args.resume} --thread {args.thread}"
+        return (
+            f"it sends no key, so {args.resume} would send it again: look at the receiver "
+            f"first, {typed_for(args)('tickets')}"
+        )
+    return f"resume it with: {going_on(args)}"
 
 
 def said_http_error(args, settings, error):
     """main()'s lines for a provider's error answer (exit 1): http_error with its body; one
-    line more for an answer that is not the receiver's JSON (another server), one that made
-    nothing (DID_NOTHING: the key is still free), and a 503 past every try."""
+    line more for an answer that is not the receiver's JSON (another server), its 404 for a
+    thing it does not hold (its reason, read_reason), one that made nothing (DID_NOTHING: the
+    key is still free; check the address), and a 503 past every try."""
     body = error.read()
     try:
         body = json.loads(body)
@@ -112,6 +141,12 @@ def said_http_error(args, settings, error):
             f"receiver's JSON: {name}_URL (its port) names another program{hint}",
             file=sys.stderr,
         )
+    elif (reason := read_reason(error.code, body)) is not None:  # its 404: what is missing
+        print(
+            f"{args.prog}: the receiver at {name}_URL {url} answered {error.code}: {reason}; "
+            "nothing was made",
+            file=sys.stderr,
+        )
     elif error.code in DID_NOTHING:  # the receiver's JSON, and nothing made
         why = f"the receiver at {name}_URL {url} answered {error.code}"
         when = f"once {name}_URL names the receiver and lets you in"
@@ -127,6 +162,16 @@ def said_http_error(args, settings, error):
         hint = resume_hint(args, settings, "once the receiver can write")
         print(f"{args.prog}: {why}{hint}", file=sys.stderr)
     return EXIT_HTTP_ERROR
+
+
+def read_reason(status, body):
+    """The reason of the receiver's 404 for a thing it does not hold ("no ticket 99; check
+    ticket_id"): its JSON "error". None for one that says the address is wrong (a path no route
+    serves: API_URL's path), and for any other answer."""
+    reason = body.get("error") if status == 404 else None
+    if not isinstance(reason, str) or reason.startswith(NO_SUCH_PATH):
+        return None
+    return reason
 
 
 def said_database_error(args, settings, error):

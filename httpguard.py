@@ -73,6 +73,9 @@ DEFAULT_WEBHOOK_SECRET = "whsec_c3RhdGVmdWwtYWdlbnQtbGFiIHdlYmhvb2tzLCBsYWIgb25s
 #   WEBHOOK_SECRET of both sides unless set: public, so it proves nothing; set your own
 
 
+NO_SUCH_PATH = "no such path"  # how a 404 for a path no route serves begins: a wrong address
+
+
 class ClientError(Exception):
     """A request we refuse: the status and a message that tells the client what to do."""
 
@@ -193,7 +196,7 @@ class GuardedHandler(BaseHTTPRequestHandler):
             allowed = self.routes.get(path)
             if allowed is None:
                 raise ClientError(
-                    404, f"no such path {path!r}; the paths: {', '.join(self.routes)}"
+                    404, f"{NO_SUCH_PATH} {path!r}; the paths: {', '.join(self.routes)}"
                 )
             if self.command not in allowed.split(", "):
                 raise ClientError(405, f"{path} accepts {allowed}", {"Allow": allowed})

@@ -5,9 +5,11 @@ passed since the last send. The reconcile command (commandline.py) only calls it
 
 import dataclasses
 import math
+import shlex
 import time
 from contextlib import ExitStack
 
+from exitcodes import command
 from ledger import OPEN, InFlight, LedgerError
 from providers import SETTLE_S
 
@@ -98,8 +100,8 @@ def word_checked(ledger, key, word, external_id, effects):
     if word == "not-sent" and found is not None:
         held = effect.external_id(found)
         raise WordRefused(
-            f"the provider holds {held} under {key!r}: it was sent; reconcile --confirmed "
-            f"{key} records it{look}{nothing}"
+            f"the provider holds {held} under {key!r}: it was sent; "
+            f"{reconciling('--confirmed', key)} records it{look}{nothing}"
         )
     if word == "not-sent":  # a person's word: taken once the provider's settle time is over
         require_settled(record, effect, look + nothing)
@@ -115,17 +117,17 @@ def word_checked(ledger, key, word, external_id, effects):
     if effect is not None and effect.lookup is not None:
         raise WordRefused(
             f"the provider holds nothing under {key!r}: not confirmed{look}; if it never went "
-            f"out, --not-sent {key}{nothing}"
+            f"out, {reconciling('--not-sent', key)}{nothing}"
         )
     if effect is None or effect.answer_of is None:
         raise WordRefused(
             f"effect {record.effect!r} of {key!r} is not one this program can record a person's "
-            f"answer for; --not-sent {key} if it never went out{nothing}"
+            f"answer for; if it never went out, {reconciling('--not-sent', key)}{nothing}"
         )
     if external_id is None:
         raise WordRefused(
-            f"--confirmed {key} needs the id the provider gave it: --confirmed {key}=ID{look}"
-            f"{nothing}",
+            f"--confirmed {key} needs the id the provider gave it: "
+            f"{reconciling('--confirmed', key + '=ID')}{look}{nothing}",
             usage=True,
         )
     try:
@@ -136,6 +138,11 @@ def word_checked(ledger, key, word, external_id, effects):
         ) from None
     require_settled(record, effect, look + nothing)  # a person's word, as for --not-sent
     return key, "confirmed", how, answer, effect.external_id(answer)
+
+
+def reconciling(switch, word):
+    """The whole reconcile command that says switch of word (a key, or KEY=ID), as typed."""
+    return command(f"reconcile {switch} {shlex.quote(word)}")
 
 
 def settle_left_s(record, effects):
@@ -165,8 +172,8 @@ def require_open(ledger, key):
     if not (record := ledger.get(key)) or record.state not in OPEN:
         state = record.state if record else "no such key"
         raise WordRefused(
-            f"effect {key!r} is not open ({state}); reconcile lists the open ones. Nothing was "
-            "settled"
+            f"effect {key!r} is not open ({state}); {command('reconcile')} lists the open ones. "
+            "Nothing was settled"
         )
 
 

@@ -8,9 +8,10 @@ the ledger in every --mode.
 """
 
 import dataclasses
+import shlex
 
 import workflow
-from exitcodes import EXIT_THREAD, UserError, emit
+from exitcodes import EXIT_THREAD, UserError, command, emit
 from labs.modes import create_ticket_by_mode, emit_effect_outcome
 
 APPROVAL_SHAPES = ("in-node", "own-node")  # where --approval waits for a human
@@ -60,6 +61,7 @@ def check_approval(args, snapshot):
         raise UserError(f"thread {args.thread!r} is not waiting for approval", EXIT_THREAD)
     if waiting and not approving:
         raise UserError(
-            f"thread {args.thread!r} waits for approval; answer with approve (or --reject)",
+            f"thread {args.thread!r} waits for approval; answer with "
+            f"{command(f'approve --thread {shlex.quote(args.thread)}')} (or --reject)",
             EXIT_THREAD,
         )

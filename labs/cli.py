@@ -28,7 +28,7 @@ import effects
 import exitcodes
 import failpoints
 import workflow
-from exitcodes import EXIT_THREAD, EXIT_USAGE, UserError, emit
+from exitcodes import EXIT_THREAD, EXIT_USAGE, UserError, command, emit
 from httpguard import DEFAULT_WEBHOOK_SECRET as LAB_SECRET
 from labs import approval, hooks, inbox, keyless, outbox, relay, saga
 from labs.approval import APPROVAL_SHAPES, check_approval
@@ -44,7 +44,14 @@ from labs.contract import (
 from labs.lab_graph import build_lab_graph
 from labs.modes import CRASH_POINTS, KEYLESS_MODES, MODES, LostAckClient
 from labs.retries import RETRY_FAILURES
-from labs.threads import exists_hint, is_outbox, is_saga, owning_command_line
+from labs.threads import (
+    exists_hint,
+    is_outbox,
+    is_saga,
+    owning_command_line,
+    thread_words,
+    typed_as,
+)
 
 LAB_TABLES = {**inbox.COLUMNS, **relay.COLUMNS}  # beside the checkpoints: the core knows none
 LESSON_EFFECTS = {  # every effect a lab declares, for reconcile (workflow.py's own TICKET too)
@@ -100,13 +107,14 @@ def show_ticket_state(args, settings):
         head = saver.get_tuple(checkpoints.thread_config(args.thread))
         if head and is_saga(head):  # read by the ticket graph, its refund would not show
             raise UserError(
-                f"thread {args.thread!r} is a saga (lab 13): saga state --thread {args.thread}",
+                f"thread {args.thread!r} is a saga (lab 13): "
+                f"{command(thread_words('saga state', args.thread))}",
                 EXIT_THREAD,
             )
         if head and is_outbox(head):  # lab 19's graph: outbox state reads it
             raise UserError(
-                f"thread {args.thread!r} is an outbox run (lab 19): outbox state --thread "
-                f"{args.thread}",
+                f"thread {args.thread!r} is an outbox run (lab 19): "
+                f"{command(thread_words('outbox state', args.thread))}",
                 EXIT_THREAD,
             )
         notify = started_with(saver, args, "notify")
@@ -270,6 +278,9 @@ def main(argv=None, environ=None):
         return EXIT_USAGE
     parser = build_lab_parser()
     parser.set_defaults(graph_version=version, listen_host=environ.get("LISTEN_HOST", "127.0.0.1"))
+    # how a hint names a command: python -m labs ..., and compose.yaml's workflow service
+    graph_version = {"LAB_GRAPH_VERSION": version} if version != "1" else {}
+    parser.set_defaults(typed=typed_as(parser.prog, "workflow", graph_version))
     parser.set_defaults(webhook_secret=environ.get("WEBHOOK_SECRET") or LAB_SECRET)  # hooks
     points = (*POINTS, *saga.SAGA_ACKS, *outbox.OUTBOX_POINTS, *hooks.HOOK_POINTS)
     checkpoints.own_tables(

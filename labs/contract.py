@@ -4,9 +4,10 @@ graph: 1, or 2, where create_ticket is renamed open_ticket (EFFECT_NODE, RENAMES
 
 import hashlib
 import json
+import shlex
 
 import checkpoints
-from exitcodes import EXIT_THREAD, UserError, emit
+from exitcodes import EXIT_THREAD, UserError, command, emit
 
 # --- lab 12: the contract a run is saved under, and migrate -------------------------------
 #
@@ -47,7 +48,8 @@ def require_contract(graph, thread, current, renames=None):
     except CannotMigrate as error:  # no migrate hint that would be refused, or undo the thread
         why += f"; migrate cannot move it ({error}): resume it with the code that saved it"
         raise UserError(why, EXIT_CONTRACT) from None
-    raise UserError(f"{why}; migrate --thread {thread} moves it here", EXIT_CONTRACT)
+    migrate = command(f"migrate --thread {shlex.quote(thread)}")
+    raise UserError(f"{why}; {migrate} moves it here", EXIT_CONTRACT)
 
 
 def migrate_thread(graph, thread, current, renames=None, owner=None):

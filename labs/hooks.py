@@ -17,7 +17,7 @@ import exitcodes
 import failpoints
 import httpguard
 import workflow
-from exitcodes import EXIT_USAGE, UserError, emit
+from exitcodes import EXIT_USAGE, UserError, command, emit
 from failpoints import fail
 from labs import inbox
 from labs.keyless import MESSAGE
@@ -104,7 +104,7 @@ def take_webhooks(args, settings):
                 moved = sender.call(f"/progress?wait={HOOKS_WAIT_S}", move)
                 delivered += moved["delivered"]
         except KeyboardInterrupt:  # Ctrl-C: what got no 2xx waits at the receiver
-            again = f"hooks --ticket {args.ticket} takes it"
+            again = f"{command(f'hooks --ticket {args.ticket}')} takes it"
             if args.mode == "naive":  # and applies it, however often it came
                 again = "--mode naive applies it again"
             raise UserError(
@@ -135,8 +135,9 @@ def take_webhooks(args, settings):
         )
     elif status is None:  # nothing moved it yet, or --ticket names another ticket
         warnings.append(
-            f"no webhook for ticket {args.ticket} yet: --move opened,resolved moves it "
-            "(tickets lists the receiver's)"
+            f"no webhook for ticket {args.ticket} yet: "
+            f"{command(f'hooks --ticket {args.ticket} --move opened,resolved')} moves it "
+            f"({command('tickets')} lists the receiver's)"
         )
     for line in warnings:
         print(f"labs: {line}", file=sys.stderr)

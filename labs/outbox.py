@@ -28,9 +28,9 @@ import effects
 import exitcodes
 import failpoints
 import workflow
-from exitcodes import EXIT_THREAD, UserError, emit
+from exitcodes import EXIT_THREAD, UserError, command, emit
 from failpoints import fail
-from labs.threads import RESET_HINT, is_outbox, owning_command_line
+from labs.threads import RESET_HINT, is_outbox, owning_command_line, thread_words
 
 # --- lab 19: the outbox: the node's only effect is a row in the workflow's own database ------
 #
@@ -107,13 +107,14 @@ def outbox_run(args, settings, graph_input):
         if head and not is_outbox(head):  # a ticket run's resume may repeat its request
             other = (
                 owning_command_line(head)
-                or f"it is a ticket run: state --thread {args.thread} shows it"
+                or f"it is a ticket run: {command(thread_words('state', args.thread))} shows it"
             )
             fresh = "; outbox start takes a new --thread" if graph_input is not None else ""
             raise UserError(
                 f"thread {args.thread!r} is not an outbox run; {other}{fresh}", EXIT_THREAD
             )
-        hint = f"outbox resume --thread {args.thread}; or pick a new --thread; or {RESET_HINT}"
+        resume = command(thread_words("outbox resume", args.thread))
+        hint = f"{resume}; or pick a new --thread; or {RESET_HINT}"
         checkpoints.require_thread(graph, args.thread, graph_input is not None, hint)
         final = workflow.run_graph(graph, graph_input, args.thread, settings.client(), ledger)
     if final is None:
@@ -129,7 +130,8 @@ def outbox_state(args, settings):
         raise UserError(f"no thread {args.thread!r}; check --thread", EXIT_THREAD)
     if "delivery" not in snapshot.values:
         raise UserError(
-            f"thread {args.thread!r} is not an outbox run; state --thread {args.thread} shows it",
+            f"thread {args.thread!r} is not an outbox run; "
+            f"{command(thread_words('state', args.thread))} shows it",
             EXIT_THREAD,
         )
     emit("state", values=snapshot.values, next=list(snapshot.next))

@@ -79,6 +79,7 @@ import workflow
 from exitcodes import EXIT_HTTP_ERROR, EXIT_NO_ANSWER, EXIT_USAGE, UserError, emit
 from failpoints import fail
 from labs import inbox
+from labs.threads import LABS, RELAY
 
 POINTS = ("before-publish", "after-publish")  # this program's failpoints
 COLUMNS = {
@@ -350,8 +351,8 @@ def main(argv=None, environ=None):
                 emit("relayed", pending=len(outbox.pending()), published=published)
                 if not done:  # relay before any outbox start, or everything published
                     print(
-                        "labs.relay: nothing pending (--show lists the outbox; outbox start "
-                        "writes a message)",
+                        f"labs.relay: nothing pending ({RELAY('--show')} lists the outbox; "
+                        f"{LABS('outbox start')} writes a message)",
                         file=sys.stderr,
                     )
                 return EXIT_HTTP_ERROR if len(done) > published else 0

@@ -28,10 +28,10 @@ import effects
 import exitcodes
 import failpoints
 import workflow
-from exitcodes import EXIT_THREAD, UserError, emit
+from exitcodes import EXIT_THREAD, UserError, command, emit
 from failpoints import fail
 from labs.modes import emit_effect_outcome
-from labs.threads import RESET_HINT, is_saga, saga_goes_on
+from labs.threads import RESET_HINT, is_saga, saga_goes_on, thread_words
 
 # --- lab 13: the saga: charge, reserve, and a refund when the reservation is refused ---------
 #
@@ -181,7 +181,7 @@ def not_refunded(state, why):
     return UserError(
         f"reservation {why} the key {saga_key(state, 'reserve')} for another reservation (an "
         f"earlier saga with this --operation?), so ticket {state['ticket_id']} is not refunded; "
-        "look at that saga's state (saga state --thread ITS-THREAD)",
+        f"look at that saga's state ({command('saga state --thread ITS-THREAD')})",
         exitcodes.EXIT_HTTP_ERROR,
     )
 
@@ -207,7 +207,9 @@ def saga_run(args, settings, graph_input):
         snapshot = checkpoints.require_thread(graph, args.thread, graph_input is not None, hint)
         if graph_input is None and "seats" not in snapshot.values:
             raise UserError(
-                f"thread {args.thread!r} is not a saga; resume it without saga", EXIT_THREAD
+                f"thread {args.thread!r} is not a saga; resume it without saga: "
+                f"{command(thread_words('resume', args.thread))}",
+                EXIT_THREAD,
             )
         final = workflow.run_graph(graph, graph_input, args.thread, settings.client(), ledger)
     if final is None:
@@ -229,7 +231,8 @@ def saga_state(args, settings):
         raise UserError(f"no thread {args.thread!r}; check --thread", EXIT_THREAD)
     if "seats" not in snapshot.values:  # a ticket thread: the saga's graph would misread it
         raise UserError(
-            f"thread {args.thread!r} is not a saga; state --thread {args.thread} (without saga)",
+            f"thread {args.thread!r} is not a saga; "
+            f"{command(thread_words('state', args.thread))} (without saga)",
             EXIT_THREAD,
         )
     emit("state", values=snapshot.values, next=list(snapshot.next))

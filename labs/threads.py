@@ -1,11 +1,33 @@
 """Which command runs a saved thread: the ticket run, lab 13's saga, lab 19's outbox, or lab 10's
-workers; and what a start on a thread that exists should do instead."""
+workers; what a start on a thread that exists should do instead; and how the lessons' programs
+are typed, natively and through Docker, for the hints that name them (exitcodes.Typed)."""
 
+import shlex
+
+from exitcodes import Typed, command
 from labs.contract import BRANCH
 
-RESET_HINT = (
-    "reset the lab: docker compose -p stateful-lab down -v --remove-orphans (natively: make reset)"
-)
+COMPOSE = "docker compose -p stateful-lab"  # the guides' project
+RESET_HINT = f"reset the lab: {COMPOSE} down -v --remove-orphans (natively: make reset)"
+
+
+def typed_as(prog, service, environ=None):
+    """How `python -m PROG` is typed, and its Docker form: compose.yaml's SERVICE runs it (the
+    workflow service runs python -m labs, worker python -m labs.workers, relay labs.relay).
+    environ: the settings a hint's command needs again (LAB_GRAPH_VERSION=2)."""
+    native = "".join(f"{k}={shlex.quote(v)} " for k, v in (environ or {}).items())
+    docker = "".join(f"-e {k}={shlex.quote(v)} " for k, v in (environ or {}).items())
+    return Typed(f"{native}python -m {prog}", f"{COMPOSE} run --rm {docker}{service}")
+
+
+LABS = typed_as("labs", "workflow")  # the lessons' CLI (labs/cli.py sets its own, with the graph)
+WORKERS = typed_as("labs.workers", "worker")  # lab 10's workers (labs/workers.py's parser)
+RELAY = typed_as("labs.relay", "relay")  # lab 19's relay
+
+
+def thread_words(words, thread):
+    """WORDS --thread THREAD, the thread quoted for a shell."""
+    return f"{words} --thread {shlex.quote(thread)}"
 
 
 def exists_hint(saved):
@@ -15,7 +37,9 @@ def exists_hint(saved):
     values = saved.checkpoint["channel_values"] if saved else {}
     if values.get("mode") == "naive" and any(c.startswith(BRANCH) for c in values):
         return f"it sends no key (--mode naive), so a resume repeats its request; or {reset}"
-    return f"resume it or pick a new --thread; or {reset}"
+    thread = saved.config["configurable"]["thread_id"] if saved else None
+    resume = f": {command(thread_words('resume', thread))};" if thread else ""
+    return f"resume it{resume} or pick a new --thread; or {reset}"
 
 
 def owning_command_line(saved):
@@ -25,11 +49,14 @@ def owning_command_line(saved):
     if is_saga(saved):
         return f"thread {thread!r} is a saga (lab 13): {saga_goes_on(saved)}"
     if is_outbox(saved):
-        return f"thread {thread!r} is an outbox run (lab 19): outbox resume --thread {thread}"
+        return (
+            f"thread {thread!r} is an outbox run (lab 19): "
+            f"{command(thread_words('outbox resume', thread))}"
+        )
     if "contract" not in saved.metadata:
         return (
             f"thread {thread!r} records no contract: labs/workers.py saves its threads so and runs "
-            f"them from its queue (lab 10): labs/workers.py state --thread {thread}"
+            f"them from its queue (lab 10): {WORKERS(thread_words('state', thread))}"
         )
     return None
 
@@ -45,11 +72,13 @@ def saga_goes_on(saved):
     thread = saved.config["configurable"]["thread_id"]
     values = saved.checkpoint["channel_values"]
     if values.get("mode") == "naive" and f"{BRANCH}refund" in values:
+        again = thread_words("saga resume", thread)
         return (
-            "its refund goes without a key (--mode naive), so saga resume --thread "
-            f"{thread} refunds again if the first refund went through: look at saga refunds first"
+            f"its refund goes without a key (--mode naive), so {again}"
+            " refunds again if the first refund went through: look at the refunds first, "
+            f"{command('saga refunds')}"
         )
-    return f"saga resume --thread {thread}"
+    return command(thread_words("saga resume", thread))
 
 
 def is_outbox(saved):

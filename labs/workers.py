@@ -104,6 +104,7 @@ import tracing
 import workflow
 from exitcodes import EXIT_USAGE, UserError
 from labs import inbox, relay
+from labs.threads import WORKERS
 from labs.worker_holds import announce_or_hold, lab_submit_arguments, lab_wait_arguments
 from labs.worker_metrics import metrics
 from labs.worker_queue import (
@@ -164,6 +165,7 @@ def main(argv=None):
         print(f"labs.workers: {error}", file=sys.stderr)
         return error.exit_code
     args = parse_args(argv, graph_module)
+    exitcodes.TYPED.set(WORKERS)  # a hint names python -m labs.workers ... and its Docker form
     args.graph_module, args.build_graph = graph_module, build_graph
     # pgqueuer logs each failed job and flush with its traceback; the worker says what happened
     # in its own lines (job_retry, job_dead, "lost the database"), so those loggers stay quiet;

@@ -135,7 +135,7 @@ def test_in_progress_on_the_first_send_leaves_the_effect_unknown_and_a_later_res
         record = ledger.get("order-1:charge")
         assert record.state == "unknown", ledger.history("order-1:charge")
         assert "CARD honours the key" in str(stopped.value), stopped.value
-        assert "409" in str(stopped.value) and "resume once 30 s" in str(stopped.value)
+        assert "409" in str(stopped.value) and "then once 30 s have passed" in str(stopped.value)
         card.hold.clear()
         card.gate.set()  # the provider commits the held request
         wait_for(lambda: card.charges == 1, "the held charge to commit")

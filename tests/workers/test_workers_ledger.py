@@ -352,7 +352,7 @@ def test_a_run_held_across_a_postgres_restart_is_one_line_exit_3_and_its_resume_
     assert proc.returncode == exitcodes.EXIT_NO_ANSWER, err
     assert err.count("\n") == 1 and "Traceback" not in err, err
     assert err.startswith("workflow.py: CHECKPOINT_DB stopped answering ("), err
-    assert err.endswith("resume it with: resume --thread pg\n"), err
+    assert err.endswith("resume it with: python workflow.py resume --thread pg\n"), err
     assert workflow.main(["resume", "--thread", "pg"], env) == 0  # in-process
     assert '"event": "effect_adopted"' in capsys.readouterr().out
     assert len(workflow.TicketClient(receiver.url).tickets()) == 1

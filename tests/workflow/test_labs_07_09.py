@@ -110,7 +110,9 @@ def test_a_waiting_run_is_answered_only_by_approve(receiver, workflow):
     resumed = workflow("resume")
     assert resumed.returncode == NO_THREAD and resumed.stdout == ""
     assert resumed.stderr == (
-        "labs: thread 'demo' waits for approval; answer with approve (or --reject)\n"
+        "labs: thread 'demo' waits for approval; answer with python -m labs approve --thread "
+        "demo (Docker: docker compose -p stateful-lab run --rm workflow approve --thread demo) "
+        "(or --reject)\n"
     )
     assert len(tickets(workflow)) == 2  # the refused resume sent nothing: the ticket, the ask
     assert workflow("approve").returncode == 0

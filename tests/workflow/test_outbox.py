@@ -26,6 +26,8 @@ import failpoints
 from labs import relay, worker_metrics
 from tools.local import ROOT, events, run_workflow_here, shell_exit_code, wait_until
 
+DOCKER = "Docker: docker compose -p stateful-lab run --rm workflow"  # a hint's Docker form
+
 OPERATION = "case-outbox:open-ticket:v1"
 TITLE = "Check supplier configuration"
 STOPS = [  # (program, failpoint): where a real SIGKILL lands
@@ -131,11 +133,12 @@ def test_a_ticket_run_and_an_outbox_run_name_each_others_command(lab, receiver, 
     assert lab_main(["outbox", "start", "--thread", "t"], lab) == 4
     assert lab_main(["outbox", "resume", "--thread", "t"], lab) == 4
     assert lab_main(["outbox", "state", "--thread", "t"], lab) == 4
-    hint = "thread 't' is not an outbox run; it is a ticket run: state --thread t shows it"
+    state = f"python -m labs state --thread t ({DOCKER} state --thread t)"
+    hint = f"thread 't' is not an outbox run; it is a ticket run: {state} shows it"
     assert capsys.readouterr().err.splitlines() == [
         f"labs: {hint}; outbox start takes a new --thread",
         f"labs: {hint}",
-        "labs: thread 't' is not an outbox run; state --thread t shows it",
+        f"labs: thread 't' is not an outbox run; {state} shows it",
     ]
     assert (
         lab_main(["state", "--thread", "t"], lab) == 0
@@ -143,7 +146,8 @@ def test_a_ticket_run_and_an_outbox_run_name_each_others_command(lab, receiver, 
     assert lab_main(["outbox", "start", "--thread", "o"], lab) == 0
     assert lab_main(["resume", "--thread", "o"], lab) == 4
     assert capsys.readouterr().err.splitlines()[-1] == (
-        "labs: thread 'o' is an outbox run (lab 19): outbox resume --thread o"
+        "labs: thread 'o' is an outbox run (lab 19): python -m labs outbox resume --thread o "
+        f"({DOCKER} outbox resume --thread o)"
     )
     assert len(tickets(receiver)) == 1
 

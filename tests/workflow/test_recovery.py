@@ -21,6 +21,8 @@ from labs import contract as contract_lesson
 from labs import lab_graph, worker_run
 from labs import saga as saga_lesson
 
+DOCKER = "Docker: docker compose -p stateful-lab run --rm workflow"  # a hint's Docker form
+
 pytestmark = pytest.mark.fast
 
 
@@ -133,11 +135,17 @@ def test_state_and_saga_state_each_refuse_the_others_thread(lab, receiver, capsy
     saga(capsys, lab, "naive")
     code, events, err = run(capsys, lab, "state", "--thread", "naive")
     assert (code, events) == (exitcodes.EXIT_THREAD, [])
-    assert err == "labs: thread 'naive' is a saga (lab 13): saga state --thread naive\n"
+    assert err == (
+        "labs: thread 'naive' is a saga (lab 13): python -m labs saga state --thread naive "
+        f"({DOCKER} saga state --thread naive)\n"
+    )
     assert run(capsys, lab, "start", "--thread", "plain")[0] == 0
     code, events, err = run(capsys, lab, "saga", "state", "--thread", "plain")
     assert (code, events) == (exitcodes.EXIT_THREAD, [])
-    assert err == "labs: thread 'plain' is not a saga; state --thread plain (without saga)\n"
+    assert err == (
+        "labs: thread 'plain' is not a saga; python -m labs state --thread plain "
+        f"({DOCKER} state --thread plain) (without saga)\n"
+    )
 
 
 def test_a_naive_saga_waiting_at_its_refund_is_not_offered_a_plain_saga_resume(
@@ -157,7 +165,9 @@ def test_a_naive_saga_waiting_at_its_refund_is_not_offered_a_plain_saga_resume(
         code, events, err = run(capsys, lab, *command, "--thread", "n")
         assert (code, events) == (exitcodes.EXIT_THREAD, []) and err.count("\n") == 1, err
         assert "without a key (--mode naive)" in err and "refunds again" in err, err
-        assert "look at saga refunds first" in err
+        assert (
+            f"look at the refunds first, python -m labs saga refunds ({DOCKER} saga refunds)" in err
+        )
     assert run(capsys, lab, "saga", "refunds")[1][0]["refunds"] == []
 
 
@@ -181,7 +191,9 @@ def test_a_worker_thread_is_refused_with_the_command_that_owns_it(lab, receiver,
     for command in ("migrate", "resume"):
         code, events, err = run(capsys, lab, command, "--thread", "w")
         assert (code, events) == (exitcodes.EXIT_THREAD, []) and err.count("\n") == 1, err
-        assert "labs/workers.py state --thread w" in err and "migrate" not in err
+        workers = "docker compose -p stateful-lab run --rm worker"
+        assert f"python -m labs.workers state --thread w (Docker: {workers} state" in err, err
+        assert "migrate" not in err
     assert history(lab, "w") == before
 
 
@@ -222,10 +234,14 @@ def test_the_lines_after_a_naive_run_stopped_in_its_window_do_not_offer_resume(
     args = lab_py.build_lab_parser().parse_args(["resume", "--thread", "n"])
     hint = hints.interrupted_hint(args, workflow.Settings.from_environ(lab))
     assert hint.endswith(
-        "it sends no key, so resume would send it again: look at the receiver first"
+        "it sends no key, so resume would send it again: look at the receiver first, "
+        f"python -m labs tickets ({DOCKER} tickets)"
     )
     assert run(capsys, env, "start", "--thread", "s")[0] == 75
     args = lab_py.build_lab_parser().parse_args(["resume", "--thread", "s"])
     hint = hints.interrupted_hint(args, workflow.Settings.from_environ(lab))
-    assert hint.endswith("resume it with: resume --thread s")
-    assert "resume it or pick a new --thread" in run(capsys, lab, "start", "--thread", "s")[2]
+    assert hint.endswith(
+        f"resume it with: python -m labs resume --thread s ({DOCKER} resume --thread s)"
+    )
+    again = f"resume it: python -m labs resume --thread s ({DOCKER} resume --thread s); or pick"
+    assert again in run(capsys, lab, "start", "--thread", "s")[2]

@@ -134,7 +134,8 @@ def test_a_crash_after_the_refunds_answer_then_resume(receiver, lab, tmp_path, m
     assert ("refunds again if the first refund went through" in plain.stderr) == (mode == "naive")
     twice = run_workflow_here([*start, "--seats", str(REFUSED)], lab)  # no reset between
     assert twice.returncode == 4 and "saga resume --thread t" in twice.stderr, twice.stderr
-    assert ("look at saga refunds first" in twice.stderr) == (mode == "naive")
+    assert ("look at the refunds first" in twice.stderr) == (mode == "naive")
+    assert "python -m labs saga resume --thread t (Docker: " in twice.stderr
     resumed = run_workflow_here(["saga", "resume", "--thread", "t"], lab)
 
     assert resumed.returncode == 0, resumed.stderr

@@ -66,7 +66,8 @@ def test_lookup_resend_charges_twice_and_the_ledger_once(held, lab):
         r"recorded\) and the lookup found nothing (\d+\.\d) s after the last send, and the "
         r"provider may take 10 s to commit: look with python -m labs payments --reference "
         r"case-twice:pay \(Docker: docker compose -p stateful-lab run --rm workflow payments "
-        r"--reference case-twice:pay\), then reconcile \(it asks the provider again\)",
+        r"--reference case-twice:pay\), then python -m labs reconcile \(Docker: docker compose "
+        r"-p stateful-lab run --rm workflow reconcile\) \(it asks the provider again\)",
         stop[0],
     ), stop[0]
 

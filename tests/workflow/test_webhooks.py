@@ -574,8 +574,10 @@ def test_hooks_says_what_it_did_and_refuses_naive_on_the_inboxs_ticket(receiver,
         "version": 0,
     }
     assert err.splitlines() == [
-        "labs: no webhook for ticket 1 yet: --move opened,resolved moves it (tickets lists "
-        "the receiver's)"
+        "labs: no webhook for ticket 1 yet: python -m labs hooks --ticket 1 --move "
+        "opened,resolved (Docker: docker compose -p stateful-lab run --rm workflow hooks "
+        "--ticket 1 --move opened,resolved) moves it (python -m labs tickets (Docker: docker "
+        "compose -p stateful-lab run --rm workflow tickets) lists the receiver's)"
     ]
     call(receiver, "/tickets", {"title": "webhooks"})
     assert lab.main(["hooks", "--ticket", "1", "--move", "resolved"], receiver.env) == 0
@@ -669,6 +671,7 @@ def test_ctrl_c_while_hooks_waits_is_one_line_and_exit_130(tmp_path):
     held.close()
     assert hooks.returncode == exitcodes.EXIT_INTERRUPTED and out == ""
     assert err.splitlines() == [
-        "labs: interrupted; the receiver keeps what got no answer pending: hooks --ticket 2 "
-        "takes it"
+        "labs: interrupted; the receiver keeps what got no answer pending: python -m labs "
+        "hooks --ticket 2 (Docker: docker compose -p stateful-lab run --rm workflow hooks "
+        "--ticket 2) takes it"
     ]

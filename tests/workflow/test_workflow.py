@@ -117,7 +117,8 @@ def test_receiver_unreachable_exits_3_with_one_line(args, tmp_path):
         assert events(done.stdout)[0]["event"] == "prepare"
         done.stdout = ""
         assert done.stderr.rstrip().endswith(
-            "; the run is saved: once the receiver answers, resume --thread x"
+            "; the run is saved: once the receiver answers, python -m labs resume --thread x "
+            "(Docker: docker compose -p stateful-lab run --rm workflow resume --thread x)"
         ), done.stderr  # typed again, start would say the thread exists
         assert run_workflow(["start", "--thread", "x"], env).returncode == 4
     one_line_error(done, 3, "cannot reach the receiver")

@@ -209,7 +209,10 @@ def test_ctrl_c_in_a_saga_names_saga_resume(env):
             checkpoints.thread_config("s"), {"seats": 2}, "charge"
         )
     hint = hints.interrupted_hint(args, settings)
-    assert hint.endswith("; resume it with: saga resume --thread s"), hint
+    assert hint.endswith(
+        "; resume it with: python -m labs saga resume --thread s (Docker: docker compose -p "
+        "stateful-lab run --rm workflow saga resume --thread s)"
+    ), hint
 
 
 @pytest.mark.parametrize("command", [["resume"], ["state"]])  # migrate: labs/cli.py (test_contract)
@@ -288,7 +291,8 @@ def test_a_read_only_or_full_checkpoint_db_has_its_own_exit_and_names_the_resume
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and words in err, err
     assert "may have taken effect" in err and err.endswith(
-        "; once CHECKPOINT_DB can be written, resume it with: resume --thread t\n"
+        "; once CHECKPOINT_DB can be written, resume it with: python workflow.py resume "
+        "--thread t\n"
     )
     assert workflow.main(["resume", "--thread", "t"]) == 0
     assert [t["ticket_id"] for t in workflow.TicketClient(receiver.url).tickets()] == [1]
@@ -323,7 +327,7 @@ def test_a_receiver_busy_past_every_try_names_the_resume_that_goes_on(env, capsy
     assert json.loads(out.splitlines()[-1])["status"] == 503
     assert err == (
         "workflow.py: the receiver stayed busy (503) for 2 tries; nothing was committed; "
-        "the run is saved: once the receiver can write, resume --thread b\n"
+        "the run is saved: once the receiver can write, python workflow.py resume --thread b\n"
     )
     assert resumed == 0 and json.loads(capsys.readouterr().out.splitlines()[-1])["ticket_id"] == 1
 
@@ -397,7 +401,9 @@ def test_an_api_url_naming_another_server_is_one_line_naming_api_url(env, monkey
     out, err = capsys.readouterr()
     assert code == exitcodes.EXIT_HTTP_ERROR and err.count("\n") == 1, err
     assert "without the receiver's JSON: API_URL (its port) names another program" in err, err
-    assert err.endswith("the run is saved: once API_URL names the receiver, resume --thread w\n")
+    assert err.endswith(
+        "the run is saved: once API_URL names the receiver, python workflow.py resume --thread w\n"
+    )
 
 
 # --- the ledger's own failures: one line and a documented exit code (REVIEW A8, A10) --------
@@ -552,7 +558,8 @@ def test_a_ledger_made_unwritable_while_the_request_is_out_exits_74_and_names_th
     assert err.count("\n") == 1 and "disk I/O error" in err, err
     assert err.endswith(
         "may have taken effect before the save failed; once CHECKPOINT_DB can be written, "
-        "resume it with: resume --thread ro\n"
+        "resume it with: python -m labs resume --thread ro (Docker: docker compose -p "
+        "stateful-lab run --rm workflow resume --thread ro)\n"
     ), err
     resumed = run_workflow_here(["resume", "--thread", "ro"], lab)  # lab.main, in-process
     assert resumed.returncode == 0, resumed.stderr

@@ -1,0 +1,225 @@
+"""Every hint is a command a learner can paste (issue 49): for the hints the lessons' CLI prints in
+the guides' scenarios (a start typed again after a crash, exit 6's reconcile, hooks after Ctrl-C
+left a delivery pending, outbox resume, saga resume) and workflow.py's own, the printed line's
+command is cut out as printed, split as a shell splits it (shlex), run in the same environment
+as a real process, and does what the hint says: its exit code, and never a second effect.
+
+The Docker form beside each command is the same command: tools/native.py, the mapping the runner
+and docs/native.md use, turns it into the native line printed beside it, word for word."""
+
+import re
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
+import pytest
+
+import workflow
+from tools.backends import parse_command
+from tools.local import ROOT, events, run_workflow_here
+from tools.native import line as native_line
+
+# A hint of the lessons' CLI: the command, then its Docker form in parentheses.
+LABS_HINT = re.compile(
+    r"python -m labs (?P<words>[^()]+?) "
+    r"\(Docker: (?P<docker>docker compose -p stateful-lab run --rm workflow [^()]+?)\)"
+)
+CORE_HINT = re.compile(r"python workflow\.py (?P<words>[^;()\n]+)")  # workflow.py's: no Docker
+FOLLOW_TIMEOUT_S = 120
+
+
+def printed(stderr):
+    """The commands the lessons' CLI printed in stderr, each as typed natively; each one's
+    Docker form checked to be the same command (tools/native.py maps one to the other)."""
+    found = []
+    for match in LABS_HINT.finditer(stderr):
+        native = f"python -m labs {match['words']}"
+        as_native = native_line(parse_command(match["docker"]), {}, True, False)
+        assert shlex.split(as_native) == shlex.split(native), (match["docker"], native)
+        found.append(native)
+    assert found, stderr
+    return found
+
+
+def follow(command, env):
+    """command run as a shell runs it: split by shlex, `python` the one that has the
+    requirements (sys.executable, as .venv/bin/python is natively), env the lab's."""
+    argv = shlex.split(command)
+    assert argv[0] == "python", command
+    return subprocess.run(
+        [sys.executable, *argv[1:]],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=FOLLOW_TIMEOUT_S,
+    )
+
+
+def receiver_list(lab, table):
+    return workflow.TicketClient(lab["API_URL"]).call(f"/{table}")[table]
+
+
+def test_a_start_typed_again_after_a_crash_names_the_resume_that_finishes_it(lab, receiver):
+    crashed = run_workflow_here(["start", "--thread", "cc2", "--crash"], lab)
+    assert crashed.returncode == -9 and len(receiver_list(lab, "tickets")) == 1
+    again = run_workflow_here(["start", "--thread", "cc2"], lab)
+    assert again.returncode == 4, again.stderr
+    (resume,) = printed(again.stderr)
+    assert resume == "python -m labs resume --thread cc2"
+    done = follow(resume, lab)
+    assert done.returncode == 0, done.stderr
+    assert events(done.stdout)[-1]["event"] == "done"
+    assert len(receiver_list(lab, "tickets")) == 1  # the receipt: nothing sent again
+
+
+def test_exit_6_names_the_reconcile_that_settles_it_and_the_resume_sends_nothing(lab, receiver):
+    start = ["start", "--thread", "note", "--notify", "--crash"]  # lab 15's: after the ticket,
+    assert run_workflow_here(start, lab).returncode == -9  # then in the message's window
+    window = ["resume", "--thread", "note", "--crash-at", "after-send"]
+    assert run_workflow_here(window, lab).returncode == -9
+    sent_at = time.monotonic()
+    stopped = run_workflow_here(["resume", "--thread", "note"], lab)
+    assert stopped.returncode == 6, stopped.stderr
+    looked, confirmed, not_sent = printed(stopped.stderr)
+    assert looked == "python -m labs messages"
+    key = "case-001:open-ticket:v1:notify"
+    assert confirmed == f"python -m labs reconcile --confirmed {key}=ID"
+    assert not_sent == f"python -m labs reconcile --not-sent {key}"
+    listed = follow(looked, lab)
+    assert listed.returncode == 0, listed.stderr
+    (message,) = events(listed.stdout)[0]["messages"]  # the one the crashed run sent
+    time.sleep(max(0.0, workflow.RECEIVER_SETTLE_S + 0.2 - (time.monotonic() - sent_at)))
+    settled = follow(confirmed.replace("=ID", f"={message['message_id']}"), lab)  # "taken 5 s
+    assert settled.returncode == 0, settled.stderr  # after the last send", as the line says
+    resumed = run_workflow_here(["resume", "--thread", "note"], lab)
+    assert resumed.returncode == 0, resumed.stderr
+    assert len(receiver_list(lab, "messages")) == 1  # one message: never a second
+
+
+def test_hooks_after_ctrl_c_names_the_command_that_takes_the_pending_events(lab, receiver):
+    """Ctrl-C while hooks waits for its subscription (a receiver that never answers): the line
+    names the hooks that takes what waits. Typed as printed against the lab's receiver, where
+    ticket 2's events wait undelivered, it takes each once; typed again, nothing more."""
+    client = workflow.TicketClient(lab["API_URL"])
+    for title in ("one", "two"):
+        client.call("/tickets", {"title": title})
+    client.call("/progress", {"ticket_id": 2, "statuses": ["opened", "resolved"]})  # pending
+    silent = socket.create_server(("127.0.0.1", 0))
+    hooks = subprocess.Popen(
+        [sys.executable, "-m", "labs", "hooks", "--ticket", "2"],
+        env={**lab, "API_URL": f"http://127.0.0.1:{silent.getsockname()[1]}"},
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        held, _ = silent.accept()
+        hooks.send_signal(signal.SIGINT)
+        _, err = hooks.communicate(timeout=60)
+    finally:
+        if hooks.poll() is None:
+            hooks.kill()
+        silent.close()
+    held.close()
+    assert hooks.returncode == 130, err
+    (take,) = printed(err)
+    assert take == "python -m labs hooks --ticket 2"
+    taken = follow(take, lab)
+    assert taken.returncode == 0, taken.stderr
+    status = events(taken.stdout)[-1]
+    assert (status["status"], status["version"]) == ("resolved", 2), taken.stdout
+    messages = len(receiver_list(lab, "messages"))
+    again = follow(take, lab)
+    assert again.returncode == 0 and events(again.stdout)[-1] == status, again.stdout
+    assert len(receiver_list(lab, "messages")) == messages  # nothing applied twice
+
+
+def test_an_outbox_start_typed_again_names_the_outbox_resume(lab, receiver):
+    start = ["outbox", "start", "--thread", "o", "--crash-at", "after-outbox"]
+    assert run_workflow_here(start, lab).returncode == -9
+    again = run_workflow_here(["outbox", "start", "--thread", "o"], lab)
+    assert again.returncode == 4, again.stderr
+    (resume,) = printed(again.stderr)
+    assert resume == "python -m labs outbox resume --thread o"
+    done = follow(resume, lab)
+    assert done.returncode == 0, done.stderr
+    relayed = follow("python -m labs.relay --once", lab)
+    assert relayed.returncode == 0, relayed.stderr
+    assert len(receiver_list(lab, "tickets")) == 1  # one message in the outbox, one ticket
+
+
+@pytest.mark.parametrize("typed", [["resume"], ["saga", "start"]])
+def test_a_saga_thread_names_the_saga_resume(lab, receiver, typed):
+    """A saga killed after its charge's answer; `resume` without saga, or its start typed
+    again: the line names saga resume, which finishes it with one charge."""
+    start = ["saga", "start", "--thread", "s", "--crash-at", "after-charge-ack"]
+    assert run_workflow_here(start, lab).returncode == -9
+    refused = run_workflow_here([*typed, "--thread", "s"], lab)
+    assert refused.returncode == 4, refused.stderr
+    (resume,) = printed(refused.stderr)
+    assert resume == "python -m labs saga resume --thread s"
+    done = follow(resume, lab)
+    assert done.returncode == 0, done.stderr
+    assert len(receiver_list(lab, "tickets")) == 1  # one charge
+    assert len(receiver_list(lab, "reservations")) == 1
+
+
+def test_workflow_py_names_its_own_command(lab, receiver):
+    """The core's CLI: `python workflow.py ...`, no Docker form (no service runs it)."""
+    crashed = follow("python workflow.py start --thread w", {**lab, "FAILPOINTS": "after-ack=kill"})
+    assert crashed.returncode == -9, crashed.stderr
+    again = follow("python workflow.py start --thread w", lab)
+    assert again.returncode == 4, again.stderr
+    assert "Docker" not in again.stderr and "-m labs" not in again.stderr, again.stderr
+    (resume,) = [m["words"] for m in CORE_HINT.finditer(again.stderr)]
+    assert resume == "resume --thread w"
+    done = follow(f"python workflow.py {resume}", lab)
+    assert done.returncode == 0, done.stderr
+    assert len(receiver_list(lab, "tickets")) == 1
+
+
+# --- a 404 is read, not guessed (issue 49, item 2) ---------------------------------------------
+
+
+def test_a_404_with_the_receivers_reason_says_that_reason_not_check_api_url(lab, receiver):
+    """No ticket 99: the receiver's 404 names what is missing; the address is right."""
+    done = run_workflow_here(["hooks", "--ticket", "99", "--move", "resolved"], lab)
+    assert done.returncode == 1 and events(done.stdout)[0]["status"] == 404, done.stdout
+    assert done.stderr == (
+        f"labs: the receiver at API_URL {lab['API_URL']} answered 404: no ticket 99; check "
+        "ticket_id; nothing was made\n"
+    )
+
+
+def test_a_404_for_a_wrong_address_still_says_check_api_url(lab, receiver):
+    """A path the receiver has no route for (its own JSON says so), and another server's 404
+    page (no JSON): each is the address, and the line says which setting to check."""
+    wrong_path = {**lab, "API_URL": lab["API_URL"] + "/v1"}
+    done = run_workflow_here(["hooks", "--ticket", "99", "--move", "resolved"], wrong_path)
+    assert done.returncode == 1 and done.stderr.count("\n") == 1, done.stderr
+    assert "answered 404: nothing was made" in done.stderr
+    assert "check API_URL (its host, port and path)" in done.stderr
+    assert "no ticket" not in done.stderr
+    not_found = type(  # another server: every POST answered by http.server's 404 page
+        "NotFound",
+        (BaseHTTPRequestHandler,),
+        {"do_POST": lambda self: self.send_error(404), "log_message": lambda *_: None},
+    )
+    other = HTTPServer(("127.0.0.1", 0), not_found)
+    serving = threading.Thread(target=other.serve_forever, daemon=True)
+    serving.start()
+    try:
+        elsewhere = {**lab, "API_URL": f"http://127.0.0.1:{other.server_port}"}
+        done = run_workflow_here(["hooks", "--ticket", "99", "--move", "resolved"], elsewhere)
+    finally:
+        other.shutdown()
+        other.server_close()
+    assert done.returncode == 1 and done.stderr.count("\n") == 1, done.stderr
+    assert "answered 404 without the receiver's JSON: API_URL (its port)" in done.stderr
