@@ -91,7 +91,8 @@ class Effect:
     no error proves anything.
     answer_of(id) -> the answer a person's id stands for (reconcile --confirmed KEY=ID, for a
     provider without lookup); by default {field: id} for an external_id given as a field name.
-    look_with: the command (or address) that shows what the provider holds ({key} filled in).
+    look_with: the command (or address) that shows what the provider holds ({key} filled in),
+    or a callable that gives it for a key (exitcodes.looking: a command of the running program).
     """
 
     name: str
@@ -103,8 +104,12 @@ class Effect:
     keyed: bool | None = None
     settle_s: float | None = None
     answer_of: Callable | None = None
-    look_with: str = "the provider's own records"
+    look_with: str | Callable = "the provider's own records"
     provider: Provider | str | None = None  # None: API's client, named "the provider"
+
+    def look(self, key):
+        """What shows what the provider holds under key (look_with, for key)."""
+        return self.look_with(key) if callable(self.look_with) else self.look_with.format(key=key)
 
     def __post_init__(self):
         given = self.provider if isinstance(self.provider, Provider) else None
@@ -261,7 +266,7 @@ class Unsettled(LedgerError):
     """An earlier attempt may have made the effect, and nothing here can tell yet."""
 
     def __init__(self, key, effect, since_sent_s=0.0, error=None):
-        look = effect.look_with.format(key=key)
+        look = effect.look(key)
         said = f" ({type(error).__name__}: {error})" if error else ""
         if effect.keyed:  # "in progress", or no answer: the key gets the first result later
             why = f"{where(effect, 'its provider')} honours the key and has not given its result"

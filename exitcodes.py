@@ -5,6 +5,7 @@ every error into its line; each code says beside it when it is used."""
 import contextvars
 import dataclasses
 import json
+import shlex
 import sys
 
 EXIT_HTTP_ERROR = 1  # the receiver answered with an error (http_error shows it)
@@ -78,6 +79,12 @@ def command(words):
     """The whole command that runs words (a subcommand and its switches) in this program, as
     printed in a hint: what a user pastes into a shell."""
     return TYPED.get()(words)
+
+
+def looking(words, aside=""):
+    """An effect's look_with (effects.Effect) that names a command of the running program:
+    WORDS with {key} filled in (quoted for a shell), as command() types it, then aside."""
+    return lambda key: command(words.format(key=shlex.quote(key))) + aside.format(key=key)
 
 
 def resume_command():

@@ -94,7 +94,7 @@ def word_checked(ledger, key, word, external_id, effects):
     record = ledger.get(key)  # under its lock now
     require_open(ledger, key)
     effect = effects.get(record.effect)
-    look = "" if effect is None else f" (look with {effect.look_with.format(key=key)})"
+    look = "" if effect is None else f" (look with {effect.look(key)})"
     found = None if effect is None or effect.lookup is None else effect.lookup(None, key)
     nothing = ". Nothing was settled"
     if word == "not-sent" and found is not None:

@@ -33,7 +33,7 @@ from typing import NotRequired, TypedDict
 
 import commandline
 import effects
-from exitcodes import emit
+from exitcodes import emit, looking
 from failpoints import fail
 from providers import RECEIVER_ANSWERS, HttpClient, Provider
 
@@ -124,7 +124,7 @@ def find_ticket(client, key):
     external_id="ticket_id",
     lookup=find_ticket,
     answer_of=lambda ticket_id: {"ticket_id": int(ticket_id), "created": False},
-    look_with="python workflow.py tickets --operation {key} (GET /tickets?key={key} on API_URL)",
+    look_with=looking("tickets --operation {key}", " (GET /tickets?key={key} on API_URL)"),
 )
 def ticket(client, request, key):
     return client.create(request["title"], key)

@@ -10,7 +10,7 @@ import urllib.parse
 import effects
 import providers
 import workflow
-from exitcodes import emit
+from exitcodes import emit, looking
 from labs.modes import KEYLESS_MODES
 
 # --- lab 15: a message about the ticket, to a provider that takes no key (--notify) ----------
@@ -37,10 +37,7 @@ MESSAGE = effects.Effect(
     refused=providers.refusal,
     settle_s=workflow.RECEIVER_SETTLE_S,  # a person's word on it waits this long after a send
     answer_of=lambda message_id: {"message_id": int(message_id)},  # reconcile --confirmed KEY=ID
-    look_with=(
-        "python -m labs messages"
-        " (Docker: docker compose -p stateful-lab run --rm workflow messages)"
-    ),
+    look_with=looking("messages"),  # python -m labs messages (Docker: ...)
 )
 
 
@@ -102,10 +99,7 @@ PAYMENT = effects.Effect(
     keyed=False,  # a resend is a second charge
     settle_s=PAYMENT_SETTLE_S,
     answer_of=lambda payment_id: {"payment_id": int(payment_id)},  # reconcile --confirmed KEY=ID
-    look_with=(
-        "python -m labs payments --reference {key} (Docker: docker compose -p stateful-lab run "
-        "--rm workflow payments --reference {key})"
-    ),
+    look_with=looking("payments --reference {key}"),
 )
 
 

@@ -12,6 +12,7 @@ import commandline
 import effects
 import workflow
 from exitcodes import EXIT_NO_ANSWER, EXIT_THREAD, EXIT_USAGE, UserError, emit
+from labs.threads import COMPOSE, WORKERS
 from labs.worker_holds import (
     lab_forget_hold,
     lab_holding,
@@ -170,8 +171,8 @@ def job_unfinished(job):
 
 def no_worker(pending):
     return (
-        f"{len(pending)} job(s) queued and no worker is running; start one "
-        "(docker compose up -d worker, or natively: python -m labs.workers run)"
+        f"{len(pending)} job(s) queued and no worker is running; start one: "
+        f"{WORKERS.native} run (Docker: {COMPOSE} up -d worker)"
     )
 
 

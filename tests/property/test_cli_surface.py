@@ -120,9 +120,11 @@ EFFECTS = {  # the event that says a request was answered, and the field its res
     "refunded": "refund_id",
     "message_sent": "message_id",
 }
-# A command that a hint on stderr names: `resume --thread X`, `saga resume --thread X`,
-# `approve [--reject] --thread X`, `migrate --thread X` (maybe after LAB_GRAPH_VERSION=N), and,
-# for the thread of the command that printed it, "approve (or --reject)", "resume it without saga".
+# A command that a hint on stderr names (printed whole, `python -m labs resume --thread X (Docker:
+# ... resume --thread X)`: both forms match, the same words): `resume --thread X`, `saga resume
+# --thread X`, `approve [--reject] --thread X`, `migrate --thread X` (maybe after
+# LAB_GRAPH_VERSION=N), and, for the thread of the command that printed it, "approve (or
+# --reject)", "resume it without saga".
 HINT = re.compile(
     r"(?:LAB_GRAPH_VERSION=(?P<version>\d) )?"
     r"(?P<command>(?:saga |outbox )?(?:resume|migrate|approve)(?: --reject)?)"

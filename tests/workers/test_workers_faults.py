@@ -365,8 +365,8 @@ def test_wait_says_no_worker_runs_the_queued_jobs_once_they_waited_past_the_noti
         clock.now = began + notice_s + 0.1
         polls.two_more()
         line = (
-            "labs.workers: 1 job(s) queued and no worker is running; start one "
-            "(docker compose up -d worker, or natively: python -m labs.workers run)"
+            "labs.workers: 1 job(s) queued and no worker is running; start one: python -m "
+            "labs.workers run (Docker: docker compose -p stateful-lab up -d worker)"
         )
         assert capsys.readouterr().err == line + "\n"
         clock.now = began + 29
