@@ -206,8 +206,11 @@ def migrate_command(args, settings):
         )
 
 
-def build_lab_parser():
+def build_lab_parser(graph_version="1"):
     parser = workflow.build_parser(prog="labs")
+    # how a hint names a command: python -m labs ..., and compose.yaml's workflow service runs it
+    environ = {"LAB_GRAPH_VERSION": graph_version} if graph_version != "1" else {}
+    parser.set_defaults(typed=typed_as(parser.prog, "workflow", environ))
     parser.set_defaults(crash_at=None, term_at=None, durability="sync", no_contract=False)
     parser.set_defaults(retry_after_ack=None)  # lab 17: start only
     parser.set_defaults(unkeyed=lambda values: values.get("mode") == "naive")  # for the hints
@@ -276,11 +279,8 @@ def main(argv=None, environ=None):
     if version not in EFFECT_NODE:
         print(f"labs: LAB_GRAPH_VERSION={version!r} must be 1 or 2", file=sys.stderr)
         return EXIT_USAGE
-    parser = build_lab_parser()
+    parser = build_lab_parser(version)
     parser.set_defaults(graph_version=version, listen_host=environ.get("LISTEN_HOST", "127.0.0.1"))
-    # how a hint names a command: python -m labs ..., and compose.yaml's workflow service
-    graph_version = {"LAB_GRAPH_VERSION": version} if version != "1" else {}
-    parser.set_defaults(typed=typed_as(parser.prog, "workflow", graph_version))
     parser.set_defaults(webhook_secret=environ.get("WEBHOOK_SECRET") or LAB_SECRET)  # hooks
     points = (*POINTS, *saga.SAGA_ACKS, *outbox.OUTBOX_POINTS, *hooks.HOOK_POINTS)
     checkpoints.own_tables(

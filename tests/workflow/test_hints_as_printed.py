@@ -24,10 +24,11 @@ from tools.backends import parse_command
 from tools.local import ROOT, events, run_workflow_here
 from tools.native import line as native_line
 
-# A hint of the lessons' CLI: the command, then its Docker form in parentheses.
+# A hint of the lessons' programs (python -m labs, labs.relay, labs.workers): the command, then
+# its Docker form in parentheses (compose.yaml's workflow, relay and worker services run them).
 LABS_HINT = re.compile(
-    r"python -m labs (?P<words>[^()]+?) "
-    r"\(Docker: (?P<docker>docker compose -p stateful-lab run --rm workflow [^()]+?)\)"
+    r"(?P<native>python -m labs(?:\.relay|\.workers)? [^()]+?) \(Docker: "
+    r"(?P<docker>docker compose -p stateful-lab run --rm (?:workflow|relay|worker) [^()]+?)\)"
 )
 CORE_HINT = re.compile(r"python workflow\.py (?P<words>[^;()\n]+)")  # workflow.py's: no Docker
 FOLLOW_TIMEOUT_S = 120
@@ -38,7 +39,7 @@ def printed(stderr):
     Docker form checked to be the same command (tools/native.py maps one to the other)."""
     found = []
     for match in LABS_HINT.finditer(stderr):
-        native = f"python -m labs {match['words']}"
+        native = match["native"]
         as_native = native_line(parse_command(match["docker"]), {}, True, False)
         assert shlex.split(as_native) == shlex.split(native), (match["docker"], native)
         found.append(native)
@@ -153,6 +154,14 @@ def test_an_outbox_start_typed_again_names_the_outbox_resume(lab, receiver):
     relayed = follow("python -m labs.relay --once", lab)
     assert relayed.returncode == 0, relayed.stderr
     assert len(receiver_list(lab, "tickets")) == 1  # one message in the outbox, one ticket
+    nothing = follow("python -m labs.relay --once", lab)  # the relay's own hints
+    assert nothing.returncode == 0, nothing.stderr
+    show, start = printed(nothing.stderr)
+    assert (show, start) == ("python -m labs.relay --show", "python -m labs outbox start")
+    shown = follow(show, lab)
+    assert shown.returncode == 0, shown.stderr
+    (message,) = events(shown.stdout)[0]["messages"]
+    assert message["state"] == "published", message
 
 
 @pytest.mark.parametrize("typed", [["resume"], ["saga", "start"]])

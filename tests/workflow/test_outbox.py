@@ -110,7 +110,7 @@ def test_a_refused_message_is_kept_refused_and_not_sent_again(lab, receiver, tmp
     assert summary == {"event": "relayed", "pending": 0, "published": 0}
     capsys.readouterr()
     assert relay.main(["--once"], lab) == 0
-    assert capsys.readouterr().err.startswith("labs.relay: nothing pending (--show lists")
+    assert capsys.readouterr().err.startswith("labs.relay: nothing pending (python -m labs.relay")
     assert len(re.findall(r"rejected 400", (tmp_path / "receiver.log").read_text())) == 1
     assert tickets(receiver) == []
 
