@@ -52,7 +52,11 @@ def test_a_kill_in_the_messages_window_stops_the_resume_until_a_person_settles_i
     assert stopped.returncode == exitcodes.EXIT_UNSETTLED == 6
     assert stopped.stdout == ""  # no message_sent: nothing went out
     assert stopped.stderr.count("\n") == 1
-    assert f"reconcile --confirmed {KEY}=ID if it happened, --not-sent {KEY} if" in stopped.stderr
+    assert (
+        f"if it happened, python -m labs reconcile --confirmed {KEY}=ID (Docker: docker compose "
+        f"-p stateful-lab run --rm workflow reconcile --confirmed {KEY}=ID) (ID: the provider's); "
+        f"if it did not, python -m labs reconcile --not-sent {KEY} (Docker:" in stopped.stderr
+    )
     assert "look with python -m labs messages (Docker: docker compose" in stopped.stderr
     assert len(messages(workflow)) == messages_sent(lab) == 1  # no second message
 
