@@ -6,6 +6,7 @@ import importlib
 import json
 import os
 import re
+import shlex
 import sys
 import tempfile
 import threading
@@ -27,10 +28,33 @@ EXIT_CODES = """exit codes:
 
 
 class DrillParser(argparse.ArgumentParser):
+    argv = None  # what parse_args was given: a split JSON value is rebuilt from it
+
+    def parse_args(self, args=None, namespace=None):
+        self.argv = list(sys.argv[1:] if args is None else args)
+        return super().parse_args(args, namespace)
+
     def error(self, message):  # one line, not a usage dump
         if message.startswith("unrecognized arguments: ") and "}" in message:  # split JSON
-            message += '; quote a JSON value for the shell: --input \'{"thread": "{thread}"}\''
+            message += "; quote a JSON value for the shell, as one word: --input " + (
+                rejoined_input(self.argv or []) or "'{...}'"
+            )
         self.exit(EXIT_USAGE, f"effectdrill: {message} (see --help)\n")
+
+
+def rejoined_input(argv):
+    """The --input value a shell split at its spaces, joined again and quoted for a POSIX shell
+    (the user's own JSON, not an example that may not fit their graph), or None."""
+    if "--input" not in argv:
+        return None
+    words = argv[argv.index("--input") + 1 :]
+    for end in range(1, len(words) + 1):
+        try:
+            json.loads(" ".join(words[:end]))
+        except ValueError:
+            continue
+        return shlex.quote(" ".join(words[:end]))
+    return None
 
 
 def positive(text):

@@ -509,7 +509,7 @@ class Operation:
         if self.mode in ("safe", "ledger") and len(self.tickets) > 1 and forgotten:
             findings.append("the receiver made a new ticket for a key it no longer held (expired)")
         if self.lost:
-            findings.append("LOST: the run findings done and no ticket was ever made (0 tickets)")
+            findings.append("LOST: the run said done and no ticket was ever made (0 tickets)")
         workers = [f"ticket {t} by {who}" for t, who in self.makers]
         if workers and (len(self.makers) > 1 or self.makers[0][1] != BACKGROUND):
             findings.append(", ".join(workers))

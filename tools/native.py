@@ -26,6 +26,13 @@ WORKERS = "python -m tools.native_workers"  # the workers it started (pid files 
 # Lab 10's `up -d postgres` exports the cluster's URL as CHECKPOINT_DB: its reset puts back
 # docs/native.md's SQLite file, or every later lab in that shell would ask a cluster that is gone
 # (exit 3).
+# The reset deletes data/ only when no receiver still serves it: typed in a second shell, `kill
+# %1` stops nothing, and the first shell's receiver would lose its files (make reset stops it).
+RESET_DATA = (
+    'if kill -0 "$(cat data/receiver.pid 2>/dev/null)" 2>/dev/null; then echo "data/ kept: the '
+    'receiver (pid $(cat data/receiver.pid)) still serves it; make reset stops it"; '
+    "else rm -rf data; fi"
+)
 SQLITE_AGAIN = "export CHECKPOINT_DB=data/workflow/checkpoints.sqlite; unset WORKER_HEARTBEAT_S"
 
 
@@ -54,8 +61,8 @@ def line(cmd, faults, running, postgres_up):
         stop = "kill %1 2>/dev/null; wait"  # a guide's first line: there may be no job yet
         if postgres_up:  # lab 10: the workers and the cluster too, and the SQLite file again
             stop = f"{WORKERS} stop; {stop}"  # the workers, then the pg tool (data/pg.pid)
-            return f"{stop}; rm -rf data; {SQLITE_AGAIN}"
-        return f"{stop}; rm -rf data"
+            return f"{stop}; {RESET_DATA}; {SQLITE_AGAIN}"
+        return f"{stop}; {RESET_DATA}"
     if cmd.verb == "logs":
         return "cat data/receiver.log"
     if cmd.args[:2] == ["--rm", "drill"]:

@@ -44,6 +44,15 @@ class Mutation:
 
 
 MUTATIONS = (
+    # The order the ledger writes in: the intent first, then the request.
+    Mutation(
+        "the request sent before the intent",
+        "effects.py",
+        "perform_claimed",
+        "record = ledger.claim(key, self.name, request, thread)",
+        "self.send(client, request, key)\n"
+        "        record = ledger.claim(key, self.name, request, thread)",
+    ),
     # How the ledger reads a provider's answers: a conflict, a timeout, its checks, its lookups.
     Mutation(
         "a 409 treated as success",

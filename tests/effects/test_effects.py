@@ -8,6 +8,7 @@ import dataclasses
 import os
 import re
 import signal
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -297,18 +298,23 @@ def test_a_lookup_that_finds_nothing_before_the_settle_time_is_no_proof(tmp_path
     from tests.property.test_ledger_machine import Provider, charge_effect
 
     provider = Provider()
-    provider.settle_s = 0.5  # its commit bound, as the effect declares it
+    provider.settle_s = 5.0  # its commit bound, as the effect declares it
     try:
         with effects.Ledger(tmp_path / "l.sqlite") as ledger:
             effect = dataclass_copy(
                 charge_effect(provider.url, keyed=False, lookup=True),
-                settle_s=0.5,
+                settle_s=5.0,
                 look_with="GET /charges?ref={key}",
             )
-            provider.fault = {"delay": 0.3}  # commits 0.3 s after accepting; the client: 0.05 s
+            # The provider holds the request it accepted (its gate) until the test lets it
+            # commit: the client (0.05 s) gives up first, and the lookup right after finds
+            # nothing, however slow the machine.
+            provider.gate = gate = threading.Event()
             with pytest.raises(effects.Unsettled, match=r"look with GET /charges\?ref=a1"):
                 effect.perform(ledger, "a1", {"amount": 1}, ledger)
             assert ledger.get("a1").state == "unknown"
+            provider.gate = None
+            gate.set()  # it commits now, within its bound
             provider.quiet()
             assert provider.ids("a1") == [1]  # the charge is there, late
             with pytest.raises(effects.Unsettled):  # found now: but had it not been...

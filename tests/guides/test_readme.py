@@ -6,17 +6,20 @@ where the story the demo tells is checked (tests/guides/test_demo.py checks the 
 and lab 01's picture (tests/pictures_helpers.py)."""
 
 import json
+import os
 import re
 import shlex
 import shutil
+import signal
 import socket
 import subprocess
+import urllib.request
 
 import pytest
 from pictures_helpers import assert_each_picture_marks_what_was_told
 
 from tools.backends import parse_command
-from tools.local import ROOT, free_port, lab_env
+from tools.local import ROOT, free_port, lab_env, wait_until
 from tools.runner import BLOCK, lines_match, parse_guide
 
 README = (ROOT / "README.md").read_text(encoding="utf-8")
@@ -396,3 +399,51 @@ def test_the_drill_drills_a_graph_with_async_nodes(tmp_path, monkeypatch, capsys
     assert main(args) == 1  # a repeated effect: the drill's failing verdict
     out = capsys.readouterr().out
     assert "DUPLICATE" in out and "charge" in out, out
+
+
+def test_the_reset_typed_in_a_second_shell_keeps_a_live_receivers_data(tmp_path):
+    """docs/native.md's `down` line, typed in a shell that did not start the receiver (its `kill
+    %1` stops nothing): data/ stays, with one line that says why and what stops it; the
+    receiver still answers. Typed again once it is gone, the reset deletes data/."""
+    table = dict(TABLE_ROW.findall(NATIVE.split("\n## PowerShell", 1)[0]))
+    up, down = table["up -d --build api"], table["down -v --remove-orphans"]
+    copy = native_copy(tmp_path)
+    port = free_port()
+    env = {k: v for k, v in lab_env(copy / "data", port).items() if k not in _SET_BY_THE_BLOCK}
+    env.update(PORT=str(port), API_URL=f"http://127.0.0.1:{port}")
+    env["PATH"] = f"{copy / '.venv' / 'bin'}:{env['PATH']}"  # `python` as the activated venv's
+    first = subprocess.Popen(  # the first shell: its receiver, and the shell waits for it
+        ["bash", "-c", f"{up}\nwait"], cwd=copy, env=env, start_new_session=True
+    )
+    try:
+        wait_for_answer(port)
+        second = subprocess.run(["bash", "-c", down], cwd=copy, env=env, capture_output=True,
+                                text=True, timeout=60)  # fmt: skip
+        pid = (copy / "data" / "receiver.pid").read_text().strip()
+        assert second.stdout == (
+            f"data/ kept: the receiver (pid {pid}) still serves it; make reset stops it\n"
+        )
+        assert (copy / "data" / "receiver" / "receiver.sqlite").exists()
+        wait_for_answer(port)  # still serving its own files
+        os.kill(int(pid), signal.SIGTERM)  # as the first shell's `kill %1`: its `wait` reaps it
+        assert first.wait(60) == 0
+    finally:
+        if first.poll() is None:  # the test failed first: nothing of it is left running
+            os.killpg(first.pid, signal.SIGKILL)
+            first.wait(60)
+    again = subprocess.run(["bash", "-c", down], cwd=copy, env=env, capture_output=True,
+                           text=True, timeout=60)  # fmt: skip
+    assert again.stdout == "" and not (copy / "data").exists()
+
+
+def wait_for_answer(port):
+    """Until the receiver on port answers /health (a hang guard of 60 s)."""
+
+    def answers():
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1) as reply:
+                return json.load(reply) == {"ok": True}
+        except OSError:
+            return False
+
+    wait_until(answers, 60, f"a receiver on port {port}")

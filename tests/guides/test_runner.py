@@ -8,7 +8,7 @@ import pytest
 from tools import native
 from tools.backends import LOST_ACK, LocalBackend, compose_stderr, parse_command
 from tools.local import ROOT
-from tools.native import override_environment
+from tools.native import RESET_DATA, override_environment
 from tools.native_workers import HEARTBEAT_S
 from tools.runner import lines_match, parse_guide
 
@@ -145,12 +145,12 @@ def test_lab_10_native_lines_name_the_worker_and_the_cluster(tmp_path):
     assert backend.native(prefix + "run --rm workflow tickets") == "python -m labs tickets"
     down = parse_command(prefix + "down -v --remove-orphans")
     assert native.line(down, {}, running=False, postgres_up=True) == (
-        "python -m tools.native_workers stop; kill %1 2>/dev/null; wait; rm -rf data; "
+        "python -m tools.native_workers stop; kill %1 2>/dev/null; wait; " + RESET_DATA + "; "
         "export CHECKPOINT_DB=data/workflow/checkpoints.sqlite; unset WORKER_HEARTBEAT_S"
     )
     readme = (ROOT / "docs" / "native.md").read_text(encoding="utf-8")
     assert "CHECKPOINT_DB=data/workflow/checkpoints.sqlite" in readme  # the native block's export
-    assert backend.native(prefix + "down -v") == "kill %1 2>/dev/null; wait; rm -rf data"
+    assert backend.native(prefix + "down -v") == "kill %1 2>/dev/null; wait; " + RESET_DATA
 
 
 def test_run_e_sets_the_workflows_environment_in_every_backend(tmp_path):

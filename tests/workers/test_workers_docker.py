@@ -77,7 +77,7 @@ def submit_all(lab):
     """OPERATIONS `labs/workers.py submit`s in one container, by one Python (worker.main: the same
     code, without an interpreter's start and imports per submit)."""
     script = (
-        "import sys, worker\n"
+        "import sys\nfrom labs import workers as worker\n"
         f"for i in range({OPERATIONS}):\n"
         "    code = worker.main(['submit', '--thread', f'op-{i}', '--operation', f'op-{i}:open'])\n"
         "    if code:\n"

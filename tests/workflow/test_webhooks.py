@@ -558,6 +558,8 @@ def test_an_unquoted_drill_input_says_to_quote_it(capsys):
     assert drill(["labs.graphs.shop:graph", "--input", '{"a":', "1}", "--observe", "http"]) == 2
     (line,) = capsys.readouterr().err.splitlines()
     assert line.startswith("effectdrill: unrecognized arguments: 1}; quote a JSON value")
+    # the user's own value, joined and quoted: pasted back, the shell gives it as one word
+    assert line.endswith("--input '{\"a\": 1}' (see --help)"), line
 
 
 @pytest.mark.fast
