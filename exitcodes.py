@@ -46,7 +46,7 @@ class Typed:
     through Docker, the same program there (the words before its arguments). A hint names the
     whole command with it, as the exit-6 "look with" line does:
 
-        python -m labs resume --thread t (Docker: docker compose ... run --rm workflow resume ...)
+        python -m app resume --thread t (Docker: docker compose run --rm app resume --thread t)
     """
 
     native: str
@@ -54,8 +54,8 @@ class Typed:
 
     @classmethod
     def of(cls, prog, docker=""):
-        """A parser's prog as typed: `python workflow.py` for a script, `python -m labs` for a
-        module (`python -m labs` names itself labs)."""
+        """A parser's prog as typed: `python workflow.py` for a script, `python -m app` for a
+        module (`python -m app` names itself app)."""
         return cls(f"python {prog}" if prog.endswith(".py") else f"python -m {prog}", docker)
 
     def __call__(self, words):
@@ -69,9 +69,9 @@ class Typed:
 TYPED = contextvars.ContextVar("typed", default=Typed.of("workflow.py"))  # noqa: B039 (frozen)
 
 
-# The words that go on from the run in hand ("resume --thread t", "saga resume --thread t"):
+# The words that go on from the run in hand ("resume --thread t", or a subcommand's own resume):
 # run_action sets them for a graph command, so the ledger's line can name its resume; None for
-# a program that runs it again itself (lab 10's workers retry the job).
+# a program that runs it again itself (a queue's workers retry the job).
 GOING_ON = contextvars.ContextVar("going_on", default=None)
 
 

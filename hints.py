@@ -63,7 +63,7 @@ def typed_for(args):
 
 
 def going_on_words(args):
-    """Its words: "resume --thread t", "saga resume --thread t", "approve --thread t"."""
+    """Its words: "resume --thread t", or args.resume's ("approve --thread t")."""
     return f"{args.resume} --thread {shlex.quote(str(args.thread))}"
 
 
