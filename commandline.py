@@ -37,10 +37,10 @@ from hints import (
     going_on_words,
     interrupted_hint,
     lost_postgres,
+    report_database_error,
+    report_http_error,
+    report_lost_postgres,
     resume_hint,
-    said_database_error,
-    said_http_error,
-    said_lost_postgres,
 )
 from providers import number
 
@@ -214,7 +214,7 @@ def run_parsed(args, make_settings, points):
         require_text(args)
         return args.run(args, settings) or 0
     except urllib.error.HTTPError as error:  # a provider answered with an error
-        return said_http_error(args, settings, error)
+        return report_http_error(args, settings, error)
     except effects.LedgerError as error:
         print(f"{args.prog}: {error}", file=sys.stderr)
         return ledger_exit(error)
@@ -224,7 +224,7 @@ def run_parsed(args, make_settings, points):
         print(f"{args.prog}: {error}{default_thread(args, error)}{hint}", file=sys.stderr)
         return error.exit_code
     except sqlite3.DatabaseError as error:  # not a database, read-only, a locked file, ...
-        return said_database_error(args, settings, error)
+        return report_database_error(args, settings, error)
     except ModuleNotFoundError as error:  # a Python without requirements.txt's packages
         print(
             f"{args.prog}: {sys.executable} has no {error.name}; use the Python that has the "
@@ -238,7 +238,7 @@ def run_parsed(args, make_settings, points):
     except Exception as error:
         if not lost_postgres(error):
             raise
-        return said_lost_postgres(args, settings, error)
+        return report_lost_postgres(args, settings, error)
 
 
 def run_script(main, name):

@@ -97,11 +97,11 @@ def interrupted_hint(args, settings, unknown_when=None):
             return f"{hint}; {unknown_when}, {going_on(args)}"
         return hint
     if found:
-        return f"{hint}; {goes_on(args, found)}"
+        return f"{hint}; {resume_or_warning(args, found)}"
     return f"{hint}; thread {args.thread!r} has no checkpoint yet: start it again"
 
 
-def goes_on(args, values):
+def resume_or_warning(args, values):
     """The command that goes on from a checkpoint whose request may have taken effect, or, for
     a run that sends it without a key (args.unkeyed), why none does so safely."""
     if args.unkeyed(values):  # a resume sends it again, and nothing tells it from a new one
@@ -112,7 +112,7 @@ def goes_on(args, values):
     return f"resume it with: {going_on(args)}"
 
 
-def said_http_error(args, settings, error):
+def report_http_error(args, settings, error):
     """main()'s lines for a provider's error answer (exit 1): http_error with its body; one
     line more for an answer that is not the receiver's JSON (another server), its 404 for a
     thing it does not hold (its reason, read_reason), one that made nothing (DID_NOTHING: the
@@ -174,7 +174,7 @@ def read_reason(status, body):
     return reason
 
 
-def said_database_error(args, settings, error):
+def report_database_error(args, settings, error):
     """main()'s line for a SQLite error: exit 74 for a file that cannot be written (with the
     resume, once it can be), else exit 2 (not a database, a locked file, ...)."""
     where = f"{args.prog}: CHECKPOINT_DB {settings.checkpoint_db!r}: {error}"
@@ -184,12 +184,13 @@ def said_database_error(args, settings, error):
     hint = ""
     if args.graph_command and (found := saved(args, settings)) is not None:
         hint = "; its request may have taken effect before the save failed"
-        hint += f"; once CHECKPOINT_DB can be written, {goes_on(args, found)}" if found else ""
+        if found:
+            hint += f"; once CHECKPOINT_DB can be written, {resume_or_warning(args, found)}"
     print(f"{where}{hint}", file=sys.stderr)
     return EXIT_CHECKPOINT_WRITE
 
 
-def said_lost_postgres(args, settings, error):
+def report_lost_postgres(args, settings, error):
     """main()'s line for a Postgres CHECKPOINT_DB that stopped answering (exit 3)."""
     reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
     hint = interrupted_hint(args, settings, "once CHECKPOINT_DB answers")

@@ -25,7 +25,10 @@ def reconcile(ledger, effects, clients=None, said=None, wait=False):
     ledger will not take is WordRefused, and nothing is settled.
     effects: declared(...) of the program; clients: {provider name: its client}, or one client
     for every effect (None: lookups that need none)."""
-    effects = {name: bound(effect, client_of(clients, effect)) for name, effect in effects.items()}
+    effects = {
+        name: with_lookup_client(effect, client_of(clients, effect))
+        for name, effect in effects.items()
+    }
     if said:
         return settle_as_said(ledger, effects, said, wait)
     done = []
@@ -47,7 +50,7 @@ def client_of(clients, effect):
     return clients
 
 
-def bound(effect, client):
+def with_lookup_client(effect, client):
     """The effect with its lookup bound to its provider's client (it ignores the one given)."""
     if effect.lookup is None:
         return effect

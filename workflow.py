@@ -64,8 +64,7 @@ def prepare(state: State):
 
 
 def create_ticket_naive(state: State, runtime):
-    """The node without the ledger: no key, nothing recorded. A resume after a crash here sends
-    it again."""
+    """The node without the ledger: no key, nothing recorded; a resume sends it again."""
     answer = runtime.context.client.create(state["title"])
     fail("after-ack")
     return {"ticket_id": answer["ticket_id"]}

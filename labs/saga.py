@@ -31,7 +31,7 @@ import workflow
 from exitcodes import EXIT_THREAD, UserError, command, emit
 from failpoints import fail
 from labs.modes import emit_effect_outcome
-from labs.threads import RESET_HINT, is_saga, saga_goes_on, thread_words
+from labs.threads import RESET_HINT, is_saga, saga_resume_line, thread_words
 
 # --- lab 13: the saga: charge, reserve, and a refund when the reservation is refused ---------
 #
@@ -220,8 +220,8 @@ def saga_run(args, settings, graph_input):
 
 def saga_exists_hint(saved):
     """What to do about a saga start on a thread that exists: the saga's own way on, or none."""
-    goes_on = saga_goes_on(saved) if saved and is_saga(saved) else "it is no saga"
-    return goes_on + "; or pick a new --thread; or " + RESET_HINT
+    resume_line = saga_resume_line(saved) if saved and is_saga(saved) else "it is no saga"
+    return resume_line + "; or pick a new --thread; or " + RESET_HINT
 
 
 def saga_state(args, settings):

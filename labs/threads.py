@@ -47,7 +47,7 @@ def owning_command_line(saved):
     saga (its values hold seats), or a thread of labs/workers.py, which records no contract."""
     thread = saved.config["configurable"]["thread_id"]
     if is_saga(saved):
-        return f"thread {thread!r} is a saga (lab 13): {saga_goes_on(saved)}"
+        return f"thread {thread!r} is a saga (lab 13): {saga_resume_line(saved)}"
     if is_outbox(saved):
         return (
             f"thread {thread!r} is an outbox run (lab 19): "
@@ -66,7 +66,7 @@ def is_saga(saved):
     return "seats" in saved.checkpoint["channel_values"]
 
 
-def saga_goes_on(saved):
+def saga_resume_line(saved):
     """The saga command that goes on from a saved saga thread: a naive one waiting at its refund
     sends that refund without a key, so its resume refunds again if the first went through."""
     thread = saved.config["configurable"]["thread_id"]

@@ -282,7 +282,7 @@ def test_an_error_answer_of_someone_elses_service_is_named_by_its_provider(capsy
     args = types.SimpleNamespace(prog="workflow.py", graph_command=False)
     error = http_error(404, {"error": "no such route"})
     error.provider = "CARD"
-    assert hints.said_http_error(args, settings, error) == exitcodes.EXIT_HTTP_ERROR
+    assert hints.report_http_error(args, settings, error) == exitcodes.EXIT_HTTP_ERROR
     err = capsys.readouterr().err
     assert err == (
         "workflow.py: CARD at CARD_URL http://127.0.0.1:9/pay answered 404; nothing was made, "
