@@ -25,12 +25,17 @@ from typing import NotRequired
 import checkpoints
 import commandline
 import effects
-import exitcodes
-import failpoints
 import workflow
 from exitcodes import EXIT_THREAD, UserError, command, emit
 from failpoints import fail
-from labs.threads import RESET_HINT, is_outbox, owning_command_line, thread_words
+from labs.threads import (
+    RESET_HINT,
+    is_outbox,
+    lesson_run,
+    owning_command_line,
+    run_ended,
+    thread_words,
+)
 
 # --- lab 19: the outbox: the node's only effect is a row in the workflow's own database ------
 #
@@ -96,12 +101,7 @@ def outbox_resume(args, settings):
 
 
 def outbox_run(args, settings, graph_input):
-    points = {args.crash_at: "kill"} if args.crash_at else {}
-    with (
-        failpoints.scoped(points),
-        checkpoints.open_checkpointer(settings.checkpoint_db) as saver,
-        effects.open_ledger(settings.checkpoint_db) as ledger,
-    ):
+    with lesson_run(args, settings) as (saver, ledger):
         graph = build_outbox(saver)
         head = saver.get_tuple(checkpoints.thread_config(args.thread))
         if head and not is_outbox(head):  # a ticket run's resume may repeat its request
@@ -117,10 +117,7 @@ def outbox_run(args, settings, graph_input):
         hint = f"{resume}; or pick a new --thread; or {RESET_HINT}"
         checkpoints.require_thread(graph, args.thread, graph_input is not None, hint)
         final = workflow.run_graph(graph, graph_input, args.thread, settings.client(), ledger)
-    if final is None:
-        return exitcodes.EXIT_DRAINED
-    emit("done", **final)
-    return 0
+    return run_ended(final)
 
 
 def outbox_state(args, settings):

@@ -26,12 +26,11 @@ import checkpoints
 import commandline
 import effects
 import exitcodes
-import failpoints
 import workflow
 from exitcodes import EXIT_THREAD, UserError, command, emit
 from failpoints import fail
 from labs.modes import emit_effect_outcome
-from labs.threads import RESET_HINT, is_saga, saga_resume_line, thread_words
+from labs.threads import RESET_HINT, is_saga, lesson_run, run_ended, saga_resume_line, thread_words
 
 # --- lab 13: the saga: charge, reserve, and a refund when the reservation is refused ---------
 #
@@ -196,12 +195,7 @@ def saga_resume(args, settings):
 
 
 def saga_run(args, settings, graph_input):
-    points = {args.crash_at: "kill"} if args.crash_at else {}
-    with (
-        failpoints.scoped(points),
-        checkpoints.open_checkpointer(settings.checkpoint_db) as saver,
-        effects.open_ledger(settings.checkpoint_db) as ledger,
-    ):
+    with lesson_run(args, settings) as (saver, ledger):
         graph = build_saga(saver)
         hint = saga_exists_hint(saver.get_tuple(checkpoints.thread_config(args.thread)))
         snapshot = checkpoints.require_thread(graph, args.thread, graph_input is not None, hint)
@@ -212,10 +206,7 @@ def saga_run(args, settings, graph_input):
                 EXIT_THREAD,
             )
         final = workflow.run_graph(graph, graph_input, args.thread, settings.client(), ledger)
-    if final is None:
-        return exitcodes.EXIT_DRAINED
-    emit("done", **final)
-    return 0
+    return run_ended(final)
 
 
 def saga_exists_hint(saved):

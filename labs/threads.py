@@ -2,9 +2,13 @@
 workers; what a start on a thread that exists should do instead; and how the lessons' programs
 are typed, natively and through Docker, for the hints that name them (exitcodes.Typed)."""
 
+import contextlib
 import shlex
 
-from exitcodes import Typed, command
+import checkpoints
+import effects
+import failpoints
+from exitcodes import EXIT_DRAINED, Typed, command, emit
 from labs.contract import BRANCH
 
 COMPOSE = "docker compose -p stateful-lab"  # the guides' project
@@ -84,3 +88,24 @@ def saga_resume_line(saved):
 def is_outbox(saved):
     """Whether a saved thread (a CheckpointTuple) is lab 19's: only its state holds delivery."""
     return "delivery" in saved.checkpoint["channel_values"]
+
+
+@contextlib.contextmanager
+def lesson_run(args, settings):
+    """A lesson graph's run (the saga, the outbox): --crash-at's kill armed for it, the
+    checkpointer and the ledger open. -> (saver, ledger)."""
+    points = {args.crash_at: "kill"} if args.crash_at else {}
+    with (
+        failpoints.scoped(points),
+        checkpoints.open_checkpointer(settings.checkpoint_db) as saver,
+        effects.open_ledger(settings.checkpoint_db) as ledger,
+    ):
+        yield saver, ledger
+
+
+def run_ended(final):
+    """A lesson run's exit code: drained on SIGTERM (its final state None), or done."""
+    if final is None:
+        return EXIT_DRAINED
+    emit("done", **final)
+    return 0
