@@ -8,7 +8,7 @@ table says which lab it is):
     --approval [in-node|own-node], approve [--reject]           labs/approval.py    (07)
     --durability, --crash-at step-boundary, --term-at           labs/boundaries.py  (04, 08, 09)
     LAB_GRAPH_VERSION, --no-contract, migrate                   labs/contract.py    (12)
-    saga start|resume|state|refunds                             labs/saga.py        (13)
+    saga start|resume|state|refunds|releases                    labs/saga.py        (13)
     --notify, --pay, --mode lookup-resend, messages, payments   labs/keyless.py     (15)
     --retry-after-ack timeout|parse                             labs/retries.py     (17)
     hooks                                                       labs/hooks.py       (18)

@@ -2,9 +2,9 @@
 
 api.py is the core (tickets, a UNIQUE key, one transaction committed before the answer, a
 lookup by key); the starter takes it unchanged. This file extends it, by subclassing only
-(api.py never imports this one), with what labs 06, 13, 15 and 18 need:
+(api.py never imports this one), with what labs 06, 13 (labs/saga_store.py), 15 and 18 need:
 
-    GET  /refunds[?key=KEY]      200 {"refunds": [{"refund_id", "ticket_id", "key"}]}
+    GET  /refunds[?key=KEY]      200 {"refunds": [{"refund_id", "key", "ticket_id"}]}
     POST /refunds                body {"ticket_id": N}, optional Idempotency-Key: a refund of
                                  ticket N (a saga's compensation), keyed like a ticket: 201,
                                  200, 409 as for a ticket; 404 no ticket N. Without a key every
@@ -14,6 +14,15 @@ lookup by key); the starter takes it unchanged. This file extends it, by subclas
     POST /reservations           body {"ticket_id": N, "seats": S}, optional Idempotency-Key:
                                  201, 200, 409 as above; 404 no ticket N; 409 {"code":
                                  "no_capacity"}: more seats than the SEATS left, nothing reserved
+    GET  /shipments[?key=KEY]    200 {"shipments": [{"shipment_id", "key", "reservation_id",
+                                 "country"}]}
+    POST /shipments              body {"reservation_id": N, "country": "FR"}, keyed as above;
+                                 404 no reservation N; 409 {"code": "no_carrier"}: no carrier
+                                 ships to that country, nothing booked
+    GET  /releases[?key=KEY]     200 {"releases": [{"release_id", "key", "reservation_id"}],
+                                 "seats_left"}
+    POST /releases               body {"reservation_id": N}, keyed as above; 404 no reservation
+                                 N. Without a key every request frees its seats once more
     GET  /payments[?reference=R][&settled=1]  200 {"payments": [{"payment_id", "reference",
                                  "amount"}], "pending"}: what is committed (under reference R);
                                  pending: accepted, not committed yet; settled=1 first waits
@@ -47,7 +56,7 @@ answers once its own write is committed ("delivered": 0), or, with ?wait=S (whol
 most 60), once the delivery round it asked for is over: what that round delivered and what is
 still pending. A committed /progress answers 200 whatever its round met.
 The routes of api.py (/health, /metrics, /tickets) answer as it says; /metrics also counts
-refunds and reservations created and messages sent. A tickets table made before created_at was
+the saga's rows created and messages sent. A tickets table made before created_at was
 kept (an older lab's file) gets the column when the receiver opens it.
 
 Run it as `python -m labs.receiver` (compose.yaml's api service and every guide do); its
@@ -64,8 +73,8 @@ import httpguard
 from api import parse_key, parse_object
 from failpoints import fail
 from httpguard import ClientError
-from keyretention import rows_with_keys
-from labs import keyless_providers, webhooks
+from labs import keyless_providers, saga_store, webhooks
+from labs.saga_store import whole_number
 from receiversettings import SETTINGS_HELP, ConfigError, open_server
 
 POINTS = (
@@ -101,30 +110,11 @@ FAILPOINTS_ADDED = """\
 """
 ALLOWED_HOSTS = "localhost,127.0.0.0/8,::1"  # WEBHOOK_ALLOWED_HOSTS unless set: loopback
 TOKEN_HEADER = "Failpoint-Token"  # before-answer and before-body fire once for each value
-SEATS = 10  # seats for all reservations together: few, so a caller can ask for more than are left
-SAGA_SCHEMA = (  # a refund undoes a ticket; a reservation may find no seats left
-    """CREATE TABLE IF NOT EXISTS refunds (
-    id INTEGER PRIMARY KEY,
-    operation_key TEXT UNIQUE,
-    payload TEXT NOT NULL,
-    ticket_id INTEGER NOT NULL REFERENCES tickets (id),
-    created_at REAL
-)""",
-    """CREATE TABLE IF NOT EXISTS reservations (
-    id INTEGER PRIMARY KEY,
-    operation_key TEXT UNIQUE,
-    payload TEXT NOT NULL,
-    ticket_id INTEGER NOT NULL REFERENCES tickets (id),
-    seats INTEGER NOT NULL,
-    created_at REAL
-)""",
-)
 MAX_AMOUNT = 10**9  # the largest charge, in cents
 OLDER_TICKETS = {"id", "operation_key", "payload"}  # a tickets table before created_at was kept
 COUNTERS = {  # api.COUNTERS, and this file's routes' own
     "tickets_created": api.COUNTERS["tickets_created"],
-    "refunds_created": "POST /refunds that created a refund (answered 201).",
-    "reservations_created": "POST /reservations that created a reservation (answered 201).",
+    **saga_store.COUNTERS,
     "idempotent_replays": api.COUNTERS["idempotent_replays"],
     "key_conflicts": api.COUNTERS["key_conflicts"],
     "messages_sent": "POST /messages: each one a message (this provider takes no key).",
@@ -134,69 +124,28 @@ COUNTERS = {  # api.COUNTERS, and this file's routes' own
 }
 
 
-class LabStore(api.TicketStore):
-    """The core's ticket store, with the saga's refunds and reservations (lab 13), lab 15's
+class LabStore(saga_store.SagaStore, api.TicketStore):
+    """The core's ticket store, with the saga's tables (lab 13: labs/saga_store.py), lab 15's
     messages and payments (labs/keyless_providers.py) and lab 18's events (labs/webhooks.py)."""
 
     SCHEMA = (
         *api.TicketStore.SCHEMA,
-        *SAGA_SCHEMA,
+        *saga_store.SCHEMA,
         keyless_providers.MESSAGES_SCHEMA,
         *webhooks.SCHEMA,
         keyless_providers.PAYMENTS_SCHEMA,
     )
     COLUMNS = {
         **api.TicketStore.COLUMNS,
-        "refunds": {"id", "operation_key", "payload", "ticket_id", "created_at"},
-        "reservations": {"id", "operation_key", "payload", "ticket_id", "seats", "created_at"},
+        **saga_store.COLUMNS,
         **webhooks.COLUMNS,
         **keyless_providers.COLUMNS,
     }
     KEYED = {
         **api.TicketStore.KEYED,
-        "refunds": "refund",
-        "reservations": "reservation",
+        **saga_store.KEYED,
         **webhooks.KEYED,
     }
-
-    def refund(self, key, canonical, ticket_id):
-        """A refund of ticket_id, keyed like a ticket: (refund_id, created); 404 if no ticket.
-
-        Without a key every call is one more refund: the receiver cannot tell a retry from a
-        second refund, just as it cannot for a ticket."""
-        return self.keyed(
-            "refunds",
-            key,
-            canonical,
-            {"ticket_id": ticket_id},
-            lambda: self.require_ticket(ticket_id),
-        )
-
-    def reserve(self, key, canonical, ticket_id, seats):
-        """Seats for ticket_id: (reservation_id, created); 409 when fewer than seats are left."""
-
-        def seats_left():
-            self.require_ticket(ticket_id)
-            taken = self.db.execute("SELECT TOTAL(seats) FROM reservations").fetchone()[0]
-            if seats > (left := SEATS - int(taken)):
-                raise ClientError(
-                    409,
-                    f"no capacity: {seats} seats asked for, {left} of {SEATS} left",
-                    code="no_capacity",
-                )
-
-        columns = {"ticket_id": ticket_id, "seats": seats}
-        return self.keyed("reservations", key, canonical, columns, seats_left)
-
-    def reservations(self, key=None):
-        """All reservations, or the one made with key, as tickets() lists tickets."""
-        rows = rows_with_keys(self, "reservations", "ticket_id, seats", key)
-        return [{"reservation_id": i, "key": k, "ticket_id": t, "seats": n} for i, k, t, n in rows]
-
-    def refunds(self, key=None):
-        """All refunds, or the one made with key, as tickets() lists tickets."""
-        rows = rows_with_keys(self, "refunds", "ticket_id", key)
-        return [{"refund_id": i, "key": k, "ticket_id": t} for i, k, t in rows]
 
     # helpers
 
@@ -233,6 +182,8 @@ class LabHandler(api.Handler):
         "/tickets": "GET, HEAD, POST",
         "/refunds": "GET, HEAD, POST",
         "/reservations": "GET, HEAD, POST",
+        "/shipments": "GET, HEAD, POST",
+        "/releases": "GET, HEAD, POST",
         "/messages": "GET, HEAD, POST",
         "/payments": "GET, HEAD, POST",
         "/metrics": "GET, HEAD",
@@ -289,10 +240,8 @@ class LabHandler(api.Handler):
         return answer
 
     def make(self, path, key, body):
-        if path == "/refunds":
-            return self.server.store.refund(key, *parse_refund(body))
-        if path == "/reservations":
-            return self.server.store.reserve(key, *parse_reservation(body))
+        if (made := SAGA_POSTS.get(path)) is not None:  # lab 13's (labs/saga_store.py)
+            return made(self.server.store, key, body)
         return super().make(path, key, body)
 
     def get(self, path):
@@ -304,10 +253,11 @@ class LabHandler(api.Handler):
             if parse_qs(urlsplit(self.path).query, keep_blank_values=True):
                 raise ClientError(400, "messages have no key to look up: GET /messages lists them")
             return 200, {"messages": keyless_providers.messages_sent(self.server.store)}
-        if path == "/refunds":
-            return 200, {"refunds": self.server.store.refunds(self.query_key())}
-        if path == "/reservations":
-            return 200, {"reservations": self.server.store.reservations(self.query_key())}
+        if (table := path.lstrip("/")) in saga_store.LISTED:
+            listed = {table: self.server.store.listed(table, self.query_key())}
+            if table == "releases":  # what the releases left: more than SEATS, one too many
+                listed["seats_left"] = self.server.store.seats_left()
+            return 200, listed
         return super().get(path)
 
     def deliver(self, wait, committed=None):
@@ -361,6 +311,12 @@ class LabHandler(api.Handler):
             fail("before-body", once_per=token)
 
 
+SAGA_POSTS = {
+    "/refunds": saga_store.SagaStore.refund,
+    "/reservations": saga_store.SagaStore.reserve,
+    "/shipments": saga_store.SagaStore.ship,
+    "/releases": saga_store.SagaStore.release,
+}
 SENDER_START_LOCK = threading.Lock()  # LabHandler.sender: one sender per server
 
 
@@ -398,24 +354,6 @@ def configured_handler(environ):
 
 # helpers: input validation
 
-MAX_ID = 2**63 - 1  # the largest SQLite integer: a larger ticket_id is no ticket's
-MAX_SEATS = 1000  # seats in one reservation: more than SEATS, so "no capacity" can be asked for
-
-
-def parse_refund(body):
-    """Validate a POST /refunds body: (canonical JSON, ticket_id)."""
-    payload = parse_object(body, '{"ticket_id": N}', "ticket_id")
-    ticket_id = whole_number(payload, "ticket_id", MAX_ID)
-    return api.canonical({"ticket_id": ticket_id}), ticket_id
-
-
-def parse_reservation(body):
-    """Validate a POST /reservations body: (canonical JSON, ticket_id, seats)."""
-    payload = parse_object(body, '{"ticket_id": N, "seats": S}', "ticket_id", "seats")
-    ticket_id = whole_number(payload, "ticket_id", MAX_ID)
-    seats = whole_number(payload, "seats", MAX_SEATS)
-    return api.canonical({"ticket_id": ticket_id, "seats": seats}), ticket_id, seats
-
 
 def parse_payment(body):
     """Validate a POST /payments body: (reference, amount)."""
@@ -439,19 +377,9 @@ def parse_progress(body):
     ):
         names = ", ".join(webhooks.STATUSES)
         raise ClientError(400, f"statuses must be a list of 1-10 of {names}")
-    ticket_id = whole_number(payload, "ticket_id", MAX_ID)
+    ticket_id = whole_number(payload, "ticket_id")
     canonical = api.canonical({"ticket_id": ticket_id, "statuses": statuses})
     return canonical, ticket_id, statuses
-
-
-def whole_number(payload, field, high):
-    """payload[field] as an int from 1 to high; JSON's 3.0 is 3 (JSON Schema's integer too)."""
-    value = payload[field]
-    if isinstance(value, float) and value.is_integer():
-        value = int(value)
-    if type(value) is not int or not 1 <= value <= high:
-        raise ClientError(400, f"{field} must be a whole number from 1 to {high}")
-    return value
 
 
 if __name__ == "__main__":

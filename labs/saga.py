@@ -1,18 +1,21 @@
-"""Lab 13: the saga. `saga start|resume|state|refunds`: charge, reserve, and a refund when the
-reservation is refused, each through the ledger; --mode naive sends the refund without a key.
+"""Lab 13: the saga. `saga start|resume|state|refunds|releases`: charge, reserve seats, book
+the shipment; when a step is refused, the steps that completed are undone in reverse order
+(release the seats, then refund the charge), each undo an effect through the ledger under a key
+derived from what its step made. --mode naive sends the undos without a key.
 
 The drill's adapter (graph, context, observe, at the end) runs the same graph:
 
     python -m effectdrill labs.saga:graph --context labs.saga:context \
-        --input '{"operation_id": "{thread}", "title": "{thread}", "seats": 11, "mode": "naive"}' \
-        --observe labs.saga:observe
+        --input '{"operation_id": "{thread}", "title": "{thread}", "seats": 2, "ship_to": "AQ",
+        "mode": "naive"}' --observe labs.saga:observe
 
-11 seats are more than the receiver has (labs/receiver.py's SEATS, 10), so every run's reservation
-is refused and its charge refunded. observe(thread) counts the charges (tickets whose title is the
-thread id) and the refunds of those tickets. The charge and the reservation go through the ledger
-of context() (labs/graphs/ticket.py's: a temporary file of the drill's own) in both modes. With
-"mode": "naive" the run refunds twice where the drill kills it after the refund's answer and
-before its result is saved; with "safe" it refunds once everywhere.
+No carrier ships to AQ (labs/saga_store.py's CARRIERS), so every run's shipment is refused, its
+seats released and its charge refunded. observe(thread) counts the charges (tickets whose title
+is the thread id), their reservations, the releases of those and the refunds of the charges. The
+forward steps go through the ledger of context() (labs/graphs/ticket.py's: a temporary file of
+the drill's own) in both modes. With "mode": "naive" the run releases twice, or refunds twice,
+where the drill kills it after that undo's answer and before its result is saved; with "safe"
+each happens once everywhere.
 """
 
 import contextlib
@@ -32,24 +35,27 @@ from failpoints import fail
 from labs.modes import emit_effect_outcome
 from labs.threads import RESET_HINT, is_saga, lesson_run, run_ended, saga_resume_line, thread_words
 
-# --- lab 13: the saga: charge, reserve, and a refund when the reservation is refused ---------
+# --- lab 13: the saga: three steps forward, the completed ones undone backward -----------------
 #
-#     START -> charge -> reserve -> END             (reserved)
-#                               \-> refund -> END   (refused: the compensation)
+#     START -> charge -> reserve -> ship -> END                (shipped)
+#                           |         \-> release -> refund -> END   (no carrier: undo both)
+#                           \-> refund -> END                    (no seats: undo the charge)
 #
-# LangGraph 1.2.24 has no saga or compensation feature: the compensation is a node like any
-# other, chosen by a conditional edge. Each of the three requests is an effect, declared once
-# (CHARGE, RESERVATION, REFUND below) and performed through the ledger, as the core's
-# create_ticket performs TICKET: the intent is committed before the request leaves and the
-# answer kept as a receipt. A node that runs again finds the receipt and sends nothing; one
-# killed between the receiver's answer and the receipt (--crash-at after-send) finds only the
-# intent, and asks the receiver by key. --mode naive sends the refund without a key and records
-# nothing (the lesson's variant), so a crash after the refund's answer refunds twice on resume.
+# LangGraph 1.2.24 has no saga or compensation feature: each undo is a node like any other,
+# chosen by a conditional edge (undo_next). Each request is an effect performed through the
+# ledger: the intent committed before the request leaves, the answer kept as a receipt. A node
+# that runs again finds the receipt and sends nothing; one killed between the receiver's answer
+# and the receipt (--crash-at after-send) finds only the intent, and asks the receiver by key.
+# --mode naive sends the undos without a key and records nothing (the lesson's variant), so a
+# crash after an undo's answer undoes twice on resume.
 
-SAGA_ACKS = ("after-charge-ack", "after-reserve-ack", "after-refund-ack")  # in the nodes
+SAGA_ACKS = tuple(
+    f"after-{name}-ack" for name in ("charge", "reserve", "ship", "release", "refund")
+)  # in the nodes: each effect's answer in (and its receipt kept), the node not returned
 SAGA_POINTS = ("after-send", *SAGA_ACKS)  # --crash-at; after-send: each effect's window
-SAGA_MODES = ("naive", "safe")  # the refund without a key (nor the ledger), or by op:refund
-MAX_SEATS = 1000  # seats in one reservation: labs/receiver.py's MAX_SEATS
+SAGA_MODES = ("naive", "safe")  # the undos without a key (nor the ledger), or keyed
+MAX_SEATS = 1000  # seats in one reservation: labs/saga_store.py's MAX_SEATS
+SHIP_TO = "FR"  # where the shipment goes unless --ship-to says (AQ: no carrier ships there)
 
 
 class SagaState(TypedDict):
@@ -57,109 +63,197 @@ class SagaState(TypedDict):
     title: str
     seats: int
     mode: str
+    ship_to: NotRequired[str]
     ticket_id: NotRequired[int]
     reservation_id: NotRequired[int]
+    shipment_id: NotRequired[int]
     refused: NotRequired[str]
+    release_id: NotRequired[int]
     refund_id: NotRequired[int]
 
 
+# --- the effects, each undo declared beside the step it undoes ---------------------------------
+
+
+def on_receiver(table):
+    """@effects.effect's arguments for a keyed POST /TABLE of the receiver: the id in its answer,
+    its lookup by key (GET /TABLE?key=), and what a person's id stands for (reconcile)."""
+    made = f"{table.removesuffix('s')}_id"
+    return dict(
+        external_id=made,
+        lookup=lambda client, key: looked_up(client, table, key),
+        answer_of=lambda made_id: {made: int(made_id), "created": False},
+        look_with=f"GET /{table}?key={{key}} on API_URL",
+    )
+
+
+CHARGE = dataclasses.replace(workflow.ticket, name="charge")  # a ticket stands for the charge
+
+
+@effects.effect(workflow.API, name="refund", **on_receiver("refunds"))
+def refund_charge(client, request, key):  # undoes CHARGE: {"ticket_id": N}
+    return client.call("/refunds", request, key)
+
+
+@effects.effect(workflow.API, name="reservation", **on_receiver("reservations"))
+def reserve_seats(client, request, key):  # {"ticket_id": N, "seats": S}; 409 no_capacity
+    return client.call("/reservations", request, key)
+
+
+@effects.effect(workflow.API, name="release", **on_receiver("releases"))
+def release_seats(client, request, key):  # undoes reserve_seats: {"reservation_id": N}
+    return client.call("/releases", request, key)
+
+
+@effects.effect(workflow.API, name="shipment", **on_receiver("shipments"))
+def book_shipment(client, request, key):  # {"reservation_id": N, "country": C}; 409 no_carrier
+    return client.call("/shipments", request, key)
+
+
+@dataclasses.dataclass(frozen=True)
+class SagaStep:
+    """A forward step and, beside it, its undo: the effect that compensates what it made.
+
+    made: the state field of the id the step's effect made (the receiver's); undo: the effect
+    that compensates it, sent {made: id}, under a key derived from that id, so each thing made
+    is undone once (None: the last step, which nothing after it can refuse)."""
+
+    node: str
+    effect: effects.Effect
+    made: str
+    undo: effects.Effect | None = None
+    refusal: str | None = None  # the provider's "no" (its code) that the saga compensates
+
+    @property
+    def undone(self):
+        return f"{self.undo.name}_id"
+
+    def undo_key(self, state):
+        """OPERATION:refund:ticket-3: the undo's own key, from the forward step's result."""
+        made = f"{self.made.removesuffix('_id')}-{state[self.made]}"
+        return f"{state['operation_id']}:{self.undo.name}:{made}"
+
+
+STEPS = (  # in the order they run forward; undone in the reverse order
+    SagaStep("charge", CHARGE, "ticket_id", undo=refund_charge),
+    SagaStep("reserve", reserve_seats, "reservation_id", undo=release_seats, refusal="no_capacity"),
+    SagaStep("ship", book_shipment, "shipment_id", refusal="no_carrier"),
+)
+EVENTS = {"charge": "charged", "reserve": "reserved", "ship": "shipped"}
+UNDONE = {"refund": "refunded", "release": "released"}
+
+
 def saga_key(state, direction):
-    """One key per step and direction: a refund is not a replay of the charge it undoes."""
+    """One key per step: OPERATION:charge, OPERATION:reserve, OPERATION:ship."""
     return f"{state['operation_id']}:{direction}"
 
 
-def charge_for_booking(state: SagaState, runtime):
-    """The first effect: a ticket stands for the charge."""
-    key = saga_key(state, "charge")
-    done = perform_in_run(CHARGE, runtime, key, {"title": state["title"]})
-    emit_effect_outcome("charged", done, key, ticket_id=done.answer["ticket_id"])
-    fail("after-charge-ack")
-    return {"ticket_id": done.answer["ticket_id"]}
+def forward(step, request_of):
+    """The node that performs step: its result, or, for the refusal it names (a 409 the receiver
+    answers with that code: it made nothing), {"refused": why}, which turns the saga back. The
+    ledger records the refusal as failed, and answers every later attempt with it. A
+    "key_conflict" is no outcome: something stands under this key (for another body), and
+    undoing the earlier steps would undo a booking that stands. The run stops there, exit 1; so
+    it does when this ledger holds the key for another request (an earlier saga with this
+    --operation)."""
+
+    def node(state: SagaState, runtime):
+        key = saga_key(state, step.node)
+        try:
+            done = perform_in_run(step.effect, runtime, key, request_of(state))
+        except effects.Refused as refused:
+            code = refused.refusal.get("code")
+            if step.refusal and code == "key_conflict":  # a protocol error, not a refusal
+                raise not_undone(
+                    state, step, "refused 409 key_conflict: the receiver holds"
+                ) from None
+            if code != step.refusal or step.refusal is None:
+                raise
+            # Effect.perform raises Refused from the receiver's answer when it sent the request,
+            # and from the ledger's record (no cause) when an earlier attempt was refused.
+            how = {} if refused.__cause__ else {"how": "receipt", "key": key}
+            emit("refused", error=refused.refusal["error"], **how)
+            return {"refused": refused.refusal["error"]}
+        except effects.Conflict:
+            if step.refusal is None:
+                raise
+            raise not_undone(state, step, "not sent: the ledger holds") from None
+        made = done.answer[step.made]
+        emit_effect_outcome(EVENTS[step.node], done, key, **{step.made: made})
+        fail(f"after-{step.node}-ack")
+        return {step.made: made}
+
+    node.__name__ = step.node
+    return node
 
 
-def reserve(state: SagaState, runtime):
-    """The step that can be refused: a 409 "no_capacity" (no seats left) reserved nothing, so it
-    is an outcome, not a failure: the run goes on to undo the charge. The ledger records it as
-    failed, and answers every later attempt with that refusal. A "key_conflict" is no outcome:
-    a reservation exists under this key (for another body), and refunding its charge would undo
-    a booking that stands. The run stops there, exit 1; so it does when this ledger holds the
-    key for another reservation (an earlier saga with this --operation)."""
-    key = saga_key(state, "reserve")
-    request = {"ticket_id": state["ticket_id"], "seats": state["seats"]}
-    try:
-        done = perform_in_run(RESERVATION, runtime, key, request)
-    except effects.Refused as refused:
-        code = refused.refusal.get("code")
-        if code == "key_conflict":  # a protocol error, not a business refusal
-            raise not_refunded(state, "refused 409 key_conflict: the receiver holds") from None
-        if code != "no_capacity":
-            raise
-        # Effect.perform raises Refused from the receiver's answer when it sent the request,
-        # and from the ledger's record (no cause) when an earlier attempt was refused.
-        how = {} if refused.__cause__ else {"how": "receipt", "key": key}
-        emit("refused", error=refused.refusal["error"], **how)
-        return {"refused": refused.refusal["error"]}
-    except effects.Conflict:
-        raise not_refunded(state, "not sent: the ledger holds") from None
-    emit_effect_outcome("reserved", done, key, reservation_id=done.answer["reservation_id"])
-    fail("after-reserve-ack")
-    return {"reservation_id": done.answer["reservation_id"]}
+def compensation(step):
+    """The node that undoes step, an effect like any other. Naive sends it without a key and
+    records nothing, so a resumed run undoes again; safe performs it through the ledger, keyed by
+    what step made (SagaStep.undo_key)."""
+
+    def node(state: SagaState, runtime):
+        request = {step.made: state[step.made]}
+        if state["mode"] == "naive":  # the lesson's variant: no key, no ledger
+            answer = step.undo.send(runtime.context.client, request, None)
+            emit(
+                UNDONE[step.undo.name],
+                created=answer["created"],
+                **{step.undone: answer[step.undone]},
+            )
+        else:
+            key = step.undo_key(state)
+            done = perform_in_run(step.undo, runtime, key, request)
+            answer = done.answer
+            emit_effect_outcome(
+                UNDONE[step.undo.name], done, key, **{step.undone: answer[step.undone]}
+            )
+        fail(f"after-{step.undo.name}-ack")
+        return {step.undone: answer[step.undone]}
+
+    node.__name__ = step.undo.name
+    return node
 
 
-def refund(state: SagaState, runtime):
-    """The compensation, an effect like any other. Naive sends it without a key and records
-    nothing, so a resumed run refunds again; safe keys it by the operation and the direction
-    (op:refund) and performs it through the ledger."""
-    request = {"ticket_id": state["ticket_id"]}
-    if state["mode"] == "naive":  # the lesson's variant: no key, no ledger
-        answer = runtime.context.client.call("/refunds", request)
-        emit("refunded", created=answer["created"], refund_id=answer["refund_id"])
-    else:
-        key = saga_key(state, "refund")
-        done = perform_in_run(REFUND, runtime, key, request)
-        emit_effect_outcome("refunded", done, key, refund_id=done.answer["refund_id"])
-        answer = done.answer
-    fail("after-refund-ack")
-    return {"refund_id": answer["refund_id"]}
+def undo_next(state):
+    """After a refusal, the undo of the last step that completed and is not undone yet (the
+    reverse order), then END; None while nothing was refused. A step refused, or never sent,
+    made nothing: it has no id in the state, and nothing undoes it."""
+    from langgraph.graph import END
 
-
-# The saga's effects, declared once each: what is sent, how the receiver is asked what a key
-# made (GET ...?key=), the id in the receipt, and which answers are a "no" (a 4xx: the receiver
-# made nothing). The charge is a ticket, so it is the core's TICKET under its own name.
-CHARGE = dataclasses.replace(workflow.ticket, name="charge")
-
-
-def receiver_effect(name, path):
-    """An effect on one of the receiver's keyed POST routes, looked up by GET path?key=."""
-    return effects.Effect(  # keyed, its settle time and its refusals: workflow.API's
-        name,  # (reservations: no_capacity, the saga's outcome; a key used for another body)
-        provider=workflow.API,
-        send=lambda client, request, key: client.call(path, request, key),
-        lookup=lambda client, key: looked_up(client, path.strip("/"), key),
-        external_id=lambda answer: answer[f"{name}_id"],
-        answer_of=lambda made_id: {f"{name}_id": int(made_id), "created": False},
-        look_with=f"GET {path}?key={{key}} on API_URL",
-    )
-
-
-RESERVATION = receiver_effect("reservation", "/reservations")
-REFUND = receiver_effect("refund", "/refunds")
+    if "refused" not in state:
+        return None
+    for step in reversed(STEPS):
+        if step.undo and step.made in state and step.undone not in state:
+            return step.undo.name
+    return END
 
 
 def build_saga(checkpointer):
-    """The saga's graph: the refund runs only when the reservation was refused."""
+    """The saga's graph: forward while nothing is refused, then backward through the undos."""
     from langgraph.graph import END, START, StateGraph
 
     builder = StateGraph(SagaState, context_schema=workflow.Context)
-    builder.add_node("charge", charge_for_booking)
-    builder.add_node("reserve", reserve)
-    builder.add_node("refund", refund)
+    charge, reserve, ship = STEPS
+    builder.add_node(forward(charge, lambda s: {"title": s["title"]}))
+    builder.add_node(forward(reserve, lambda s: {"ticket_id": s["ticket_id"], "seats": s["seats"]}))
+    builder.add_node(
+        forward(
+            ship,
+            lambda s: {"reservation_id": s["reservation_id"], "country": s.get("ship_to", SHIP_TO)},
+        )
+    )
+    undos = [step.undo.name for step in STEPS if step.undo]
+    for step in STEPS:
+        if step.undo:
+            builder.add_node(compensation(step))
+            builder.add_conditional_edges(step.undo.name, undo_next, [*undos, END])
     builder.add_edge(START, "charge")
     builder.add_edge("charge", "reserve")
     builder.add_conditional_edges(
-        "reserve", lambda state: "refund" if "refused" in state else END, ["refund", END]
+        "reserve", lambda s: undo_next(s) or "ship", ["ship", *undos, END]
     )
-    builder.add_edge("refund", END)
+    builder.add_conditional_edges("ship", lambda s: undo_next(s) or END, [*undos, END])
     return builder.compile(checkpointer=checkpointer)
 
 
@@ -171,22 +265,27 @@ def perform_in_run(effect, runtime, key, request):
 def looked_up(client, table, key):
     """What the receiver made under key (GET /TABLE?key=), as a replay answers it, or None."""
     found = client.call(f"/{table}?" + urllib.parse.urlencode({"key": key}))[table]
-    noun = table.removesuffix("s")
-    return {f"{noun}_id": found[0][f"{noun}_id"], "created": False} if found else None
+    made = f"{table.removesuffix('s')}_id"
+    return {made: found[0][made], "created": False} if found else None
 
 
-def not_refunded(state, why):
-    """The line of a reservation key used for another body: the run stops, nothing refunded."""
+def not_undone(state, step, why):
+    """The line of a step's key used for another body: the run stops, nothing undone."""
+    noun = step.effect.name
+    kept = [f"ticket {state['ticket_id']} is not refunded"]
+    if "reservation_id" in state:
+        kept.append(f"reservation {state['reservation_id']} is not released")
     return UserError(
-        f"reservation {why} the key {saga_key(state, 'reserve')} for another reservation (an "
-        f"earlier saga with this --operation?), so ticket {state['ticket_id']} is not refunded; "
-        f"look at that saga's state ({command('saga state --thread ITS-THREAD')})",
+        f"{noun} {why} the key {saga_key(state, step.node)} for another {noun} (an earlier saga "
+        f"with this --operation?), so {' and '.join(kept)}; look at that saga's state "
+        f"({command('saga state --thread ITS-THREAD')})",
         exitcodes.EXIT_HTTP_ERROR,
     )
 
 
 def saga_start(args, settings):
     first = {"operation_id": args.operation, "title": args.title, "seats": args.seats}
+    first["ship_to"] = args.ship_to
     return saga_run(args, settings, {**first, "mode": args.mode})
 
 
@@ -233,6 +332,19 @@ def saga_refunds(args, settings):
     emit("refunds", refunds=settings.client().call("/refunds")["refunds"])
 
 
+def saga_releases(args, settings):
+    emit("releases", **settings.client().call("/releases"))
+
+
+def country(text):
+    """--ship-to: a two-letter country code, as the receiver takes it."""
+    import argparse
+
+    if not (len(text) == 2 and text.isascii() and text.isalpha()):
+        raise argparse.ArgumentTypeError("must be a two-letter country code, e.g. FR")
+    return text.upper()
+
+
 def seats(text):
     """--seats: what the receiver accepts (1-1000), checked before the charge is made."""
     import argparse
@@ -243,7 +355,7 @@ def seats(text):
 
 
 def add_saga_parser(actions):
-    saga = actions.add_parser("saga", help="lab 13: charge, reserve, refund when refused")
+    saga = actions.add_parser("saga", help="lab 13: charge, reserve, ship; undo when refused")
     steps = saga.add_subparsers(dest="saga_action", required=True, parser_class=commandline.Parser)
     thread = dict(
         default=commandline.Defaulted("saga"), help="checkpoint thread id (default: saga)"
@@ -257,11 +369,16 @@ def add_saga_parser(actions):
     start.add_argument("--operation", default="case-013:book:v1", help="operation id (keys)")
     start.add_argument("--title", default="Charge for case-013", help="the charge's ticket title")
     start.add_argument("--seats", type=seats, default=2, help="seats to reserve (10 in all)")
-    start.add_argument("--mode", choices=SAGA_MODES, default="safe", help="the refund's key")
+    start.add_argument(
+        "--ship-to", type=country, default=SHIP_TO, help="country (AQ: no carrier ships there)"
+    )
+    start.add_argument("--mode", choices=SAGA_MODES, default="safe", help="the undos' keys")
     sub = steps.add_parser("state", help="show a saga's checkpoint")
     sub.set_defaults(run=saga_state)
     sub.add_argument("--thread", **thread)
     steps.add_parser("refunds", help="list the receiver's refunds").set_defaults(run=saga_refunds)
+    listed = steps.add_parser("releases", help="list the receiver's releases and seats left")
+    listed.set_defaults(run=saga_releases)
 
 
 # --- the drill's adapter (effectdrill looks these up by name) --------------------------------
@@ -280,8 +397,21 @@ def context():
 
 
 def observe(thread):
+    """What the receiver made for thread's run: its charges, their reservations, the releases of
+    those and the refunds of the charges."""
     client = workflow.Settings.from_environ(os.environ).client()
     with contextlib.redirect_stdout(io.StringIO()):  # the client prints nothing; be sure
         charges = {t["ticket_id"] for t in client.tickets() if t["payload"]["title"] == thread}
+        seats = {
+            r["reservation_id"]
+            for r in client.call("/reservations")["reservations"]
+            if r["ticket_id"] in charges
+        }
+        releases = client.call("/releases")["releases"]
         refunds = client.call("/refunds")["refunds"]
-    return {"charge": len(charges), "refund": sum(r["ticket_id"] in charges for r in refunds)}
+    return {
+        "charge": len(charges),
+        "reservation": len(seats),
+        "release": sum(r["reservation_id"] in seats for r in releases),
+        "refund": sum(r["ticket_id"] in charges for r in refunds),
+    }

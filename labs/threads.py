@@ -71,16 +71,18 @@ def is_saga(saved):
 
 
 def saga_resume_line(saved):
-    """The saga command that goes on from a saved saga thread: a naive one waiting at its refund
-    sends that refund without a key, so its resume refunds again if the first went through."""
+    """The saga command that goes on from a saved saga thread: a naive one waiting at an undo (a
+    release, a refund) sends it without a key, so its resume undoes again if the first went
+    through."""
     thread = saved.config["configurable"]["thread_id"]
     values = saved.checkpoint["channel_values"]
-    if values.get("mode") == "naive" and f"{BRANCH}refund" in values:
-        again = thread_words("saga resume", thread)
+    waits = [u for u in ("release", "refund") if f"{BRANCH}{u}" in values]
+    if values.get("mode") == "naive" and waits:
+        again, undo = thread_words("saga resume", thread), waits[0]
         return (
-            f"its refund goes without a key (--mode naive), so {again}"
-            " refunds again if the first refund went through: look at the refunds first, "
-            f"{command('saga refunds')}"
+            f"its {undo} goes without a key (--mode naive), so {again}"
+            f" {undo}s again if the first {undo} went through: look at the {undo}s first, "
+            f"{command(f'saga {undo}s')}"
         )
     return command(thread_words("saga resume", thread))
 

@@ -478,6 +478,9 @@ class Operation:
     refused: bool = False  # a drill's: it did not run (exit 2, a usage mistake)
     done: bool = False  # a run said `done` without a ticket (lab 12: the effect silently lost)
     refunds: int = 0  # the receiver's refunds of this operation's charge (lab 13's saga)
+    releases: int = 0  # the receiver's releases of its reservation (lab 13's saga)
+    forward: list = field(default_factory=list)  # (thing, id) its saga made, in order (13)
+    undos: list = field(default_factory=list)  # (undo, id) its saga made, in order (13)
     messages: list = field(default_factory=list)  # the texts sent about its ticket (15, 18)
     charges: list = field(default_factory=list)  # the provider's payment ids for it (lab 15)
     deliveries: list = field(default_factory=list)  # the relay's answers: created true/false
@@ -490,7 +493,9 @@ class Operation:
         if self.mode == TOOL:
             return self.found
         repeated = len(set(self.messages)) < len(self.messages)
-        return len(self.tickets) > 1 or self.refunds > 1 or len(self.charges) > 1 or repeated
+        twice = self.refunds > 1 or self.releases > 1 or len(self.charges) > 1
+        undone = [undo for undo, _ in self.undos]
+        return len(self.tickets) > 1 or twice or repeated or len(set(undone)) < len(undone)
 
     @property
     def lost(self):
@@ -513,6 +518,14 @@ class Operation:
         workers = [f"ticket {t} by {who}" for t, who in self.makers]
         if workers and (len(self.makers) > 1 or self.makers[0][1] != BACKGROUND):
             findings.append(", ".join(workers))
+        if self.undos:
+            findings.append(self.undone())
+        if self.releases:
+            twice = " (the release ran twice: it freed seats nobody held)"
+            findings.append(
+                f"{self.releases} release{'' if self.releases == 1 else 's'} of its one "
+                f"reservation{twice if self.releases > 1 else ''}"
+            )
         if self.refunds:
             twice = " (the refund ran twice)" if self.refunds > 1 else ""
             findings.append(
@@ -536,6 +549,20 @@ class Operation:
                 f"and answered {len(self.deliveries) - made} from its key"
             )
         return findings
+
+    def undone(self):
+        """Lab 13's lesson: 'undone in reverse order: release 3, then refund 3', checked
+        against the order its steps made what each undo undoes."""
+        kinds = list(dict.fromkeys(undo for undo, _ in self.undos))
+        ids = {k: [str(i) for undo, i in self.undos if undo == k] for k in kinds}
+        said = ", then ".join(
+            f"{k}{'s' if len(v) > 1 else ''} {' and '.join(v)}" for k, v in ids.items()
+        )
+        made = [UNDOES[k] for k in kinds]
+        steps = list(dict.fromkeys(thing for thing, _ in self.forward))
+        reverse = made == [thing for thing in reversed(steps) if thing in made]
+        once = ", each once" if all(len(v) == 1 for v in ids.values()) else ""
+        return f"undone {'in reverse order' if reverse else 'NOT in reverse order'}: {said}{once}"
 
     def verdict(self, name):
         count = len(self.tickets)
@@ -581,6 +608,10 @@ TOOL = "tool"  # a drill's or another tool's command: its tickets are its own, n
 ASK = (
     ":approval"  # an operation's ask for approval (labs/cli.py's ask_approval) is keyed OP:approval
 )
+SAGA_MADE = {"charged": "ticket", "reserved": "reservation", "shipped": "shipment"}  # lab 13
+UNDOES = {"release": "reservation", "refund": "ticket"}  # each undo, and what it undoes
+UNDONE = {"released": "release", "refunded": "refund"}
+THINGS = ("release", "refund", "shipment", "reservation", "ticket")  # an event's id, first found
 
 
 class TicketsByOperation:
@@ -600,6 +631,7 @@ class TicketsByOperation:
 
     def __init__(self):
         self.operations, self.threads, self.seen, self.owners = {}, {}, set(), {}
+        self.reservations = {}  # reservation_id -> the operation whose saga made it (lab 13)
         self.workers = False  # a worker command ran: tickets at a verdict are the workers'
         self.messages_seen = set()  # message ids already counted (a drill's: sent_to)
 
@@ -630,7 +662,7 @@ class TicketsByOperation:
                 mode = option(words, "--mode", "safe" if action == "saga" else "ledger")
                 self.declare(option(words, "--operation"), mode, thread)
             return f"{action} {sub}", self.threads.get(thread)
-        if action in SAYS or (action, sub) == ("saga", "refunds"):
+        if action in SAYS or (action, sub) in (("saga", "refunds"), ("saga", "releases")):
             return "says", None  # makes nothing: lists what the receiver or the ledger holds
         if action not in EFFECTS:
             return None
@@ -727,8 +759,10 @@ class TicketsByOperation:
             if target is None:
                 continue
             op = self.operations.setdefault(target, Operation("?"))
-            kind, thing = event["event"], "refund" if "refund_id" in event else "ticket"
-            number = event.get("refund_id", event.get("ticket_id"))
+            kind = event["event"]
+            thing = next((t for t in THINGS if f"{t}_id" in event), "ticket")
+            number = event.get(f"{thing}_id")
+            self.saga_made(op, target, kind, event)
             if kind == "crash":  # labs/cli.py's --crash-at: SIGKILL at a named point (exit 137)
                 note = f"{action} killed at {event['at']}"
             elif kind == "held_run" and not event.get("sent"):  # lab 10: the woken worker
@@ -789,6 +823,21 @@ class TicketsByOperation:
             notes.append("resume redid nothing")
         op.notes += [n for n in notes if n not in op.notes]
 
+    def saga_made(self, op, name, kind, event):
+        """Lab 13: what the saga made forward and undid backward, each (thing, id) once, in
+        the order the commands said it; the reservations' owners, for `saga releases`."""
+        if kind in SAGA_MADE:
+            made, into = SAGA_MADE[kind], op.forward
+        elif kind in UNDONE:
+            made, into = UNDONE[kind], op.undos
+        else:
+            return
+        pair = (made, event[f"{made}_id"])
+        if pair not in into:
+            into.append(pair)
+        if made == "reservation":
+            self.reservations[pair[1]] = name
+
     def sent_to(self, name, messages):
         """A drill's messages: those to its own threads (effectdrill's drill-RUN-..., which no
         other command names) that no earlier drill counted."""
@@ -811,6 +860,12 @@ class TicketsByOperation:
                 for refund in event["refunds"]:
                     if (owner := self.owners.get(refund["ticket_id"])) is not None:
                         self.operations[owner].refunds += 1
+            elif kind == "releases":  # lab 13's: each on the saga that made its reservation
+                for op in self.operations.values():
+                    op.releases = 0
+                for release in event["releases"]:
+                    if (owner := self.reservations.get(release["reservation_id"])) is not None:
+                        self.operations[owner].releases += 1
             elif kind == "messages":
                 for op in self.operations.values():
                     op.messages = []
@@ -1355,11 +1410,12 @@ class ShownSoFar:
             if self.new(("charge", self.operation or ticket)):
                 return [("payment", text)]
             return [("duplicate", f"{text}, a second charge for {self.operation}")]
-        if kind == "refunded" and event.get("created"):  # lab 13's: one refund an operation
-            text = f"refund {event['refund_id']}: created"
-            if self.new(("refund", self.operation or event["refund_id"])):
+        if kind in UNDONE and event.get("created"):  # lab 13's: one of each undo an operation
+            undo = UNDONE[kind]
+            text = f"{undo} {event[f'{undo}_id']}: created"
+            if self.new((undo, self.operation or event[f"{undo}_id"])):
                 return [("sent", text)]
-            return [("duplicate", f"{text}, a second refund for {self.operation}")]
+            return [("duplicate", f"{text}, a second {undo} for {self.operation}")]
         if kind == "message_sent":
             self.messages.add(event["message_id"])
             about = event.get("key") or self.about

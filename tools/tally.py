@@ -9,7 +9,8 @@ prints one line, {"event": "tally", ...}, with
                        prints none, so `make demo` adds its start, resume and approve commands
     drained            runs stopped at a step boundary on SIGTERM (`drained`, `job_drained`)
     acknowledged       effects the receiver created (`effect_ack`, `held_run`, the saga's
-                       `charged`, `reserved` and `refunded`, the relay's `answered`: created true)
+                       `charged`, `reserved`, `shipped`, `released` and `refunded`, the relay's
+                       `answered`: created true)
     replayed           effects the receiver answered from their key (created false)
     settled            open effects settled: by a lookup (a resume's `effect_adopted`; lab 06's
                        `reconcile` that found the ticket, whose `effect_ack` then says created
@@ -28,10 +29,11 @@ from collections import Counter
 
 COUNTS = ("started", "resumed", "drained", "acknowledged", "replayed", "settled")
 # Events that carry the receiver's answer (created true or false): a ticket's, a woken worker's,
-# the saga's charge, reservation and refund (lab 13), the relay's delivery (lab 19)
+# the saga's steps and undos (lab 13), the relay's delivery (lab 19)
 # What `reconcile` says it made of an open effect when that settled it (settling.lookup_settles)
 SETTLED_BY_RECONCILE = ("confirmed", "not sent")
-ANSWERS = ("effect_ack", "held_run", "charged", "reserved", "refunded", "answered")
+ANSWERS = ("effect_ack", "held_run", "charged", "reserved", "shipped", "released", "refunded")
+ANSWERS += ("answered",)
 
 
 def events_in(lines):

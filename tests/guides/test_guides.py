@@ -287,22 +287,27 @@ DEMO_VERDICTS = {
         "What the labs showed: ledger: 0 of 2 operations duplicated, 1 lost",
     ),
     "13": (
-        [  # the refunds as `saga refunds` lists them, on the operation whose charge they undo
+        [  # each saga's undos in the order they ran, and the refunds and releases as listed
             "case-booked:book:v1: 1 ticket",
-            "case-naive:book:v1: 1 ticket, saga start killed at after-refund-ack, 2 refunds of its "
-            "one charge (the refund ran twice)",
-            "case-safe:book:v1: 1 ticket, saga start killed at after-refund-ack, saga resume took "
-            "refund 3 from the ledger's receipt, 1 refund of its one charge",
-            "case-window:book:v1: 1 ticket, saga start killed at after-send, saga resume adopted "
-            "ticket 4, found by its key, saga resume killed at after-send, saga resume adopted "
-            "refund 4, found by its key",
-            "drill labs.saga:graph (naive): 10 tickets on its own 10 threads, the drill "
-            "says: 9 crash points, 1 duplicate (refund), 0 missing, 0 failed resumes, clean run ok",
+            "case-naive:book:v1: 1 ticket, saga start killed at after-release-ack, saga resume "
+            "killed at after-refund-ack, undone in reverse order: releases 1 and 2, then refunds "
+            "1 and 2, 2 releases of its one reservation (the release ran twice: it freed seats "
+            "nobody held), 2 refunds of its one charge (the refund ran twice)",
+            "case-safe:book:v1: 1 ticket, saga start killed at after-release-ack, saga resume "
+            "took release 3 from the ledger's receipt, saga resume killed at after-refund-ack, "
+            "saga resume took refund 3 from the ledger's receipt, undone in reverse order: "
+            "release 3, then refund 3, each once",
+            "case-window:book:v1: 1 ticket, saga start killed at after-reserve-ack, saga resume "
+            "took reservation 4 from the ledger's receipt, saga resume killed at after-send, saga "
+            "resume adopted shipment 2, found by its key",
+            "drill labs.saga:graph (naive): 14 tickets on its own 14 threads, the drill says: 13 "
+            "crash points, 2 duplicate (refund, release), 0 missing, 0 failed resumes, clean run "
+            "ok",
         ],
         "What the labs showed: safe: 0 of 3 operations duplicated; naive: 1 of 1 operation "
         "duplicated; 1 of 1 drill found an effect repeated or lost\n"
         'What the commands above did (tools.tally): {"event": "tally", "started": 4, '
-        '"resumed": 4, "drained": 0, "acknowledged": 7, "replayed": 0, "settled": 0}',  # + saga
+        '"resumed": 6, "drained": 0, "acknowledged": 15, "replayed": 0, "settled": 0}',  # + saga
     ),
     "15": (
         [  # adopted, from the receipt, settled by a person: each on its operation

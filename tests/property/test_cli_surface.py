@@ -25,7 +25,8 @@ What must hold (the receiver's own answers decide, GET /tickets and GET /refunds
 - one ticket per outbox message, delivered once the relay has run, and a message sent again only
   by a relay killed between the receiver's answer and its mark (each such kill: one `replayed`);
 - at most one refund per charge, and only for a saga whose reservation was refused for capacity
-  (its `refused` line says "no capacity": the receiver lists no reservations);
+  or whose shipment had no carrier (its `refused` line says which); at most one release per
+  reservation, and only for a saga whose shipment had no carrier;
 - an effect whose result the checkpoint holds is never sent again (the lab's promise: a resume
   repeats only the node whose result was not saved); an operation run only through the ledger
   (a saga's steps and an ask for approval always are) reaches the receiver once: the receiver's
@@ -118,6 +119,8 @@ EFFECTS = {  # the event that says a request was answered, and the field its res
     "charged": "ticket_id",
     "reserved": "reservation_id",
     "refunded": "refund_id",
+    "shipped": "shipment_id",
+    "released": "release_id",
     "message_sent": "message_id",
 }
 # A command that a hint on stderr names (printed whole, `python -m labs resume --thread X (Docker:
@@ -199,6 +202,7 @@ class Learner(RuleBasedStateMachine):
         self.threads = {}  # thread -> Thread, once a start has made it
         self.keys = set()  # the Idempotency-Keys of every operation started
         self.capacity_refused = set()  # saga operations whose reservation had no seats
+        self.carrier_refused = set()  # saga operations whose shipment had no carrier
         self.keyed_only = set()  # operations some start ran in --mode safe (no ledger)
         self.all_made = []  # every Thread a start was typed for
         self.hints = {}  # (argv, version) -> False, True once typed
@@ -235,12 +239,14 @@ class Learner(RuleBasedStateMachine):
         stop=st.none() | st.sampled_from(STOPS["saga"]),
         default=st.sampled_from([True, True, True, False]),  # mostly lab 13's --operation
         seats=st.sampled_from(SEATS),
+        ship_to=st.sampled_from(["FR", "AQ"]),  # AQ: no carrier, both undos run
     )
     @step
-    def saga_start(self, thread, stop, default, seats):
+    def saga_start(self, thread, stop, default, seats, ship_to):
         operation = "case-013:book:v1" if default else f"book-{thread}"
         argv = ["saga", "start", "--thread", thread]
         argv += [*([] if default else ["--operation", operation]), "--seats", str(seats)]
+        argv += ["--ship-to", ship_to]
         self.starting(Thread("saga", operation, key=f"{operation}:charge"), thread, argv, stop)
 
     @rule(thread=st.sampled_from(THREADS), stop=st.none() | st.sampled_from(STOPS["ticket"]))
@@ -480,7 +486,8 @@ class Learner(RuleBasedStateMachine):
         # a saga's three effects (safe mode: the refund too) and every ask for approval go
         # through the ledger whatever the ticket's mode
         sagas = {made.operation for made in self.all_made if made.kind == "saga"}
-        ledger_only |= {f"{op}:{step}" for op in sagas for step in ("charge", "reserve", "refund")}
+        ledger_only |= {f"{op}:{step}" for op in sagas for step in ("charge", "reserve", "ship")}
+        ledger_only |= {r["key"] for r in refunds if r["key"]}  # the undos: never naive here
         ledger_only |= {key for key in self.keys if key.endswith(":approval")}
         replayed = set(REPLAYED.findall(self.receiver_log())) & ledger_only
         assert not replayed, self.report(
@@ -494,12 +501,29 @@ class Learner(RuleBasedStateMachine):
         per_ticket = collections.Counter(r["ticket_id"] for r in refunds)
         twice = {ticket: n for ticket, n in per_ticket.items() if n > 1}
         assert not twice, self.report(f"charges refunded more than once: {twice}")
-        charges = {by_key.get(f"{op}:charge"): op for op in self.capacity_refused}
+        refused = self.capacity_refused | self.carrier_refused
+        charges = {by_key.get(f"{op}:charge"): op for op in refused}
         unrefused = [r for r in refunds if r["ticket_id"] not in charges]
         assert not unrefused, self.report(
-            "refunds of a charge whose reservation was never refused for capacity "
-            f"(refused so: {sorted(self.capacity_refused)}): {unrefused}"
+            "refunds of a charge whose reservation or shipment was never refused "
+            f"(refused so: {sorted(refused)}): {unrefused}"
         )
+        self.check_the_releases()
+
+    def check_the_releases(self):
+        """Lab 13's other undo: at most one release per reservation, and only of a reservation
+        whose saga's shipment was refused (no carrier); the receiver's seats never more than
+        its 10."""
+        listed = get(self.receiver.url + "/releases")
+        reservations = get(self.receiver.url + "/reservations")["reservations"]
+        by_key = {r["key"]: r["reservation_id"] for r in reservations}
+        per_reservation = collections.Counter(r["reservation_id"] for r in listed["releases"])
+        twice = {made: n for made, n in per_reservation.items() if n > 1}
+        assert not twice, self.report(f"reservations released more than once: {twice}")
+        held = {by_key.get(f"{op}:reserve") for op in self.carrier_refused}
+        stray = [r for r in listed["releases"] if r["reservation_id"] not in held]
+        assert not stray, self.report(f"releases of a reservation never refused a carrier: {stray}")
+        assert listed["seats_left"] <= 10, self.report(f"seats freed twice: {listed}")
 
     # --- one command, and what every command must show ---
 
@@ -572,6 +596,8 @@ class Learner(RuleBasedStateMachine):
             if event["event"] == "refused" and "no capacity" in event.get("error", ""):
                 op = (made.operation if made else None) or "?"
                 self.capacity_refused.add(op)
+            if event["event"] == "refused" and "no carrier" in event.get("error", ""):
+                self.carrier_refused.add((made.operation if made else None) or "?")
             if made is not None:
                 made.saved |= saved_fields(event)
         migrated = [e for e in outcome.events if e["event"] == "migrated"]

@@ -609,6 +609,70 @@ def reserved_twice(server):
     return reserve(server, ticket_id, 2, key)
 
 
+def a_reservation(server):
+    """A reservation of one seat, released at once: its seat back, so the module's receiver
+    never runs out of seats for the answers that need a reservation."""
+    reply = reserve(server, a_ticket(server), 1, fresh_key())
+    assert reply.status == 201, reply
+    made = reply.json()["reservation_id"]
+    request(server, "POST", "/releases", {"reservation_id": made})
+    return made
+
+
+def ship(server, reservation_id, key=None, country="FR"):
+    headers = [] if key is None else [("Idempotency-Key", key)]
+    body = {"reservation_id": reservation_id, "country": country}
+    return request(server, "POST", "/shipments", body, headers)
+
+
+def release(server, reservation_id, key=None):
+    headers = [] if key is None else [("Idempotency-Key", key)]
+    return request(server, "POST", "/releases", {"reservation_id": reservation_id}, headers)
+
+
+def sent_twice(send, other=False):
+    """The same key twice: for the same reservation (200), or another one (other: 409)."""
+
+    def provoke(server):
+        key, made = fresh_key(), a_reservation(server)
+        send(server, made, key)
+        return send(server, a_reservation(server) if other else made, key)
+
+    return provoke
+
+
+def saga_answers():
+    """The answers of lab 13's /shipments and /releases: each a keyed route like /refunds."""
+    answers = {}
+    for path, send in (("/shipments", ship), ("/releases", release)):
+        table, target = path.strip("/"), path.encode()
+        for method in ("GET", "HEAD"):
+            m = method.lower()
+            answers[(path, m, "200")] = lambda s, m=method, p=path: request(s, m, p)
+            answers[(path, m, "400")] = lambda s, m=method, p=path: request(s, m, p + "?key=a%20b")
+            answers[(path, m, "503")] = without_the_table(method, table)
+        answers |= {
+            (path, "post", "201"): lambda s, send=send: send(s, a_reservation(s), fresh_key()),
+            (path, "post", "200"): sent_twice(send),
+            (path, "post", "400"): lambda s, t=target: exchange(s, post_bytes(b"{", target=t)),
+            (path, "post", "404"): lambda s, send=send: send(s, 2**63 - 1),
+            (path, "post", "408"): lambda s, t=target: exchange(
+                s, post_bytes(target=t)[:-5], half_close=False
+            ),
+            (path, "post", "409"): sent_twice(send, other=True),
+            (path, "post", "411"): lambda s, t=target: exchange(
+                s, post_bytes(length=None, target=t)
+            ),
+            (path, "post", "413"): lambda s, t=target: exchange(
+                s, post_bytes(title_body("x" * 5000), target=t)
+            ),
+            (path, "post", "503"): post_locked(path),
+        }
+    no_carrier = lambda s: ship(s, a_reservation(s), country="AQ")  # noqa: E731
+    answers[("/shipments", "post", "409")] = (no_carrier, sent_twice(ship, other=True))
+    return answers
+
+
 def post_locked(target):
     """A POST to target while another process holds the database's write lock: 503."""
 
@@ -619,6 +683,8 @@ def post_locked(target):
             holder.execute("BEGIN EXCLUSIVE")
             body = {
                 "/reservations": {"ticket_id": ticket_id, "seats": 1},
+                "/shipments": {"reservation_id": 1, "country": "FR"},
+                "/releases": {"reservation_id": 1},
                 "/messages": {"to": "someone", "text": "a message"},
                 "/webhooks": {"url": "http://127.0.0.1:9/webhook"},
                 "/progress": {"ticket_id": ticket_id, "statuses": ["opened"]},
@@ -892,6 +958,7 @@ ANSWERS = {  # (path, method, status) documented in openapi.yaml -> a request th
     (ANY, "", "503"): past_the_connection_cap,
     (ANY, "", "505"): lambda s: exchange(s, b"GET /health HTTP/2.0\r\n\r\n"),
 }
+ANSWERS |= saga_answers()
 DOCUMENTED = [
     (path, method, status, pointer("paths", path, method, "responses", status))
     for path, operations in OPENAPI["paths"].items()
@@ -905,7 +972,8 @@ def statuses_api_py_sends():
     serves), api.py (its core) and httpguard.py answer with: ClientError(N, ...) and
     `return/assign N, body`."""
     found = set()
-    names = ("labs/keyless_providers.py", "labs/receiver.py", "labs/webhooks.py")
+    names = ("labs/keyless_providers.py", "labs/receiver.py", "labs/saga_store.py")
+    names += ("labs/webhooks.py",)
     source = "".join((ROOT / name).read_text() for name in (*names, "api.py", "httpguard.py"))
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "ClientError":

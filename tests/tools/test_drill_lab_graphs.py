@@ -29,7 +29,7 @@ from tools.local import ROOT, ReceiverProcess, free_port, lab_env
 AFTER_ACK = next(row for row in MATRIX if (row.boundary, row.durability) == ("after-ack", "sync"))
 TICKET_AFTER_ACK = "put_writes create_ticket [ticket_id]"  # effectdrill's name for that moment
 EVENT = {"event_id": "{thread}", "ticket": "{thread}", "status": "resolved", "version": 1}  # lab 18
-SAGA = {"operation_id": "{thread}", "title": "{thread}", "seats": 11}  # 11: refused (lab 13)
+SAGA = {"operation_id": "{thread}", "title": "{thread}", "seats": 2, "ship_to": "AQ"}  # refused
 OUTBOX = {"operation_id": "{thread}", "title": "{thread}"}  # lab 19
 CONVERSATION = {"conversation": "{thread}"}  # lab 20
 ASSISTANT_REPEATS = {  # lab 20: a kill inside the handler, after one email or after both
@@ -77,8 +77,15 @@ def ticket_drill(mode):
 
 DRILLS = {
     **{f"ticket-{mode}": ticket_drill(mode) for mode in modes_lesson.MODES},
-    "saga-naive": Drill(
-        saga, {**SAGA, "mode": "naive"}, frozenset({("put_writes refund [refund_id]", "refund", 2)})
+    "saga-naive": Drill(  # lab 13: no carrier ships to AQ, so both undos run, unkeyed
+        saga,
+        {**SAGA, "mode": "naive"},
+        frozenset(
+            {
+                ("put_writes release [branch:to:refund, release_id]", "release", 2),
+                ("put_writes refund [refund_id]", "refund", 2),
+            }
+        ),
     ),
     "saga-safe": Drill(saga, {**SAGA, "mode": "safe"}),
     "saga-ledger": Drill(saga, {**SAGA, "mode": "ledger"}, ledger=True),

@@ -1,8 +1,10 @@
-"""Lab 13's saga against a real receiver: charge, a refused reservation, the refund.
+"""Lab 13's saga against a real receiver: charge, reserve, ship; a refused step undoes the
+completed ones in reverse order (release the seats, then refund the charge).
 
-The drill (effectdrill, real forks and SIGKILLs) runs over the whole saga and an observer counts
-the receiver's refunds: without a key the refund repeats at exactly one crash point, the one
-after the refund's answer and before its result is saved; keyed by op:refund it never does.
+The drill (effectdrill, real forks and SIGKILLs) runs over the whole saga, forward and backward,
+and an observer counts the receiver's charges, reservations, releases and refunds: without a key
+each undo repeats at exactly one crash point, the one after its answer and before its result is
+saved; keyed by what its step made (OP:release:reservation-N) it never does.
 The CLI's own crash (--crash-at, a real process that gets its SIGKILL) shows the same, and a
 kill in each effect's window (--crash-at after-send: the receiver has answered, the ledger has
 no receipt yet) ends in the lookup adopting what the receiver made: its /metrics counts no
@@ -19,14 +21,15 @@ from workflow_helpers import events
 
 import effectdrill
 from labs import cli as lab_py
-from labs import saga
+from labs import saga, saga_store
 from tools.local import events as local_events
 from tools.local import run_workflow_here
 
-REFUSED = (
-    11  # seats: more than the receiver has (labs/receiver.py's SEATS, 10), so the reservation fails
-)
-AFTER_THE_REFUNDS_ANSWER = "put_writes refund [refund_id]"  # the drill's name for that point
+REFUSED = 11  # seats: more than the receiver has (labs/saga_store.py's SEATS, 10): refused
+NO_CARRIER = "AQ"  # no carrier ships there (labs/saga_store.py's CARRIERS): the shipment refused
+AFTER_THE_REFUNDS_ANSWER = "put_writes refund [refund_id]"  # the drill's names for those points
+AFTER_THE_RELEASES_ANSWER = "put_writes release [branch:to:refund, release_id]"
+MADE = ("tickets", *saga_store.LISTED)  # the receiver's tables a saga's POSTs make rows in
 
 
 @pytest.fixture
@@ -35,7 +38,8 @@ def drill(receiver, monkeypatch):
     monkeypatch.setenv("API_URL", receiver.url)
 
     def run(mode, durability="sync"):
-        data = {"operation_id": "{thread}", "title": "{thread}", "seats": REFUSED, "mode": mode}
+        data = {"operation_id": "{thread}", "title": "{thread}", "seats": 2, "mode": mode}
+        data["ship_to"] = NO_CARRIER  # every run goes forward three steps, then back two
         return effectdrill.drill(
             saga.graph, data, saga.observe, durability=durability, context=saga.context()
         )
@@ -43,30 +47,34 @@ def drill(receiver, monkeypatch):
     return run
 
 
-def test_naive_refunds_twice_at_exactly_the_point_after_the_refunds_answer(drill):
+def test_naive_undoes_twice_at_exactly_the_points_after_each_undos_answer(drill):
     report = drill("naive")
 
-    assert report.clean == {"sync": {"charge": 1, "refund": 1}}
+    once = {"charge": 1, "reservation": 1, "release": 1, "refund": 1}
+    assert report.clean == {"sync": once}
+    releases = {row.point: row.counts("release") for row in report.rows}
     refunds = {row.point: row.counts("refund") for row in report.rows}
-    assert refunds.pop(AFTER_THE_REFUNDS_ANSWER) == [2]
-    assert len(refunds) == 8 and set(map(tuple, refunds.values())) == {(1,)}
+    assert releases.pop(AFTER_THE_RELEASES_ANSWER) == refunds.pop(AFTER_THE_REFUNDS_ANSWER) == [2]
+    assert set(map(tuple, releases.values())) == {(1,)} and len(releases) == 12
     assert {tuple(row.counts("charge")) for row in report.rows} == {(1,)}  # keyed: once
-    assert [(f["point"], f["effect"], f["count"]) for f in report.duplicates] == [
-        (AFTER_THE_REFUNDS_ANSWER, "refund", 2)
+    assert sorted((f["point"], f["effect"], f["count"]) for f in report.duplicates) == [
+        (AFTER_THE_REFUNDS_ANSWER, "refund", 2),
+        (AFTER_THE_RELEASES_ANSWER, "release", 2),
     ]
     assert report.missing == [] and report.failed == []
 
 
 @pytest.mark.parametrize("durability", ["sync", "async", "exit"])
-def test_safe_refunds_once_at_every_crash_point(drill, durability):
+def test_safe_undoes_each_step_once_at_every_crash_point(drill, durability):
     report = drill("safe", durability)
 
     assert report.rows, "the drill found no crash point"
     assert {row.point for row in report.rows} >= (
-        {AFTER_THE_REFUNDS_ANSWER} if durability != "exit" else set()
+        {AFTER_THE_RELEASES_ANSWER, AFTER_THE_REFUNDS_ANSWER} if durability != "exit" else set()
     )
     for row in report.rows:
-        assert row.counts("refund") == [1] and row.counts("charge") == [1], row.as_json()
+        for effect in ("charge", "reservation", "release", "refund"):
+            assert row.counts(effect) == [1], row.as_json()
     assert report.ok, report.table()
 
 
@@ -102,13 +110,19 @@ def refunds(lab):
     return listed["refunds"]
 
 
+def releases(lab):
+    """The receiver's releases, and the seats it says are left (10 when every hold is undone)."""
+    (listed,) = events(run_workflow_here(["saga", "releases"], lab))
+    return listed["releases"], listed["seats_left"]
+
+
 def posts(receiver):
     """What the receiver's POSTs did, from its GET /metrics: made (created), replayed (a key it
     knew: a second request), refused (a 409 key_conflict)."""
     with urllib.request.urlopen(receiver.url + "/metrics") as response:
         text = response.read().decode()
     names = {
-        "made": ("tickets_created", "reservations_created", "refunds_created"),
+        "made": tuple(f"{table}_created" for table in MADE),
         "replayed": ("idempotent_replays",),
         "refused": ("key_conflicts",),
     }
@@ -143,12 +157,13 @@ def test_a_crash_after_the_refunds_answer_then_resume(receiver, lab, tmp_path, m
     if mode == "naive":  # no key, no ledger: a second request, a second refund
         assert again == {"event": "refunded", "created": True, "refund_id": 2}
     else:  # the ledger's receipt answered: the receiver heard no second refund request
-        key = "case-13:book:v1:refund"
+        key = "case-13:book:v1:refund:ticket-1"
         assert again == {"event": "refunded", "how": "receipt", "key": key, "refund_id": 1}
         assert posts(receiver) == {"made": 2, "replayed": 0, "refused": 0}
     assert [r["refund_id"] for r in refunds(lab)] == made
-    key = "case-13:book:v1:refund" if mode == "safe" else None
+    key = "case-13:book:v1:refund:ticket-1" if mode == "safe" else None
     assert {r["key"] for r in refunds(lab)} == {key}
+    assert releases(lab) == ([], 10)  # the reservation was refused: nothing to release
 
 
 def test_a_kill_in_the_window_of_the_charge_then_of_the_refund_is_adopted_by_lookup(
@@ -173,7 +188,7 @@ def test_a_kill_in_the_window_of_the_charge_then_of_the_refund_is_adopted_by_loo
     done = run_workflow_here(resume, lab)
 
     assert done.returncode == 0, done.stderr
-    key = "case-w:book:v1:refund"
+    key = "case-w:book:v1:refund:ticket-1"
     assert events(done)[0] == {"event": "refunded", "how": "adopted", "key": key, "refund_id": 1}
     assert events(done)[-1]["refund_id"] == 1 and events(done)[-1]["ticket_id"] == 1
     assert posts(receiver) == {"made": 2, "replayed": 0, "refused": 0}  # a ticket, a refund
@@ -204,12 +219,13 @@ def test_reconcile_settles_a_saga_effect_killed_in_its_window(receiver, lab, tmp
     assert posts(receiver) == {"made": 2, "replayed": 0, "refused": 0}
 
 
-def test_a_kill_in_the_window_of_the_reservation_is_adopted_in_naive_mode_too(
+def test_a_kill_in_the_window_of_the_reservation_then_of_the_shipment_is_adopted(
     receiver, lab, tmp_path
 ):
-    """--mode naive decides only the refund: the charge and the reservation go through the
-    ledger in both modes. Killed after the charge's receipt, the resume sends no charge; killed
-    in the reservation's window, the next one adopts the reservation."""
+    """--mode naive decides only the undos: the forward steps go through the ledger in both
+    modes. Killed after the charge's receipt, the resume sends no charge; killed in the
+    reservation's window, then in the shipment's, each next run adopts what the receiver made.
+    The shipment's outcome was unknown until the lookup settled it: shipped, nothing undone."""
     start = ["saga", "start", "--thread", "r", "--mode", "naive", "--seats", "2"]
     assert killed([*start, "--crash-at", "after-charge-ack"], lab, tmp_path)[0] == -9
     resume = ["saga", "resume", "--thread", "r"]
@@ -219,13 +235,45 @@ def test_a_kill_in_the_window_of_the_reservation_is_adopted_in_naive_mode_too(
         {"event": "charged", "how": "receipt", "key": f"{key}:charge", "ticket_id": 1},
         {"event": "crash", "at": "after-send"},
     ]
+    code, in_the_shipment = killed([*resume, "--crash-at", "after-send"], lab, tmp_path)
+    adopted = {"event": "reserved", "how": "adopted", "key": f"{key}:reserve", "reservation_id": 1}
+    assert code == -9 and in_the_shipment == [adopted, {"event": "crash", "at": "after-send"}]
     done = run_workflow_here(resume, lab)
 
     assert done.returncode == 0, done.stderr
-    adopted = {"event": "reserved", "how": "adopted", "key": f"{key}:reserve", "reservation_id": 1}
-    assert events(done)[0] == adopted
-    assert posts(receiver) == {"made": 2, "replayed": 0, "refused": 0}  # a ticket, 2 seats
-    assert refunds(lab) == []
+    shipped = {"event": "shipped", "how": "adopted", "key": f"{key}:ship", "shipment_id": 1}
+    assert [e["event"] for e in events(done)] == ["shipped", "done"] and events(done)[0] == shipped
+    assert posts(receiver) == {"made": 3, "replayed": 0, "refused": 0}  # a ticket, 2 seats, a ship
+    assert refunds(lab) == [] and releases(lab) == ([], 8)
+
+
+def test_killed_at_every_point_forward_and_backward_each_step_and_undo_happens_once(
+    receiver, lab, tmp_path
+):
+    """A saga whose shipment is refused, killed at each point of its path in turn: in each
+    effect's window (after-send: answered, no receipt yet) and after each answer (the node not
+    returned). Each resume goes on from where the last one died. The receiver ends with one
+    charge, one reservation, no shipment, one release of that reservation and one refund of
+    that charge, in that order, every seat back, and no key it heard twice."""
+    points = ["after-send", "after-charge-ack", "after-send", "after-reserve-ack", "after-send"]
+    points += ["after-release-ack", "after-send", "after-refund-ack"]
+    start = ["saga", "start", "--thread", "k", "--seats", "2", "--ship-to", NO_CARRIER]
+    for number, point in enumerate(points):
+        typed = start if number == 0 else ["saga", "resume", "--thread", "k"]
+        code, printed = killed([*typed, "--crash-at", point], lab, tmp_path)
+        assert code == -9 and printed[-1] == {"event": "crash", "at": point}, printed
+    done = run_workflow_here(["saga", "resume", "--thread", "k"], lab)
+
+    assert done.returncode == 0, done.stderr
+    key = "case-013:book:v1:refund:ticket-1"
+    assert events(done)[0] == {"event": "refunded", "how": "receipt", "key": key, "refund_id": 1}
+    assert posts(receiver) == {"made": 4, "replayed": 0, "refused": 0}
+    released = [{"key": "case-013:book:v1:release:reservation-1", "release_id": 1}]
+    assert [{k: r[k] for k in ("key", "release_id")} for r in releases(lab)[0]] == released
+    assert releases(lab)[1] == 10
+    assert [(r["refund_id"], r["ticket_id"]) for r in refunds(lab)] == [(1, 1)]
+    made = re.findall(r"created key=\S+ (\w+)=", receiver.log_path.read_text())
+    assert made == ["ticket", "reservation", "release", "refund"], made  # the undos reversed
 
 
 def test_a_refusal_is_kept_and_every_later_attempt_is_answered_from_the_ledger(receiver, lab):
@@ -242,19 +290,20 @@ def test_a_refusal_is_kept_and_every_later_attempt_is_answered_from_the_ledger(r
     assert events(again)[:3] == [
         {"event": "charged", "how": "receipt", "key": f"{key}:charge", "ticket_id": 1},
         {"event": "refused", "how": "receipt", "key": f"{key}:reserve", "error": error},
-        {"event": "refunded", "how": "receipt", "key": f"{key}:refund", "refund_id": 1},
+        {"event": "refunded", "how": "receipt", "key": f"{key}:refund:ticket-1", "refund_id": 1},
     ]
     assert posts(receiver) == before == {"made": 2, "replayed": 0, "refused": 0}
     assert [r["ticket_id"] for r in refunds(lab)] == [1]
+    assert releases(lab) == ([], 10)  # refused, the reservation made nothing: nothing released
 
 
 def test_a_reservation_with_seats_left_ends_the_saga_without_a_refund(receiver, lab):
     done = run_workflow_here(["saga", "start", "--thread", "ok", "--seats", "2"], lab)
 
     assert done.returncode == 0, done.stderr
-    assert [e["event"] for e in events(done)] == ["charged", "reserved", "done"]
-    assert events(done)[-1]["reservation_id"] == 1 and "refund_id" not in events(done)[-1]
-    assert refunds(lab) == []
+    assert [e["event"] for e in events(done)] == ["charged", "reserved", "shipped", "done"]
+    assert events(done)[-1]["shipment_id"] == 1 and "refund_id" not in events(done)[-1]
+    assert refunds(lab) == [] and releases(lab) == ([], 8)
 
 
 @pytest.mark.parametrize(
@@ -295,13 +344,20 @@ def test_only_a_no_capacity_refusal_is_compensated_a_key_conflict_stops_the_run(
     assert "not sent: the ledger holds" in conflict.stderr and "not refunded" in conflict.stderr
     charged = {"event": "charged", "how": "receipt", "key": "case-k:book:v1:charge", "ticket_id": 1}
     assert events(conflict) == [charged]
-    assert posts(receiver) == {"made": 2, "replayed": 0, "refused": 0}
+    assert posts(receiver) == {"made": 3, "replayed": 0, "refused": 0}
+    elsewhere_to = run_workflow_here(
+        [*saga, "--thread", "d", "--seats", "2", "--ship-to", "DE"], lab
+    )
+    assert elsewhere_to.returncode == 1 and elsewhere_to.stderr.count("\n") == 1
+    assert "shipment not sent: the ledger holds the key case-k:book:v1:ship" in elsewhere_to.stderr
+    assert "reservation 1 is not released" in elsewhere_to.stderr, elsewhere_to.stderr
+    assert posts(receiver) == {"made": 3, "replayed": 0, "refused": 0}
     elsewhere = dict(lab, CHECKPOINT_DB=str(tmp_path / "another" / "checkpoints.sqlite"))
     conflict = run_workflow_here([*saga, "--thread", "b", "--seats", "3"], elsewhere)
     assert conflict.returncode == 1 and conflict.stderr.count("\n") == 1, conflict.stderr
     assert "409 key_conflict" in conflict.stderr and "not refunded" in conflict.stderr
     assert events(conflict) == [{"event": "charged", "created": False, "ticket_id": 1}]
-    assert posts(receiver) == {"made": 2, "replayed": 1, "refused": 1}
+    assert posts(receiver) == {"made": 3, "replayed": 1, "refused": 1}
     assert refunds(lab) == []
 
     refused = run_workflow_here(["saga", "start", "--thread", "c", "--seats", "9"], lab)
