@@ -360,14 +360,17 @@ class Deliveries:
     """One thread delivers the store's pending events to its subscriber, a round at a time.
 
     ask() after a commit asks for a round that begins after it; wait(asked, seconds) waits for
-    that round to end: {"delivered" by the rounds since, "pending" after the last}."""
+    that round to end: {"delivered" since the ask, "pending" after the last round}. A round
+    that began before the ask may read the store after it (and deliver what the ask's commit
+    made): each delivery is counted by the ask count at its time, not by its round's start."""
 
     def __init__(self, store, metrics, keys, allowed, log, getaddrinfo=socket.getaddrinfo):
         self.store, self.metrics, self.keys, self.allowed = store, metrics, keys, allowed
         self.log, self.getaddrinfo = log, getaddrinfo  # getaddrinfo: a test's resolver
         self.changed = threading.Condition()
         self.asked = self.done = 0  # rounds asked for; the asked count the last round began at
-        self.rounds = collections.deque(maxlen=64)  # (asked when it began, delivered, pending)
+        self.rounds = collections.deque(maxlen=64)  # (asked when it began, pending after it)
+        self.delivered = collections.deque(maxlen=1024)  # the ask count when each was delivered
         threading.Thread(target=self.run, name="webhook deliveries", daemon=True).start()
 
     def ask(self):
@@ -381,8 +384,8 @@ class Deliveries:
         passed: pending then as the store has it now)."""
         with self.changed:
             ended = self.changed.wait_for(lambda: self.done >= asked, seconds)
-            delivered = sum(d for began, d, _ in self.rounds if began >= asked)
-            pending = self.rounds[-1][2] if ended else None
+            delivered = sum(1 for count in self.delivered if count >= asked)
+            pending = self.rounds[-1][1] if ended else None
         if pending is None:
             pending = len(pending_events(self.store)[1])
         return {"delivered": delivered, "pending": pending}
@@ -392,16 +395,16 @@ class Deliveries:
             with self.changed:
                 self.changed.wait_for(lambda: self.asked > self.done)
                 began = self.asked
-            delivered, pending = self.round()
+            pending = self.round()
             with self.changed:
                 self.done = began
-                self.rounds.append((began, delivered, pending))
+                self.rounds.append((began, pending))
                 self.changed.notify_all()
 
     def round(self):
         """Every pending event to the subscriber, in order (reorder: newest first), each until
         a 2xx or WEBHOOK_ATTEMPTS tries; the first that gets none ends the round (the
-        subscriber is down: the rest wait for the next). (delivered, pending)"""
+        subscriber is down: the rest wait for the next). The events still pending after it."""
         delivered, events = 0, []
         try:
             url, events = pending_events(self.store)
@@ -412,12 +415,14 @@ class Deliveries:
                     break
                 mark_delivered(self.store, each["event_id"])
                 delivered += 1
+                with self.changed:
+                    self.delivered.append(self.asked)
                 if fail("redeliver") == "on":  # a sender that lost track of its 2xx
                     self.deliver(url, each)
-            return delivered, len(pending_events(self.store)[1])
+            return len(pending_events(self.store)[1])
         except Exception as error:  # the database busy or gone: the events stay pending
             self.log(f"delivery round stopped ({error}); the events stay pending")
-            return delivered, max(len(events) - delivered, 0)
+            return max(len(events) - delivered, 0)
 
     def deliver(self, url, each):
         """POST the event to url until a 2xx, at most WEBHOOK_ATTEMPTS times: whether one came.
