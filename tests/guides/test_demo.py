@@ -356,29 +356,6 @@ def test_an_image_build_counts_its_seconds_from_the_first_on_a_terminal():
     assert shown.getvalue().endswith("\r\x1b[K")  # erased: the demo prints the total after it
 
 
-@pytest.mark.docker
-def test_the_docker_demo_runs_in_its_own_project_and_leaves_nothing(capsys):
-    from tools.local import run_command
-
-    project = os.environ.get("LAB_DOCKER_PROJECT", "stateful-lab-test") + "-demo"
-    code = demo.main(["--backend", "docker", "--project", project, str(LAB01)])
-    out, err = capsys.readouterr()
-    assert code == 0, out + err
-    assert f"run in the Compose project {project}, not stateful-lab" in out
-    assert "$ docker compose -p stateful-lab run --rm workflow tickets" in out  # as written
-    assert "case-naive:open-ticket:v1: 2 tickets for one operation (duplicate)" in out
-    assert re.search(r"  building the image\.\.\. \d+\.\d s\n", out)
-    # `logs api`, as Compose prints it (v2 `api-1  |`, v1 `api_1  |`): the receiver's own lines
-    assert re.search(r"^api[-_]1 +\| receiver: created key=None ticket=2$", out, re.M), out
-    assert "Step 1/" not in out  # no build output in the story
-    label = f"label=com.docker.compose.project={project}"
-    for kind in ("container", "volume", "network"):
-        listing = ["docker", kind, "ls", "-q", "--filter", label]
-        if kind == "container":
-            listing.insert(3, "-a")
-        assert run_command(listing).stdout.split() == [], f"{kind}s left behind"
-
-
 def test_a_guide_that_does_not_exist_is_one_line_and_exit_2(capsys):
     assert demo.main(["--backend", "local", "labs/99-no-such-guide.md"]) == demo.EXIT_USAGE
     err = capsys.readouterr().err

@@ -2,7 +2,8 @@
 screen read at each prompt. The output a command printed is on screen, down to its last line,
 at the first prompt after it (the guide's text about it is paged, never pushed above it), a
 drill's long table is its summary with the whole folded, and no line is wider than the
-terminal. Labs 01, 16 and 20, natively and through Docker (a Compose project of the test's own).
+terminal. Labs 01, 16 and 20, natively and through Docker (a Compose project of the test's own,
+left empty).
 """
 
 import os
@@ -14,7 +15,7 @@ import sys
 
 import pytest
 
-from tools.local import ROOT, wait_until
+from tools.local import ROOT, run_command, wait_until
 from tools.runner import parse_guide
 
 ROWS, COLUMNS = 32, 120
@@ -25,6 +26,7 @@ GUIDES = [
     "20-the-assistant-that-sends-email.md",
 ]
 DEADLINE_S = 300  # a hang guard for one command, not a speed bound
+PROJECT = os.environ.get("LAB_DOCKER_PROJECT", "stateful-lab-test") + "-room"
 
 pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="no tmux")
 
@@ -54,7 +56,7 @@ def tell_in_tmux(tmp_path, backend="local"):
     tmux = Tmux(f"demo-room-{tmp_path.name}")
     command = [
         sys.executable, "-m", "tools.demo", "--backend", backend, "--step",
-        "--project", os.environ.get("LAB_DOCKER_PROJECT", "stateful-lab-test") + "-room",
+        "--project", PROJECT,
         "--pictures", str(tmp_path / "pictures"), *(str(ROOT / "labs" / g) for g in GUIDES),
     ]  # fmt: skip
     shell = f"cd {ROOT} && {shlex.join(command)}; echo DEMO-EXIT $?; sleep 3600"
@@ -133,3 +135,25 @@ def test_at_each_prompt_the_last_commands_output_is_on_screen(tmp_path, backend)
     assert "durability sync: 20 crash points: 18 ok (as the clean run), 2 not:" in text
     wrapped = [line for line in joined if len(line) >= COLUMNS]  # the terminal broke them
     assert wrapped == [], wrapped
+    if backend == "docker":
+        assert_the_docker_demo_ran_in_its_own_project_and_left_nothing(" ".join(joined))
+
+
+def assert_the_docker_demo_ran_in_its_own_project_and_left_nothing(text):
+    """Through Docker the demo runs in a Compose project of its own (never the learner's
+    stateful-lab), shows each command as the guide writes it, tells the build by its seconds
+    and not its output, shows the receiver's own lines (`logs api`, Compose v2 `api-1  |`, v1
+    `api_1  |`), and leaves no container, volume or network of its project behind."""
+    text = re.sub(r"\s+", " ", text)  # the projector breaks long lines between words
+    assert f"run in the Compose project {PROJECT}, not stateful-lab" in text
+    assert "$ docker compose -p stateful-lab run --rm workflow tickets" in text  # as written
+    assert "case-naive:open-ticket:v1: 2 tickets for one operation (duplicate)" in text
+    assert re.search(r" building the image\.\.\. \d+\.\d s ", text)
+    assert re.search(r" api[-_]1 +\| receiver: created key=None ticket=2 ", text), text
+    assert "Step 1/" not in text  # no build output in the story
+    label = f"label=com.docker.compose.project={PROJECT}"
+    for kind in ("container", "volume", "network"):
+        listing = ["docker", kind, "ls", "-q", "--filter", label]
+        if kind == "container":
+            listing.insert(3, "-a")
+        assert run_command(listing).stdout.split() == [], f"{kind}s left behind"
