@@ -185,9 +185,15 @@ DEMO_VERDICTS = {
             "case-in-node-ledger:open-ticket:v1: 1 ticket, asked for approval once, approve took "
             "ticket 6 from the ledger's receipt",
             "case-own-node:open-ticket:v1: 1 ticket, asked for approval once",
+            # the bound approval: killed after the yes, the title edited, the resume refused
+            #   (its approval is for the old request), approved again and sent under that one
+            "case-bound:open-ticket:v1: 1 ticket, asked for approval once, approve killed at "
+            "before-request, resume refused (exit 77): approval 1 is for request "
+            "sha256:0efdf5f011b0 and the request now is sha256:353f52b80bf7, nothing sent, "
+            "approve sent it under approval 2 (sha256:353f52b80bf7, by ana)",
         ],
         "What the labs showed: naive: 1 of 2 operations duplicated; "
-        "safe: 0 of 1 operation duplicated; ledger: 0 of 1 operation duplicated",
+        "safe: 0 of 1 operation duplicated; ledger: 0 of 2 operations duplicated",
     ),
     "10": (
         [  # background workers' tickets by their key; the frozen naive worker's keyless
