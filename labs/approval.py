@@ -17,6 +17,7 @@ an approval.
 
 import dataclasses
 import shlex
+import sys
 import time
 
 import effects
@@ -71,6 +72,12 @@ def check_approval(args, snapshot):
     if approving and not snapshot.values:
         raise UserError(
             f"no thread {args.thread!r} waits for approval; check --thread", EXIT_THREAD
+        )
+    if approving and not waiting and asks_again(snapshot):  # edited while it waited
+        raise UserError(
+            f"thread {args.thread!r} has not asked since its request changed; "
+            f"{command(f'resume --thread {shlex.quote(args.thread)}')} asks again",
+            EXIT_THREAD,
         )
     if approving and not waiting and not refused_before_send(snapshot):
         raise UserError(f"thread {args.thread!r} is not waiting for approval", EXIT_THREAD)
@@ -253,8 +260,18 @@ def edit_title(args, graph, contract):
     if not snapshot.next:
         raise UserError(f"thread {args.thread!r} is done; nothing will send its title", EXIT_THREAD)
     config = {**thread_config(args.thread), "metadata": {"contract": contract}}  # kept as it was
-    graph.update_state(config, {"title": args.title})
+    graph.update_state(config, {"title": args.title})  # a wait's question is dropped with it
     emit("edited", thread=args.thread, title=args.title)
+    if snapshot.interrupts:  # the question shown was about the request before the edit
+        resume = command(f"resume --thread {shlex.quote(args.thread)}")
+        print(f"labs: the request changed while it waited: {resume} asks again", file=sys.stderr)
+
+
+def asks_again(snapshot):
+    """Whether a --approval before run was edited while it waited: its question is gone, and
+    its approval node, run again, asks about the request as it is now."""
+    values = snapshot.values or {}
+    return values.get("approval") == "before" and list(snapshot.next) == ["approval"]
 
 
 def revoke(args, ledger, values):

@@ -248,6 +248,14 @@ def test_a_rejected_bound_approval_sends_nothing_and_naive_is_refused(receiver, 
     assert workflow(*bound_start("no", "case-no:v1")).returncode == 0
     rejected = workflow("approve", "--thread", "no", "--reject")
     assert names(rejected)[-2:] == ["approval", "done"] and sent_for(workflow, "case-no:v1") == []
+    assert workflow(*bound_start("asked", "case-asked:v1")).returncode == 0
+    edited = workflow("edit", "--thread", "asked", "--title", NEW)  # while it waits: asked again
+    (resume,) = printed(edited.stderr)
+    assert resume == "python -m labs resume --thread asked", edited.stderr
+    early = workflow("approve", "--thread", "asked")  # the question shown is gone
+    assert early.returncode == NO_THREAD and printed(early.stderr) == [resume]
+    asked = workflow(*shlex.split(resume.removeprefix("python -m labs ")))
+    assert events(asked)[-1]["request"] == {"title": NEW}, asked.stderr
     naive = workflow(*bound_start("naive", "case-naive:v1"), "--mode", "naive")
     assert naive.returncode == 2 and naive.stderr.count("\n") == 1
 
