@@ -174,7 +174,7 @@ APPROVED_TICKET = dataclasses.replace(
 
 
 def record_approval(ledger, key, thread, request, approver, valid_for_s):
-    """A new approval of request (its sha256) for key: the row, as newest_approval reads it."""
+    """A new approval of request (its sha256) for key, valid for valid_for_s: its id."""
     digest, now = effects.request_hash(request)[1], time.time()
     with ledger.transaction():
         make_table(ledger)
