@@ -93,6 +93,10 @@ class Effect:
     provider without lookup); by default {field: id} for an external_id given as a field name.
     look_with: the command (or address) that shows what the provider holds ({key} filled in),
     or a callable that gives it for a key (exitcodes.looking: a command of the running program).
+    authorize(ledger, key, request) -> what authorizes this very request (an approval's name,
+    kept on the row: Record.authorized), or it raises to refuse (nothing is sent, the row is
+    released, the error goes on up). Asked after the intent, before every send, never for a
+    receipt or an adopted effect: an authorization is reloaded and checked, never assumed fresh.
     """
 
     name: str
@@ -106,6 +110,7 @@ class Effect:
     answer_of: Callable | None = None
     look_with: str | Callable = "the provider's own records"
     provider: Provider | str | None = None  # None: API's client, named "the provider"
+    authorize: Callable | None = None  # None: no authorization is asked for
 
     def look(self, key):
         """What shows what the provider holds under key (look_with, for key)."""
@@ -170,6 +175,12 @@ class Effect:
                 ledger.move(key, "unknown", "no evidence it was not sent: a person must look")
                 raise Unsettled(key, self, record.since_sent_s)
             ledger.move(key, "requested", f"sent again: {why}")
+        if self.authorize is not None:  # PROPOSED -> AUTHORIZED, checked now, before it leaves
+            try:
+                ledger.authorize(key, self.authorize(ledger, key, request))
+            except Exception as refusal:
+                ledger.move(key, "released", f"not sent: not authorized: {refusal}")
+                raise
         fail("after-intent")  # the intent committed, nothing sent yet: a kill leaves requested
         sent = time.monotonic()  # the stop below says how long after it the lookup found nothing
         for again in (False, True):  # a keyed provider's lost answer: once more under the key

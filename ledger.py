@@ -68,6 +68,7 @@ class Record:
     refusal: dict | None = None  # the provider's no, once failed
     age_s: float = 0.0  # since its last transition
     since_sent_s: float = 0.0  # since the last request under the key may have left
+    authorized: str | None = None  # what authorized its last send (Effect.authorize)
 
 
 class Ledger:
@@ -161,6 +162,11 @@ class Ledger:
             )
             self.move_locked(key, row["state"], "confirmed", how)
         return answer
+
+    def authorize(self, key, authorized):
+        """Keep on key's row what authorized the send about to leave (an approval's name)."""
+        with self.transaction():
+            self.sql("UPDATE effects SET authorized = ? WHERE key = ?", (authorized, key))
 
     def extras(self):
         """[(key, external_id, how)]: what a provider made under a key beyond its receipt."""
@@ -389,6 +395,7 @@ class Ledger:
             None if row["refusal"] is None else json.loads(row["refusal"]),
             time.time() - row["updated_at"],
             time.time() - (row["sent_at"] or row["updated_at"]),
+            dict(row).get("authorized"),  # None in a ledger read before the column was added
         )
 
 

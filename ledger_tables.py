@@ -59,6 +59,7 @@ ADDED_COLUMNS = (  # added to effects since it was first made: ALTER TABLE where
     ("sent_at", "REAL"),  # when the last request under the key may have left
     ("owner", "TEXT"),  # the lease's holder: host:pid:ledger
     ("lease_until", "REAL"),  # past it, a holder still alive keeps nobody out
+    ("authorized", "TEXT"),  # what authorized its last send (Effect.authorize), or NULL
 )
 
 POSTGRES_SCHEMA = (

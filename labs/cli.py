@@ -5,7 +5,8 @@ workflow.py works here unchanged. Each switch lives in its lesson's module (labs
 table says which lab it is):
 
     --mode naive|safe|node-uuid|ledger, --crash-at, --crash     labs/modes.py       (01-06)
-    --approval [in-node|own-node], approve [--reject]           labs/approval.py    (07)
+    --approval [in-node|own-node|before], approve [--reject],   labs/approval.py    (07)
+    edit, revoke
     --durability, --crash-at step-boundary, --term-at           labs/boundaries.py  (04, 08, 09)
     LAB_GRAPH_VERSION, --no-contract, migrate                   labs/contract.py    (12)
     saga start|resume|state|refunds|releases                    labs/saga.py        (13)
@@ -31,7 +32,15 @@ import workflow
 from exitcodes import EXIT_THREAD, EXIT_USAGE, UserError, command, emit
 from httpguard import DEFAULT_WEBHOOK_SECRET as LAB_SECRET
 from labs import approval, hooks, inbox, keyless, outbox, relay, saga
-from labs.approval import APPROVAL_SHAPES, check_approval
+from labs.approval import (
+    APPROVAL_POINTS,
+    APPROVAL_SHAPES,
+    APPROVAL_TTL_S,
+    approve_bound,
+    check_approval,
+    edit_title,
+    require_ledger_mode,
+)
 from labs.boundaries import DURABILITIES, POINTS, TERM_POINTS, step_boundary_saver
 from labs.contract import (
     EFFECT_NODE,
@@ -53,7 +62,7 @@ from labs.threads import (
     typed_as,
 )
 
-LAB_TABLES = {**inbox.COLUMNS, **relay.COLUMNS}  # beside the checkpoints: the core knows none
+LAB_TABLES = {**inbox.COLUMNS, **relay.COLUMNS, **approval.COLUMNS}  # beside the checkpoints
 LESSON_EFFECTS = {  # every effect a lab declares, for reconcile (workflow.py's own TICKET too)
     **effects.declared(vars(workflow)),
     **effects.declared(vars(approval)),
@@ -65,6 +74,7 @@ LESSON_EFFECTS = {  # every effect a lab declares, for reconcile (workflow.py's 
 def start_ticket_run(args, settings):
     if args.mode in KEYLESS_MODES and not args.pay:
         raise UserError(f"--mode {args.mode} changes only the payment: add --pay", EXIT_USAGE)
+    require_ledger_mode(args)
     first = {"operation_id": args.operation, "title": args.title, "mode": args.mode}
     if args.approval:
         first["approval"] = args.approval
@@ -182,7 +192,10 @@ def run_under_contract(args, settings, graph_input):
             raise UserError(line, EXIT_THREAD)
         if head and not starting and not args.no_contract:  # only under its saved contract
             require_contract(graph, args.thread, current, RENAMES.get(args.graph_version))
-        check_approval(args, graph.get_state(checkpoints.thread_config(args.thread)))
+        snapshot = graph.get_state(checkpoints.thread_config(args.thread))
+        check_approval(args, snapshot)
+        if args.action == "approve" and snapshot.values.get("approval") == "before":
+            graph_input = approve_bound(args, snapshot, ledger)  # recorded before it goes on
         checkpoints.require_thread(graph, args.thread, starting, exists_hint(head))
         final = workflow.run_graph(
             graph, graph_input, args.thread, client, ledger, args.durability, {"contract": current}
@@ -194,6 +207,25 @@ def run_under_contract(args, settings, graph_input):
         return 0
     emit("done", **final)
     return 0
+
+
+def edit_command(args, settings):
+    with checkpoints.open_checkpointer(settings.checkpoint_db) as saver:
+        head = saver.get_tuple(checkpoints.thread_config(args.thread))
+        if head and (line := owning_command_line(head)):  # another command's thread
+            raise UserError(line, EXIT_THREAD)
+        contract = head.metadata.get("contract") if head else None
+        edit_title(args, graph_for(saver, args, head), contract)
+
+
+def revoke_command(args, settings):
+    with (
+        checkpoints.open_checkpointer(settings.checkpoint_db) as saver,
+        effects.open_ledger(settings.checkpoint_db, settings.lease_s) as ledger,
+    ):
+        head = saver.get_tuple(checkpoints.thread_config(args.thread))
+        values = head.checkpoint["channel_values"] if head else {}
+        approval.revoke(args, ledger, values)
 
 
 def migrate_command(args, settings):
@@ -232,7 +264,9 @@ def build_lab_parser(graph_version="1"):
             const="after-ack",
             help="same as --crash-at after-ack",
         )
-        crash.add_argument("--crash-at", choices=CRASH_POINTS, help="where the run dies")
+        crash.add_argument(
+            "--crash-at", choices=(*CRASH_POINTS, *APPROVAL_POINTS), help="where the run dies"
+        )
         sub.add_argument("--term-at", choices=TERM_POINTS, help="where the run gets SIGTERM")
         sub.add_argument("--durability", choices=DURABILITIES, default="sync")
     actions.choices["resume"].add_argument(
@@ -267,6 +301,25 @@ def build_lab_parser(graph_version="1"):
         help="checkpoint thread id (default: demo)",
     )
     sub.add_argument("--reject", dest="approve", action="store_false", help="answer no")
+    sub.add_argument("--by", default=os.environ.get("USER") or "unnamed", help="who approves")
+    sub.add_argument(
+        "--valid-for",
+        type=float,
+        default=APPROVAL_TTL_S,
+        metavar="SECONDS",
+        help=f"--approval before: how long the approval authorizes (default {APPROVAL_TTL_S:g})",
+    )
+    sub.add_argument(
+        "--crash-at", choices=(*CRASH_POINTS, *APPROVAL_POINTS), help="where the run dies"
+    )
+    thread = dict(default=commandline.Defaulted("demo"), help="checkpoint thread id")
+    sub = actions.add_parser("edit", help="change the title a saved run will send (lab 07)")
+    sub.set_defaults(run=edit_command)
+    sub.add_argument("--thread", **thread)
+    sub.add_argument("--title", required=True, help="the new title")
+    sub = actions.add_parser("revoke", help="withdraw a run's approval (lab 07, before)")
+    sub.set_defaults(run=revoke_command)
+    sub.add_argument("--thread", **thread)
     saga.add_saga_parser(actions)
     outbox.add_outbox_parser(actions)
     hooks.add_hooks_parser(actions)
@@ -283,6 +336,7 @@ def main(argv=None, environ=None):
     parser.set_defaults(graph_version=version, listen_host=environ.get("LISTEN_HOST", "127.0.0.1"))
     parser.set_defaults(webhook_secret=environ.get("WEBHOOK_SECRET") or LAB_SECRET)  # hooks
     points = (*POINTS, *saga.SAGA_ACKS, *outbox.OUTBOX_POINTS, *hooks.HOOK_POINTS)
+    points += tuple(p for p in APPROVAL_POINTS if p not in points)
     checkpoints.own_tables(
         LAB_TABLES
     )  # labs/inbox.py's and labs/relay.py's, beside the checkpoints

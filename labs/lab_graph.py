@@ -2,10 +2,17 @@
 switch in its lesson's module. WORKER_GRAPH's default (labs/workers.py): build_lab_graph.
 
     START -> prepare -> create_ticket [-> approval] [-> notify] [-> pay] -> END
+    START -> prepare -> approval -> create_ticket -> END      (--approval before; a no: END)
 """
 
 import workflow
-from labs.approval import approval_node, create_ticket_then_ask
+from labs.approval import (
+    after_approval,
+    approval_node,
+    ask_first,
+    create_ticket_then_ask,
+    send_approved,
+)
 from labs.contract import EFFECT_NODE
 from labs.keyless import add_notify, add_pay
 from labs.modes import MODES, LabTicketState, create_ticket_by_mode
@@ -25,13 +32,17 @@ def build_lab_graph(
 
     builder = StateGraph(LabTicketState, context_schema=workflow.Context)
     builder.add_node("prepare", workflow.prepare)
-    effect, name = (
-        create_ticket_then_ask if approval == "in-node" else create_ticket_by_mode,
-        EFFECT_NODE[version],
-    )
+    shapes = {"in-node": create_ticket_then_ask, "before": send_approved}
+    effect, name = shapes.get(approval, create_ticket_by_mode), EFFECT_NODE[version]
     effect, retry = failing_once_after(effect, retry_after_ack)  # (effect, None) when off
     builder.add_node(name, effect, retry_policy=retry)
     builder.add_edge(START, "prepare")
+    if approval == "before":  # lab 07's bound approval: asked first, checked at the send
+        builder.add_node("approval", ask_first)
+        builder.add_edge("prepare", "approval")
+        builder.add_conditional_edges("approval", after_approval, {"send": name, "end": END})
+        builder.add_edge(name, END)
+        return builder.compile(checkpointer=checkpointer)
     builder.add_edge("prepare", name)
     last = name
     if approval == "own-node":  # the better shape: the effect's node has returned before the wait

@@ -41,6 +41,7 @@ class LabTicketState(workflow.State):
     mode: NotRequired[str]
     approval: NotRequired[str]
     approved: NotRequired[bool]
+    authorized: NotRequired[str | None]  # --approval before: the approval it was sent under
     notify: NotRequired[bool]  # --notify: labs/keyless.py
     message_id: NotRequired[int | None]
     pay: NotRequired[bool]  # --pay: labs/keyless.py

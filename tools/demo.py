@@ -53,6 +53,7 @@ from pathlib import Path
 
 from commandline import Parser
 from labs import cli as lab
+from labs.approval import EXIT_NOT_AUTHORIZED as NOT_AUTHORIZED
 from tools import drilltable, safefiles
 from tools.backends import (
     LEARNER_PROJECT,
@@ -790,6 +791,8 @@ class TicketsByOperation:
                 continue
             elif number is None and kind != "effect_receipt":  # lab 07's ask, say
                 continue
+            elif kind == "effect_ack" and event.get("authorized"):  # lab 07's bound approval
+                note = f"{action} sent it under {event['authorized']}"
             elif kind == "effect_adopted" or event.get("how") == "adopted":
                 note = f"{action} adopted {thing} {number}, found by its key"
             elif event.get("how") == "receipt" or (kind == "effect_receipt" and number):
@@ -817,6 +820,9 @@ class TicketsByOperation:
             notes.append(f"{action} stopped for a person (exit 6)")
         if exit_code == 4 and "no thread" in stderr:  # lab 04: "exit" durability saved nothing
             notes.append(f"{action} found no thread to resume (exit 4)")
+        if exit_code == NOT_AUTHORIZED:  # lab 07's bound approval: refused before the send
+            why = stderr.partition(" not sent: ")[2].partition("; ")[0]
+            notes.append(f"{action} refused (exit {exit_code}): {why}, nothing sent")
         if exit_code == 65:  # lab 12's resume contract
             notes.append(f"{action} refused: the thread was saved under another graph (exit 65)")
         if action == "resume" and kinds == ["done"] and not op.done:

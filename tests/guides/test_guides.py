@@ -147,6 +147,8 @@ def test_guide_local(guide, tmp_path, capsys):
             assert_the_drills_stderr_is_the_graphs_own_lines(outcomes)
         if guide.name.startswith("15-"):
             assert_lab_15_quotes_its_stop_and_nothing_was_replayed(guide, outcomes, backend)
+        if guide.name.startswith("07-"):
+            assert_lab_07_quotes_its_refusal(guide, outcomes)
         if guide.name.startswith("16-"):
             assert_the_projector_fits_the_drills_tables(outcomes)
         assert_the_log_lines_shown_are_the_receivers(outcomes)
@@ -185,9 +187,15 @@ DEMO_VERDICTS = {
             "case-in-node-ledger:open-ticket:v1: 1 ticket, asked for approval once, approve took "
             "ticket 6 from the ledger's receipt",
             "case-own-node:open-ticket:v1: 1 ticket, asked for approval once",
+            # the bound approval: killed after the yes, the title edited, the resume refused
+            #   (its approval is for the old request), approved again and sent under that one
+            "case-bound:open-ticket:v1: 1 ticket, asked for approval once, approve killed at "
+            "before-request, resume refused (exit 77): approval 1 is for request "
+            "sha256:0efdf5f011b0 and the request now is sha256:353f52b80bf7, nothing sent, "
+            "approve sent it under approval 2 (sha256:353f52b80bf7, by ana)",
         ],
         "What the labs showed: naive: 1 of 2 operations duplicated; "
-        "safe: 0 of 1 operation duplicated; ledger: 0 of 1 operation duplicated",
+        "safe: 0 of 1 operation duplicated; ledger: 0 of 2 operations duplicated",
     ),
     "10": (
         [  # background workers' tickets by their key; the frozen naive worker's keyless
@@ -459,6 +467,14 @@ def assert_the_ledger_counts_the_tickets(guide, steps, backend):
         assert created.value == held, guide.name
     else:
         assert created.value <= held, guide.name
+
+
+def assert_lab_07_quotes_its_refusal(guide, outcomes):
+    """Lab 07 quotes, in its prose, the one line its exit-77 refusal prints on stderr."""
+    prose = " ".join(guide.read_text(encoding="utf-8").split())
+    (quoted,) = re.findall(r"nothing sent: `(ticket [^`]+)`", prose)
+    (refused,) = [o for o in outcomes if o.exit_code == 77]
+    assert refused.stderr == f"labs: {quoted}\n", (refused.stderr, quoted)
 
 
 def assert_lab_15_quotes_its_stop_and_nothing_was_replayed(guide, outcomes, backend):

@@ -79,6 +79,7 @@ from hypothesis.stateful import (
 )
 
 import exitcodes
+from labs import approval as approval_lesson
 from labs import cli as lab
 from labs import contract as contract_lesson
 from labs import hooks as hooks_lesson
@@ -152,7 +153,7 @@ EXIT_CODES = exit_codes_in_the_docs()
 
 @pytest.mark.fast
 def test_the_readme_exit_table_lists_every_exit_code_of_workflow_py():
-    modules = (exitcodes, lab, contract_lesson)  # contract: lab 12's exit 65
+    modules = (exitcodes, lab, contract_lesson, approval_lesson)  # lab 12's 65, lab 07's 77
     constants = {v for m in modules for k, v in vars(m).items() if k.startswith("EXIT_")}
     assert EXIT_CODES == {0, *constants}
 

@@ -7,6 +7,7 @@ itself, or from outside while its request is on the wire), SQLite files under tm
 
 import json
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -16,8 +17,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+from test_hints_as_printed import printed
 from workflow_helpers import events, names, tickets
 
+import effects
 from tools.local import ROOT, shell_exit_code, wait_until
 
 KILLED, DRAINED, NO_THREAD = 137, 75, 4
@@ -129,6 +132,132 @@ def test_without_approval_the_graph_has_two_nodes_and_no_approval_state(receiver
     assert "approval" not in events(done)[-1] and "approved" not in events(done)[-1]
     refused = workflow("approve")
     assert refused.returncode == NO_THREAD
+
+
+# ------------------------------------------------- lab 07: an approval bound to what was reviewed
+
+NOT_AUTHORIZED = 77
+OLD, NEW = "Pay the supplier 120 EUR", "Pay the supplier 1200 EUR"
+# Where the re-approval can die: its approval recorded; its ticket authorized (the approval on
+# the ledger's row) and not sent; sent and not recorded (the resume adopts it, no new check).
+REAPPROVAL_KILLS = ("after-approval", "after-intent", "after-send")
+
+
+def sent_for(workflow, operation):
+    """The titles of the tickets the receiver holds under the operation's key (not its ask)."""
+    return [t["payload"]["title"] for t in tickets(workflow) if t["key"] == operation]
+
+
+def approved_then_edited(workflow, thread, operation):
+    """Started, approved for OLD, killed before its ticket left, its title edited to NEW."""
+    started = workflow(*bound_start(thread, operation))
+    assert started.returncode == 0, started.stderr
+    waiting = events(started)[-1]
+    assert waiting == {
+        "digest": digest(OLD),
+        "event": "awaiting_approval",
+        "request": {"title": OLD},
+    }
+    killed = workflow("approve", "--thread", thread, "--by", "ana", "--crash-at", "before-request")
+    assert shell_exit_code(killed.returncode) == KILLED, killed.stderr
+    assert events(killed)[0]["approval"] and events(killed)[0]["request"] == {"title": OLD}
+    assert names(workflow("edit", "--thread", thread, "--title", NEW)) == ["edited"]
+
+
+def digest(title):
+    """How a line names the request a ticket of this title sends: its sha256, cut to 12."""
+    return f"sha256:{effects.request_hash({'title': title})[1][:12]}"
+
+
+def bound_start(thread, operation):
+    return ("start", "--thread", thread, "--operation", operation, "--title", OLD,
+            "--approval", "before")  # fmt: skip
+
+
+def assert_refused(done, thread, why):
+    assert done.returncode == NOT_AUTHORIZED and done.stdout == "", done.stderr
+    hint = (
+        f"re-approve: python -m labs approve --thread {thread} (Docker: docker compose -p "
+        f"stateful-lab run --rm workflow approve --thread {thread})\n"
+    )
+    assert why in done.stderr and done.stderr.endswith(hint) and done.stderr.count("\n") == 1
+
+
+def authorized(lab, operation):
+    with effects.read_ledger(lab["CHECKPOINT_DB"]) as ledger:
+        return ledger.get(operation).authorized
+
+
+def test_a_resume_after_the_payload_changed_is_refused_then_reapproved_once(
+    receiver, workflow, lab
+):
+    """Approved for one request, resumed with another: refused, nothing sent; approved again
+    for the request it now sends, it sends once, killed anywhere on the way (the refusal, each
+    boundary of the re-approval). Counted at the receiver."""
+    stale = "is for request sha256:"
+    for point in ("before-refusal", *REAPPROVAL_KILLS):
+        thread, operation = f"bound-{point}", f"case-bound-{point}:open-ticket:v1"
+        approved_then_edited(workflow, thread, operation)
+        if point == "before-refusal":  # the intent recorded, the refusal not: still refused
+            killed = workflow("resume", "--thread", thread, "--crash-at", point)
+            assert shell_exit_code(killed.returncode) == KILLED, killed.stderr
+        refused = workflow("resume", "--thread", thread)
+        assert_refused(refused, thread, stale)
+        assert sent_for(workflow, operation) == []  # nothing left under a stale approval
+        if point in REAPPROVAL_KILLS:
+            killed = workflow("approve", "--thread", thread, "--by", "ana", "--crash-at", point)
+            assert shell_exit_code(killed.returncode) == KILLED, killed.stderr
+            done = workflow("resume", "--thread", thread)
+        else:  # the hint's command, as printed (its Docker form the same command)
+            (again,) = printed(refused.stderr)
+            done = workflow(*shlex.split(again.removeprefix("python -m labs ")))
+        assert done.returncode == 0, (point, done.stderr)
+        assert events(done)[-1]["title"] == NEW
+        assert sent_for(workflow, operation) == [NEW], point  # once, the request approved
+        assert f" ({digest(NEW)}, by " in authorized(lab, operation), point
+
+
+def test_an_expired_or_revoked_approval_sends_nothing(receiver, workflow, lab):
+    operation = "case-expired:open-ticket:v1"
+    assert workflow(*bound_start("expired", operation)).returncode == 0
+    expired = workflow("approve", "--thread", "expired", "--valid-for", "0")
+    assert names(expired)[0] == "approval_recorded"
+    assert "approval 1 expired at " in expired.stderr and expired.returncode == NOT_AUTHORIZED
+    assert sent_for(workflow, operation) == []
+    assert workflow("approve", "--thread", "expired").returncode == 0
+    assert sent_for(workflow, operation) == [OLD]
+    done = workflow("edit", "--thread", "expired", "--title", NEW)  # nothing will send it
+    assert done.returncode == NO_THREAD and done.stderr.count("\n") == 1
+
+    operation = "case-revoked:open-ticket:v1"
+    assert workflow(*bound_start("revoked", operation)).returncode == 0
+    killed = workflow("approve", "--thread", "revoked", "--crash-at", "before-request")
+    assert shell_exit_code(killed.returncode) == KILLED
+    assert events(workflow("revoke", "--thread", "revoked")) == [
+        {"approval": 3, "event": "revoked"}
+    ]
+    assert_refused(workflow("resume", "--thread", "revoked"), "revoked", "approval 3 was revoked")
+    assert sent_for(workflow, operation) == []
+    again = workflow("revoke", "--thread", "revoked")
+    assert again.returncode == NO_THREAD and again.stderr.count("\n") == 1
+    assert workflow("approve", "--thread", "revoked").returncode == 0
+    assert sent_for(workflow, operation) == [OLD]
+
+
+def test_a_rejected_bound_approval_sends_nothing_and_naive_is_refused(receiver, workflow):
+    assert workflow(*bound_start("no", "case-no:v1")).returncode == 0
+    rejected = workflow("approve", "--thread", "no", "--reject")
+    assert names(rejected)[-2:] == ["approval", "done"] and sent_for(workflow, "case-no:v1") == []
+    assert workflow(*bound_start("asked", "case-asked:v1")).returncode == 0
+    edited = workflow("edit", "--thread", "asked", "--title", NEW)  # while it waits: asked again
+    (resume,) = printed(edited.stderr)
+    assert resume == "python -m labs resume --thread asked", edited.stderr
+    early = workflow("approve", "--thread", "asked")  # the question shown is gone
+    assert early.returncode == NO_THREAD and printed(early.stderr) == [resume]
+    asked = workflow(*shlex.split(resume.removeprefix("python -m labs ")))
+    assert events(asked)[-1]["request"] == {"title": NEW}, asked.stderr
+    naive = workflow(*bound_start("naive", "case-naive:v1"), "--mode", "naive")
+    assert naive.returncode == 2 and naive.stderr.count("\n") == 1
 
 
 # ------------------------------------------------------------------ lab 08: the step boundary
