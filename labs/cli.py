@@ -5,6 +5,7 @@ workflow.py works here unchanged. Each switch lives in its lesson's module (labs
 table says which lab it is):
 
     --mode naive|safe|node-uuid|ledger, --crash-at, --crash     labs/modes.py       (01-06)
+    trace-keys [FILE]                                           labs/trace_keys.py  (05)
     --approval [in-node|own-node], approve [--reject]           labs/approval.py    (07)
     --durability, --crash-at step-boundary, --term-at           labs/boundaries.py  (04, 08, 09)
     LAB_GRAPH_VERSION, --no-contract, migrate                   labs/contract.py    (12)
@@ -30,7 +31,7 @@ import failpoints
 import workflow
 from exitcodes import EXIT_THREAD, EXIT_USAGE, UserError, command, emit
 from httpguard import DEFAULT_WEBHOOK_SECRET as LAB_SECRET
-from labs import approval, hooks, inbox, keyless, outbox, relay, saga
+from labs import approval, hooks, inbox, keyless, outbox, relay, saga, trace_keys
 from labs.approval import APPROVAL_SHAPES, check_approval
 from labs.boundaries import DURABILITIES, POINTS, TERM_POINTS, step_boundary_saver
 from labs.contract import (
@@ -270,6 +271,7 @@ def build_lab_parser(graph_version="1"):
     saga.add_saga_parser(actions)
     outbox.add_outbox_parser(actions)
     hooks.add_hooks_parser(actions)
+    trace_keys.add_trace_keys_parser(actions)
     return parser
 
 

@@ -145,6 +145,8 @@ def test_guide_local(guide, tmp_path, capsys):
         assert_the_ledger_counts_the_tickets(guide, steps, backend)
         if guide.name.startswith("11-"):
             assert_the_drills_stderr_is_the_graphs_own_lines(outcomes)
+        if guide.name.startswith("05-"):
+            assert_lab_05_quotes_the_proofs_line(guide, outcomes)
         if guide.name.startswith("15-"):
             assert_lab_15_quotes_its_stop_and_nothing_was_replayed(guide, outcomes, backend)
         if guide.name.startswith("16-"):
@@ -454,6 +456,17 @@ def assert_the_ledger_counts_the_tickets(guide, steps, backend):
         assert created.value == held, guide.name
     else:
         assert created.value <= held, guide.name
+
+
+def assert_lab_05_quotes_the_proofs_line(guide, outcomes):
+    """Lab 05 quotes the line trace-keys prints on stderr when a thread's node sent two keys
+    (the node-uuid run's spans: exit 8), and only the failing proof prints one."""
+    text = " ".join(guide.read_text(encoding="utf-8").split())
+    proofs = [o for o in outcomes if o.step.command.endswith(" trace-keys")]
+    assert [o.exit_code for o in proofs] == [0, 8], proofs
+    assert proofs[0].stderr == ""
+    (line,) = proofs[1].stderr.splitlines()
+    assert f"Stderr has one line: `{line}`." in text, line
 
 
 def assert_lab_15_quotes_its_stop_and_nothing_was_replayed(guide, outcomes, backend):
