@@ -783,8 +783,9 @@ class TicketsByOperation:
             notes.append(f"{action} stopped for a person (exit 6)")
         if exit_code == 4 and "no thread" in stderr:  # lab 04: "exit" durability saved nothing
             notes.append(f"{action} found no thread to resume (exit 4)")
-        if exit_code == 65:  # lab 12's resume contract
-            notes.append(f"{action} refused: the thread was saved under another graph (exit 65)")
+        if exit_code == 65:  # lab 12's resume contract: another graph, or another key derivation
+            other = "key derivation" if "keeps its keys" in stderr else "graph"
+            notes.append(f"{action} refused: the thread was saved under another {other} (exit 65)")
         if action == "resume" and kinds == ["done"] and not op.done:
             notes.append("resume redid nothing")
         op.notes += [n for n in notes if n not in op.notes]
