@@ -83,7 +83,7 @@ from labs import contract as contract_lesson
 from labs import hooks as hooks_lesson
 from labs import modes as modes_lesson
 from labs import outbox as outbox_lesson
-from labs import relay
+from labs import relay, trace_keys
 from labs import saga as saga_lesson
 from tools.local import (
     ROOT,
@@ -149,7 +149,7 @@ EXIT_CODES = exit_codes_in_the_docs()
 
 @pytest.mark.fast
 def test_the_readme_exit_table_lists_every_exit_code_of_workflow_py():
-    modules = (exitcodes, lab, contract_lesson)  # contract: lab 12's exit 65
+    modules = (exitcodes, lab, contract_lesson, trace_keys)  # lab 12's exit 65, lab 05's 8
     constants = {v for m in modules for k, v in vars(m).items() if k.startswith("EXIT_")}
     assert EXIT_CODES == {0, *constants}
 
