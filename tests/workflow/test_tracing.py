@@ -341,3 +341,21 @@ def test_otlp_to_a_collector_that_is_not_there_costs_one_bounded_try(monkeypatch
     tracing.stop()  # the batch's export, as at a command's exit
     retries = [r for r in caplog.records if "retrying in" in r.getMessage()]
     assert len(retries) <= 1, [r.getMessage() for r in retries]
+
+
+@pytest.mark.fast
+def test_trace_keys_without_spans_to_read_is_one_line_and_its_exit_code(lab, tmp_path, capsys):
+    """trace-keys (lab 05) with no file named, a file that is not spans, or one whose spans carry
+    no key sent from a node: one line each, never a pass that checked nothing."""
+    env = {k: v for k, v in lab.items() if k != "TRACE"}
+    (tmp_path / "empty.jsonl").write_text("")
+    (tmp_path / "log.txt").write_text("receiver: started\n")
+    for argv, code, said in [
+        ([], exitcodes.EXIT_USAGE, "trace-keys reads a spans file"),
+        ([str(tmp_path / "log.txt")], exitcodes.EXIT_USAGE, "log.txt, line 1, is not a span"),
+        ([str(tmp_path / "none.jsonl")], exitcodes.EXIT_USAGE, "No such file"),
+        ([str(tmp_path / "empty.jsonl")], exitcodes.EXIT_THREAD, "were the runs started"),
+    ]:
+        assert lab_py.main(["trace-keys", *argv], env) == code, argv
+        out, err = capsys.readouterr()
+        assert out == "" and err.count("\n") == 1 and said in err, err
