@@ -13,6 +13,10 @@ trace context (the `traceparent` header):
                                     idempotency.key, receiver.replay (true: answered with what the
                                     key made before), ticket.id
 
+Made inside a graph node, the effect's span and its request's carry thread and langgraph.node
+too: every attempt of one step of one thread sends one key, so more than one key for a thread's
+node means something that changes between attempts went into the key.
+
 A resumed run is another process, so its spans are in another trace than the first attempt's:
 what joins the two attempts and the receiver's one ticket is the attribute idempotency.key.
 
@@ -27,7 +31,8 @@ what joins the two attempts and the receiver's one ticket is the attribute idemp
                                  command ~7 s slower
     TRACE=PATH               each span appended to the file PATH as one JSON line, as it ends
                                  (a path with a / or ending in .jsonl: any other value, 1 or
-                                 true, is a usage error, not a file of that name)
+                                 true, is a usage error, not a file of that name); its folder
+                                 is made if it is missing
 
 Tracing never stops or slows a run for long: spans that cannot be exported are lost, with one
 line on stderr (a trace file that cannot be written: once per process).
@@ -49,6 +54,7 @@ OTLP_TIMEOUT_S = 1.0  # seconds for one OTLP export, retries included, unless th
 #                       variables set it: a collector on loopback answers in milliseconds
 TRACER = None  # None: tracing is off; start() or use() sets it
 PROVIDER = None
+STARTED = False  # whether start() (TRACE) turned it on, not a caller's use()
 
 
 class TracingError(Exception):
@@ -56,8 +62,13 @@ class TracingError(Exception):
 
 
 def start(setting, service):
-    """Turn tracing on as TRACE says (see above) for the program named service."""
+    """Turn tracing on as TRACE says (see above) for the program named service. An empty setting
+    turns off what an earlier start turned on (an in-process caller's command after a traced one
+    traces nothing), not what use() turned on."""
+    global STARTED
     if not setting:
+        if STARTED:
+            stop()
         return
     if setting != "otlp" and "/" not in setting and not setting.endswith(".jsonl"):
         raise TracingError(  # TRACE=1, true, OTLP: a file of that name was never meant
@@ -76,11 +87,14 @@ def start(setting, service):
 
         named = any(os.environ.get(f"OTEL_EXPORTER_OTLP{s}_TIMEOUT") for s in ("", "_TRACES"))
         exporter = OTLPSpanExporter(timeout=None if named else OTLP_TIMEOUT_S)
-        return use(exporter, service, batch=True)
-    try:
-        return use(JsonLines(setting), service)
-    except OSError as error:
-        raise TracingError(f"TRACE={setting!r} cannot be written: {error.strerror}") from None
+        provider = use(exporter, service, batch=True)
+    else:
+        try:
+            provider = use(JsonLines(setting), service)
+        except OSError as error:
+            raise TracingError(f"TRACE={setting!r} cannot be written: {error.strerror}") from None
+    STARTED = True
+    return provider
 
 
 def use(exporter, service, batch=False):
@@ -89,8 +103,9 @@ def use(exporter, service, batch=False):
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
 
-    global TRACER, PROVIDER
+    global TRACER, PROVIDER, STARTED
     stop()  # a second start in one process (an in-process caller) replaces the first
+    STARTED = False
     PROVIDER = TracerProvider(resource=Resource.create({"service.name": service}))
     PROVIDER.add_span_processor((BatchSpanProcessor if batch else SimpleSpanProcessor)(exporter))
     TRACER = PROVIDER.get_tracer(__name__)
@@ -99,10 +114,11 @@ def use(exporter, service, batch=False):
 
 def stop():
     """Export what is left and turn tracing off."""
-    global TRACER, PROVIDER
+    global TRACER, PROVIDER, STARTED
     if PROVIDER is not None:
         PROVIDER.shutdown()
     TRACER = PROVIDER = None
+    STARTED = False
 
 
 @contextlib.contextmanager
@@ -111,7 +127,8 @@ def effect_span(name, key, ledger):
     if TRACER is None:
         yield lambda outcome: outcome
         return
-    with TRACER.start_as_current_span(f"effect {name}", attributes={KEY: key}) as span:
+    attributes = {KEY: key, **in_node()}
+    with TRACER.start_as_current_span(f"effect {name}", attributes=attributes) as span:
         try:
             yield lambda outcome: (span.set_attribute("effect.how", outcome.how), outcome)[1]
         finally:
@@ -130,7 +147,7 @@ def outgoing(request, key=None):
     path, _, query = request.selector.partition("?")
     key = key or parse_qs(query).get("key", [None])[0]  # a lookup: GET /tickets?key=KEY
     attributes = {"http.request.method": request.get_method(), "url.full": request.full_url}
-    attributes.update({KEY: key} if key is not None else {})
+    attributes.update({KEY: key, **in_node()} if key is not None else {})
     kind = trace.SpanKind.CLIENT
     with TRACER.start_as_current_span(f"{request.get_method()} {path}", kind=kind) as span:
         span.set_attributes(attributes)
@@ -193,6 +210,22 @@ def drained(span, reason):
 # helpers
 
 
+def in_node():
+    """The thread and the LangGraph node a span is made in ({} outside a node): what groups one
+    step's attempts, whose spans are in one trace per process. Read from LangGraph's config of
+    the running node (langgraph/config.py's get_config), only where LangGraph is imported."""
+    config = sys.modules.get("langgraph.config")
+    try:
+        config = config.get_config() if config else {}
+    except RuntimeError:  # not inside a node
+        return {}
+    found = {
+        "thread": config.get("configurable", {}).get("thread_id"),
+        "langgraph.node": config.get("metadata", {}).get("langgraph_node"),
+    }
+    return {name: value for name, value in found.items() if value is not None}
+
+
 class Quiet:
     """What the context managers yield with tracing off: every call does nothing."""
 
@@ -213,6 +246,8 @@ class JsonLines:
 
     def __init__(self, path):
         self.path, self.failed = path, False
+        if not os.path.exists(folder := os.path.dirname(path) or "."):
+            os.makedirs(folder)  # as CHECKPOINT_DB's; a file in its way is the open's error
         self.fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
 
     def export(self, spans):

@@ -6,6 +6,7 @@ Which module holds lab NN's code (its switches, its graph variant, its commands)
 
     01-06  the key's source, --mode, the lost ack    labs/modes.py
     04     --durability                               labs/boundaries.py
+    05     the key on the trace: trace-keys           labs/trace_keys.py
     07     the approval                               labs/approval.py
     08-09  --crash-at step-boundary, --term-at        labs/boundaries.py
     10     workers (python -m labs.workers)           labs/workers.py: its CLI; worker_queue.py

@@ -5,10 +5,11 @@ workflow.py works here unchanged. Each switch lives in its lesson's module (labs
 table says which lab it is):
 
     --mode naive|safe|node-uuid|ledger, --crash-at, --crash     labs/modes.py       (01-06)
+    trace-keys [FILE]                                           labs/trace_keys.py  (05)
     --approval [in-node|own-node|before], approve [--reject],   labs/approval.py    (07)
     edit, revoke
     --durability, --crash-at step-boundary, --term-at           labs/boundaries.py  (04, 08, 09)
-    LAB_GRAPH_VERSION, --no-contract, migrate                   labs/contract.py    (12)
+    LAB_GRAPH_VERSION, LAB_KEY_VERSION, --no-contract, migrate  labs/contract.py    (12)
     saga start|resume|state|refunds|releases                    labs/saga.py        (13)
     --notify, --pay, --mode lookup-resend, messages, payments   labs/keyless.py     (15)
     --retry-after-ack timeout|parse                             labs/retries.py     (17)
@@ -31,7 +32,7 @@ import failpoints
 import workflow
 from exitcodes import EXIT_THREAD, EXIT_USAGE, UserError, command, emit
 from httpguard import DEFAULT_WEBHOOK_SECRET as LAB_SECRET
-from labs import approval, hooks, inbox, keyless, outbox, relay, saga
+from labs import approval, hooks, inbox, keyless, outbox, relay, saga, trace_keys
 from labs.approval import (
     APPROVAL_POINTS,
     APPROVAL_SHAPES,
@@ -45,6 +46,7 @@ from labs.boundaries import DURABILITIES, POINTS, TERM_POINTS, step_boundary_sav
 from labs.contract import (
     EFFECT_NODE,
     INTERRUPT,
+    KEY_DERIVATIONS,
     RENAMES,
     contract,
     migrate_thread,
@@ -153,7 +155,8 @@ def graph_for(saver, args, head):
     approval = values.get("approval") if head else getattr(args, "approval", None)
     notify = values.get("notify") if head else getattr(args, "notify", None)
     pay = values.get("pay") if head else getattr(args, "pay", None)
-    return build_lab_graph(saver, approval, args.graph_version, notify, args.retry_after_ack, pay)
+    version, retry = args.graph_version, args.retry_after_ack
+    return build_lab_graph(saver, approval, version, notify, retry, pay, args.key_version)
 
 
 def client_for(args, settings):
@@ -187,7 +190,7 @@ def run_under_contract(args, settings, graph_input):
     ):
         head = saver.get_tuple(checkpoints.thread_config(args.thread))
         graph = graph_for(saver, args, head)
-        current = contract(graph, args.graph_version)
+        current = contract(graph, args.graph_version, args.key_version)
         if head and (line := owning_command_line(head)):  # another command's thread
             raise UserError(line, EXIT_THREAD)
         if head and not starting and not args.no_contract:  # only under its saved contract
@@ -232,18 +235,20 @@ def migrate_command(args, settings):
     with checkpoints.open_checkpointer(settings.checkpoint_db) as saver:
         head = saver.get_tuple(checkpoints.thread_config(args.thread))
         graph = graph_for(saver, args, head)
-        current = contract(graph, args.graph_version)
+        current = contract(graph, args.graph_version, args.key_version)
         migrate_thread(
             graph, args.thread, current, RENAMES.get(args.graph_version), owning_command_line
         )
 
 
-def build_lab_parser(graph_version="1"):
+def build_lab_parser(graph_version="1", key_version="1"):
     parser = workflow.build_parser(prog="labs")
     # how a hint names a command: python -m labs ..., and compose.yaml's workflow service runs it
     environ = {"LAB_GRAPH_VERSION": graph_version} if graph_version != "1" else {}
+    environ |= {"LAB_KEY_VERSION": key_version} if key_version != "1" else {}
     parser.set_defaults(typed=typed_as(parser.prog, "workflow", environ))
     parser.set_defaults(crash_at=None, term_at=None, durability="sync", no_contract=False)
+    parser.set_defaults(graph_version=graph_version, key_version=key_version)
     parser.set_defaults(retry_after_ack=None)  # lab 17: start only
     parser.set_defaults(unkeyed=lambda values: values.get("mode") == "naive")  # for the hints
     parser.set_defaults(effects=LESSON_EFFECTS)
@@ -323,17 +328,22 @@ def build_lab_parser(graph_version="1"):
     saga.add_saga_parser(actions)
     outbox.add_outbox_parser(actions)
     hooks.add_hooks_parser(actions)
+    trace_keys.add_trace_keys_parser(actions)
     return parser
 
 
 def main(argv=None, environ=None):
     environ = os.environ if environ is None else environ
-    version = environ.get("LAB_GRAPH_VERSION", "1")
-    if version not in EFFECT_NODE:
-        print(f"labs: LAB_GRAPH_VERSION={version!r} must be 1 or 2", file=sys.stderr)
-        return EXIT_USAGE
-    parser = build_lab_parser(version)
-    parser.set_defaults(graph_version=version, listen_host=environ.get("LISTEN_HOST", "127.0.0.1"))
+    version, keys = environ.get("LAB_GRAPH_VERSION", "1"), environ.get("LAB_KEY_VERSION", "1")
+    for name, value, known in [
+        ("LAB_GRAPH_VERSION", version, EFFECT_NODE),
+        ("LAB_KEY_VERSION", keys, KEY_DERIVATIONS),
+    ]:
+        if value not in known:
+            print(f"labs: {name}={value!r} must be 1 or 2", file=sys.stderr)
+            return EXIT_USAGE
+    parser = build_lab_parser(version, keys)
+    parser.set_defaults(listen_host=environ.get("LISTEN_HOST", "127.0.0.1"))
     parser.set_defaults(webhook_secret=environ.get("WEBHOOK_SECRET") or LAB_SECRET)  # hooks
     points = (*POINTS, *saga.SAGA_ACKS, *outbox.OUTBOX_POINTS, *hooks.HOOK_POINTS)
     points += tuple(p for p in APPROVAL_POINTS if p not in points)

@@ -1,5 +1,6 @@
 """Lab 12: the contract a run is saved under, and `migrate`. LAB_GRAPH_VERSION picks the deployed
-graph: 1, or 2, where create_ticket is renamed open_ticket (EFFECT_NODE, RENAMES).
+graph: 1, or 2, where create_ticket is renamed open_ticket (EFFECT_NODE, RENAMES); LAB_KEY_VERSION
+how the ticket's node derives its key: 1, or 2 (KEY_DERIVATIONS).
 """
 
 import hashlib
@@ -11,9 +12,10 @@ from exitcodes import EXIT_THREAD, UserError, command, emit
 
 # --- lab 12: the contract a run is saved under, and migrate -------------------------------
 #
-# Each checkpoint records the run's contract (the code's version and the graph's shape): `resume`
-# under another refuses (exit 65, EXIT_CONTRACT), and `migrate` moves a thread to this one,
-# explicitly. The core (workflow.py) records none: its starter has one graph.
+# Each checkpoint records the run's contract (the code's version, the graph's shape and the key
+# derivation's version): `resume` under another refuses (exit 65, EXIT_CONTRACT), and `migrate`
+# moves a thread to this one, explicitly. The core (workflow.py) records none: its starter has one
+# graph.
 
 VERSION = "1"  # the code's; bump it for a change that saved threads must not meet silently
 BRANCH = "branch:to:"  # the channel that sends a run to a node (LangGraph's graph/state.py)
@@ -23,15 +25,52 @@ EXIT_CONTRACT = 65  # resume of a thread saved under another contract: migrate i
 EFFECT_NODE = {"1": "create_ticket", "2": "open_ticket"}  # LAB_GRAPH_VERSION: the effect's name
 RENAMES = {"2": {"create_ticket": "open_ticket"}}  # what migrate maps a saved next through
 
+# How the ticket's node derives the key it sends, by version (LAB_KEY_VERSION). Derived in the
+# node, a key is derived again by the code that resumes the node: a thread saved under one
+# version and resumed under another would send a new key, which neither the receiver nor the
+# ledger has seen. A thread's `key_version` (written by migrate) pins the version it keeps.
+KEY_DERIVATIONS = {
+    "1": lambda state: state["key"],  # prepare's key, as it saved it
+    "2": lambda state: f"{state['key']}:ticket",  # one key per effect of the operation
+}
+KEY_VERSION = "key_version"  # the state's field that pins a thread's derivation
 
-def contract(graph, version=None):
-    """What a run's checkpoints are made under: the code's version (VERSION unless given) and the
-    graph's shape. Not how prepare derives the key: the key is prepare's output, saved in the
-    checkpoint, so a resumed thread sends the key it saved whatever prepare would derive now."""
+
+def contract(graph, version=None, keys="1"):
+    """What a run's checkpoints are made under: the code's version (VERSION unless given), the
+    graph's shape, and the version of the ticket node's key derivation (keys: KEY_DERIVATIONS).
+    A state schema's version would go here too (` state:N`), bumped when a field's meaning
+    changes, with a migrate that rewrites the saved values."""
     shape = graph.get_graph()
     edges = sorted([edge.source, edge.target, edge.conditional] for edge in shape.edges)
     digest = hashlib.sha256(json.dumps([sorted(shape.nodes), edges]).encode()).hexdigest()[:8]
-    return f"v{version or VERSION} graph:{digest}"
+    return f"v{version or VERSION} graph:{digest} keys:{keys}"
+
+
+def keys_of(contract_line):
+    """The key derivation's version a contract names ("1" for one saved before it named one)."""
+    return (contract_line or "").partition(" keys:")[2] or "1"
+
+
+def derive_keys(node, deployed):
+    """node, sending the ticket under the key its thread's version derives: the version migrate
+    pinned (KEY_VERSION), or the deployed one."""
+
+    def keyed(state, runtime):
+        derive = KEY_DERIVATIONS[state.get(KEY_VERSION) or deployed]
+        return node({**state, "key": derive(state)}, runtime)
+
+    return keyed
+
+
+def kept_keys(saved, current):
+    """What migrate writes so that a thread keeps the keys it was sent under: its key_version,
+    when this code derives them by another version and nothing pinned one yet; else {}."""
+    was = keys_of(saved.metadata.get("contract"))
+    values = saved.checkpoint["channel_values"]
+    if was == keys_of(current) or KEY_VERSION in values:
+        return {}
+    return {KEY_VERSION: was}
 
 
 def require_contract(graph, thread, current, renames=None):
@@ -43,12 +82,16 @@ def require_contract(graph, thread, current, renames=None):
     was = saved.metadata.get("contract")
     emit("contract_mismatch", current=current, saved=was, thread=thread)
     why = f"thread {thread!r} was saved under {was!r}, this code is {current!r}"
+    keep = kept_keys(saved, current)
     try:
-        plan_migration(graph, saved, current, renames)
+        plan_migration(graph, saved, current, renames, keep)
     except CannotMigrate as error:  # no migrate hint that would be refused, or undo the thread
         why += f"; migrate cannot move it ({error}): resume it with the code that saved it"
         raise UserError(why, EXIT_CONTRACT) from None
     migrate = command(f"migrate --thread {shlex.quote(thread)}")
+    if keep:  # resumed here, its node would send under a key it never used: a duplicate
+        why += f" (its keys derived by version {keep[KEY_VERSION]}, not {keys_of(current)})"
+        raise UserError(f"{why}; {migrate} moves it here and keeps its keys", EXIT_CONTRACT)
     raise UserError(f"{why}; {migrate} moves it here", EXIT_CONTRACT)
 
 
@@ -65,18 +108,21 @@ def migrate_thread(graph, thread, current, renames=None, owner=None):
     if saved.metadata.get("contract") == current:  # nothing to move: write nothing
         emit("unchanged", contract=current, next=list(graph.get_state(saved.config).next))
         return
+    keep = kept_keys(saved, current)
     try:
-        was, moved, writes = plan_migration(graph, saved, current, renames)
+        was, moved, writes = plan_migration(graph, saved, current, renames, keep)
     except CannotMigrate as error:
         raise UserError(f"thread {thread!r}: {error}; nothing written", EXIT_CONTRACT) from None
     for write in writes:  # the copy's new checkpoint (one put), then the question it waits on
         write(graph.checkpointer)
-    emit("migrated", contract=current, next=moved, saved=saved.metadata["contract"], was=was)
+    saved_under = saved.metadata["contract"]
+    emit("migrated", contract=current, next=moved, saved=saved_under, was=was, **keep)
 
 
-def plan_migration(graph, saved, current, renames=None):
+def plan_migration(graph, saved, current, renames=None, keep=None):
     """The move of a saved thread (a CheckpointTuple) to this graph, made in a copy of it:
     (was, next, the writes to replay on the real saver). CannotMigrate says why it would not do.
+    keep: values written with the move (kept_keys'), the others unchanged.
 
     The new checkpoint is written as the node that wrote the saved one (its name here): LangGraph's
     update_state, given no as_node, credits the write to the last writer that still exists
@@ -106,7 +152,7 @@ def plan_migration(graph, saved, current, renames=None):
         "metadata": {"contract": current},
     }
     copy.recording = True
-    mover.update_state(config, Command(goto=goto), as_node=writer)
+    mover.update_state(config, Command(goto=goto, update=keep or None), as_node=writer)
     moved = mover.get_state(config)
     asked = [value for _, channel, value in saved.pending_writes or [] if channel == INTERRUPT]
     if asked and len(was) == 1 == len(moved.tasks):  # it waited in interrupt(): it still does

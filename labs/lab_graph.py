@@ -13,7 +13,7 @@ from labs.approval import (
     create_ticket_then_ask,
     send_approved,
 )
-from labs.contract import EFFECT_NODE
+from labs.contract import EFFECT_NODE, derive_keys
 from labs.keyless import add_notify, add_pay
 from labs.modes import MODES, LabTicketState, create_ticket_by_mode
 from labs.retries import failing_once_after
@@ -22,18 +22,26 @@ __all__ = ["MODES", "build_lab_graph"]  # MODES: labs/workers.py's --mode choice
 
 
 def build_lab_graph(
-    checkpointer, approval=None, version="1", notify=False, retry_after_ack=None, pay=False
+    checkpointer,
+    approval=None,
+    version="1",
+    notify=False,
+    retry_after_ack=None,
+    pay=False,
+    keys="1",
 ):
     """The lab's graph: the core's prepare, create_ticket keyed by --mode, and the approval;
-    version 2 names create_ticket open_ticket, as a refactoring deploy would; notify and pay:
-    the message and the payment after the ticket (lab 15); retry_after_ack: lab 17's failure
-    after the answer, under a RetryPolicy (failing_once_after)."""
+    version 2 names create_ticket open_ticket, as a refactoring deploy would; keys: how that
+    node derives the ticket's key (labs/contract.py's KEY_DERIVATIONS); notify and pay: the
+    message and the payment after the ticket (lab 15); retry_after_ack: lab 17's failure after
+    the answer, under a RetryPolicy (failing_once_after)."""
     from langgraph.graph import END, START, StateGraph
 
     builder = StateGraph(LabTicketState, context_schema=workflow.Context)
     builder.add_node("prepare", workflow.prepare)
     shapes = {"in-node": create_ticket_then_ask, "before": send_approved}
     effect, name = shapes.get(approval, create_ticket_by_mode), EFFECT_NODE[version]
+    effect = derive_keys(effect, keys)
     effect, retry = failing_once_after(effect, retry_after_ack)  # (effect, None) when off
     builder.add_node(name, effect, retry_policy=retry)
     builder.add_edge(START, "prepare")

@@ -46,6 +46,7 @@ class LabTicketState(workflow.State):
     message_id: NotRequired[int | None]
     pay: NotRequired[bool]  # --pay: labs/keyless.py
     payment_id: NotRequired[int | None]
+    key_version: NotRequired[str]  # the key derivation migrate kept: labs/contract.py
 
 
 def create_ticket_by_mode(state: LabTicketState, runtime):

@@ -11,7 +11,8 @@ Backend. A guide command names the learner's Compose project, then optional Comp
                                                              (-f X.compose.yaml: with the api
                                                              environment X sets)
     run --rm workflow ARGS   as written                      python -m labs ARGS
-    run --rm -e K=V workflow as written                      K=V python -m labs ARGS (lab 12)
+    run --rm -e K=V workflow as written                      K=V python -m labs ARGS (labs 05, 12;
+                                                             a V in /data/: data/workflow/)
     run --rm relay ARGS      as written                      python -m labs.relay ARGS (lab 19)
     run --rm --entrypoint python workflow ARGS               python ARGS (labs 07, 08, 12: read
                              as written                      LangGraph's installed source)
@@ -56,7 +57,7 @@ from tools.local import (
     shell_exit_code,
     wait_until,
 )
-from tools.native import PYTHON_IN_THE_IMAGE, override_environment
+from tools.native import PYTHON_IN_THE_IMAGE, in_data, override_environment
 from tools.native import line as native_line
 from tools.native_workers import LocalWorkers
 
@@ -212,6 +213,7 @@ class LocalBackend(Backend):
         if cmd.verb == "down":
             return self.down()
         env, args = cmd.run_env()
+        env = {name: in_data(value, str(self.data_dir)) for name, value in env.items()}
         if cmd.verb == "run" and args[:2] == ["--rm", "workflow"]:
             return self.workflow(args[2:], env=env)
         if cmd.verb == "run" and cmd.args[:2] == ["--rm", "drill"]:  # lab 11

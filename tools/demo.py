@@ -823,8 +823,9 @@ class TicketsByOperation:
         if exit_code == NOT_AUTHORIZED:  # lab 07's bound approval: refused before the send
             why = stderr.partition(" not sent: ")[2].partition("; ")[0]
             notes.append(f"{action} refused (exit {exit_code}): {why}, nothing sent")
-        if exit_code == 65:  # lab 12's resume contract
-            notes.append(f"{action} refused: the thread was saved under another graph (exit 65)")
+        if exit_code == 65:  # lab 12's resume contract: another graph, or another key derivation
+            other = "key derivation" if "keeps its keys" in stderr else "graph"
+            notes.append(f"{action} refused: the thread was saved under another {other} (exit 65)")
         if action == "resume" and kinds == ["done"] and not op.done:
             notes.append("resume redid nothing")
         op.notes += [n for n in notes if n not in op.notes]

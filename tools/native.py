@@ -33,6 +33,7 @@ RESET_DATA = (
     'receiver (pid $(cat data/receiver.pid)) still serves it; make reset stops it"; '
     "else rm -rf data; fi"
 )
+VOLUME = "/data/"  # the workflow container's volume (compose.yaml): natively, data/workflow/
 SQLITE_AGAIN = "export CHECKPOINT_DB=data/workflow/checkpoints.sqlite; unset WORKER_HEARTBEAT_S"
 
 
@@ -71,9 +72,15 @@ def line(cmd, faults, running, postgres_up):
         return "python " + shlex.join(cmd.args[4:])
     env, args = cmd.run_env()
     program = "-m labs.relay" if args[:2] == ["--rm", "relay"] else "-m labs"  # lab 19: the relay
-    return "".join(f"{k}={shlex.quote(v)} " for k, v in env.items()) + (
+    return "".join(f"{k}={shlex.quote(in_data(v))} " for k, v in env.items()) + (
         f"python {program} " + shlex.join(args[2:])
     )
+
+
+def in_data(value, data="data"):
+    """A `-e K=V` value as natively typed: a path in the workflow's volume (/data/X, lab 05's
+    TRACE file) is the same file in the native data folder's workflow/ (data/workflow/X)."""
+    return f"{data}/workflow/{value[len(VOLUME) :]}" if value.startswith(VOLUME) else value
 
 
 def scale_line(cmd):

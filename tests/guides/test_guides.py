@@ -145,6 +145,10 @@ def test_guide_local(guide, tmp_path, capsys):
         assert_the_ledger_counts_the_tickets(guide, steps, backend)
         if guide.name.startswith("11-"):
             assert_the_drills_stderr_is_the_graphs_own_lines(outcomes)
+        if guide.name.startswith("05-"):
+            assert_lab_05_quotes_the_proofs_line(guide, outcomes)
+        if guide.name.startswith("12-"):
+            assert_lab_12_quotes_its_refusals(guide, outcomes)
         if guide.name.startswith("15-"):
             assert_lab_15_quotes_its_stop_and_nothing_was_replayed(guide, outcomes, backend)
         if guide.name.startswith("07-"):
@@ -291,8 +295,11 @@ DEMO_VERDICTS = {
             "LOST: the run said done and no ticket was ever made (0 tickets)",
             "case-guarded:open-ticket:v1: 1 ticket, start drained on SIGTERM at a step boundary, "
             "resume refused: the thread was saved under another graph (exit 65)",
+            "case-rekeyed:open-ticket:v1: 1 ticket, start killed at after-ack, resume refused: "
+            "the thread was saved under another key derivation (exit 65), resume took ticket 2 "
+            "from the ledger's receipt",
         ],
-        "What the labs showed: ledger: 0 of 2 operations duplicated, 1 lost",
+        "What the labs showed: ledger: 0 of 3 operations duplicated, 1 lost",
     ),
     "13": (
         [  # each saga's undos in the order they ran, and the refunds and releases as listed
@@ -475,6 +482,28 @@ def assert_lab_07_quotes_its_refusal(guide, outcomes):
     (quoted,) = re.findall(r"nothing sent: `(ticket [^`]+)`", prose)
     (refused,) = [o for o in outcomes if o.exit_code == 77]
     assert refused.stderr == f"labs: {quoted}\n", (refused.stderr, quoted)
+
+
+def assert_lab_05_quotes_the_proofs_line(guide, outcomes):
+    """Lab 05 quotes the line trace-keys prints on stderr when a thread's node sent two keys
+    (the node-uuid run's spans: exit 8), and only the failing proof prints one."""
+    text = " ".join(guide.read_text(encoding="utf-8").split())
+    proofs = [o for o in outcomes if o.step.command.endswith(" trace-keys")]
+    assert [o.exit_code for o in proofs] == [0, 8], proofs
+    assert proofs[0].stderr == ""
+    (line,) = proofs[1].stderr.splitlines()
+    assert f"Stderr has one line: `{line}`." in text, line
+
+
+def assert_lab_12_quotes_its_refusals(guide, outcomes):
+    """Lab 12 quotes the line each exit-65 resume prints: another graph, another key derivation
+    (whose hint keeps the keys)."""
+    text = " ".join(guide.read_text(encoding="utf-8").split())
+    refused = [o for o in outcomes if o.exit_code == 65]
+    assert len(refused) == 2, refused
+    for outcome in refused:
+        (line,) = outcome.stderr.splitlines()
+        assert f"Stderr has one line: `{line}`" in text, line
 
 
 def assert_lab_15_quotes_its_stop_and_nothing_was_replayed(guide, outcomes, backend):

@@ -331,8 +331,9 @@ def test_the_docs_list_exactly_workflow_pys_actions_and_exit_codes():
     from labs import approval as approval_lesson  # lab 07's exit 77
     from labs import cli as lab
     from labs import contract as contract_lesson  # lab 12's exit 65
+    from labs import trace_keys  # lab 05's exit 8
 
-    modules = (exitcodes, lab, contract_lesson, approval_lesson)
+    modules = (exitcodes, lab, contract_lesson, approval_lesson, trace_keys)
     codes = {v for m in modules for k, v in vars(m).items() if k.startswith("EXIT_")}
     codes |= {0}
     table = EXITS.split("## Exit codes of workflow.py", 1)[1].split("\n## ", 1)[0]

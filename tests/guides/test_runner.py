@@ -167,6 +167,9 @@ def test_run_e_sets_the_workflows_environment_in_every_backend(tmp_path):
             refused = backend.run(command)  # 3 is no graph version: labs/cli.py read the variable
             assert refused.exit_code == 2 and "LAB_GRAPH_VERSION='3'" in refused.stderr
             assert "LAB_GRAPH_VERSION" not in backend.env  # for that command only
+            traced = "docker compose -p stateful-lab run --rm -e TRACE=/data/s.jsonl workflow state"
+            # lab 05: a file in the workflow's volume is in the native data folder's workflow/
+            assert backend.native(traced) == "TRACE=data/workflow/s.jsonl python -m labs state"
         finally:
             backend.close()
 

@@ -85,7 +85,7 @@ from labs import contract as contract_lesson
 from labs import hooks as hooks_lesson
 from labs import modes as modes_lesson
 from labs import outbox as outbox_lesson
-from labs import relay
+from labs import relay, trace_keys
 from labs import saga as saga_lesson
 from tools.local import (
     ROOT,
@@ -153,7 +153,7 @@ EXIT_CODES = exit_codes_in_the_docs()
 
 @pytest.mark.fast
 def test_the_readme_exit_table_lists_every_exit_code_of_workflow_py():
-    modules = (exitcodes, lab, contract_lesson, approval_lesson)  # lab 12's 65, lab 07's 77
+    modules = (exitcodes, lab, contract_lesson, approval_lesson, trace_keys)  # 65, 77, 8
     constants = {v for m in modules for k, v in vars(m).items() if k.startswith("EXIT_")}
     assert EXIT_CODES == {0, *constants}
 

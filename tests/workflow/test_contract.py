@@ -1,10 +1,10 @@
 """Lab 12: a thread saved by one graph, resumed by another.
 
 First what LangGraph 1.2.24 itself does (a real SqliteSaver on a file, small graphs): a renamed
-node, an inserted node and a renamed interrupted node. Then the resume contract of workflow.py:
-recorded in each checkpoint, a resume under another contract refused with nothing changed, and
-`migrate` moving the thread explicitly. In-process: no kill is needed here (the drain is
-workflow.py's own SIGTERM handler, as in lab 09).
+node, an inserted node and a renamed interrupted node. Then the lab's resume contract
+(labs/contract.py): recorded in each checkpoint, a resume under another contract refused with
+nothing changed, and `migrate` moving the thread explicitly. In-process (the drain is
+workflow.py's own SIGTERM handler, as in lab 09), but for the key tests' kill in the window.
 """
 
 import json
@@ -112,7 +112,11 @@ def test_config_metadata_is_saved_in_every_checkpoint(saver):
 def test_the_contract_names_the_version_and_the_shape(saver, monkeypatch):
     core = contract_lesson.contract(workflow.build_graph(saver))
     assert core == contract_lesson.contract(workflow.build_graph(saver))  # the same code, the same
-    assert core.startswith("v1 graph:") and len(core) == len("v1 graph:") + 8
+    assert core.startswith("v1 graph:") and core.endswith(" keys:1")
+    assert len(core) == len("v1 graph: keys:1") + 8
+    assert contract_lesson.contract(workflow.build_graph(saver), keys="2") == core.replace(
+        "keys:1", "keys:2"
+    )  # a deploy that changes how the ticket's node derives its key
     assert (
         contract_lesson.contract(lab_graph.build_lab_graph(saver)) == core
     )  # the same nodes and edges
@@ -170,10 +174,10 @@ def test_a_bad_graph_version_is_one_line_and_exit_2(lab, capsys):
     assert lab_main(capsys, {**lab, "LAB_GRAPH_VERSION": "3"}, "state") == exitcodes.EXIT_USAGE
 
 
-def lab_main(capsys, env, *argv):
+def lab_main(capsys, env, *argv, name="LAB_GRAPH_VERSION"):
     code = lab_py.main(list(argv), env)
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "LAB_GRAPH_VERSION" in err
+    assert err.count("\n") == 1 and f"{name}=" in err
     return code
 
 
@@ -222,9 +226,9 @@ def test_approve_under_another_contract_refuses_instead_of_swallowing(lab, recei
 def test_a_resumed_thread_sends_the_key_it_saved_whatever_prepare_derives_now(
     lab, receiver, capsys, monkeypatch
 ):
-    """Lab 12's reason keys are not in the contract: the key is prepare's output, in the
-    checkpoint. Killed in the window (a real SIGKILL), then a deploy whose prepare derives keys
-    another way (same graph, same contract): the resume sends the saved key, one ticket."""
+    """Lab 12's reason prepare's derivation is not in the contract: the key is prepare's output,
+    in the checkpoint. Killed in the window (a real SIGKILL), then a deploy whose prepare derives
+    keys another way (same graph, same contract): the resume sends the saved key, one ticket."""
     from tools.local import run_workflow
 
     start = ["start", "--thread", "k", "--operation", "op-k", "--mode", "safe", "--crash"]
@@ -235,3 +239,24 @@ def test_a_resumed_thread_sends_the_key_it_saved_whatever_prepare_derives_now(
     events = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert events[0] == {"event": "effect_ack", "created": False, "ticket_id": 1}
     assert [t["key"] for t in workflow.TicketClient(lab["API_URL"]).tickets()] == ["op-k"]
+
+
+def test_a_key_derived_in_the_node_by_another_version_is_a_second_ticket_without_the_contract(
+    lab, receiver, capsys
+):
+    """Lab 12's key derivation: killed in the window under version 1 (a real SIGKILL), resumed
+    by LAB_KEY_VERSION=2 with --no-contract, the node sends KEY:ticket, which neither the
+    receiver nor the ledger has seen: a second ticket. A thread started under version 2 sends
+    version 2's key. (The contract's refusal and migrate's kept keys: lab 12's guide.)"""
+    from tools.local import run_workflow_here
+
+    start = ["start", "--thread", "k", "--operation", "op-k", "--crash"]
+    crashed = run_workflow_here(start, lab)  # through the ledger, its receipt kept
+    assert crashed.returncode == -9, crashed.stderr
+    v2 = {**lab, "LAB_KEY_VERSION": "2"}
+    assert lab_py.main(["resume", "--thread", "k", "--no-contract"], v2) == 0
+    assert lab_py.main(["start", "--thread", "n", "--operation", "op-n"], v2) == 0
+    tickets = workflow.TicketClient(lab["API_URL"]).tickets()
+    assert [t["key"] for t in tickets] == ["op-k", "op-k:ticket", "op-n:ticket"]
+    bad = lab_main(capsys, {**lab, "LAB_KEY_VERSION": "3"}, "state", name="LAB_KEY_VERSION")
+    assert bad == exitcodes.EXIT_USAGE

@@ -80,6 +80,11 @@ def test_a_resumed_runs_two_attempts_and_the_receivers_replay_join_on_the_key(
         keyed(exported(memory), "POST /tickets"),
     )
     assert len(first) == len(resumed) == 1  # one request per attempt
+    for sent in (*first, *resumed):  # made in the node: its thread and node join the attempts
+        assert (sent["attributes"]["thread"], sent["attributes"]["langgraph.node"]) == (
+            "t",
+            "create_ticket",
+        )
     assert first[0]["context"]["trace_id"] != resumed[0]["context"]["trace_id"]
     received = keyed(read(traced_receiver), "POST /tickets")
     assert len(received) == 2
@@ -88,6 +93,7 @@ def test_a_resumed_runs_two_attempts_and_the_receivers_replay_join_on_the_key(
         assert answered["context"]["trace_id"] == sent["context"]["trace_id"]  # traceparent
         assert answered["parent_id"] == sent["context"]["span_id"]
     assert [s["name"] for s in exported(memory)][-1] == "run"  # the resume ended its own
+    assert not any("langgraph.node" in s["attributes"] for s in received)  # in no node
     made, replayed = received
     assert made["attributes"]["receiver.replay"] is False
     assert replayed["attributes"]["receiver.replay"] is True
@@ -267,11 +273,29 @@ def test_otlp_sends_the_receivers_span_to_the_endpoint_it_is_given(lab, tmp_path
 
 
 @pytest.mark.fast
+def test_a_command_without_trace_after_a_traced_one_in_one_process_traces_nothing(tmp_path):
+    """An in-process caller (the guides' runs) runs commands one after another: TRACE unset
+    turns off what a TRACE before it turned on, and leaves a caller's own use() alone."""
+    tracing.start(str(tmp_path / "spans.jsonl"), "workflow")
+    assert tracing.TRACER is not None
+    tracing.start("", "workflow")
+    assert tracing.TRACER is None
+    tracing.use(InMemorySpanExporter(), "workflow")
+    try:
+        tracing.start("", "workflow")
+        assert tracing.TRACER is not None
+    finally:
+        tracing.stop()
+
+
+@pytest.mark.fast
 def test_a_trace_file_that_cannot_be_written_is_one_line_and_a_usage_error(lab, tmp_path, capsys):
-    env = {**lab, "TRACE": str(tmp_path / "no-such-folder" / "spans.jsonl")}
+    """A missing folder is made (as CHECKPOINT_DB's); a file where the folder would be is not."""
+    (tmp_path / "a-file").write_text("")
+    env = {**lab, "TRACE": str(tmp_path / "a-file" / "spans.jsonl")}
     assert workflow.main(["start", "--thread", "t"], env) == exitcodes.EXIT_USAGE
     assert capsys.readouterr().err.splitlines() == [
-        f"workflow.py: TRACE={env['TRACE']!r} cannot be written: No such file or directory"
+        f"workflow.py: TRACE={env['TRACE']!r} cannot be written: Not a directory"
     ]
     assert tracing.TRACER is None  # nothing half turned on
 
@@ -317,3 +341,21 @@ def test_otlp_to_a_collector_that_is_not_there_costs_one_bounded_try(monkeypatch
     tracing.stop()  # the batch's export, as at a command's exit
     retries = [r for r in caplog.records if "retrying in" in r.getMessage()]
     assert len(retries) <= 1, [r.getMessage() for r in retries]
+
+
+@pytest.mark.fast
+def test_trace_keys_without_spans_to_read_is_one_line_and_its_exit_code(lab, tmp_path, capsys):
+    """trace-keys (lab 05) with no file named, a file that is not spans, or one whose spans carry
+    no key sent from a node: one line each, never a pass that checked nothing."""
+    env = {k: v for k, v in lab.items() if k != "TRACE"}
+    (tmp_path / "empty.jsonl").write_text("")
+    (tmp_path / "log.txt").write_text("receiver: started\n")
+    for argv, code, said in [
+        ([], exitcodes.EXIT_USAGE, "trace-keys reads a spans file"),
+        ([str(tmp_path / "log.txt")], exitcodes.EXIT_USAGE, "log.txt, line 1, is not a span"),
+        ([str(tmp_path / "none.jsonl")], exitcodes.EXIT_USAGE, "No such file"),
+        ([str(tmp_path / "empty.jsonl")], exitcodes.EXIT_THREAD, "were the runs started"),
+    ]:
+        assert lab_py.main(["trace-keys", *argv], env) == code, argv
+        out, err = capsys.readouterr()
+        assert out == "" and err.count("\n") == 1 and said in err, err
