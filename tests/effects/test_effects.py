@@ -469,7 +469,8 @@ def test_a_persons_not_sent_waits_out_the_settle_time_where_a_lookup_exists(tmp_
 
 @pytest.mark.fast
 def test_lab_15_names_every_table_the_ledger_makes(tmp_path):
-    """REVIEW F: lab 15 said three tables; the ledger makes four (effect_extras too)."""
+    """REVIEW F: lab 15 said three tables; the ledger makes five (effect_extras and
+    effect_corrections too)."""
     import sqlite3
 
     from tools.local import ROOT
@@ -483,4 +484,4 @@ def test_lab_15_names_every_table_the_ledger_makes(tmp_path):
     (said,) = re.findall(r"The ledger's (\w+) tables \(([^)]*)\)", guide)
     named = set(re.findall(r"`(\w+)`", said[1]))
     assert named == made, (named, made)
-    assert said[0] == {3: "three", 4: "four"}.get(len(made)), said[0]
+    assert said[0] == {3: "three", 4: "four", 5: "five"}.get(len(made)), said[0]
