@@ -184,9 +184,10 @@ _SET_BY_THE_BLOCK = ("API_URL", "RECEIVER_DB", "CHECKPOINT_DB", "HOST")
 _RECEIVER_DB = "data/receiver/receiver.sqlite"
 
 
-def lab_06_receiver(section):
-    """The README's `up` note for lab 06: the receiver's command with the fault's setting."""
-    (command,) = re.findall(r"lab 06: `([^`]*python -m labs\.receiver) \.\.\.`", section)
+def override_up(section, file):
+    """The native table's row for an `up` with the override file (lab 06's: the fault's setting
+    in front of the receiver's command)."""
+    (command,) = re.findall(rf"^\| \d\d \| `{re.escape(file)}` \| `([^`]+)` \|$", section, re.M)
     return command
 
 
@@ -243,10 +244,11 @@ def native_script(guide_text, block):
         verb, rest = command.verb, command.args
         if verb == "run":
             native = table["run --rm workflow ARGS"].replace("ARGS", shlex.join(rest[2:]))
+        elif verb == "up" and command.overrides:  # lab 06: the fault, on the receiver alone
+            (file,) = command.overrides
+            native = override_up(section, file)
         else:
             native = table[" ".join([verb, *rest])]
-        if verb == "up" and command.overrides:  # lab 06: the fault, on the receiver alone
-            native = native.replace("python -m labs.receiver", lab_06_receiver(section))
         script += [f"echo {STEP_MARK}", native, f'echo "{EXIT_MARK} $?"']
         if verb in ("up", "restart"):
             script.append(until + " >/dev/null")
