@@ -485,3 +485,35 @@ def test_lab_15_names_every_table_the_ledger_makes(tmp_path):
     named = set(re.findall(r"`(\w+)`", said[1]))
     assert named == made, (named, made)
     assert said[0] == {3: "three", 4: "four", 5: "five"}.get(len(made)), said[0]
+
+
+@pytest.mark.fast
+def test_lab_15_names_the_labs_that_ran_the_ledger_before_it():
+    """REVIEW F: lab 15's list of the earlier labs that used the ledger (07 and 13 said so; 11
+    was not named). Those it says said so name the ledger in their prose; lab 04's drill table
+    has a ledger column; those it says ran it without saying so start a run in the default
+    mode (no --mode: labs/modes.py's default, ledger) and name no ledger outside their output."""
+    from tools.local import ROOT
+    from tools.runner import parse_guide
+
+    guide = " ".join((ROOT / "labs" / "15-the-ledger.md").read_text(encoding="utf-8").split())
+    (said,) = re.findall(
+        r"Labs ([\d, and]+) ran their effects through this ledger and said so", guide
+    )
+    (drilled,) = re.findall(r"Lab (\d\d)'s drill ran it as one of its four modes", guide)
+    (silent,) = re.findall(r"Labs ([\d, and]+) ran in its default `--mode ledger` without", guide)
+
+    def text(number):
+        (path,) = (ROOT / "labs").glob(f"{number}-*.md")
+        return path.read_text(encoding="utf-8")
+
+    def prose(number):  # the guide without its console blocks (their output names the mode)
+        return re.sub(r"```console\n.*?```", "", text(number), flags=re.S)
+
+    for number in re.findall(r"\d\d", said):
+        assert "ledger" in prose(number).lower(), number
+    assert "| ledger |" in text(drilled)
+    for number in re.findall(r"\d\d", silent):
+        starts = [s.command for s in parse_guide(text(number)) if " workflow start " in s.command]
+        assert any("--mode" not in command for command in starts), number
+        assert "--mode ledger" not in prose(number) and "ledger mode" not in prose(number), number
