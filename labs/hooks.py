@@ -140,7 +140,7 @@ def take_webhooks(args, settings):
             f"{command(f'hooks --ticket {args.ticket} --move opened,resolved')} moves it "
             f"({command('tickets')} lists the receiver's)"
         )
-    for line in [*warnings, faults_off]:
+    for line in warnings or [faults_off]:  # lab 18's faults, when nothing else went wrong
         say(line)
 
 
