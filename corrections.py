@@ -88,5 +88,5 @@ def login():
     """The person's login name (LOGNAME, USER, or the password database), else their uid."""
     try:
         return getpass.getuser()
-    except (KeyError, OSError):  # a container's uid with no name (the lab's image: 10001)
+    except (KeyError, OSError):  # a container's uid with no name in its passwd file
         return f"uid {os.getuid()}"
