@@ -517,3 +517,33 @@ def test_lab_15_names_the_labs_that_ran_the_ledger_before_it():
         starts = [s.command for s in parse_guide(text(number)) if " workflow start " in s.command]
         assert any("--mode" not in command for command in starts), number
         assert "--mode ledger" not in prose(number) and "ledger mode" not in prose(number), number
+
+
+@pytest.mark.fast
+def test_a_correction_is_kept_beside_the_receipt_and_a_forged_one_is_damage(tmp_path):
+    """reconcile --correct's record (corrections.py): the receipt reads the new answer, the
+    person's first one stays in effect_receipts, a correction is never changed or deleted, and
+    one written outside this program (no integrity hash of it) makes the key Damaged (exit 7)."""
+    import sqlite3
+
+    import corrections
+
+    with effects.open_ledger(str(tmp_path / "ledger.sqlite")) as ledger:
+        ledger.claim("k", "message", {"to": "a"})
+        ledger.settle("k", "a person: reconcile --confirmed", {"message_id": 7}, 7)
+        assert corrections.correct(ledger, "k", {"message_id": 1}, 1, "a person") == "7"
+        assert ledger.get("k").answer == {"message_id": 1}
+        kept = ledger.sql("SELECT external_id FROM effect_receipts WHERE key = 'k'").fetchall()
+        assert [tuple(row) for row in kept] == [("7",)]
+        for change in (
+            "UPDATE effect_corrections SET external_id = '9'",
+            "DELETE FROM effect_corrections",
+        ):
+            with pytest.raises(sqlite3.DatabaseError, match="a correction is never"):
+                ledger.sql(change)
+        ledger.sql(
+            "INSERT INTO effect_corrections (key, was_id, external_id, answer, who, integrity, at) "
+            """VALUES ('k', '1', '9', '{"message_id":9}', 'someone', 'forged', 0)"""
+        )
+        with pytest.raises(effects.Damaged, match="a correction of 'k' does not match"):
+            ledger.get("k")
