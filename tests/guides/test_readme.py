@@ -449,3 +449,14 @@ def wait_for_answer(port):
             return False
 
     wait_until(answers, 60, f"a receiver on port {port}")
+
+
+@pytest.mark.fast
+def test_the_docs_count_the_lock_files_make_lock_renews():
+    """REVIEW F: the README said `make lock` renews four lock files (it renews six)."""
+    makefile = (ROOT / "Makefile").read_text(encoding="utf-8")
+    recipe = makefile.split("\nlock:", 1)[1].split("\n\n", 1)[0]
+    renewed = re.findall(r"\$\(UV\) -o (\S+)", recipe)
+    (said,) = re.findall(r"regenerate the (\w+) hashed lock files", DOCS["demo.md"])
+    words = {4: "four", 5: "five", 6: "six", 7: "seven"}
+    assert said == words[len(renewed)], (said, renewed)
