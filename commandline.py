@@ -12,6 +12,7 @@ import sys
 import threading
 import urllib.error
 
+import corrections
 import effects
 import exitcodes
 import failpoints
@@ -123,8 +124,8 @@ def commands(parser, prefix=""):
 def run_reconcile(args, settings):
     """The reconcile command: the ledger's open effects settled by effects.reconcile, each asked
     by key where its provider has a lookup, or as a person says (--confirmed KEY or KEY=ID,
-    --not-sent KEY); then how many are still unknown, and any extra effect a provider made
-    under a key (a duplicate to undo)."""
+    --not-sent KEY, --correct KEY=ID); then how many are still unknown, any extra effect a
+    provider made under a key (a duplicate to undo), and every person's answer corrected."""
     with (
         open_checkpointer(settings.checkpoint_db),
         effects.open_ledger(settings.checkpoint_db, settings.lease_s) as ledger,
@@ -134,7 +135,10 @@ def run_reconcile(args, settings):
             ledger, args.effects, settings.clients(), said, getattr(args, "wait", False)
         )
         for record, now in done:
-            if said:
+            if now == "corrected":  # the id it replaced, kept in the ledger, and the new one
+                last = ledger.receipt(record.key)["corrections"][-1]
+                emit("corrected", key=record.key, was=last["was"], now=last["now"], who=last["who"])
+            elif said:
                 emit("settled", key=record.key, state=now)
             else:
                 emit("reconciled", effect=record.effect, key=record.key, now=now, was=record.state)
@@ -144,12 +148,15 @@ def run_reconcile(args, settings):
             for key, external_id, how in extras:
                 emit("effect_extra", key=key, external_id=external_id, how=how)
             emit("effects_extra", count=len(extras))
+        for key, was, now, who in corrections.corrections(ledger):  # a person's answer, fixed
+            emit("effect_corrected", key=key, was=was, now=now, who=who)
 
 
 def settlements(args):
     """{key: (what the person said, the id they gave or None)}; a key named twice: UserError."""
     said = {}
-    for word, given in (("confirmed", args.confirmed), ("not-sent", args.not_sent)):
+    words = [("confirmed", args.confirmed), ("not-sent", args.not_sent)]
+    for word, given in [*words, ("correct", getattr(args, "correct", []))]:
         for text in given:
             key, _, external_id = text.rpartition("=") if "=" in text else (text, "", "")
             if key in said:
@@ -329,6 +336,9 @@ def graph_parser(prog, description, declared, build_graph, run_graph, start_inpu
     sub.set_defaults(run=run_reconcile)
     sub.add_argument("--confirmed", nargs="+", default=[], metavar="KEY", help="it happened")
     sub.add_argument("--not-sent", nargs="+", default=[], metavar="KEY", help="it did not")
+    sub.add_argument(
+        "--correct", nargs="+", default=[], metavar="KEY=ID", help="a person's answer was wrong"
+    )
     sub.add_argument(
         "--wait", action="store_true", help="wait out the providers' settle time, then settle"
     )

@@ -16,10 +16,11 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
+from corrections import corrected
 from ledger_tables import ADDED_COLUMNS, SCHEMA, digest_of, integrity_fault, wal
 
 STATES = ("requested", "confirmed", "failed", "unknown", "released")
-TABLES = ("effects", "effect_transitions", "effect_receipts", "effect_extras")
+TABLES = ("effects", "effect_transitions", "effect_receipts", "effect_extras", "effect_corrections")
 OPENING = threading.RLock()  # a Ledger's first connection in a process is opened under it
 LEASES = {}  # this process's lease files: path -> (descriptor, {key: the Ledger holding it})
 SETTLED = ("confirmed", "failed")  # final: a later attempt returns (or raises) what they say
@@ -235,7 +236,7 @@ class Ledger:
         return [(row["from_state"], row["to_state"], row["how"]) for row in rows.fetchall()]
 
     def receipt(self, key):
-        """The receipt of key (its integrity checked), or None."""
+        """The receipt of key (its integrity checked), as corrected (corrections.py), or None."""
         row = self.sql("SELECT * FROM effect_receipts WHERE key = ?", (key,)).fetchone()
         if row is None:
             return None
@@ -243,7 +244,7 @@ class Ledger:
         fields = [key, effect["effect"], row["request_hash"], row["external_id"], row["answer"]]
         if (why := integrity_fault(fields, row["integrity"])) is not None:
             raise Damaged(f"the receipt of {key!r} does not match its integrity hash: {why}")
-        return {**dict(row), "answer": json.loads(row["answer"])}
+        return corrected(self, key, {**dict(row), "answer": json.loads(row["answer"])})
 
     # helpers
 

@@ -48,10 +48,24 @@ SCHEMA = (
     integrity TEXT NOT NULL,  -- digest_of key, effect, request hash, external id, answer
     at REAL NOT NULL
 )""",
+    """CREATE TABLE IF NOT EXISTS effect_corrections (
+    id INTEGER PRIMARY KEY,
+    key TEXT NOT NULL REFERENCES effects (key),
+    was_id TEXT NOT NULL,  -- the id the key's answer named before: a person's word, mistaken
+    external_id TEXT NOT NULL,  -- the id a person corrected it to: what the ledger reads now
+    answer TEXT NOT NULL,  -- the corrected answer, canonical JSON
+    who TEXT NOT NULL,  -- the person (their login) and the command
+    integrity TEXT NOT NULL,  -- digest_of key, both ids, answer, who
+    at REAL NOT NULL
+)""",
     """CREATE TRIGGER IF NOT EXISTS receipts_are_kept BEFORE UPDATE ON effect_receipts
 BEGIN SELECT RAISE(ABORT, 'a receipt is never overwritten'); END""",
     """CREATE TRIGGER IF NOT EXISTS receipts_stay BEFORE DELETE ON effect_receipts
 BEGIN SELECT RAISE(ABORT, 'a receipt is never deleted'); END""",
+    """CREATE TRIGGER IF NOT EXISTS corrections_are_kept BEFORE UPDATE ON effect_corrections
+BEGIN SELECT RAISE(ABORT, 'a correction is never overwritten'); END""",
+    """CREATE TRIGGER IF NOT EXISTS corrections_stay BEFORE DELETE ON effect_corrections
+BEGIN SELECT RAISE(ABORT, 'a correction is never deleted'); END""",
 )
 
 
@@ -67,12 +81,17 @@ POSTGRES_SCHEMA = (
         statement.replace("REAL", "DOUBLE PRECISION").replace(
             "id INTEGER PRIMARY KEY", "id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY"
         )
-        for statement in SCHEMA[:4]
+        for statement in SCHEMA
+        if statement.startswith("CREATE TABLE")
     ),
     """CREATE OR REPLACE FUNCTION effect_receipts_are_kept() RETURNS trigger LANGUAGE plpgsql
 AS $$ BEGIN RAISE EXCEPTION 'a receipt is never overwritten or deleted'; END $$""",
     """CREATE OR REPLACE TRIGGER receipts_are_kept BEFORE UPDATE OR DELETE ON effect_receipts
 FOR EACH STATEMENT EXECUTE FUNCTION effect_receipts_are_kept()""",
+    """CREATE OR REPLACE FUNCTION effect_corrections_are_kept() RETURNS trigger LANGUAGE plpgsql
+AS $$ BEGIN RAISE EXCEPTION 'a correction is never overwritten or deleted'; END $$""",
+    """CREATE OR REPLACE TRIGGER corrections_are_kept BEFORE UPDATE OR DELETE ON effect_corrections
+FOR EACH STATEMENT EXECUTE FUNCTION effect_corrections_are_kept()""",
 )
 
 

@@ -4,7 +4,8 @@ tried again, and what its error answers mean for an effect (HttpAnswers). Its se
 the environment under one rule, NAME being the provider's name:
     {NAME}_URL        its address (a scheme, a host, a port)
     {NAME}_TIMEOUT_S  seconds to wait for one answer (default 5)
-    {NAME}_ATTEMPTS   tries of a request that was refused or answered 503 (default 4)
+    {NAME}_ATTEMPTS   tries of a request whose connection was refused (default 4; a host name
+                      that does not resolve: at most 2); a busy 503 gets twice as many (8)
     {NAME}_TOKEN      "" (none); else sent as `Authorization: Bearer TOKEN`, never printed
 """
 

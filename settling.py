@@ -1,7 +1,8 @@
 """reconcile: the ledger's open effects settled, each asked by key where its provider has a
 lookup, or as a person says (it happened, with the provider's id; it did not): a person's word
 is checked against what the provider holds and taken only once the provider's settle time has
-passed since the last send. The reconcile command (commandline.py) only calls it."""
+passed since the last send. A person's word already taken is corrected, never overwritten
+(corrections.py). The reconcile command (commandline.py) only calls it."""
 
 import dataclasses
 import math
@@ -9,6 +10,7 @@ import shlex
 import time
 from contextlib import ExitStack
 
+import corrections
 from exitcodes import command
 from ledger import OPEN, InFlight, LedgerError
 from providers import SETTLE_S
@@ -20,7 +22,8 @@ def reconcile(ledger, effects, clients=None, said=None, wait=False):
     Without said: each asked by key where its provider has a lookup (lookup_settles).
     said, {key: ("confirmed" or "not-sent", the provider's id or None)}: a person's word on
     those keys, checked against what the provider holds where it can be asked, and taken only
-    once the provider's settle time has passed since the last send (wait: sleep until then).
+    once the provider's settle time has passed since the last send (wait: sleep until then);
+    ("correct", the id): a confirmed key's person's answer corrected (correction_checked).
     Every key is checked, and every key's lock taken, before anything is written: a word the
     ledger will not take is WordRefused, and nothing is settled.
     effects: declared(...) of the program; clients: {provider name: its client}, or one client
@@ -78,17 +81,90 @@ def lookup_settles(ledger, record, effect):
 
 def settle_as_said(ledger, effects, said, wait):
     """[(Record, state)] of a person's word on each key in said (reconcile)."""
+    opening = [key for key in said if said[key][0] != "correct"]
     for key in said:
-        require_open(ledger, key)
+        if key in opening:
+            require_open(ledger, key)
+        else:
+            require_correctable(ledger, key)
     if wait:  # until every named key's settle time is over
-        time.sleep(max([settle_left_s(ledger.get(k), effects) for k in said], default=0))
+        time.sleep(max([settle_left_s(ledger.get(k), effects) for k in opening], default=0))
     with ExitStack() as held:
         for key in said:  # InFlight while a live process performs it: nothing written yet
             held.enter_context(ledger.performing(key))
-        settled = [word_checked(ledger, key, *said[key], effects) for key in said]
-        for key, _, how, answer, external_id in settled:
-            ledger.settle(key, how, answer, external_id)
+        settled = [checked(ledger, key, *said[key], effects) for key in said]
+        for key, state, how, answer, external_id in settled:
+            if state == "corrected":
+                corrections.correct(ledger, key, answer, external_id, how)
+            else:
+                ledger.settle(key, how, answer, external_id)
         return [(ledger.get(key), state) for key, state, *_ in settled]
+
+
+def checked(ledger, key, word, external_id, effects):
+    if word == "correct":
+        return correction_checked(ledger, key, external_id, effects)
+    return word_checked(ledger, key, word, external_id, effects)
+
+
+def correction_checked(ledger, key, external_id, effects):
+    """(key, "corrected", how, answer, external_id) of a person's correction of key, checked:
+    only an answer a person gave is corrected (a provider's own answer is not theirs to
+    change), to an id the provider holds under the key where it can be asked, and not to the
+    id it already names; else WordRefused, nothing written."""
+    record = require_correctable(ledger, key)  # under its lock now
+    effect = effects.get(record.effect)
+    look = "" if effect is None else f" (look with {effect.look(key)})"
+    nothing = ". Nothing was corrected"
+    if external_id is None:
+        raise WordRefused(
+            f"--correct {key} needs the id the provider gave it: "
+            f"{reconciling('--correct', key + '=ID')}{look}{nothing}",
+            usage=True,
+        )
+    was = ledger.receipt(key)["external_id"]
+    if external_id == was:
+        raise WordRefused(f"{key!r} already names {was}: nothing to correct{look}{nothing}")
+    how = "a person: reconcile --correct"
+    if effect is not None and effect.lookup is not None:  # asked, not believed
+        found = effect.lookup(None, key)
+        held = "nothing" if found is None else effect.external_id(found)
+        if found is None or str(held) != external_id:
+            raise WordRefused(
+                f"the provider holds {held} under {key!r}, not {external_id}{look}{nothing}"
+            )
+        return key, "corrected", f"{how}, looked up", found, held
+    if effect is None or effect.answer_of is None:
+        raise WordRefused(
+            f"effect {record.effect!r} of {key!r} is not one this program can record a person's "
+            f"answer for{nothing}"
+        )
+    try:
+        answer = effect.answer_of(external_id)
+    except (ValueError, TypeError):
+        raise WordRefused(
+            f"{external_id!r} is not an id of {effect.name}{look}{nothing}", usage=True
+        ) from None
+    return key, "corrected", how, answer, effect.external_id(answer)
+
+
+def require_correctable(ledger, key):
+    """Only a confirmed key whose answer a person gave is a person's to correct: its Record."""
+    record = ledger.get(key)
+    if record is None or record.state != "confirmed":
+        state = record.state if record else "no such key"
+        hint = f"; {reconciling('--confirmed', key + '=ID')} settles it" if record else ""
+        raise WordRefused(
+            f"effect {key!r} is not confirmed ({state}): --correct changes a person's "
+            f"answer{hint}. Nothing was corrected"
+        )
+    if corrections.by_a_person(ledger, key) is None:
+        how = next(how for _, to, how in ledger.history(key) if to == "confirmed")
+        raise WordRefused(
+            f"effect {key!r} was confirmed by its provider ({how}), not by a person's word: "
+            "there is no person's answer to correct. Nothing was corrected"
+        )
+    return record
 
 
 def word_checked(ledger, key, word, external_id, effects):
@@ -174,9 +250,12 @@ def require_open(ledger, key):
     """Only an effect that may be out there is a person's to settle."""
     if not (record := ledger.get(key)) or record.state not in OPEN:
         state = record.state if record else "no such key"
+        fix = ""
+        if state == "confirmed" and corrections.by_a_person(ledger, key):
+            fix = f"; a person's answer given wrong: {reconciling('--correct', key + '=ID')}"
         raise WordRefused(
-            f"effect {key!r} is not open ({state}); {command('reconcile')} lists the open ones. "
-            "Nothing was settled"
+            f"effect {key!r} is not open ({state}); {command('reconcile')} lists the open "
+            f"ones{fix}. Nothing was settled"
         )
 
 

@@ -80,7 +80,7 @@ def start(setting, service):
     except ImportError:
         raise TracingError(
             "TRACE is set and OpenTelemetry is not installed; install its hashed lock "
-            "(pip install --require-hashes -r requirements-otel.txt), or unset TRACE"
+            f"(pip install --require-hashes -r {otel_lock()}), or unset TRACE"
         ) from None
     if setting == "otlp":
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
@@ -95,6 +95,14 @@ def start(setting, service):
             raise TracingError(f"TRACE={setting!r} cannot be written: {error.strerror}") from None
     STARTED = True
     return provider
+
+
+def otel_lock():
+    """The lock file that installs OpenTelemetry, as this folder ships it: requirements-otel.txt
+    where it is an extra of its own, else requirements.txt (which then holds it)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    extra = "requirements-otel.txt"
+    return extra if os.path.exists(os.path.join(here, extra)) else "requirements.txt"
 
 
 def use(exporter, service, batch=False):

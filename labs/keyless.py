@@ -5,12 +5,14 @@ receiver holds. --mode lookup-resend is the payment without the settle rule: a s
 """
 
 import dataclasses
+import time
 import urllib.parse
 
 import effects
 import providers
 import workflow
 from exitcodes import emit, looking
+from labs.conditions import say, slow_payment_missing
 from labs.modes import KEYLESS_MODES
 
 # --- lab 15: a message about the ticket, to a provider that takes no key (--notify) ----------
@@ -110,9 +112,15 @@ def pay_for_operation(state, runtime):
     effect = PAYMENT
     if state["mode"] in KEYLESS_MODES:  # the lesson's: any empty lookup counts as proof
         effect = dataclasses.replace(PAYMENT, keyed=True)  # which this provider is not
+    sent_at = time.monotonic()
     done = effect.perform(runtime.context.ledger, key, request, runtime.context.client)
     if done.how == "sent":
         emit("payment_sent", key=key, payment_id=done.answer["payment_id"])
+        answered_s, timeout_s = time.monotonic() - sent_at, runtime.context.client.timeout_s
+        from langgraph.config import get_config  # in a node: LangGraph is loaded already
+
+        thread = get_config()["configurable"]["thread_id"]  # the run's, for a new one's name
+        say(slow_payment_missing(answered_s, timeout_s, thread, state))  # the lesson's, if not
     else:  # adopted (found by the lookup) or the receipt (the provider is not called)
         emit(f"effect_{done.how}", key=key, payment_id=done.answer["payment_id"])
     return {"payment_id": done.answer["payment_id"]}

@@ -114,8 +114,8 @@ def stuck_effects(url):
 
 def settle_open_effects(args):
     """workflow.py's reconcile, on the workers' ledger: the open effects asked by key, or
-    settled as a person says (--confirmed, --not-sent). It looks up the effects the graph's
-    module declares, and the core's."""
+    settled as a person says (--confirmed, --not-sent, --correct). It looks up the effects the
+    graph's module declares, and the core's."""
     args.effects = effects.declared(vars(workflow)) | effects.declared(vars(args.graph_module))
     commandline.run_reconcile(args, args.settings)
 

@@ -148,6 +148,9 @@ def parse_args(argv, graph_module):
     sub.add_argument("--confirmed", nargs="+", default=[], metavar="KEY", help="it happened")
     sub.add_argument("--not-sent", nargs="+", default=[], metavar="KEY", help="it did not")
     sub.add_argument(
+        "--correct", nargs="+", default=[], metavar="KEY=ID", help="a person's answer was wrong"
+    )
+    sub.add_argument(
         "--wait", action="store_true", help="wait out the providers' settle time, then settle"
     )
     sub = actions.add_parser("metrics", help="the queue's figures for Prometheus")

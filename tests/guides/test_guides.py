@@ -15,6 +15,7 @@ import pytest
 from conftest import require_postgres
 from pictures_helpers import assert_each_picture_marks_what_was_told
 
+from labs import conditions
 from tools import demo
 from tools.backends import (
     LOST_ACK,
@@ -119,6 +120,9 @@ def test_compose_yaml_turns_no_fault_on_and_the_override_does():
     assert yaml.safe_load((ROOT / WEBHOOKS).read_text()) == {"services": {"api": webhooks}}
     slow = {"environment": {"FAILPOINTS": "payment-commit=sleep(3)"}}  # lab 15's
     assert yaml.safe_load((ROOT / SLOW_PAYMENTS).read_text()) == {"services": {"api": slow}}
+    # what a lesson's missing-condition line tells a learner to start the receiver with
+    assert conditions.SLOW_PAYMENTS == (SLOW_PAYMENTS, slow["environment"])
+    assert conditions.WEBHOOK_FAULTS == (WEBHOOKS, webhooks["environment"])
     for name, seconds in ((KEY_RETENTION, "2"), (KEY_RETENTION_24H, "86400")):  # lab 14's
         api = {"environment": {"RECEIVER_KEY_RETENTION_S": seconds}}
         assert yaml.safe_load((ROOT / name).read_text()) == {"services": {"api": api}}
@@ -142,6 +146,8 @@ def test_guide_local(guide, tmp_path, capsys):
         else:
             outcomes = [run_step(step, backend) for step in steps[:-1]]
         assert all(o.ok for o in outcomes), f"{guide.name} differs:\n{describe(outcomes)}"
+        missing = [o.stderr for o in outcomes if "did not happen" in o.stderr]  # labs/conditions
+        assert not missing, f"{guide.name}: a condition said missing as typed: {missing}"
         assert_the_ledger_counts_the_tickets(guide, steps, backend)
         if guide.name.startswith("11-"):
             assert_the_drills_stderr_is_the_graphs_own_lines(outcomes)

@@ -113,6 +113,28 @@ def test_native_lines_are_the_commands_a_learner_pastes_from_the_readme(tmp_path
         assert backend.native(f"{prefix}{bare(row)} {args}") == f"{bare(table[row])} {args}", row
 
 
+def test_the_native_table_gives_every_labs_override_file_as_the_demo_types_it():
+    """docs/native.md's table of override files: one row per file a guide starts the receiver
+    with, each the native line tools/native.py makes of the guide's `up` with it (started, or
+    started again when the guide's receiver already runs), and labs/conditions.py's hints."""
+    from labs import conditions
+
+    readme = (ROOT / "docs" / "native.md").read_text(encoding="utf-8")
+    rows = re.findall(r"^\| (\d\d) \| `([^`]+)` \| `([^`]+)` \|$", readme, re.M)
+    used = {
+        (guide.name[:2], file)
+        for guide in (ROOT / "labs").glob("[0-9][0-9]-*.md")
+        for file in re.findall(r"-f (labs/[\w-]+\.compose\.yaml) up", guide.read_text())
+    }
+    assert {(lab, file) for lab, file, _ in rows} == used
+    for _, file, typed in rows:
+        up = parse_command(f"docker compose -p stateful-lab -f compose.yaml -f {file} up -d api")
+        assert native.line(up, {}, typed.startswith("kill"), False) == typed, file
+    for override in (conditions.SLOW_PAYMENTS, conditions.WEBHOOK_FAULTS):  # their hints
+        (typed,) = [t for _, file, t in rows if file == override[0]]
+        assert conditions.receiver_with(override).startswith(typed + " (Docker: "), override
+
+
 def test_compose_progress_and_the_repeated_exit_code_are_not_the_programs_stderr():
     stderr = (
         "Creating p_workflow_run ... \r\nCreating p_workflow_run ... done\r\n"

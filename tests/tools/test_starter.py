@@ -10,6 +10,7 @@ import os
 import re
 import shutil
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -102,6 +103,10 @@ def test_the_lock_holds_what_the_core_imports_and_leaves_postgres_out(built):
     readme = (built / "README.md").read_text(encoding="utf-8")
     assert "pip install --require-hashes -r requirements-postgres.txt" in readme
     assert "pip install --require-hashes -r requirements-otel.txt" in readme
+    # and so does tracing.py's line for TRACE without OpenTelemetry, as the starter ships it
+    otel = [sys.executable, "-c", "import tracing; print(tracing.otel_lock())"]
+    said = subprocess.run(otel, cwd=built, capture_output=True, text=True, timeout=60)
+    assert said.stdout == "requirements-otel.txt\n", said.stderr
     # the lab's README says the same of the starter's Postgres path (REVIEW F: it said a bare
     # `pip install langgraph-checkpoint-postgres psycopg[binary]`, which pins nothing)
     section = (ROOT / "docs" / "starter.md").read_text(encoding="utf-8")

@@ -9,6 +9,7 @@ metrics server as a process that opens the file read-only.
 """
 
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -119,6 +120,11 @@ def test_the_ledger_s_effects_by_state_and_the_oldest_open_one_are_scraped_read_
         'ledger_effects{state="failed"}': 1,
         **NO_OUTBOX,  # lab 19's outbox has no row here (tests/workflow/test_outbox.py counts one)
     }
+    # lab 15's Prometheus line is stuck()'s count: its query, read from the guide, on this scrape
+    guide = (ROOT / "labs" / "15-the-ledger.md").read_text(encoding="utf-8")
+    (states,) = re.findall(r'`sum\(ledger_effects\{state=~"([\w|]+)"\}\)`', guide)
+    assert set(states.split("|")) == set(effects.OPEN)
+    assert sum(seen[f'ledger_effects{{state="{s}"}}'] for s in states.split("|")) == 2  # stuck()
     families = list(text_string_to_metric_families(text))
     assert {family.type for family in families} == {"gauge"}
     labels = {name for family in families for sample in family.samples for name in sample.labels}

@@ -11,6 +11,7 @@ import re
 import shlex
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -95,12 +96,35 @@ def test_exit_6_names_the_reconcile_that_settles_it_and_the_resume_sends_nothing
     listed = follow(looked, lab)
     assert listed.returncode == 0, listed.stderr
     (message,) = events(listed.stdout)[0]["messages"]  # the one the crashed run sent
+    sent = message["message_id"]
     time.sleep(max(0.0, workflow.RECEIVER_SETTLE_S + 0.2 - (time.monotonic() - sent_at)))
-    settled = follow(confirmed.replace("=ID", f"={message['message_id']}"), lab)  # "taken 5 s
-    assert settled.returncode == 0, settled.stderr  # after the last send", as the line says
+    typo = sent + 6  # a person's typo (issue 49): the provider has no lookup to check it by
+    settled = follow(confirmed.replace("=ID", f"={typo}"), lab)  # "taken 5 s after the last
+    assert settled.returncode == 0, settled.stderr  # send", as the line says
+    again = run_workflow_here(["reconcile", "--confirmed", f"{key}={sent}"], lab)
+    assert again.returncode == 4 and "not open (confirmed)" in again.stderr, again.stderr
+    _, correcting = printed(again.stderr)  # the refusal names the correction
+    assert correcting == f"python -m labs reconcile --correct {key}=ID"
+    typed = shlex.split(correcting.replace("=ID", f"={sent}"))  # as printed; in this process
+    assert typed[:3] == ["python", "-m", "labs"]  # (the test's budget: no second interpreter)
+    corrected = run_workflow_here(typed[3:], lab)
+    assert corrected.returncode == 0, corrected.stderr
+    (said,) = [e for e in events(corrected.stdout) if e["event"] == "corrected"]
+    assert (said["key"], said["was"], said["now"]) == (key, str(typo), str(sent)), said
+    assert said["who"].endswith(": a person: reconcile --correct"), said
+    with sqlite3.connect(lab["CHECKPOINT_DB"]) as db:  # the person's first answer is kept
+        kept = db.execute("SELECT external_id FROM effect_receipts WHERE key = ?", (key,))
+        assert kept.fetchall() == [(str(typo),)]
+    shown = events(run_workflow_here(["reconcile"], lab).stdout)  # lists every correction
+    assert {"event": "effect_corrected", "key": key, "was": str(typo), "now": str(sent),
+            "who": said["who"]} in shown, shown  # fmt: skip
     resumed = run_workflow_here(["resume", "--thread", "note"], lab)
     assert resumed.returncode == 0, resumed.stderr
+    assert events(resumed.stdout)[0]["receipt"] == {"message_id": sent}  # the corrected id
+    assert events(resumed.stdout)[-1]["message_id"] == sent
     assert len(receiver_list(lab, "messages")) == 1  # one message: never a second
+    ticket = run_workflow_here(["reconcile", "--correct", "case-001:open-ticket:v1=9"], lab)
+    assert ticket.returncode == 4 and "confirmed by its provider" in ticket.stderr  # answered
 
 
 def test_hooks_after_ctrl_c_names_the_command_that_takes_the_pending_events(lab, receiver):

@@ -103,6 +103,9 @@ def test_a_persons_word_on_a_ticket_is_checked_against_the_receiver(receiver, wo
     refused = workflow("reconcile", "--not-sent", "ct")
     assert refused.returncode == exitcodes.EXIT_THREAD and "holds 1 under 'ct'" in refused.stderr
     assert "tickets --operation ct" in refused.stderr  # the command to look with
+    wrong = workflow("reconcile", "--confirmed", "ct=7")  # a typo: checked, not believed
+    assert (wrong.returncode, wrong.stdout) == (exitcodes.EXIT_THREAD, ""), wrong
+    assert wrong.stderr.count("\n") == 1 and "holds 1 under 'ct', not 7" in wrong.stderr
     settled = workflow("reconcile", "--confirmed", "ct")
     assert settled.returncode == 0, settled.stderr
     assert events(settled)[0] == {"event": "settled", "key": "ct", "state": "confirmed"}
@@ -110,6 +113,8 @@ def test_a_persons_word_on_a_ticket_is_checked_against_the_receiver(receiver, wo
     assert resumed.returncode == 0, resumed.stderr
     assert events(resumed)[-1]["ticket_id"] == 1  # the receiver's ticket, from the receipt
     assert len(events(workflow("tickets"))[0]["tickets"]) == 1
+    wrong = workflow("reconcile", "--correct", "ct=2")  # a correction is checked the same way
+    assert wrong.returncode == exitcodes.EXIT_THREAD and "holds 1 under 'ct', not 2" in wrong.stderr
 
 
 def test_the_ledger_does_not_protect_what_a_naive_run_already_sent(receiver, workflow):

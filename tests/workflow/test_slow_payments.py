@@ -107,3 +107,33 @@ def test_the_payment_declares_a_keyless_provider_with_a_lookup_and_a_settle_time
     """What the settle rule reads; lookup-resend is built from it, not from a switch."""
     assert keyless_lesson.PAYMENT.keyed is False and keyless_lesson.PAYMENT.lookup is not None
     assert keyless_lesson.PAYMENT.settled_after_s == keyless_lesson.PAYMENT_SETTLE_S == 10
+
+
+def test_a_payment_answered_in_time_says_which_condition_of_lab_15_is_missing(receiver, lab):
+    """Lab 15 typed without its slow-payments file (the receiver commits at once) or without
+    API_TIMEOUT_S=0.5: the payment is answered, the run ends well, and one line on stderr says
+    which condition is missing and the whole command that adds it, natively and through Docker."""
+    from tools.backends import parse_command
+    from tools.native import line as native_line
+
+    ran = run_workflow_here(["start", "--thread", "p", "--operation", "op:pay", "--pay"], lab)
+    assert ran.returncode == 0 and ran.stdout.splitlines()[-1].startswith('{"event": "done"')
+    (said,) = ran.stderr.splitlines()  # the default API_TIMEOUT_S, 5, and no late commit
+    assert said.startswith("labs: lab 15's slow provider did not happen: the payment was "), said
+    restart = "kill %1; wait; FAILPOINTS='payment-commit=sleep(3)' python -m labs.receiver "
+    assert (
+        restart + "2>>data/receiver.log & echo $! >data/receiver.pid (Docker: docker compose "
+        in said
+    )
+    docker = re.search(r"\(Docker: (docker compose [^)]*up -d --build api)\)", said)[1]
+    assert restart in native_line(parse_command(docker), {}, True, False)  # docs/native.md's form
+    assert "; and API_TIMEOUT_S is 5, longer than the late commit's 3 s" in said, said
+    assert said.endswith(
+        "then a new operation: API_TIMEOUT_S=0.5 python -m labs start --thread p-again "
+        "--operation op:pay-again --pay (Docker: docker compose -p stateful-lab run --rm -e "
+        "API_TIMEOUT_S=0.5 workflow start --thread p-again --operation op:pay-again --pay)"
+    ), said
+    fast = dict(lab, API_TIMEOUT_S="0.5")  # the timeout given: only the receiver's file missing
+    again = run_workflow_here(["start", "--thread", "q", "--operation", "oq", "--pay"], fast)
+    assert again.returncode == 0 and "API_TIMEOUT_S is" not in again.stderr, again.stderr
+    assert again.stderr.count("\n") == 1 and "labs/slow-payments.compose.yaml" in again.stderr

@@ -216,10 +216,11 @@ def test_tracing_off_the_receiver_and_the_ledger_need_only_the_standard_library(
     env = {**lab, "TRACE": str(tmp_path / "spans.jsonl")}
     refused = run_command([sys.executable, str(api)], env)
     assert refused.returncode == 2
-    assert refused.stderr.splitlines() == [
+    assert refused.stderr.splitlines() == [  # the lab's lock holds it (the starter's: an extra)
         "receiver: TRACE is set and OpenTelemetry is not installed; install its hashed lock "
-        "(pip install --require-hashes -r requirements-otel.txt), or unset TRACE"
+        "(pip install --require-hashes -r requirements.txt), or unset TRACE"
     ]
+    assert "opentelemetry-sdk==" in (ROOT / "requirements.txt").read_text(encoding="utf-8")
 
 
 class Collector(http.server.ThreadingHTTPServer):

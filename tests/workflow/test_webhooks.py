@@ -585,6 +585,13 @@ def test_hooks_says_what_it_did_and_refuses_naive_on_the_inboxs_ticket(receiver,
     assert lab.main(["hooks", "--ticket", "1", "--move", "resolved"], receiver.env) == 0
     out, err = capsys.readouterr()
     assert [e["event"] for e in events(out)] == ["webhook", "message_sent", "ticket_status"]
+    assert err.splitlines() == [  # no webhook faults: lab 18's condition, said missing
+        "labs: each webhook came once (1 delivery): the receiver's webhook faults are off (it "
+        "was not started with labs/webhooks.compose.yaml), so lab 18's duplicate did not happen; "
+        "turn them on: kill %1; wait; FAILPOINTS='redeliver=on;reorder=on' python -m "
+        "labs.receiver 2>>data/receiver.log & echo $! >data/receiver.pid (Docker: docker compose "
+        "-p stateful-lab -f compose.yaml -f labs/webhooks.compose.yaml up -d --build api)"
+    ]
     assert lab.main(["hooks", "--ticket", "1", "--move", "resolved"], receiver.env) == 0
     out, err = capsys.readouterr()
     assert events(out) == [
