@@ -128,7 +128,6 @@ def test_aiohttp_requests_are_seen_sync_and_async(api, build):
     assert not report.ok
 
 
-@pytest.mark.fast
 def test_the_observer_patches_aiohttp_only_where_the_graph_imported_it():
     """Importing aiohttp costs about 0.3 s a drill: the observer patches it when the graph's
     modules imported it (as the test graph above does at its top), and never imports it."""

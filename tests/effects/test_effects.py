@@ -220,7 +220,6 @@ def test_a_receipt_is_never_overwritten_and_a_tampered_one_is_caught(open_ledger
             ledger.receipt("op-6")
 
 
-@pytest.mark.fast
 def test_two_processes_making_a_new_ledger_at_once_both_open_it(tmp_path):
     """Two processes that open a ledger whose file does not exist yet, at the same moment (the
     second `start` of a new lab, a drill's crash runs): SQLite refuses one's switch to WAL at

@@ -384,7 +384,6 @@ def observe(thread):
 """
 
 
-@pytest.mark.fast
 def test_the_drill_drills_a_graph_with_async_nodes(tmp_path, monkeypatch, capsys):
     """README's "Drill your own graph": an `async def` node is drilled through the async API,
     and its unkeyed effect repeats when the kill lands after it, before its writes are saved."""

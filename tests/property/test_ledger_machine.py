@@ -341,7 +341,6 @@ def run_machine(provider, open_ledger, examples=SETTINGS.max_examples):
     run_state_machine_as_test(machine, settings=settings(SETTINGS, max_examples=examples))
 
 
-@pytest.mark.fast
 def test_the_ledger_keeps_its_promise_on_sqlite(provider, tmp_path):
     run_machine(provider, lambda: effects.Ledger(tmp_path / "ledger.sqlite"))
 

@@ -199,7 +199,6 @@ print([m for m, module in sys.modules.items() if m.startswith("opentelemetry") a
 """
 
 
-@pytest.mark.fast
 def test_tracing_off_the_receiver_and_the_ledger_need_only_the_standard_library(lab, tmp_path):
     """With OpenTelemetry made unimportable, labs/receiver.py serves a keyed POST and its replay,
     and the ledger performs an effect; with TRACE set the receiver refuses to start, in one line."""

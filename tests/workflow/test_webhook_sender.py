@@ -322,7 +322,6 @@ def test_an_attempt_is_cut_off_when_a_subscriber_trickles_its_answer(tmp_path):
     assert took < 40, took  # 3 x 2 s and the pauses on a quiet machine; 3 x 57 s before
 
 
-@pytest.mark.fast
 def test_any_url_is_read_one_way_or_refused_with_a_reason():
     """parse_url on strings built of the pieces that made parsers disagree: it returns a Target
     that urlsplit and urllib read the same way (host and port), or raises ValueError (the
