@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from effectdrill.plan import CleanRun, Recorder, name_calls
 from effectdrill.processes import crash_all
 from effectdrill.report import Row
-from effectdrill.snapshot import plan_items
+from effectdrill.snapshot import in_step_order, plan_items
 from effectdrill.trace import Trace
 
 
@@ -27,20 +27,20 @@ def snapshot_clean_run(plan, db, mode, warm):
     thread = f"drill-{plan.run_id}-{mode}-clean"
     plan.expect_nothing_yet(thread)
     warm.start("snapclean", mode, [(None, thread)])
-    calls, names, invokes, tools, snaps, rows = warm.next().result()
+    calls, names, invokes, tools, snaps, rows, starts = warm.next().result()
     trace = Trace(plan, thread, Recorder())
     trace.names, trace.invokes = names, invokes
     name_calls(calls, names, tools)
-    return CleanRun(plan.counts(thread), calls, trace.reruns(), thread), (snaps, rows)
+    clean = CleanRun(plan.counts(thread), in_step_order(calls), trace.reruns(), thread)
+    return clean, (calls, snaps, rows, starts)
 
 
 def snapshot_rows(plan, mode, clean, kept, report, repeat, warm):
     """Each crash state's row: resumed from its snapshots where they stand for a kill, else by
     real kill (the row says which). A world restored in place is put back as the clean run
     left it afterwards."""
-    snaps, saved_rows = kept
     states = clean.states(mode)
-    items = plan_items(clean.calls, snaps, saved_rows, states)
+    items = plan_items(clean, *kept, states)
     after_clean = None if getattr(plan.world, "relocatable", False) else plan.world.snapshot()
     snap_jobs, kill_jobs = [], []
     for index, (state, item) in enumerate(zip(states, items, strict=True)):

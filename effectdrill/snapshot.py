@@ -12,6 +12,7 @@ import threading
 from contextlib import contextmanager, nullcontext
 
 from effectdrill.errors import DrillError, task_error, traceback_of
+from effectdrill.kill import within_subgraph
 from effectdrill.plan import Recorder
 from effectdrill.restart import MAX_INVOKES, Failed, answer_of, cold, resume_chain, too_many_invokes
 from effectdrill.savers import Sqlite
@@ -77,15 +78,16 @@ class SnapRecorder(Recorder):
         self.snaps = []  # per call: (checkpoint image path, world image path, tasks busy)
         self.rows = {}  # put_writes key -> the writes rows it saved (for held states)
         self.running = {}  # task id -> attempts running (SnapTrace)
+        self.starts = []  # (calls made before it, task id) of each attempt started (SnapTrace)
         self.by_key = {}
 
     @property
     def carried(self):
-        return self.seen, self.calls, self.snaps, self.rows
+        return self.seen, self.calls, self.snaps, self.rows, self.starts
 
     @carried.setter
     def carried(self, value):
-        self.seen, self.calls, self.snaps, self.rows = value
+        self.seen, self.calls, self.snaps, self.rows, self.starts = value
 
     def before(self, call):
         self.serial.acquire()  # released in after(): one saver call at a time
@@ -135,6 +137,7 @@ class SnapTrace(Trace):
     def attempt_starts(self, task):
         running = self.recorder.running
         running[task] = running.get(task, 0) + 1
+        self.recorder.starts.append((len(self.recorder.snaps), task))
         super().attempt_starts(task)
 
     def attempt_ends(self, task):
@@ -181,33 +184,79 @@ def snap_clean_chain(plan, db, mode, thread, outward):
         recorder.carried, trace.names, trace.invokes, trace.tools = carried
         if not more:
             data = (recorder.calls, trace.names, trace.invokes, trace.tools)
-            data += (recorder.snaps, recorder.rows)
+            data += (recorder.snaps, recorder.rows, recorder.starts)
             return {"clean": pickle.dumps(data).hex()}
         fresh = False
     raise Failed({"drill_error": too_many_invokes()})
 
 
-def plan_items(calls, snaps, rows, states):
+def in_step_order(calls):
+    """The calls with each checkpoint after the writes of its step. A put can be made before a
+    write of the step it closes is (langgraph#8039; here one saver call at a time, in an order
+    of their own): the kill engine's states wait for those writes (CleanRun.states)."""
+    ordered = list(calls)
+    for call in calls:
+        if call.kind != "put":
+            continue
+        mine = [
+            i for i, c in enumerate(ordered) if c.kind == "put_writes" and c.group == call.group
+        ]
+        at = ordered.index(call)
+        if mine and mine[-1] > at:
+            ordered.insert(mine[-1], ordered.pop(at))
+    return ordered
+
+
+def plan_items(clean, timed, snaps, rows, starts, states):
     """Per crash state: (checkpoint image, writes rows to add, world image), or None where a
-    snapshot cannot stand for the kill (a task of another thread mid-effect at it; a held
-    step whose writes other calls interleave)."""
-    index = {c.key: i for i, c in enumerate(calls)}
+    snapshot cannot stand for the kill. `timed`: the calls in the order they were made (the
+    snapshots' order); clean.calls: in step order (in_step_order).
+
+    A state saves the calls before its point in step order (a held state: and its step's
+    unheld writes). Its checkpoints are the image taken before the first unsaved call, plus
+    the rows of the saved writes made after it; its world the image taken when the last of its
+    saved calls (and its point's task, or its step's tasks) had run. None when another task
+    ran meanwhile (a task mid-effect at the snapshot, a task of the next step, a task that
+    started after a held write began: an error handler waits for its node's error to be
+    saved, so a real kill holding that write back may never reach the state), or when a
+    saved call made after the image is a checkpoint."""
+    time = {c.key: i for i, c in enumerate(timed)}
+    order = [c.key for c in clean.calls]
     items = []
     for state in states:
-        if state.key is not None:  # killed just before this call: everything earlier saved
-            i = index[state.key]
-            ckpt, world, busy = snaps[i]
-            items.append(None if busy else (ckpt, (), world))
-            continue
-        group = sorted(index[k] for k in state.group)  # a held set: the step's others saved
-        first, last = group[0], group[-1]
-        between = [i for i in range(first, last + 1) if calls[i].key not in state.group]
-        if between or snaps[last][2]:
-            items.append(None)
-            continue
-        saved = [r for k in sorted(state.group - state.hold) for r in rows.get(k, ())]
-        items.append((snaps[first][0], saved, snaps[last][1]))
+        if state.key is not None:
+            saved = set(order[: order.index(state.key)])
+            ran = {state.key}
+        else:  # and a subgraph's calls its step's tasks made meanwhile (Killer lets them go)
+            at = sorted(order.index(k) for k in state.group)
+            outer = clean.calls[at[0]].group[1]
+            inner = {
+                c.key
+                for c in clean.calls[at[0] : at[-1]]
+                if within_subgraph(c.group[1], outer) and c.key not in state.group
+            }
+            saved = set(order[: at[0]]) | (state.group - state.hold) | inner
+            ran = set(state.group)
+        items.append(made_of(state, saved, ran, time, timed, snaps, rows, starts))
     return items
+
+
+def made_of(state, saved, ran, time, timed, snaps, rows, starts):
+    """One state's item (see plan_items), or None."""
+    t0 = min(time[k] for k in time if k not in saved)
+    late = [k for k in saved if time[k] > t0]
+    if any(timed[time[k]].kind == "put" for k in late):
+        return None
+    tw = max(time[k] for k in [*late, *ran])
+    own = {timed[time[k]].task_id for k in [*late, *ran]}
+    held = [time[k] for k in state.hold]
+    for n, task in starts:
+        if t0 < n <= tw and (task not in own or any(h < n for h in held)):
+            return None
+    if snaps[tw][2]:  # a task of another thread mid-effect then
+        return None
+    added = [r for k in sorted(late, key=time.get) for r in rows.get(k, ())]
+    return snaps[t0][0], added, snaps[tw][1]
 
 
 def snap_resume_chain(plan, db, mode, item, thread, outward):

@@ -41,7 +41,8 @@ class SqliteWorld:
             value = os.environ.get(name)
             if not value:
                 raise DrillError(f"the world names ${name}, which is not set")
-            found[f"${name}"] = os.path.dirname(os.path.abspath(value))
+            path = os.path.abspath(value)  # a file's path (its folder), or a folder's
+            found[f"${name}"] = path if os.path.isdir(path) else os.path.dirname(path)
         return found
 
     def files(self):
@@ -86,7 +87,10 @@ class SqliteWorld:
         for name in self.env:
             own = os.path.join(folder, name)
             os.makedirs(own, exist_ok=True)
-            os.environ[name] = os.path.join(own, os.path.basename(os.environ[name]))
+            if os.path.isdir(os.environ[name]):
+                os.environ[name] = own
+            else:
+                os.environ[name] = os.path.join(own, os.path.basename(os.environ[name]))
 
 
 def sqlite_files(folder):
@@ -112,6 +116,8 @@ def image_of(path):
     of its -wal file included (serialize reads through SQLite's pager)."""
     if not os.path.exists(path):
         return None
+    if os.path.getsize(path) == 0:  # made, nothing written yet: serialize() cannot say so
+        return b""
     with closing(sqlite3.connect(path, timeout=30)) as conn:
         return as_rollback(conn.serialize())
 
