@@ -20,6 +20,7 @@ class SnapState:
     ckpt: str
     rows: tuple
     world: str
+    inline: bool = False  # the clean run took one invoke: resume in the chain (resume_here)
 
 
 def snapshot_clean_run(plan, db, mode, warm):
@@ -32,13 +33,14 @@ def snapshot_clean_run(plan, db, mode, warm):
     trace.names, trace.invokes = names, invokes
     name_calls(calls, names, tools)
     clean = CleanRun(plan.counts(thread), in_step_order(calls), trace.reruns(), thread)
-    return clean, (calls, snaps, rows, starts)
+    return clean, ((calls, snaps, rows, starts), len(invokes) == 1)
 
 
 def snapshot_rows(plan, mode, clean, kept, report, repeat, warm):
     """Each crash state's row: resumed from its snapshots where they stand for a kill, else by
     real kill (the row says which). A world restored in place is put back as the clean run
     left it afterwards."""
+    kept, inline = kept
     states = clean.states(mode)
     items = plan_items(clean, *kept, states)
     after_clean = None if getattr(plan.world, "relocatable", False) else plan.world.snapshot()
@@ -52,7 +54,8 @@ def snapshot_rows(plan, mode, clean, kept, report, repeat, warm):
                 kill_jobs.append((row, state, f"drill-{plan.run_id}-{mode}-{index}-{attempt}"))
             else:
                 row.engine = "snapshot"
-                snap_jobs.append((row, SnapState(state.label, *item), clean.thread))
+                made = SnapState(state.label, *item, inline=inline)
+                snap_jobs.append((row, made, clean.thread))
     try:
         if snap_jobs:
             warm.start("resume", mode, [(state, thread) for _, state, thread in snap_jobs])

@@ -9,7 +9,7 @@ import pickle
 import shutil
 import sqlite3
 import threading
-from contextlib import contextmanager, nullcontext
+from contextlib import closing, contextmanager, nullcontext
 
 from effectdrill.errors import DrillError, task_error, traceback_of
 from effectdrill.kill import within_subgraph
@@ -271,7 +271,7 @@ def snap_resume_chain(plan, db, mode, item, thread, outward):
         path = os.path.join(folder, "checkpoints.sqlite")
         shutil.copyfile(ckpt, path)
         if rows:
-            with sqlite3.connect(path) as conn:
+            with closing(sqlite3.connect(path)) as conn, conn:
                 marks = ", ".join("?" * len(rows[0]))
                 conn.executemany(f"INSERT OR REPLACE INTO writes VALUES ({marks})", rows)
         with open(world_image, "rb") as incoming:
@@ -283,8 +283,26 @@ def snap_resume_chain(plan, db, mode, item, thread, outward):
         lock = nullcontext() if own else world_lock(os.path.join(plan.snapdir, "world.lock"))
         with lock:
             world.restore(image)
-            saved, ran, error = resume_chain(plan, Sqlite(path), mode, thread, outward)
+            resume = resume_here if item.inline else resume_chain
+            saved, ran, error = resume(plan, Sqlite(path), mode, thread, outward)
             counts = plan.counts(thread)
         return {"reached": True, "saved": saved, "ran": ran, "error": error, "counts": counts}
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def resume_here(plan, db, mode, thread, outward):
+    """restart.resume_chain's resume with its first invoke in this process: forked from the warm
+    parent, it never ran the graph, as a new process would not have (one fork fewer). Used when
+    the clean run took one invoke (no interrupt), so one invoke finishes the resume; should a
+    task be left, the rest goes on in new processes forked from this one."""
+    try:
+        saved, ran, more = plan.one_invoke(db, None, thread, mode, False)
+    except DrillError as error:
+        raise Failed({"drill_error": str(error)}) from None
+    except Exception as error:  # the graph raised: the resume's finding
+        return plan.saved, [], task_error(error)
+    if not more:
+        return saved, ran, None
+    _, later, error = resume_chain(plan, db, mode, thread, outward)
+    return saved, ran + later, error
