@@ -93,7 +93,7 @@ class WarmParent:
                 os.close(read_end)
                 os.close(jobs_write)
                 gc.disable()
-                warm_up(db)
+                prime_langgraph(db)
                 with os.fdopen(jobs_read, "rb") as incoming:
                     while batch := incoming.readline():
                         kind, mode, jobs = pickle.loads(bytes.fromhex(batch.decode()))
@@ -156,7 +156,7 @@ class WarmParent:
                 pass
 
 
-def warm_up(db):
+def prime_langgraph(db):
     """Run a two-node graph of the drill's own once, on a throwaway database: LangGraph's lazy
     imports and first-run set-up are then done in the warm parent, not again in each process it
     forks (about a third of a first invoke's CPU). Nothing of the user's graph runs. Skipped

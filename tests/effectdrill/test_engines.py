@@ -191,3 +191,33 @@ def test_a_world_the_drill_cannot_restore_gets_real_kills():
     assert choose("auto", None, None, "sync", True, EFFECTS)[0] == "kill"  # --observe http
     with pytest.raises(DrillError, match="--engine snapshot cannot drill this graph: no world"):
         effectdrill.drill(ticket.graph, {"title": "{thread}"}, ticket.observe, engine="snapshot")
+
+
+@pytest.mark.fast
+def test_each_row_says_its_engine_in_the_table_the_json_and_the_page():
+    from effectdrill import html
+    from effectdrill.report import Report, Row, Run
+
+    report = Report()
+    report.clean["sync"] = {"sent": 1}
+    report.engines["sync"] = ("snapshot", "asked for: the checkpoints and its world restored")
+    for point, engine in (("put step 0", "snapshot"), ("put_writes send [x]", "kill")):
+        row = Row("sync", point, {"sent": 1}, engine=engine)
+        row.runs.append(Run(True, "step 0: send", ["send"], {"sent": 1}, thread="t"))
+        report.rows.append(row)
+
+    lines = report.table().splitlines()
+    assert [line.split()[0:3] for line in lines if line.startswith("put")] == [
+        ["put", "step", "0"],
+        ["put_writes", "send", "[x]"],
+    ]
+    assert any(line.startswith("put_writes send [x] (by kill)") for line in lines)
+    assert "engine: snapshot (asked for: the checkpoints and its world restored)" in lines
+    assert [r.as_json()["engine"] for r in report.rows] == ["snapshot", "kill"]
+    assert report.summary()["engines"] == {
+        "sync": {"engine": "snapshot", "why": "asked for: the checkpoints and its world restored"}
+    }
+    page = html.render(report, "g:graph", "effectdrill g:graph")
+    assert page.count('<td class="engine">snapshot</td>') == 1
+    assert page.count('<td class="engine">kill</td>') == 1
+    assert "engine: snapshot (asked for" in page
