@@ -23,7 +23,7 @@ from effectdrill.report import Report, Row
 from effectdrill.runs import Plan
 from effectdrill.savers import database, store_maker, temporary_folder
 from effectdrill.snapshot import choose
-from effectdrill.world import declared_world
+from effectdrill.world import SqliteWorld, declared_world
 
 DURABILITIES = ("sync", "async", "exit")  # LangGraph's durability modes, in the order drilled
 
@@ -97,6 +97,8 @@ def drill(
     if isinstance(verify, bool) or not isinstance(verify, int) or verify < 0:
         raise DrillError(f"verify must be a whole number of 0 or more, not {verify!r}")
     declared = None if http else declared_world(world, observe, context)
+    if isinstance(declared, SqliteWorld):
+        declared.files()  # a $NAME not set: said now, not from inside a saver call
     for mode in modes:  # before any run: a usage mistake is said at once
         choose(engine, None, None, mode, http, declared, early=True)
     # The HTTP observer records every run's requests (effectdrill/outbound.py).

@@ -157,13 +157,12 @@ class WarmParent:
 
 
 def prime_langgraph(db):
-    """Run a two-node graph of the drill's own once, on a throwaway database: LangGraph's lazy
+    """Run a two-node graph of the drill's own once, on an in-memory saver: LangGraph's lazy
     imports and first-run set-up are then done in the warm parent, not again in each process it
     forks (about a third of a first invoke's CPU). Nothing of the user's graph runs. Skipped
     for Postgres (no connection is opened before the runs) and where it fails."""
     if type(db).__name__ != "Sqlite":
         return
-    import tempfile
     from typing import TypedDict
 
     from langgraph.checkpoint.sqlite import SqliteSaver
@@ -179,18 +178,16 @@ def prime_langgraph(db):
     builder.add_edge("one", "two")
     builder.add_edge("two", END)
     config = {"configurable": {"thread_id": "warm-up"}}
-    try:
-        with tempfile.TemporaryDirectory(prefix="effectdrill-warm-") as folder:
-            conn = sqlite3.connect(os.path.join(folder, "w.sqlite"), check_same_thread=False)
-            try:
-                saver = SqliteSaver(conn)
-                graph = builder.compile(checkpointer=saver)
-                options = dict(durability="sync", stream_mode="tasks", subgraphs=True)
-                for _ in graph.stream({"n": 0}, config, **options):
-                    pass
-                graph.get_state(config, subgraphs=True)
-            finally:
-                conn.close()
+    try:  # in memory: a warm parent killed meanwhile (stop()) leaves no file behind
+        conn = sqlite3.connect(":memory:", check_same_thread=False)
+        try:
+            graph = builder.compile(checkpointer=SqliteSaver(conn))
+            options = dict(durability="sync", stream_mode="tasks", subgraphs=True)
+            for _ in graph.stream({"n": 0}, config, **options):
+                pass
+            graph.get_state(config, subgraphs=True)
+        finally:
+            conn.close()
     except Exception:  # noqa: BLE001 - an optimisation only
         pass
 

@@ -180,6 +180,7 @@ def test_verify_fails_with_its_own_exit_code_when_a_world_is_not_restored(tmp_pa
     assert ", kill ok (charge 1, audit 1, ledger 1, shipment 1)" in line
 
 
+@pytest.mark.fast
 def test_a_world_the_drill_cannot_restore_gets_real_kills():
     """The lab's receiver is an outside server: its observer declares no world, so auto uses
     real kills and says why (never a snapshot row that misses what the server absorbed);
@@ -191,6 +192,13 @@ def test_a_world_the_drill_cannot_restore_gets_real_kills():
     assert choose("auto", None, None, "sync", True, EFFECTS)[0] == "kill"  # --observe http
     with pytest.raises(DrillError, match="--engine snapshot cannot drill this graph: no world"):
         effectdrill.drill(ticket.graph, {"title": "{thread}"}, ticket.observe, engine="snapshot")
+    with pytest.raises(DrillError, match=r"the world names \$NOT_SET_HERE, which is not set"):
+        effectdrill.drill(
+            orders.build,
+            {"order": "{thread}"},
+            orders.observe,
+            world=SqliteWorld(env="NOT_SET_HERE"),
+        )
 
 
 @pytest.mark.fast
