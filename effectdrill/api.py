@@ -9,7 +9,8 @@ many times each effect happened. The clean run is the baseline: a count above it
 duplicate, below it a missing effect. Under sync, a step whose writes are saved side by side
 also gets a row for each other set of them a kill can leave unsaved. Graphs of `async def`
 nodes are drilled through LangGraph's async API and async savers. Checked on LangGraph 1.2.24
-(see README.md).
+(see README.md). The snapshot engine (engine="snapshot", or "auto" where a world is declared)
+makes the same crash states from snapshots of one clean run instead (snapshot.py, engines.py).
 """
 
 import uuid
