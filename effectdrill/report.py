@@ -205,7 +205,7 @@ class Report:
             runs = f", {len(rows[0].runs)} runs each" if rows and len(rows[0].runs) > 1 else ""
             blocks.append(f"durability {mode}: {plural(len(rows), 'crash point')}{runs}\n")
             blocks[-1] += columns(lines, width or TABLE_WIDTH)
-            if why:
+            if why and why != NO_WORLD:  # a drill with no world is the kill engine's, as ever
                 told = f"engine: {engine} ({why})"
                 blocks[-1] += "\n" + "\n".join(wrap(told, width or TABLE_WIDTH))
         requests = outbound.requests_table(self, lambda lines: columns(lines, width or TABLE_WIDTH))
@@ -248,6 +248,12 @@ class Report:
             "runs": len(counts),
             "times": len([c for c in differs if (c > clean) == (pick is max)]),
         }
+
+
+NO_WORLD = (  # why auto uses real kills when nothing says what a resume touches (snapshot.py)
+    "no world declared (--world, or drill_world beside the observer): the drill cannot "
+    "restore what the resume touches"
+)
 
 
 TABLE_WIDTH = 120  # columns a table fits in, where its effect columns leave space

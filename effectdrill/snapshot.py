@@ -14,6 +14,7 @@ from contextlib import closing, contextmanager, nullcontext
 from effectdrill.errors import DrillError, task_error, traceback_of
 from effectdrill.kill import within_subgraph
 from effectdrill.plan import Recorder
+from effectdrill.report import NO_WORLD
 from effectdrill.restart import MAX_INVOKES, Failed, answer_of, cold, resume_chain, too_many_invokes
 from effectdrill.savers import Sqlite
 from effectdrill.trace import Trace
@@ -46,10 +47,7 @@ def kill_reason(plan, db, mode, http, world):
     if http:
         return "--observe http: the requests reach servers the drill cannot restore"
     if world is None:
-        return (
-            "no world declared (--world, or drill_world beside the observer): the drill "
-            "cannot restore what the resume touches"
-        )
+        return NO_WORLD
     if plan is None:
         return None
     if plan.is_async:
