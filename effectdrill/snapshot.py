@@ -31,6 +31,8 @@ def choose(engine, plan, db, mode, http, world, early=False):
         raise DrillError(f"engine must be one of {', '.join(ENGINES)}, not {engine!r}")
     if engine == "kill":
         return "kill", "asked for"
+    if engine == "auto" and world is None:  # the drill as it always was: its table says nothing
+        return "kill", NO_WORLD
     reason = kill_reason(plan, db, mode, http, world)
     if reason is None:
         why = "asked for" if engine == "snapshot" else "the world is declared and restorable"

@@ -193,6 +193,7 @@ def test_a_world_the_drill_cannot_restore_gets_real_kills():
     assert (world, engine) == (None, "kill") and why.startswith("no world declared")
     assert choose("auto", None, None, "async", False, EFFECTS)[0] == "kill"
     assert choose("auto", None, None, "sync", True, EFFECTS)[0] == "kill"  # --observe http
+    assert choose("auto", None, None, "async", False, None) == ("kill", why)  # said nowhere
     with pytest.raises(DrillError, match="--engine snapshot cannot drill this graph: no world"):
         effectdrill.drill(ticket.graph, {"title": "{thread}"}, ticket.observe, engine="snapshot")
     with pytest.raises(DrillError, match=r"the world names \$NOT_SET_HERE, which is not set"):
