@@ -28,7 +28,7 @@ PICTURES ?= data/demo
 GUIDES ?= labs/01-the-duplicate.md labs/02-the-keyed-fix.md labs/03-a-retry-is-not-a-new-request.md
 UV := $(abspath $(PY)) -m uv pip compile --quiet --universal --python-version 3.11 --generate-hashes --no-header
 
-.PHONY: help demo reset test test-fast lint bench bench-workers bench-docker drill drill-oldest chaos scale-chaos starter starter-mutations lock clean
+.PHONY: help demo reset test test-fast lint bench bench-engines bench-workers bench-docker drill drill-oldest chaos scale-chaos starter starter-mutations lock clean
 
 help:  ## this list (a bare `make` prints it too)
 	@awk -F':.*## ' '/^[a-z][a-z-]*:.*## / { printf "  make %-14s %s\n", $$1, $$2 }' $(MAKEFILE_LIST)
@@ -89,6 +89,9 @@ starter: $(VENV)/.installed  ## the core files copied unchanged, as a starter: m
 
 starter-mutations: $(VENV)/.installed  ## the starter's suite against each mutant of the ledger (minutes)
 	@$(PY) -m tools.starter_mutations
+
+bench-engines: $(VENV)/.installed  ## effectdrill's snapshot and kill engines per crash point, against an invoke
+	@$(PY) -m tools.bench_engines --runs 5
 
 bench-workers: $(VENV)/.installed  ## operations per second with 1, 2 and 4 workers (part of bench)
 	@$(PY) -m tools.bench_workers

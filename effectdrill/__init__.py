@@ -23,5 +23,6 @@ postgresql:// database.
 from effectdrill.api import DURABILITIES, drill
 from effectdrill.errors import DrillError
 from effectdrill.report import Report, Row, Run
+from effectdrill.world import SqliteWorld
 
-__all__ = ["DURABILITIES", "DrillError", "Report", "Row", "Run", "drill"]
+__all__ = ["DURABILITIES", "DrillError", "Report", "Row", "Run", "SqliteWorld", "drill"]

@@ -25,6 +25,7 @@ from effectdrill.cli import (
     EXIT_CLEAN,
     EXIT_CODES,
     EXIT_DRILL_BUG,
+    EXIT_ENGINES_DIFFER,
     EXIT_FOUND,
     EXIT_GRAPH_FAILED,
     EXIT_INTERRUPTED,
@@ -40,6 +41,8 @@ from effectdrill.cli import (
     store_spec,
 )
 from effectdrill.errors import DrillError, GraphFailed, one_line, require_posix, traceback_of
+from effectdrill.snapshot import ENGINES
+from effectdrill.world import SqliteWorld
 
 
 def main(argv=None):
@@ -89,6 +92,9 @@ def drill_and_report(args, argv):
         http_ignore=args.http_ignore,
         store=None if args.store is None else store_spec(args.store),
         allow_no_effects=args.allow_no_effects,
+        engine=args.engine,
+        verify=args.verify,
+        world=world_spec(args.world),
     )
     if args.html is not None:
         try:
@@ -101,7 +107,31 @@ def drill_and_report(args, argv):
         print(json.dumps(report.summary()))
     else:
         print(report.table())
+    differ = [v for v in report.verified if not v["same"]]
+    if differ:
+        complain(
+            f"--verify: the engines differ at {differ[0]['point']} ({differ[0]['durability']}"
+            f"): snapshot {brief(differ[0]['snapshot'])}, kill {brief(differ[0]['kill'])}"
+        )
+        return EXIT_ENGINES_DIFFER
     return EXIT_CLEAN if report.ok else EXIT_FOUND
+
+
+def brief(seen):
+    """What one engine found at a point, in a few words: its verdict and counts."""
+    counts = ", ".join(f"{effect} {c[0] if c else '-'}" for effect, c in seen["counts"].items())
+    return f"{seen['verdict']} ({counts})"
+
+
+def world_spec(values):
+    """--world: SQLite files or folders, or $NAME (the folder of the file that environment
+    variable names: each resumer gets a copy of its own), or MODULE:FUNC returning a world."""
+    if not values:
+        return None
+    if len(values) == 1 and re.fullmatch(r"[\w.]+:[\w.]+", values[0]):
+        return load(values[0], "--world")
+    paths = [v for v in values if not v.startswith("$")]
+    return SqliteWorld(*paths, env=[v[1:] for v in values if v.startswith("$")])
 
 
 def typed(argv):
@@ -170,6 +200,30 @@ def build_drill_parser():
         metavar="sqlite|MODULE:FUNC",
         help="the store LangGraph's platform gives a graph: sqlite (a temporary file), or a "
         "function returning yours",
+    )
+    parser.add_argument(
+        "--engine",
+        choices=ENGINES,
+        default="auto",
+        help="snapshot: one clean run, each crash state restored from its snapshots; kill: a "
+        "real kill per crash state; auto (default): snapshot where the world is declared and "
+        "restorable, else kill (the table says which, and why)",
+    )
+    parser.add_argument(
+        "--verify",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also run N random snapshot points by real kill; exit 5 if their rows differ",
+    )
+    parser.add_argument(
+        "--world",
+        action="append",
+        default=[],
+        metavar="PATH|$NAME|MODULE:FUNC",
+        help="what a resume can touch, for the snapshot engine: SQLite files or folders, $NAME "
+        "(the folder of the file in that environment variable), or a function returning an "
+        "object with snapshot() and restore(image); repeatable",
     )
     parser.add_argument("--checkpoint-db", help="SQLite path or postgresql:// URL (default: temp)")
     parser.add_argument("--json", action="store_true", help="JSON lines, then a summary object")

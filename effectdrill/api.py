@@ -9,18 +9,22 @@ many times each effect happened. The clean run is the baseline: a count above it
 duplicate, below it a missing effect. Under sync, a step whose writes are saved side by side
 also gets a row for each other set of them a kill can leave unsaved. Graphs of `async def`
 nodes are drilled through LangGraph's async API and async savers. Checked on LangGraph 1.2.24
-(see README.md).
+(see README.md). The snapshot engine (engine="snapshot", or "auto" where a world is declared)
+makes the same crash states from snapshots of one clean run instead (snapshot.py, engines.py).
 """
 
 import uuid
 from collections.abc import Mapping
 
 from effectdrill import outbound
+from effectdrill.engines import snapshot_clean_run, snapshot_rows, verify
 from effectdrill.errors import DrillError, one_line, require_posix, safe
 from effectdrill.processes import crash_all, warm_parent
 from effectdrill.report import Report, Row
 from effectdrill.runs import Plan
-from effectdrill.savers import database, store_maker
+from effectdrill.savers import database, store_maker, temporary_folder
+from effectdrill.snapshot import choose
+from effectdrill.world import SqliteWorld, declared_world
 
 DURABILITIES = ("sync", "async", "exit")  # LangGraph's durability modes, in the order drilled
 
@@ -51,6 +55,9 @@ def drill(
     http_ignore=(),
     store=None,
     allow_no_effects=False,
+    engine="auto",
+    verify=0,
+    world=None,
 ):
     """Drill `graph` (compiled, or a no-argument callable returning one) and return a Report.
 
@@ -70,6 +77,14 @@ def drill(
       the kill), or a function with no arguments returning a store of yours.
     allow_no_effects: drill a clean run that counts no effect (by default a DrillError: a
       drill of a run that makes nothing tests nothing, and would read as all clear).
+    engine: "snapshot" (resume each crash state from the snapshots of one clean run), "kill"
+      (a real kill per crash state) or "auto": snapshot where the drill can restore all a
+      resume can touch, else kill (report.engines says which, and why).
+    verify: also run this many randomly chosen snapshot points by real kill, and compare
+      (report.verified; report.ok is false when a row differs).
+    world: what a resume can touch outside the checkpoints, for the snapshot engine: an object
+      with snapshot() and restore(image), or a SQLite file or folder (world.SqliteWorld); by
+      default the `drill_world` attribute of the observer or of the context, if any.
     """
     require_posix()
     modes = durability_modes(durability)
@@ -80,32 +95,51 @@ def drill(
     if not callable(observe) and observe != "http":
         raise DrillError(f"the observer must be callable as observe(thread_id), not {observe!r}")
     http = observe == "http"
+    if isinstance(verify, bool) or not isinstance(verify, int) or verify < 0:
+        raise DrillError(f"verify must be a whole number of 0 or more, not {verify!r}")
+    declared = None if http else declared_world(world, observe, context)
+    if isinstance(declared, SqliteWorld):
+        declared.files()  # a $NAME not set: said now, not from inside a saver call
+    for mode in modes:  # before any run: a usage mistake is said at once
+        choose(engine, None, None, mode, http, declared, early=True)
     # The HTTP observer records every run's requests (effectdrill/outbound.py).
     with (
         database(checkpoint_db) as db,
         outbound.recording_requests(http_ignore) as requests,
         store_maker(store) as stores,
+        temporary_folder("effectdrill-snap-") as snapdir,
     ):
         observe = requests.observe if observe == "http" else observe
         plan = Plan(graph, input, observe, resume_with, context, uuid.uuid4().hex[:8], stores)
+        plan.world, plan.snapdir = declared, snapdir
         report, clean_threads = Report(expect), {}
         with warm_parent(plan, db) as warm:
-            empty_ok = allow_no_effects
-            drill_modes(plan, db, modes, repeat, report, clean_threads, warm, http, empty_ok)
+            options = (allow_no_effects, engine, verify)
+            drill_modes(plan, db, modes, repeat, report, clean_threads, warm, http, options)
         requests.annotate(report, clean_threads)
     return report
 
 
-def drill_modes(plan, db, modes, repeat, report, clean_threads, warm, http, empty_ok):
-    """The clean run of each mode, then its crash runs (see drill)."""
+def drill_modes(plan, db, modes, repeat, report, clean_threads, warm, http, options):
+    """The clean run of each mode, then its crash runs (see drill), by the engine chosen."""
+    empty_ok, engine, verify_count = options
     for mode in modes:
-        clean = plan.clean_run(db, mode, warm)
+        used, why = choose(engine, plan, db, mode, http, plan.world)
+        report.engines[mode] = (used, why)
+        if used == "snapshot":
+            clean, kept = snapshot_clean_run(plan, db, mode, warm)
+        else:
+            clean = plan.clean_run(db, mode, warm)
         if not any(clean.counts.values()) and not empty_ok:  # nothing to repeat: not green
             counts = ", ".join(f"{e} 0" for e in clean.counts) or "none"
             raise DrillError(HTTP_SAW_NOTHING if http else NOTHING_COUNTED.format(counts=counts))
         report.clean[mode] = clean.counts
         report.reruns[mode] = clean.reruns
         clean_threads[mode] = clean.thread
+        if used == "snapshot":
+            made = snapshot_rows(plan, mode, clean, kept, report, repeat, warm)
+            verify(plan, mode, made, verify_count, report, warm)
+            continue
         jobs = []
         for index, state in enumerate(clean.states(mode)):
             row = Row(mode, state.label, clean.counts, tools=list(state.tools))

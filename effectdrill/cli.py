@@ -16,6 +16,7 @@ from effectdrill.errors import DrillError
 EXIT_CLEAN, EXIT_FOUND, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 EXIT_GRAPH_FAILED = 3  # the graph raised on its own (its clean run): not the drill's finding
 EXIT_DRILL_BUG = 4  # the drill itself failed: a bug in effectdrill
+EXIT_ENGINES_DIFFER = 5  # --verify: a point's row by real kill differs from its snapshot row
 EXIT_CODES = """exit codes:
   0    nothing repeated or went missing
   1    an effect repeated or went missing (or the clean run repeated one, a resume failed,
@@ -24,6 +25,7 @@ EXIT_CODES = """exit codes:
   3    the graph failed on its own, in its clean run or a crash run before its point
        (one line; its traceback in a file)
   4    a bug in effectdrill (one line; the traceback in a file)
+  5    --verify: a point's row by real kill differs from the snapshot engine's (one line)
   130  interrupted (Ctrl-C)"""
 
 

@@ -199,21 +199,25 @@ def matrix_section(report, mode):
             f'<td class="point">{esc(row.point)}</td>'
             f'<td class="saved">{esc(distinct(run.saved for run in row.runs))}</td>'
             f'<td class="ran">{esc(distinct(ran_cell(run.ran) for run in row.runs))}</td>'
-            f'{counts}<td class="verdict {cls}">{esc(verdict_cell(row))}</td></tr>'
+            f'{counts}<td class="verdict {cls}">{esc(verdict_cell(row))}</td>'
+            f'<td class="engine">{esc(row.engine)}</td></tr>'
         )
         fixes = row_fixes(row)
         if fixes:  # how to fix it, under the row: its node, its tool call, the fix
             lines = "".join(f"<li>{esc(fix)}</li>" for fix in fixes)
             body.append(
                 f'<tr class="fix {cls}" data-point="{esc(row.point)}"><td></td>'
-                f'<td colspan="{len(effects) + 4}"><b>how to fix</b><ul>{lines}</ul></td></tr>'
+                f'<td colspan="{len(effects) + 5}"><b>how to fix</b><ul>{lines}</ul></td></tr>'
             )
     runs = f", {len(rows[0].runs)} runs each" if rows and len(rows[0].runs) > 1 else ""
+    engine, why = report.engines.get(mode, ("kill", ""))
+    told = f'<p class="engine">engine: {esc(engine)} ({esc(why)})</p>' if why else ""
     return (
         f'<section class="mode" id="mode-{esc(mode)}" data-mode="{esc(mode)}">'
-        f"<h2>durability {esc(mode)}: {plural(len(rows), 'crash point')}{runs}</h2>"
+        f"<h2>durability {esc(mode)}: {plural(len(rows), 'crash point')}{runs}</h2>{told}"
         '<table class="matrix"><thead><tr><th>#</th><th>point (killed before)</th>'
-        f"<th>saved at the kill</th><th>ran on recovery</th>{head}<th>verdict</th></tr>"
+        f"<th>saved at the kill</th><th>ran on recovery</th>{head}<th>verdict</th>"
+        "<th>engine</th></tr>"
         f"</thead><tbody>{''.join(body)}</tbody></table></section>"
     )
 

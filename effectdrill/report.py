@@ -31,6 +31,7 @@ class Row:
     runs: list = field(default_factory=list)
     requests: list = field(default_factory=list)  # sent again: effectdrill/outbound.py
     tools: list = field(default_factory=list)  # "tool NAME, call ID" of the tasks it re-runs
+    engine: str = "kill"  # what made its crash state: "kill" or "snapshot" (snapshot.py)
 
     @property
     def node(self):
@@ -98,6 +99,7 @@ class Row:
             "node": self.node,
             "tools": self.tools,
             "fix": row_fixes(self),
+            "engine": self.engine,
         }
 
 
@@ -110,6 +112,8 @@ class Report:
         self.reruns = {}  # durability -> {effect: (times, node, why)} a node's re-run repeated
         self.expect = expect or {}
         self.requests = None  # the HTTP observer's totals (effectdrill/outbound.py)
+        self.engines = {}  # durability -> (engine, why): what made its rows (snapshot.py)
+        self.verified = []  # --verify's rows: {durability, point, same, snapshot, kill}
 
     @property
     def duplicates(self):
@@ -171,6 +175,8 @@ class Report:
             "failed": self.failed,
             "unreached": self.unreached,
             "requests": self.requests,
+            "engines": {m: {"engine": e, "why": w} for m, (e, w) in self.engines.items()},
+            "verified": self.verified,
         }
 
     def table(self, width=None):
@@ -185,10 +191,11 @@ class Report:
             header = ["point", "saved", "ran on recovery"]
             header += [f"{e}\n(clean {clean.get(e, 0)})" for e in effects] + ["verdict"]
             lines = [header]
+            engine, why = self.engines.get(mode, ("kill", ""))
             for row in rows:
                 lines.append(
                     [
-                        row.point,
+                        row.point + ("" if row.engine == engine else f" (by {row.engine})"),
                         distinct(run.saved for run in row.runs),
                         distinct(ran_cell(run.ran) for run in row.runs),
                         *(counts_cell(row.counts(e)) for e in effects),
@@ -198,6 +205,9 @@ class Report:
             runs = f", {len(rows[0].runs)} runs each" if rows and len(rows[0].runs) > 1 else ""
             blocks.append(f"durability {mode}: {plural(len(rows), 'crash point')}{runs}\n")
             blocks[-1] += columns(lines, width or TABLE_WIDTH)
+            if why and why != NO_WORLD:  # a drill with no world is the kill engine's, as ever
+                told = f"engine: {engine} ({why})"
+                blocks[-1] += "\n" + "\n".join(wrap(told, width or TABLE_WIDTH))
         requests = outbound.requests_table(self, lambda lines: columns(lines, width or TABLE_WIDTH))
         return "\n\n".join(blocks + ([requests] if requests else []) + [self.summary_line()])
 
@@ -238,6 +248,12 @@ class Report:
             "runs": len(counts),
             "times": len([c for c in differs if (c > clean) == (pick is max)]),
         }
+
+
+NO_WORLD = (  # why auto uses real kills when nothing says what a resume touches (snapshot.py)
+    "no world declared (--world, or drill_world beside the observer): the drill cannot "
+    "restore what the resume touches"
+)
 
 
 TABLE_WIDTH = 120  # columns a table fits in, where its effect columns leave space

@@ -60,6 +60,14 @@ def fork_chain(plan, db, kind, mode, state, thread):
             os.dup2(2, 1)  # the graph's prints go to stderr: stdout is the report's
             if kind == "clean":
                 end = clean_chain(plan, db, mode, thread, write_end)
+            elif kind == "snapclean":  # the snapshot engine's (snapshot.py)
+                from effectdrill.snapshot import snap_clean_chain
+
+                end = snap_clean_chain(plan, db, mode, thread, write_end)
+            elif kind == "resume":
+                from effectdrill.snapshot import snap_resume_chain
+
+                end = snap_resume_chain(plan, db, mode, state, thread, write_end)
             else:
                 end = crash_chain(plan, db, mode, state, thread, write_end)
         except Failed as failed:

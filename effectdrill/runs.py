@@ -31,6 +31,8 @@ class Plan:
     context: object
     run_id: str
     stores: object = None  # store_maker's: each run's store, or None (the graph's own)
+    world: object = None  # the declared world the snapshot engine restores (world.py)
+    snapdir: str = ""  # where the snapshot engine keeps its images (snapshot.py)
 
     def __post_init__(self):
         self.is_async = needs_async(self.graph)
@@ -62,7 +64,7 @@ class Plan:
             )
             return Run(False, saved, [], {}, None, thread, unreached=True)
         saved = result["saved"] if reached else NOT_REACHED
-        counts = self.counts(thread)
+        counts = result["counts"] if "counts" in result else self.counts(thread)  # snapshot's
         return Run(reached, saved, result["ran"], counts, result["error"], thread)
 
     def one_invoke(self, db, recorder, thread, mode, fresh, trace=None):

@@ -25,7 +25,11 @@ class Recording:
         if self.recorder is None:
             return super().put(config, checkpoint, metadata, new_versions)
         key = self.recorder.before(put_call(config, metadata))
-        saved = super().put(config, checkpoint, metadata, new_versions)
+        try:
+            saved = super().put(config, checkpoint, metadata, new_versions)
+        except BaseException:
+            failed(self.recorder, key)
+            raise
         self.recorder.after(key, (parent(config)[0], checkpoint["id"]))
         return saved
 
@@ -33,14 +37,22 @@ class Recording:
         if self.recorder is None:
             return super().put_writes(config, writes, task_id, task_path)
         key = self.recorder.before(writes_call(config, writes, task_id, task_path))
-        super().put_writes(config, writes, task_id, task_path)
+        try:
+            super().put_writes(config, writes, task_id, task_path)
+        except BaseException:
+            failed(self.recorder, key)
+            raise
         self.recorder.after(key)
 
     async def aput(self, config, checkpoint, metadata, new_versions):
         if self.recorder is None:
             return await super().aput(config, checkpoint, metadata, new_versions)
         key = await self.recorder.abefore(put_call(config, metadata))
-        saved = await super().aput(config, checkpoint, metadata, new_versions)
+        try:
+            saved = await super().aput(config, checkpoint, metadata, new_versions)
+        except BaseException:
+            failed(self.recorder, key)
+            raise
         self.recorder.after(key, (parent(config)[0], checkpoint["id"]))
         return saved
 
@@ -48,8 +60,18 @@ class Recording:
         if self.recorder is None:
             return await super().aput_writes(config, writes, task_id, task_path)
         key = await self.recorder.abefore(writes_call(config, writes, task_id, task_path))
-        await super().aput_writes(config, writes, task_id, task_path)
+        try:
+            await super().aput_writes(config, writes, task_id, task_path)
+        except BaseException:
+            failed(self.recorder, key)
+            raise
         self.recorder.after(key)
+
+
+def failed(recorder, key):
+    """A saver call raised: a recorder that serializes the calls lets the next one go."""
+    if hasattr(recorder, "failed"):
+        recorder.failed(key)
 
 
 class StoreMaker:
@@ -106,6 +128,15 @@ def store_maker(spec):
     finally:
         if folder is not None:
             shutil.rmtree(folder, ignore_errors=True)
+
+
+@contextmanager
+def temporary_folder(prefix):
+    folder = tempfile.mkdtemp(prefix=prefix)
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 @contextmanager

@@ -70,3 +70,18 @@ def connect():
             " PRIMARY KEY (effect, order_id))"
         )
         yield db
+
+
+class Forgetful:
+    """A world that restores nothing (a snapshot engine's bug, or a world declared wrong): the
+    resumes see every effect the clean run made later. For --verify's tests."""
+
+    def snapshot(self):
+        return None
+
+    def restore(self, image):
+        pass
+
+
+def forgetful_world():
+    return Forgetful()

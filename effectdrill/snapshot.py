@@ -1,0 +1,308 @@
+"""The snapshot engine: run the graph once, and just before each saver call keep the durable
+state (the checkpoint database's pages, the declared world's); each crash state is then that
+state restored and resumed (README.md, "Two engines"). Its chains run in the warm parent's
+children as the kill engine's do (restart.py): the clean run's invokes each in a new process,
+and each resume's."""
+
+import os
+import pickle
+import shutil
+import sqlite3
+import threading
+from contextlib import closing, contextmanager, nullcontext
+
+from effectdrill.errors import DrillError, task_error, traceback_of
+from effectdrill.kill import within_subgraph
+from effectdrill.plan import Recorder
+from effectdrill.report import NO_WORLD
+from effectdrill.restart import MAX_INVOKES, Failed, answer_of, cold, resume_chain, too_many_invokes
+from effectdrill.savers import Sqlite
+from effectdrill.trace import Trace
+from effectdrill.world import as_rollback, world_lock
+
+ENGINES = ("auto", "snapshot", "kill")
+
+
+def choose(engine, plan, db, mode, http, world, early=False):
+    """(engine, why) for this mode: "snapshot" where the drill can restore everything a resume
+    can touch, else "kill". A DrillError when --engine snapshot was asked and cannot be.
+    early: before the graph is known (plan and db None), the reasons that need neither."""
+    if engine not in ENGINES:
+        raise DrillError(f"engine must be one of {', '.join(ENGINES)}, not {engine!r}")
+    if engine == "kill":
+        return "kill", "asked for"
+    if engine == "auto" and world is None:  # the drill as it always was: its table says nothing
+        return "kill", NO_WORLD
+    reason = kill_reason(plan, db, mode, http, world)
+    if reason is None:
+        why = "asked for" if engine == "snapshot" else "the world is declared and restorable"
+        return "snapshot", f"{why}: the checkpoints and {world_name(world)} restored per point"
+    if engine == "snapshot":
+        raise DrillError(f"--engine snapshot cannot drill this graph: {reason}")
+    return "kill", reason
+
+
+def kill_reason(plan, db, mode, http, world):
+    """Why a snapshot cannot stand for a real kill here, or None."""
+    if mode != "sync":
+        return f"durability {mode}: its crash states come from timing, real kills sample them"
+    if http:
+        return "--observe http: the requests reach servers the drill cannot restore"
+    if world is None:
+        return NO_WORLD
+    if plan is None:
+        return None
+    if plan.is_async:
+        return "async nodes: their saver lives on aiosqlite's thread, not snapshotted"
+    if not isinstance(db, Sqlite):
+        return "a Postgres checkpoint database: not snapshotted"
+    if plan.stores is not None:
+        return "a store: not part of the declared world"
+    return None
+
+
+def world_name(world):
+    return "the declared world" if not getattr(world, "relocatable", False) else "its world"
+
+
+class SnapRecorder(Recorder):
+    """The Recorder of a clean run (its calls, numbered as a crash child sees them), with the
+    saver calls made one at a time and, just before each, the checkpoint database's pages and
+    the world kept in files of `folder`; after each put_writes, the rows it saved."""
+
+    def __init__(self, folder, world, thread):
+        super().__init__()
+        self.folder, self.world, self.thread = folder, world, thread
+        self.serial = threading.Lock()
+        self.saver = None
+        self.snaps = []  # per call: (checkpoint image path, world image path, tasks busy)
+        self.rows = {}  # put_writes key -> the writes rows it saved (for held states)
+        self.running = {}  # task id -> attempts running (SnapTrace)
+        self.starts = []  # (calls made before it, task id) of each attempt started (SnapTrace)
+        self.by_key = {}
+
+    @property
+    def carried(self):
+        return self.seen, self.calls, self.snaps, self.rows, self.starts
+
+    @carried.setter
+    def carried(self, value):
+        self.seen, self.calls, self.snaps, self.rows, self.starts = value
+
+    def before(self, call):
+        self.serial.acquire()  # released in after(): one saver call at a time
+        try:
+            key = super().before(call)
+            self.by_key[key] = call
+            n = len(self.snaps)
+            with self.saver.lock:
+                image = as_rollback(self.saver.conn.serialize())
+            ckpt = os.path.join(self.folder, f"{n}.sqlite")
+            with open(ckpt, "wb") as out:
+                out.write(image)
+            world = os.path.join(self.folder, f"{n}.world")
+            with open(world, "wb") as out:
+                pickle.dump(self.world.snapshot(), out)
+            outer = {part.split(":", 1)[-1] for part in call.group[1].split("|") if part}
+            busy = sorted(t for t, n in self.running.items() if n and t not in outer)
+            self.snaps.append((ckpt, world, busy))
+        except BaseException:
+            self.serial.release()
+            raise
+        return key
+
+    def failed(self, key):
+        """The saver call raised: the next one may go (after() is not called)."""
+        self.serial.release()
+
+    def after(self, key, checkpoint=None):
+        try:
+            call = self.by_key[key]
+            if call.kind == "put_writes":
+                _, namespace, checkpoint_id = call.group
+                with self.saver.lock:
+                    self.rows[key] = self.saver.conn.execute(
+                        "SELECT * FROM writes WHERE thread_id = ? AND checkpoint_ns = ? AND "
+                        "checkpoint_id = ? AND task_id = ?",
+                        (self.thread, namespace, checkpoint_id, call.task_id),
+                    ).fetchall()
+        finally:
+            self.serial.release()
+
+
+class SnapTrace(Trace):
+    """The clean run's Trace, telling the recorder which tasks are running (a snapshot taken
+    while another task is mid-effect cannot stand for a kill)."""
+
+    def attempt_starts(self, task):
+        running = self.recorder.running
+        running[task] = running.get(task, 0) + 1
+        self.recorder.starts.append((len(self.recorder.snaps), task))
+        super().attempt_starts(task)
+
+    def attempt_ends(self, task):
+        super().attempt_ends(task)
+        self.recorder.running[task] -= 1
+
+
+class SnapDb:
+    """The drill's SQLite database, whose saver() tells the recorder which saver to snapshot."""
+
+    def __init__(self, db):
+        self.db = db
+
+    @contextmanager
+    def saver(self, recorder=None):
+        with self.db.saver(recorder) as saver:
+            if recorder is not None:
+                recorder.saver = saver
+            yield saver
+
+
+def snap_clean_chain(plan, db, mode, thread, outward):
+    """The clean run as restart.clean_chain makes it, each invoke in a new process, with the
+    SnapRecorder: {"clean": (calls, names, invokes, tools, snaps, rows)} pickled."""
+    folder = os.path.join(plan.snapdir, "clean")
+    os.makedirs(folder, exist_ok=True)
+    recorder = SnapRecorder(folder, plan.world, thread)
+    trace = SnapTrace(plan, thread, recorder)
+    snapdb, fresh = SnapDb(db), True
+    for _ in range(MAX_INVOKES):
+
+        def invoke(fresh=fresh):
+            try:
+                _, _, more = plan.one_invoke(snapdb, recorder, thread, mode, fresh, trace)
+            except DrillError:
+                raise
+            except Exception as error:
+                line = f"the graph failed in its clean run: {task_error(error)}{plan.hint(error)}"
+                raise Failed({"graph_failed": line, "details": traceback_of(error)}) from None
+            return more, (recorder.carried, trace.names, trace.invokes, trace.tools)
+
+        status, answer = cold(plan, invoke, outward)
+        more, carried = answer_of(status, answer, "")
+        recorder.carried, trace.names, trace.invokes, trace.tools = carried
+        if not more:
+            data = (recorder.calls, trace.names, trace.invokes, trace.tools)
+            data += (recorder.snaps, recorder.rows, recorder.starts)
+            return {"clean": pickle.dumps(data).hex()}
+        fresh = False
+    raise Failed({"drill_error": too_many_invokes()})
+
+
+def in_step_order(calls):
+    """The calls with each checkpoint after the writes of its step. A put can be made before a
+    write of the step it closes is (langgraph#8039; here one saver call at a time, in an order
+    of their own): the kill engine's states wait for those writes (CleanRun.states)."""
+    ordered = list(calls)
+    for call in calls:
+        if call.kind != "put":
+            continue
+        mine = [
+            i for i, c in enumerate(ordered) if c.kind == "put_writes" and c.group == call.group
+        ]
+        at = ordered.index(call)
+        if mine and mine[-1] > at:
+            ordered.insert(mine[-1], ordered.pop(at))
+    return ordered
+
+
+def plan_items(clean, timed, snaps, rows, starts, states):
+    """Per crash state: (checkpoint image, writes rows to add, world image), or None where a
+    snapshot cannot stand for the kill. `timed`: the calls in the order they were made (the
+    snapshots' order); clean.calls: in step order (in_step_order).
+
+    A state saves the calls before its point in step order (a held state: and its step's
+    unheld writes). Its checkpoints are the image taken before the first unsaved call, plus
+    the rows of the saved writes made after it; its world the image taken when the last of its
+    saved calls (and its point's task, or its step's tasks) had run. None when another task
+    ran meanwhile (a task mid-effect at the snapshot, a task of the next step, a task that
+    started after a held write began: an error handler waits for its node's error to be
+    saved, so a real kill holding that write back may never reach the state), or when a
+    saved call made after the image is a checkpoint."""
+    time = {c.key: i for i, c in enumerate(timed)}
+    order = [c.key for c in clean.calls]
+    items = []
+    for state in states:
+        if state.key is not None:
+            saved = set(order[: order.index(state.key)])
+            ran = {state.key}
+        else:  # and a subgraph's calls its step's tasks made meanwhile (Killer lets them go)
+            at = sorted(order.index(k) for k in state.group)
+            outer = clean.calls[at[0]].group[1]
+            inner = {
+                c.key
+                for c in clean.calls[at[0] : at[-1]]
+                if within_subgraph(c.group[1], outer) and c.key not in state.group
+            }
+            saved = set(order[: at[0]]) | (state.group - state.hold) | inner
+            ran = set(state.group)
+        items.append(made_of(state, saved, ran, time, timed, snaps, rows, starts))
+    return items
+
+
+def made_of(state, saved, ran, time, timed, snaps, rows, starts):
+    """One state's item (see plan_items), or None."""
+    t0 = min(time[k] for k in time if k not in saved)
+    late = [k for k in saved if time[k] > t0]
+    if any(timed[time[k]].kind == "put" for k in late):
+        return None
+    tw = max(time[k] for k in [*late, *ran])
+    own = {timed[time[k]].task_id for k in [*late, *ran]}
+    held = [time[k] for k in state.hold]
+    for n, task in starts:
+        if t0 < n <= tw and (task not in own or any(h < n for h in held)):
+            return None
+    if snaps[tw][2]:  # a task of another thread mid-effect then
+        return None
+    added = [r for k in sorted(late, key=time.get) for r in rows.get(k, ())]
+    return snaps[t0][0], added, snaps[tw][1]
+
+
+def snap_resume_chain(plan, db, mode, item, thread, outward):
+    """A crash state made from its snapshot: the checkpoint image in a database of this chain's
+    own, the world restored (in a folder of its own where it can be relocated, else in place
+    and one resume at a time), the thread resumed as after a kill (restart.resume_chain, each
+    invoke in a new process), then observed here, before another resume touches the world."""
+    ckpt, rows, world_image = item.ckpt, item.rows, item.world
+    folder = os.path.join(plan.snapdir, f"resume-{os.getpid()}")
+    os.makedirs(folder)
+    try:
+        path = os.path.join(folder, "checkpoints.sqlite")
+        shutil.copyfile(ckpt, path)
+        if rows:
+            with closing(sqlite3.connect(path)) as conn, conn:
+                marks = ", ".join("?" * len(rows[0]))
+                conn.executemany(f"INSERT OR REPLACE INTO writes VALUES ({marks})", rows)
+        with open(world_image, "rb") as incoming:
+            image = pickle.load(incoming)
+        world = plan.world
+        own = getattr(world, "relocatable", False)
+        if own:
+            world.relocate(folder)
+        lock = nullcontext() if own else world_lock(os.path.join(plan.snapdir, "world.lock"))
+        with lock:
+            world.restore(image)
+            resume = resume_here if item.inline else resume_chain
+            saved, ran, error = resume(plan, Sqlite(path), mode, thread, outward)
+            counts = plan.counts(thread)
+        return {"reached": True, "saved": saved, "ran": ran, "error": error, "counts": counts}
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def resume_here(plan, db, mode, thread, outward):
+    """restart.resume_chain's resume with its first invoke in this process: forked from the warm
+    parent, it never ran the graph, as a new process would not have (one fork fewer). Used when
+    the clean run took one invoke (no interrupt), so one invoke finishes the resume; should a
+    task be left, the rest goes on in new processes forked from this one."""
+    try:
+        saved, ran, more = plan.one_invoke(db, None, thread, mode, False)
+    except DrillError as error:
+        raise Failed({"drill_error": str(error)}) from None
+    except Exception as error:  # the graph raised: the resume's finding
+        return plan.saved, [], task_error(error)
+    if not more:
+        return saved, ran, None
+    _, later, error = resume_chain(plan, db, mode, thread, outward)
+    return saved, ran + later, error
