@@ -12,7 +12,8 @@ prints one line, {"event": "tally", ...}, with
                        `charged`, `reserved`, `shipped`, `released` and `refunded`, the relay's
                        `answered`: created true)
     replayed           effects the receiver answered from their key (created false)
-    settled            open effects settled: by a lookup (a resume's `effect_adopted`; lab 06's
+    settled            open effects settled: by a lookup (a resume's `effect_adopted`, the saga's
+                       step with "how": "adopted"; lab 06's
                        `reconcile` that found the ticket, whose `effect_ack` then says created
                        false: not a replay; `reconciled` now confirmed or not sent) or by a
                        person (`settled`: reconcile --confirmed or --not-sent)
@@ -64,6 +65,8 @@ def tally(events):
         elif kind in ("effect_adopted", "settled") or (
             kind == "reconciled" and event.get("now") in SETTLED_BY_RECONCILE
         ):
+            counts["settled"] += 1
+        elif kind in ANSWERS and event.get("how") == "adopted":  # the saga's lookup by key
             counts["settled"] += 1
         elif kind in ANSWERS and "created" in event:
             if event["created"]:

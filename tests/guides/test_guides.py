@@ -328,7 +328,7 @@ DEMO_VERDICTS = {
         "What the labs showed: safe: 0 of 3 operations duplicated; naive: 1 of 1 operation "
         "duplicated; 1 of 1 drill found an effect repeated or lost\n"
         'What the commands above did (tools.tally): {"event": "tally", "started": 4, '
-        '"resumed": 6, "drained": 0, "acknowledged": 15, "replayed": 0, "settled": 0}',  # + saga
+        '"resumed": 6, "drained": 0, "acknowledged": 15, "replayed": 0, "settled": 1}',  # + saga
     ),
     "15": (
         [  # adopted, from the receipt, settled by a person: each on its operation

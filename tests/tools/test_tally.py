@@ -105,3 +105,17 @@ def test_lab15s_adoptions_and_reconciles_are_settled():
     counts = tally(events_in(lines))
     assert counts["settled"] == 4, counts
     assert counts["replayed"] == 0, counts
+
+
+def test_lab13s_shipment_found_by_its_key_is_settled():
+    """Lab 13 as its guide prints it: a resume killed after the shipment's request left looks the
+    shipment up by its key and adopts it ("how": "adopted"): settled, not a replay; its receipts
+    ("how": "receipt") are neither."""
+    guide = ROOT / "labs" / "13-the-refund-that-ran-twice.md"
+    lines = [
+        line for step in parse_guide(guide.read_text(encoding="utf-8")) for line in step.expected
+    ]
+    assert any('"how": "adopted"' in line for line in lines)
+    counts = tally(events_in(lines))
+    assert counts["settled"] == 1, counts
+    assert counts["replayed"] == 0, counts
