@@ -1417,6 +1417,18 @@ class ShownSoFar:
             if self.new(("charge", self.operation or ticket)):
                 return [("payment", text)]
             return [("duplicate", f"{text}, a second charge for {self.operation}")]
+        if kind in ("reserved", "shipped") and "created" in event:  # lab 13's other steps
+            step = SAGA_MADE[kind]
+            text = f"{step} {event[f'{step}_id']}: " + (
+                "created" if event["created"] else "created: false"
+            )
+            if not event["created"]:
+                return [("replayed", text)]
+            if self.new((step, self.operation or event[f"{step}_id"])):
+                return [("sent", text)]
+            return [("duplicate", f"{text}, a second {step} for {self.operation}")]
+        if kind == "refused" and "error" in event:  # lab 13's shipment: no carrier, nothing made
+            return [("said", f"refused: {event['error']}")]
         if kind in UNDONE and event.get("created"):  # lab 13's: one of each undo an operation
             undo = UNDONE[kind]
             text = f"{undo} {event[f'{undo}_id']}: created"
@@ -1520,7 +1532,7 @@ def thing(event):
 
 
 MARKS = {  # kind: (colour, what the legend says)
-    "sent": ("#2e7d32", "sent: a new effect (ticket, refund)"),
+    "sent": ("#2e7d32", "sent: a new effect (a ticket, a reservation, a refund...)"),
     "message": ("#558b2f", "message sent"),
     "payment": ("#00695c", "payment (a charge the provider holds)"),
     "duplicate": ("#b71c1c", "DUPLICATE: a second effect for the same thing"),
