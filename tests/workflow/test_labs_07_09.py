@@ -217,6 +217,21 @@ def test_a_resume_after_the_payload_changed_is_refused_then_reapproved_once(
         assert f" ({digest(NEW)}, by " in authorized(lab, operation), point
 
 
+def test_a_refused_request_edited_again_is_approved_and_sent_once(receiver, workflow, lab):
+    """Refused (its row released: nothing sent), edited again, approved: the released row
+    takes the new request, one ticket with the final title, the change in its history."""
+    thread, operation, final = "twice", "case-twice:open-ticket:v1", "Pay the supplier 12 EUR"
+    approved_then_edited(workflow, thread, operation)
+    assert workflow("resume", "--thread", thread).returncode == NOT_AUTHORIZED
+    assert names(workflow("edit", "--thread", thread, "--title", final)) == ["edited"]
+    done = workflow("approve", "--thread", thread, "--by", "ana")
+    assert done.returncode == 0, done.stderr
+    assert sent_for(workflow, operation) == [final]
+    with effects.read_ledger(lab["CHECKPOINT_DB"]) as ledger:
+        hows = [how for _, _, how in ledger.history(operation)]
+    assert "claimed: request changed while released" in hows, hows
+
+
 def test_an_expired_or_revoked_approval_sends_nothing(receiver, workflow, lab):
     operation = "case-expired:open-ticket:v1"
     assert workflow(*bound_start("expired", operation)).returncode == 0
