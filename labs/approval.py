@@ -24,6 +24,7 @@ import effects
 import workflow
 from exitcodes import EXIT_THREAD, EXIT_USAGE, UserError, command, emit
 from failpoints import fail
+from labs.contract import KEY_DERIVATIONS, KEY_VERSION
 from labs.modes import create_ticket_by_mode, emit_effect_outcome
 
 APPROVAL_SHAPES = ("in-node", "own-node", "before")  # where --approval waits for a human
@@ -238,9 +239,16 @@ def approve_bound(args, snapshot, ledger):
         return Command(resume=False)
     values = snapshot.values
     request = snapshot.interrupts[0].value["request"] if waiting else ticket_request(values)
-    record_approval(ledger, values["key"], args.thread, request, args.by, args.valid_for)
+    key = ticket_key(values, args.key_version)  # the key the send checks it under
+    record_approval(ledger, key, args.thread, request, args.by, args.valid_for)
     fail("after-approval")  # the approval recorded, the run not resumed yet
     return Command(resume=True) if waiting else None
+
+
+def ticket_key(values, deployed):
+    """The key a saved run's ticket is sent and checked under: derived as its node derives it
+    (labs/contract.py's derive_keys), by its pinned key_version or the deployed one."""
+    return KEY_DERIVATIONS[values.get(KEY_VERSION) or deployed](values)
 
 
 def refused_before_send(snapshot):
@@ -276,7 +284,8 @@ def asks_again(snapshot):
 
 def revoke(args, ledger, values):
     """`revoke`: the thread's newest approval withdrawn; its ticket is not sent under it."""
-    found = newest_approval(ledger, values["key"]) if values.get("approval") == "before" else None
+    bound = values.get("approval") == "before"
+    found = newest_approval(ledger, ticket_key(values, args.key_version)) if bound else None
     if found is None or found["revoked_at"] is not None:
         raise UserError(f"thread {args.thread!r} has no approval to revoke", EXIT_THREAD)
     with ledger.transaction():

@@ -232,6 +232,21 @@ def test_a_refused_request_edited_again_is_approved_and_sent_once(receiver, work
     assert "claimed: request changed while released" in hows, hows
 
 
+def test_a_bound_approval_under_key_version_2_is_checked_under_its_key(receiver, workflow, lab):
+    """LAB_KEY_VERSION=2 sends the ticket under KEY:ticket: approve records it under that key,
+    the key the send checks, and revoke finds it there."""
+    from tools.local import run_workflow_here
+
+    def v2(*args):
+        return run_workflow_here(args, {**lab, "LAB_KEY_VERSION": "2"})
+
+    assert v2(*bound_start("v2", "case-v2:v1")).returncode == 0
+    done = v2("approve", "--thread", "v2", "--by", "ana")
+    assert done.returncode == 0, done.stderr
+    assert sent_for(workflow, "case-v2:v1:ticket") == [OLD]
+    assert names(v2("revoke", "--thread", "v2")) == ["revoked"]  # found under KEY:ticket
+
+
 def test_an_expired_or_revoked_approval_sends_nothing(receiver, workflow, lab):
     operation = "case-expired:open-ticket:v1"
     assert workflow(*bound_start("expired", operation)).returncode == 0
