@@ -161,10 +161,11 @@ def authorize_ticket(ledger, key, request):
     else:
         return f"approval {found['id']} ({short(digest)}, by {found['approver']})"
     fail("before-refusal")  # the intent recorded, nothing sent, the refusal not yet recorded
-    thread = ledger.row(key)["thread"]
-    again = command(f"approve --thread {shlex.quote(thread)}")
+    thread = shlex.quote(ledger.row(key)["thread"])
+    review = command(f"state --thread {thread}")
+    again = command(f"approve --thread {thread} --by NAME")  # NAME: the person who reviewed it
     raise UserError(
-        f"ticket {key!r} not sent: {why}; review its request and re-approve: {again}",
+        f"ticket {key!r} not sent: {why}; review it: {review}; re-approve: {again}",
         EXIT_NOT_AUTHORIZED,
     )
 

@@ -20,6 +20,7 @@ import pytest
 from test_hints_as_printed import printed
 from workflow_helpers import events, names, tickets
 
+import corrections
 import effects
 from tools.local import ROOT, shell_exit_code, wait_until
 
@@ -176,9 +177,11 @@ def bound_start(thread, operation):
 
 def assert_refused(done, thread, why):
     assert done.returncode == NOT_AUTHORIZED and done.stdout == "", done.stderr
+    docker = "(Docker: docker compose -p stateful-lab run --rm workflow"
     hint = (
-        f"re-approve: python -m labs approve --thread {thread} (Docker: docker compose -p "
-        f"stateful-lab run --rm workflow approve --thread {thread})\n"
+        f"; review it: python -m labs state --thread {thread} {docker} state --thread {thread}); "
+        f"re-approve: python -m labs approve --thread {thread} --by NAME {docker} approve "
+        f"--thread {thread} --by NAME)\n"
     )
     assert why in done.stderr and done.stderr.endswith(hint) and done.stderr.count("\n") == 1
 
@@ -209,7 +212,8 @@ def test_a_resume_after_the_payload_changed_is_refused_then_reapproved_once(
             assert shell_exit_code(killed.returncode) == KILLED, killed.stderr
             done = workflow("resume", "--thread", thread)
         else:  # the hint's command, as printed (its Docker form the same command)
-            (again,) = printed(refused.stderr)
+            look, again = printed(refused.stderr)  # review it, then approve it
+            assert names(workflow(*shlex.split(look.removeprefix("python -m labs ")))) == ["state"]
             done = workflow(*shlex.split(again.removeprefix("python -m labs ")))
         assert done.returncode == 0, (point, done.stderr)
         assert events(done)[-1]["title"] == NEW
@@ -252,6 +256,7 @@ def test_an_expired_or_revoked_approval_sends_nothing(receiver, workflow, lab):
     assert workflow(*bound_start("expired", operation)).returncode == 0
     expired = workflow("approve", "--thread", "expired", "--valid-for", "0")
     assert names(expired)[0] == "approval_recorded"
+    assert events(expired)[0]["by"] == corrections.login()  # no --by: who runs it, never unnamed
     assert "approval 1 expired at " in expired.stderr and expired.returncode == NOT_AUTHORIZED
     assert sent_for(workflow, operation) == []
     assert workflow("approve", "--thread", "expired").returncode == 0
