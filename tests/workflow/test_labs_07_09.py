@@ -232,8 +232,11 @@ def test_a_refused_request_edited_again_is_approved_and_sent_once(receiver, work
     assert done.returncode == 0, done.stderr
     assert sent_for(workflow, operation) == [final]
     with effects.read_ledger(lab["CHECKPOINT_DB"]) as ledger:
-        hows = [how for _, _, how in ledger.history(operation)]
-    assert "claimed: request changed while released" in hows, hows
+        history = ledger.history(operation)
+    # the guide's order: the intent recorded (requested), then the approval checked (refused)
+    assert history[0] == (None, "requested", "claimed"), history
+    assert history[1][:2] == ("requested", "released") and "not authorized" in history[1][2]
+    assert history[2] == ("released", "requested", "claimed: request changed while released")
 
 
 def test_a_bound_approval_under_key_version_2_is_checked_under_its_key(receiver, workflow, lab):
