@@ -42,6 +42,7 @@ from labs.approval import (
     check_approval,
     edit_title,
     require_ledger_mode,
+    seconds,
 )
 from labs.boundaries import DURABILITIES, POINTS, TERM_POINTS, step_boundary_saver
 from labs.contract import (
@@ -310,7 +311,7 @@ def build_lab_parser(graph_version="1", key_version="1"):
     sub.add_argument("--by", default=login(), help="who approves (default: your login)")
     sub.add_argument(
         "--valid-for",
-        type=float,
+        type=seconds,
         default=APPROVAL_TTL_S,
         metavar="SECONDS",
         help=f"--approval before: how long the approval authorizes (default {APPROVAL_TTL_S:g})",

@@ -251,7 +251,7 @@ def test_a_bound_approval_under_key_version_2_is_checked_under_its_key(receiver,
     done = v2("approve", "--thread", "v2", "--by", "ana")
     assert done.returncode == 0, done.stderr
     assert sent_for(workflow, "case-v2:v1:ticket") == [OLD]
-    assert names(v2("revoke", "--thread", "v2")) == ["revoked"]  # found under KEY:ticket
+    assert events(v2("revoke", "--thread", "v2"))[0]["sent"] is True  # found under KEY:ticket
 
 
 def test_an_expired_or_revoked_approval_sends_nothing(receiver, workflow, lab):
@@ -262,8 +262,16 @@ def test_an_expired_or_revoked_approval_sends_nothing(receiver, workflow, lab):
     assert events(expired)[0]["by"] == corrections.login()  # no --by: who runs it, never unnamed
     assert "approval 1 expired at " in expired.stderr and expired.returncode == NOT_AUTHORIZED
     assert sent_for(workflow, operation) == []
+    for bad in ("inf", "-1", "nan"):  # an approval for ever, or for less than no time
+        refused = workflow("approve", "--thread", "expired", "--valid-for", bad)
+        assert refused.returncode == 2 and refused.stderr.count("\n") == 1, (bad, refused)
+        assert refused.stdout == "" and f"'{bad}' is not a number of seconds" in refused.stderr
     assert workflow("approve", "--thread", "expired").returncode == 0
     assert sent_for(workflow, operation) == [OLD]
+    late = events(workflow("revoke", "--thread", "expired"))  # after the send: too late
+    assert late == [
+        {"approval": 2, "event": "revoked", "note": "too late: its ticket was sent", "sent": True}
+    ]
     done = workflow("edit", "--thread", "expired", "--title", NEW)  # nothing will send it
     assert done.returncode == NO_THREAD and done.stderr.count("\n") == 1
 
@@ -272,7 +280,7 @@ def test_an_expired_or_revoked_approval_sends_nothing(receiver, workflow, lab):
     killed = workflow("approve", "--thread", "revoked", "--crash-at", "before-request")
     assert shell_exit_code(killed.returncode) == KILLED
     assert events(workflow("revoke", "--thread", "revoked")) == [
-        {"approval": 3, "event": "revoked"}
+        {"approval": 3, "event": "revoked", "sent": False}
     ]
     assert_refused(workflow("resume", "--thread", "revoked"), "revoked", "approval 3 was revoked")
     assert sent_for(workflow, operation) == []
