@@ -175,7 +175,7 @@ class Effect:
                 ledger.move(key, "unknown", "no evidence it was not sent: a person must look")
                 raise Unsettled(key, self, record.since_sent_s)
             ledger.move(key, "requested", f"sent again: {why}")
-        if self.authorize is not None:  # PROPOSED -> AUTHORIZED, checked now, before it leaves
+        if self.authorize is not None:  # after the intent, before it leaves: checked now
             try:
                 ledger.authorize(key, self.authorize(ledger, key, request))
             except Exception as refusal:

@@ -25,9 +25,8 @@ OPENING = threading.RLock()  # a Ledger's first connection in a process is opene
 LEASES = {}  # this process's lease files: path -> (descriptor, {key: the Ledger holding it})
 SETTLED = ("confirmed", "failed")  # final: a later attempt returns (or raises) what they say
 OPEN = ("requested", "unknown")  # a request may be out there: never send blindly
-LEASE_S = 300.0  # a SQLite lease's default length (LEDGER_LEASE_S): past it a
-#   performer still alive (a request hung past every timeout) no longer keeps others out; its
-#   late answer still becomes the receipt, or an extra (effect_extras) if another made one too
+LEASE_S = 300.0  # a SQLite lease's default length (LEDGER_LEASE_S): past it a live performer
+#   (hung past every timeout) keeps no one out; its late answer is the receipt, or an extra
 
 
 class LedgerError(Exception):
@@ -77,9 +76,9 @@ class Ledger:
 
     def claim(self, key, effect, request, thread=None):
         """Record the intent before the request leaves: a Record in state requested, or the
-        row the key already has. One transaction under a write lock (SQLite BEGIN IMMEDIATE;
-        Postgres INSERT ... ON CONFLICT, then the row locked FOR UPDATE), so two attempts
-        cannot both take a fresh claim. The row names its owner and lease (owner, lease_until)."""
+        row the key already has (a released one takes a changed request; else Conflict). One
+        transaction under a write lock (SQLite BEGIN IMMEDIATE; Postgres INSERT ... ON CONFLICT,
+        then FOR UPDATE): two attempts never both take a fresh claim. Owner: owner, lease_until."""
         canonical, digest = request_hash(request)
         now = time.time()
         with self.transaction():
@@ -97,14 +96,20 @@ class Ledger:
                 self.transition(key, None, "requested", "claimed")
                 return Record(key, effect, "requested", digest, "claimed")
             row = row or self.row(key, lock=True)  # another attempt inserted it first
-            if row["request_hash"] != digest or row["effect"] != effect:
+            changed, released = row["request_hash"] != digest, row["state"] == "released"
+            if row["effect"] != effect or (changed and not released):
                 raise Conflict(
                     f"key {key!r} was claimed for another {row['effect']} request; "
                     "use a new key for a new operation"
                 )
-            if row["state"] == "released":
-                self.move_locked(key, row["state"], "requested", "claimed")
-                return Record(key, effect, "requested", digest, "claimed")
+            if released:  # nothing was sent under it (proven): it may take a new request
+                how = "claimed: request changed while released" if changed else "claimed"
+                self.sql(
+                    "UPDATE effects SET request = ?, request_hash = ? WHERE key = ?",
+                    (canonical, digest, key),
+                )
+                self.move_locked(key, row["state"], "requested", how)
+                return Record(key, effect, "requested", digest, how)
             if row["state"] in OPEN:
                 self.sql(
                     "UPDATE effects SET owner = ?, lease_until = ? WHERE key = ?",
@@ -115,12 +120,11 @@ class Ledger:
     @contextmanager
     def performing(self, key):
         """Held while this process performs key: the key's lock (an fcntl lock on one byte of
-        the file's -lease file, the byte the key's hash names), which the operating system
-        drops when its process dies, so the resume after a kill takes it at once, in another
-        container on the same volume too. Taken by another live process: InFlight, unless its
-        lease on an open row (lease_until, LEASE_S after its claim) ran out: then this process
-        goes on, the evidence rule decides what it sends, and the late holder's answer becomes
-        the receipt or an extra."""
+        the file's -lease file, the byte the key's hash names), dropped by the OS when its
+        process dies, so the resume after a kill takes it at once, in another container on the
+        same volume too. Taken by another live process: InFlight, unless its lease on an open
+        row (lease_until, LEASE_S after its claim) ran out: then this process goes on, the
+        evidence rule decides what it sends, the late holder's answer the receipt or an extra."""
         with self.lease_lock(key) as held:
             if not held:  # another holder, claiming or sending: out unless its lease ran out
                 row = self.row(key)
@@ -205,10 +209,8 @@ class Ledger:
         return [self.record(row) for row in rows]
 
     def stuck(self):
-        """(how many effects are open, seconds since the oldest of them last moved; 0 with
-        none): the requests whose answer was never recorded. Open is `unknown`, and every
-        `requested`: a kill in the crash window leaves one (after-send), and so, for as long as
-        its request is out, does a live run."""
+        """(how many effects are open, seconds since the oldest last moved; 0 with none): every
+        `unknown` and `requested` (a kill after-send leaves one, so does a live run's send)."""
         by_state, oldest_s = self.counts()
         return sum(by_state[state] for state in OPEN), oldest_s
 

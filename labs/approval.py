@@ -15,6 +15,7 @@ approval it was sent under (authorized). `edit` changes a saved run's title, `re
 an approval.
 """
 
+import argparse
 import dataclasses
 import shlex
 import sys
@@ -24,11 +25,12 @@ import effects
 import workflow
 from exitcodes import EXIT_THREAD, EXIT_USAGE, UserError, command, emit
 from failpoints import fail
+from labs.contract import KEY_DERIVATIONS, KEY_VERSION
 from labs.modes import create_ticket_by_mode, emit_effect_outcome
 
 APPROVAL_SHAPES = ("in-node", "own-node", "before")  # where --approval waits for a human
 EXIT_NOT_AUTHORIZED = 77  # the approval does not cover the request about to leave (EX_NOPERM)
-APPROVAL_TTL_S = 3600.0  # LAB_APPROVAL_TTL_S: how long an approval authorizes (approve --valid-for)
+APPROVAL_TTL_S = 3600.0  # how long an approval authorizes, unless approve --valid-for says
 APPROVAL_POINTS = ("after-approval", "before-refusal", "after-intent", "after-receipt")  # kills
 COLUMNS = {"approvals": {"id", "key", "thread", "digest", "approver", "until", "revoked_at"}}
 # The ask for approval, declared once: a ticket on the receiver, under a name of its own.
@@ -160,10 +162,11 @@ def authorize_ticket(ledger, key, request):
     else:
         return f"approval {found['id']} ({short(digest)}, by {found['approver']})"
     fail("before-refusal")  # the intent recorded, nothing sent, the refusal not yet recorded
-    thread = ledger.row(key)["thread"]
-    again = command(f"approve --thread {shlex.quote(thread)}")
+    thread = shlex.quote(ledger.row(key)["thread"])
+    review = command(f"state --thread {thread}")
+    again = command(f"approve --thread {thread} --by NAME")  # NAME: the person who reviewed it
     raise UserError(
-        f"ticket {key!r} not sent: {why}; review its request and re-approve: {again}",
+        f"ticket {key!r} not sent: {why}; review it: {review}; re-approve: {again}",
         EXIT_NOT_AUTHORIZED,
     )
 
@@ -238,9 +241,16 @@ def approve_bound(args, snapshot, ledger):
         return Command(resume=False)
     values = snapshot.values
     request = snapshot.interrupts[0].value["request"] if waiting else ticket_request(values)
-    record_approval(ledger, values["key"], args.thread, request, args.by, args.valid_for)
+    key = ticket_key(values, args.key_version)  # the key the send checks it under
+    record_approval(ledger, key, args.thread, request, args.by, args.valid_for)
     fail("after-approval")  # the approval recorded, the run not resumed yet
     return Command(resume=True) if waiting else None
+
+
+def ticket_key(values, deployed):
+    """The key a saved run's ticket is sent and checked under: derived as its node derives it
+    (labs/contract.py's derive_keys), by its pinned key_version or the deployed one."""
+    return KEY_DERIVATIONS[values.get(KEY_VERSION) or deployed](values)
 
 
 def refused_before_send(snapshot):
@@ -274,14 +284,27 @@ def asks_again(snapshot):
     return values.get("approval") == "before" and list(snapshot.next) == ["approval"]
 
 
+def seconds(text):
+    """approve --valid-for: seconds, finite and not negative (0: expired at once)."""
+    if not 0 <= float(text) < float("inf"):  # nan compares false too
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds, 0 or more")
+    return float(text)
+
+
 def revoke(args, ledger, values):
-    """`revoke`: the thread's newest approval withdrawn; its ticket is not sent under it."""
-    found = newest_approval(ledger, values["key"]) if values.get("approval") == "before" else None
+    """`revoke`: the thread's newest approval withdrawn; its ticket is not sent under it, unless
+    it was sent already: then the line says so ("sent": true and a note), too late."""
+    bound = values.get("approval") == "before"
+    found = newest_approval(ledger, ticket_key(values, args.key_version)) if bound else None
     if found is None or found["revoked_at"] is not None:
         raise UserError(f"thread {args.thread!r} has no approval to revoke", EXIT_THREAD)
     with ledger.transaction():
         ledger.sql("UPDATE approvals SET revoked_at = ? WHERE id = ?", (time.time(), found["id"]))
-    emit("revoked", approval=found["id"])
+    state = getattr(ledger.get(found["key"]), "state", None)  # None: no intent recorded yet
+    sent = state == "confirmed"
+    note = "too late: its ticket was sent" if sent else "its ticket may have been sent already"
+    late = {"note": note} if sent or state in effects.OPEN else {}  # open: a kill mid-send's
+    emit("revoked", approval=found["id"], sent=sent, **late)
 
 
 def require_ledger_mode(args):

@@ -30,6 +30,7 @@ import effects
 import exitcodes
 import failpoints
 import workflow
+from corrections import login
 from exitcodes import EXIT_THREAD, EXIT_USAGE, UserError, command, emit
 from httpguard import DEFAULT_WEBHOOK_SECRET as LAB_SECRET
 from labs import approval, hooks, inbox, keyless, outbox, relay, saga, trace_keys
@@ -41,6 +42,7 @@ from labs.approval import (
     check_approval,
     edit_title,
     require_ledger_mode,
+    seconds,
 )
 from labs.boundaries import DURABILITIES, POINTS, TERM_POINTS, step_boundary_saver
 from labs.contract import (
@@ -306,10 +308,10 @@ def build_lab_parser(graph_version="1", key_version="1"):
         help="checkpoint thread id (default: demo)",
     )
     sub.add_argument("--reject", dest="approve", action="store_false", help="answer no")
-    sub.add_argument("--by", default=os.environ.get("USER") or "unnamed", help="who approves")
+    sub.add_argument("--by", default=login(), help="who approves (default: your login)")
     sub.add_argument(
         "--valid-for",
-        type=float,
+        type=seconds,
         default=APPROVAL_TTL_S,
         metavar="SECONDS",
         help=f"--approval before: how long the approval authorizes (default {APPROVAL_TTL_S:g})",

@@ -195,6 +195,24 @@ def test_a_request_that_never_left_releases_its_claim(open_ledger, lab):
         assert ledger.unsettled() == []  # nothing to reconcile: provably not sent
 
 
+def test_a_released_key_takes_a_changed_request_and_sends_it_once(open_ledger, receiver, client):
+    """Released is proven unsent: the key may carry another request (an edit after a refusal),
+    sent once; confirmed, the key refuses any other request again."""
+    from tools.local import free_port
+
+    down = workflow.TicketClient(f"http://127.0.0.1:{free_port()}", attempts=1)  # no one there
+    with open_ledger() as ledger:
+        with pytest.raises(exitcodes.Unreachable):
+            TICKET.perform(ledger, "op-4b", {"title": "one"}, down)
+        before = posts(receiver)
+        TICKET.perform(ledger, "op-4b", {"title": "two"}, client)
+        assert ledger.history("op-4b")[-2][2] == "claimed: request changed while released"
+        with pytest.raises(effects.Conflict, match="new key"):
+            TICKET.perform(ledger, "op-4b", {"title": "three"}, client)
+    assert posts(receiver) == before + 1
+    assert [t["payload"]["title"] for t in client.tickets() if t["key"] == "op-4b"] == ["two"]
+
+
 def test_the_same_key_with_another_request_is_a_conflict_and_sends_nothing(
     open_ledger, receiver, client
 ):

@@ -20,6 +20,7 @@ import pytest
 from test_hints_as_printed import printed
 from workflow_helpers import events, names, tickets
 
+import corrections
 import effects
 from tools.local import ROOT, shell_exit_code, wait_until
 
@@ -176,9 +177,11 @@ def bound_start(thread, operation):
 
 def assert_refused(done, thread, why):
     assert done.returncode == NOT_AUTHORIZED and done.stdout == "", done.stderr
+    docker = "(Docker: docker compose -p stateful-lab run --rm workflow"
     hint = (
-        f"re-approve: python -m labs approve --thread {thread} (Docker: docker compose -p "
-        f"stateful-lab run --rm workflow approve --thread {thread})\n"
+        f"; review it: python -m labs state --thread {thread} {docker} state --thread {thread}); "
+        f"re-approve: python -m labs approve --thread {thread} --by NAME {docker} approve "
+        f"--thread {thread} --by NAME)\n"
     )
     assert why in done.stderr and done.stderr.endswith(hint) and done.stderr.count("\n") == 1
 
@@ -209,7 +212,8 @@ def test_a_resume_after_the_payload_changed_is_refused_then_reapproved_once(
             assert shell_exit_code(killed.returncode) == KILLED, killed.stderr
             done = workflow("resume", "--thread", thread)
         else:  # the hint's command, as printed (its Docker form the same command)
-            (again,) = printed(refused.stderr)
+            look, again = printed(refused.stderr)  # review it, then approve it
+            assert names(workflow(*shlex.split(look.removeprefix("python -m labs ")))) == ["state"]
             done = workflow(*shlex.split(again.removeprefix("python -m labs ")))
         assert done.returncode == 0, (point, done.stderr)
         assert events(done)[-1]["title"] == NEW
@@ -217,15 +221,57 @@ def test_a_resume_after_the_payload_changed_is_refused_then_reapproved_once(
         assert f" ({digest(NEW)}, by " in authorized(lab, operation), point
 
 
+def test_a_refused_request_edited_again_is_approved_and_sent_once(receiver, workflow, lab):
+    """Refused (its row released: nothing sent), edited again, approved: the released row
+    takes the new request, one ticket with the final title, the change in its history."""
+    thread, operation, final = "twice", "case-twice:open-ticket:v1", "Pay the supplier 12 EUR"
+    approved_then_edited(workflow, thread, operation)
+    assert workflow("resume", "--thread", thread).returncode == NOT_AUTHORIZED
+    assert names(workflow("edit", "--thread", thread, "--title", final)) == ["edited"]
+    done = workflow("approve", "--thread", thread, "--by", "ana")
+    assert done.returncode == 0, done.stderr
+    assert sent_for(workflow, operation) == [final]
+    with effects.read_ledger(lab["CHECKPOINT_DB"]) as ledger:
+        history = ledger.history(operation)
+    # the guide's order: the intent recorded (requested), then the approval checked (refused)
+    assert history[0] == (None, "requested", "claimed"), history
+    assert history[1][:2] == ("requested", "released") and "not authorized" in history[1][2]
+    assert history[2] == ("released", "requested", "claimed: request changed while released")
+
+
+def test_a_bound_approval_under_key_version_2_is_checked_under_its_key(receiver, workflow, lab):
+    """LAB_KEY_VERSION=2 sends the ticket under KEY:ticket: approve records it under that key,
+    the key the send checks, and revoke finds it there."""
+    from tools.local import run_workflow_here
+
+    def v2(*args):
+        return run_workflow_here(args, {**lab, "LAB_KEY_VERSION": "2"})
+
+    assert v2(*bound_start("v2", "case-v2:v1")).returncode == 0
+    done = v2("approve", "--thread", "v2", "--by", "ana")
+    assert done.returncode == 0, done.stderr
+    assert sent_for(workflow, "case-v2:v1:ticket") == [OLD]
+    assert events(v2("revoke", "--thread", "v2"))[0]["sent"] is True  # found under KEY:ticket
+
+
 def test_an_expired_or_revoked_approval_sends_nothing(receiver, workflow, lab):
     operation = "case-expired:open-ticket:v1"
     assert workflow(*bound_start("expired", operation)).returncode == 0
     expired = workflow("approve", "--thread", "expired", "--valid-for", "0")
     assert names(expired)[0] == "approval_recorded"
+    assert events(expired)[0]["by"] == corrections.login()  # no --by: who runs it, never unnamed
     assert "approval 1 expired at " in expired.stderr and expired.returncode == NOT_AUTHORIZED
     assert sent_for(workflow, operation) == []
+    for bad in ("inf", "-1", "nan"):  # an approval for ever, or for less than no time
+        refused = workflow("approve", "--thread", "expired", "--valid-for", bad)
+        assert refused.returncode == 2 and refused.stderr.count("\n") == 1, (bad, refused)
+        assert refused.stdout == "" and f"'{bad}' is not a number of seconds" in refused.stderr
     assert workflow("approve", "--thread", "expired").returncode == 0
     assert sent_for(workflow, operation) == [OLD]
+    late = events(workflow("revoke", "--thread", "expired"))  # after the send: too late
+    assert late == [
+        {"approval": 2, "event": "revoked", "note": "too late: its ticket was sent", "sent": True}
+    ]
     done = workflow("edit", "--thread", "expired", "--title", NEW)  # nothing will send it
     assert done.returncode == NO_THREAD and done.stderr.count("\n") == 1
 
@@ -234,7 +280,7 @@ def test_an_expired_or_revoked_approval_sends_nothing(receiver, workflow, lab):
     killed = workflow("approve", "--thread", "revoked", "--crash-at", "before-request")
     assert shell_exit_code(killed.returncode) == KILLED
     assert events(workflow("revoke", "--thread", "revoked")) == [
-        {"approval": 3, "event": "revoked"}
+        {"approval": 3, "event": "revoked", "sent": False}
     ]
     assert_refused(workflow("resume", "--thread", "revoked"), "revoked", "approval 3 was revoked")
     assert sent_for(workflow, operation) == []
