@@ -13,6 +13,7 @@ import time
 from ledger_tables import digest_of, integrity_fault
 
 BY_A_PERSON = "settled: confirmed (a person"  # how a confirmation on a person's word begins
+LOOKED_UP = ", looked up"  # in its how when the provider's lookup gave the id (settling.py)
 
 
 def corrected(ledger, key, receipt):
@@ -82,6 +83,14 @@ def by_a_person(ledger, key):
     """How key was confirmed, if on a person's word (reconcile --confirmed), else None."""
     confirmed = [how for _, to, how in ledger.history(key) if to == "confirmed"]
     return confirmed[0] if confirmed and confirmed[0].startswith(BY_A_PERSON) else None
+
+
+def correctable(ledger, key):
+    """Whether key's answer is a person's to correct with an id of their own: confirmed on their
+    word, and not checked by the provider's lookup (then the provider's id is the only one a
+    correction could name, and it names it already)."""
+    how = by_a_person(ledger, key)
+    return how is not None and LOOKED_UP not in how
 
 
 def login():

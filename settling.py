@@ -133,7 +133,7 @@ def correction_checked(ledger, key, external_id, effects):
             raise WordRefused(
                 f"the provider holds {held} under {key!r}, not {external_id}{look}{nothing}"
             )
-        return key, "corrected", f"{how}, looked up", found, held
+        return key, "corrected", f"{how}{corrections.LOOKED_UP}", found, held
     if effect is None or effect.answer_of is None:
         raise WordRefused(
             f"effect {record.effect!r} of {key!r} is not one this program can record a person's "
@@ -153,7 +153,8 @@ def require_correctable(ledger, key):
     record = ledger.get(key)
     if record is None or record.state != "confirmed":
         state = record.state if record else "no such key"
-        hint = f"; {reconciling('--confirmed', key + '=ID')} settles it" if record else ""
+        open_ = record is not None and record.state in OPEN  # released, failed: nothing to settle
+        hint = f"; {reconciling('--confirmed', key + '=ID')} settles it" if open_ else ""
         raise WordRefused(
             f"effect {key!r} is not confirmed ({state}): --correct changes a person's "
             f"answer{hint}. Nothing was corrected"
@@ -192,7 +193,7 @@ def word_checked(ledger, key, word, external_id, effects):
                 f"the provider holds {effect.external_id(found)} under {key!r}, not "
                 f"{external_id}{look}{nothing}"
             )
-        return key, "confirmed", f"{how}, looked up", found, effect.external_id(found)
+        return key, "confirmed", f"{how}{corrections.LOOKED_UP}", found, effect.external_id(found)
     if effect is not None and effect.lookup is not None:
         raise WordRefused(
             f"the provider holds nothing under {key!r}: not confirmed{look}; if it never went "
@@ -251,7 +252,7 @@ def require_open(ledger, key):
     if not (record := ledger.get(key)) or record.state not in OPEN:
         state = record.state if record else "no such key"
         fix = ""
-        if state == "confirmed" and corrections.by_a_person(ledger, key):
+        if state == "confirmed" and corrections.correctable(ledger, key):
             fix = f"; a person's answer given wrong: {reconciling('--correct', key + '=ID')}"
         raise WordRefused(
             f"effect {key!r} is not open ({state}); {command('reconcile')} lists the open "

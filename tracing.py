@@ -5,17 +5,19 @@ trace context (the `traceparent` header):
 
     workflow,  run                  one run of a thread; a drained run ends with a `drained`
     worker                          event and run.drained=true, its status not ERROR
-               effect ticket        Effect.perform: idempotency.key, effect.state (the ledger's
-                                    row when it returned: confirmed, unknown, ...) and effect.how
-                                    (sent, receipt: nothing sent, adopted: found by lookup)
-               POST /tickets        the request itself, traceparent injected into its headers
+               effect ticket        Effect.perform: idempotency.key, effect.name (ticket),
+                                    effect.state (the ledger's row when it returned: confirmed,
+                                    unknown, ...) and effect.how (sent, receipt: nothing sent,
+                                    adopted: found by lookup)
+               POST /tickets        the request itself, traceparent injected into its headers;
+                                    made by an effect, it carries effect.name too
     receiver   POST /tickets        the keyed POST, its parent taken from traceparent:
                                     idempotency.key, receiver.replay (true: answered with what the
                                     key made before), ticket.id
 
 Made inside a graph node, the effect's span and its request's carry thread and langgraph.node
-too: every attempt of one step of one thread sends one key, so more than one key for a thread's
-node means something that changes between attempts went into the key.
+too: every attempt of one effect of one step of one thread sends one key, so more than one key
+for an effect of a thread's node means something that changes between attempts went into it.
 
 A resumed run is another process, so its spans are in another trace than the first attempt's:
 what joins the two attempts and the receiver's one ticket is the attribute idempotency.key.
@@ -44,12 +46,16 @@ loses the ended spans of the batch not sent yet.
 """
 
 import contextlib
+import contextvars
 import functools
 import os
 import sys
 from urllib.parse import parse_qs
 
 KEY = "idempotency.key"  # the attribute every span of an effect carries: what joins them
+EFFECT = "effect.name"  # the effect a span was made for (its Effect's name): one node may send
+#                         several, each with its own key
+IN_EFFECT = contextvars.ContextVar("in_effect", default=None)  # the effect being performed
 OTLP_TIMEOUT_S = 1.0  # seconds for one OTLP export, retries included, unless the exporter's
 #                       variables set it: a collector on loopback answers in milliseconds
 TRACER = None  # None: tracing is off; start() or use() sets it
@@ -135,11 +141,13 @@ def effect_span(name, key, ledger):
     if TRACER is None:
         yield lambda outcome: outcome
         return
-    attributes = {KEY: key, **in_node()}
+    attributes = {KEY: key, EFFECT: name, **in_node()}
     with TRACER.start_as_current_span(f"effect {name}", attributes=attributes) as span:
+        performing = IN_EFFECT.set(name)  # its requests' spans name it too
         try:
             yield lambda outcome: (span.set_attribute("effect.how", outcome.how), outcome)[1]
         finally:
+            IN_EFFECT.reset(performing)
             with contextlib.suppress(Exception):  # the span must not hide what went wrong
                 span.set_attribute("effect.state", ledger.get(key).state)
 
@@ -155,7 +163,8 @@ def outgoing(request, key=None):
     path, _, query = request.selector.partition("?")
     key = key or parse_qs(query).get("key", [None])[0]  # a lookup: GET /tickets?key=KEY
     attributes = {"http.request.method": request.get_method(), "url.full": request.full_url}
-    attributes.update({KEY: key, **in_node()} if key is not None else {})
+    effect = {EFFECT: IN_EFFECT.get()} if IN_EFFECT.get() else {}
+    attributes.update({KEY: key, **effect, **in_node()} if key is not None else {})
     kind = trace.SpanKind.CLIENT
     with TRACER.start_as_current_span(f"{request.get_method()} {path}", kind=kind) as span:
         span.set_attributes(attributes)

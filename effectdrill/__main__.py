@@ -107,6 +107,12 @@ def drill_and_report(args, argv):
         print(json.dumps(report.summary()))
     else:
         print(report.table())
+    if args.verify and not report.verified:  # every row a real kill: none to run again
+        kills = [f"{mode}: {why}" for mode, (used, why) in report.engines.items() if used == "kill"]
+        complain(
+            f"--verify {args.verify}: nothing to verify, no row was made by the snapshot engine"
+            + (f" ({'; '.join(kills)})" if kills else "")
+        )
     differ = [v for v in report.verified if not v["same"]]
     if differ:
         complain(

@@ -102,6 +102,11 @@ def drill(
         declared.files()  # a $NAME not set: said now, not from inside a saver call
     for mode in modes:  # before any run: a usage mistake is said at once
         choose(engine, None, None, mode, http, declared, early=True)
+    if verify and engine == "kill":
+        raise DrillError(
+            f"--verify {verify} runs snapshot rows again by real kill, and --engine kill makes "
+            "none: drop --verify, or use --engine auto or snapshot"
+        )
     # The HTTP observer records every run's requests (effectdrill/outbound.py).
     with (
         database(checkpoint_db) as db,

@@ -44,8 +44,13 @@ def choose(engine, plan, db, mode, http, world, early=False):
 
 def kill_reason(plan, db, mode, http, world):
     """Why a snapshot cannot stand for a real kill here, or None."""
-    if mode != "sync":
-        return f"durability {mode}: its crash states come from timing, real kills sample them"
+    if mode == "async":
+        return "durability async: its crash states come from timing, real kills sample them"
+    if mode != "sync":  # exit
+        return (
+            f"durability {mode}: it saves only as the run ends, every save at once on "
+            "LangGraph's background threads; real kills sample which of them finished"
+        )
     if http:
         return "--observe http: the requests reach servers the drill cannot restore"
     if world is None:

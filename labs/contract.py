@@ -52,6 +52,13 @@ def keys_of(contract_line):
     return (contract_line or "").partition(" keys:")[2] or "1"
 
 
+def saved_contract(saved):
+    """The contract a saved thread's head names, as this code writes one: a contract saved
+    before contracts named the key derivation ("v1 graph:d5eaa29e") was made under keys:1."""
+    line = saved.metadata.get("contract")
+    return f"{line} keys:1" if line and " keys:" not in line else line
+
+
 def derive_keys(node, deployed):
     """node, sending the ticket under the key its thread's version derives: the version migrate
     pinned (KEY_VERSION), or the deployed one."""
@@ -77,7 +84,7 @@ def require_contract(graph, thread, current, renames=None):
     """Refuse, changing nothing, to resume a thread saved under another contract. The line says
     whether `migrate` can move it here (tried in a copy, as migrate does) or why it cannot."""
     saved = graph.checkpointer.get_tuple(checkpoints.thread_config(thread))
-    if saved.metadata.get("contract") == current:
+    if saved_contract(saved) == current:
         return
     was = saved.metadata.get("contract")
     emit("contract_mismatch", current=current, saved=was, thread=thread)
@@ -105,7 +112,7 @@ def migrate_thread(graph, thread, current, renames=None, owner=None):
         raise UserError(f"no thread {thread!r}; check --thread", EXIT_THREAD)
     if owner and (line := owner(saved)):
         raise UserError(line, EXIT_THREAD)
-    if saved.metadata.get("contract") == current:  # nothing to move: write nothing
+    if saved_contract(saved) == current:  # nothing to move: write nothing
         emit("unchanged", contract=current, next=list(graph.get_state(saved.config).next))
         return
     keep = kept_keys(saved, current)

@@ -165,7 +165,7 @@ def forward(step, request_of):
             code = refused.refusal.get("code")
             if step.refusal and code == "key_conflict":  # a protocol error, not a refusal
                 raise not_undone(
-                    state, step, "refused 409 key_conflict: the receiver holds"
+                    state, step, "refused 409 key_conflict: the receiver holds", runtime
                 ) from None
             if code != step.refusal or step.refusal is None:
                 raise
@@ -177,7 +177,7 @@ def forward(step, request_of):
         except effects.Conflict:
             if step.refusal is None:
                 raise
-            raise not_undone(state, step, "not sent: the ledger holds") from None
+            raise not_undone(state, step, "not sent: the ledger holds", runtime) from None
         made = done.answer[step.made]
         emit_effect_outcome(EVENTS[step.node], done, key, **{step.made: made})
         fail(f"after-{step.node}-ack")
@@ -258,8 +258,17 @@ def build_saga(checkpointer):
 
 
 def perform_in_run(effect, runtime, key, request):
-    """effect performed through the run's ledger: its Outcome (effects.py)."""
-    return effect.perform(runtime.context.ledger, key, request, runtime.context.client)
+    """effect performed through the run's ledger, its row naming the run's thread: its Outcome
+    (effects.py)."""
+    context = runtime.context
+    return effect.perform(context.ledger, key, request, context.client, this_thread())
+
+
+def this_thread():
+    """The thread of the saga whose node is running (LangGraph's config of the running node)."""
+    from langgraph.config import get_config
+
+    return get_config()["configurable"]["thread_id"]
 
 
 def looked_up(client, table, key):
@@ -269,16 +278,23 @@ def looked_up(client, table, key):
     return {made: found[0][made], "created": False} if found else None
 
 
-def not_undone(state, step, why):
-    """The line of a step's key used for another body: the run stops, nothing undone."""
-    noun = step.effect.name
+def not_undone(state, step, why, runtime):
+    """The line of a step's key used for another body: the run stops, nothing undone. It names
+    the saga that holds the key where the run's ledger row says (its thread); a row of this
+    run's own (the receiver's 409 to a ledger that did not know the key) names none."""
+    noun, key = step.effect.name, saga_key(state, step.node)
     kept = [f"ticket {state['ticket_id']} is not refunded"]
     if "reservation_id" in state:
         kept.append(f"reservation {state['reservation_id']} is not released")
+    row = runtime.context.ledger.row(key)
+    holder = row["thread"] if row is not None else None
+    if holder and holder != this_thread():
+        look = f"look at that saga's state ({command(thread_words('saga state', holder))})"
+    else:  # made through another CHECKPOINT_DB's ledger, or before rows named their thread
+        look = "this ledger does not name that saga's thread"
     return UserError(
-        f"{noun} {why} the key {saga_key(state, step.node)} for another {noun} (an earlier saga "
-        f"with this --operation?), so {' and '.join(kept)}; look at that saga's state "
-        f"({command('saga state --thread ITS-THREAD')})",
+        f"{noun} {why} the key {key} for another {noun} (an earlier saga with this "
+        f"--operation?), so {' and '.join(kept)}; {look}",
         exitcodes.EXIT_HTTP_ERROR,
     )
 

@@ -208,12 +208,17 @@ def test_a_resume_that_fails_is_a_failed_row_not_a_usage_error(tmp_path, monkeyp
 def test_cli_on_the_shop_prints_the_table_and_exits_1(tmp_path, temp_root):
     env = os.environ | {"SHOP_DB": str(tmp_path / "shop.sqlite"), "TMPDIR": str(temp_root)}
     done = run_command(
-        [sys.executable, "-m", "effectdrill", "labs.graphs.shop:graph"]
+        [sys.executable, "-m", "effectdrill", "labs.graphs.shop:graph", "--verify", "2"]
         + ["--input", '{"order": "{thread}"}', "--observe", "labs.graphs.shop:observe"],
         env=env,
     )
 
-    assert (done.returncode, done.stderr) == (1, "")
+    assert done.returncode == 1  # no world declared: real kills, so nothing to --verify
+    assert done.stderr == (
+        "effectdrill: --verify 2: nothing to verify, no row was made by the snapshot engine "
+        "(sync: no world declared (--world, or drill_world beside the observer): the drill "
+        "cannot restore what the resume touches)\n"
+    )
     lines = done.stdout.splitlines()
     assert lines[0] == "durability sync: 9 crash points"
     assert lines[1].split() == "point saved ran on recovery charge receipt verdict".split()

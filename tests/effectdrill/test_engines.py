@@ -194,6 +194,12 @@ def test_a_world_the_drill_cannot_restore_gets_real_kills():
     assert choose("auto", None, None, "async", False, EFFECTS)[0] == "kill"
     assert choose("auto", None, None, "sync", True, EFFECTS)[0] == "kill"  # --observe http
     assert choose("auto", None, None, "async", False, None) == ("kill", why)  # said nowhere
+    exit_why = choose("auto", None, None, "exit", False, EFFECTS)[1]  # not "timing" alone
+    assert exit_why.startswith("durability exit: it saves only as the run ends"), exit_why
+    with pytest.raises(DrillError, match="--verify 2 runs snapshot rows again .* --engine kill"):
+        effectdrill.drill(
+            orders.build, {"order": "{thread}"}, orders.observe, engine="kill", verify=2
+        )
     with pytest.raises(DrillError, match="--engine snapshot cannot drill this graph: no world"):
         effectdrill.drill(ticket.graph, {"title": "{thread}"}, ticket.observe, engine="snapshot")
     with pytest.raises(DrillError, match=r"the world names \$NOT_SET_HERE, which is not set"):

@@ -61,6 +61,14 @@ def test_each_core_file_is_copied_byte_for_byte(built, name):
     assert (built / name).read_bytes() == (ROOT / name).read_bytes()
 
 
+@pytest.mark.fast
+def test_the_guide_names_every_core_file_the_starter_copies():
+    """docs/starter.md's "copied byte for byte" list: each top-level file of CORE, no other."""
+    guide = (ROOT / "docs" / "starter.md").read_text(encoding="utf-8")
+    listed = guide.split("copied byte for\nbyte:", 1)[1].split("These are the files", 1)[0]
+    assert set(re.findall(r"`(\w+\.py)`", listed)) == {n for n in starter.CORE if "/" not in n}
+
+
 def test_no_starter_file_speaks_of_the_teaching_around_it(built):
     found = [
         f"{name}:{number}: {line.strip()}"

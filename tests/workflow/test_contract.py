@@ -165,6 +165,23 @@ def test_resume_under_another_contract_refuses_changes_nothing_and_migrate_moves
     assert len(workflow.TicketClient(lab["API_URL"]).tickets()) == 1
 
 
+def test_a_thread_saved_before_contracts_named_keys_resumes_under_keys_1(lab, receiver, capsys):
+    """A checkpoint saved before the contract named the key derivation ("v1 graph:..." with no
+    " keys:N") was made under keys:1: the same code resumes it, and migrate has nothing to move."""
+    env = {**lab, "FAILPOINTS": "after-prepare=term"}
+    assert core_main(capsys, env, "start", "--thread", "t")[0] == exitcodes.EXIT_DRAINED
+    with sqlite3.connect(lab["CHECKPOINT_DB"]) as db:  # as the code before keys: saved it
+        db.execute("UPDATE checkpoints SET metadata = replace(metadata, ' keys:1', '')")
+    with checkpoints.open_checkpointer(lab["CHECKPOINT_DB"]) as saver:
+        old = saver.get_tuple(checkpoints.thread_config("t")).metadata["contract"]
+    assert old.startswith("v1 graph:") and " keys:" not in old
+    code, events, _ = core_main(capsys, lab, "migrate", "--thread", "t")
+    assert code == 0 and [e["event"] for e in events] == ["unchanged"], events
+    code, events, err = core_main(capsys, lab, "resume", "--thread", "t")
+    assert code == 0 and events[-1]["event"] == "done", err
+    assert len(workflow.TicketClient(lab["API_URL"]).tickets()) == 1
+
+
 def test_migrate_of_an_unknown_thread_is_one_line_and_exit_4(lab, capsys):
     code, events, err = core_main(capsys, lab, "migrate", "--thread", "nobody")
     assert (code, events) == (exitcodes.EXIT_THREAD, []) and err.count("\n") == 1

@@ -71,6 +71,9 @@ def test_a_kill_in_the_messages_window_stops_the_resume_until_a_person_settles_i
         assert (refused.returncode, refused.stdout) == (code, ""), (mistake, refused)
         assert refused.stderr.count("\n") == 1 and "Nothing was settled" in refused.stderr
     assert workflow("resume").returncode == 6  # still unknown: nothing was settled
+    early = workflow("reconcile", "--correct", f"{KEY}=1")  # open: --confirmed is the word
+    assert early.returncode == exitcodes.EXIT_THREAD and "not confirmed (unknown)" in early.stderr
+    assert f"reconcile --confirmed {KEY}=ID (Docker:" in early.stderr, early.stderr
 
     listed = events(workflow("reconcile"))
     assert listed[0] == {
@@ -86,6 +89,9 @@ def test_a_kill_in_the_messages_window_stops_the_resume_until_a_person_settles_i
     # the person found no message; --wait: once the receiver's settle time is over
     settled = workflow("reconcile", "--not-sent", KEY, "--wait")
     assert settled.returncode == 0 and events(settled)[-1]["count"] == 0
+    late = workflow("reconcile", "--correct", f"{KEY}=1")  # released: no word settles it now
+    assert late.returncode == exitcodes.EXIT_THREAD and "(released)" in late.stderr
+    assert "--confirmed" not in late.stderr, late.stderr  # it would be refused: not open
     resumed = workflow("resume")
     assert resumed.returncode == 0
     assert names(resumed) == ["message_sent", "done"]  # sent again, once
@@ -115,6 +121,9 @@ def test_a_persons_word_on_a_ticket_is_checked_against_the_receiver(receiver, wo
     assert len(events(workflow("tickets"))[0]["tickets"]) == 1
     wrong = workflow("reconcile", "--correct", "ct=2")  # a correction is checked the same way
     assert wrong.returncode == exitcodes.EXIT_THREAD and "holds 1 under 'ct', not 2" in wrong.stderr
+    again = workflow("reconcile", "--confirmed", "ct=1")  # not open; its id was looked up, so
+    assert again.returncode == exitcodes.EXIT_THREAD and "not open (confirmed)" in again.stderr
+    assert "--correct" not in again.stderr, again.stderr  # no --correct: it could only be refused
 
 
 def test_the_ledger_does_not_protect_what_a_naive_run_already_sent(receiver, workflow):

@@ -342,6 +342,10 @@ def test_only_a_no_capacity_refusal_is_compensated_a_key_conflict_stops_the_run(
     conflict = run_workflow_here([*saga, "--thread", "b", "--seats", "3"], lab)
     assert conflict.returncode == 1 and conflict.stderr.count("\n") == 1, conflict.stderr
     assert "not sent: the ledger holds" in conflict.stderr and "not refunded" in conflict.stderr
+    assert conflict.stderr.endswith(  # the saga that holds it, as the ledger's row names it
+        "look at that saga's state (python -m labs saga state --thread a (Docker: docker compose "
+        "-p stateful-lab run --rm workflow saga state --thread a))\n"
+    ), conflict.stderr
     charged = {"event": "charged", "how": "receipt", "key": "case-k:book:v1:charge", "ticket_id": 1}
     assert events(conflict) == [charged]
     assert posts(receiver) == {"made": 3, "replayed": 0, "refused": 0}
@@ -356,6 +360,7 @@ def test_only_a_no_capacity_refusal_is_compensated_a_key_conflict_stops_the_run(
     conflict = run_workflow_here([*saga, "--thread", "b", "--seats", "3"], elsewhere)
     assert conflict.returncode == 1 and conflict.stderr.count("\n") == 1, conflict.stderr
     assert "409 key_conflict" in conflict.stderr and "not refunded" in conflict.stderr
+    assert "ledger does not name that saga's thread" in conflict.stderr  # its row is b's own
     assert events(conflict) == [{"event": "charged", "created": False, "ticket_id": 1}]
     assert posts(receiver) == {"made": 3, "replayed": 1, "refused": 1}
     assert refunds(lab) == []

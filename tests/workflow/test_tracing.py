@@ -345,13 +345,22 @@ def test_otlp_to_a_collector_that_is_not_there_costs_one_bounded_try(monkeypatch
 
 @pytest.mark.fast
 def test_trace_keys_without_spans_to_read_is_one_line_and_its_exit_code(lab, tmp_path, capsys):
-    """trace-keys (lab 05) with no file named, a file that is not spans, or one whose spans carry
-    no key sent from a node: one line each, never a pass that checked nothing."""
+    """trace-keys (lab 05) with no file named, a file that is not spans (text, binary, JSON that
+    is not an object, a keyed span without its fields), or one whose spans carry no key sent
+    from a node: one line each, never a traceback or a pass that checked nothing."""
     env = {k: v for k, v in lab.items() if k != "TRACE"}
     (tmp_path / "empty.jsonl").write_text("")
     (tmp_path / "log.txt").write_text("receiver: started\n")
+    (tmp_path / "binary.jsonl").write_bytes(b"\xff\xfe\x00spans")
+    (tmp_path / "list.jsonl").write_text("[1, 2]\n")
+    keyed_in_node = {"attributes": {KEY: OPERATION, "langgraph.node": "create_ticket"}}
+    (tmp_path / "nameless.jsonl").write_text(json.dumps(keyed_in_node) + "\n")
+    typed = "python -m labs trace-keys FILE (Docker: docker compose -p stateful-lab run --rm"
     for argv, code, said in [
-        ([], exitcodes.EXIT_USAGE, "trace-keys reads a spans file"),
+        ([], exitcodes.EXIT_USAGE, f"trace-keys reads a spans file: name it, as in {typed}"),
+        ([str(tmp_path / "binary.jsonl")], exitcodes.EXIT_USAGE, "line 1, is not a span"),
+        ([str(tmp_path / "list.jsonl")], exitcodes.EXIT_USAGE, "line 1, is not a span"),
+        ([str(tmp_path / "nameless.jsonl")], exitcodes.EXIT_USAGE, "lacks its name"),
         ([str(tmp_path / "log.txt")], exitcodes.EXIT_USAGE, "log.txt, line 1, is not a span"),
         ([str(tmp_path / "none.jsonl")], exitcodes.EXIT_USAGE, "No such file"),
         ([str(tmp_path / "empty.jsonl")], exitcodes.EXIT_THREAD, "were the runs started"),
@@ -359,3 +368,19 @@ def test_trace_keys_without_spans_to_read_is_one_line_and_its_exit_code(lab, tmp
         assert lab_py.main(["trace-keys", *argv], env) == code, argv
         out, err = capsys.readouterr()
         assert out == "" and err.count("\n") == 1 and said in err, err
+
+
+def test_trace_keys_compares_each_effect_of_a_node_with_itself(lab, receiver, memory, tmp_path):
+    """Lab 07's in-node shape sends two effects from create_ticket in one attempt, the ticket's
+    key and KEY:approval, both POST /tickets: two effects, not a key that changed. Approved, the
+    node runs again and sends both keys again. Each effect is compared with its own attempts."""
+    spans = tmp_path / "spans.jsonl"
+    start = ["start", "--thread", "t", "--operation", OPERATION, "--mode", "ledger"]
+    assert lab_py.main([*start, "--approval", "in-node"], lab) == 0
+    assert lab_py.main(["approve", "--thread", "t"], lab) == 0
+    spans.write_text(
+        "".join(span.to_json(indent=None) + "\n" for span in memory.get_finished_spans())
+    )
+    posts = {s["attributes"][KEY] for s in exported(memory) if s["name"] == "POST /tickets"}
+    assert posts == {OPERATION, f"{OPERATION}:approval"}  # two effects from one node
+    assert lab_py.main(["trace-keys", str(spans)], lab) == 0
