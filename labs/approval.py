@@ -164,7 +164,7 @@ def authorize_ticket(ledger, key, request):
     fail("before-refusal")  # the intent recorded, nothing sent, the refusal not yet recorded
     thread = shlex.quote(ledger.row(key)["thread"])
     review = command(f"state --thread {thread}")
-    again = command(f"approve --thread {thread} --by NAME")  # NAME: the person who reviewed it
+    again = command(f"approve --thread {thread}")  # by the login: --by names another reviewer
     raise UserError(
         f"ticket {key!r} not sent: {why}; review it: {review}; re-approve: {again}",
         EXIT_NOT_AUTHORIZED,

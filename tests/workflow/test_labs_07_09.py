@@ -180,8 +180,8 @@ def assert_refused(done, thread, why):
     docker = "(Docker: docker compose -p stateful-lab run --rm workflow"
     hint = (
         f"; review it: python -m labs state --thread {thread} {docker} state --thread {thread}); "
-        f"re-approve: python -m labs approve --thread {thread} --by NAME {docker} approve "
-        f"--thread {thread} --by NAME)\n"
+        f"re-approve: python -m labs approve --thread {thread} {docker} approve "
+        f"--thread {thread})\n"
     )
     assert why in done.stderr and done.stderr.endswith(hint) and done.stderr.count("\n") == 1
 
