@@ -122,7 +122,7 @@ MUTATIONS = (
         "a key reused for another request",
         "ledger.py",
         "claim",
-        'row["request_hash"] != digest or row["effect"] != effect',
+        'row["effect"] != effect or (changed and not released)',
         "False",
     ),
     # Locks and leases, refusals, interrupted requests, keyless resends, the provider's kind.
@@ -200,8 +200,8 @@ MUTATIONS = (
         "unknown treated as free to send",
         "ledger.py",
         "claim",
-        'if row["state"] == "released":',
-        'if row["state"] in ("released", "unknown"):',
+        'row["state"] == "released"',
+        'row["state"] in ("released", "unknown")',
     ),
     Mutation(
         "a keyless effect sent again after no answer",
