@@ -53,7 +53,7 @@ def tell_in_tmux(tmp_path, backend="local"):
     Enter. Returns ([(the prompt's line, the screen's top line, the screen)], the whole
     history, lines numbered from its first, and the history with the lines the terminal
     wrapped joined again (capture-pane -J))."""
-    tmux = Tmux(f"demo-room-{tmp_path.name}")
+    tmux = Tmux(f"demo-room-{backend}-{os.getpid()}")  # its own server: xdist runs both at once
     command = [
         sys.executable, "-m", "tools.demo", "--backend", backend, "--step",
         "--project", PROJECT,
