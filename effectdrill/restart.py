@@ -147,11 +147,12 @@ def resume_chain(plan, db, mode, thread, outward):
     raise Failed({"drill_error": too_many_invokes()})
 
 
-def clean_chain(plan, db, mode, thread, outward):
+def clean_chain(plan, db, mode, thread, outward, recorder=None, trace=None):
     """The clean run: each invoke in a new process, the Recorder's calls and the Trace's counts
-    carried from one to the next; {"clean": (calls, task names, per-invoke counts)} pickled."""
-    recorder = Recorder()
-    trace = Trace(plan, thread, recorder)
+    carried from one to the next; {"clean": (calls, task names, per-invoke counts)} pickled,
+    then what recorder.extras() adds (the snapshot engine's SnapRecorder: its snapshots)."""
+    recorder = recorder or Recorder()
+    trace = trace or Trace(plan, thread, recorder)
     fresh = True
     for _ in range(MAX_INVOKES):
 
@@ -170,6 +171,7 @@ def clean_chain(plan, db, mode, thread, outward):
         recorder.carried, trace.names, trace.invokes, trace.tools = carried
         if not more:
             data = (recorder.calls, trace.names, trace.invokes, trace.tools)
+            data += getattr(recorder, "extras", tuple)()
             return {"clean": pickle.dumps(data).hex()}
         fresh = False
     raise Failed({"drill_error": too_many_invokes()})

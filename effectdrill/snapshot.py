@@ -11,11 +11,11 @@ import sqlite3
 import threading
 from contextlib import closing, contextmanager, nullcontext
 
-from effectdrill.errors import DrillError, task_error, traceback_of
+from effectdrill.errors import DrillError, task_error
 from effectdrill.kill import within_subgraph
 from effectdrill.plan import Recorder
 from effectdrill.report import NO_WORLD
-from effectdrill.restart import MAX_INVOKES, Failed, answer_of, cold, resume_chain, too_many_invokes
+from effectdrill.restart import Failed, clean_chain, resume_chain
 from effectdrill.savers import Sqlite
 from effectdrill.trace import Trace
 from effectdrill.world import as_rollback, world_lock
@@ -85,6 +85,10 @@ class SnapRecorder(Recorder):
         self.running = {}  # task id -> attempts running (SnapTrace)
         self.starts = []  # (calls made before it, task id) of each attempt started (SnapTrace)
         self.by_key = {}
+
+    def extras(self):
+        """What the clean run adds to restart.clean_chain's data: snapshots, rows, starts."""
+        return (self.snaps, self.rows, self.starts)
 
     @property
     def carried(self):
@@ -171,28 +175,7 @@ def snap_clean_chain(plan, db, mode, thread, outward):
     os.makedirs(folder, exist_ok=True)
     recorder = SnapRecorder(folder, plan.world, thread)
     trace = SnapTrace(plan, thread, recorder)
-    snapdb, fresh = SnapDb(db), True
-    for _ in range(MAX_INVOKES):
-
-        def invoke(fresh=fresh):
-            try:
-                _, _, more = plan.one_invoke(snapdb, recorder, thread, mode, fresh, trace)
-            except DrillError:
-                raise
-            except Exception as error:
-                line = f"the graph failed in its clean run: {task_error(error)}{plan.hint(error)}"
-                raise Failed({"graph_failed": line, "details": traceback_of(error)}) from None
-            return more, (recorder.carried, trace.names, trace.invokes, trace.tools)
-
-        status, answer = cold(plan, invoke, outward)
-        more, carried = answer_of(status, answer, "")
-        recorder.carried, trace.names, trace.invokes, trace.tools = carried
-        if not more:
-            data = (recorder.calls, trace.names, trace.invokes, trace.tools)
-            data += (recorder.snaps, recorder.rows, recorder.starts)
-            return {"clean": pickle.dumps(data).hex()}
-        fresh = False
-    raise Failed({"drill_error": too_many_invokes()})
+    return clean_chain(plan, SnapDb(db), mode, thread, outward, recorder, trace)
 
 
 def in_step_order(calls):
