@@ -139,12 +139,7 @@ def correction_checked(ledger, key, external_id, effects):
             f"effect {record.effect!r} of {key!r} is not one this program can record a person's "
             f"answer for{nothing}"
         )
-    try:
-        answer = effect.answer_of(external_id)
-    except (ValueError, TypeError):
-        raise WordRefused(
-            f"{external_id!r} is not an id of {effect.name}{look}{nothing}", usage=True
-        ) from None
+    answer = answer_of_id(effect, external_id, look + nothing)
     return key, "corrected", how, answer, effect.external_id(answer)
 
 
@@ -210,12 +205,7 @@ def word_checked(ledger, key, word, external_id, effects):
             f"{reconciling('--confirmed', key + '=ID')}{look}{nothing}",
             usage=True,
         )
-    try:
-        answer = effect.answer_of(external_id)
-    except (ValueError, TypeError):
-        raise WordRefused(
-            f"{external_id!r} is not an id of {effect.name}{look}{nothing}", usage=True
-        ) from None
+    answer = answer_of_id(effect, external_id, look + nothing)
     require_settled(record, effect, look + nothing)  # a person's word, as for --not-sent
     return key, "confirmed", how, answer, effect.external_id(answer)
 
@@ -273,3 +263,13 @@ def where(effect, otherwise):
     """How a line names an effect's provider: the name it declares, else otherwise."""
     declared = getattr(effect, "provider", None)
     return str(getattr(declared, "name", declared) or otherwise)
+
+
+def answer_of_id(effect, external_id, why):
+    """The answer a person's id stands for (effect.answer_of), or one line: not its id."""
+    try:
+        return effect.answer_of(external_id)
+    except (ValueError, TypeError):
+        raise WordRefused(
+            f"{external_id!r} is not an id of {effect.name}{why}", usage=True
+        ) from None
