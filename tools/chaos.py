@@ -34,6 +34,7 @@ import random
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections import Counter
@@ -65,36 +66,45 @@ class ChaosOptions:
 
 
 def kill_at_random(env, start_args, offset_s):
-    """Start a run; SIGKILL it offset_s after its first event -> (killed, last event seen)."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "labs", *start_args],
-        env=env,
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-        start_new_session=True,
-    )
-    watchdog = threading.Timer(START_TIMEOUT_S, proc.kill)  # a hung start must not hang us
-    watchdog.start()
-    with proc:
-        first = proc.stdout.readline()  # blocks until the graph runs, or the process exits
-        watchdog.cancel()
-        try:
-            proc.wait(offset_s)  # the random delay; returns early if the run ends first
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        printed = first + proc.stdout.read()
+    """Start a run; SIGKILL it offset_s after its first event -> (killed, last event seen, the
+    last line it wrote to stderr: why a run that ended on its own ended)."""
+    with tempfile.TemporaryFile("w+") as errors:  # a file, not a pipe: nobody reads it live
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "labs", *start_args],
+            env=env,
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=errors,
+            text=True,
+            start_new_session=True,
+        )
+        watchdog = threading.Timer(START_TIMEOUT_S, proc.kill)  # a hung start must not hang us
+        watchdog.start()
+        with proc:
+            first = proc.stdout.readline()  # blocks until the graph runs, or the process exits
+            watchdog.cancel()
+            try:
+                proc.wait(offset_s)  # the random delay; returns early if the run ends first
+            except subprocess.TimeoutExpired:
+                proc.kill()
+            printed = first + proc.stdout.read()
+        errors.seek(0)
+        said = last_line(errors.read())
     if proc.returncode != -signal.SIGKILL:
-        return False, "finished first"
+        return False, "finished first", f"exit {proc.returncode}: {said}"
     seen = events(printed)
-    return True, seen[-1] if seen else "nothing"
+    return True, seen[-1] if seen else "nothing", said
+
+
+def last_line(text):
+    lines = text.strip().splitlines()
+    return lines[-1] if lines else ""
 
 
 def killed_run(lab, mode, index, offset_s):
     name = f"chaos-{index}"  # thread, operation key and title; the receiver is fresh
     start = ["start", "--thread", name, "--operation", name, "--title", name, "--mode", mode]
-    killed, landed = kill_at_random(lab.env, start, offset_s)
+    killed, landed, said = kill_at_random(lab.env, start, offset_s)
     finished, reran = False, []
     for _ in range(MAX_RECOVERIES):
         resumed = lab.workflow(["resume", "--thread", name])
@@ -102,15 +112,19 @@ def killed_run(lab, mode, index, offset_s):
         finished = "done" in reran
         if finished:
             break
+        said = f"resume exit {resumed.exit_code}: {last_line(resumed.stderr)}"
     # Answered, and create_ticket had to run again: its result was not checkpointed.
     in_window = killed and landed == "effect_ack" and "effect_ack" in reran
-    return {
+    run = {
         "name": name,
         "killed": killed,
         "landed": landed,
         "finished": finished,
         "in_crash_window": in_window,
     }
+    if not finished:
+        run["why"] = said  # what the start said (or the last resume), for the one-line report
+    return run
 
 
 def count_tickets(lab, names):
