@@ -105,14 +105,14 @@ def killed_run(lab, mode, index, offset_s):
     name = f"chaos-{index}"  # thread, operation key and title; the receiver is fresh
     start = ["start", "--thread", name, "--operation", name, "--title", name, "--mode", mode]
     killed, landed, said = kill_at_random(lab.env, start, offset_s)
-    finished, reran = False, []
+    finished, reran, resume_said = False, [], ""
     for _ in range(MAX_RECOVERIES):
         resumed = lab.workflow(["resume", "--thread", name])
         reran += events(resumed.stdout)
         finished = "done" in reran
         if finished:
             break
-        said = f"resume exit {resumed.exit_code}: {last_line(resumed.stderr)}"
+        resume_said = f"exit {resumed.exit_code}: {last_line(resumed.stderr)}"
     # Answered, and create_ticket had to run again: its result was not checkpointed.
     in_window = killed and landed == "effect_ack" and "effect_ack" in reran
     run = {
@@ -122,8 +122,8 @@ def killed_run(lab, mode, index, offset_s):
         "finished": finished,
         "in_crash_window": in_window,
     }
-    if not finished:
-        run["why"] = said  # what the start said (or the last resume), for the one-line report
+    if not finished:  # what the start and the last resume said, for the one-line report
+        run.update(start_said=said, resume_said=resume_said)
     return run
 
 
