@@ -11,6 +11,9 @@ from pathlib import Path
 
 from exitcodes import EXIT_NO_ANSWER, EXIT_THREAD, EXIT_USAGE, UserError, command
 from ledger import TABLES
+from ledger_tables import wal
+
+NEW_FILE_WAIT_S = 5.0  # how long a new file's first open waits for another process making it
 
 
 def thread_config(thread):
@@ -45,7 +48,9 @@ def open_checkpointer(checkpoint_db, saver_class=None):
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as error:
         raise UserError(f"CHECKPOINT_DB {str(path)!r}: {error.strerror}", EXIT_USAGE) from None
-    require_checkpoint_file(path)
+    if require_checkpoint_file(path):
+        with contextlib.closing(sqlite3.connect(path, timeout=NEW_FILE_WAIT_S)) as conn:
+            wal(conn, NEW_FILE_WAIT_S)  # before SqliteSaver's setup, which would not wait
     with (saver_class or SqliteSaver).from_conn_string(str(path)) as saver:
         yield saver
 
@@ -54,9 +59,14 @@ def require_checkpoint_file(path):
     """Refuse, before SqliteSaver writes a byte (its setup switches the file to WAL and adds its
     tables), a file that holds tables of another program: the receiver's, or anyone's, and a
     table with one of our names whose columns are not ours (`effects` is a common name). The
-    file is read on a read-only connection (mode=ro): the check itself writes nothing."""
+    file is read on a read-only connection (mode=ro): the check itself writes nothing.
+
+    -> True for a new file. Two commands may make it at once (two starts on a new lab): the
+    second one's `PRAGMA journal_mode=WAL` (SqliteSaver.setup) meets the first one's write and
+    answers "database is locked" at once, without the busy wait; so the caller switches a new
+    file to WAL first, waiting that out (ledger_tables.wal)."""
     if not path.is_file() or path.stat().st_size == 0:
-        return  # a new file: SqliteSaver makes it
+        return True  # a new file: SqliteSaver makes it
     conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
     try:
         tables = {

@@ -245,3 +245,31 @@ def test_the_lines_after_a_naive_run_stopped_in_its_window_do_not_offer_resume(
     )
     again = f"resume it: python -m labs resume --thread s ({DOCKER} resume --thread s); or pick"
     assert again in run(capsys, lab, "start", "--thread", "s")[2]
+
+
+def test_a_new_checkpoint_file_waits_for_another_command_making_it(tmp_path, monkeypatch):
+    """Two commands on a new lab at once (`make chaos`'s two starts): one holds the new file's
+    write lock while the other opens it. SqliteSaver's setup would answer "database is locked"
+    at once (its `PRAGMA journal_mode=WAL` does not busy-wait); open_checkpointer waits it out.
+    The other command's lock is let go in the opener's first wait, so nothing here is timed."""
+    import sqlite3
+
+    import ledger_tables
+
+    path = tmp_path / "checkpoints.sqlite"
+    other = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    other.execute("BEGIN IMMEDIATE")  # the other command, mid-write on the new file
+    waits = []
+
+    def let_go(seconds):
+        waits.append(seconds)
+        if other.in_transaction:
+            other.execute("COMMIT")
+
+    monkeypatch.setattr(ledger_tables.time, "sleep", let_go)
+    try:
+        with checkpoints.open_checkpointer(str(path)) as saver:
+            assert saver.get_tuple(checkpoints.thread_config("new")) is None
+    finally:
+        other.close()
+    assert waits, "the opener never met the other command's lock"
