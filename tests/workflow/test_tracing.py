@@ -272,6 +272,32 @@ def test_otlp_sends_the_receivers_span_to_the_endpoint_it_is_given(lab, tmp_path
     assert attributes["receiver.replay"].bool_value is False
 
 
+def test_a_commands_last_spans_reach_otlp_though_it_skips_the_teardown(lab, receiver):
+    """A command's batch of spans leaves in an exit handler (OpenTelemetry's TracerProvider
+    shutdown). The script's own last handler ends the process without the interpreter's
+    teardown (commandline.end_without_teardown): it runs after that one, so nothing is lost;
+    and the command's exit code and its whole stdout are as main() left them."""
+    collector = Collector()
+    threading.Thread(target=collector.serve_forever, daemon=True).start()
+    env = {
+        **lab,
+        "TRACE": "otlp",
+        "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{collector.server_port}",
+    }
+    try:
+        done = run_command(
+            [sys.executable, "-m", "labs", "start", "--thread", "otlp", "--operation", "otlp"],
+            env,
+            timeout=60,
+        )
+    finally:
+        collector.shutdown()
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.splitlines()[-1])["event"] == "done"
+    effects = [attributes for name, attributes in collector.spans if KEY in attributes]
+    assert effects and {a[KEY].string_value for a in effects} == {"otlp"}
+
+
 @pytest.mark.fast
 def test_a_command_without_trace_after_a_traced_one_in_one_process_traces_nothing(tmp_path):
     """An in-process caller (the guides' runs) runs commands one after another: TRACE unset
