@@ -5,7 +5,9 @@ command is cut out as printed, split as a shell splits it (shlex), run in the sa
 as a real process, and does what the hint says: its exit code, and never a second effect.
 
 The Docker form beside each command is the same command: tools/native.py, the mapping the runner
-and docs/native.md use, turns it into the native line printed beside it, word for word."""
+and docs/native.md use, turns it into the native line printed beside it, word for word
+(tests/hints_helpers.py). Through Docker, lab 15's run follows its hints as printed
+(tests/guides/test_guides.py)."""
 
 import os
 import queue
@@ -23,53 +25,15 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 
 import pytest
+from hints_helpers import printed, restarts
 
 import workflow
 from tools.backends import parse_command
 from tools.local import ROOT, events, free_port, lab_env, run_workflow_here, wait_until
 from tools.native import line as native_line
 
-# A hint of the lessons' programs (python -m labs, labs.relay, labs.workers): the command, then
-# its Docker form in parentheses (compose.yaml's workflow, relay and worker services run them).
-# A setting the command needs goes in front of it, and is -e's through Docker (lab 15's timeout).
-LABS_HINT = re.compile(
-    r"(?P<native>(?:[A-Z_]+=\S+ )*python -m labs(?:\.relay|\.workers)? [^()]+?) \(Docker: "
-    r"(?P<docker>docker compose -p stateful-lab run --rm (?:-e \S+ )*(?:workflow|relay|worker) "
-    r"[^()]+?)\)"
-)
-# labs/conditions.receiver_with: the receiver started again with a lesson's override file, as
-# docs/native.md's shell has it (its job %1), then the file's Docker form.
-RESTART_HINT = re.compile(
-    r"(?P<native>kill %1; wait; (?:[A-Z_]+=\S+ )*python -m labs\.receiver 2>>data/receiver\.log "
-    r"& echo \$! >data/receiver\.pid) \(Docker: (?P<docker>docker compose -p stateful-lab -f "
-    r"compose\.yaml -f \S+ up -d --build api)\)"
-)
 CORE_HINT = re.compile(r"python workflow\.py (?P<words>[^;()\n]+)")  # workflow.py's: no Docker
 FOLLOW_TIMEOUT_S = 120
-
-
-def printed(stderr):
-    """The commands the lessons' CLI printed in stderr, each as typed natively; each one's
-    Docker form checked to be the same command (tools/native.py maps one to the other)."""
-    found = []
-    for match in LABS_HINT.finditer(stderr):
-        native = match["native"]
-        as_native = native_line(parse_command(match["docker"]), {}, True, False)
-        assert shlex.split(as_native) == shlex.split(native), (match["docker"], native)
-        found.append(native)
-    assert found, stderr
-    return found
-
-
-def restarts(stderr):
-    """The receiver restarts a condition's line names, as typed natively; each one's Docker form
-    (with its -f file) checked to be the same command (tools/native.py, docs/native.md)."""
-    found = []
-    for match in RESTART_HINT.finditer(stderr):
-        as_native = native_line(parse_command(match["docker"]), {}, True, False)
-        assert as_native == match["native"], (match["docker"], match["native"])
-        found.append(match["native"])
-    return found
 
 
 def typed_here(command, env):
