@@ -2,7 +2,9 @@
 payment answered in time (the receiver started without labs/slow-payments.compose.yaml, or a
 client that waits longer than its late commit: no API_TIMEOUT_S=0.5), lab 18's webhooks each
 delivered once (the receiver started without labs/webhooks.compose.yaml). The line names the
-whole command that adds the condition, natively and through Docker (exitcodes.Typed's form)."""
+whole command that adds the condition, then the one that runs the lesson again with it (a new
+payment; the ticket moved again), natively and through Docker (exitcodes.Typed's form): typed as
+printed, they make it happen (tests/workflow/test_hints_as_printed.py)."""
 
 import shlex
 import sys
@@ -56,17 +58,18 @@ def slow_payment_missing(answered_s, timeout_s, thread, values):
     )
 
 
-def webhook_faults_missing(taken):
+def webhook_faults_missing(taken, again):
     """The line for a lab 18 hooks that took deliveries (the event ids answered 2xx, in order),
     each once: the receiver's webhook faults are off (redeliver=on sends each event twice). None
-    when nothing came, or an event came twice."""
+    when nothing came, or an event came twice. again: the whole command that moves the ticket
+    once more, to be typed after the restart (the events taken are not delivered again)."""
     if not taken or len(set(taken)) < len(taken):
         return None
     came = f"{len(taken)} {'delivery' if len(taken) == 1 else 'deliveries'}"
     return (
         f"each webhook came once ({came}): the receiver's webhook faults are off (it was not "
         f"started with {WEBHOOK_FAULTS[0]}), so lab 18's duplicate did not happen; turn them "
-        f"on: {receiver_with(WEBHOOK_FAULTS)}"
+        f"on: {receiver_with(WEBHOOK_FAULTS)}; then move the ticket again: {again}"
     )
 
 

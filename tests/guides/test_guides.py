@@ -6,6 +6,7 @@ test runs its guide in a Compose project of its own (LAB_DOCKER_PROJECT-NN, defa
 stateful-lab-test-NN), so the tests run side by side and never touch a learner's stateful-lab.
 """
 
+import json
 import os
 import re
 import urllib.request
@@ -13,6 +14,7 @@ from shutil import which
 
 import pytest
 from conftest import require_postgres
+from hints_helpers import printed_for_docker, restarts_for_docker
 from pictures_helpers import assert_each_picture_marks_what_was_told
 
 from labs import conditions
@@ -42,6 +44,7 @@ def each_guide(long=LONG):
 
 PROJECT_PREFIX = os.environ.get("LAB_DOCKER_PROJECT", "stateful-lab-test")
 UP = "docker compose -p stateful-lab up -d --build api"
+UP_FILES = "docker compose -p stateful-lab -f compose.yaml"  # an `up` with an override file
 # The reset: --remove-orphans also removes a stopped container that a `run` typed without --rm
 # left, which Compose 2's `down -v` keeps, and with it the checkpoints ("Resource is still in use").
 DOWN = "docker compose -p stateful-lab down -v --remove-orphans"
@@ -544,8 +547,6 @@ def assert_the_drills_stderr_is_the_graphs_own_lines(outcomes):
     """Lab 11 says what its drills print besides the table: the ticket graph's own JSON lines
     (prepare, effect_ack), once for the clean run and again for each crash run, on stderr; the
     shop and the approval graph print nothing."""
-    import json
-
     drills = [
         o for o in outcomes if " run --rm drill " in o.step.command and not o.step.exit_code == 2
     ]
@@ -575,6 +576,8 @@ def test_guide_docker(guide, tmp_path, monkeypatch):
         assert backend.down().exit_code == 0  # leftovers of an interrupted run
         if guide.name[:2] == "16":
             assert_the_demos_drill_reports_reach_the_host(guide, backend, tmp_path, monkeypatch)
+        elif guide.name[:2] == "15":
+            assert_lab_15s_hints_run_as_printed_through_docker(guide, backend)
         else:
             if guide.name[:2] == "11":  # the drill as `make demo` runs it: as the user, in the
                 #   image's group (LAB_DRILL_USER), so its replays can read the checkpoints
@@ -584,6 +587,63 @@ def test_guide_docker(guide, tmp_path, monkeypatch):
         assert_reset_left_no_volume(guide, backend)
     finally:
         backend.close()
+
+
+PAYMENTS_SCRIPT = (  # in the api container: the charges under a reference, and how many pend
+    "import sys, urllib.request; sys.stdout.write(urllib.request.urlopen("
+    "'http://127.0.0.1:8000/payments?reference=' + sys.argv[1], timeout=5).read().decode())"
+)
+
+
+def assert_lab_15s_hints_run_as_printed_through_docker(guide, backend):
+    """Lab 15 through Docker, its hints followed as printed (issue 49), in the guide's own
+    Compose project before its reset. Its exit-6 stops name their commands in Docker form; the
+    guide types three of them as printed (the message's look-with, `messages`; the payment's,
+    and its `reconcile`), and its later lines count one message and one charge. Then lab 15
+    typed without its conditions: the receiver up without the slow-payments file, a charge with
+    the default API_TIMEOUT_S. The line names the `up` with the file and a new operation with
+    the lesson's timeout; typed as printed, one after the other, the new payment is uncertain
+    (exit 6), its charge sent once."""
+    steps = parse_guide(guide.read_text(encoding="utf-8"))
+    outcomes = [run_step(step, backend) for step in steps[:-1]]
+    assert all(o.ok for o in outcomes), f"{guide.name} differs:\n{describe(outcomes)}"
+    typed = [o.step.command for o in outcomes]
+    followed = [
+        hint
+        for at, stop in enumerate(outcomes)
+        if stop.exit_code == 6 and " look with " in stop.stderr
+        for hint in printed_for_docker(stop.stderr)
+        if hint in typed[at + 1 :]
+    ]
+    run = "docker compose -p stateful-lab run --rm workflow"
+    assert followed == [
+        f"{run} messages",
+        f"{run} payments --reference case-once:pay:v1:pay",
+        f"{run} reconcile",
+    ], followed
+    assert backend.run(UP).exit_code == 0  # the api again, without the file: Compose recreates it
+    answered = backend.workflow(["start", "--thread", "fast", "--operation", "case-fast", "--pay"])
+    assert answered.exit_code == 0, answered.stderr
+    (line,) = [x for x in answered.stderr.splitlines() if " did not happen" in x]
+    (restart,) = restarts_for_docker(line)
+    assert restart == f"{UP_FILES} -f {SLOW_PAYMENTS} up -d --build api", restart
+    (again,) = printed_for_docker(line)
+    assert again == (
+        "docker compose -p stateful-lab run --rm -e API_TIMEOUT_S=0.5 workflow start --thread "
+        "fast-again --operation case-fast-again --pay"
+    )
+    assert backend.run(restart).exit_code == 0  # as printed: only the project is our own
+    uncertain = backend.run(again)
+    assert uncertain.exit_code == 6, uncertain.stderr  # the slow provider: no answer in 0.5 s
+    assert "effect payment 'case-fast-again:pay' may have happened" in uncertain.stderr
+    held = backend.compose_run(
+        ["exec", "-T", "api", "python", "-c", PAYMENTS_SCRIPT, "case-fast-again:pay"]
+    )
+    assert held.exit_code == 0, held.stderr
+    listed = json.loads(held.stdout)  # committed 3 s after it was accepted: pending till then
+    assert len(listed["payments"]) + listed["pending"] == 1, listed  # sent once
+    reset = run_step(steps[-1], backend)
+    assert reset.ok, describe([reset])
 
 
 def assert_the_demos_drill_reports_reach_the_host(guide, backend, folder, monkeypatch):

@@ -5,8 +5,12 @@ command is cut out as printed, split as a shell splits it (shlex), run in the sa
 as a real process, and does what the hint says: its exit code, and never a second effect.
 
 The Docker form beside each command is the same command: tools/native.py, the mapping the runner
-and docs/native.md use, turns it into the native line printed beside it, word for word."""
+and docs/native.md use, turns it into the native line printed beside it, word for word
+(tests/hints_helpers.py). Through Docker, lab 15's run follows its hints as printed
+(tests/guides/test_guides.py)."""
 
+import os
+import queue
 import re
 import shlex
 import signal
@@ -16,36 +20,28 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from http.server import BaseHTTPRequestHandler, HTTPServer
+from pathlib import Path
 
 import pytest
+from hints_helpers import printed, restarts
 
 import workflow
 from tools.backends import parse_command
-from tools.local import ROOT, events, run_workflow_here
+from tools.local import ROOT, events, free_port, lab_env, run_workflow_here, wait_until
 from tools.native import line as native_line
 
-# A hint of the lessons' programs (python -m labs, labs.relay, labs.workers): the command, then
-# its Docker form in parentheses (compose.yaml's workflow, relay and worker services run them).
-LABS_HINT = re.compile(
-    r"(?P<native>python -m labs(?:\.relay|\.workers)? [^()]+?) \(Docker: "
-    r"(?P<docker>docker compose -p stateful-lab run --rm (?:workflow|relay|worker) [^()]+?)\)"
-)
 CORE_HINT = re.compile(r"python workflow\.py (?P<words>[^;()\n]+)")  # workflow.py's: no Docker
 FOLLOW_TIMEOUT_S = 120
 
 
-def printed(stderr):
-    """The commands the lessons' CLI printed in stderr, each as typed natively; each one's
-    Docker form checked to be the same command (tools/native.py maps one to the other)."""
-    found = []
-    for match in LABS_HINT.finditer(stderr):
-        native = match["native"]
-        as_native = native_line(parse_command(match["docker"]), {}, True, False)
-        assert shlex.split(as_native) == shlex.split(native), (match["docker"], native)
-        found.append(native)
-    assert found, stderr
-    return found
+def typed_here(command, env):
+    """A `python -m labs WORDS` hint split as a shell splits it, run in this process (the
+    same code as the process, without a new interpreter and LangGraph's import)."""
+    typed = shlex.split(command)
+    assert typed[:3] == ["python", "-m", "labs"], command
+    return run_workflow_here(typed[3:], env)
 
 
 def follow(command, env):
@@ -256,3 +252,169 @@ def test_a_404_for_a_wrong_address_still_says_check_api_url(lab, receiver):
         other.server_close()
     assert done.returncode == 1 and done.stderr.count("\n") == 1, done.stderr
     assert "answered 404 without the receiver's JSON: API_URL (its port)" in done.stderr
+
+
+# --- a lesson's missing condition (labs/conditions.py): its line typed as printed ---------------
+
+
+class Terminal:
+    """A learner's shell, natively as docs/native.md has it: one bash that reads what is pasted,
+    a line at a time, in a folder laid out as the clone (its files linked, its own data/), with
+    the receiver started as that page starts it (`up`: job %1, its log in data/receiver.log)."""
+
+    MARK = "::pasted::"
+
+    def __init__(self, folder):
+        folder.mkdir()
+        for entry in ROOT.iterdir():
+            if entry.name not in ("data", ".git"):
+                (folder / entry.name).symlink_to(entry)
+        self.env = lab_env(folder / "data", free_port())  # docs/native.md's data/ paths, whole
+        for unset in ("FAILPOINTS", "API_TIMEOUT_S", "VIRTUAL_ENV"):
+            self.env.pop(unset, None)
+        self.env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{self.env['PATH']}"
+        self.bash = subprocess.Popen(
+            ["bash"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            cwd=folder,
+            env=self.env,
+            text=True,
+            start_new_session=True,  # its jobs in its group: close() can end them all
+        )
+        self.lines = (queue.Queue(), queue.Queue())
+        for stream, lines in zip((self.bash.stdout, self.bash.stderr), self.lines, strict=True):
+            threading.Thread(target=self.read, args=(stream, lines), daemon=True).start()
+        up = native_line(
+            parse_command("docker compose -p stateful-lab up -d --build api"), {}, False, False
+        )
+        assert self.paste(up).returncode == 0
+        wait_until(self.answers, 60, "the receiver's first answer")
+
+    @staticmethod
+    def read(stream, lines):
+        for line in stream:
+            lines.put(line)
+
+    def paste(self, line):
+        """line typed into the shell as is; its stdout, stderr and $? when it is done."""
+        self.bash.stdin.write(f'{line}\necho "{self.MARK} $?"; echo {self.MARK} >&2\n')
+        self.bash.stdin.flush()
+        out, err = self.until(self.lines[0]), self.until(self.lines[1])
+        code = int(out.pop().split()[1])
+        return subprocess.CompletedProcess(line, code, "".join(out), "".join(err[:-1]))
+
+    def until(self, lines):
+        got = [lines.get(timeout=FOLLOW_TIMEOUT_S)]
+        while not got[-1].startswith(self.MARK):
+            got.append(lines.get(timeout=FOLLOW_TIMEOUT_S))
+        return got
+
+    def answers(self):
+        try:
+            with urllib.request.urlopen(self.env["API_URL"] + "/health", timeout=1) as reply:
+                return reply.status == 200
+        except OSError:
+            return False
+
+    def close(self):
+        try:
+            self.paste("kill %1 2>/dev/null; wait")  # the receiver, as the page stops it
+            self.bash.stdin.close()
+            self.bash.wait(30)
+        finally:
+            if self.bash.poll() is None:
+                os.killpg(self.bash.pid, signal.SIGKILL)
+                self.bash.wait(30)
+
+
+@pytest.fixture
+def terminal(tmp_path):
+    shell = Terminal(tmp_path / "lab")
+    yield shell
+    shell.close()
+
+
+def charged(env, reference):
+    """The charges committed under reference, once none is pending (?settled=1 waits)."""
+    query = f"/payments?reference={reference}&settled=1"
+    return workflow.TicketClient(env["API_URL"]).call(query)["payments"]
+
+
+def test_lab_15_typed_without_its_conditions_names_the_commands_that_make_it_happen(terminal):
+    """Lab 15's charge answered at once (the receiver started without its slow-payments file,
+    the client's timeout the default 5 s): the line's commands, pasted into the learner's shell
+    as printed, start the receiver again slow and charge a new operation that times out, exit 6,
+    the payment uncertain; the exit-6 line's own commands then settle it. One charge each."""
+    env = terminal.env
+    paid = run_workflow_here(["start", "--thread", "pay", "--operation", "case-pay", "--pay"], env)
+    assert paid.returncode == 0, paid.stderr
+    (line,) = paid.stderr.splitlines()
+    assert line.startswith("labs: lab 15's slow provider did not happen"), line
+    (restart,) = restarts(line)
+    assert "FAILPOINTS='payment-commit=sleep(3)' python -m labs.receiver" in restart, restart
+    (again,) = printed(line)
+    assert again == (
+        "API_TIMEOUT_S=0.5 python -m labs start --thread pay-again --operation case-pay-again --pay"
+    )
+    assert terminal.paste(restart).returncode == 0
+    uncertain = terminal.paste(again)  # as pasted next: the client retries a refused connection
+    assert uncertain.returncode == 6, uncertain.stderr  # the lesson: no answer in 0.5 s
+    (stop,) = uncertain.stderr.splitlines()
+    assert stop.startswith("labs: effect payment 'case-pay-again:pay' may have happened"), stop
+    look, reconcile = printed(stop)
+    assert (look, reconcile) == (
+        "python -m labs payments --reference case-pay-again:pay",
+        "python -m labs reconcile",
+    )
+    (charge,) = charged(env, "case-pay-again:pay")  # committed 3 s late: one charge
+    looked = typed_here(look, env)  # as printed, in this process (its budget: no interpreter)
+    assert looked.returncode == 0 and charge in events(looked.stdout)[0]["payments"], looked
+    settled = typed_here(reconcile, env)
+    assert settled.returncode == 0, settled.stderr
+    reconciled = {"effect": "payment", "event": "reconciled", "key": "case-pay-again:pay",
+                  "now": "confirmed", "was": "unknown"}  # fmt: skip
+    assert events(settled.stdout)[0] == reconciled, settled.stdout  # found at the provider
+    resumed = run_workflow_here(["resume", "--thread", "pay-again"], env)
+    assert resumed.returncode == 0, resumed.stderr
+    assert events(resumed.stdout)[-1]["payment_id"] == charge["payment_id"]  # from the receipt
+    assert len(charged(env, "case-pay-again:pay")) == len(charged(env, "case-pay:pay")) == 1
+
+
+@pytest.mark.parametrize("mode", ["naive", "inbox"])
+def test_lab_18_typed_without_its_webhook_faults_names_the_commands_that_make_them(terminal, mode):
+    """Lab 18's hooks with the receiver started without its webhooks file: each event came
+    once. The line's commands, pasted as printed, start the receiver again with the faults and
+    move the ticket again: each event comes twice, newest first. Naive applies each delivery:
+    the double notice and the status going back, the lab's duplicate; the inbox flags the
+    second of each and sends one notice. No condition line now, and no ticket more."""
+    env = terminal.env
+    made = run_workflow_here(["start", "--thread", "hook-1", "--operation", "case-hook-1"], env)
+    assert made.returncode == 0, made.stderr
+    typed = ["hooks", "--mode", mode] if mode == "naive" else ["hooks"]  # the inbox: the default
+    typed += ["--ticket", "1", "--move", "opened,in_progress,resolved"]
+    once = run_workflow_here(typed, env)
+    assert once.returncode == 0, once.stderr
+    (line,) = once.stderr.splitlines()
+    assert line.startswith("labs: each webhook came once (3 deliveries)"), line
+    (restart,) = restarts(line)
+    assert "FAILPOINTS='redeliver=on;reorder=on' python -m labs.receiver" in restart, restart
+    (again,) = printed(line)
+    assert again == "python -m labs " + shlex.join(typed)  # a status changes: the move again
+    messages = len(receiver_list(env, "messages"))
+    assert terminal.paste(restart).returncode == 0
+    twice = terminal.paste(again)
+    assert twice.returncode == 0 and twice.stderr == "", twice.stderr
+    came = [e for e in events(twice.stdout) if e["event"] == "webhook"]
+    twice_each = sorted(["evt_4", "evt_5", "evt_6"] * 2)  # ticket 1's second three events
+    assert sorted(e["event_id"] for e in came) == twice_each, twice.stdout
+    sent = [e for e in events(twice.stdout) if e["event"] == "message_sent"]
+    status = events(twice.stdout)[-1]["status"]
+    if mode == "naive":  # every delivery applied: resolved's notice twice, then back to opened
+        assert (len(sent), status) == (2, "opened"), twice.stdout
+    else:  # the second of each flagged; the older ones not applied; one notice
+        assert [e["duplicate"] for e in came] == [False, True] * 3, twice.stdout
+        assert (len(sent), status) == (1, "resolved"), twice.stdout
+    assert len(receiver_list(env, "messages")) == messages + len(sent)  # nothing else was sent
+    assert len(receiver_list(env, "tickets")) == 1

@@ -590,7 +590,10 @@ def test_hooks_says_what_it_did_and_refuses_naive_on_the_inboxs_ticket(receiver,
         "was not started with labs/webhooks.compose.yaml), so lab 18's duplicate did not happen; "
         "turn them on: kill %1; wait; FAILPOINTS='redeliver=on;reorder=on' python -m "
         "labs.receiver 2>>data/receiver.log & echo $! >data/receiver.pid (Docker: docker compose "
-        "-p stateful-lab -f compose.yaml -f labs/webhooks.compose.yaml up -d --build api)"
+        "-p stateful-lab -f compose.yaml -f labs/webhooks.compose.yaml up -d --build api); "
+        "then move the ticket again: python -m labs hooks --ticket 1 --move opened,resolved "
+        "(Docker: docker compose -p stateful-lab run --rm workflow hooks --ticket 1 --move "
+        "opened,resolved)"  # ticket 1 is resolved already: --move resolved would make none
     ]
     assert lab.main(["hooks", "--ticket", "1", "--move", "resolved"], receiver.env) == 0
     out, err = capsys.readouterr()
