@@ -291,6 +291,13 @@ def seconds(text):
     return float(text)
 
 
+def reviewer(text):
+    """approve --by: who approves. An approval records a person, so a blank name is refused."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("an approval records who gave it: --by NAME")
+    return text
+
+
 def revoke(args, ledger, values):
     """`revoke`: the thread's newest approval withdrawn; its ticket is not sent under it, unless
     it was sent already: then the line says so ("sent": true and a note), too late."""
