@@ -290,6 +290,7 @@ def test_an_expired_or_revoked_approval_sends_nothing(receiver, workflow, lab):
     assert sent_for(workflow, operation) == []
     again = workflow("revoke", "--thread", "revoked")
     assert again.returncode == NO_THREAD and again.stderr.count("\n") == 1
+    assert "approval 3 was revoked already; nothing changed" in again.stderr  # typed twice
     assert workflow("approve", "--thread", "revoked").returncode == 0
     assert sent_for(workflow, operation) == [OLD]
 
