@@ -215,7 +215,10 @@ def run_parsed(args, make_settings, points):
         settings = make_settings()
         try:
             failpoints.configure(settings.failpoints, known=points, announce=announce)
-            tracing.start(settings.trace, "workflow")
+            # A command that reads spans (writes_spans False) must not open TRACE's file: it
+            # would create the file, and its folder, that it was asked to read.
+            writes = getattr(args, "writes_spans", True)
+            tracing.start(settings.trace if writes else "", "workflow")
         except (failpoints.FailpointSpecError, tracing.TracingError) as error:
             raise UserError(str(error), EXIT_USAGE) from None
         configure_receipts(settings)

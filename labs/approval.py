@@ -291,13 +291,25 @@ def seconds(text):
     return float(text)
 
 
+def reviewer(text):
+    """approve --by: who approves. An approval records a person, so a blank name is refused."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("an approval records who gave it: --by NAME")
+    return text
+
+
 def revoke(args, ledger, values):
     """`revoke`: the thread's newest approval withdrawn; its ticket is not sent under it, unless
     it was sent already: then the line says so ("sent": true and a note), too late."""
     bound = values.get("approval") == "before"
     found = newest_approval(ledger, ticket_key(values, args.key_version)) if bound else None
-    if found is None or found["revoked_at"] is not None:
+    if found is None:
         raise UserError(f"thread {args.thread!r} has no approval to revoke", EXIT_THREAD)
+    if found["revoked_at"] is not None:  # typed twice: say which, and that nothing changed
+        raise UserError(
+            f"thread {args.thread!r}: approval {found['id']} was revoked already; nothing changed",
+            EXIT_THREAD,
+        )
     with ledger.transaction():
         ledger.sql("UPDATE approvals SET revoked_at = ? WHERE id = ?", (time.time(), found["id"]))
     state = getattr(ledger.get(found["key"]), "state", None)  # None: no intent recorded yet

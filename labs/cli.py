@@ -42,6 +42,7 @@ from labs.approval import (
     check_approval,
     edit_title,
     require_ledger_mode,
+    reviewer,
     seconds,
 )
 from labs.boundaries import DURABILITIES, POINTS, TERM_POINTS, step_boundary_saver
@@ -308,7 +309,9 @@ def build_lab_parser(graph_version="1", key_version="1"):
         help="checkpoint thread id (default: demo)",
     )
     sub.add_argument("--reject", dest="approve", action="store_false", help="answer no")
-    sub.add_argument("--by", default=login(), help="who approves (default: your login)")
+    sub.add_argument(
+        "--by", type=reviewer, default=login(), help="who approves (default: your login)"
+    )
     sub.add_argument(
         "--valid-for",
         type=seconds,

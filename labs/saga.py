@@ -372,7 +372,9 @@ def seats(text):
 
 def add_saga_parser(actions):
     saga = actions.add_parser("saga", help="lab 13: charge, reserve, ship; undo when refused")
-    steps = saga.add_subparsers(dest="saga_action", required=True, parser_class=commandline.Parser)
+    steps = saga.add_subparsers(  # metavar: a missing one is "action", as labs' own is
+        dest="saga_action", metavar="action", required=True, parser_class=commandline.Parser
+    )
     thread = dict(
         default=commandline.Defaulted("saga"), help="checkpoint thread id (default: saga)"
     )

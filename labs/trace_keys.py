@@ -105,5 +105,5 @@ def add_trace_keys_parser(actions):
     sub = actions.add_parser(
         "trace-keys", help="count the keys each thread's node sent, from a spans file (lab 05)"
     )
-    sub.set_defaults(run=trace_keys)
+    sub.set_defaults(run=trace_keys, writes_spans=False)  # TRACE names the file to read
     sub.add_argument("file", nargs="?", help="the spans file (default: TRACE's)")

@@ -266,6 +266,10 @@ def test_an_expired_or_revoked_approval_sends_nothing(receiver, workflow, lab):
         refused = workflow("approve", "--thread", "expired", "--valid-for", bad)
         assert refused.returncode == 2 and refused.stderr.count("\n") == 1, (bad, refused)
         assert refused.stdout == "" and f"'{bad}' is not a number of seconds" in refused.stderr
+    for blank in ("", " "):  # an approval by nobody: refused before anything is recorded
+        refused = workflow("approve", "--thread", "expired", "--by", blank)
+        assert refused.returncode == 2 and refused.stderr.count("\n") == 1, (blank, refused)
+        assert refused.stdout == "" and "records who gave it: --by NAME" in refused.stderr
     assert workflow("approve", "--thread", "expired").returncode == 0
     assert sent_for(workflow, operation) == [OLD]
     late = events(workflow("revoke", "--thread", "expired"))  # after the send: too late
@@ -286,6 +290,7 @@ def test_an_expired_or_revoked_approval_sends_nothing(receiver, workflow, lab):
     assert sent_for(workflow, operation) == []
     again = workflow("revoke", "--thread", "revoked")
     assert again.returncode == NO_THREAD and again.stderr.count("\n") == 1
+    assert "approval 3 was revoked already; nothing changed" in again.stderr  # typed twice
     assert workflow("approve", "--thread", "revoked").returncode == 0
     assert sent_for(workflow, operation) == [OLD]
 

@@ -314,7 +314,8 @@ def test_a_reservation_with_seats_left_ends_the_saga_without_a_refund(receiver, 
         (["saga", "start", "--seats", "many"], 2, "whole number from 1 to 1000"),
         (["saga", "start", "--seats", "0"], 2, "whole number from 1 to 1000"),
         (["saga", "start", "--crash-at", "after-everything"], 2, "invalid choice"),
-        (["saga"], 2, "required"),
+        (["saga"], 2, "labs saga: the following arguments are required: action (see --help)"),
+        (["saga", "strat"], 2, "argument action: invalid choice: 'strat' (choose from 'start'"),
     ],
 )
 def test_bad_input_is_one_line_and_its_exit_code(receiver, lab, args, code, words):

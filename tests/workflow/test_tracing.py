@@ -394,6 +394,11 @@ def test_trace_keys_without_spans_to_read_is_one_line_and_its_exit_code(lab, tmp
         assert lab_py.main(["trace-keys", *argv], env) == code, argv
         out, err = capsys.readouterr()
         assert out == "" and err.count("\n") == 1 and said in err, err
+    typo = tmp_path / "typo" / "spans.jsonl"  # TRACE as the runs had it, mistyped
+    assert lab_py.main(["trace-keys"], {**env, "TRACE": str(typo)}) == exitcodes.EXIT_USAGE
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1 and "No such file" in err, err
+    assert not typo.parent.exists()  # read, never created
 
 
 def test_trace_keys_compares_each_effect_of_a_node_with_itself(lab, receiver, memory, tmp_path):
