@@ -35,7 +35,7 @@ def cpu(who=resource.RUSAGE_SELF):
     return used.ru_utime + used.ru_stime
 
 
-def note(log, **figures):
+def write_note(log, **figures):
     with open(log, "a") as out:
         out.write(json.dumps(figures) + "\n")
 
@@ -49,7 +49,7 @@ def instrument(log):
     def timed_prime(db):
         start = cpu()
         prime(db)
-        note(log, kind="prime", cpu=cpu() - start)
+        write_note(log, kind="prime", cpu=cpu() - start)
 
     processes.prime_langgraph = timed_prime
     run_chain = processes.run_chain
@@ -60,7 +60,7 @@ def instrument(log):
             return run_chain(*args, **kwargs)
         finally:
             used = cpu() - start + cpu(resource.RUSAGE_CHILDREN) - kids
-            note(log, kind="clean", cpu=used)
+            write_note(log, kind="clean", cpu=used)
 
     processes.run_chain = timed_run_chain
     resume = snapshot.snap_resume_chain
@@ -95,7 +95,7 @@ def instrument(log):
         try:
             return resume(plan, *args)
         finally:
-            note(log, kind="resume", cpu=cpu(), **parts)  # a new process: cpu() is its own
+            write_note(log, kind="resume", cpu=cpu(), **parts)  # a new process: cpu() is its own
 
     snapshot.snap_resume_chain = timed_resume  # run_chain looks it up at each call
 
@@ -111,7 +111,7 @@ def fork_and_exit(count=20):
     return (cpu() - start + cpu(resource.RUSAGE_CHILDREN) - kids) / count
 
 
-def drill_once(case, log):
+def timed_drill(case, log):
     import effectdrill
 
     graph, input, observe, world, options = case
@@ -156,7 +156,7 @@ def main(argv=None):
         invoker, runs = Invoker(graph, input_maker(input)), []
         for _ in range(args.runs):
             invoker.sample()  # beside each drill: the same load
-            runs.append(drill_once(case, log))
+            runs.append(timed_drill(case, log))
         invoker.sample()
         invoke = invoker.medians()[1]
         alone = fork_and_exit()
