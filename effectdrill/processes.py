@@ -16,12 +16,15 @@ from contextlib import contextmanager
 
 from effectdrill.errors import DrillError, GraphFailed, task_error
 from effectdrill.kill import CHILD_FAILED
-from effectdrill.restart import fork_chain, write_all
+from effectdrill.restart import fork_chain, run_chain, write_all
 
 CHILDREN_AT_ONCE = 2  # crash children the warm parent keeps running side by side
 
 
 CHILD_DEADLINE_S = 300.0  # seconds a crash child may run: a graph that hangs is an error
+
+
+HERE = ("clean", "snapclean")  # jobs whose chain runs in the warm parent itself (a clean run)
 
 
 NOT_REACHED = "point not reached"  # the saved cell of such a run
@@ -93,10 +96,17 @@ class WarmParent:
                 os.close(read_end)
                 os.close(jobs_write)
                 gc.disable()
+                os.dup2(2, 1)  # the graph's prints go to stderr: stdout is the report's
                 prime_langgraph(db)
                 with os.fdopen(jobs_read, "rb") as incoming:
                     while batch := incoming.readline():
                         kind, mode, jobs = pickle.loads(bytes.fromhex(batch.decode()))
+                        if kind in HERE:  # its chain never runs the graph: no fork for it
+                            ((state, thread),) = jobs
+                            end, code = run_chain(plan, db, kind, mode, state, thread)
+                            line = json.dumps([code << 8, json.dumps(end)]) + "\n"
+                            write_all(write_end, line.encode())
+                            continue
                         live = deque()  # forked, not yet reaped: in the jobs' order
                         for state, thread in jobs:
                             if len(live) == CHILDREN_AT_ONCE:

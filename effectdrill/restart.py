@@ -21,8 +21,10 @@ import gc
 import json
 import os
 import pickle
+import select
 import signal
 import sys
+import time
 
 from effectdrill.errors import DrillError, task_error, traceback_of
 from effectdrill.kill import CHILD_FAILED, CHILD_GAVE_UP, CHILD_UNREACHED, Killer
@@ -52,33 +54,18 @@ def fork_chain(plan, db, kind, mode, state, thread):
     mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     pid = os.fork()
     if pid == 0:  # the chain: never returns into the caller's code
-        code = 0
+        end, code = {"drill_error": "a crash run could not start"}, CHILD_FAILED
         try:
             gc.disable()  # it lives for one job: no collection touching the parent's pages
             signal.pthread_sigmask(signal.SIG_SETMASK, mask)
             os.close(read_end)
             os.dup2(2, 1)  # the graph's prints go to stderr: stdout is the report's
-            if kind == "clean":
-                end = clean_chain(plan, db, mode, thread, write_end)
-            elif kind == "snapclean":  # the snapshot engine's (snapshot.py)
-                from effectdrill.snapshot import snap_clean_chain
-
-                end = snap_clean_chain(plan, db, mode, thread, write_end)
-            elif kind == "resume":
-                from effectdrill.snapshot import snap_resume_chain
-
-                end = snap_resume_chain(plan, db, mode, state, thread, write_end)
-            else:
-                end = crash_chain(plan, db, mode, state, thread, write_end)
-        except Failed as failed:
-            end = failed.payload
-        except BaseException as error:  # noqa: BLE001 - said to the drill, never lost
-            end = {"drill_error": f"a crash run could not run: {task_error(error)}"}
-            code = CHILD_FAILED
-        try:
-            write_all(write_end, json.dumps(end).encode())
+            end, code = run_chain(plan, db, kind, mode, state, thread, write_end)
         finally:
-            os._exit(code)
+            try:
+                write_all(write_end, json.dumps(end).encode())
+            finally:
+                os._exit(code)
     try:
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         os.close(write_end)
@@ -86,6 +73,27 @@ def fork_chain(plan, db, kind, mode, state, thread):
         os.close(read_end)
         raise
     return pid, read_end
+
+
+def run_chain(plan, db, kind, mode, state, thread, outward=None):
+    """One job's chain, here: (its JSON end, the exit code its process would have). `outward`:
+    the pipe to the drill, closed in every process the chain forks."""
+    try:
+        if kind == "clean":
+            return clean_chain(plan, db, mode, thread, outward), 0
+        if kind == "snapclean":  # the snapshot engine's (snapshot.py)
+            from effectdrill.snapshot import snap_clean_chain
+
+            return snap_clean_chain(plan, db, mode, thread, outward), 0
+        if kind == "resume":
+            from effectdrill.snapshot import snap_resume_chain
+
+            return snap_resume_chain(plan, db, mode, state, thread, outward), 0
+        return crash_chain(plan, db, mode, state, thread, outward), 0
+    except Failed as failed:
+        return failed.payload, 0
+    except BaseException as error:  # noqa: BLE001 - said to the drill, never lost
+        return {"drill_error": f"a crash run could not run: {task_error(error)}"}, CHILD_FAILED
 
 
 def crash_chain(plan, db, mode, state, thread, outward):
@@ -204,7 +212,7 @@ def cold(plan, function, outward=None):
             os._exit(code)
     os.close(write_end)
     try:
-        answer = read_bytes(read_end)  # first: a large answer fills the pipe before the exit
+        answer = read_bytes(read_end, pid)  # first: a large answer fills the pipe before the exit
     finally:
         os.close(read_end)
     return os.waitpid(pid, 0)[1], answer
@@ -235,8 +243,20 @@ def write_all(fd, data):
         view = view[os.write(fd, view) :]
 
 
-def read_bytes(fd):
+def read_bytes(fd, pid):
+    """What fd carries up to its end of file. Past processes.CHILD_DEADLINE_S the process `pid`
+    is killed, and Failed says so: a graph that hangs is an error."""
+    from effectdrill.processes import CHILD_DEADLINE_S, kill_and_reap
+
+    deadline = time.monotonic() + CHILD_DEADLINE_S
     chunks = []
-    while chunk := os.read(fd, 65536):
-        chunks.append(chunk)
-    return b"".join(chunks)
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            kill_and_reap(pid)
+            raise Failed({"drill_error": f"a run took more than {CHILD_DEADLINE_S:.0f} s"})
+        if select.select([fd], [], [], remaining)[0]:
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                return b"".join(chunks)
+            chunks.append(chunk)

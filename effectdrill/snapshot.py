@@ -16,7 +16,7 @@ from effectdrill.kill import within_subgraph
 from effectdrill.plan import Recorder
 from effectdrill.report import NO_WORLD
 from effectdrill.restart import Failed, clean_chain, resume_chain
-from effectdrill.savers import Sqlite
+from effectdrill.savers import Sqlite, recording_saver
 from effectdrill.trace import Trace
 from effectdrill.world import as_rollback, world_lock
 
@@ -248,21 +248,18 @@ def made_of(state, saved, ran, time, timed, snaps, rows, starts):
 
 
 def snap_resume_chain(plan, db, mode, item, thread, outward):
-    """A crash state made from its snapshot: the checkpoint image in a database of this chain's
+    """A crash state made from its snapshots: the checkpoint image in a database of this chain's
     own, the world restored (in a folder of its own where it can be relocated, else in place
     and one resume at a time), the thread resumed as after a kill (restart.resume_chain, each
-    invoke in a new process), then observed here, before another resume touches the world."""
-    ckpt, rows, world_image = item.ckpt, item.rows, item.world
+    invoke in a new process), then observed here, before another resume touches the world.
+    Where the clean run took one invoke (item.inline), the checkpoints are an in-memory copy of
+    the image (ImageDb): no file to write, none to sync."""
     folder = os.path.join(plan.snapdir, f"resume-{os.getpid()}")
     os.makedirs(folder)
     try:
-        path = os.path.join(folder, "checkpoints.sqlite")
-        shutil.copyfile(ckpt, path)
-        if rows:
-            with closing(sqlite3.connect(path)) as conn, conn:
-                marks = ", ".join("?" * len(rows[0]))
-                conn.executemany(f"INSERT OR REPLACE INTO writes VALUES ({marks})", rows)
-        with open(world_image, "rb") as incoming:
+        with open(item.ckpt, "rb") as incoming:
+            checkpoints = ImageDb(incoming.read(), item.rows)
+        with open(item.world, "rb") as incoming:
             image = pickle.load(incoming)
         world = plan.world
         own = getattr(world, "relocatable", False)
@@ -271,19 +268,67 @@ def snap_resume_chain(plan, db, mode, item, thread, outward):
         lock = nullcontext() if own else world_lock(os.path.join(plan.snapdir, "world.lock"))
         with lock:
             world.restore(image)
-            resume = resume_here if item.inline else resume_chain
-            saved, ran, error = resume(plan, Sqlite(path), mode, thread, outward)
+            if item.inline:
+                saved, ran, error = resume_here(plan, checkpoints, mode, thread, outward, folder)
+            else:
+                db = checkpoints.on_disk(os.path.join(folder, "checkpoints.sqlite"))
+                saved, ran, error = resume_chain(plan, db, mode, thread, outward)
             counts = plan.counts(thread)
         return {"reached": True, "saved": saved, "ran": ran, "error": error, "counts": counts}
     finally:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def resume_here(plan, db, mode, thread, outward):
+class ImageDb:
+    """A checkpoint image as the drill's database (savers.Sqlite's saver()), in memory: each
+    saver() deserializes it with the held state's writes rows added, and keeps what the run
+    saved when it closes. One process's: on_disk() makes it a file a forked process can share."""
+
+    def __init__(self, image, rows):
+        self.image, self.rows = image, rows
+
+    @contextmanager
+    def saver(self, recorder=None):
+        from langgraph.checkpoint.sqlite import SqliteSaver
+
+        conn = sqlite3.connect(":memory:", check_same_thread=False)
+        try:
+            conn.deserialize(self.image)
+            if self.rows:
+                add_rows(conn, self.rows)
+                self.rows = ()
+            saver = recording_saver(SqliteSaver)(conn)
+            saver.is_setup = True  # the image holds the tables
+            saver.recorder = recorder
+            yield saver
+            with saver.lock:
+                self.image = conn.serialize()
+        finally:
+            conn.close()
+
+    def on_disk(self, path):
+        """The image (and its rows) in a file at path: savers.Sqlite on it."""
+        with open(path, "wb") as out:
+            out.write(self.image)
+        if self.rows:
+            with closing(sqlite3.connect(path)) as conn:
+                add_rows(conn, self.rows)
+            self.rows = ()
+        return Sqlite(path)
+
+
+def add_rows(conn, rows):
+    """A held state's saved writes rows, added to a checkpoint database."""
+    with conn:
+        marks = ", ".join("?" * len(rows[0]))
+        conn.executemany(f"INSERT OR REPLACE INTO writes VALUES ({marks})", rows)
+
+
+def resume_here(plan, db, mode, thread, outward, folder):
     """restart.resume_chain's resume with its first invoke in this process: forked from the warm
     parent, it never ran the graph, as a new process would not have (one fork fewer). Used when
     the clean run took one invoke (no interrupt), so one invoke finishes the resume; should a
-    task be left, the rest goes on in new processes forked from this one."""
+    task be left, the rest goes on in new processes forked from this one, on a file."""
     try:
         saved, ran, more = plan.one_invoke(db, None, thread, mode, False)
     except DrillError as error:
@@ -292,5 +337,6 @@ def resume_here(plan, db, mode, thread, outward):
         return plan.saved, [], task_error(error)
     if not more:
         return saved, ran, None
+    db = db.on_disk(os.path.join(folder, "checkpoints.sqlite"))
     _, later, error = resume_chain(plan, db, mode, thread, outward)
     return saved, ran + later, error

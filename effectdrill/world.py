@@ -4,8 +4,9 @@ engines".
 
 A world is any object with `snapshot()` (returns something picklable: the world as it is now)
 and `restore(image)` (puts the world back as it was at that snapshot). SqliteWorld is one for
-SQLite files, read and written through SQLite's own API (serialize, backup), never copied raw:
-a file in WAL mode keeps committed pages in its -wal file, which a raw copy can miss."""
+SQLite files, read through SQLite's own API (serialize), never copied raw: a file in WAL
+mode keeps committed pages in its -wal file, which a raw copy can miss. An image goes back
+through the backup API, or, where no file is there yet, as the new file's bytes."""
 
 import fcntl
 import os
@@ -72,6 +73,8 @@ class SqliteWorld:
                 restore_file(path, None)
         for key, pages in image.items():
             path = now.get(key) or self.path_of(key)
+            if key not in now and pages is not None and new_file(path, pages):
+                continue
             if pages is not None or os.path.exists(path):
                 restore_file(path, pages)
 
@@ -130,6 +133,21 @@ def as_rollback(image):
         image[18:20] = b"\x01\x01"
         image = bytes(image)
     return image
+
+
+def new_file(path, image):
+    """Write `image` as a new database file at path; False when something is there already (a
+    file, or a -wal or -journal one SQLite would read with it). An image is a whole database as
+    a rollback-journal file holds it (image_of): nothing has the new file open, so its bytes
+    are the database, as the backup API would write them, without opening two connections."""
+    if any(os.path.exists(path + end) for end in ("-wal", "-journal")):
+        return False
+    try:
+        with open(path, "xb") as out:
+            out.write(image)
+    except FileExistsError:
+        return False
+    return True
 
 
 def restore_file(path, image):

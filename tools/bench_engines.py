@@ -8,7 +8,9 @@ by side (effectdrill.processes.CHILDREN_AT_ONCE): the whole in-process drill's w
 CPU time (this process and every process it forked, getrusage), divided by its crash points:
 the clean run and the forks are in it. The clean invoke: the same graph, warm, in this
 process, on a new thread, through a SqliteSaver on a file in WAL mode with synchronous=OFF and
-durability="sync", as the drill's own saver. Medians of --runs; the load average is printed.
+durability="sync", as the drill's own saver; three of them before each drill, so that both
+sides meet the same load. The four drills of a run follow each other, run after run. Medians
+of --runs (of all the invokes, for the invoke); the load average is printed.
 """
 
 import argparse
@@ -31,28 +33,40 @@ def usage():
     return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
 
 
-def clean_invoke(build, input_of, runs):
-    """(wall, cpu) medians of a warm invoke on a new thread, the drill's saver settings."""
-    from langgraph.checkpoint.sqlite import SqliteSaver
+class Invoker:
+    """A warm invoke on a new thread, the drill's saver settings: each sample() times a few,
+    after a first one (lazy imports) that is not kept."""
 
-    from effectdrill.api import compiled
+    def __init__(self, build, input_of):
+        from langgraph.checkpoint.sqlite import SqliteSaver
 
-    folder = tempfile.mkdtemp()
-    conn = sqlite3.connect(os.path.join(folder, "c.sqlite"), check_same_thread=False)
-    conn.execute("PRAGMA synchronous=OFF")
-    saver = SqliteSaver(conn)
-    saver.setup()  # journal_mode=WAL
-    graph = compiled(build).copy(update={"checkpointer": saver})
-    walls, cpus = [], []
-    for n in range(runs + 1):
-        thread = f"clean-{n}-{time.monotonic_ns()}"
+        from effectdrill.api import compiled
+
+        folder = tempfile.mkdtemp()
+        self.conn = sqlite3.connect(os.path.join(folder, "c.sqlite"), check_same_thread=False)
+        self.conn.execute("PRAGMA synchronous=OFF")
+        saver = SqliteSaver(self.conn)
+        saver.setup()  # journal_mode=WAL
+        self.graph = compiled(build).copy(update={"checkpointer": saver})
+        self.input_of, self.walls, self.cpus, self.made = input_of, [], [], 0
+        self.invoke()
+
+    def invoke(self):
+        self.made += 1
+        thread = f"clean-{self.made}-{time.monotonic_ns()}"
+        config = {"configurable": {"thread_id": thread}}
         start, cpu = time.perf_counter(), time.process_time()
-        graph.invoke(input_of(thread), {"configurable": {"thread_id": thread}}, durability="sync")
-        if n:  # the first is the warm-up (lazy imports)
-            walls.append(time.perf_counter() - start)
-            cpus.append(time.process_time() - cpu)
-    conn.close()
-    return statistics.median(walls), statistics.median(cpus)
+        self.graph.invoke(self.input_of(thread), config, durability="sync")
+        return time.perf_counter() - start, time.process_time() - cpu
+
+    def sample(self, count=3):
+        for _ in range(count):
+            wall, cpu = self.invoke()
+            self.walls.append(wall)
+            self.cpus.append(cpu)
+
+    def medians(self):
+        return statistics.median(self.walls), statistics.median(self.cpus)
 
 
 def drill_once(case, engine, resumers):
@@ -107,21 +121,28 @@ def main(argv=None):
     print("graph        | points | invoke ms wall/cpu | engine   | resumers | ms/point wall/cpu"
           " | x invoke wall/cpu")  # fmt: skip
     ratios = {}
+    configs = [(engine, resumers) for engine in ("kill", "snapshot") for resumers in (1, 2)]
     for name, case in cases(folder).items():
         graph, input, *_ = case
-        walls, cpus = clean_invoke(graph, input_maker(input), 9)
-        for engine in ("kill", "snapshot"):
-            for resumers in (1, 2):
-                figures = [drill_once(case, engine, resumers) for _ in range(args.runs)]
-                wall = statistics.median(f[0] for f in figures)
-                cpu = statistics.median(f[1] for f in figures)
-                points, made = figures[0][2], "+".join(sorted(figures[0][3]))
-                ratios.setdefault((engine, resumers), []).append((wall / walls, cpu / cpus))
-                print(
-                    f"{name:12} | {points:6} | {walls * 1e3:6.1f} / {cpus * 1e3:6.1f}   "
-                    f"| {made:8} | {resumers:8} | {wall * 1e3:6.1f} / {cpu * 1e3:6.1f}   "
-                    f"| {wall / walls:4.2f}x / {cpu / cpus:4.2f}x"
-                )
+        invoker = Invoker(graph, input_maker(input))
+        runs = {config: [] for config in configs}
+        for _ in range(args.runs):  # interleaved, each beside invokes of its moment
+            for engine, resumers in configs:
+                invoker.sample()
+                runs[engine, resumers].append(drill_once(case, engine, resumers))
+        invoker.sample()
+        walls, cpus = invoker.medians()
+        invoker.conn.close()
+        for (engine, resumers), figures in runs.items():
+            wall = statistics.median(f[0] for f in figures)
+            cpu = statistics.median(f[1] for f in figures)
+            points, made = figures[0][2], "+".join(sorted(figures[0][3]))
+            ratios.setdefault((engine, resumers), []).append((wall / walls, cpu / cpus))
+            print(
+                f"{name:12} | {points:6} | {walls * 1e3:6.1f} / {cpus * 1e3:6.1f}   "
+                f"| {made:8} | {resumers:8} | {wall * 1e3:6.1f} / {cpu * 1e3:6.1f}   "
+                f"| {wall / walls:4.2f}x / {cpu / cpus:4.2f}x"
+            )
     for (engine, resumers), pairs in ratios.items():
         wall = statistics.median(p[0] for p in pairs)
         cpu = statistics.median(p[1] for p in pairs)

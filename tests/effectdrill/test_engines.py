@@ -8,7 +8,9 @@ and subgraphs included, and the lab's drill graphs): about 90 s on 2 cores.
 """
 
 import os
+import sqlite3
 import sys
+from contextlib import closing
 
 import pytest
 from effectdrill_graphs import (
@@ -24,6 +26,7 @@ from effectdrill_graphs import (
     retrying,
     subapproval,
 )
+from langgraph.graph import END, START, StateGraph
 
 import effectdrill
 from effectdrill.cli import EXIT_ENGINES_DIFFER
@@ -165,6 +168,38 @@ def test_auto_picks_snapshot_for_a_declared_world_and_verify_agrees():
         "put_writes pay [branch:to:ship, paid]",
         "put_writes ship [shipped]",
     }
+
+
+def test_what_a_node_writes_to_its_stdout_goes_to_stderr(capfd):
+    """A node whose subprocess writes to file descriptor 1 (redirect_stdout cannot catch it):
+    stdout is the report's (--json), so the clean run's and every resume's writes go to
+    stderr."""
+
+    def loud(state):
+        os.write(1, b"loud node\n")
+        with closing(sqlite3.connect(os.environ["EFFECTS_DB"])) as db, db:
+            db.execute("CREATE TABLE IF NOT EXISTS sent (thread)")
+            db.execute("INSERT INTO sent VALUES (?)", (state["thread"],))
+        return {}
+
+    def observe(thread):
+        with closing(sqlite3.connect(os.environ["EFFECTS_DB"])) as db:
+            db.execute("CREATE TABLE IF NOT EXISTS sent (thread)")
+            (count,) = db.execute(
+                "SELECT COUNT(*) FROM sent WHERE thread = ?", (thread,)
+            ).fetchone()
+        return {"sent": count}
+
+    builder = StateGraph(dict)
+    builder.add_node("loud", loud)
+    builder.add_edge(START, "loud")
+    builder.add_edge("loud", END)
+    report = effectdrill.drill(builder.compile(), INPUT, observe, world=EFFECTS)
+
+    out, err = capfd.readouterr()
+    assert {row.engine for row in report.rows} == {"snapshot"}
+    resumed = sum(row.runs[0].ran.count("loud") for row in report.rows)
+    assert out == "" and err.count("loud node") == 1 + resumed, (out, err)  # the clean run's too
 
 
 def test_verify_fails_with_its_own_exit_code_when_a_world_is_not_restored(tmp_path):
