@@ -71,6 +71,7 @@ def describe(outcomes):
             lines += ["   " + p for p in outcome.problems]
             lines += ["   expected: " + e for e in outcome.step.expected]
             lines += ["   got:      " + g for g in outcome.stdout.splitlines()]
+            lines += ["   stderr:   " + e for e in outcome.stderr.splitlines()[-5:]]
             lines.append(f"   exit {outcome.exit_code}")
     return "\n".join(lines)
 
