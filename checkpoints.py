@@ -61,7 +61,7 @@ def require_checkpoint_file(path):
     table with one of our names whose columns are not ours (`effects` is a common name). The
     file is read on a read-only connection (mode=ro): the check itself writes nothing.
 
-    -> True for a new file. Two commands may make it at once (two starts on a new lab): the
+    -> True for a new file. Two commands may make it at once (two starts, the first ever): the
     second one's `PRAGMA journal_mode=WAL` (SqliteSaver.setup) meets the first one's write and
     answers "database is locked" at once, without the busy wait; so the caller switches a new
     file to WAL first, waiting that out (ledger_tables.wal)."""

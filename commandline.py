@@ -275,10 +275,10 @@ def run_script(main, name):
 def end_without_teardown(ending):
     """The last exit handler of a script: end the process with main()'s code, skipping the
     interpreter's teardown of ~1,100 modules (LangGraph's and what it imports) object by object,
-    about 0.3 s of CPU a command (docs/performance.md). By then main() has committed and closed
-    what it opened, non-daemon threads were joined, and every other exit handler ran (tracing's
-    exporter sends its last spans in one). mypy's util.hard_exit ends the same way. An exit
-    main() did not return (a traceback, argparse's own) takes the usual way."""
+    about 0.4 s of CPU a command (measured in its commit's body). By then main() has committed
+    and closed what it opened, non-daemon threads were joined, and every other exit handler ran
+    (tracing's exporter sends its last spans in one). mypy's util.hard_exit ends the same way.
+    An exit main() did not return (a traceback, argparse's own) takes the usual way."""
     if not isinstance(ending.get("code"), int):
         return
     try:
