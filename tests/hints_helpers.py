@@ -2,7 +2,7 @@
 learner can paste). A hint of the lessons' programs names the native command, then its Docker
 form in parentheses; each pair is checked to be the same command with tools/native.py, the
 mapping the runner and docs/native.md use. Used natively by tests/workflow/
-test_hints_as_printed.py, through Docker by tests/guides/test_guides.py (lab 15's run)."""
+test_hints_as_printed.py, through Docker by tests/guides/test_guides.py (HINTS_FOLLOWED)."""
 
 import re
 import shlex
