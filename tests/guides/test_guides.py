@@ -699,7 +699,26 @@ def follow_lab_18s_hints(outcomes, backend):
     assert counted(backend, "messages", "tickets") == after, twice.stdout  # nothing else sent
 
 
+SAGA_LISTS = ("tickets", "reservations", "shipments", "releases", "refunds")  # its effects
+
+
+def follow_lab_13s_hints(outcomes, backend):
+    """`resume` without saga on the saga's finished window thread: exit 4, the line names
+    saga resume in Docker form. Typed as printed, it ends done and sends nothing: no charge,
+    reservation, shipment, release or refund more."""
+    before = counted(backend, *SAGA_LISTS)
+    refused = backend.workflow(["resume", "--thread", "window"])
+    assert refused.exit_code == 4, refused.stderr
+    (resume,) = printed_for_docker(refused.stderr)
+    assert resume == f"{RUN} saga resume --thread window", resume
+    done = backend.run(resume)
+    assert done.exit_code == 0, done.stderr
+    assert [e["event"] for e in events(done.stdout)] == ["done"], done.stdout
+    assert counted(backend, *SAGA_LISTS) == before
+
+
 HINTS_FOLLOWED = {  # the guides whose Docker run then follows their hints as printed
+    "13": follow_lab_13s_hints,
     "15": follow_lab_15s_hints,
     "18": follow_lab_18s_hints,
 }
