@@ -717,10 +717,27 @@ def follow_lab_13s_hints(outcomes, backend):
     assert counted(backend, *SAGA_LISTS) == before
 
 
+def follow_lab_19s_hints(outcomes, backend):
+    """The outbox's start typed again on its finished thread: exit 4, the line names outbox
+    resume in Docker form. Typed as printed, it ends done, writes no message to the outbox and
+    sends nothing: no ticket more."""
+    before = counted(backend, "tickets")
+    start = ["outbox", "start", "--thread", "outbox", "--operation", "case-outbox:open-ticket:v1"]
+    again = backend.workflow(start)
+    assert again.exit_code == 4, again.stderr
+    (resume,) = printed_for_docker(again.stderr)
+    assert resume == f"{RUN} outbox resume --thread outbox", resume
+    done = backend.run(resume)
+    assert done.exit_code == 0, done.stderr
+    assert [e["event"] for e in events(done.stdout)] == ["done"], done.stdout  # no outbox write
+    assert counted(backend, "tickets") == before
+
+
 HINTS_FOLLOWED = {  # the guides whose Docker run then follows their hints as printed
     "13": follow_lab_13s_hints,
     "15": follow_lab_15s_hints,
     "18": follow_lab_18s_hints,
+    "19": follow_lab_19s_hints,
 }
 
 
