@@ -85,8 +85,19 @@ def tell_in_tmux(tmp_path, backend="local"):
         joined = tmux("capture-pane", "-p", "-J", "-S", "-", "-E", "-", "-t", "room").split("\n")
     finally:
         tmux("kill-server")
-    assert any(line == "DEMO-EXIT 0" for line in history), "\n".join(history[-40:])
+    assert any(line == "DEMO-EXIT 0" for line in history), differing(history)
     return prompts, history, [line.rstrip() for line in joined]
+
+
+def differing(history):
+    """What a failed demo printed: each command that differs from its guide (its `$ ` line,
+    its output and the `!!` lines), then the demo's last lines."""
+    shown = []
+    for at, line in enumerate(history):
+        if line.lstrip().startswith("!! "):
+            start = max((i for i in range(at) if history[i].startswith("$ ")), default=at)
+            shown += history[max(start, at - 30) : at + 6] + ["..."]
+    return "\n".join(shown + history[-40:])
 
 
 def output_after(history, at):
