@@ -2,8 +2,11 @@
 failpoint of the core's create_ticket (failpoints.scoped, in the thread that runs the job), until
 its job is another worker's or finished; `wait --for hold` returns once a worker holds it.
 
-While it waits, its heartbeat goes on and the queue leaves the job alone; freeze the worker
-(SIGSTOP, `docker compose pause`) and the heartbeat stops too. The hold is noted in a lab_holds
+While it waits, it beats the job's heartbeat itself, from the thread that holds, every
+HOLD_POLL_S: the queue leaves the job alone. pgqueuer's own beats come from the worker's event
+loop every WORKER_HEARTBEAT_S / 2, and a loaded machine can delay them past WORKER_HEARTBEAT_S;
+another worker would then take the held job before anyone froze its worker. Freeze the worker
+(SIGSTOP, `docker compose pause`) and both beats stop. The hold is noted in a lab_holds
 table, so `wait` can report what each held run got from the receiver.
 """
 
@@ -17,7 +20,7 @@ import exitcodes
 import failpoints
 from exitcodes import EXIT_NO_ANSWER, UserError, emit
 
-HOLD_POLL_S = 0.1  # seconds between looks at lab_holds and at the held job's owner
+HOLD_POLL_S = 0.1  # seconds between looks at lab_holds, and between the held job's beats
 HOLD_POINTS = ("before-request", "after-ack")
 LAB_HOLDS = """CREATE TABLE IF NOT EXISTS lab_holds (
     thread text PRIMARY KEY, at text NOT NULL, backend_pid int NOT NULL,
@@ -133,8 +136,12 @@ class LabHold:
             (self.thread, self.at),
         )
         emit("lab_hold", at=self.at, thread=self.thread)
-        mine = f"SELECT 1 FROM {self.queue_table} WHERE id = %s AND queue_manager_id = %s"
-        while self.conn.execute(mine, self.job).fetchone():
+        # Still ours: beat its heartbeat as pgqueuer does (heartbeat = NOW()). None: taken or done.
+        beat = (
+            f"UPDATE {self.queue_table} SET heartbeat = NOW() "
+            "WHERE id = %s AND queue_manager_id = %s RETURNING id"
+        )
+        while self.conn.execute(beat, self.job).fetchone():
             time.sleep(HOLD_POLL_S)
         emit("lab_woken", thread=self.thread)
 
