@@ -48,7 +48,7 @@ from tools.local import ROOT
 from tools.local import event_names as events
 
 KILL_WINDOW_S = 0.015  # seconds after the first event: a bit longer than the graph's
-#                        ~5-10 ms here, so some kills land after `done` (the clean path)
+#                        ~5-10 ms here, so some runs end on their own first (the clean path)
 MAX_RECOVERIES = 3  # resumes per run before it counts as unfinished; one is enough
 START_TIMEOUT_S = 60  # seconds for a workflow process to print its first event
 EXIT_OK, EXIT_FOUND, EXIT_NO_LAB = 0, 1, 3  # and 2 for bad arguments (Parser)
@@ -215,6 +215,9 @@ def sentence(result, mode, seconds):
         f"{result['in_crash_window']} of {result['killed']} kills landed in the crash window "
         "(answered, not checkpointed)"
     )
+    if result["killed"] < result["runs"]:  # its offset came after the process had exited
+        first = result["runs"] - result["killed"]
+        window += f", {first} {'run' if first == 1 else 'runs'} ended before the kill"
     if result["duplicates"] or result["missing"] or result["unfinished"]:
         found = (
             f"{result['duplicates']} duplicate tickets, {result['missing']} operations with "

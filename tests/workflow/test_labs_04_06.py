@@ -285,11 +285,15 @@ def test_make_chaos_prints_a_replay_line_that_replays_its_seed():
         [line] = done.stdout.splitlines()
         result = json.loads(line)
         assert result["runs"] == result["operations"] == result["tickets"] == 2, result
-        assert result["duplicates"] == 0 and result["killed"] == 2, result
-        assert 0 <= result["in_crash_window"] <= result["killed"]
+        assert result["duplicates"] == result["unfinished"] == 0, result
+        killed = result["killed"]  # a run whose offset comes after its exit is not killed
+        assert 0 <= result["in_crash_window"] <= killed <= 2, result
         verdict = done.stderr.splitlines()[-1]
         assert verdict.startswith("chaos: safe mode held: every one of 2 runs has exactly one")
-        assert f"{result['in_crash_window']} of 2 kills landed in the crash window" in verdict
+        assert (
+            f"{result['in_crash_window']} of {killed} kills landed in the crash window" in verdict
+        )
+        assert ("ended before the kill" in verdict) == (killed < 2)
         (replay,) = re.findall(r"\(replay: (make chaos [^)]*)\)", done.stderr)
         return result["seed"], replay
 
@@ -315,6 +319,17 @@ def test_chaos_counts_a_real_duplicate_and_a_kill_in_the_crash_window():
     result = chaos.summary([run], per_run, seed=0)
     assert result["duplicates"] == 1 and result["in_crash_window"] == 1
     assert "FAILED: 1 duplicate tickets" in chaos.sentence(result, "naive", 1.0)
+
+
+def test_a_run_that_ends_before_its_kill_is_counted_as_not_killed():
+    """The kill's offset can come after the process exited: the verdict says so, in numbers."""
+    runs = [{"killed": True, "finished": True}, {"killed": False, "finished": True}]
+    result = chaos.summary(runs, {"a": 1, "b": 1}, seed=0)
+    assert result["killed"] == 1 and result["duplicates"] == 0
+    said = chaos.sentence(result, "safe", 1.0)
+    assert (
+        "0 of 1 kills landed in the crash window (answered, not checkpointed), 1 run ended" in said
+    )
 
 
 def test_drill_and_chaos_refuse_bad_arguments_in_one_line():
