@@ -2,8 +2,7 @@
 natively `python -m labs.drill ARGS`. The same command as `python -m effectdrill`, and each fix it
 gives ends with the lab that teaches it (effectdrill knows no labs: teach() is told here)."""
 
-import sys
-
+import commandline
 from effectdrill import advice
 from effectdrill.__main__ import main as effectdrill_main
 
@@ -25,4 +24,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    commandline.run_script(main, "labs.drill", one_run=False)

@@ -213,4 +213,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    commandline.run_script(main, "labs.workers", one_run=False)

@@ -702,6 +702,23 @@ def follow_lab_18s_hints(outcomes, backend):
 SAGA_LISTS = ("tickets", "reservations", "shipments", "releases", "refunds")  # its effects
 
 
+def follow_lab_02s_hints(outcomes, backend):
+    """A start typed again after its crash, as a learner does: exit 4, the line names the
+    resume in Docker form. Typed as printed, it ends done with the one ticket the crashed run
+    made (safe mode: the same key), no second one."""
+    start = ["start", "--thread", "again", "--operation", "case-again:open-ticket:v1"]
+    crashed = backend.workflow([*start, "--mode", "safe", "--crash"])
+    assert crashed.exit_code == 137, crashed.stderr
+    again = backend.workflow([*start, "--mode", "safe"])
+    assert again.exit_code == 4, again.stderr
+    assert "thread 'again' already exists" in again.stderr, again.stderr
+    (resume,) = printed_for_docker(again.stderr)
+    assert resume == f"{RUN} resume --thread again", resume
+    done = backend.run(resume)
+    assert done.exit_code == 0, done.stderr
+    assert [t["key"] for t in backend.tickets()].count("case-again:open-ticket:v1") == 1
+
+
 def follow_lab_13s_hints(outcomes, backend):
     """`resume` without saga on the saga's finished window thread: exit 4, the line names
     saga resume in Docker form. Typed as printed, it ends done and sends nothing: no charge,
@@ -734,6 +751,7 @@ def follow_lab_19s_hints(outcomes, backend):
 
 
 HINTS_FOLLOWED = {  # the guides whose Docker run then follows their hints as printed
+    "02": follow_lab_02s_hints,
     "13": follow_lab_13s_hints,
     "15": follow_lab_15s_hints,
     "18": follow_lab_18s_hints,

@@ -6,7 +6,7 @@ as a real process, and does what the hint says: its exit code, and never a secon
 
 The Docker form beside each command is the same command: tools/native.py, the mapping the runner
 and docs/native.md use, turns it into the native line printed beside it, word for word
-(tests/hints_helpers.py). Through Docker, the runs of labs 13, 15, 18 and 19 follow their
+(tests/hints_helpers.py). Through Docker, the runs of labs 02, 13, 15, 18 and 19 follow their
 hints as printed (tests/guides/test_guides.py, HINTS_FOLLOWED)."""
 
 import os
