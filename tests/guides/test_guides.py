@@ -737,34 +737,52 @@ def follow_lab_02s_hints(outcomes, backend):
 
 
 def follow_lab_13s_hints(outcomes, backend):
-    """`resume` without saga on the saga's finished window thread: exit 4, the line names
-    saga resume in Docker form. Typed as printed, it ends done and sends nothing: no charge,
-    reservation, shipment, release or refund more."""
+    """A saga killed after its charge's answer, then `resume` typed without saga: exit 4, the
+    line names saga resume in Docker form. Typed as printed, it finishes the saga: one charge
+    and one reservation more, nothing released or refunded."""
     before = counted(backend, *SAGA_LISTS)
-    refused = backend.workflow(["resume", "--thread", "window"])
+    start = ["saga", "start", "--thread", "again", "--operation", "case-again:book:v1"]
+    crashed = backend.workflow([*start, "--seats", "2", "--crash-at", "after-charge-ack"])
+    assert crashed.exit_code == 137, crashed.stderr
+    refused = backend.workflow(["resume", "--thread", "again"])
     assert refused.exit_code == 4, refused.stderr
     (resume,) = printed_for_docker(refused.stderr)
-    assert resume == f"{RUN} saga resume --thread window", resume
+    assert resume == f"{RUN} saga resume --thread again", resume
     done = backend.run(resume)
     assert done.exit_code == 0, done.stderr
-    assert [e["event"] for e in events(done.stdout)] == ["done"], done.stdout
-    assert counted(backend, *SAGA_LISTS) == before
+    assert "done" in [e["event"] for e in events(done.stdout)], done.stdout
+    after = counted(backend, *SAGA_LISTS)
+    more = {name: after[name] - before[name] for name in SAGA_LISTS}
+    assert more == {"tickets": 1, "reservations": 1, "shipments": 1, "releases": 0, "refunds": 0}
 
 
 def follow_lab_19s_hints(outcomes, backend):
-    """The outbox's start typed again on its finished thread: exit 4, the line names outbox
-    resume in Docker form. Typed as printed, it ends done, writes no message to the outbox and
-    sends nothing: no ticket more."""
+    """The outbox's start killed after its outbox write, then typed again: exit 4, the line
+    names outbox resume in Docker form. Typed as printed, it ends done; the relay's --once
+    sends its one message (one ticket more), and its own hints, followed, show it published."""
     before = counted(backend, "tickets")
-    start = ["outbox", "start", "--thread", "outbox", "--operation", "case-outbox:open-ticket:v1"]
+    start = ["outbox", "start", "--thread", "again", "--operation", "case-again:open-ticket:v1"]
+    crashed = backend.workflow([*start, "--crash-at", "after-outbox"])
+    assert crashed.exit_code == 137, crashed.stderr
     again = backend.workflow(start)
     assert again.exit_code == 4, again.stderr
     (resume,) = printed_for_docker(again.stderr)
-    assert resume == f"{RUN} outbox resume --thread outbox", resume
+    assert resume == f"{RUN} outbox resume --thread again", resume
     done = backend.run(resume)
     assert done.exit_code == 0, done.stderr
-    assert [e["event"] for e in events(done.stdout)] == ["done"], done.stdout  # no outbox write
-    assert counted(backend, "tickets") == before
+    relay = "docker compose -p stateful-lab run --rm relay"
+    relayed = backend.run(f"{relay} --once")
+    assert relayed.exit_code == 0, relayed.stderr
+    assert counted(backend, "tickets") == {"tickets": before["tickets"] + 1}
+    nothing = backend.run(f"{relay} --once")  # nothing left: its hints name --show and a start
+    assert nothing.exit_code == 0, nothing.stderr
+    show, start_hint = printed_for_docker(nothing.stderr)
+    assert (show, start_hint) == (f"{relay} --show", f"{RUN} outbox start"), nothing.stderr
+    shown = backend.run(show)
+    assert shown.exit_code == 0, shown.stderr
+    states = {m.get("thread"): m["state"] for m in events(shown.stdout)[0]["messages"]}
+    assert states.get("again") == "published", shown.stdout
+    assert counted(backend, "tickets") == {"tickets": before["tickets"] + 1}
 
 
 HINTS_FOLLOWED = {  # the guides whose Docker run then follows their hints as printed
