@@ -257,9 +257,9 @@ def run_script(main, name, one_run=True):
     """`python NAME ...`: main()'s exit code; a Ctrl-C before main() took over (while it parsed
     the arguments) is one line and exit 130 too. (The script's own first lines catch one while
     Python imports it.) one_run: the command runs at most one graph and exits, so the cyclic
-    garbage collector stays off: its passes over the objects LangGraph's import makes cost about
-    a tenth of a command's CPU and free nothing; reference counting still frees the rest. A
-    program that runs for long (a worker, the drill) passes False."""
+    garbage collector stays off: its passes over the many objects LangGraph's import makes find
+    almost no garbage, and reference counting still frees the rest. A program that runs for
+    long (a worker, the drill) passes False."""
     if one_run:
         gc.disable()
     signal.signal(signal.SIGINT, signal.default_int_handler)  # main() has its own line for Ctrl-C
