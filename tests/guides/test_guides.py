@@ -9,6 +9,7 @@ stateful-lab-test-NN), so the tests run side by side and never touch a learner's
 import json
 import os
 import re
+import signal
 import time
 import urllib.request
 from shutil import which
@@ -785,10 +786,73 @@ def follow_lab_19s_hints(outcomes, backend):
     assert counted(backend, "tickets") == {"tickets": before["tickets"] + 1}
 
 
+def follow_lab_17s_hints(outcomes, backend):
+    """Lab 17's start, with Ctrl-C typed while the ticket's answer is in and not yet saved (held
+    there by a pause), in a terminal as a learner's: Compose gives the container the terminal,
+    so the ^C reaches the run. Exit 130, and the line names what to type in Docker form: in
+    safe mode the resume, which ends done with the same ticket (the key); in naive mode a look
+    at the receiver first (a resume would send it again), which lists the one ticket."""
+    for mode, hint in (("safe", f"{RUN} resume --thread ctrl-c-safe"), ("naive", f"{RUN} tickets")):
+        key = f"case-017-ctrl-c-{mode}:open-ticket:v1"
+        start = ["start", "--thread", f"ctrl-c-{mode}", "--operation", key, "--mode", mode]
+        before = len(backend.tickets())
+        code, shown = ctrl_c_through_docker(backend, [*start, "--retry-after-ack", "timeout"], mode)
+        assert code == 130 and "labs: interrupted; a request in flight" in shown, shown
+        assert printed_for_docker(shown) == [hint], shown
+        followed = backend.run(hint)
+        assert followed.exit_code == 0, followed.stderr
+        acks = [e["created"] for e in events(followed.stdout) if e["event"] == "effect_ack"]
+        assert acks == ([False] if mode == "safe" else []), followed.stdout  # safe: its key
+        (answered,) = [e["ticket_id"] for e in events(shown) if e.get("event") == "effect_ack"]
+        held = [t["ticket_id"] for t in backend.tickets()]
+        assert len(held) == before + 1 and answered in held, (held, shown)  # no ticket more
+        if mode == "naive":  # what the look shows: the ticket the interrupted run made
+            assert answered in [t["ticket_id"] for t in events(followed.stdout)[0]["tickets"]]
+
+
+def ctrl_c_through_docker(backend, args, name):
+    """`docker compose run --rm workflow ARGS` in a terminal of its own (a pty, as a learner's:
+    Compose then gives the container a terminal too), held at after-ack; Ctrl-C typed once the
+    answer's line is on screen. Returns (the exit code, what the terminal showed)."""
+    import pty
+    import select
+
+    held = f"FAILPOINTS=after-ack=pause(/data/held-{name})"  # in the run's checkpoint volume
+    command = [*backend.compose, "-p", backend.project, "run", "--rm", "-e", held, "workflow"]
+    pid, terminal = pty.fork()
+    if pid == 0:  # the child: Compose, its terminal the pty's other end
+        try:
+            os.execvp(command[0], [*command, *args])
+        finally:
+            os._exit(127)
+    shown, typed = b"", False
+    deadline = time.monotonic() + 120  # a hang guard, not a speed bound
+    try:
+        while time.monotonic() < deadline:
+            if not typed and b'"event": "effect_ack"' in shown:
+                os.write(terminal, b"\x03")  # Ctrl-C, as a keyboard types it
+                typed = True
+            if select.select([terminal], [], [], 1.0)[0]:
+                try:
+                    chunk = os.read(terminal, 4096)
+                except OSError:  # the other end closed: Compose exited
+                    break
+                if not chunk:
+                    break
+                shown += chunk
+    finally:
+        os.close(terminal)
+        if time.monotonic() >= deadline:
+            os.kill(pid, signal.SIGKILL)
+        _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status), shown.decode("utf-8", "replace").replace("\r", "")
+
+
 HINTS_FOLLOWED = {  # the guides whose Docker run then follows their hints as printed
     "02": follow_lab_02s_hints,
     "13": follow_lab_13s_hints,
     "15": follow_lab_15s_hints,
+    "17": follow_lab_17s_hints,
     "18": follow_lab_18s_hints,
     "19": follow_lab_19s_hints,
 }

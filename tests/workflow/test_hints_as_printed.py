@@ -1,13 +1,14 @@
 """Every hint is a command a learner can paste (issue 49): for the hints the lessons' CLI prints in
-the guides' scenarios (a start typed again after a crash, exit 6's reconcile, hooks after Ctrl-C
-left a delivery pending, outbox resume, saga resume) and workflow.py's own, the printed line's
-command is cut out as printed, split as a shell splits it (shlex), run in the same environment
-as a real process, and does what the hint says: its exit code, and never a second effect.
+the guides' scenarios (a start typed again after a crash, Ctrl-C after a ticket's answer, exit
+6's reconcile, hooks after Ctrl-C left a delivery pending, outbox resume, saga resume) and
+workflow.py's own, the printed line's command is cut out as printed, split as a shell splits it
+(shlex), run in the same environment as a real process, and does what the hint says: its exit
+code, and never a second effect.
 
 The Docker form beside each command is the same command: tools/native.py, the mapping the runner
 and docs/native.md use, turns it into the native line printed beside it, word for word
-(tests/hints_helpers.py). Through Docker, the runs of labs 02, 13, 15, 18 and 19 follow their
-hints as printed (tests/guides/test_guides.py, HINTS_FOLLOWED)."""
+(tests/hints_helpers.py). Through Docker, the runs of labs 02, 13, 15, 17, 18 and 19 follow
+their hints as printed (tests/guides/test_guides.py, HINTS_FOLLOWED)."""
 
 import os
 import queue
@@ -74,6 +75,45 @@ def test_a_start_typed_again_after_a_crash_names_the_resume_that_finishes_it(lab
     assert done.returncode == 0, done.stderr
     assert events(done.stdout)[-1]["event"] == "done"
     assert len(receiver_list(lab, "tickets")) == 1  # the receipt: nothing sent again
+
+
+@pytest.mark.parametrize("mode", ["safe", "naive"])
+def test_ctrl_c_after_the_answer_names_the_resume_or_the_look_that_is_safe(
+    lab, receiver, tmp_path, mode
+):
+    """Ctrl-C (SIGINT) while the ticket's answer is in and not yet saved (a real process held
+    there; lab 17's start): exit 130, one line. Safe mode names the resume, which ends with the
+    same ticket (its key); naive mode sends no key, so the line names a look at the receiver
+    instead of the resume that would send it again. Typed as printed: no ticket more."""
+    held = tmp_path / "held"
+    argv = ["start", "--thread", "cc", "--mode", mode, "--retry-after-ack", "timeout"]
+    run = subprocess.Popen(
+        [sys.executable, "-m", "labs", *argv],
+        env={**lab, "FAILPOINTS": f"after-ack=pause({held})"},
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        wait_until(lambda: held.exists() or run.poll() is not None, 60, "the run held")
+        run.send_signal(signal.SIGINT)
+        out, err = run.communicate(timeout=FOLLOW_TIMEOUT_S)
+    finally:
+        run.kill()
+    assert run.returncode == 130 and err.count("\n") == 1, err
+    (answered,) = [e["ticket_id"] for e in events(out) if e["event"] == "effect_ack"]
+    (hint,) = printed(err)
+    look = {"safe": "python -m labs resume --thread cc", "naive": "python -m labs tickets"}[mode]
+    assert hint == look, err
+    followed = typed_here(hint, lab)
+    assert followed.returncode == 0, followed.stderr
+    if mode == "safe":
+        done = events(followed.stdout)[-1]
+        assert (done["event"], done["ticket_id"]) == ("done", answered), followed.stdout
+    else:
+        assert [t["ticket_id"] for t in events(followed.stdout)[0]["tickets"]] == [answered]
+    assert [t["ticket_id"] for t in receiver_list(lab, "tickets")] == [answered]
 
 
 def test_exit_6_names_the_reconcile_that_settles_it_and_the_resume_sends_nothing(lab, receiver):
