@@ -737,6 +737,26 @@ def follow_lab_02s_hints(outcomes, backend):
     assert [t["key"] for t in backend.tickets()].count("case-again:open-ticket:v1") == 1
 
 
+def follow_lab_10s_hints(outcomes, backend):
+    """Lab 10's workers stopped, a job submitted: `wait` says no worker runs it and names the
+    Docker command that starts one (not the native `python -m labs.workers run`). Typed as
+    printed, a worker takes the job: the next `wait` ends idle, one ticket for its operation."""
+    worker = "docker compose -p stateful-lab run --rm worker"
+    assert backend.compose_run(["stop", "worker"]).exit_code == 0  # the guide's three workers
+    key = "case-8:open-ticket:v1"
+    submitted = backend.run(f"{worker} submit --thread case-8 --operation {key}")
+    assert submitted.exit_code == 0, submitted.stderr
+    waited = backend.run(f"{worker} wait --thread case-8 --timeout 5")  # notice after 3 s
+    assert waited.exit_code == 3 and "no worker is running" in waited.stderr, waited.stderr
+    start = "docker compose -p stateful-lab up -d worker"
+    assert waited.stderr.count(f"(Docker: {start})") == 2, waited.stderr  # then once at 5 s
+    assert backend.run(start).exit_code == 0
+    done = backend.run(f"{worker} wait --thread case-8")
+    assert done.exit_code == 0 and events(done.stdout)[0]["event"] == "idle", done.stdout
+    listed = backend.run(f"{RUN} tickets --operation {key}")
+    assert len(events(listed.stdout)[0]["tickets"]) == 1, listed.stdout
+
+
 def follow_lab_13s_hints(outcomes, backend):
     """A saga killed after its charge's answer, then `resume` typed without saga: exit 4, the
     line names saga resume in Docker form. Typed as printed, it finishes the saga: one charge
@@ -848,8 +868,49 @@ def ctrl_c_through_docker(backend, args, name):
     return os.waitstatus_to_exitcode(status), shown.decode("utf-8", "replace").replace("\r", "")
 
 
+def the_guide_types_its_hints(typed_after, followed_here=()):
+    """A guide's own run follows its hints: each Docker command its stderr names is typed by a
+    later command of the guide, as printed (or with a switch added, such as approve's --by),
+    in the order printed: typed_after. followed_here: those the guide does not type, each
+    typed as printed after the guide's last command (a look: it must exit 0). No command more
+    than the guide's own, but for those."""
+
+    def check(outcomes, backend):
+        typed = [o.step.command for o in outcomes]
+        found = [
+            (at, hint)
+            for at, outcome in enumerate(outcomes)
+            if "(Docker: " in outcome.stderr
+            for hint in printed_for_docker(outcome.stderr)
+        ]
+        later = [
+            hint
+            for at, hint in found
+            if any(t == hint or t.startswith(f"{hint} --") for t in typed[at + 1 :])
+        ]
+        assert later == list(typed_after), found
+        left = [hint for _, hint in found if hint not in later]
+        assert left == list(followed_here), found
+        for hint in left:
+            looked = backend.run(hint)
+            assert looked.exit_code == 0, looked.stderr
+
+    return check
+
+
 HINTS_FOLLOWED = {  # the guides whose Docker run then follows their hints as printed
     "02": follow_lab_02s_hints,
+    "07": the_guide_types_its_hints(
+        [f"{RUN} approve --thread in-node", f"{RUN} approve --thread bound"],  # by ana
+        [f"{RUN} state --thread bound"],  # the review the refusal names: done by now
+    ),
+    "10": follow_lab_10s_hints,
+    "12": the_guide_types_its_hints(
+        [
+            RUN.replace("--rm", "--rm -e LAB_GRAPH_VERSION=2") + " migrate --thread guarded",
+            RUN.replace("--rm", "--rm -e LAB_KEY_VERSION=2") + " migrate --thread rekeyed",
+        ]
+    ),
     "13": follow_lab_13s_hints,
     "15": follow_lab_15s_hints,
     "17": follow_lab_17s_hints,

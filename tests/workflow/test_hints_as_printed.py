@@ -7,8 +7,8 @@ code, and never a second effect.
 
 The Docker form beside each command is the same command: tools/native.py, the mapping the runner
 and docs/native.md use, turns it into the native line printed beside it, word for word
-(tests/hints_helpers.py). Through Docker, the runs of labs 02, 13, 15, 17, 18 and 19 follow
-their hints as printed (tests/guides/test_guides.py, HINTS_FOLLOWED)."""
+(tests/hints_helpers.py). Through Docker, the runs of labs 02, 07, 10, 12, 13, 15, 17, 18 and
+19 follow their hints as printed (tests/guides/test_guides.py, HINTS_FOLLOWED)."""
 
 import os
 import queue
