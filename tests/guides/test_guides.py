@@ -760,7 +760,8 @@ def follow_lab_10s_hints(outcomes, backend):
 def follow_lab_13s_hints(outcomes, backend):
     """A saga killed after its charge's answer, then `resume` typed without saga: exit 4, the
     line names saga resume in Docker form. Typed as printed, it finishes the saga: one charge
-    and one reservation more, nothing released or refunded."""
+    and one reservation more, nothing released or refunded. Then a naive saga killed after its
+    release's answer: the line names a look at the releases instead, and it shows the one."""
     before = counted(backend, *SAGA_LISTS)
     start = ["saga", "start", "--thread", "again", "--operation", "case-again:book:v1"]
     crashed = backend.workflow([*start, "--seats", "2", "--crash-at", "after-charge-ack"])
@@ -775,6 +776,24 @@ def follow_lab_13s_hints(outcomes, backend):
     after = counted(backend, *SAGA_LISTS)
     more = {name: after[name] - before[name] for name in SAGA_LISTS}
     assert more == {"tickets": 1, "reservations": 1, "shipments": 1, "releases": 0, "refunds": 0}
+    # A naive saga killed after its release's answer waits at the release, which goes without
+    # a key: `resume` typed without saga names no saga resume (it would release again) but a
+    # look at the releases, which changes nothing and lists the one release made.
+    start = ["saga", "start", "--thread", "naive-again", "--operation", "case-naive-again:book:v1"]
+    crashed = backend.workflow(
+        [*start, "--seats", "2", "--ship-to", "AQ", "--mode", "naive", "--crash-at",
+         "after-release-ack"]
+    )  # fmt: skip
+    assert crashed.exit_code == 137, crashed.stderr
+    refused = backend.workflow(["resume", "--thread", "naive-again"])
+    assert refused.exit_code == 4 and "releases again if the first" in refused.stderr
+    (look,) = printed_for_docker(refused.stderr)
+    assert look == f"{RUN} saga releases", refused.stderr
+    looked = backend.run(look)
+    assert looked.exit_code == 0, looked.stderr
+    (listed,) = events(looked.stdout)
+    now = counted(backend, *SAGA_LISTS)
+    assert len(listed["releases"]) == now["releases"] == after["releases"] + 1, looked.stdout
 
 
 def follow_lab_19s_hints(outcomes, backend):
