@@ -737,6 +737,33 @@ def follow_lab_02s_hints(outcomes, backend):
     assert [t["key"] for t in backend.tickets()].count("case-again:open-ticket:v1") == 1
 
 
+def follow_lab_07s_hints(outcomes, backend):
+    """Lab 07 types the commands its refusals name (the_guide_types_its_hints). Then a bound
+    approval's request edited while it waits: the line names the resume that asks again, and
+    approve, typed too early, names it too. Typed as printed, the question is about the new
+    title; nothing was sent."""
+    the_guide_types_its_hints(
+        [f"{RUN} approve --thread in-node", f"{RUN} approve --thread bound"],  # by ana
+        [f"{RUN} state --thread bound"],  # the review the refusal names: done by now
+    )(outcomes, backend)
+    key = "case-asked:open-ticket:v1"
+    asked = backend.workflow(
+        ["start", "--thread", "asked", "--operation", key, "--title", "Pay 120 EUR",
+         "--approval", "before"]
+    )  # fmt: skip
+    assert asked.exit_code == 0, asked.stderr
+    edited = backend.workflow(["edit", "--thread", "asked", "--title", "Pay 1200 EUR"])
+    assert edited.exit_code == 0, edited.stderr
+    (again,) = printed_for_docker(edited.stderr)
+    assert again == f"{RUN} resume --thread asked", edited.stderr
+    early = backend.workflow(["approve", "--thread", "asked"])
+    assert early.exit_code == 4 and printed_for_docker(early.stderr) == [again], early.stderr
+    resumed = backend.run(again)
+    assert resumed.exit_code == 0, resumed.stderr
+    assert events(resumed.stdout)[-1]["request"] == {"title": "Pay 1200 EUR"}, resumed.stdout
+    assert [t["key"] for t in backend.tickets()].count(key) == 0
+
+
 def follow_lab_10s_hints(outcomes, backend):
     """Lab 10's workers stopped, a job submitted: `wait` says no worker runs it and names the
     Docker command that starts one (not the native `python -m labs.workers run`). Typed as
@@ -919,10 +946,7 @@ def the_guide_types_its_hints(typed_after, followed_here=()):
 
 HINTS_FOLLOWED = {  # the guides whose Docker run then follows their hints as printed
     "02": follow_lab_02s_hints,
-    "07": the_guide_types_its_hints(
-        [f"{RUN} approve --thread in-node", f"{RUN} approve --thread bound"],  # by ana
-        [f"{RUN} state --thread bound"],  # the review the refusal names: done by now
-    ),
+    "07": follow_lab_07s_hints,
     "10": follow_lab_10s_hints,
     "12": the_guide_types_its_hints(
         [
