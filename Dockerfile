@@ -40,8 +40,10 @@ COPY effectdrill/ effectdrill/
 COPY labs/*.py labs/
 COPY labs/graphs/*.py labs/graphs/
 # Their bytecode, made once here: at run time nothing can write it (read-only root fs), and
-# without it every command would compile the lab's own files again before it starts.
-RUN python -m compileall -q /app
+# without it every command would compile the lab's own files again before it starts. /reports:
+# the drill's mount (compose.yaml); a new report-data volume copies its owner, as /data's do.
+RUN python -m compileall -q /app \
+    && install -d -o lab -g lab -m 0750 /reports
 
 # Numeric, so the host and orchestrators can tell it is not root without reading /etc/passwd.
 USER 10001:10001

@@ -23,7 +23,8 @@ EXIT_CODES = """exit codes:
        a request went out again that the observer did not count)
   2    a usage mistake (one line on stderr)
   3    the graph failed on its own, in its clean run or a crash run before its point
-       (one line; its traceback in a file)
+       (one line; its traceback in a file, in the folder EFFECTDRILL_LOG_DIR names,
+       else the temporary folder)
   4    a bug in effectdrill (one line; the traceback in a file)
   5    --verify: a point's row by real kill differs from the snapshot engine's (one line)
   130  interrupted (Ctrl-C)"""
@@ -123,13 +124,32 @@ def answers(text):
     return function
 
 
+LOG_DIR = "EFFECTDRILL_LOG_DIR"  # the folder a traceback is kept in; else the temporary folder
+READERS = []  # read_logs_with(): where a kept log's path alone is not enough to read it
+
+
 def keep_log(prefix, text):
-    """Write text to a new file of the temporary folder (made by us: never an existing file,
-    never through a link) and return its path."""
-    fd, path = tempfile.mkstemp(prefix=prefix, suffix=".log")
+    """Write text to a new file (made by us: never an existing file, never through a link) in
+    the folder EFFECTDRILL_LOG_DIR names, else (unset, or no file can be made there) in the
+    temporary folder, and return how to read it: its path, and the command that reads it
+    where read_logs_with() gave one (a container's folder, gone from the host's view)."""
+    for folder in (os.environ.get(LOG_DIR) or None, None):
+        try:
+            fd, path = tempfile.mkstemp(prefix=prefix, suffix=".log", dir=folder)
+            break
+        except OSError:
+            continue  # the temporary folder next: a traceback is never lost to a setting
     with os.fdopen(fd, "w", encoding="utf-8", errors="replace") as log:
         log.write(text)
-    return path
+    read = next((words for reader in READERS if (words := reader(path))), None)
+    return f"{path}; {read}" if read else path
+
+
+def read_logs_with(reader):
+    """reader(path): the words that read a kept log at path where the path alone is not enough
+    (a folder inside a container: e.g. "read it: docker compose ... cat PATH"), else None."""
+    if reader not in READERS:  # given at each call of a command's main(): kept once
+        READERS.append(reader)
 
 
 def exit_if_stranded(code):

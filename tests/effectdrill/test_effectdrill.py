@@ -434,6 +434,44 @@ def test_a_graph_failing_in_its_clean_run_is_exit_3_one_line_and_its_traceback_k
     assert_no_children()
 
 
+def test_a_kept_traceback_goes_where_effectdrill_log_dir_says_else_to_the_temporary_folder(
+    orders_db, tmp_path, temp_root, capsys, monkeypatch
+):
+    """EFFECTDRILL_LOG_DIR names the folder a failed graph's traceback is kept in (the lab's
+    Docker drill: its /reports mount, since its /tmp is gone with the container); where no file
+    can be made there, the temporary folder: a setting never loses the traceback."""
+    argv = [*GRAPH_FAILS["node fails"][0], "--input", '{"item": "x", "order": "{thread}"}']
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    monkeypatch.setenv("EFFECTDRILL_LOG_DIR", str(logs))
+    assert main(argv) == 3
+    (log,) = logs.iterdir()
+    assert capsys.readouterr().err.endswith(f"(its traceback: {log})\n")
+    monkeypatch.setenv("EFFECTDRILL_LOG_DIR", str(tmp_path / "no-such-folder"))
+    assert main(argv) == 3
+    (kept,) = temp_root.iterdir()
+    assert capsys.readouterr().err.endswith(f"(its traceback: {kept})\n")
+    assert "Traceback (most recent call last)" in kept.read_text()
+
+
+@pytest.mark.fast
+def test_the_labs_drill_names_the_command_that_reads_a_log_in_its_container():
+    """Through Docker the path alone names a file inside a container: the line adds the
+    command that reads it through the same service (compose.yaml's drill, its /reports)."""
+    from labs import drill as labs_drill
+
+    assert labs_drill.read_in_docker("/tmp/effectdrill-graph-failed-1.log") is None  # native
+    assert labs_drill.read_in_docker("/reports/effectdrill-graph-failed-1.log") == (
+        "read it: docker compose -p stateful-lab run --rm --entrypoint cat drill "
+        "/reports/effectdrill-graph-failed-1.log"
+    )
+    import yaml
+
+    drill = yaml.safe_load((ROOT / "compose.yaml").read_text("utf-8"))["services"]["drill"]
+    assert drill["environment"]["EFFECTDRILL_LOG_DIR"] == labs_drill.REPORTS.rstrip("/")
+    assert any(v.endswith(f":{labs_drill.REPORTS.rstrip('/')}") for v in drill["volumes"])
+
+
 def test_a_bug_in_the_drill_is_exit_4_one_line_and_no_traceback_on_the_terminal(
     orders_db, temp_root, capsys, monkeypatch
 ):

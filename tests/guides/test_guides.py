@@ -596,6 +596,7 @@ def test_guide_docker(guide, tmp_path, monkeypatch):
         assert backend.down().exit_code == 0  # leftovers of an interrupted run
         if guide.name[:2] == "16":
             assert_the_demos_drill_reports_reach_the_host(guide, backend, tmp_path, monkeypatch)
+            follow_lab_16s_traceback(guide, backend, monkeypatch)
         elif guide.name[:2] in HINTS_FOLLOWED:
             assert_the_hints_run_as_printed_through_docker(guide, backend)
         else:
@@ -991,6 +992,31 @@ def assert_the_demos_drill_reports_reach_the_host(guide, backend, folder, monkey
         graph = outcome.step.command.split(" drill ", 1)[1].split(":", 1)[0]
         page = report.read_text(encoding="utf-8")
         assert graph in page and f"{points} crash point" in page, summary  # or points
+
+
+def follow_lab_16s_traceback(guide, backend, monkeypatch):
+    """Lab 16's drill typed with another graph's input (`{"thread": ...}`, the quoting example
+    of lab 11): its graph fails in the clean run, exit 3, one line. Its traceback is kept in
+    the drill's /reports mount, not in its /tmp (gone with the container), and the line names
+    the command that reads it; typed as printed, it shows the KeyError. (After the guide's
+    reset: its `up` again, then its reset again.)"""
+    for name in ("LAB_REPORTS", "LAB_DRILL_USER"):  # as a learner types it: not the demo's
+        monkeypatch.delenv(name, raising=False)
+    steps = parse_guide(guide.read_text("utf-8"))
+    (drill, *_) = [step.command for step in steps if " drill " in step.command]
+    mistake = drill.replace('{"customer": "{thread}"}', '{"thread": "{thread}"}')
+    assert mistake != drill and backend.run(UP).exit_code == 0  # the guide ended with its reset
+    failed = backend.run(mistake)
+    assert failed.exit_code == 3 and failed.stderr.count("\n") == 1, failed.stderr
+    assert "node quote: KeyError: 'customer' (its traceback: /reports/" in failed.stderr
+    read = failed.stderr.split("; read it: ", 1)[1].removesuffix(")\n")
+    assert read.startswith("docker compose -p stateful-lab run --rm --entrypoint cat drill "), read
+    shown = backend.run(read)
+    assert shown.exit_code == 0, shown.stderr
+    assert "Traceback (most recent call last)" in shown.stdout, shown.stdout
+    assert "KeyError: 'customer'" in shown.stdout, shown.stdout
+    reset = backend.run(steps[-1].command)
+    assert reset.exit_code == 0, reset.stderr
 
 
 @pytest.mark.docker
