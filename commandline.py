@@ -345,7 +345,7 @@ def graph_parser(prog, description, declared, build_graph, run_graph, start_inpu
     start_input(args): a new run's input. parser.actions holds its subcommands and parser.start
     the start command, for a caller to extend."""
     parser = Parser(prog=prog, description=description)
-    parser.set_defaults(prog=prog, graph_command=False, resume="resume", unkeyed=lambda _: False)
+    parser.set_defaults(prog=prog, graph_command=False, resume="resume", look_first=lambda _: None)
     parser.set_defaults(typed=Typed.of(prog))  # how a hint names a command: exitcodes.command
     parser.set_defaults(effects=declared)  # what reconcile can look up
     parser.set_defaults(build_graph=build_graph, run_graph=run_graph, start_input=start_input)

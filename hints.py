@@ -103,11 +103,12 @@ def interrupted_hint(args, settings, unknown_when=None):
 
 def resume_or_warning(args, values):
     """The command that goes on from a checkpoint whose request may have taken effect, or, for
-    a run that sends it without a key (args.unkeyed), why none does so safely."""
-    if args.unkeyed(values):  # a resume sends it again, and nothing tells it from a new one
+    a run that sends it without a key, why none does so safely and what to look at first:
+    args.look_first(values), the words of the listing that shows it (None: a keyed run)."""
+    if look := args.look_first(values):  # a resume sends it again: nothing tells it from a new one
         return (
             f"it sends no key, so {args.resume} would send it again: look at the receiver "
-            f"first, {typed_for(args)('tickets')}"
+            f"first, {typed_for(args)(look)}"
         )
     return f"resume it with: {going_on(args)}"
 

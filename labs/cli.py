@@ -62,6 +62,7 @@ from labs.threads import (
     exists_hint,
     is_outbox,
     is_saga,
+    look_first,
     owning_command_line,
     thread_words,
     typed_as,
@@ -253,7 +254,7 @@ def build_lab_parser(graph_version="1", key_version="1"):
     parser.set_defaults(crash_at=None, term_at=None, durability="sync", no_contract=False)
     parser.set_defaults(graph_version=graph_version, key_version=key_version)
     parser.set_defaults(retry_after_ack=None)  # lab 17: start only
-    parser.set_defaults(unkeyed=lambda values: values.get("mode") == "naive")  # for the hints
+    parser.set_defaults(look_first=look_first)  # for the hints: hints.resume_or_warning
     parser.set_defaults(effects=LESSON_EFFECTS)
     actions = parser.actions
     for name, action in [

@@ -76,15 +76,30 @@ def saga_resume_line(saved):
     through."""
     thread = saved.config["configurable"]["thread_id"]
     values = saved.checkpoint["channel_values"]
-    waits = [u for u in ("release", "refund") if f"{BRANCH}{u}" in values]
-    if values.get("mode") == "naive" and waits:
-        again, undo = thread_words("saga resume", thread), waits[0]
+    if undo := naive_undo(values):
+        again = thread_words("saga resume", thread)
         return (
             f"its {undo} goes without a key (--mode naive), so {again}"
             f" {undo}s again if the first {undo} went through: look at the {undo}s first, "
             f"{command(f'saga {undo}s')}"
         )
     return command(thread_words("saga resume", thread))
+
+
+def naive_undo(values):
+    """The undo ("release", "refund") a naive saga's saved values wait at: sent without a key."""
+    waits = [u for u in ("release", "refund") if f"{BRANCH}{u}" in values]
+    return waits[0] if values.get("mode") == "naive" and waits else None
+
+
+def look_first(values):
+    """The listing to look at before a resume that would send a request again without a key
+    (hints.resume_or_warning), from a lab thread's saved values: a naive ticket run's
+    `tickets`; a naive saga waiting at an undo, its `saga releases` or `saga refunds` (its
+    other steps are keyed); None where the resume is safe."""
+    if "seats" in values:  # a saga (is_saga)
+        return f"saga {undo}s" if (undo := naive_undo(values)) else None
+    return "tickets" if values.get("mode") == "naive" else None
 
 
 def is_outbox(saved):

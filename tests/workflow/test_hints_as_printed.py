@@ -85,23 +85,9 @@ def test_ctrl_c_after_the_answer_names_the_resume_or_the_look_that_is_safe(
     there; lab 17's start): exit 130, one line. Safe mode names the resume, which ends with the
     same ticket (its key); naive mode sends no key, so the line names a look at the receiver
     instead of the resume that would send it again. Typed as printed: no ticket more."""
-    held = tmp_path / "held"
     argv = ["start", "--thread", "cc", "--mode", mode, "--retry-after-ack", "timeout"]
-    run = subprocess.Popen(
-        [sys.executable, "-m", "labs", *argv],
-        env={**lab, "FAILPOINTS": f"after-ack=pause({held})"},
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        wait_until(lambda: held.exists() or run.poll() is not None, 60, "the run held")
-        run.send_signal(signal.SIGINT)
-        out, err = run.communicate(timeout=FOLLOW_TIMEOUT_S)
-    finally:
-        run.kill()
-    assert run.returncode == 130 and err.count("\n") == 1, err
+    code, out, err = interrupted_at("after-ack", argv, lab, tmp_path)
+    assert code == 130 and err.count("\n") == 1, err
     (answered,) = [e["ticket_id"] for e in events(out) if e["event"] == "effect_ack"]
     (hint,) = printed(err)
     look = {"safe": "python -m labs resume --thread cc", "naive": "python -m labs tickets"}[mode]
@@ -114,6 +100,57 @@ def test_ctrl_c_after_the_answer_names_the_resume_or_the_look_that_is_safe(
     else:
         assert [t["ticket_id"] for t in events(followed.stdout)[0]["tickets"]] == [answered]
     assert [t["ticket_id"] for t in receiver_list(lab, "tickets")] == [answered]
+
+
+@pytest.mark.parametrize(
+    "point,look",
+    [
+        ("after-charge-ack", "python -m labs saga resume --thread sc"),  # keyed: resume is safe
+        ("after-release-ack", "python -m labs saga releases"),
+        ("after-refund-ack", "python -m labs saga refunds"),
+    ],
+)
+def test_ctrl_c_in_a_naive_saga_names_its_resume_or_the_list_of_its_undo(
+    lab, receiver, tmp_path, point, look
+):
+    """A naive saga sends its undos without a key; its other steps are keyed. Ctrl-C after an
+    undo's answer names the list that shows that undo (`tickets` does not), and after a keyed
+    step's, the saga resume. Typed as printed: the list holds the one undo made; the resume
+    ends done, with one charge (a ticket) for the saga."""
+    argv = ["saga", "start", "--thread", "sc", "--seats", "2", "--ship-to", "AQ"]
+    code, _, err = interrupted_at(point, [*argv, "--mode", "naive"], lab, tmp_path)
+    assert code == 130 and err.count("\n") == 1, err
+    (hint,) = printed(err)
+    assert hint == look, err
+    followed = typed_here(hint, lab)
+    assert followed.returncode == 0, followed.stderr
+    if point == "after-charge-ack":
+        assert events(followed.stdout)[-1]["event"] == "done", followed.stdout
+        assert len(receiver_list(lab, "tickets")) == 1  # the charge, sent once: its key
+    else:
+        listed = events(followed.stdout)[0][look.rsplit(" ", 1)[1]]  # "releases", "refunds"
+        assert len(listed) == 1, followed.stdout  # the undo the interrupted run made
+
+
+def interrupted_at(point, argv, lab, tmp_path):
+    """`python -m labs ARGV` held at failpoint `point` (a pause), then Ctrl-C (SIGINT), as a
+    learner's terminal sends it: (its exit code, stdout, stderr)."""
+    held = tmp_path / f"held-{point}"
+    run = subprocess.Popen(
+        [sys.executable, "-m", "labs", *argv],
+        env={**lab, "FAILPOINTS": f"{point}=pause({held})"},
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        wait_until(lambda: held.exists() or run.poll() is not None, 60, f"the run at {point}")
+        run.send_signal(signal.SIGINT)
+        out, err = run.communicate(timeout=FOLLOW_TIMEOUT_S)
+    finally:
+        run.kill()
+    return run.returncode, out, err
 
 
 def test_exit_6_names_the_reconcile_that_settles_it_and_the_resume_sends_nothing(lab, receiver):
