@@ -789,7 +789,8 @@ def follow_lab_13s_hints(outcomes, backend):
     """A saga killed after its charge's answer, then `resume` typed without saga: exit 4, the
     line names saga resume in Docker form. Typed as printed, it finishes the saga: one charge
     and one reservation more, nothing released or refunded. Then a naive saga killed after its
-    release's answer: the line names a look at the releases instead, and it shows the one."""
+    release's answer: the line names a look at the releases instead, and it shows the one;
+    the same look after Ctrl-C there, typed into a terminal."""
     before = counted(backend, *SAGA_LISTS)
     start = ["saga", "start", "--thread", "again", "--operation", "case-again:book:v1"]
     crashed = backend.workflow([*start, "--seats", "2", "--crash-at", "after-charge-ack"])
@@ -822,6 +823,21 @@ def follow_lab_13s_hints(outcomes, backend):
     (listed,) = events(looked.stdout)
     now = counted(backend, *SAGA_LISTS)
     assert len(listed["releases"]) == now["releases"] == after["releases"] + 1, looked.stdout
+    # Ctrl-C in a naive saga after its release's answer: the line names the same look, not the
+    # tickets (which do not show a release), nor the saga resume that would release again.
+    start = ["saga", "start", "--thread", "ctrl-c", "--operation", "case-ctrl-c:book:v1"]
+    code, shown = ctrl_c_through_docker(
+        backend,
+        [*start, "--seats", "2", "--ship-to", "AQ", "--mode", "naive"],
+        "saga",
+        "after-release-ack",
+        "released",
+    )
+    assert code == 130 and "labs: interrupted; a request in flight" in shown, shown
+    assert printed_for_docker(shown) == [look], shown
+    looked = backend.run(look)
+    assert looked.exit_code == 0, looked.stderr
+    assert len(events(looked.stdout)[0]["releases"]) == now["releases"] + 1, looked.stdout
 
 
 def follow_lab_19s_hints(outcomes, backend):
@@ -877,14 +893,15 @@ def follow_lab_17s_hints(outcomes, backend):
             assert answered in [t["ticket_id"] for t in events(followed.stdout)[0]["tickets"]]
 
 
-def ctrl_c_through_docker(backend, args, name):
+def ctrl_c_through_docker(backend, args, name, point="after-ack", answered="effect_ack"):
     """`docker compose run --rm workflow ARGS` in a terminal of its own (a pty, as a learner's:
-    Compose then gives the container a terminal too), held at after-ack; Ctrl-C typed once the
-    answer's line is on screen. Returns (the exit code, what the terminal showed)."""
+    Compose then gives the container a terminal too), held at failpoint `point`; Ctrl-C typed
+    once the answer's line (its event `answered`) is on screen. Returns (the exit code, what
+    the terminal showed)."""
     import pty
     import select
 
-    held = f"FAILPOINTS=after-ack=pause(/data/held-{name})"  # in the run's checkpoint volume
+    held = f"FAILPOINTS={point}=pause(/data/held-{name})"  # in the run's checkpoint volume
     command = [*backend.compose, "-p", backend.project, "run", "--rm", "-e", held, "workflow"]
     pid, terminal = pty.fork()
     if pid == 0:  # the child: Compose, its terminal the pty's other end
@@ -896,7 +913,7 @@ def ctrl_c_through_docker(backend, args, name):
     deadline = time.monotonic() + 120  # a hang guard, not a speed bound
     try:
         while time.monotonic() < deadline:
-            if not typed and b'"event": "effect_ack"' in shown:
+            if not typed and f'"event": "{answered}"'.encode() in shown:
                 os.write(terminal, b"\x03")  # Ctrl-C, as a keyboard types it
                 typed = True
             if select.select([terminal], [], [], 1.0)[0]:
