@@ -132,6 +132,39 @@ def test_ctrl_c_in_a_naive_saga_names_its_resume_or_the_list_of_its_undo(
         assert len(listed) == 1, followed.stdout  # the undo the interrupted run made
 
 
+@pytest.mark.parametrize(
+    "argv,point,look",
+    [
+        (["start", "--mode", "naive"], "after-ack", "python -m labs tickets"),
+        (
+            ["saga", "start", "--seats", "2", "--ship-to", "AQ", "--mode", "naive"],
+            "after-release-ack",
+            "python -m labs saga releases",
+        ),
+    ],
+    ids=["ticket", "saga release"],
+)
+def test_a_naive_resume_that_finds_no_receiver_names_the_list_to_look_at_first(
+    lab, receiver, argv, point, look
+):
+    """Killed after a keyless request's answer, then resumed while nothing answers at API_URL:
+    exit 3. The line does not say to resume once the receiver answers (that resume sends the
+    request again, and the first went through) but names the list to look at first. Typed as
+    printed, against the receiver: it shows the one the killed run made."""
+    crashed = run_workflow_here([*argv, "--thread", "gone", "--crash-at", point], lab)
+    assert crashed.returncode == -signal.SIGKILL, crashed.stderr
+    nobody = {**lab, "API_URL": f"http://127.0.0.1:{free_port()}"}  # nothing listens there
+    resume = [*argv[: argv.index("start")], "resume", "--thread", "gone"]
+    stopped = run_workflow_here(resume, nobody)
+    assert stopped.returncode == 3 and stopped.stderr.count("\n") == 1, stopped.stderr
+    assert "it sends no key" in stopped.stderr, stopped.stderr
+    (hint,) = printed(stopped.stderr)
+    assert hint == look, stopped.stderr
+    listed = typed_here(hint, lab)
+    assert listed.returncode == 0, listed.stderr
+    assert len(events(listed.stdout)[0][look.rsplit(" ", 1)[1]]) == 1, listed.stdout
+
+
 def interrupted_at(point, argv, lab, tmp_path):
     """`python -m labs ARGV` held at failpoint `point` (a pause), then Ctrl-C (SIGINT), as a
     learner's terminal sends it: (its exit code, stdout, stderr)."""
