@@ -233,6 +233,23 @@ def test_exit_6_names_the_reconcile_that_settles_it_and_the_resume_sends_nothing
     assert ticket.returncode == 4 and "confirmed by its provider" in ticket.stderr  # answered
 
 
+def test_hooks_for_a_ticket_nothing_moved_names_the_move_and_the_list(lab, receiver):
+    """`hooks --ticket 1` before any webhook for it: the line names the move that makes one and
+    the list of the receiver's tickets. Typed as printed: the ticket's events come, once each,
+    and the list shows the ticket."""
+    workflow.TicketClient(lab["API_URL"]).create("Webhooks", "case-hooks:open-ticket:v1")
+    quiet = typed_here("python -m labs hooks --ticket 1", lab)
+    assert quiet.returncode == 0 and events(quiet.stdout)[-1]["status"] is None, quiet.stdout
+    move, listing = printed(quiet.stderr)
+    assert move == "python -m labs hooks --ticket 1 --move opened,resolved", quiet.stderr
+    moved = typed_here(move, lab)
+    assert moved.returncode == 0, moved.stderr
+    came = [e["status"] for e in events(moved.stdout) if e["event"] == "webhook"]
+    assert (came, events(moved.stdout)[-1]["status"]) == (["opened", "resolved"], "resolved")
+    listed = typed_here(listing, lab)
+    assert [t["ticket_id"] for t in events(listed.stdout)[0]["tickets"]] == [1], listed.stdout
+
+
 def test_hooks_after_ctrl_c_names_the_command_that_takes_the_pending_events(lab, receiver):
     """Ctrl-C while hooks waits for its subscription (a receiver that never answers): the line
     names the hooks that takes what waits. Typed as printed against the lab's receiver, where
