@@ -43,17 +43,17 @@ def lost_postgres(error):
 
 
 def resume_hint(args, settings, when):
-    """A run that stopped before its effect was saved (no receiver, a receiver busy past every
-    try, a checkpoint that could not be written) has saved its thread already (prepare ran):
-    typed again, start would say the thread exists. Name the command that goes on from it; for
-    a request sent without a key (args.look_first), the list to look at first: this stop sent
-    nothing, but an earlier try, killed after its answer, may have, and the resume sends again."""
+    """A run that stopped before its effect was saved (no receiver, an error answer, a receiver
+    busy past every try) has saved its thread already (prepare ran): typed again, start would
+    say the thread exists. Name the command that goes on from it; for a request sent without a
+    key (args.look_first), the list to look at first: the resume sends it again, and an earlier
+    try (a run killed after its answer), or another provider's error answer, may have made it."""
     if not args.graph_command or not (values := saved(args, settings)):
         return ""  # not a run, no checkpoint, or none that can be read
     if look := args.look_first(values):
         return (
             f"; the run is saved: {when}, look at the receiver first, {typed_for(args)(look)}: "
-            f"it sends no key, so {args.resume} sends it again if an earlier try went through"
+            f"it sends no key, so {args.resume} sends it again if a try went through"
         )
     return f"; the run is saved: {when}, {going_on(args)}"
 
