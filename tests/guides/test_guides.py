@@ -1012,8 +1012,8 @@ def assert_the_demos_drill_reports_reach_the_host(guide, backend, folder, monkey
 
 
 def follow_lab_16s_traceback(guide, backend, monkeypatch):
-    """Lab 16's drill typed with another graph's input (`{"thread": ...}`, the quoting example
-    of lab 11): its graph fails in the clean run, exit 3, one line. Its traceback is kept in
+    """Lab 16's drill typed with the wrong input key (`{"thread": ...}` where its graph reads
+    "customer"): its graph fails in the clean run, exit 3, one line. Its traceback is kept in
     the drill's /reports mount, not in its /tmp (gone with the container), and the line names
     the command that reads it; typed as printed, it shows the KeyError. (After the guide's
     reset: its `up` again, then its reset again.)"""
