@@ -10,6 +10,8 @@ import json
 import os
 import re
 import signal
+import subprocess
+import threading
 import time
 import urllib.request
 from shutil import which
@@ -716,6 +718,81 @@ def follow_lab_18s_hints(outcomes, backend):
     sent = [e for e in events(twice.stdout) if e["event"] == "message_sent"]
     after = {"messages": before["messages"] + len(sent), "tickets": before["tickets"]}
     assert counted(backend, "messages", "tickets") == after, twice.stdout  # nothing else sent
+    follow_hooks_hints_after_ctrl_c(backend)
+
+
+SILENT_SCRIPT = """
+import json, socket, sys, urllib.request
+def post(path, body):  # to the receiver in this container
+    request = urllib.request.Request('http://127.0.0.1:8000' + path, json.dumps(body).encode(),
+                                     {'Content-Type': 'application/json'})
+    return json.load(urllib.request.urlopen(request, timeout=10))
+pending, unmoved = (post('/tickets', {'title': t})['ticket_id'] for t in ('pending', 'unmoved'))
+post('/progress', {'ticket_id': pending, 'statuses': ['opened', 'resolved']})  # no one listens
+server = socket.create_server(('0.0.0.0', int(sys.argv[1])))
+server.settimeout(120)  # a hang guard
+print(json.dumps({'pending': pending, 'unmoved': unmoved}), flush=True)
+held, _ = server.accept()
+print('accepted', flush=True)
+held.settimeout(120)
+while held.recv(4096):  # never answers; ends when the client is gone
+    pass
+"""  # in the api container: two tickets, one with events pending, then a server that never answers
+
+
+def follow_hooks_hints_after_ctrl_c(backend):
+    """Lab 18's `hooks` hints in Docker form: Ctrl-C while hooks waits for its subscription (to
+    a server in the api container that takes the connection and never answers) names the hooks
+    that takes what waits; typed as printed, the pending ticket's events come (twice each, the
+    faults on), its notice is sent once and it ends resolved. Then hooks for a ticket nothing
+    moved names the move and the list; typed as printed, the move's events come and the list
+    shows that ticket."""
+    port = 8099
+    silent = subprocess.Popen(
+        [*backend.compose, "-p", backend.project, "exec", "-T", "api", "python", "-c"]
+        + [SILENT_SCRIPT, str(port)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    accepted = threading.Event()
+    try:
+        tickets = json.loads(silent.stdout.readline() or "null")
+        assert tickets, silent.stderr.read()
+        threading.Thread(
+            target=lambda: silent.stdout.readline() == "accepted\n" and accepted.set(),
+            daemon=True,
+        ).start()
+        before = counted(backend, "messages")["messages"]
+        hooks = ["hooks", "--ticket", str(tickets["pending"])]
+        options = ["-e", f"API_URL=http://api:{port}"]
+        code, shown = ctrl_c_in_a_terminal(backend, options, hooks, lambda _: accepted.is_set())
+    finally:
+        silent.kill()  # the client; the script in the container ends with the connection
+        silent.communicate()
+    assert code == 130 and "the receiver keeps what got no answer pending" in shown, shown
+    (take,) = printed_for_docker(shown)
+    assert take == f"{RUN} {' '.join(hooks)}", shown
+    taken = backend.run(take)
+    assert taken.exit_code == 0, taken.stderr
+    came = [e["status"] for e in events(taken.stdout) if e["event"] == "webhook"]
+    assert sorted(came) == ["opened", "opened", "resolved", "resolved"], taken.stdout
+    status = events(taken.stdout)[-1]
+    assert (status["status"], status["version"]) == ("resolved", 2), taken.stdout
+    assert counted(backend, "messages")["messages"] == before + 1, taken.stdout  # one notice
+    quiet = backend.workflow(["hooks", "--ticket", str(tickets["unmoved"])])
+    assert quiet.exit_code == 0 and events(quiet.stdout)[-1]["status"] is None, quiet.stdout
+    move, listing = printed_for_docker(quiet.stderr)
+    assert move == f"{RUN} hooks --ticket {tickets['unmoved']} --move opened,resolved", move
+    assert listing == f"{RUN} tickets", listing
+    moved = backend.run(move)
+    assert moved.exit_code == 0, moved.stderr
+    status = events(moved.stdout)[-1]
+    assert (status["status"], status["version"]) == ("resolved", 2), moved.stdout
+    listed = backend.run(listing)
+    assert listed.exit_code == 0, listed.stderr
+    held = [t["ticket_id"] for t in events(listed.stdout)[0]["tickets"]]
+    assert tickets["unmoved"] in held, listed.stdout
 
 
 SAGA_LISTS = ("tickets", "reservations", "shipments", "releases", "refunds")  # its effects
@@ -894,15 +971,21 @@ def follow_lab_17s_hints(outcomes, backend):
 
 
 def ctrl_c_through_docker(backend, args, name, point="after-ack", answered="effect_ack"):
-    """`docker compose run --rm workflow ARGS` in a terminal of its own (a pty, as a learner's:
-    Compose then gives the container a terminal too), held at failpoint `point`; Ctrl-C typed
-    once the answer's line (its event `answered`) is on screen. Returns (the exit code, what
-    the terminal showed)."""
+    """`docker compose run --rm workflow ARGS` held at failpoint `point`, with Ctrl-C typed
+    once the answer's line (its event `answered`) is on screen: ctrl_c_in_a_terminal."""
+    held = f"FAILPOINTS={point}=pause(/data/held-{name})"  # in the run's checkpoint volume
+    line = f'"event": "{answered}"'.encode()
+    return ctrl_c_in_a_terminal(backend, ["-e", held], args, lambda shown: line in shown)
+
+
+def ctrl_c_in_a_terminal(backend, options, args, ready):
+    """`docker compose run --rm OPTIONS workflow ARGS` in a terminal of its own (a pty, as a
+    learner's: Compose then gives the container a terminal too); Ctrl-C typed once
+    ready(what the terminal showed so far) is true. Returns (the exit code, what it showed)."""
     import pty
     import select
 
-    held = f"FAILPOINTS={point}=pause(/data/held-{name})"  # in the run's checkpoint volume
-    command = [*backend.compose, "-p", backend.project, "run", "--rm", "-e", held, "workflow"]
+    command = [*backend.compose, "-p", backend.project, "run", "--rm", *options, "workflow"]
     pid, terminal = pty.fork()
     if pid == 0:  # the child: Compose, its terminal the pty's other end
         try:
@@ -913,10 +996,10 @@ def ctrl_c_through_docker(backend, args, name, point="after-ack", answered="effe
     deadline = time.monotonic() + 120  # a hang guard, not a speed bound
     try:
         while time.monotonic() < deadline:
-            if not typed and f'"event": "{answered}"'.encode() in shown:
+            if not typed and ready(shown):
                 os.write(terminal, b"\x03")  # Ctrl-C, as a keyboard types it
                 typed = True
-            if select.select([terminal], [], [], 1.0)[0]:
+            if select.select([terminal], [], [], 0.2)[0]:
                 try:
                     chunk = os.read(terminal, 4096)
                 except OSError:  # the other end closed: Compose exited
