@@ -116,6 +116,12 @@ def correction_checked(ledger, key, external_id, effects):
     effect = effects.get(record.effect)
     look = "" if effect is None else f" (look with {effect.look(key)})"
     nothing = ". Nothing was corrected"
+    if external_id is None and not corrections.correctable(ledger, key):  # checked: it holds
+        was = ledger.receipt(key)["external_id"]
+        raise WordRefused(
+            f"effect {key!r} names {was}, which its provider's lookup found when a person "
+            f"confirmed it: the only id a correction could name{look}{nothing}"
+        )
     if external_id is None:
         raise WordRefused(
             f"--correct {key} needs the id the provider gave it: "

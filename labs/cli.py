@@ -46,6 +46,7 @@ from labs.approval import (
     seconds,
 )
 from labs.boundaries import DURABILITIES, POINTS, TERM_POINTS, step_boundary_saver
+from labs.conditions import lost_answer_missing
 from labs.contract import (
     EFFECT_NODE,
     INTERRUPT,
@@ -166,7 +167,10 @@ def graph_for(saver, args, head):
 def client_for(args, settings):
     """The receiver's client; --crash-at lost-ack's, whose request asks to lose its answer."""
     client = settings.client()
-    return LostAckClient(client, args.thread) if args.crash_at == "lost-ack" else client
+    if args.crash_at != "lost-ack":
+        return client
+    operation, mode = getattr(args, "operation", None), getattr(args, "mode", None)  # start's
+    return LostAckClient(client, args.thread, lost_answer_missing(args.thread, operation, mode))
 
 
 def saver_for(args, settings):

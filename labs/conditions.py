@@ -1,4 +1,5 @@
-"""A lesson whose condition is missing says so, in one line on stderr, and the run goes on: lab 15's
+"""A lesson whose condition is missing says so, in one line on stderr, and the run goes on: lab 06's
+lost answer that came (the receiver started without labs/lost-ack.compose.yaml), lab 15's
 payment answered in time (the receiver started without labs/slow-payments.compose.yaml, or a
 client that waits longer than its late commit: no API_TIMEOUT_S=0.5), lab 18's webhooks each
 delivered once (the receiver started without labs/webhooks.compose.yaml). The line names the
@@ -9,10 +10,11 @@ printed, they make it happen (tests/workflow/test_hints_as_printed.py)."""
 import shlex
 import sys
 
-from labs.threads import COMPOSE, typed_as
+from labs.threads import COMPOSE, LABS, typed_as
 
 # What each override file sets for the api service (tests/guides checks them against the files):
 # natively, the receiver started again with it in front (docs/native.md's table).
+LOST_ACK = ("labs/lost-ack.compose.yaml", {"FAILPOINTS": "before-answer=drop-answer"})
 SLOW_PAYMENTS = ("labs/slow-payments.compose.yaml", {"FAILPOINTS": "payment-commit=sleep(3)"})
 WEBHOOK_FAULTS = ("labs/webhooks.compose.yaml", {"FAILPOINTS": "redeliver=on;reorder=on"})
 SLOW_COMMIT_S = 3.0  # payment-commit=sleep(3): a charge is answered 3 s after it was accepted
@@ -27,6 +29,23 @@ def receiver_with(override):
     native = "".join(f"{k}={shlex.quote(v)} " for k, v in environ.items())
     native = f"kill %1; wait; {native}python -m labs.receiver {RECEIVER_LOG}"
     return f"{native} (Docker: {COMPOSE} -f compose.yaml -f {file} up -d --build api)"
+
+
+def lost_answer_missing(thread, operation, mode):
+    """The line for lab 06's `--crash-at lost-ack` request that got its answer: the receiver
+    drops one answer per thread, only with the lesson's failpoint on. It names what turns it on,
+    then the same run on a new thread (this one's answer already came)."""
+    words = f"start --thread {shlex.quote(thread + '-again')}"
+    if operation:  # case-lost:open-ticket:v1 -> case-lost-again:open-ticket:v1
+        head, colon, rest = operation.partition(":")
+        words += f" --operation {shlex.quote(f'{head}-again{colon}{rest}')}"
+    words += f" --mode {mode}" if mode else ""  # a resume's: start's default, ledger
+    again = LABS(f"{words} --crash-at lost-ack")
+    return (
+        "--crash-at lost-ack: the receiver answered anyway, so lab 06's lost answer did not "
+        f"happen: it was not started with {LOST_ACK[0]}, or it already dropped an answer for "
+        f"thread {thread!r}; turn it on: {receiver_with(LOST_ACK)}; then a new thread: {again}"
+    )
 
 
 def slow_payment_missing(answered_s, timeout_s, thread, values):

@@ -12,7 +12,6 @@
 create_ticket_by_mode is the node the lab's graph (labs/lab_graph.py) runs as create_ticket.
 """
 
-import sys
 import uuid
 from typing import NotRequired
 
@@ -20,6 +19,7 @@ import exitcodes
 import workflow
 from exitcodes import emit
 from failpoints import fail
+from labs.conditions import say
 
 MODES = ("naive", "safe", "node-uuid", "ledger")  # ledger: the core's; the others, lessons
 CRASH_POINTS = (
@@ -97,23 +97,19 @@ def emit_effect_outcome(event, done, key, **values):
 
 class LostAckClient(workflow.TicketClient):
     """--crash-at lost-ack: the request names a token, and a receiver whose before-answer
-    failpoint is set to drop-answer commits it and hangs up, once per token."""
+    failpoint is set to drop-answer commits it and hangs up, once per token. An answer to that
+    request says the lesson's condition is missing (missing: the line that says so)."""
 
-    def __init__(self, client, token):
+    def __init__(self, client, token, missing):
         super().__init__(
             client.url, client.timeout_s, client.attempts, {FAILPOINT_TOKEN: token}, client.name
         )
         self.label, self.first = client.label, True  # named as its provider is ("the receiver")
+        self.missing = missing
 
     def create(self, title, key=None):
         first, self.first = self.first, False
         result = super().create(title, key)
         if first:  # an answer came to the request that was to lose it: no fault happened
-            print(
-                "labs: --crash-at lost-ack: the receiver answered anyway: its FAILPOINTS has no "
-                "before-answer=drop-answer (lab 06's up line sets it: docker compose -p "
-                "stateful-lab -f compose.yaml -f labs/lost-ack.compose.yaml up -d --build api), "
-                "or it already dropped an answer for this thread",
-                file=sys.stderr,
-            )
+            say(self.missing)
         return result

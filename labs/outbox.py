@@ -32,6 +32,7 @@ from labs.threads import (
     RESET_HINT,
     is_outbox,
     lesson_run,
+    own_command,
     owning_command_line,
     run_ended,
     thread_words,
@@ -123,12 +124,13 @@ def outbox_run(args, settings, graph_input):
 def outbox_state(args, settings):
     with checkpoints.open_checkpointer(settings.checkpoint_db) as saver:
         snapshot = build_outbox(saver).get_state(checkpoints.thread_config(args.thread))
+        head = saver.get_tuple(checkpoints.thread_config(args.thread))
     if not snapshot.values:
         raise UserError(f"no thread {args.thread!r}; check --thread", EXIT_THREAD)
-    if "delivery" not in snapshot.values:
-        raise UserError(
+    if "delivery" not in snapshot.values:  # the saved values, whole: the outbox's graph reads
+        raise UserError(  # only its own channels
             f"thread {args.thread!r} is not an outbox run; "
-            f"{command(thread_words('state', args.thread))} shows it",
+            f"{own_command(head.checkpoint['channel_values'], 'state', args.thread)} shows it",
             EXIT_THREAD,
         )
     emit("state", values=snapshot.values, next=list(snapshot.next))

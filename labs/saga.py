@@ -33,7 +33,15 @@ import workflow
 from exitcodes import EXIT_THREAD, UserError, command, emit
 from failpoints import fail
 from labs.modes import emit_effect_outcome
-from labs.threads import RESET_HINT, is_saga, lesson_run, run_ended, saga_resume_line, thread_words
+from labs.threads import (
+    RESET_HINT,
+    is_saga,
+    lesson_run,
+    own_command,
+    run_ended,
+    saga_resume_line,
+    thread_words,
+)
 
 # --- lab 13: the saga: three steps forward, the completed ones undone backward -----------------
 #
@@ -312,12 +320,15 @@ def saga_resume(args, settings):
 def saga_run(args, settings, graph_input):
     with lesson_run(args, settings) as (saver, ledger):
         graph = build_saga(saver)
-        hint = saga_exists_hint(saver.get_tuple(checkpoints.thread_config(args.thread)))
-        snapshot = checkpoints.require_thread(graph, args.thread, graph_input is not None, hint)
+        head = saver.get_tuple(checkpoints.thread_config(args.thread))
+        snapshot = checkpoints.require_thread(
+            graph, args.thread, graph_input is not None, saga_exists_hint(head)
+        )
         if graph_input is None and "seats" not in snapshot.values:
+            saved = head.checkpoint["channel_values"]  # whole: the saga's graph reads its own
             raise UserError(
-                f"thread {args.thread!r} is not a saga; resume it without saga: "
-                f"{command(thread_words('resume', args.thread))}",
+                f"thread {args.thread!r} is not a saga; its own resume: "
+                f"{own_command(saved, 'resume', args.thread)}",
                 EXIT_THREAD,
             )
         final = workflow.run_graph(graph, graph_input, args.thread, settings.client(), ledger)
@@ -333,12 +344,14 @@ def saga_exists_hint(saved):
 def saga_state(args, settings):
     with checkpoints.open_checkpointer(settings.checkpoint_db) as saver:
         snapshot = build_saga(saver).get_state(checkpoints.thread_config(args.thread))
+        head = saver.get_tuple(checkpoints.thread_config(args.thread))
     if not snapshot.values:
         raise UserError(f"no thread {args.thread!r}; check --thread", EXIT_THREAD)
-    if "seats" not in snapshot.values:  # a ticket thread: the saga's graph would misread it
+    if "seats" not in snapshot.values:  # another lesson's: the saga's graph would misread it
+        saved = head.checkpoint["channel_values"]  # whole: the saga's graph reads its own
         raise UserError(
             f"thread {args.thread!r} is not a saga; "
-            f"{command(thread_words('state', args.thread))} (without saga)",
+            f"{own_command(saved, 'state', args.thread)} shows it",
             EXIT_THREAD,
         )
     emit("state", values=snapshot.values, next=list(snapshot.next))

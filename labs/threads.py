@@ -48,7 +48,8 @@ def exists_hint(saved):
 
 def owning_command_line(saved):
     """The line for a thread that another command runs (a CheckpointTuple), or None: lab 13's
-    saga (its values hold seats), or a thread of labs/workers.py, which records no contract."""
+    saga (its values hold seats), lab 19's outbox run, a thread of labs/workers.py (its
+    checkpoints name the job), or one the core's workflow.py saved (no contract recorded)."""
     thread = saved.config["configurable"]["thread_id"]
     if is_saga(saved):
         return f"thread {thread!r} is a saga (lab 13): {saga_resume_line(saved)}"
@@ -57,12 +58,27 @@ def owning_command_line(saved):
             f"thread {thread!r} is an outbox run (lab 19): "
             f"{command(thread_words('outbox resume', thread))}"
         )
-    if "contract" not in saved.metadata:
+    if WORKER_JOB in saved.metadata:
         return (
             f"thread {thread!r} records no contract: labs/workers.py saves its threads so and runs "
             f"them from its queue (lab 10): {WORKERS(thread_words('state', thread))}"
         )
+    if "contract" not in saved.metadata:
+        return (
+            f"thread {thread!r} records no contract: the core's workflow.py saved it, and runs "
+            f"it: {Typed.of('workflow.py')(thread_words('resume', thread))}"
+        )
     return None
+
+
+WORKER_JOB = "worker_job"  # in the metadata of each checkpoint labs/workers.py's runs save
+
+
+def own_command(values, verb, thread):
+    """VERB (resume, state) --thread THREAD as the lesson whose thread it is types it, from its
+    saved values: lab 13's saga, lab 19's outbox run, else a ticket run's."""
+    kind = "saga " if "seats" in values else "outbox " if "delivery" in values else ""
+    return command(thread_words(f"{kind}{verb}", thread))
 
 
 def is_saga(saved):

@@ -22,6 +22,7 @@ import failpoints
 import tracing
 import workflow
 from exitcodes import EXIT_NO_ANSWER, EXIT_THREAD, EXIT_USAGE, UserError, emit
+from labs.threads import WORKER_JOB
 from labs.worker_holds import LabHold, lab_hold_scope
 from labs.worker_queue import (
     CONNECT_TIMEOUT_S,
@@ -366,6 +367,7 @@ def run_job_thread(graph, client, ledger, operation, job_id, control, lab_hold=N
     from langgraph.errors import GraphDrained
 
     config = {"configurable": {"thread_id": operation["thread"]}}
+    config["metadata"] = {WORKER_JOB: job_id}  # its checkpoints say whose thread it is
     resume = bool(graph.get_state(config).values)
     emit("job", job=job_id, resume=resume, thread=operation["thread"])
     first_input = None

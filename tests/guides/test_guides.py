@@ -148,6 +148,7 @@ def test_compose_yaml_turns_no_fault_on_and_the_override_does():
     # what a lesson's missing-condition line tells a learner to start the receiver with
     assert conditions.SLOW_PAYMENTS == (SLOW_PAYMENTS, slow["environment"])
     assert conditions.WEBHOOK_FAULTS == (WEBHOOKS, webhooks["environment"])
+    assert conditions.LOST_ACK == (LOST_ACK, env)
     for name, seconds in ((KEY_RETENTION, "2"), (KEY_RETENTION_24H, "86400")):  # lab 14's
         api = {"environment": {"RECEIVER_KEY_RETENTION_S": seconds}}
         assert yaml.safe_load((ROOT / name).read_text()) == {"services": {"api": api}}
@@ -632,6 +633,30 @@ def assert_the_hints_run_as_printed_through_docker(guide, backend):
     assert reset.ok, describe([reset])
 
 
+def follow_lab_06s_hints(outcomes, backend):
+    """Lab 06 typed without its lost-ack file: the receiver up again without it, a naive
+    `--crash-at lost-ack` start gets its answer and the line says so, naming the `up` with the
+    file and the same start on a new thread. Typed as printed, one after the other, that
+    answer is lost: exit 3, and its ticket made (the lab's condition)."""
+    assert backend.run(UP).exit_code == 0  # the api again, without the file: Compose recreates it
+    start = ["start", "--thread", "again", "--operation", "case-again", "--mode", "naive"]
+    answered = backend.workflow([*start, "--crash-at", "lost-ack"])
+    assert answered.exit_code == 0, answered.stderr
+    (line,) = [x for x in answered.stderr.splitlines() if "answered anyway" in x]
+    (restart,) = restarts_for_docker(line)
+    assert restart == UP_LOST_ACK, restart
+    (again,) = printed_for_docker(line)
+    assert again == (
+        f"{RUN} start --thread again-again --operation case-again-again --mode naive "
+        "--crash-at lost-ack"
+    ), again
+    before = counted(backend, "tickets")["tickets"]
+    assert backend.run(restart).exit_code == 0  # as printed: only the project is our own
+    lost = backend.run(again)
+    assert lost.exit_code == 3 and "answered anyway" not in lost.stderr, lost.stderr
+    assert counted(backend, "tickets")["tickets"] == before + 1  # made, its answer lost
+
+
 def follow_lab_15s_hints(outcomes, backend):
     """Lab 15's exit-6 stops name their commands in Docker form; the guide types three of them
     as printed (the message's look-with, `messages`; the payment's, and its `reconcile`), and
@@ -1047,6 +1072,7 @@ def the_guide_types_its_hints(typed_after, followed_here=()):
 
 HINTS_FOLLOWED = {  # the guides whose Docker run then follows their hints as printed
     "02": follow_lab_02s_hints,
+    "06": follow_lab_06s_hints,
     "07": follow_lab_07s_hints,
     "10": follow_lab_10s_hints,
     "12": the_guide_types_its_hints(

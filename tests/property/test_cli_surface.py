@@ -128,11 +128,11 @@ EFFECTS = {  # the event that says a request was answered, and the field its res
 # ... resume --thread X)`: both forms match, the same words): `resume --thread X`, `saga resume
 # --thread X`, `approve [--reject] --thread X`, `migrate --thread X` (maybe after
 # LAB_GRAPH_VERSION=N), and, for the thread of the command that printed it, "approve (or
-# --reject)", "resume it without saga".
+# --reject)".
 HINT = re.compile(
     r"(?:LAB_GRAPH_VERSION=(?P<version>\d) )?"
     r"(?P<command>(?:saga |outbox )?(?:resume|migrate|approve)(?: --reject)?)"
-    r"(?: --thread (?P<thread>[^\s;,)'\"]+)| (?=\(or --reject\))| (?=it without saga))"
+    r"(?: --thread (?P<thread>[^\s;,)'\"]+)| (?=\(or --reject\)))"
 )
 REPLAYED = re.compile(
     r"^receiver: replayed key=(\S+) ", re.M

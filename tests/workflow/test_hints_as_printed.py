@@ -7,7 +7,7 @@ code, and never a second effect.
 
 The Docker form beside each command is the same command: tools/native.py, the mapping the runner
 and docs/native.md use, turns it into the native line printed beside it, word for word
-(tests/hints_helpers.py). Through Docker, the runs of labs 02, 07, 10, 12, 13, 15, 17, 18 and
+(tests/hints_helpers.py). Through Docker, the runs of labs 02, 06, 07, 10, 12, 13, 15, 17, 18 and
 19 follow their hints as printed (tests/guides/test_guides.py, HINTS_FOLLOWED)."""
 
 import os
@@ -304,7 +304,8 @@ def test_an_outbox_start_typed_again_names_the_outbox_resume(lab, receiver):
     nothing = follow("python -m labs.relay --once", lab)  # the relay's own hints
     assert nothing.returncode == 0, nothing.stderr
     show, start = printed(nothing.stderr)
-    assert (show, start) == ("python -m labs.relay --show", "python -m labs outbox start")
+    again = "python -m labs outbox start --thread outbox-2 --operation case-outbox-2:open-ticket:v1"
+    assert (show, start) == ("python -m labs.relay --show", again)  # its defaults are taken
     shown = follow(show, lab)
     assert shown.returncode == 0, shown.stderr
     (message,) = events(shown.stdout)[0]["messages"]
@@ -545,3 +546,31 @@ def test_lab_18_typed_without_its_webhook_faults_names_the_commands_that_make_th
         assert (len(sent), status) == (1, "resolved"), twice.stdout
     assert len(receiver_list(env, "messages")) == messages + len(sent)  # nothing else was sent
     assert len(receiver_list(env, "tickets")) == 1
+
+
+def test_lab_06_typed_without_its_lost_answer_names_the_commands_that_make_it_happen(terminal):
+    """Lab 06's `--crash-at lost-ack` against a receiver started without its lost-ack file: the
+    answer came, and the line says so. Its commands, pasted as printed, start the receiver again
+    with the fault and run the lesson on a new thread: that answer is lost (exit 3, the ticket
+    made), the lab's condition; naive's resume then makes the second ticket the lab is about."""
+    env = terminal.env
+    typed = ["start", "--thread", "lost", "--operation", "case-lost", "--mode", "naive"]
+    answered = run_workflow_here([*typed, "--crash-at", "lost-ack"], env)
+    assert answered.returncode == 0, answered.stderr
+    (line,) = answered.stderr.splitlines()
+    assert line.startswith("labs: --crash-at lost-ack: the receiver answered anyway"), line
+    (restart,) = restarts(line)
+    assert "FAILPOINTS=before-answer=drop-answer python -m labs.receiver" in restart, restart
+    (again,) = printed(line)
+    assert again == (
+        "python -m labs start --thread lost-again --operation case-lost-again --mode naive "
+        "--crash-at lost-ack"
+    )
+    assert terminal.paste(restart).returncode == 0
+    lost = terminal.paste(again)
+    assert lost.returncode == 3 and "answered anyway" not in lost.stderr, lost.stderr
+    tickets = receiver_list(env, "tickets")
+    assert len(tickets) == 2, tickets  # the first run's, and the one whose answer was lost
+    resumed = run_workflow_here(["resume", "--thread", "lost-again"], env)
+    assert resumed.returncode == 0, resumed.stderr
+    assert len(receiver_list(env, "tickets")) == 3  # naive: the lab's duplicate, as taught

@@ -144,7 +144,7 @@ def test_state_and_saga_state_each_refuse_the_others_thread(lab, receiver, capsy
     assert (code, events) == (exitcodes.EXIT_THREAD, [])
     assert err == (
         "labs: thread 'plain' is not a saga; python -m labs state --thread plain "
-        f"({DOCKER} state --thread plain) (without saga)\n"
+        f"({DOCKER} state --thread plain) shows it\n"
     )
 
 
