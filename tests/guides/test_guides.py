@@ -945,7 +945,9 @@ def follow_lab_13s_hints(outcomes, backend):
 def follow_lab_19s_hints(outcomes, backend):
     """The outbox's start killed after its outbox write, then typed again: exit 4, the line
     names outbox resume in Docker form. Typed as printed, it ends done; the relay's --once
-    sends its one message (one ticket more), and its own hints, followed, show it published."""
+    sends its one message (one ticket more). Its own hints, followed: the list shows it
+    published; the start (a thread and an operation of its own: the outbox holds two) writes
+    a message, which the relay then sends (one ticket more)."""
     before = counted(backend, "tickets")
     start = ["outbox", "start", "--thread", "again", "--operation", "case-again:open-ticket:v1"]
     crashed = backend.workflow([*start, "--crash-at", "after-outbox"])
@@ -963,12 +965,17 @@ def follow_lab_19s_hints(outcomes, backend):
     nothing = backend.run(f"{relay} --once")  # nothing left: its hints name --show and a start
     assert nothing.exit_code == 0, nothing.stderr
     show, start_hint = printed_for_docker(nothing.stderr)
-    assert (show, start_hint) == (f"{relay} --show", f"{RUN} outbox start"), nothing.stderr
+    fresh = "outbox start --thread outbox-3 --operation case-outbox-3:open-ticket:v1"
+    assert (show, start_hint) == (f"{relay} --show", f"{RUN} {fresh}"), nothing.stderr
     shown = backend.run(show)
     assert shown.exit_code == 0, shown.stderr
     states = {m.get("thread"): m["state"] for m in events(shown.stdout)[0]["messages"]}
     assert states.get("again") == "published", shown.stdout
     assert counted(backend, "tickets") == {"tickets": before["tickets"] + 1}
+    written = backend.run(start_hint)
+    assert written.exit_code == 0, written.stderr
+    assert backend.run(f"{relay} --once").exit_code == 0
+    assert counted(backend, "tickets") == {"tickets": before["tickets"] + 2}  # its one ticket
 
 
 def follow_lab_17s_hints(outcomes, backend):
