@@ -4,10 +4,10 @@ snapshot cannot stand for one, and --verify: some of its points again by real ki
 import random
 from dataclasses import dataclass
 
-from effectdrill.plan import CleanRun, Recorder, name_calls
+from effectdrill.plan import CleanRun, Recorder, in_step_order, name_calls
 from effectdrill.processes import crash_all
 from effectdrill.report import Row
-from effectdrill.snapshot import in_step_order, plan_items
+from effectdrill.snapshot import plan_items
 from effectdrill.trace import Trace
 
 

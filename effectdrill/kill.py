@@ -112,6 +112,8 @@ class Killer(Counter):
                 die()
             self.parent = call.group[1:]
             return key, "kill"
+        if key == state.closing_put and state.closing_put:  # after the point, in step order
+            return key, "hold"
         if self.armed and key not in state.wait and not self.parent_pending(call):
             return key, "hold"
         if key in state.hold:

@@ -28,6 +28,7 @@ class CrashState:
     hold: frozenset = frozenset()
     group: frozenset = frozenset()
     parent_put: bool = False  # a put_writes: its checkpoint's put must be saved first
+    closing_put: str = ""  # a put_writes: its step's next checkpoint, saved after it
     tools: tuple = ()  # the tool calls of the tasks whose writes it leaves unsaved
 
 
@@ -71,12 +72,14 @@ class CleanRun:
             wait = frozenset(
                 c.key for c in earlier if c.kind == "put_writes" and c.group == call.group
             )
+            closing = [c.key for c in self.calls if c.kind == "put" and c.group == call.group]
             states.append(
                 CrashState(
                     call.label,
                     call.key,
                     wait,
                     parent_put=call.kind == "put_writes",
+                    closing_put=closing[0] if call.kind == "put_writes" and closing else "",
                     tools=(call.tool,) if call.tool else (),
                 )
             )
@@ -163,6 +166,24 @@ def writes_call(config, writes, task_id, task_path):
     key = f"put_writes {node} [{channels}]".replace("  ", " ") + namespace(config)
     group = (0, *parent(config))
     return Call(key, "put_writes", group, task_id, task_path, channels, namespace(config))
+
+
+def in_step_order(calls):
+    """The calls with each checkpoint after the writes of its step, as LangGraph submits them.
+    A put can start before a write of the step it closes (langgraph#8039: both are saved in
+    the background), so the order a run records varies from run to run; in step order the
+    states are the same every run (CleanRun.states, and the Killer holds the put back)."""
+    ordered = list(calls)
+    for call in calls:
+        if call.kind != "put":
+            continue
+        mine = [
+            i for i, c in enumerate(ordered) if c.kind == "put_writes" and c.group == call.group
+        ]
+        at = ordered.index(call)
+        if mine and mine[-1] > at:
+            ordered.insert(mine[-1], ordered.pop(at))
+    return ordered
 
 
 def same_step(a, b):

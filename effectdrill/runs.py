@@ -11,7 +11,14 @@ from dataclasses import dataclass
 from effectdrill.errors import DrillError, one_line, safe
 from effectdrill.introspect import needs_async, probe, uses_store
 from effectdrill.kill import HOLD_DEADLINE_S
-from effectdrill.plan import CleanRun, Recorder, describe_saved, name_calls, task_label
+from effectdrill.plan import (
+    CleanRun,
+    Recorder,
+    describe_saved,
+    in_step_order,
+    name_calls,
+    task_label,
+)
 from effectdrill.processes import NOT_REACHED
 from effectdrill.report import Run
 from effectdrill.restart import GAVE_UP, UNREACHED
@@ -48,7 +55,7 @@ class Plan:
         trace = Trace(self, thread, Recorder())
         trace.names, trace.invokes = names, invokes
         name_calls(calls, names, tools)
-        return CleanRun(self.counts(thread), calls, trace.reruns(), thread)
+        return CleanRun(self.counts(thread), in_step_order(calls), trace.reruns(), thread)
 
     def end_crash(self, ended, thread):
         """A crash run's end, read from its chain (restart.crash_chain: the kill, then the

@@ -178,23 +178,6 @@ def snap_clean_chain(plan, db, mode, thread, outward):
     return clean_chain(plan, SnapDb(db), mode, thread, outward, recorder, trace)
 
 
-def in_step_order(calls):
-    """The calls with each checkpoint after the writes of its step. A put can be made before a
-    write of the step it closes is (langgraph#8039; here one saver call at a time, in an order
-    of their own): the kill engine's states wait for those writes (CleanRun.states)."""
-    ordered = list(calls)
-    for call in calls:
-        if call.kind != "put":
-            continue
-        mine = [
-            i for i, c in enumerate(ordered) if c.kind == "put_writes" and c.group == call.group
-        ]
-        at = ordered.index(call)
-        if mine and mine[-1] > at:
-            ordered.insert(mine[-1], ordered.pop(at))
-    return ordered
-
-
 def plan_items(clean, timed, snaps, rows, starts, states):
     """Per crash state: (checkpoint image, writes rows to add, world image), or None where a
     snapshot cannot stand for the kill. `timed`: the calls in the order they were made (the

@@ -16,6 +16,7 @@ rows, and an unkeyed effect of each task in the set happens once more.
 import json
 import os
 import sys
+import threading
 from importlib.metadata import entry_points
 
 import pytest
@@ -34,6 +35,7 @@ from effectdrill_graphs import (
 )
 
 import effectdrill
+from effectdrill import savers
 from effectdrill.__main__ import main
 from tools.local import ROOT, run_command
 
@@ -59,40 +61,65 @@ def counts(report, effect):
     return {row.point: row.counts(effect)[0] for row in report.rows}
 
 
-def test_an_agent_loops_two_model_calls_are_its_baseline_not_a_failure():
-    report = effectdrill.drill(loop.build, INPUT, loop.observe)
+FIRST, SECOND = "put_writes agent [branch:to:tools, turn]", "put_writes agent [turn]"
+LOOP_POINTS = [  # 3 for the input, then agent, tools, agent: a put_writes and a put each
+    "put step -1",
+    "put_writes __start__ [branch:to:agent, thread]",
+    "put step 0",
+    FIRST,
+    "put step 1",
+    "put_writes tools [branch:to:agent]",
+    "put step 2",
+    SECOND,  # the second turn routes to END: no branch write
+    "put step 3",
+]
 
+
+def assert_the_loops_rows(report):
+    """The agent loop's rows, in step order; agent's call repeated where its writes were not
+    saved, and only there."""
     assert report.clean == {"sync": {"model_call": 2, "lookup": 1}}
     assert report.repeated_in_clean_run == []
-    # 3 for the input, then agent, tools, agent: a put_writes and a put each. A task's writes and
-    # the next checkpoint are saved by background jobs with no order between them (langgraph#8039:
-    # a put_writes was seen once after the next put): each kind in its order, and no other call.
-    points = [row.point for row in report.rows]
-    first, second = "put_writes agent [branch:to:tools, turn]", "put_writes agent [turn]"
-    expected = [
-        "put step -1",
-        "put_writes __start__ [branch:to:agent, thread]",
-        "put step 0",
-        first,
-        "put step 1",
-        "put_writes tools [branch:to:agent]",
-        "put step 2",
-        second,  # the second turn routes to END: no branch write
-        "put step 3",
-    ]
-    assert sorted(points) == sorted(expected)
-    for kind in ("put step", "put_writes"):
-        assert [p for p in points if p.startswith(kind)] == [
-            p for p in expected if p.startswith(kind)
-        ]
-    # agent's call is repeated where its writes were not saved, and only there.
-    assert {f["point"] for f in report.duplicates} == {first, second}
+    assert [row.point for row in report.rows] == LOOP_POINTS
+    assert {f["point"] for f in report.duplicates} == {FIRST, SECOND}
     assert all(f["count"] == 3 and f["clean"] == 2 for f in report.duplicates)
     assert all(row.counts("lookup") == [1] for row in report.rows)  # keyed on the turn
+
+
+def test_an_agent_loops_two_model_calls_are_its_baseline_not_a_failure():
+    report = effectdrill.drill(loop.build, INPUT, loop.observe)
+    assert_the_loops_rows(report)
 
     keyed = effectdrill.drill(loop.build, {**INPUT, "keyed": True}, loop.observe)
     assert keyed.ok and keyed.assert_clean() is keyed
     assert keyed.table().endswith("0 failed resumes, clean run ok")
+
+
+def test_a_checkpoint_saved_before_its_steps_writes_changes_no_row(monkeypatch):
+    """LangGraph saves a task's writes and the next checkpoint in the background, in no fixed
+    order (langgraph#8039): now and then the checkpoint's save begins first. Forced here every
+    time (each of agent's writes waits until a later checkpoint's save has begun), in the clean
+    run and in every crash run, the rows are those of the order LangGraph submits them, the
+    writes first: the same points, in step order, the same duplicates."""
+    begun, puts = threading.Condition(), [0]
+    put, put_writes = savers.Recording.put, savers.Recording.put_writes
+
+    def put_first(self, config, *rest):
+        with begun:
+            puts[0] += 1
+            begun.notify_all()
+        return put(self, config, *rest)
+
+    def writes_after(self, config, writes, task_id, task_path=""):
+        if task_path.endswith(", agent"):
+            with begun:
+                seen = puts[0]
+                begun.wait_for(lambda: puts[0] > seen, timeout=10)  # a guard: none may come
+        return put_writes(self, config, writes, task_id, task_path)
+
+    monkeypatch.setattr(savers.Recording, "put", put_first)  # the drill's forks inherit them
+    monkeypatch.setattr(savers.Recording, "put_writes", writes_after)
+    assert_the_loops_rows(effectdrill.drill(loop.build, INPUT, loop.observe))
 
 
 def test_expected_counts_judge_the_clean_run_when_given():
