@@ -745,13 +745,16 @@ def past_the_connection_cap(server):
     env["API_URL"] = f"http://127.0.0.1:{env['PORT']}"
     capped = ReceiverProcess(env).start()
     try:
-        with socket.create_connection(("127.0.0.1", int(env["PORT"])), timeout=10) as held:
-            held.sendall(b"GET /tickets HTTP/1.0\r\n")  # being served: its request is not done
-            for _ in range(100):  # until the held connection has its slot (the first try, here)
+        # Until the held connection has the slot: the connection start() waited on may hold it
+        # a moment after its answer (the slot is freed as its thread ends), and then the held
+        # one is refused and closed, and the next is served. Each try opens a new held one.
+        for _ in range(100):
+            with socket.create_connection(("127.0.0.1", int(env["PORT"])), timeout=10) as held:
+                held.sendall(b"GET /tickets HTTP/1.0\r\n")  # being served: its request is not done
                 reply = request(capped, "GET", "/health")
                 if reply.status == 503:
                     return reply
-            raise AssertionError("a second connection was served past RECEIVER_MAX_CONNECTIONS=1")
+        raise AssertionError("a second connection was served past RECEIVER_MAX_CONNECTIONS=1")
     finally:
         capped.stop()
 
