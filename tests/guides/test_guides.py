@@ -826,7 +826,9 @@ SAGA_LISTS = ("tickets", "reservations", "shipments", "releases", "refunds")  # 
 def follow_lab_02s_hints(outcomes, backend):
     """A start typed again after its crash, as a learner does: exit 4, the line names the
     resume in Docker form. Typed as printed, it ends done with the one ticket the crashed run
-    made (safe mode: the same key), no second one."""
+    made (safe mode: the same key), no second one. Then a start whose API_URL names no
+    receiver: exit 3, the line names the resume for once the receiver answers; typed as
+    printed (the lab's API_URL), it ends done with one ticket."""
     start = ["start", "--thread", "again", "--operation", "case-again:open-ticket:v1"]
     crashed = backend.workflow([*start, "--mode", "safe", "--crash"])
     assert crashed.exit_code == 137, crashed.stderr
@@ -838,6 +840,14 @@ def follow_lab_02s_hints(outcomes, backend):
     done = backend.run(resume)
     assert done.exit_code == 0, done.stderr
     assert [t["key"] for t in backend.tickets()].count("case-again:open-ticket:v1") == 1
+    away = ["start", "--thread", "away", "--operation", "case-away:open-ticket:v1"]
+    unreached = backend.workflow(away, env={"API_URL": "http://nowhere:8000"})  # no such host
+    assert unreached.exit_code == 3, unreached.stderr
+    (resume,) = printed_for_docker(unreached.stderr)
+    assert resume == f"{RUN} resume --thread away", unreached.stderr
+    done = backend.run(resume)
+    assert done.exit_code == 0, done.stderr
+    assert [t["key"] for t in backend.tickets()].count("case-away:open-ticket:v1") == 1
 
 
 def follow_lab_07s_hints(outcomes, backend):
@@ -865,6 +875,21 @@ def follow_lab_07s_hints(outcomes, backend):
     assert resumed.exit_code == 0, resumed.stderr
     assert events(resumed.stdout)[-1]["request"] == {"title": "Pay 1200 EUR"}, resumed.stdout
     assert [t["key"] for t in backend.tickets()].count(key) == 0
+    # Ctrl-C in a terminal during approve, the ticket's answer in: the line names the approve
+    # that goes on; typed as printed, it ends approved with that ticket, no second one.
+    key = "case-cc:open-ticket:v1"
+    start = ["start", "--thread", "cc", "--operation", key, "--mode", "safe", "--approval"]
+    waiting = backend.workflow(start)
+    assert events(waiting.stdout)[-1]["event"] == "awaiting_approval", waiting.stdout
+    code, shown = ctrl_c_through_docker(backend, ["approve", "--thread", "cc"], "approve")
+    assert code == 130 and "labs: interrupted; a request in flight" in shown, shown
+    (again,) = printed_for_docker(shown)
+    assert again == f"{RUN} approve --thread cc", shown
+    approved = backend.run(again)
+    assert approved.exit_code == 0, approved.stderr
+    (answered,) = [e["ticket_id"] for e in events(shown) if e.get("event") == "effect_ack"]
+    assert events(approved.stdout)[-1]["ticket_id"] == answered, approved.stdout
+    assert [t["key"] for t in backend.tickets()].count(key) == 1
 
 
 def follow_lab_10s_hints(outcomes, backend):
@@ -890,9 +915,10 @@ def follow_lab_10s_hints(outcomes, backend):
 def follow_lab_13s_hints(outcomes, backend):
     """A saga killed after its charge's answer, then `resume` typed without saga: exit 4, the
     line names saga resume in Docker form. Typed as printed, it finishes the saga: one charge
-    and one reservation more, nothing released or refunded. Then a naive saga killed after its
-    release's answer: the line names a look at the releases instead, and it shows the one;
-    the same look after Ctrl-C there, typed into a terminal."""
+    and one reservation more, nothing released or refunded; `state` on it names `saga state`,
+    which shows it. Then a naive saga killed after its release's answer: the line names a look
+    at the releases instead, and it shows the one; the same look after Ctrl-C there, typed
+    into a terminal."""
     before = counted(backend, *SAGA_LISTS)
     start = ["saga", "start", "--thread", "again", "--operation", "case-again:book:v1"]
     crashed = backend.workflow([*start, "--seats", "2", "--crash-at", "after-charge-ack"])
@@ -907,6 +933,8 @@ def follow_lab_13s_hints(outcomes, backend):
     after = counted(backend, *SAGA_LISTS)
     more = {name: after[name] - before[name] for name in SAGA_LISTS}
     assert more == {"tickets": 1, "reservations": 1, "shipments": 1, "releases": 0, "refunds": 0}
+    shown = other_lessons_state(backend, "state", "again", "saga state")  # the saga's own look
+    assert events(shown.stdout)[0]["values"]["seats"] == 2, shown.stdout
     # A naive saga killed after its release's answer waits at the release, which goes without
     # a key: `resume` typed without saga names no saga resume (it would release again) but a
     # look at the releases, which changes nothing and lists the one release made.
@@ -947,7 +975,8 @@ def follow_lab_19s_hints(outcomes, backend):
     names outbox resume in Docker form. Typed as printed, it ends done; the relay's --once
     sends its one message (one ticket more). Its own hints, followed: the list shows it
     published; the start (a thread and an operation of its own: the outbox holds two) writes
-    a message, which the relay then sends (one ticket more)."""
+    a message, which the relay then sends (one ticket more). `saga state` on the outbox's
+    thread names `outbox state`, which shows it."""
     before = counted(backend, "tickets")
     start = ["outbox", "start", "--thread", "again", "--operation", "case-again:open-ticket:v1"]
     crashed = backend.workflow([*start, "--crash-at", "after-outbox"])
@@ -972,10 +1001,25 @@ def follow_lab_19s_hints(outcomes, backend):
     states = {m.get("thread"): m["state"] for m in events(shown.stdout)[0]["messages"]}
     assert states.get("again") == "published", shown.stdout
     assert counted(backend, "tickets") == {"tickets": before["tickets"] + 1}
+    shown = other_lessons_state(backend, "saga state", "again", "outbox state")
+    assert events(shown.stdout)[0]["values"]["delivery"] == "outbox", shown.stdout
     written = backend.run(start_hint)
     assert written.exit_code == 0, written.stderr
     assert backend.run(f"{relay} --once").exit_code == 0
     assert counted(backend, "tickets") == {"tickets": before["tickets"] + 2}  # its one ticket
+
+
+def other_lessons_state(backend, typed, thread, names):
+    """`typed --thread THREAD` on another lesson's thread: exit 4, one line naming that
+    lesson's look (`names --thread THREAD`) in Docker form. Typed as printed: exit 0, and
+    what it printed."""
+    refused = backend.workflow([*typed.split(), "--thread", thread])
+    assert refused.exit_code == 4, refused.stderr
+    (look,) = printed_for_docker(refused.stderr)
+    assert look == f"{RUN} {names} --thread {thread}", refused.stderr
+    shown = backend.run(look)
+    assert shown.exit_code == 0, shown.stderr
+    return shown
 
 
 def follow_lab_17s_hints(outcomes, backend):
