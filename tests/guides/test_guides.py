@@ -664,7 +664,7 @@ def follow_lab_15s_hints(outcomes, backend):
     conditions: the receiver up without the slow-payments file, a charge with the default
     API_TIMEOUT_S. The line names the `up` with the file and a new operation with the lesson's
     timeout; typed as printed, one after the other, the new payment is uncertain (exit 6), its
-    charge sent once."""
+    charge sent once. Then a refused word on a ticket: its look and its word, as printed."""
     typed = [o.step.command for o in outcomes]
     followed = [
         hint
@@ -700,6 +700,21 @@ def follow_lab_15s_hints(outcomes, backend):
     assert held.exit_code == 0, held.stderr
     listed = json.loads(held.stdout)  # committed 3 s after it was accepted: pending till then
     assert len(listed["payments"]) + listed["pending"] == 1, listed  # sent once
+    # A person's wrong word: --not-sent on a ticket the receiver holds (its run killed after
+    # the send). The refusal names the look and the word that records it; typed as printed,
+    # the look lists the ticket, the word settles it, and the resume ends with it: one ticket.
+    start = ["start", "--thread", "ct", "--operation", "ct", "--crash-at", "after-send"]
+    assert backend.workflow(start).exit_code == 137
+    refused = backend.workflow(["reconcile", "--not-sent", "ct"])
+    assert refused.exit_code == 4, refused.stderr
+    confirm, look = printed_for_docker(refused.stderr)
+    assert (confirm, look) == (f"{RUN} reconcile --confirmed ct", f"{RUN} tickets --operation ct")
+    listed = backend.run(look)
+    (ticket,) = events(listed.stdout)[0]["tickets"]
+    assert backend.run(confirm).exit_code == 0
+    resumed = backend.workflow(["resume", "--thread", "ct"])
+    assert events(resumed.stdout)[-1]["ticket_id"] == ticket["ticket_id"], resumed.stdout
+    assert [t["key"] for t in backend.tickets()].count("ct") == 1
 
 
 COUNTS_SCRIPT = (  # in the api container: how many of each list the receiver holds
@@ -827,8 +842,8 @@ def follow_lab_02s_hints(outcomes, backend):
     """A start typed again after its crash, as a learner does: exit 4, the line names the
     resume in Docker form. Typed as printed, it ends done with the one ticket the crashed run
     made (safe mode: the same key), no second one. Then a start whose API_URL names no
-    receiver: exit 3, the line names the resume for once the receiver answers; typed as
-    printed (the lab's API_URL), it ends done with one ticket."""
+    receiver (exit 3), or a wrong path on it (exit 1): the line names the resume for once
+    API_URL is right; typed as printed (the lab's API_URL), it ends done with one ticket."""
     start = ["start", "--thread", "again", "--operation", "case-again:open-ticket:v1"]
     crashed = backend.workflow([*start, "--mode", "safe", "--crash"])
     assert crashed.exit_code == 137, crashed.stderr
@@ -840,14 +855,19 @@ def follow_lab_02s_hints(outcomes, backend):
     done = backend.run(resume)
     assert done.exit_code == 0, done.stderr
     assert [t["key"] for t in backend.tickets()].count("case-again:open-ticket:v1") == 1
-    away = ["start", "--thread", "away", "--operation", "case-away:open-ticket:v1"]
-    unreached = backend.workflow(away, env={"API_URL": "http://nowhere:8000"})  # no such host
-    assert unreached.exit_code == 3, unreached.stderr
-    (resume,) = printed_for_docker(unreached.stderr)
-    assert resume == f"{RUN} resume --thread away", unreached.stderr
-    done = backend.run(resume)
-    assert done.exit_code == 0, done.stderr
-    assert [t["key"] for t in backend.tickets()].count("case-away:open-ticket:v1") == 1
+    for thread, url, code in (
+        ("away", "http://nowhere:8000", 3),  # no such host
+        ("astray", "http://api:8000/v1", 1),  # the receiver, a wrong path: its 404
+    ):
+        key = f"case-{thread}:open-ticket:v1"
+        start = ["start", "--thread", thread, "--operation", key]
+        stopped = backend.workflow(start, env={"API_URL": url})
+        assert stopped.exit_code == code, stopped.stderr
+        (resume,) = printed_for_docker(stopped.stderr)
+        assert resume == f"{RUN} resume --thread {thread}", stopped.stderr
+        done = backend.run(resume)
+        assert done.exit_code == 0, done.stderr
+        assert [t["key"] for t in backend.tickets()].count(key) == 1
 
 
 def follow_lab_07s_hints(outcomes, backend):
