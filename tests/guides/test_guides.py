@@ -992,11 +992,11 @@ def follow_lab_13s_hints(outcomes, backend):
 
 def follow_lab_19s_hints(outcomes, backend):
     """The outbox's start killed after its outbox write, then typed again: exit 4, the line
-    names outbox resume in Docker form. Typed as printed, it ends done; the relay's --once
-    sends its one message (one ticket more). Its own hints, followed: the list shows it
-    published; the start (a thread and an operation of its own: the outbox holds two) writes
-    a message, which the relay then sends (one ticket more). `saga state` on the outbox's
-    thread names `outbox state`, which shows it."""
+    names outbox resume in Docker form (and so does saga resume). Typed as printed, it ends
+    done; the relay's --once sends its one message (one ticket more). Its own hints,
+    followed: the list shows it published; the start (a thread and an operation of its own:
+    the outbox holds two) writes a message, which the relay then sends (one ticket more).
+    `saga state` on the outbox's thread names `outbox state`, which shows it."""
     before = counted(backend, "tickets")
     start = ["outbox", "start", "--thread", "again", "--operation", "case-again:open-ticket:v1"]
     crashed = backend.workflow([*start, "--crash-at", "after-outbox"])
@@ -1005,6 +1005,8 @@ def follow_lab_19s_hints(outcomes, backend):
     assert again.exit_code == 4, again.stderr
     (resume,) = printed_for_docker(again.stderr)
     assert resume == f"{RUN} outbox resume --thread again", resume
+    not_a_saga = backend.workflow(["saga", "resume", "--thread", "again"])  # the same, named
+    assert not_a_saga.exit_code == 4 and printed_for_docker(not_a_saga.stderr) == [resume]
     done = backend.run(resume)
     assert done.exit_code == 0, done.stderr
     relay = "docker compose -p stateful-lab run --rm relay"
