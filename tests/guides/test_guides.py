@@ -664,7 +664,8 @@ def follow_lab_15s_hints(outcomes, backend):
     conditions: the receiver up without the slow-payments file, a charge with the default
     API_TIMEOUT_S. The line names the `up` with the file and a new operation with the lesson's
     timeout; typed as printed, one after the other, the new payment is uncertain (exit 6), its
-    charge sent once. Then a refused word on a ticket: its look and its word, as printed."""
+    charge sent once. Then a refused word on a ticket: its look and its word, as printed; the
+    word given twice names the listing of the open ones, typed as printed too."""
     typed = [o.step.command for o in outcomes]
     followed = [
         hint
@@ -715,6 +716,12 @@ def follow_lab_15s_hints(outcomes, backend):
     resumed = backend.workflow(["resume", "--thread", "ct"])
     assert events(resumed.stdout)[-1]["ticket_id"] == ticket["ticket_id"], resumed.stdout
     assert [t["key"] for t in backend.tickets()].count("ct") == 1
+    again = backend.workflow(["reconcile", "--confirmed", "ct"])  # the word given twice
+    assert again.exit_code == 4 and "is not open (confirmed)" in again.stderr, again.stderr
+    (listing,) = printed_for_docker(again.stderr)
+    assert listing == f"{RUN} reconcile", again.stderr
+    listed = backend.run(listing)  # the open ones: none now
+    assert listed.exit_code == 0, listed.stderr
 
 
 COUNTS_SCRIPT = (  # in the api container: how many of each list the receiver holds
