@@ -881,7 +881,8 @@ def follow_lab_07s_hints(outcomes, backend):
     """Lab 07 types the commands its refusals name (the_guide_types_its_hints). Then a bound
     approval's request edited while it waits: the line names the resume that asks again, and
     approve, typed too early, names it too. Typed as printed, the question is about the new
-    title; nothing was sent."""
+    title; nothing was sent. Then approve stopped by Ctrl-C after the ticket's answer, and by a
+    receiver it cannot reach: each line names the approve again, typed as printed: one ticket."""
     the_guide_types_its_hints(
         [f"{RUN} approve --thread in-node", f"{RUN} approve --thread bound"],  # by ana
         [f"{RUN} state --thread bound"],  # the review the refusal names: done by now
@@ -916,6 +917,18 @@ def follow_lab_07s_hints(outcomes, backend):
     assert approved.exit_code == 0, approved.stderr
     (answered,) = [e["ticket_id"] for e in events(shown) if e.get("event") == "effect_ack"]
     assert events(approved.stdout)[-1]["ticket_id"] == answered, approved.stdout
+    assert [t["key"] for t in backend.tickets()].count(key) == 1
+    # The answer typed while API_URL names no receiver: exit 3, the line names that answer
+    # again (a resume would be refused: the run waits for one); typed as printed, one ticket.
+    key = "case-away:open-ticket:v1"
+    start = ["start", "--thread", "away", "--operation", key, "--mode", "safe", "--approval"]
+    assert events(backend.workflow(start).stdout)[-1]["event"] == "awaiting_approval"
+    away = backend.workflow(["approve", "--thread", "away"], env={"API_URL": "http://nowhere:8000"})
+    assert away.exit_code == 3, away.stderr
+    (again,) = printed_for_docker(away.stderr)
+    assert again == f"{RUN} approve --thread away", away.stderr
+    approved = backend.run(again)
+    assert approved.exit_code == 0 and events(approved.stdout)[-1]["approved"], approved.stdout
     assert [t["key"] for t in backend.tickets()].count(key) == 1
 
 
