@@ -171,6 +171,18 @@ def test_a_receiver_busy_past_every_try_names_the_resume_once_it_can_write(lab, 
 # --- a checkpoint that cannot be written: exit 74 (hints.report_database_error) ----------------
 
 
+def unwritable_then_followed(stopped, env, thread, operation):
+    """A run stopped by a checkpoint it could not write: exit 74, one line naming the resume
+    once CHECKPOINT_DB can be written. That resume, typed as printed: followed()'s outcome."""
+    assert stopped.returncode == 74 and stopped.stderr.count("\n") == 1, stopped.stderr
+    assert stopped.stderr.endswith(
+        "its request may have taken effect before the save failed; once CHECKPOINT_DB can be "
+        f"written, resume it with: {resume_line('resume', thread)}\n"
+    ), stopped.stderr
+    (resume,) = printed(stopped.stderr)
+    return followed(resume, env, operation)
+
+
 def chattr(flag, *paths):
     return subprocess.run(["chattr", flag, *map(str, paths)], capture_output=True, text=True)
 
@@ -205,13 +217,7 @@ def test_a_checkpoint_made_immutable_while_the_request_is_out_names_the_resume(
     assert "chattr" in made, stopped  # the run reached after-send
     if made["chattr"].returncode != 0:
         pytest.skip(f"chattr +i is not possible here (root on ext4 needed): {made['chattr']}")
-    assert stopped.returncode == 74 and stopped.stderr.count("\n") == 1, stopped.stderr
-    assert stopped.stderr.endswith(
-        "its request may have taken effect before the save failed; once CHECKPOINT_DB can be "
-        f"written, resume it with: {resume_line('resume', 'ro')}\n"
-    ), stopped.stderr
-    (resume,) = printed(stopped.stderr)
-    done = followed(resume, lab, "case-ro")
+    done = unwritable_then_followed(stopped, lab, "ro", "case-ro")
     assert events(done.stdout)[0]["event"] == "effect_adopted", done.stdout  # not sent again
 
 
@@ -233,13 +239,7 @@ def test_a_read_only_checkpoint_names_the_resume_once_it_can_be_written(lab, rec
     with monkeypatch.context() as patch:
         patch.setattr(SqliteSaver, "setup", unwritable_after_setup)
         stopped = run_workflow_here(["resume", "--thread", "rd"], lab)
-    assert stopped.returncode == 74 and stopped.stderr.count("\n") == 1, stopped.stderr
-    assert stopped.stderr.endswith(
-        "its request may have taken effect before the save failed; once CHECKPOINT_DB can be "
-        f"written, resume it with: {resume_line('resume', 'rd')}\n"
-    ), stopped.stderr
-    (resume,) = printed(stopped.stderr)
-    done = followed(resume, lab, "case-rd")
+    done = unwritable_then_followed(stopped, lab, "rd", "case-rd")
     assert events(done.stdout)[0]["event"] == "effect_receipt", done.stdout  # not sent again
 
 
