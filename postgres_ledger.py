@@ -2,11 +2,14 @@
 that share one database. ledger.open_ledger picks it for a postgresql:// URL."""
 
 import os
+import re
 import socket
 from contextlib import contextmanager, suppress
 
 from ledger import LEASE_S, InFlight, Ledger
 from ledger_tables import ADDED_COLUMNS, POSTGRES_SCHEMA
+
+TRIGGER = re.compile(r"CREATE OR REPLACE TRIGGER (\w+) .*? ON (\w+)", re.S)
 
 
 class PostgresLedger(Ledger):
@@ -20,13 +23,30 @@ class PostgresLedger(Ledger):
     def __init__(self, conn, lease_s=LEASE_S):
         self.db, self.lease_s = conn, lease_s  # the lease: its owner shown; the lock decides
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{id(self):x}"
+        # Only what is missing: CREATE TRIGGER and ALTER TABLE (even with IF NOT EXISTS) lock
+        # their table against writes, and a worker starting beside one that writes a receipt
+        # deadlocked with it (the INSERT waited for the trigger's table, the ALTER for effects).
         with self.transaction():
             self.sql("SELECT pg_advisory_xact_lock(hashtext('effect ledger schema'))")
             for statement in POSTGRES_SCHEMA:
+                if (trigger := TRIGGER.match(statement)) and self.has_trigger(*trigger.groups()):
+                    continue
                 self.sql(statement)
             for column, kind in ADDED_COLUMNS:
-                kind = kind.replace("REAL", "DOUBLE PRECISION")
-                self.sql(f"ALTER TABLE effects ADD COLUMN IF NOT EXISTS {column} {kind}")
+                if not self.has_column("effects", column):
+                    kind = kind.replace("REAL", "DOUBLE PRECISION")
+                    self.sql(f"ALTER TABLE effects ADD COLUMN {column} {kind}")
+
+    def has_trigger(self, name, table):
+        found = "SELECT 1 FROM pg_trigger WHERE tgname = ? AND tgrelid = to_regclass(?)"
+        return self.sql(found, (name, table)).fetchone() is not None
+
+    def has_column(self, table, column):
+        found = (
+            "SELECT 1 FROM information_schema.columns WHERE table_schema = current_schema() "
+            "AND table_name = ? AND column_name = ?"
+        )
+        return self.sql(found, (table, column)).fetchone() is not None
 
     def close(self):
         pass  # the caller's connection: the caller closes it

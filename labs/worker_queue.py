@@ -43,8 +43,15 @@ WORKER_TABLES = (
     """CREATE TABLE IF NOT EXISTS worker_jobs (
         job bigint PRIMARY KEY, thread text NOT NULL, operation text NOT NULL,
         failures int NOT NULL DEFAULT 0, last_error text, ticket_id int, done timestamptz)""",
-    # drains apart from failures: a deploy's drain is a clean stop, not a failed run
-    "ALTER TABLE worker_jobs ADD COLUMN IF NOT EXISTS drains int NOT NULL DEFAULT 0",
+    # drains apart from failures: a deploy's drain is a clean stop, not a failed run. Only
+    # where it is missing: ALTER TABLE locks the table (even with IF NOT EXISTS), and every
+    # command that opens the queue runs this beside the workers' writes.
+    """DO $$ BEGIN
+        IF NOT EXISTS (SELECT 1 FROM information_schema.columns WHERE table_schema =
+                       current_schema() AND table_name = 'worker_jobs' AND column_name = 'drains')
+        THEN ALTER TABLE worker_jobs ADD COLUMN drains int NOT NULL DEFAULT 0;
+        END IF;
+    END $$""",
 )
 
 

@@ -72,6 +72,28 @@ def ledger_on(url):
     return ledger
 
 
+def test_a_ledger_opened_beside_one_that_writes_takes_no_lock_it_holds(env):
+    """A worker starting (its ledger's schema check) while another one's transaction writes
+    the ledger (the locks an INSERT into effects and effect_receipts takes): the new ledger
+    opens at once, under a 2 s lock_timeout, and the writer goes on. When setup ran ALTER
+    TABLE and CREATE TRIGGER every time, it waited for the writer's commit, and once, two
+    workers starting beside a third deadlocked with its receipt's INSERT (its job ran again)."""
+    import psycopg
+    from psycopg.rows import dict_row
+
+    ledger_on(env["CHECKPOINT_DB"]).close()  # the schema, made once
+    writer = psycopg.connect(env["CHECKPOINT_DB"], row_factory=dict_row)  # a transaction
+    try:
+        writer.execute("LOCK TABLE effects, effect_receipts IN ROW EXCLUSIVE MODE")
+        with psycopg.connect(env["CHECKPOINT_DB"], autocommit=True, row_factory=dict_row) as conn:
+            conn.execute("SET lock_timeout = '2s'")  # a wait for the writer raises here
+            effects.PostgresLedger(conn)
+        writer.execute("SELECT 1 FROM effects").fetchall()  # the writer's transaction is alive
+    finally:
+        writer.rollback()
+        writer.close()
+
+
 def worker(env, *args):
     return run_command([sys.executable, "-m", "labs.workers", *args], env, timeout=HANG_GUARD_S)
 
