@@ -127,12 +127,25 @@ def test_the_layout_names_every_top_level_entry():
 
 @pytest.mark.fast
 def test_relative_links_point_at_files_that_exist():
-    """Every relative link in README.md, docs/, labs/ and the READMEs beside the code."""
+    """Every relative link in README.md, docs/, labs/ and the READMEs beside the code, and
+    every `#anchor` in one: a heading of that page with GitHub's slug for it."""
     pages = [ROOT / "README.md", *(ROOT / "docs").glob("*.md"), *(ROOT / "labs").glob("*.md")]
     pages += [ROOT / "effectdrill" / "README.md", ROOT / "tools" / "starter" / "README.md"]
     for page in pages:
-        for target in re.findall(r"\]\(([^)#:]+)\)", page.read_text(encoding="utf-8")):
-            assert (page.parent / target).exists(), f"{page.relative_to(ROOT)}: {target}"
+        for target in re.findall(r"\]\(([^)\s:]+)\)", page.read_text(encoding="utf-8")):
+            path, _, anchor = target.partition("#")
+            linked = page.parent / path if path else page
+            assert linked.exists(), f"{page.relative_to(ROOT)}: {target}"
+            if anchor:
+                assert anchor in heading_slugs(linked), f"{page.relative_to(ROOT)}: {target}"
+
+
+def heading_slugs(page):
+    """The anchors GitHub makes for a page's headings: lower case, spaces to hyphens, every
+    character but letters, digits, hyphens and underscores dropped (code blocks skipped)."""
+    text = re.sub(r"^```.*?^```", "", page.read_text(encoding="utf-8"), flags=re.S | re.M)
+    titles = re.findall(r"^#{1,6} +(.+?) *$", text, flags=re.M)
+    return {re.sub(r"[^\w\- ]", "", title.lower()).replace(" ", "-") for title in titles}
 
 
 def native_copy(tmp_path):
