@@ -2,6 +2,7 @@
 provider's error answer, a checkpoint that cannot be written, a lost Postgres, a Ctrl-C."""
 
 import json
+import os
 import shlex
 import sqlite3
 import sys
@@ -33,6 +34,15 @@ def unwritable(error):
     """True for a SQLite error that says the file cannot be written (not: cannot be read)."""
     code = getattr(error, "sqlite_errorcode", 0)
     return (code & 0xFF) in UNWRITABLE or code in UNWRITABLE_IO
+
+
+def read_only_files(checkpoint_db):
+    """CHECKPOINT_DB's files that this process cannot write now: the database and the -wal,
+    -shm and -journal files beside it. SQLite makes those with the database's permissions
+    (os_unix.c: findCreateFileMode, unixOpenSharedMemory), so a database made writable again
+    can leave them read-only, and the next save fails the same way."""
+    names = [checkpoint_db] + [f"{checkpoint_db}{end}" for end in ("-wal", "-shm", "-journal")]
+    return [name for name in names if os.path.exists(name) and not os.access(name, os.W_OK)]
 
 
 def lost_postgres(error):
@@ -193,7 +203,9 @@ def report_database_error(args, settings, error):
     if args.graph_command and (found := saved(args, settings)) is not None:
         hint = "; its request may have taken effect before the save failed"
         if found:
-            hint += f"; once CHECKPOINT_DB can be written, {resume_or_warning(args, found)}"
+            stuck = ", ".join(read_only_files(settings.checkpoint_db))
+            stuck = f" (read-only now: {stuck})" if stuck else ""
+            hint += f"; once CHECKPOINT_DB can be written{stuck}, {resume_or_warning(args, found)}"
     print(f"{where}{hint}", file=sys.stderr)
     return EXIT_CHECKPOINT_WRITE
 

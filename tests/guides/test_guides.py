@@ -665,7 +665,8 @@ def follow_lab_15s_hints(outcomes, backend):
     API_TIMEOUT_S. The line names the `up` with the file and a new operation with the lesson's
     timeout; typed as printed, one after the other, the new payment is uncertain (exit 6), its
     charge sent once. Then a refused word on a ticket: its look and its word, as printed; the
-    word given twice names the listing of the open ones, typed as printed too."""
+    word given twice names the listing of the open ones, typed as printed too. Then a keyed
+    payment's exit 6 and a message that never left (below)."""
     typed = [o.step.command for o in outcomes]
     followed = [
         hint
@@ -722,6 +723,72 @@ def follow_lab_15s_hints(outcomes, backend):
     assert listing == f"{RUN} reconcile", again.stderr
     listed = backend.run(listing)  # the open ones: none now
     assert listed.exit_code == 0, listed.stderr
+    # The lookup-resend payment, declared keyed: timed out twice while the slow provider holds
+    # both charges, exit 6: its line followed as a person would, waiting what it says.
+    twice = backend.run(
+        "docker compose -p stateful-lab run --rm -e API_TIMEOUT_S=0.5 workflow start --thread "
+        "keyed --operation case-keyed:pay:v1 --pay --mode lookup-resend"
+    )
+    twice_ended = time.monotonic()  # its last send was before this
+    assert twice.exit_code == 6, twice.stderr
+    follow_the_keyed_payments_resume(backend, twice.stderr, twice_ended)
+    follow_a_message_that_never_left(backend)
+
+
+def follow_a_message_that_never_left(backend):
+    """A notify run killed after its message's intent, before the send: the resume stops with
+    exit 6, naming the look and the word. The look shows no message; the word, typed as
+    printed with the --wait its refusal offers, is taken once the settle time has passed; the
+    resume then sends the message once."""
+    start = ["start", "--thread", "n", "--operation", "case-n:open-ticket:v1", "--notify"]
+    assert backend.workflow([*start, "--crash"]).exit_code == 137  # after the ticket's receipt
+    window = ["resume", "--thread", "n", "--crash-at", "after-intent"]
+    assert backend.workflow(window).exit_code == 137
+    stopped = backend.workflow(["resume", "--thread", "n"])
+    assert stopped.exit_code == 6, stopped.stderr
+    look, _, not_sent = printed_for_docker(stopped.stderr)
+    key = "case-n:open-ticket:v1:notify"
+    assert (look, not_sent) == (f"{RUN} messages", f"{RUN} reconcile --not-sent {key}")
+    looked = backend.run(look)  # what the provider holds: the lesson's, none of this run's
+    assert looked.exit_code == 0, looked.stderr
+    before = len(events(looked.stdout)[0]["messages"])
+    early = backend.run(not_sent)
+    if early.exit_code == 4:  # its settle time not over yet: the refusal says --wait
+        assert "or add --wait" in early.stderr, early.stderr
+        early = backend.run(f"{not_sent} --wait")
+    assert early.exit_code == 0, early.stderr
+    assert events(early.stdout)[0] == {"event": "settled", "key": key, "state": "released"}
+    resumed = backend.workflow(["resume", "--thread", "n"])
+    assert resumed.exit_code == 0, resumed.stderr
+    assert [e["event"] for e in events(resumed.stdout)] == ["message_sent", "done"]
+    assert counted(backend, "messages")["messages"] == before + 1
+
+
+def follow_the_keyed_payments_resume(backend, said, ended):
+    """A keyed payment with no answer twice (exit 6): the line names the look and, once the
+    provider's settle time has passed since the last send, the resume. A person waits that
+    long (the line's figure: the provider's commit bound, checked), looks, and resumes as
+    printed: the first charge adopted, none made."""
+    assert "honours the key and has not given its result yet" in said, said
+    look, resume = printed_for_docker(said)
+    assert look == f"{RUN} payments --reference case-keyed:pay:v1:pay", said
+    assert resume == f"{RUN} resume --thread keyed", said
+    settle_s = float(re.search(r"once (\S+) s have passed since the last send", said)[1])
+    time.sleep(max(0.0, ended + settle_s - time.monotonic()))  # the person waits, as told
+    looked = backend.run(look)  # first the look, as the line says
+    assert looked.exit_code == 0, looked.stderr
+    done = backend.run(resume)
+    held = backend.compose_run(
+        ["exec", "-T", "api", "python", "-c", PAYMENTS_SCRIPT, "case-keyed:pay:v1:pay"]
+    )
+    listed = json.loads(held.stdout)  # pending 0: the provider kept its bound (the model)
+    assert done.exit_code == 0, (done.stderr, listed)  # at the line's time, the resume settles
+    assert listed["pending"] == 0 and len(listed["payments"]) == 2, listed  # the lesson's two
+    adopted = events(done.stdout)[0]
+    assert (adopted["event"], adopted["payment_id"]) == (
+        "effect_adopted", listed["payments"][0]["payment_id"]
+    ), done.stdout  # fmt: skip
+    assert events(looked.stdout)[0]["payments"] == listed["payments"]  # nothing charged since
 
 
 COUNTS_SCRIPT = (  # in the api container: how many of each list the receiver holds
@@ -743,8 +810,9 @@ def counted(backend, *lists):
 def follow_lab_18s_hints(outcomes, backend):
     """Lab 18 typed without its webhooks file: the receiver up again without it, ticket 2
     moved; each event came once, and the line names the `up` with the file, then the move
-    again. Typed as printed, one after the other, each event comes twice; the inbox flags the
-    second of each; no condition line now; a notice for each one sent, no ticket more."""
+    again (for a move to the status a ticket holds, one through another status: followed too).
+    Typed as printed, one after the other, each event comes twice; the inbox flags the second
+    of each; no condition line now; a notice for each one sent, no ticket more."""
     assert backend.run(UP).exit_code == 0  # the api again, without the file: Compose recreates it
     move = ["hooks", "--ticket", "2", "--move", "opened,in_progress,resolved"]
     once = backend.workflow(move)
@@ -754,6 +822,26 @@ def follow_lab_18s_hints(outcomes, backend):
     assert restart == f"{UP_FILES} -f {WEBHOOKS} up -d --build api", restart
     (again,) = printed_for_docker(line)
     assert again == f"{RUN} {' '.join(move)}", again
+    # A new ticket moved to resolved: a move again to the status it holds makes no event, so
+    # the line's goes through another (labs/hooks.py moved_again). Typed as printed, each
+    # event comes once and one notice is sent.
+    made = backend.workflow(["start", "--thread", "h", "--operation", "case-h:open-ticket:v1"])
+    assert made.exit_code == 0, made.stderr
+    ticket = events(made.stdout)[-1]["ticket_id"]
+    same = backend.workflow(["hooks", "--ticket", str(ticket), "--move", "resolved"])
+    assert same.exit_code == 0 and events(same.stdout)[-1]["status"] == "resolved", same.stdout
+    (line,) = [x for x in same.stderr.splitlines() if "each webhook came once" in x]
+    (through,) = printed_for_docker(line)
+    assert through == f"{RUN} hooks --ticket {ticket} --move opened,resolved", line
+    before = counted(backend, "messages", "tickets")
+    moved = backend.run(through)
+    assert moved.exit_code == 0, moved.stderr
+    came = [e for e in events(moved.stdout) if e["event"] == "webhook"]
+    assert [(e["status"], e["duplicate"]) for e in came] == [
+        ("opened", False), ("resolved", False)
+    ], moved.stdout  # fmt: skip
+    assert events(moved.stdout)[-1]["status"] == "resolved", moved.stdout
+    assert counted(backend, "messages", "tickets") == {**before, "messages": before["messages"] + 1}
     before = counted(backend, "messages", "tickets")
     assert backend.run(restart).exit_code == 0  # as printed: only the project is our own
     twice = backend.run(again)
@@ -875,6 +963,70 @@ def follow_lab_02s_hints(outcomes, backend):
         done = backend.run(resume)
         assert done.exit_code == 0, done.stderr
         assert [t["key"] for t in backend.tickets()].count(key) == 1
+    follow_a_busy_receivers_resume(backend)
+    follow_an_unwritable_checkpoints_resume(backend)
+
+
+HOLD_SCRIPT = """
+import sqlite3, sys
+held = sqlite3.connect('/data/receiver.sqlite', isolation_level=None)
+held.execute('BEGIN EXCLUSIVE')  # as a backup or an sqlite3 shell would: no writer gets in
+print('held', flush=True)
+sys.stdin.read()  # until the test closes it
+"""  # in the api container: the receiver's database held by another program
+
+
+def follow_a_busy_receivers_resume(backend):
+    """Another program holds the receiver's database for a whole start (one try, so two for a
+    503): exit 1, the line names the resume once the receiver can write. Released, that
+    resume typed as printed ends done with one ticket."""
+    holder = subprocess.Popen(
+        [*backend.compose, "-p", backend.project, "exec", "-T", "api", "python", "-c"]
+        + [HOLD_SCRIPT],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout.readline() == "held\n", holder.stderr.read()
+        start = ["start", "--thread", "busy", "--operation", "case-busy:open-ticket:v1"]
+        stopped = backend.workflow(start, env={"API_ATTEMPTS": "1"})
+    finally:
+        holder.communicate("")  # stdin closed: the holder's transaction ends with it
+    assert stopped.exit_code == 1 and "stayed busy (503)" in stopped.stderr, stopped.stderr
+    (resume,) = printed_for_docker(stopped.stderr)
+    assert resume == f"{RUN} resume --thread busy", stopped.stderr
+    done = backend.run(resume)
+    assert done.exit_code == 0, done.stderr
+    assert [t["key"] for t in backend.tickets()].count("case-busy:open-ticket:v1") == 1
+
+
+def follow_an_unwritable_checkpoints_resume(backend):
+    """A start drained by SIGTERM (saved before its ticket), then the checkpoint file made
+    read-only for the container's user: the resume sends its ticket and cannot save it, exit
+    74, naming itself once CHECKPOINT_DB can be written, and the files it cannot write: the
+    -wal and -shm SQLite made then, read-only as well. Those made writable, typed as printed,
+    the resume ends done: one ticket."""
+    key = "case-ro:open-ticket:v1"
+    start = ["start", "--thread", "ro", "--operation", key, "--term-at", "after-prepare"]
+    assert backend.workflow(start).exit_code == 75  # drained: the thread is saved
+    chmod = ["run", "--rm", "--no-deps", "--entrypoint", "chmod", "workflow"]
+    db = "/data/checkpoints.sqlite"
+    assert backend.compose_run([*chmod, "a-w", db]).exit_code == 0
+    stopped = backend.workflow(["resume", "--thread", "ro"])
+    assert stopped.exit_code == 74, stopped.stderr
+    stuck = f"once CHECKPOINT_DB can be written (read-only now: {db}, {db}-wal, {db}-shm), "
+    assert stuck in stopped.stderr, stopped.stderr
+    assert backend.compose_run([*chmod, "u+w", db, f"{db}-wal", f"{db}-shm"]).exit_code == 0
+    (resume,) = printed_for_docker(stopped.stderr)
+    assert resume == f"{RUN} resume --thread ro", stopped.stderr
+    done = backend.run(resume)
+    assert done.exit_code == 0, done.stderr
+    # The ledger's intent is in that file too: it could not be written, so nothing was sent
+    # before; the resume sends it now, once.
+    assert events(done.stdout)[0]["event"] == "effect_ack", done.stdout
+    assert [t["key"] for t in backend.tickets()].count(key) == 1
 
 
 def follow_lab_07s_hints(outcomes, backend):
@@ -956,9 +1108,9 @@ def follow_lab_13s_hints(outcomes, backend):
     """A saga killed after its charge's answer, then `resume` typed without saga: exit 4, the
     line names saga resume in Docker form. Typed as printed, it finishes the saga: one charge
     and one reservation more, nothing released or refunded; `state` on it names `saga state`,
-    which shows it. Then a naive saga killed after its release's answer: the line names a look
-    at the releases instead, and it shows the one; the same look after Ctrl-C there, typed
-    into a terminal."""
+    which shows it; a second saga of its key names its state. Then a naive saga killed after
+    its release's answer: the line names a look at the releases instead, and it shows the one;
+    the same look after Ctrl-C there, typed into a terminal."""
     before = counted(backend, *SAGA_LISTS)
     start = ["saga", "start", "--thread", "again", "--operation", "case-again:book:v1"]
     crashed = backend.workflow([*start, "--seats", "2", "--crash-at", "after-charge-ack"])
@@ -975,6 +1127,18 @@ def follow_lab_13s_hints(outcomes, backend):
     assert more == {"tickets": 1, "reservations": 1, "shipments": 1, "releases": 0, "refunds": 0}
     shown = other_lessons_state(backend, "state", "again", "saga state")  # the saga's own look
     assert events(shown.stdout)[0]["values"]["seats"] == 2, shown.stdout
+    # A second saga of that --operation asking for other seats: exit 1, one line naming the
+    # saga that holds the key (labs/saga.py not_undone); typed as printed, its state, done.
+    other = ["saga", "start", "--thread", "other", "--operation", "case-again:book:v1"]
+    held = backend.workflow([*other, "--seats", "3"])
+    assert held.exit_code == 1 and held.stderr.count("\n") == 1, held.stderr
+    (look,) = printed_for_docker(held.stderr)
+    assert look == f"{RUN} saga state --thread again", held.stderr
+    shown = backend.run(look)
+    assert shown.exit_code == 0, shown.stderr
+    (state,) = events(shown.stdout)
+    assert (state["values"]["seats"], state["next"]) == (2, []), shown.stdout
+    assert counted(backend, *SAGA_LISTS) == after  # a look: nothing sent
     # A naive saga killed after its release's answer waits at the release, which goes without
     # a key: `resume` typed without saga names no saga resume (it would release again) but a
     # look at the releases, which changes nothing and lists the one release made.
@@ -1016,7 +1180,8 @@ def follow_lab_19s_hints(outcomes, backend):
     done; the relay's --once sends its one message (one ticket more). Its own hints,
     followed: the list shows it published; the start (a thread and an operation of its own:
     the outbox holds two) writes a message, which the relay then sends (one ticket more).
-    `saga state` on the outbox's thread names `outbox state`, which shows it."""
+    `saga state` on the outbox's thread names `outbox state`, which shows it; `outbox resume`
+    on a ticket run's thread names its `state`, which shows it."""
     before = counted(backend, "tickets")
     start = ["outbox", "start", "--thread", "again", "--operation", "case-again:open-ticket:v1"]
     crashed = backend.workflow([*start, "--crash-at", "after-outbox"])
@@ -1049,6 +1214,13 @@ def follow_lab_19s_hints(outcomes, backend):
     assert written.exit_code == 0, written.stderr
     assert backend.run(f"{relay} --once").exit_code == 0
     assert counted(backend, "tickets") == {"tickets": before["tickets"] + 2}  # its one ticket
+    # A ticket run killed after its send, then outbox resume typed on it: the line names the
+    # ticket run's own look (labs/outbox.py outbox_run); typed as printed, it sends nothing.
+    plain = ["start", "--thread", "plain", "--operation", "case-plain:open-ticket:v1"]
+    assert backend.workflow([*plain, "--crash-at", "after-send"]).exit_code == 137
+    shown = other_lessons_state(backend, "outbox resume", "plain", "state")
+    assert "delivery" not in events(shown.stdout)[0]["values"], shown.stdout
+    assert counted(backend, "tickets") == {"tickets": before["tickets"] + 3}  # the crashed run's
 
 
 def other_lessons_state(backend, typed, thread, names):

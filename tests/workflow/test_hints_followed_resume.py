@@ -171,13 +171,14 @@ def test_a_receiver_busy_past_every_try_names_the_resume_once_it_can_write(lab, 
 # --- a checkpoint that cannot be written: exit 74 (hints.report_database_error) ----------------
 
 
-def unwritable_then_followed(stopped, env, thread, operation):
+def unwritable_then_followed(stopped, env, thread, operation, stuck=""):
     """A run stopped by a checkpoint it could not write: exit 74, one line naming the resume
-    once CHECKPOINT_DB can be written. That resume, typed as printed: followed()'s outcome."""
+    once CHECKPOINT_DB can be written (and the files it could not write, when it can tell:
+    stuck). That resume, typed as printed: followed()'s outcome."""
     assert stopped.returncode == 74 and stopped.stderr.count("\n") == 1, stopped.stderr
     assert stopped.stderr.endswith(
         "its request may have taken effect before the save failed; once CHECKPOINT_DB can be "
-        f"written, resume it with: {resume_line('resume', thread)}\n"
+        f"written{stuck}, resume it with: {resume_line('resume', thread)}\n"
     ), stopped.stderr
     (resume,) = printed(stopped.stderr)
     return followed(resume, env, operation)
@@ -217,7 +218,8 @@ def test_a_checkpoint_made_immutable_while_the_request_is_out_names_the_resume(
     assert "chattr" in made, stopped  # the run reached after-send
     if made["chattr"].returncode != 0:
         pytest.skip(f"chattr +i is not possible here (root on ext4 needed): {made['chattr']}")
-    done = unwritable_then_followed(stopped, lab, "ro", "case-ro")
+    stuck = f" (read-only now: {db}, {db}-wal)"  # what chattr made immutable: the line names it
+    done = unwritable_then_followed(stopped, lab, "ro", "case-ro", stuck)
     assert events(done.stdout)[0]["event"] == "effect_adopted", done.stdout  # not sent again
 
 

@@ -557,7 +557,8 @@ def test_a_ledger_made_unwritable_while_the_request_is_out_exits_74_and_names_th
     assert proc.returncode == exitcodes.EXIT_CHECKPOINT_WRITE, err
     assert err.count("\n") == 1 and "disk I/O error" in err, err
     assert err.endswith(
-        "may have taken effect before the save failed; once CHECKPOINT_DB can be written, "
+        "may have taken effect before the save failed; once CHECKPOINT_DB can be written "
+        f"(read-only now: {db}, {db}-wal), "  # the files chattr made immutable
         "resume it with: python -m labs resume --thread ro (Docker: docker compose -p "
         "stateful-lab run --rm workflow resume --thread ro)\n"
     ), err
