@@ -733,6 +733,7 @@ def follow_lab_15s_hints(outcomes, backend):
     assert twice.exit_code == 6, twice.stderr
     follow_the_keyed_payments_resume(backend, twice.stderr, twice_ended)
     follow_a_message_that_never_left(backend)
+    follow_a_persons_refused_words(backend)
 
 
 def follow_a_message_that_never_left(backend):
@@ -762,6 +763,48 @@ def follow_a_message_that_never_left(backend):
     assert resumed.exit_code == 0, resumed.stderr
     assert [e["event"] for e in events(resumed.stdout)] == ["message_sent", "done"]
     assert counted(backend, "messages")["messages"] == before + 1
+
+
+def follow_a_persons_refused_words(backend):
+    """A message sent and its answer lost (killed after the send): the resume stops with exit
+    6. A person's words on it that reconcile refuses, each one line naming the command that
+    is right (settling.py): --confirmed without the id, --correct of an open key, --confirmed
+    again after a typo was taken, --correct without the id. Followed as printed (ID: the id
+    the look showed), the typo is corrected and the resume ends with that message: none sent
+    again."""
+    key = "case-w:open-ticket:v1:notify"
+    start = ["start", "--thread", "w", "--operation", "case-w:open-ticket:v1", "--notify"]
+    assert backend.workflow([*start, "--crash"]).exit_code == 137  # after the ticket's receipt
+    window = ["resume", "--thread", "w", "--crash-at", "after-send"]
+    assert backend.workflow(window).exit_code == 137  # the message sent, its answer lost
+    stopped = backend.workflow(["resume", "--thread", "w"])
+    assert stopped.exit_code == 6, stopped.stderr
+    looked = backend.run(printed_for_docker(stopped.stderr)[0])
+    made = max(m["message_id"] for m in events(looked.stdout)[0]["messages"])  # the newest
+    typo = made + 6
+
+    def refused(words, code, names):
+        said = backend.run(f"{RUN} reconcile {words}")
+        assert (said.exit_code, said.stdout) == (code, ""), said
+        assert said.stderr.count("\n") == 1 and "Nothing was" in said.stderr, said.stderr
+        assert f"{RUN} reconcile {names}" in printed_for_docker(said.stderr), said.stderr
+        return f"{RUN} reconcile {names}"
+
+    confirm = refused(f"--confirmed {key}", 2, f"--confirmed {key}=ID")
+    assert refused(f"--correct {key}={made}", 4, f"--confirmed {key}=ID") == confirm
+    taken = backend.run(confirm.replace("=ID", f"={typo}"))  # a person's typo: nothing checks it
+    if taken.exit_code == 4 and "or add --wait" in taken.stderr:  # the settle time not over
+        taken = backend.run(f"{confirm.replace('=ID', f'={typo}')} --wait")
+    assert taken.exit_code == 0, taken.stderr
+    correct = refused(f"--confirmed {key}={made}", 4, f"--correct {key}=ID")
+    assert refused(f"--correct {key}", 2, f"--correct {key}=ID") == correct
+    corrected = backend.run(correct.replace("=ID", f"={made}"))
+    assert corrected.exit_code == 0, corrected.stderr
+    before = counted(backend, "messages")
+    resumed = backend.workflow(["resume", "--thread", "w"])
+    assert resumed.exit_code == 0, resumed.stderr
+    assert events(resumed.stdout)[-1]["message_id"] == made, resumed.stdout
+    assert counted(backend, "messages") == before  # none sent again
 
 
 def follow_the_keyed_payments_resume(backend, said, ended):
@@ -938,7 +981,8 @@ def follow_lab_02s_hints(outcomes, backend):
     resume in Docker form. Typed as printed, it ends done with the one ticket the crashed run
     made (safe mode: the same key), no second one. Then a start whose API_URL names no
     receiver (exit 3), or a wrong path on it (exit 1): the line names the resume for once
-    API_URL is right; typed as printed (the lab's API_URL), it ends done with one ticket."""
+    API_URL is right; typed as printed (the lab's API_URL), it ends done with one ticket. The
+    same for another program's page, a busy receiver and an unwritable checkpoint (below)."""
     start = ["start", "--thread", "again", "--operation", "case-again:open-ticket:v1"]
     crashed = backend.workflow([*start, "--mode", "safe", "--crash"])
     assert crashed.exit_code == 137, crashed.stderr
@@ -963,8 +1007,54 @@ def follow_lab_02s_hints(outcomes, backend):
         done = backend.run(resume)
         assert done.exit_code == 0, done.stderr
         assert [t["key"] for t in backend.tickets()].count(key) == 1
+    follow_another_programs_page(backend)
     follow_a_busy_receivers_resume(backend)
     follow_an_unwritable_checkpoints_resume(backend)
+
+
+PAGE_SCRIPT = """
+import http.server, sys, threading
+class Page(http.server.BaseHTTPRequestHandler):  # a web server's own 404 page, not JSON
+    def do_GET(self):
+        self.send_response(404)
+        self.send_header('Content-Type', 'text/html')
+        self.end_headers()
+        self.wfile.write(b'<html><body><h1>Not Found</h1></body></html>')
+    do_POST = do_GET
+server = http.server.HTTPServer(('0.0.0.0', int(sys.argv[1])), Page)
+threading.Thread(target=server.serve_forever, daemon=True).start()
+print('serving', flush=True)
+sys.stdin.read()  # until the test closes it
+"""  # in the api container: another program on another port
+
+
+def follow_another_programs_page(backend):
+    """API_URL at another program (a web server's 404 page, no JSON): exit 1, the line says
+    so and names the resume once API_URL names the receiver. Typed as printed (the lab's
+    API_URL), it ends done with one ticket."""
+    port = 8098
+    page = subprocess.Popen(
+        [*backend.compose, "-p", backend.project, "exec", "-T", "api", "python", "-c"]
+        + [PAGE_SCRIPT, str(port)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert page.stdout.readline() == "serving\n", page.stderr.read()
+        key = "case-page:open-ticket:v1"
+        start = ["start", "--thread", "page", "--operation", key]
+        stopped = backend.workflow(start, env={"API_URL": f"http://api:{port}"})
+    finally:
+        page.communicate("")  # stdin closed: the server ends with it
+    assert stopped.exit_code == 1, stopped.stderr
+    assert "answered 404 without the receiver's JSON" in stopped.stderr, stopped.stderr
+    (resume,) = printed_for_docker(stopped.stderr)
+    assert resume == f"{RUN} resume --thread page", stopped.stderr
+    done = backend.run(resume)
+    assert done.exit_code == 0, done.stderr
+    assert [t["key"] for t in backend.tickets()].count(key) == 1
 
 
 HOLD_SCRIPT = """
