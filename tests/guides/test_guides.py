@@ -771,7 +771,7 @@ def follow_a_persons_refused_words(backend):
     is right (settling.py): --confirmed without the id, --correct of an open key, --confirmed
     again after a typo was taken, --correct without the id. Followed as printed (ID: the id
     the look showed), the typo is corrected and the resume ends with that message: none sent
-    again."""
+    again. Then --confirmed of a ticket the receiver does not hold."""
     key = "case-w:open-ticket:v1:notify"
     start = ["start", "--thread", "w", "--operation", "case-w:open-ticket:v1", "--notify"]
     assert backend.workflow([*start, "--crash"]).exit_code == 137  # after the ticket's receipt
@@ -805,6 +805,21 @@ def follow_a_persons_refused_words(backend):
     assert resumed.exit_code == 0, resumed.stderr
     assert events(resumed.stdout)[-1]["message_id"] == made, resumed.stdout
     assert counted(backend, "messages") == before  # none sent again
+    # A ticket killed after its intent, before it left: --confirmed with an id is refused,
+    # the receiver's lookup holds nothing; the line names --not-sent, taken as printed (with
+    # --wait, offered while the settle time runs); the resume then sends the ticket once.
+    key = "case-v:open-ticket:v1"
+    start = ["start", "--thread", "v", "--operation", key, "--crash-at", "after-intent"]
+    assert backend.workflow(start).exit_code == 137
+    not_sent = refused(f"--confirmed {key}=1", 4, f"--not-sent {key}")
+    taken = backend.run(not_sent)
+    if taken.exit_code == 4 and "or add --wait" in taken.stderr:
+        taken = backend.run(f"{not_sent} --wait")
+    assert taken.exit_code == 0, taken.stderr
+    assert events(taken.stdout)[0] == {"event": "settled", "key": key, "state": "released"}
+    resumed = backend.workflow(["resume", "--thread", "v"])
+    assert resumed.exit_code == 0, resumed.stderr
+    assert [t["key"] for t in backend.tickets()].count(key) == 1
 
 
 def follow_the_keyed_payments_resume(backend, said, ended):
@@ -1177,7 +1192,8 @@ def follow_lab_07s_hints(outcomes, backend):
 def follow_lab_10s_hints(outcomes, backend):
     """Lab 10's workers stopped, a job submitted: `wait` says no worker runs it and names the
     Docker command that starts one (not the native `python -m labs.workers run`). Typed as
-    printed, a worker takes the job: the next `wait` ends idle, one ticket for its operation."""
+    printed, a worker takes the job: the next `wait` ends idle, one ticket for its operation.
+    Then `resume` on that thread in the workers' database names the workers' state."""
     worker = "docker compose -p stateful-lab run --rm worker"
     assert backend.compose_run(["stop", "worker"]).exit_code == 0  # the guide's three workers
     key = "case-8:open-ticket:v1"
@@ -1190,6 +1206,19 @@ def follow_lab_10s_hints(outcomes, backend):
     assert backend.run(start).exit_code == 0
     done = backend.run(f"{worker} wait --thread case-8")
     assert done.exit_code == 0 and events(done.stdout)[0]["event"] == "idle", done.stdout
+    listed = backend.run(f"{RUN} tickets --operation {key}")
+    assert len(events(listed.stdout)[0]["tickets"]) == 1, listed.stdout
+    # The lessons' CLI pointed at the workers' database, on the thread a worker ran: exit 4,
+    # one line naming the workers' own look (labs/threads.py owning_command_line); typed as
+    # printed, it shows the thread done and sends nothing.
+    postgres = {"CHECKPOINT_DB": "postgresql://postgres:lab@postgres:5432/postgres"}
+    refused = backend.workflow(["resume", "--thread", "case-8"], env=postgres)
+    assert refused.exit_code == 4 and refused.stderr.count("\n") == 1, refused.stderr
+    (look,) = printed_for_docker(refused.stderr)
+    assert look == f"{worker} state --thread case-8", refused.stderr
+    shown = backend.run(look)
+    assert shown.exit_code == 0, shown.stderr
+    assert events(shown.stdout)[0]["next"] == [], shown.stdout
     listed = backend.run(f"{RUN} tickets --operation {key}")
     assert len(events(listed.stdout)[0]["tickets"]) == 1, listed.stdout
 
