@@ -8,6 +8,7 @@ import http.server
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -199,11 +200,15 @@ class StandIn(http.server.BaseHTTPRequestHandler):
     """A keyless provider on loopback: every POST /shipments or /messages makes a new record (a
     second POST, a second shipment); GET /shipments?reference=R finds shipments by our reference
     (without one: every one), and only those the test has let show (server.visible: False
-    holds a new one back, as a provider that commits late)."""
+    holds a new one back, as a provider that commits late); server.limited answers that many
+    POSTs 429 first, making nothing."""
 
     def do_POST(self):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         kind = self.path.strip("/")
+        if self.server.limited:  # its rate limit: nothing made (providers.DID_NOTHING)
+            self.server.limited -= 1
+            return self.answer(429, {"error": "too many requests"})
         if kind not in ("shipments", "messages"):
             return self.answer(404, {"error": "no such route"})
         made = {**body, "id": len(self.server.made[kind]) + 1, "shown": self.server.visible}
@@ -237,7 +242,7 @@ class StandIn(http.server.BaseHTTPRequestHandler):
 @pytest.fixture
 def stand_in():
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), StandIn)
-    server.made, server.visible = {"shipments": [], "messages": []}, True
+    server.made, server.visible, server.limited = {"shipments": [], "messages": []}, True, 0
     threading.Thread(target=server.serve_forever, daemon=True).start()
     yield server
     server.shutdown()
@@ -417,7 +422,8 @@ def test_a_keyless_provider_with_a_lookup_added_as_the_readme_says_ships_once(
     """WAREHOUSE takes no key: killed in its window, the resume finds the shipment by our
     reference and adopts it. One the provider has not shown yet (it commits late) stops the run
     with exit 6 inside settle_s, shipping nothing; once it shows, reconcile records it and the
-    resume goes on: one shipment in all."""
+    resume goes on: one shipment in all. A third meets a 429: its line's resume, typed as
+    printed once the provider takes it, ships it once."""
     dest, env = starter_with(tmp_path, capsys, "### A keyless provider with a lookup by")
     with receiving(env, dest):
         env["WAREHOUSE_URL"] = f"http://127.0.0.1:{stand_in.server_address[1]}"
@@ -445,7 +451,21 @@ def test_a_keyless_provider_with_a_lookup_added_as_the_readme_says_ships_once(
         code, events, err = workflow_in(dest, env, "resume", "--thread", "t2")
         assert code == 0 and events[-1]["event"] == "done", err
         assert receipt(env, "op-2:ship", "shipment_id") == (2, "reconcile: adopted")
-    assert [p["reference"] for p in stand_in.made["shipments"]] == ["op-1:ship", "op-2:ship"]
+        # A third order meets the provider's rate limit (429: nothing made): exit 1, one line
+        # naming the resume once WAREHOUSE takes it (hints.py). Typed as printed once it
+        # does: one shipment more.
+        stand_in.limited = 1
+        code, _, err = workflow_in(dest, env, "start", "--thread", "t3", "--operation", "op-3")
+        assert code == exitcodes.EXIT_HTTP_ERROR and err.count("\n") == 1, err
+        assert "answered 429; nothing was made, and the key is still free" in err, err
+        said = "; the run is saved: once WAREHOUSE takes it, "
+        assert err.endswith(f"{said}python workflow.py resume --thread t3\n"), err
+        printed = shlex.split(err.rsplit(said, 1)[1])
+        assert printed[:2] == ["python", "workflow.py"], err
+        code, events, err = workflow_in(dest, env, *printed[2:])
+        assert code == 0 and events[-1]["event"] == "done", err
+    references = [p["reference"] for p in stand_in.made["shipments"]]
+    assert references == ["op-1:ship", "op-2:ship", "op-3:ship"]
 
 
 @pytest.mark.long

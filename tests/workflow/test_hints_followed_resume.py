@@ -5,7 +5,8 @@ that cannot be written, Ctrl-C during lab 07's approve) names the command that g
 run as a shell splits it, ends the run with exit 0 and one ticket: never a second.
 
 hints.py's line for a provider that is not the receiver ("once NAME takes it") is not here: the
-lessons' CLI declares only the receiver (workflow.API), so it cannot print that line."""
+lessons' CLI declares only the receiver (workflow.API), so it cannot print that line. A copier's
+program can: tests/tools/test_starter.py follows it in a starter with a provider added."""
 
 import json
 import sqlite3
