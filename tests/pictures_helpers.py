@@ -136,8 +136,9 @@ def expected_marks(told):
         "receipt": kinds["effect_receipt"] + sum(e.get("how") == "receipt" for e in saga),
         "said": kinds["refused"],  # lab 13's shipment refused: no carrier
         "reconciled": kinds["reconciled"] + kinds["settled"],
-        "delivered": sum(bool(e["applied"]) for e in hooks),
-        "ignored": sum(not e["applied"] for e in hooks),
+        # an inbox's second delivery (duplicate) changes nothing, applied before or not
+        "delivered": sum(e["applied"] and not e.get("duplicate") for e in hooks),
+        "ignored": sum(not e["applied"] or bool(e.get("duplicate")) for e in hooks),
         "refused": kinds["webhook_refused"],
         "status": kinds["ticket_status"] - back,
         "back": back,

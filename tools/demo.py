@@ -1481,6 +1481,8 @@ class ShownSoFar:
             self.deliveries.add(event["event_id"])
             if event.get("applied"):
                 self.applied.append(event)
+                if event.get("duplicate"):  # the inbox had it: its first delivery applied it
+                    return [("ignored", f"{name}: seen before, applied once")]
                 return [("delivered", f"{name}: applied" + (" again" if again else ""))]
             return [
                 (
