@@ -163,13 +163,13 @@ def settlements(args):
             key, _, external_id = text.rpartition("=") if "=" in text else (text, "", "")
             if key in said:
                 raise UserError(
-                    f"{key!r} is named twice (--{said[key][0]} and --{word}); say once what "
-                    "happened to it. Nothing was settled",
+                    f"nothing was settled: {key!r} is named twice (--{said[key][0]} and "
+                    f"--{word}); say once what happened to it",
                     EXIT_THREAD,
                 )
             if word == "not-sent" and external_id:
                 raise UserError(
-                    f"--not-sent takes a key, not KEY=ID ({text!r}). Nothing was settled",
+                    f"nothing was settled: --not-sent takes a key, not KEY=ID ({text!r})",
                     EXIT_USAGE,
                 )
             said[key] = (word, external_id or None)

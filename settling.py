@@ -115,37 +115,40 @@ def correction_checked(ledger, key, external_id, effects):
     record = require_correctable(ledger, key)  # under its lock now
     effect = effects.get(record.effect)
     look = "" if effect is None else f" (look with {effect.look(key)})"
-    nothing = ". Nothing was corrected"
     if external_id is None and not corrections.correctable(ledger, key):  # checked: it holds
         was = ledger.receipt(key)["external_id"]
         raise WordRefused(
             f"effect {key!r} names {was}, which its provider's lookup found when a person "
-            f"confirmed it: the only id a correction could name{look}{nothing}"
+            f"confirmed it: the only id a correction could name{look}",
+            verb="corrected",
         )
     if external_id is None:
         raise WordRefused(
             f"--correct {key} needs the id the provider gave it: "
-            f"{reconciling('--correct', key + '=ID')}{look}{nothing}",
+            f"{reconciling('--correct', key + '=ID')}{look}",
             usage=True,
+            verb="corrected",
         )
     was = ledger.receipt(key)["external_id"]
     if external_id == was:
-        raise WordRefused(f"{key!r} already names {was}: nothing to correct{look}{nothing}")
+        raise WordRefused(f"{key!r} already names {was}{look}", verb="corrected")
     how = "a person: reconcile --correct"
     if effect is not None and effect.lookup is not None:  # asked, not believed
         found = effect.lookup(None, key)
         held = "nothing" if found is None else effect.external_id(found)
         if found is None or str(held) != external_id:
             raise WordRefused(
-                f"the provider holds {held} under {key!r}, not {external_id}{look}{nothing}"
+                f"the provider holds {held} under {key!r}, not {external_id}{look}",
+                verb="corrected",
             )
         return key, "corrected", f"{how}{corrections.LOOKED_UP}", found, held
     if effect is None or effect.answer_of is None:
         raise WordRefused(
             f"effect {record.effect!r} of {key!r} is not one this program can record a person's "
-            f"answer for{nothing}"
+            f"answer for",
+            verb="corrected",
         )
-    answer = answer_of_id(effect, external_id, look + nothing)
+    answer = answer_of_id(effect, external_id, look, verb="corrected")
     return key, "corrected", how, answer, effect.external_id(answer)
 
 
@@ -157,14 +160,15 @@ def require_correctable(ledger, key):
         open_ = record is not None and record.state in OPEN  # released, failed: nothing to settle
         hint = f"; {reconciling('--confirmed', key + '=ID')} settles it" if open_ else ""
         raise WordRefused(
-            f"effect {key!r} is not confirmed ({state}): --correct changes a person's "
-            f"answer{hint}. Nothing was corrected"
+            f"effect {key!r} is not confirmed ({state}): --correct changes a person's answer{hint}",
+            verb="corrected",
         )
     if corrections.by_a_person(ledger, key) is None:
         how = next(how for _, to, how in ledger.history(key) if to == "confirmed")
         raise WordRefused(
             f"effect {key!r} was confirmed by its provider ({how}), not by a person's word: "
-            "there is no person's answer to correct. Nothing was corrected"
+            "there is no person's answer to correct",
+            verb="corrected",
         )
     return record
 
@@ -177,42 +181,41 @@ def word_checked(ledger, key, word, external_id, effects):
     effect = effects.get(record.effect)
     look = "" if effect is None else f" (look with {effect.look(key)})"
     found = None if effect is None or effect.lookup is None else effect.lookup(None, key)
-    nothing = ". Nothing was settled"
     if word == "not-sent" and found is not None:
         held = effect.external_id(found)
         raise WordRefused(
             f"the provider holds {held} under {key!r}: it was sent; "
-            f"{reconciling('--confirmed', key)} records it{look}{nothing}"
+            f"{reconciling('--confirmed', key)} records it{look}"
         )
     if word == "not-sent":  # a person's word: taken once the provider's settle time is over
-        require_settled(record, effect, look + nothing)
+        require_settled(record, effect, look)
         return key, "released", "a person: reconcile --not-sent", None, None
     how = "a person: reconcile --confirmed"
     if found is not None:
         if external_id is not None and external_id != str(effect.external_id(found)):
             raise WordRefused(
                 f"the provider holds {effect.external_id(found)} under {key!r}, not "
-                f"{external_id}{look}{nothing}"
+                f"{external_id}{look}"
             )
         return key, "confirmed", f"{how}{corrections.LOOKED_UP}", found, effect.external_id(found)
     if effect is not None and effect.lookup is not None:
         raise WordRefused(
             f"the provider holds nothing under {key!r}: not confirmed{look}; if it never went "
-            f"out, {reconciling('--not-sent', key)}{nothing}"
+            f"out, {reconciling('--not-sent', key)}"
         )
     if effect is None or effect.answer_of is None:
         raise WordRefused(
             f"effect {record.effect!r} of {key!r} is not one this program can record a person's "
-            f"answer for; if it never went out, {reconciling('--not-sent', key)}{nothing}"
+            f"answer for; if it never went out, {reconciling('--not-sent', key)}"
         )
     if external_id is None:
         raise WordRefused(
             f"--confirmed {key} needs the id the provider gave it: "
-            f"{reconciling('--confirmed', key + '=ID')}{look}{nothing}",
+            f"{reconciling('--confirmed', key + '=ID')}{look}",
             usage=True,
         )
-    answer = answer_of_id(effect, external_id, look + nothing)
-    require_settled(record, effect, look + nothing)  # a person's word, as for --not-sent
+    answer = answer_of_id(effect, external_id, look)
+    require_settled(record, effect, look)  # a person's word, as for --not-sent
     return key, "confirmed", how, answer, effect.external_id(answer)
 
 
@@ -251,17 +254,18 @@ def require_open(ledger, key):
         if state == "confirmed" and corrections.correctable(ledger, key):
             fix = f"; a person's answer given wrong: {reconciling('--correct', key + '=ID')}"
         raise WordRefused(
-            f"effect {key!r} is not open ({state}); {command('reconcile')} lists the open "
-            f"ones{fix}. Nothing was settled"
+            f"effect {key!r} is not open ({state}); {command('reconcile')} lists the open ones{fix}"
         )
 
 
 class WordRefused(LedgerError):
     """A person's word the ledger will not take (a key not open, an id the provider does not
-    hold, too soon after the last send): nothing was settled. usage: the word was malformed."""
+    hold, too soon after the last send): nothing was settled (or corrected), which the line says
+    first, so that a command it names ends the line or a clause, never a sentence's period.
+    usage: the word was malformed."""
 
-    def __init__(self, message, usage=False):
-        super().__init__(message)
+    def __init__(self, message, usage=False, verb="settled"):
+        super().__init__(f"nothing was {verb}: {message}")
         self.usage = usage
 
 
@@ -271,11 +275,11 @@ def where(effect, otherwise):
     return str(getattr(declared, "name", declared) or otherwise)
 
 
-def answer_of_id(effect, external_id, why):
+def answer_of_id(effect, external_id, why, verb="settled"):
     """The answer a person's id stands for (effect.answer_of), or one line: not its id."""
     try:
         return effect.answer_of(external_id)
     except (ValueError, TypeError):
         raise WordRefused(
-            f"{external_id!r} is not an id of {effect.name}{why}", usage=True
+            f"{external_id!r} is not an id of {effect.name}{why}", usage=True, verb=verb
         ) from None

@@ -187,7 +187,8 @@ def test_status_shows_what_is_stuck_and_reconcile_settles_it_on_the_workers_ledg
     code, lines, _ = in_process(monkeypatch, capsys, env, "status")
     assert (lines[0]["effects_unknown"], lines[0]["oldest_unknown_s"]) == (0, 0)
     code, _, err = in_process(monkeypatch, capsys, env, "reconcile", "--not-sent", "made:op")
-    assert code == exitcodes.EXIT_THREAD and err.startswith("labs.workers: effect 'made:op' is not")
+    refused = "labs.workers: nothing was settled: effect 'made:op' is not open (confirmed)"
+    assert code == exitcodes.EXIT_THREAD and err.startswith(refused), err
 
     sent_before = posts(receiver)
     env["WORKER_GRAPH"] = "workflow:build_graph"
