@@ -163,7 +163,11 @@ class Effect:
         return done
 
     def perform_claimed(self, ledger, key, request, client, thread=None):
-        record = ledger.claim(key, self.name, request, thread)
+        try:
+            record = ledger.claim(key, self.name, request, thread)
+        except Exception as error:  # no intent written (a read-only file, a full disk): this
+            error.sent_nothing = True  # attempt sent nothing; its line can say so (hints.py)
+            raise
         if record.state == "confirmed":
             return Outcome(record.answer, "receipt")  # a replay: the provider is not called
         if record.state == "failed":

@@ -202,6 +202,8 @@ def report_database_error(args, settings, error):
     hint = ""
     if args.graph_command and (found := saved(args, settings)) is not None:
         hint = "; its request may have taken effect before the save failed"
+        if getattr(error, "sent_nothing", False):  # effects.py: the intent was not written
+            hint = "; its effect's intent could not be written, so this run sent nothing"
         if found:
             stuck = ", ".join(read_only_files(settings.checkpoint_db))
             stuck = f" (read-only now: {stuck})" if stuck else ""

@@ -1110,10 +1110,10 @@ def follow_a_busy_receivers_resume(backend):
 
 def follow_an_unwritable_checkpoints_resume(backend):
     """A start drained by SIGTERM (saved before its ticket), then the checkpoint file made
-    read-only for the container's user: the resume sends its ticket and cannot save it, exit
-    74, naming itself once CHECKPOINT_DB can be written, and the files it cannot write: the
-    -wal and -shm SQLite made then, read-only as well. Those made writable, typed as printed,
-    the resume ends done: one ticket."""
+    read-only for the container's user: the resume cannot write its ticket's intent and sends
+    nothing, exit 74, naming itself once CHECKPOINT_DB can be written, and the files it cannot
+    write: the -wal and -shm SQLite made then, read-only as well. Those made writable, typed as
+    printed, the resume ends done: one ticket."""
     key = "case-ro:open-ticket:v1"
     start = ["start", "--thread", "ro", "--operation", key, "--term-at", "after-prepare"]
     assert backend.workflow(start).exit_code == 75  # drained: the thread is saved
@@ -1124,13 +1124,14 @@ def follow_an_unwritable_checkpoints_resume(backend):
     assert stopped.exit_code == 74, stopped.stderr
     stuck = f"once CHECKPOINT_DB can be written (read-only now: {db}, {db}-wal, {db}-shm), "
     assert stuck in stopped.stderr, stopped.stderr
+    assert "intent could not be written, so this run sent nothing;" in stopped.stderr
     assert backend.compose_run([*chmod, "u+w", db, f"{db}-wal", f"{db}-shm"]).exit_code == 0
     (resume,) = printed_for_docker(stopped.stderr)
     assert resume == f"{RUN} resume --thread ro", stopped.stderr
     done = backend.run(resume)
     assert done.exit_code == 0, done.stderr
     # The ledger's intent is in that file too: it could not be written, so nothing was sent
-    # before; the resume sends it now, once.
+    # before, as the line said; the resume sends it now, once.
     assert events(done.stdout)[0]["event"] == "effect_ack", done.stdout
     assert [t["key"] for t in backend.tickets()].count(key) == 1
 

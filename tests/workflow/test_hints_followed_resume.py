@@ -246,6 +246,32 @@ def test_a_read_only_checkpoint_names_the_resume_once_it_can_be_written(lab, rec
     assert events(done.stdout)[0]["event"] == "effect_receipt", done.stdout  # not sent again
 
 
+def test_a_checkpoint_immutable_before_the_resume_names_it_and_says_nothing_was_sent(lab, receiver):
+    """The checkpoint file made immutable (chattr +i, as root on ext4) after a start drained
+    before its ticket: the resume cannot write its effect's intent, so it sends nothing. Exit
+    74; the line says so and names the file, and the resume once it can be written. Writable
+    again, that resume sends the ticket: one."""
+    start = ["start", "--thread", "im", "--operation", "case-im", "--term-at", "after-prepare"]
+    assert run_workflow_here(start, lab).returncode == 75  # drained: the thread is saved
+    db = lab["CHECKPOINT_DB"]
+    made = chattr("+i", db)
+    try:
+        if made.returncode != 0:
+            pytest.skip(f"chattr +i is not possible here (root on ext4 needed): {made}")
+        stopped = run_workflow_here(["resume", "--thread", "im"], lab)
+    finally:
+        chattr("-i", db)  # always: pytest must be able to delete tmp_path
+    assert stopped.returncode == 74 and stopped.stderr.count("\n") == 1, stopped.stderr
+    assert stopped.stderr.endswith(
+        "its effect's intent could not be written, so this run sent nothing; once CHECKPOINT_DB "
+        f"can be written (read-only now: {db}), resume it with: {resume_line('resume', 'im')}\n"
+    ), stopped.stderr
+    assert receiver_list(lab, "tickets") == []  # as the line says
+    (resume,) = printed(stopped.stderr)
+    done = followed(resume, lab, "case-im")
+    assert events(done.stdout)[0]["event"] == "effect_ack", done.stdout  # sent now, once
+
+
 # --- lab 07: approve is the command that goes on (labs/cli.py: args.resume) ---------------------
 
 
