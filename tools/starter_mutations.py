@@ -51,7 +51,7 @@ MUTATIONS = (
         "perform_claimed",
         "record = ledger.claim(key, self.name, request, thread)",
         "self.send(client, request, key)\n"
-        "        record = ledger.claim(key, self.name, request, thread)",
+        "            record = ledger.claim(key, self.name, request, thread)",
     ),
     # How the ledger reads a provider's answers: a conflict, a timeout, its checks, its lookups.
     Mutation(
