@@ -6,6 +6,7 @@ test runs its guide in a Compose project of its own (LAB_DOCKER_PROJECT-NN, defa
 stateful-lab-test-NN), so the tests run side by side and never touch a learner's stateful-lab.
 """
 
+import contextlib
 import json
 import os
 import re
@@ -942,13 +943,7 @@ def follow_hooks_hints_after_ctrl_c(backend):
     moved names the move and the list; typed as printed, the move's events come and the list
     shows that ticket."""
     port = 8099
-    silent = subprocess.Popen(
-        [*backend.compose, "-p", backend.project, "exec", "-T", "api", "python", "-c"]
-        + [SILENT_SCRIPT, str(port)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    silent = python_in_the_api(backend, SILENT_SCRIPT, str(port))
     accepted = threading.Event()
     try:
         tickets = json.loads(silent.stdout.readline() or "null")
@@ -1028,6 +1023,31 @@ def follow_lab_02s_hints(outcomes, backend):
     follow_an_unwritable_checkpoints_resume(backend)
 
 
+def python_in_the_api(backend, script, *args):
+    """`python -c script args` in the api container of the backend's project (exec -T), its
+    stdin, stdout and stderr piped to this process."""
+    return subprocess.Popen(
+        [*backend.compose, "-p", backend.project, "exec", "-T", "api", "python", "-c"]
+        + [script, *args],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+@contextlib.contextmanager
+def running_in_the_api(backend, script, ready, *args):
+    """A script in the api container while the block runs: entered once it prints ready, ended
+    by closing its stdin (the scripts read it to the end, then exit)."""
+    running = python_in_the_api(backend, script, *args)
+    try:
+        assert running.stdout.readline() == f"{ready}\n", running.stderr.read()
+        yield running
+    finally:
+        running.communicate("")
+
+
 PAGE_SCRIPT = """
 import http.server, sys, threading
 class Page(http.server.BaseHTTPRequestHandler):  # a web server's own 404 page, not JSON
@@ -1048,22 +1068,10 @@ def follow_another_programs_page(backend):
     """API_URL at another program (a web server's 404 page, no JSON): exit 1, the line says
     so and names the resume once API_URL names the receiver. Typed as printed (the lab's
     API_URL), it ends done with one ticket."""
-    port = 8098
-    page = subprocess.Popen(
-        [*backend.compose, "-p", backend.project, "exec", "-T", "api", "python", "-c"]
-        + [PAGE_SCRIPT, str(port)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert page.stdout.readline() == "serving\n", page.stderr.read()
-        key = "case-page:open-ticket:v1"
+    port, key = 8098, "case-page:open-ticket:v1"
+    with running_in_the_api(backend, PAGE_SCRIPT, "serving", str(port)):
         start = ["start", "--thread", "page", "--operation", key]
         stopped = backend.workflow(start, env={"API_URL": f"http://api:{port}"})
-    finally:
-        page.communicate("")  # stdin closed: the server ends with it
     assert stopped.exit_code == 1, stopped.stderr
     assert "answered 404 without the receiver's JSON" in stopped.stderr, stopped.stderr
     (resume,) = printed_for_docker(stopped.stderr)
@@ -1086,20 +1094,9 @@ def follow_a_busy_receivers_resume(backend):
     """Another program holds the receiver's database for a whole start (one try, so two for a
     503): exit 1, the line names the resume once the receiver can write. Released, that
     resume typed as printed ends done with one ticket."""
-    holder = subprocess.Popen(
-        [*backend.compose, "-p", backend.project, "exec", "-T", "api", "python", "-c"]
-        + [HOLD_SCRIPT],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert holder.stdout.readline() == "held\n", holder.stderr.read()
+    with running_in_the_api(backend, HOLD_SCRIPT, "held"):
         start = ["start", "--thread", "busy", "--operation", "case-busy:open-ticket:v1"]
         stopped = backend.workflow(start, env={"API_ATTEMPTS": "1"})
-    finally:
-        holder.communicate("")  # stdin closed: the holder's transaction ends with it
     assert stopped.exit_code == 1 and "stayed busy (503)" in stopped.stderr, stopped.stderr
     (resume,) = printed_for_docker(stopped.stderr)
     assert resume == f"{RUN} resume --thread busy", stopped.stderr

@@ -464,6 +464,19 @@ def terminal(tmp_path):
     shell.close()
 
 
+def condition_commands(done, says, restarted):
+    """A run that ended well with one line on stderr, a lesson's condition missing
+    (labs/conditions.py): the line starts with says, and its restart starts the receiver as
+    restarted. -> (that restart, the command it names to type next)."""
+    assert done.returncode == 0, done.stderr
+    (line,) = done.stderr.splitlines()
+    assert line.startswith(says), line
+    (restart,) = restarts(line)
+    assert restarted in restart, restart
+    (again,) = printed(line)
+    return restart, again
+
+
 def charged(env, reference):
     """The charges committed under reference, once none is pending (?settled=1 waits)."""
     query = f"/payments?reference={reference}&settled=1"
@@ -477,12 +490,11 @@ def test_lab_15_typed_without_its_conditions_names_the_commands_that_make_it_hap
     the payment uncertain; the exit-6 line's own commands then settle it. One charge each."""
     env = terminal.env
     paid = run_workflow_here(["start", "--thread", "pay", "--operation", "case-pay", "--pay"], env)
-    assert paid.returncode == 0, paid.stderr
-    (line,) = paid.stderr.splitlines()
-    assert line.startswith("labs: lab 15's slow provider did not happen"), line
-    (restart,) = restarts(line)
-    assert "FAILPOINTS='payment-commit=sleep(3)' python -m labs.receiver" in restart, restart
-    (again,) = printed(line)
+    restart, again = condition_commands(
+        paid,
+        "labs: lab 15's slow provider did not happen",
+        "FAILPOINTS='payment-commit=sleep(3)' python -m labs.receiver",
+    )
     assert again == (
         "API_TIMEOUT_S=0.5 python -m labs start --thread pay-again --operation case-pay-again --pay"
     )
@@ -523,12 +535,11 @@ def test_lab_18_typed_without_its_webhook_faults_names_the_commands_that_make_th
     typed = ["hooks", "--mode", mode] if mode == "naive" else ["hooks"]  # the inbox: the default
     typed += ["--ticket", "1", "--move", "opened,in_progress,resolved"]
     once = run_workflow_here(typed, env)
-    assert once.returncode == 0, once.stderr
-    (line,) = once.stderr.splitlines()
-    assert line.startswith("labs: each webhook came once (3 deliveries)"), line
-    (restart,) = restarts(line)
-    assert "FAILPOINTS='redeliver=on;reorder=on' python -m labs.receiver" in restart, restart
-    (again,) = printed(line)
+    restart, again = condition_commands(
+        once,
+        "labs: each webhook came once (3 deliveries)",
+        "FAILPOINTS='redeliver=on;reorder=on' python -m labs.receiver",
+    )
     assert again == "python -m labs " + shlex.join(typed)  # a status changes: the move again
     messages = len(receiver_list(env, "messages"))
     assert terminal.paste(restart).returncode == 0
@@ -556,12 +567,11 @@ def test_lab_06_typed_without_its_lost_answer_names_the_commands_that_make_it_ha
     env = terminal.env
     typed = ["start", "--thread", "lost", "--operation", "case-lost", "--mode", "naive"]
     answered = run_workflow_here([*typed, "--crash-at", "lost-ack"], env)
-    assert answered.returncode == 0, answered.stderr
-    (line,) = answered.stderr.splitlines()
-    assert line.startswith("labs: --crash-at lost-ack: the receiver answered anyway"), line
-    (restart,) = restarts(line)
-    assert "FAILPOINTS=before-answer=drop-answer python -m labs.receiver" in restart, restart
-    (again,) = printed(line)
+    restart, again = condition_commands(
+        answered,
+        "labs: --crash-at lost-ack: the receiver answered anyway",
+        "FAILPOINTS=before-answer=drop-answer python -m labs.receiver",
+    )
     assert again == (
         "python -m labs start --thread lost-again --operation case-lost-again --mode naive "
         "--crash-at lost-ack"
